@@ -1,0 +1,96 @@
+"""The tvmfuse command line: the main commands and one clear line (no traceback) for each bad input."""
+import os
+import subprocess
+import sys
+
+import numpy as np
+import onnx
+import pytest
+
+from tvmfuse import models as M
+from tvmfuse.cli import main
+
+
+def _cli(*args):
+    """Run the real entry point in a fresh interpreter (as a user would)."""
+    return subprocess.run([sys.executable, "-m", "tvmfuse", *args], capture_output=True, text=True,
+                          timeout=600)
+
+
+@pytest.fixture
+def model_path(tmp_path):
+    p = tmp_path / "mlp.onnx"
+    onnx.save(M.matmul_bias_gelu(m=8, k=16, n=24), p)
+    return str(p)
+
+
+def test_demo_runs_and_checks():
+    r = _cli("demo", "--quick")
+    assert r.returncode == 0, r.stderr
+    assert "demo: all checks passed" in r.stdout
+    assert r.stdout.count("tvmfuse fusion report") == 2
+    assert "transformer_block" in r.stdout and "resnet_block" in r.stdout
+
+
+def test_report_table_and_json(model_path, capsys):
+    assert main(["report", model_path]) == 0
+    out = capsys.readouterr().out
+    assert "kernels" in out and "fused groups" in out
+    assert main(["report", model_path, "--json"]) == 0
+    import json
+
+    d = json.loads(capsys.readouterr().out)
+    assert d["after"]["kernels"] == 1 and d["before"]["kernels"] == 7
+
+
+def test_run_with_npz_inputs(model_path, tmp_path, capsys):
+    x = np.random.default_rng(0).standard_normal((8, 16)).astype("float32")
+    np.savez(tmp_path / "in.npz", x=x)
+    out_path = str(tmp_path / "out.npz")
+    assert main(["run", model_path, "--inputs", str(tmp_path / "in.npz"), "-o", out_path]) == 0
+    ref = M.reference_outputs(onnx.load(model_path), {"x": x})["y"]
+    np.testing.assert_allclose(np.load(out_path)["y"], ref, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("case", ["missing", "malformed", "unsupported", "wrong_shape", "wrong_dtype",
+                                  "wrong_name", "bad_npz"])
+def test_bad_input_one_line_nonzero_exit(case, tmp_path, model_path):
+    args = ["run", model_path]
+    if case == "missing":
+        args = ["report", str(tmp_path / "nope.onnx")]
+        expect = "not found"
+    elif case == "malformed":
+        p = tmp_path / "bad.onnx"
+        p.write_bytes(os.urandom(200))
+        args = ["report", str(p)]
+        expect = "ONNX"
+    elif case == "unsupported":
+        from onnx import TensorProto, helper
+
+        x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [4])
+        y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [4])
+        m = helper.make_model(helper.make_graph([helper.make_node("Hardmax2", ["x"], ["y"], name="n0",
+                                                                  domain="com.example")], "g", [x], [y]),
+                              opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("com.example", 1)])
+        p = tmp_path / "unsup.onnx"
+        onnx.save(m, p)
+        args = ["report", str(p)]
+        expect = "unsupported ONNX op 'Hardmax2' (node 'n0')"
+    else:
+        arrays = {"wrong_shape": {"x": np.zeros((3, 16), "float32")},
+                  "wrong_dtype": {"x": np.zeros((8, 16), "int32")},
+                  "wrong_name": {"inp": np.zeros((8, 16), "float32")}}.get(case)
+        npz = tmp_path / "in.npz"
+        if arrays is None:
+            npz.write_bytes(b"not an npz")
+            expect = "npz"
+        else:
+            np.savez(npz, **arrays)
+            expect = {"wrong_shape": "shape", "wrong_dtype": "dtype", "wrong_name": "unknown input"}[case]
+        args += ["--inputs", str(npz)]
+    r = _cli(*args)
+    assert r.returncode == 2, (r.stdout, r.stderr)
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("tvmfuse: error:"), r.stderr
+    assert expect in lines[0]
+    assert "Traceback" not in r.stderr

@@ -1,0 +1,150 @@
+"""The ``tvmfuse`` command line.  Bad input prints one line naming the cause and exits non-zero."""
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import logging
+import os
+import sys
+import time
+
+import numpy as np
+
+# Modules that add their own subcommands: each has ``add_commands(subparsers)``.
+_COMMAND_MODULES = ["tvmfuse.explain_cli", "tvmfuse.tune.cli", "tvmfuse.export"]
+
+
+def _load_feeds(path: str | None, model) -> dict:
+    from .errors import InputError
+    from .models import random_feeds
+
+    if path is None:
+        return random_feeds(model) if model is not None else {}
+    if not os.path.exists(path):
+        raise InputError(f"inputs file not found: {path}")
+    try:
+        with np.load(path, allow_pickle=False) as z:
+            return {k: z[k] for k in z.files}
+    except (ValueError, OSError) as e:
+        raise InputError(f"{path} is not a readable .npz file: {e}") from None
+
+
+def _save_outputs(outputs: dict, path: str | None) -> None:
+    if path:
+        np.savez(path, **outputs)
+        print(f"outputs written to {path}")
+    for name, v in outputs.items():
+        flat = v.reshape(-1)
+        print(f"{name}: shape {list(v.shape)} dtype {v.dtype} first {np.array2string(flat[:4], precision=5)}")
+
+
+def cmd_demo(args) -> int:
+    from .demo import run_demo
+
+    return run_demo(target=args.target, json_out=args.json, small=args.quick)
+
+
+def cmd_compile(args) -> int:
+    import tvmfuse
+
+    t0 = time.perf_counter()
+    cm = tvmfuse.compile(args.model, target=args.target, tuning_log=args.tuning_log)
+    dt = time.perf_counter() - t0
+    out = args.output
+    cm.export(out)
+    print(cm.report.table())
+    print(f"compiled in {dt:.1f} s; artifact written to {out}")
+    return 0
+
+
+def cmd_run(args) -> int:
+    import tvmfuse
+
+    if os.path.isdir(args.model) or args.model.endswith(".tar"):
+        runner = tvmfuse.load(args.model)
+        feeds = _load_feeds(args.inputs, None) if args.inputs else runner.random_feeds()
+        outputs = runner.run(feeds)
+    else:
+        from .frontend import read_model
+
+        model = read_model(args.model)
+        cm = tvmfuse.compile(model, target=args.target, tuning_log=args.tuning_log)
+        outputs = cm.run(_load_feeds(args.inputs, model))
+    _save_outputs(outputs, args.output)
+    return 0
+
+
+def cmd_report(args) -> int:
+    import tvmfuse
+
+    cm = tvmfuse.compile(args.model, target=args.target, tuning_log=args.tuning_log)
+    print(cm.report.to_json() if args.json else cm.report.table())
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from . import __version__
+
+    p = argparse.ArgumentParser(prog="tvmfuse", description="Operation fusion for Apache TVM.")
+    p.add_argument("--version", action="version", version=f"tvmfuse {__version__}")
+    p.add_argument("-v", "--verbose", action="store_true", help="log fusion and schedule decisions")
+    sub = p.add_subparsers(dest="command", required=True)
+
+    d = sub.add_parser("demo", help="compile the built-in example models, check them, print the report")
+    d.add_argument("--target", default=None, help="target (default: this host's CPU)")
+    d.add_argument("--json", action="store_true", help="print the reports as JSON")
+    d.add_argument("--quick", action="store_true", help="smaller models")
+    d.set_defaults(func=cmd_demo)
+
+    c = sub.add_parser("compile", help="compile an ONNX model into a deployable artifact")
+    c.add_argument("model")
+    c.add_argument("--target", default=None)
+    c.add_argument("--tuning-log", default=None)
+    c.add_argument("-o", "--output", required=True, help="artifact directory, or a .tar file")
+    c.set_defaults(func=cmd_compile)
+
+    r = sub.add_parser("run", help="run an ONNX model or an exported artifact on inputs from a .npz")
+    r.add_argument("model", help="ONNX file or artifact (directory or .tar)")
+    r.add_argument("--inputs", default=None, help=".npz with one array per input (default: random normal)")
+    r.add_argument("--target", default=None)
+    r.add_argument("--tuning-log", default=None)
+    r.add_argument("-o", "--output", default=None, help="write the outputs to this .npz")
+    r.set_defaults(func=cmd_run)
+
+    rp = sub.add_parser("report", help="print the fusion report of a model")
+    rp.add_argument("model")
+    rp.add_argument("--target", default=None)
+    rp.add_argument("--tuning-log", default=None)
+    rp.add_argument("--json", action="store_true")
+    rp.set_defaults(func=cmd_report)
+
+    for name in _COMMAND_MODULES:
+        try:
+            mod = importlib.import_module(name)
+        except ModuleNotFoundError as e:
+            if e.name != name:
+                raise
+            continue
+        mod.add_commands(sub)
+    return p
+
+
+def main(argv=None) -> int:
+    from .errors import TvmfuseError
+
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
+                        format="%(name)s: %(message)s")
+    try:
+        return int(args.func(args) or 0)
+    except TvmfuseError as e:
+        print(f"tvmfuse: error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("tvmfuse: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())
