@@ -1,14 +1,102 @@
-"""Schedule templates for fused PrimFuncs, one family per file, one folder per target family."""
+"""Schedule templates for fused PrimFuncs, one family per file, one folder per target family
+(``cpu/`` for llvm targets, ``cuda/`` for NVIDIA GPUs), and the pass that applies them."""
 from __future__ import annotations
 
+import logging
+
 from .. import _compat as C
+from ..explain import record_schedule
 from ..target import is_gpu
+from .base import Scheduled, find_template, schedule_with, target_key, workload_key
+
+log = logging.getLogger("tvmfuse.schedule")
+
+
+def templates_for(target: C.Target) -> list:
+    """The ordered template list of the target's family (first match wins)."""
+    if is_gpu(target):
+        from .cuda import TEMPLATES
+    else:
+        from .cpu import TEMPLATES
+    return list(TEMPLATES)
+
+
+def schedule_prim_func(func: C.PrimFunc, target: C.Target, records: dict | None = None,
+                       name: str = "") -> Scheduled | None:
+    """Schedule one PrimFunc: its tuned record if any, else its template's target default.
+
+    Returns None when no template matches (the caller applies the safe fallback and says so).
+    """
+    found = find_template(func, target, templates_for(target))
+    if found is None:
+        return None
+    template, match = found
+    key = workload_key(func)
+    rec = (records or {}).get(key)
+    if rec is not None and rec.get("template") == template.family:
+        try:
+            return Scheduled(schedule_with(template, match, func, rec["config"]), template.family,
+                             rec["config"], "tuned")
+        except Exception as e:  # a record from another version of the template: fall back to default
+            log.warning("%s: tuned record for %s does not apply (%s); using the default", name, key, e)
+    config = template.default_config(match, target)
+    return Scheduled(schedule_with(template, match, func, config), template.family, config, "default")
+
+
+def _load_records(options, target: C.Target) -> dict:
+    """Best tuning record per workload for this target, from the user's log and the shipped logs."""
+    try:
+        from ..tune.log import best_configs
+    except ModuleNotFoundError as e:
+        if e.name != "tvmfuse.tune.log":
+            raise
+        return {}
+    return best_configs(options.tuning_log, target)
+
+
+def fallback_passes(target: C.Target) -> list:
+    """What a PrimFunc no template matched gets: dlight's generic rules (GPU needs thread bindings)."""
+    dl = C.dlight
+    if is_gpu(target):
+        return [dl.ApplyDefaultSchedule(dl.gpu.Matmul(), dl.gpu.GEMV(), dl.gpu.Reduction(),
+                                        dl.gpu.GeneralReduction(), dl.gpu.Fallback())]
+    return [dl.ApplyDefaultSchedule(dl.cpu.GEMV(), dl.cpu.Reduction())]
+
+
+def apply_schedules(target: C.Target, options) -> C.ir_transform.Pass:
+    """A named pass: schedule every PrimFunc of the module (tuned record > default > fallback)."""
+
+    @C.module_pass(opt_level=0, name="tvmfuse.apply_schedules")
+    def _apply(mod, _ctx):
+        records = _load_records(options, target)
+        updates = {}
+        for gv, func in mod.functions.items():
+            if not isinstance(func, C.PrimFunc):
+                continue
+            if func.attrs is not None and "tirx.is_scheduled" in func.attrs:
+                continue
+            name = str(gv.name_hint)
+            try:
+                res = schedule_prim_func(func, target, records, name)
+            except Exception as e:  # a template that breaks on a match is a bug: say so, stay correct
+                log.warning("%s: template failed (%s: %s); using the fallback schedule", name,
+                            type(e).__name__, e)
+                record_schedule(name, "fallback", "fallback", reason=f"template error: {e}")
+                continue
+            if res is None:
+                record_schedule(name, "fallback", "fallback", reason="no template matches this kernel")
+                continue
+            updates[gv] = res.func.with_attr("tirx.is_scheduled", True)
+            record_schedule(name, res.template, res.source, res.config)
+        for gv, func in updates.items():
+            mod[gv] = func
+        return mod
+
+    return _apply
 
 
 def schedule_passes(target: C.Target, options) -> list:
     """Passes that schedule every PrimFunc of the module for ``target``."""
-    if is_gpu(target):
-        from ..pipeline import _gpu_default_rules
-
-        return [C.dlight.ApplyDefaultSchedule(*_gpu_default_rules())]
-    return []
+    if not options.schedules:
+        return fallback_passes(target) if is_gpu(target) else []
+    return [apply_schedules(target, options)] + fallback_passes(target)

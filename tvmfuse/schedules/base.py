@@ -1,0 +1,156 @@
+"""The contract every schedule template follows, and the pass that applies templates to a module.
+
+A template (one fused-kernel family, one target family) declares its knob space first, as data, then
+applies a configuration on an ``s_tir.Schedule``:
+
+    class MatmulEpilogue(Template):
+        family = "matmul_epilogue"
+        def match(self, func, target) -> Match | None      # None: the template does not apply
+        def space(self, match, target) -> KnobSpace         # the typed knobs, per target
+        def default_config(self, match, target) -> dict     # untuned default from the target's numbers
+        def apply(self, sch, match, config) -> None         # the body, in "# Step N." comments
+
+The tuner (tvmfuse.tune) searches ``space``; the pipeline applies a tuned record if one exists for the
+workload (structural hash of the PrimFunc + target), else ``default_config``; the chosen knobs are
+recorded as data (``tvmfuse.explain.record_schedule``).
+"""
+from __future__ import annotations
+
+import hashlib
+import itertools
+import logging
+import random
+from dataclasses import dataclass, field
+from typing import Any
+
+from .. import _compat as C
+from ..explain import record_schedule
+
+log = logging.getLogger("tvmfuse.schedule")
+
+
+@dataclass(frozen=True)
+class Knob:
+    """One tunable decision: a name, its legal choices (JSON values), and what it controls."""
+
+    name: str
+    choices: tuple
+    doc: str = ""
+
+    def __post_init__(self):
+        if not self.choices:
+            raise ValueError(f"knob {self.name!r} has no choices")
+
+
+@dataclass(frozen=True)
+class KnobSpace:
+    """An ordered set of knobs; a config is a dict knob name -> one of its choices."""
+
+    knobs: tuple[Knob, ...]
+
+    @property
+    def names(self) -> list[str]:
+        return [k.name for k in self.knobs]
+
+    def size(self) -> int:
+        n = 1
+        for k in self.knobs:
+            n *= len(k.choices)
+        return n
+
+    def contains(self, config: dict) -> bool:
+        return set(config) == set(self.names) and all(config[k.name] in k.choices for k in self.knobs)
+
+    def sample(self, rng: random.Random) -> dict:
+        return {k.name: rng.choice(k.choices) for k in self.knobs}
+
+    def all_configs(self, limit: int | None = None):
+        prod = itertools.product(*[k.choices for k in self.knobs])
+        for i, vals in enumerate(prod):
+            if limit is not None and i >= limit:
+                return
+            yield dict(zip(self.names, vals))
+
+    def neighbors(self, config: dict) -> list[dict]:
+        """Configs that differ from ``config`` in one knob by one step of its choice list."""
+        out = []
+        for k in self.knobs:
+            i = k.choices.index(config[k.name])
+            for j in (i - 1, i + 1):
+                if 0 <= j < len(k.choices):
+                    out.append({**config, k.name: k.choices[j]})
+        return out
+
+    def to_dict(self) -> dict:
+        return {k.name: list(k.choices) for k in self.knobs}
+
+
+@dataclass
+class Match:
+    """What a template found in a PrimFunc (block names, loop extents...): the template's own data."""
+
+    family: str
+    info: dict = field(default_factory=dict)
+
+
+class Template:
+    """Base class of schedule templates; see the module docstring."""
+
+    family: str = ""
+    target_kinds: tuple[str, ...] = ()
+
+    def match(self, func: C.PrimFunc, target: C.Target) -> Match | None:
+        raise NotImplementedError
+
+    def space(self, match: Match, target: C.Target) -> KnobSpace:
+        raise NotImplementedError
+
+    def default_config(self, match: Match, target: C.Target) -> dict:
+        raise NotImplementedError
+
+    def apply(self, sch: C.Schedule, match: Match, config: dict) -> None:
+        raise NotImplementedError
+
+
+def workload_key(func: C.PrimFunc) -> str:
+    """Stable key of a PrimFunc's computation: its structural hash, without its name attributes."""
+    f = func
+    if f.attrs is not None and "global_symbol" in f.attrs:
+        f = f.without_attr("global_symbol")
+    return format(int(C.structural_hash(f)) & ((1 << 64) - 1), "016x")
+
+
+def target_key(target: C.Target) -> str:
+    """The part of a target that decides whether a tuning record applies: kind, cpu/arch, features."""
+    kind = target.kind.name
+    parts = [kind]
+    for attr in ("mcpu", "arch", "mtriple"):
+        if attr in target.attrs:
+            parts.append(f"{attr}={target.attrs[attr]}")
+    return ",".join(parts)
+
+
+@dataclass
+class Scheduled:
+    func: C.PrimFunc
+    template: str
+    config: dict
+    source: str          # "tuned", "default", "fallback"
+    reason: str = ""
+
+
+def schedule_with(template: Template, match: Match, func: C.PrimFunc, config: dict) -> C.PrimFunc:
+    """Apply ``template`` with ``config`` to a copy of ``func``; errors propagate (callers decide)."""
+    sch = C.Schedule(func)
+    template.apply(sch, match, config)
+    return sch.mod["main"]
+
+
+def find_template(func: C.PrimFunc, target: C.Target, templates) -> tuple[Template, Match] | None:
+    for t in templates:
+        if target.kind.name not in t.target_kinds:
+            continue
+        m = t.match(func, target)
+        if m is not None:
+            return t, m
+    return None

@@ -1,0 +1,2 @@
+"""CPU (llvm) schedule templates, in match order."""
+TEMPLATES: list = []

@@ -1,0 +1,2 @@
+"""CUDA schedule templates, in match order."""
+TEMPLATES: list = []
