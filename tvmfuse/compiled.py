@@ -10,11 +10,11 @@ import numpy as np
 import onnx
 
 from . import _compat as C
-from .errors import InputError, TvmfuseError
+from .errors import InputError
 from .explain import Recorder
 from .frontend import load_onnx, onnx_io, read_model
-from .pipeline import (PipelineOptions, fuse_tir_passes, grouping_passes, legalize_passes, lowering_passes,
-                       pre_legalize_passes, schedule_passes)
+from .pipeline import (PipelineOptions, fusion_passes, grouping_passes, guarded, legalize_passes,
+                       lowering_passes, pre_legalize_passes, schedule_passes)
 from .report import FusionReport, fused_groups, graph_stats
 from .target import configure_threads, is_gpu, parse_target
 
@@ -161,16 +161,16 @@ def compile(model, target=None, tuning_log: str | None = None, *, name: str | No
         outputs = [TensorSpec(o["name"], r.shape, r.dtype) for o, r in zip(outs, r_out)]
         name = name or (os.path.basename(os.fspath(model)) if isinstance(model, (str, os.PathLike))
                         else (source.graph.name or "model"))
-    with tgt, Recorder() as rec:
+    with tgt:
         unfused = C.Sequential(legalize_passes(tgt), name="tvmfuse.unfused_view")(mod)
-        grouped = C.Sequential(pre_legalize_passes(tgt, options) + legalize_passes(tgt)
-                               + grouping_passes(tgt, options), name="tvmfuse.grouping")(mod)
-        fused = C.Sequential(fuse_tir_passes(tgt, options), name="tvmfuse.fuse_tir")(grouped)
-        rest = C.Sequential(schedule_passes(tgt, options) + lowering_passes(tgt), name="tvmfuse.lowering")
-        try:
+        with Recorder() as rec:
+            legal = C.Sequential(pre_legalize_passes(tgt, options) + legalize_passes(tgt),
+                                 name="tvmfuse.pre_fusion")(mod)
+            fused = C.Sequential(fusion_passes(tgt, options), name="tvmfuse.fusion")(legal)
+            rest = C.Sequential(schedule_passes(tgt, options) + lowering_passes(tgt), name="tvmfuse.lowering")
             ex = C.compile_module(fused, tgt, relax_pipeline=rest)
-        except TvmfuseError:
-            raise
+        # the grouping alone, run again outside the recorder, only to list the groups in the report
+        grouped = guarded(grouping_passes(tgt, options), "grouping")(legal)
         report = FusionReport(model=name, target=str(tgt.kind.name) + (f" ({tgt.attrs['mcpu']})"
                               if "mcpu" in tgt.attrs else ""),
                               before=graph_stats(unfused), after=graph_stats(fused),

@@ -56,7 +56,7 @@ def grouping_passes(target: C.Target, options: PipelineOptions) -> list:
 
 def fuse_tir_passes(target: C.Target, options: PipelineOptions) -> list:
     """Merge each group's PrimFuncs into one PrimFunc (one kernel)."""
-    return [C.relax_transform.FuseTIR(), C.relax_transform.DeadCodeElimination()]
+    return [C.relax_transform.FuseTIR()]
 
 
 def schedule_passes(target: C.Target, options: PipelineOptions) -> list:
@@ -71,9 +71,36 @@ def lowering_passes(target: C.Target) -> list:
     return C.backend_passes(target, "dataflow_lower") + C.backend_passes(target, "finalize")
 
 
+def guarded(passes: list, name: str) -> C.ir_transform.Pass:
+    """Run ``passes``; if TVM fails inside them, keep the module as it was and record why.
+
+    TVM's own FuseOps/FuseTIR still fail on some graphs (e.g. the shape functions of a dynamic
+    strided slice); the model then compiles unfused instead of not at all, and the report says so.
+    """
+
+    @C.module_pass(opt_level=0, name=f"tvmfuse.guarded.{name}")
+    def _guarded(mod, _ctx):
+        try:
+            return C.Sequential(passes, name=name)(mod)
+        except Exception as e:  # TVM raises InternalError/TVMError/ValueError; all mean "not applied"
+            first = (str(e).strip().splitlines() or [type(e).__name__])[-1][:300]
+            log.warning("%s failed (%s: %s); this module is compiled without it", name, type(e).__name__, first)
+            from .explain import record_refusal
+
+            record_refusal("<module>", "<module>", f"{name} failed inside TVM ({type(e).__name__}: {first}); "
+                           "module left unfused", rule=name)
+            return mod
+
+    return _guarded
+
+
+def fusion_passes(target: C.Target, options: PipelineOptions) -> list:
+    """Grouping and FuseTIR as one guarded step: either both apply or the module stays unfused."""
+    return [guarded(grouping_passes(target, options) + fuse_tir_passes(target, options), "fusion")]
+
+
 def graph_stage(target: C.Target, options: PipelineOptions) -> list:
-    return (pre_legalize_passes(target, options) + legalize_passes(target)
-            + grouping_passes(target, options) + fuse_tir_passes(target, options))
+    return pre_legalize_passes(target, options) + legalize_passes(target) + fusion_passes(target, options)
 
 
 def pipeline(target=None, tuning_log: str | None = None, **option_overrides) -> C.ir_transform.Pass:
