@@ -120,3 +120,118 @@ def ret_type(func):
 
 def var_name(var) -> str:
     return str(var.name_hint) if hasattr(var, "name_hint") else str(var.name)
+
+# Schedule-level names used by the CPU templates (tvmfuse.schedules.cpu) and fast math (tvmfuse.fastmath).
+from tvm.s_tir import ScheduleError, SBlock, SBlockRealize  # noqa: E402
+from tvm.s_tir.schedule import SBlockRV, LoopRV  # noqa: E402
+
+ForKind = tirx.ForKind
+BufferStore = tirx.BufferStore
+TensorLoad = tvm.ir.expr.TensorLoad   # a load: .source (the buffer var), .indices
+Call = tvm.ir.expr.Call
+FloatImm = tirx.FloatImm
+
+# --- CUDA schedule templates (tvmfuse/schedules/cuda): TIR node types, schedule errors, GPU checks.
+SBlockRealize = s_tir.SBlockRealize
+ScheduleError = s_tir.schedule.ScheduleError
+Var = tirx.Var
+TensorLoad = tvm.ir.expr.TensorLoad   # a load: .source (the buffer var), .indices
+BufferStore = tirx.BufferStore
+Add = tirx.Add
+Mul = tirx.Mul
+Cast = tirx.Cast
+
+
+class IterVarKind:
+    """``tirx.IterVar`` iteration kinds (0.27 keeps them as class constants)."""
+
+    DataPar = int(tirx.IterVar.DataPar)
+    CommReduce = int(tirx.IterVar.CommReduce)
+
+
+def post_order_visit(node, fvisit) -> None:
+    """Call ``fvisit`` on every sub-node of a TIR expression or statement (children first)."""
+    tvm_ffi.structural_walk(node, [fvisit], order="post")
+
+
+def verify_gpu_schedule(sch: Schedule, target: Target) -> bool:
+    """MetaSchedule's VerifyGPUCode check of a scheduled function (threads per block, shared memory,
+    vector bytes), after the same lowering it applies when tuning."""
+    post = meta_schedule.postproc.VerifyGPUCode()
+    post._initialize_with_tune_context(meta_schedule.TuneContext(mod=sch.mod, target=target))
+    return bool(post.apply(sch))
+
+# Graph passes (tvmfuse.passes): TIR block analysis and Relax building.
+from tvm.s_tir.schedule import ScheduleError  # noqa: E402
+IterVar = tirx.IterVar
+BlockBuilder = relax.BlockBuilder
+relax_free_vars = relax.analysis.free_vars
+TVMError = (ScheduleError, tvm.error.InternalError)
+
+
+# --- deployment (tvmfuse/export.py): runtime loading and ahead-of-time device code ---------------------
+register_global_func = tvm_ffi.register_global_func
+
+
+def runtime_enabled(kind: str) -> bool:
+    """Whether this TVM build has the runtime for ``kind`` ("cuda", "llvm", ...)."""
+    return bool(tvm.runtime.enabled(kind))
+
+
+def device(kind: str, index: int = 0):
+    return tvm.device(kind, index)
+
+
+def cross_compiler(cc: str):
+    """An ``export_library`` fcompile that links with ``cc`` (e.g. aarch64-linux-gnu-gcc)."""
+    from tvm.support import cc as _cc
+
+    return _cc.cross_compiler(cc)
+
+
+def nvcc_fatbin(code: str, arch: list[str]) -> bytes:
+    """Compile CUDA source to a fatbin with nvcc; ``arch`` is nvcc's -gencode argument list."""
+    from tvm.support import nvcc as _nvcc
+
+    return bytes(_nvcc.compile_cuda(code, target_format="fatbin", arch=arch, compiler="nvcc"))
+
+# --- autotuner (tvmfuse.tune): RPC, MetaSchedule's per-store features, runtime timing
+from tvm import rpc  # noqa: E402
+from tvm.s_tir.meta_schedule.arg_info import ArgInfo as MSArgInfo  # noqa: E402
+
+
+def per_store_features(mod: IRModule, target: Target):
+    """MetaSchedule's PerStoreFeature of a scheduled module: a (stores x 164) numpy array."""
+    sch = Schedule(mod)
+    ctx = meta_schedule.TuneContext(mod=mod, target=target)
+    cand = meta_schedule.MeasureCandidate(sch, MSArgInfo.from_prim_func(mod["main"]))
+    fx = meta_schedule.feature_extractor.PerStoreFeature()
+    return fx.extract_from(ctx, [cand])[0].numpy()
+
+
+def build_prim_module(mod: IRModule, target: Target):
+    """Compile an IRModule of PrimFuncs (TVM's default TIR pipeline); ``.export_library(path)``."""
+    return tvm.compile(mod, target=target)
+
+
+def time_function(module, name: str, device, number: int, repeat: int, min_repeat_ms: int = 0):
+    """TVM's time evaluator: a callable returning ``.results`` (seconds per repeat)."""
+    return module.time_evaluator(name, device, number=number, repeat=repeat, min_repeat_ms=min_repeat_ms)
+
+
+def cuda_device_source(executable) -> str:
+    """The CUDA C source TVM generated for an executable built for a cuda target ("" if none)."""
+    def walk(mod):
+        if mod.kind == "cuda":
+            yield mod.inspect_source()
+        for sub in mod.imports:
+            yield from walk(sub)
+    return "\n".join(walk(executable.mod))
+
+
+def nvcc_compile(source: str, target: Target, fmt: str = "cubin") -> bytes:
+    """Compile CUDA C with nvcc for the target's arch (TVM's own nvcc driver); raises on errors."""
+    from tvm.support import nvcc
+
+    with target:
+        return nvcc.compile_cuda(source, target_format=fmt, arch=str(target.attrs["arch"]), compiler="nvcc")

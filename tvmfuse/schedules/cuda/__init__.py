@@ -1,2 +1,10 @@
-"""CUDA schedule templates, in match order."""
-TEMPLATES: list = []
+"""CUDA schedule templates, in match order (first match wins).
+
+Gated on the target: ``templates_for`` imports this list for GPU targets, and every template declares
+``target_kinds = ("cuda",)``.  Per-architecture numbers live in ``_common.ARCHS``.
+"""
+from .elementwise import CudaElementwise
+
+TEMPLATES: list = [
+    CudaElementwise(),     # all-spatial groups: flatten, blocks x threads x 128-bit vectors
+]
