@@ -235,3 +235,4 @@ def nvcc_compile(source: str, target: Target, fmt: str = "cubin") -> bytes:
 
     with target:
         return nvcc.compile_cuda(source, target_format=fmt, arch=str(target.attrs["arch"]), compiler="nvcc")
+TensorLoad = tvm.ir.expr.TensorLoad  # what tirx.BufferLoad builds in 0.27 (buffer in ``.source``)

@@ -1,0 +1,171 @@
+"""Structure analysis and schedule steps shared by the CPU templates.
+
+Everything here works on an ``s_tir.Schedule`` of one fused PrimFunc: which blocks are spatial or
+reductions, which elementwise blocks can be folded into their neighbours (loop fusion at the block level),
+and the steps every family ends with (vectorize the innermost loop, parallelize the outer one).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ... import _compat as C
+
+SPATIAL = 0   # IterVar.iter_type of a data-parallel block iterator (kDataPar)
+REDUCE = 2    # IterVar.iter_type of a reduction block iterator (kCommReduce)
+
+# A block with at most this many scalar operations in its stored value may be inlined into a reduction
+# that reads it (a pad, a cast, a transpose): recomputing it per use costs less than materializing it.
+CHEAP_PRODUCER_OPS = 4
+
+
+@dataclass(frozen=True)
+class Registers:
+    """Vector registers of the target, from its vector width (AVX-512 has 32, AVX2/SSE/NEON 16)."""
+
+    count: int
+
+    @staticmethod
+    def for_bits(vector_bits: int) -> "Registers":
+        return Registers(32 if vector_bits >= 512 else 16)
+
+
+def root(sch: C.Schedule) -> C.SBlockRV:
+    return sch.get_sblock("root")
+
+
+def top_blocks(sch: C.Schedule) -> list:
+    """The blocks directly under the root block, in program order."""
+    return list(sch.get_child_blocks(root(sch)))
+
+
+def block_name(sch: C.Schedule, block) -> str:
+    return str(sch.get(block).name_hint)
+
+
+def iter_kinds(sch: C.Schedule, block) -> str:
+    """'S'/'R' per block iterator, e.g. 'SSR' for a matmul."""
+    kinds = []
+    for iv in sch.get(block).iter_vars:
+        t = int(iv.iter_type)
+        if t == SPATIAL:
+            kinds.append("S")
+        elif t == REDUCE:
+            kinds.append("R")
+        else:
+            kinds.append("O")
+    return "".join(kinds)
+
+
+def is_spatial(sch: C.Schedule, block) -> bool:
+    return set(iter_kinds(sch, block)) <= {"S"}
+
+
+def is_reduction(sch: C.Schedule, block) -> bool:
+    kinds = iter_kinds(sch, block)
+    return "R" in kinds and set(kinds) <= {"S", "R"}
+
+
+def output_names(sch: C.Schedule) -> set[str]:
+    return {block_name(sch, b) for b in sch.get_output_blocks(root(sch))}
+
+
+def count_ops(expr) -> int:
+    """Number of arithmetic nodes and calls in an expression (loads and constants count zero)."""
+    if isinstance(expr, (C.tirx.IntImm, C.tirx.FloatImm, C.tirx.Var, C.TensorLoad)):
+        return 0
+    n = 1
+    for attr in ("a", "b", "value", "condition", "true_value", "false_value"):
+        child = getattr(expr, attr, None)
+        if child is not None and not isinstance(child, (int, float, str)) and hasattr(child, "ty"):
+            n += count_ops(child)
+    for arg in getattr(expr, "args", ()) or ():
+        n += count_ops(arg)
+    return n
+
+
+def store_value(sch: C.Schedule, block):
+    body = sch.get(block).body
+    return body.value if isinstance(body, C.BufferStore) else None
+
+
+def is_cheap(sch: C.Schedule, block) -> bool:
+    value = store_value(sch, block)
+    return value is not None and count_ops(value) <= CHEAP_PRODUCER_OPS
+
+
+def inline_elementwise(sch: C.Schedule, keep=frozenset()) -> list[str]:
+    """Fold every spatial, non-output block into its consumers (repeat until nothing changes).
+
+    A producer read by a reduction is folded only when cheap (a pad or a transpose): an exp feeding a
+    matmul is computed once, not once per use.  ``keep`` names blocks that must stay.  Returns the
+    names of the blocks left, in order.  A block the schedule refuses to inline (several stores, a
+    non-injective read) simply stays: that is a property of the kernel, not an error.
+    """
+    outputs = output_names(sch)
+    changed = True
+    while changed:
+        changed = False
+        for block in top_blocks(sch):
+            name = block_name(sch, block)
+            if name in outputs or name in keep or not is_spatial(sch, block):
+                continue
+            consumers = sch.get_consumers(block)
+            if any(is_reduction(sch, c) for c in consumers) and not is_cheap(sch, block):
+                continue
+            try:
+                sch.compute_inline(block)
+            except C.ScheduleError:
+                continue
+            changed = True
+    return [block_name(sch, b) for b in top_blocks(sch)]
+
+
+def loop_extents(sch: C.Schedule, block) -> list[int]:
+    out = []
+    for loop in sch.get_loops(block):
+        ext = sch.get(loop).extent
+        out.append(int(ext) if isinstance(ext, C.tirx.IntImm) else -1)
+    return out
+
+
+def choices_upto(candidates, limit: int) -> tuple:
+    """The candidates not above ``limit`` (always at least the smallest one): a legal knob choice list."""
+    kept = tuple(c for c in candidates if c <= limit)
+    return kept or (min(candidates),)
+
+
+def nearest_choice(choices, want):
+    """The choice closest to ``want`` (ties: the smaller one)."""
+    return min(choices, key=lambda c: (abs(c - want), c))
+
+
+def vectorize_inner(sch: C.Schedule, block, lanes: int) -> None:
+    """Split the innermost loop of ``block`` by ``lanes`` and vectorize the inner part."""
+    loops = sch.get_loops(block)
+    inner = loops[-1]
+    ext = sch.get(inner).extent
+    if isinstance(ext, C.tirx.IntImm) and int(ext) <= lanes:
+        sch.vectorize(inner)
+        return
+    _, vec = sch.split(inner, factors=[None, lanes])
+    sch.vectorize(vec)
+
+
+def schedule_injective(sch: C.Schedule, block, lanes: int, unroll: int = 1, parallel: bool = True,
+                       min_parallel: int = 1) -> None:
+    """An elementwise block on its own: fuse all loops, [parallel outer][unrolled][vector lanes]."""
+    loops = sch.get_loops(block)
+    if not loops:
+        return
+    fused = sch.fuse(*loops) if len(loops) > 1 else loops[0]
+    total = sch.get(fused).extent
+    total = int(total) if isinstance(total, C.tirx.IntImm) else -1
+    if 0 < total <= lanes:
+        sch.vectorize(fused)
+        return
+    outer, mid, vec = sch.split(fused, factors=[None, unroll, lanes])
+    sch.vectorize(vec)
+    if unroll > 1:
+        sch.unroll(mid)
+    if parallel and (total < 0 or total // (unroll * lanes) >= min_parallel):
+        sch.parallel(outer)

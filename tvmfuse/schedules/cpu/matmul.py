@@ -1,0 +1,272 @@
+"""MatMul / Dense / batch-matmul with its epilogue (bias, activation, residual) on x86/ARM CPUs.
+
+Matches, after folding elementwise blocks, one reduction block ``C[b.., i, j] += A[.., i/k ..] * B[.., k/j ..]``
+(one reduction axis ``k``, exactly one axis ``i`` only in A and one axis ``j`` only in B, ``C``'s last two
+axes ``i, j``) followed by at most one elementwise epilogue block reading ``C`` at its own indices.
+
+Schedule (register-blocked GEMM, BLIS-style): the epilogue block is tiled into macro tiles (``mc`` x ``nc``,
+sized to L2) and micro tiles (``mr`` x ``nr``, sized to the vector registers); the matmul is computed at
+the micro tile, so ``C`` shrinks to an ``mr x nr`` accumulator in registers and the epilogue (bias, GELU,
+residual...) runs on it before anything is stored.  Optionally the B panel of a macro column is packed
+contiguously once per macro tile.
+"""
+from __future__ import annotations
+
+from ... import _compat as C
+from ...target import cpu_info
+from ..base import Knob, KnobSpace, Match, Template
+from . import common as U
+
+MR_CHOICES = (1, 2, 3, 4, 6, 8)          # rows of the register tile
+NVEC_CHOICES = (1, 2, 3, 4)              # vectors per row of the register tile (nr = nvec * lanes)
+MC_TILES = (1, 2, 4, 8, 16, 32)          # register tiles per macro tile, along i
+NC_TILES = (1, 2, 4, 8, 16)              # register tiles per macro tile, along j
+K_UNROLL = (1, 2, 4, 8)
+ORDERS = ("ij", "ji")                    # macro loop order: i outer (A panel reuse) or j outer (B panel)
+PARALLEL_DEPTH = (1, 2)                  # how many macro loops are fused into the parallel loop
+PACK_B = (False, True)                   # copy the B panel of a macro tile into a contiguous buffer
+
+
+def _plain_vars(indices) -> list | None:
+    out = []
+    for e in indices:
+        if not isinstance(e, C.tirx.Var):
+            return None
+        out.append(e)
+    return out
+
+
+def _strip_cast(e):
+    while isinstance(e, C.tirx.Cast):
+        e = e.value
+    return e
+
+
+def analyze_matmul(sch: C.Schedule, block) -> dict | None:
+    """The roles of a reduction block if it is ``C += A * B`` with one i, one j and one k axis."""
+    blk = sch.get(block)
+    store = blk.body
+    if not isinstance(store, C.BufferStore) or U.iter_kinds(sch, block).count("R") != 1:
+        return None
+    val = store.value
+    if not isinstance(val, C.tirx.Add):
+        return None
+    acc, prod = (val.a, val.b) if isinstance(val.a, C.TensorLoad) and val.a.source.same_as(store.buffer) \
+        else (val.b, val.a)
+    if not (isinstance(acc, C.TensorLoad) and acc.source.same_as(store.buffer)):
+        return None
+    prod = _strip_cast(prod)
+    if not isinstance(prod, C.tirx.Mul):
+        return None
+    a, b = _strip_cast(prod.a), _strip_cast(prod.b)
+    if not (isinstance(a, C.TensorLoad) and isinstance(b, C.TensorLoad)):
+        return None
+    c_idx, a_idx, b_idx = _plain_vars(store.indices), _plain_vars(a.indices), _plain_vars(b.indices)
+    if c_idx is None or a_idx is None or b_idx is None or len(c_idx) < 2:
+        return None
+    ivs = blk.iter_vars
+    red = [iv.var for iv in ivs if int(iv.iter_type) == U.REDUCE]
+    k = red[0]
+    names = lambda vs: {v.name for v in vs}  # noqa: E731
+    if k.name not in names(a_idx) or k.name not in names(b_idx) or k.name in names(c_idx):
+        return None
+    i_only = [v for v in c_idx if v.name in names(a_idx) and v.name not in names(b_idx)]
+    j_only = [v for v in c_idx if v.name in names(b_idx) and v.name not in names(a_idx)]
+    if len(i_only) != 1 or len(j_only) != 1:
+        # A may be the side holding j (A^T-style operand order): swap roles
+        i_only, j_only = j_only, i_only
+        a, b, a_idx, b_idx = b, a, b_idx, a_idx
+        if len(i_only) != 1 or len(j_only) != 1:
+            return None
+    if c_idx[-1].name != j_only[0].name or c_idx[-2].name != i_only[0].name:
+        return None
+    dom = {iv.var.name: iv.dom.extent for iv in ivs}
+    if not all(isinstance(dom[v.name], C.tirx.IntImm) for v in c_idx + [k]):
+        return None
+    return {
+        "M": int(dom[i_only[0].name]), "N": int(dom[j_only[0].name]), "K": int(dom[k.name]),
+        "batch": [int(dom[v.name]) for v in c_idx[:-2]],
+        "b_buffer": str(b.source.name),
+        "b_contiguous_j": b_idx[-1].name == j_only[0].name,
+        "a_buffer": str(a.source.name),
+        "c_buffer": str(store.buffer.name),
+    }
+
+
+def _epilogue_of(sch: C.Schedule, block, c_buffer: str):
+    """The single elementwise consumer reading C at its own indices, or None; raises nothing."""
+    consumers = list(sch.get_consumers(block))
+    if not consumers:
+        return "none"
+    if len(consumers) != 1 or not U.is_spatial(sch, consumers[0]):
+        return None
+    e = sch.get(consumers[0])
+    own = [iv.var.name for iv in e.iter_vars]
+    found = []
+
+    def visit(expr):
+        if isinstance(expr, C.TensorLoad):
+            if str(expr.source.name) == c_buffer:
+                found.append([getattr(i, "name", None) for i in expr.indices])
+            return
+        for attr in ("a", "b", "value", "condition", "true_value", "false_value"):
+            child = getattr(expr, attr, None)
+            if child is not None and hasattr(child, "ty") and not isinstance(child, (int, float, str)):
+                visit(child)
+        for arg in getattr(expr, "args", ()) or ():
+            visit(arg)
+
+    if not isinstance(e.body, C.BufferStore):
+        return None
+    visit(e.body.value)
+    if not found or any(idx != own for idx in found):
+        return None
+    return consumers[0]
+
+
+class MatmulEpilogue(Template):
+    family = "cpu.matmul_epilogue"
+    target_kinds = ("llvm",)
+
+    # ------------------------------------------------------------------ match
+    def match(self, func: C.PrimFunc, target: C.Target) -> Match | None:
+        sch = C.Schedule(func)
+        left = U.inline_elementwise(sch)
+        reductions = [b for b in U.top_blocks(sch) if not U.is_spatial(sch, b)]
+        if len(reductions) != 1 or not U.is_reduction(sch, reductions[0]):
+            return None
+        red = reductions[0]
+        info = analyze_matmul(sch, red)
+        if info is None:
+            return None
+        epi = _epilogue_of(sch, red, info["c_buffer"])
+        if epi is None:
+            return None
+        red_name = U.block_name(sch, red)
+        epi_name = None if epi == "none" else U.block_name(sch, epi)
+        if epi_name is not None and epi_name not in U.output_names(sch):
+            return None
+        others = [n for n in left if n not in (red_name, epi_name)]
+        # leftover blocks must be independent elementwise producers (scheduled on their own)
+        for n in others:
+            if not U.is_spatial(sch, sch.get_sblock(n)):
+                return None
+        info.update(reduction=red_name, epilogue=epi_name, others=others)
+        return Match(self.family, info)
+
+    # ------------------------------------------------------------------ knobs
+    def space(self, match: Match, target: C.Target) -> KnobSpace:
+        m, n, k = match.info["M"], match.info["N"], match.info["K"]
+        lanes = cpu_info(target).float32_lanes
+        return KnobSpace((
+            Knob("mr", U.choices_upto(MR_CHOICES, m), "rows of the register tile"),
+            Knob("nvec", U.choices_upto(NVEC_CHOICES, max(1, -(-n // lanes))), "vectors per register-tile row"),
+            Knob("lanes", (lanes,), "float32 lanes per vector (the target's vector width)"),
+            Knob("mc_tiles", U.choices_upto(MC_TILES, max(1, m)), "register tiles per macro tile along i"),
+            Knob("nc_tiles", U.choices_upto(NC_TILES, max(1, -(-n // lanes))), "register tiles per macro tile along j"),
+            Knob("k_unroll", U.choices_upto(K_UNROLL, k), "unroll of the reduction loop"),
+            Knob("order", ORDERS, "macro loop order"),
+            Knob("parallel_depth", PARALLEL_DEPTH, "macro loops fused into the parallel loop"),
+            Knob("pack_b", PACK_B, "pack B's macro panel contiguously"),
+        ))
+
+    def default_config(self, match: Match, target: C.Target) -> dict:
+        info = cpu_info(target)
+        regs = U.Registers.for_bits(info.vector_bits).count
+        space = self.space(match, target)
+        ch = {kb.name: kb.choices for kb in space.knobs}
+        m, n, k = match.info["M"], match.info["N"], match.info["K"]
+        lanes = info.float32_lanes
+
+        # register tile: most accumulators that leave room for the B vectors and one broadcast of A,
+        # preferring tiles that divide the problem (no tail iterations)
+        def score(mr, nv):
+            acc = mr * nv
+            fits = acc + nv + 1 <= regs
+            divides = (m % mr == 0) + (n % (nv * lanes) == 0)
+            return (fits, divides, acc, nv)
+
+        mr, nvec = max(((a, b) for a in ch["mr"] for b in ch["nvec"]), key=lambda t: score(*t))
+        nr = nvec * lanes
+        # macro tile: the A block (mc x K) and the B panel (K x nc) each take at most half of L2
+        half_l2 = info.l2_bytes // 2
+        mc_want = max(1, half_l2 // max(1, k * 4 * mr))
+        nc_want = max(1, half_l2 // max(1, k * 4 * nr))
+        mc_tiles = max([c for c in ch["mc_tiles"] if c <= mc_want] or [min(ch["mc_tiles"])])
+        nc_tiles = max([c for c in ch["nc_tiles"] if c <= nc_want] or [min(ch["nc_tiles"])])
+        n_macro_j = -(-n // (nr * nc_tiles))
+        n_macro_i = -(-m // (mr * mc_tiles))
+        batch = 1
+        for b in match.info["batch"]:
+            batch *= b
+        # B panels are reused across all of i when j is the outer macro loop: pack them when K is long
+        order = "ji"
+        depth = 1 if batch * n_macro_j >= 2 * info.cores else 2
+        pack = n_macro_i > 1 and k * nr * 4 > info.l1d_bytes // 2
+        return {"mr": mr, "nvec": nvec, "lanes": lanes, "mc_tiles": mc_tiles, "nc_tiles": nc_tiles,
+                "k_unroll": U.nearest_choice(ch["k_unroll"], 4 if k % 4 == 0 else 1),
+                "order": order, "parallel_depth": depth, "pack_b": pack and depth == 1}
+
+    # ------------------------------------------------------------------ apply
+    def apply(self, sch: C.Schedule, match: Match, config: dict) -> None:
+        info = match.info
+        mr, lanes = config["mr"], config["lanes"]
+        nr = config["nvec"] * lanes
+        nbatch = len(info["batch"])
+
+        # Step 1. Fold the elementwise chain into one epilogue block (same folding as match()).
+        U.inline_elementwise(sch)
+        red = sch.get_sblock(info["reduction"])
+
+        # Step 2. Without an epilogue, accumulate into a cache block and write back from it.
+        if info["epilogue"] is None:
+            epi = sch.cache_write(red, 0, "global")   # the write-back block; red now writes the cache
+        else:
+            epi = sch.get_sblock(info["epilogue"])
+
+        # Step 3. Tile the epilogue: batch, macro tiles (mc x nc), register tiles (mr x nr).
+        loops = sch.get_loops(epi)
+        b_loops, i_loop, j_loop = loops[:nbatch], loops[nbatch], loops[nbatch + 1]
+        i0, i1, i2 = sch.split(i_loop, factors=[None, config["mc_tiles"], mr])
+        j0, j1, j2 = sch.split(j_loop, factors=[None, config["nc_tiles"], nr])
+        outer = [j0, i0] if config["order"] == "ji" else [i0, j0]
+        sch.reorder(*b_loops, *outer, i1, j1, i2, j2)
+        par = sch.fuse(*b_loops, *outer[:config["parallel_depth"]]) if (b_loops or config["parallel_depth"] > 1) \
+            else outer[0]
+        sch.parallel(par)
+        inner_outer = outer[config["parallel_depth"]:]
+        pack_at = inner_outer[0] if (inner_outer and config["order"] == "ji") else j1
+
+        # Step 4. Compute the matmul on each register tile: C shrinks to an mr x nr accumulator.
+        sch.compute_at(red, j1, preserve_unit_loops=True)
+        r_loops = sch.get_loops(red)
+        ri, rj, rk = r_loops[-3], r_loops[-2], r_loops[-1]
+        k0, k1 = sch.split(rk, factors=[None, config["k_unroll"]])
+        jo, jv = sch.split(rj, factors=[None, lanes])
+        sch.reorder(k0, k1, ri, jo, jv)
+        sch.vectorize(jv)
+        sch.unroll(jo)
+        sch.unroll(ri)
+        if config["k_unroll"] > 1:
+            sch.unroll(k1)
+
+        # Step 5. Initialize the accumulator before the k loop, vectorized.
+        init = sch.decompose_reduction(red, k0)
+        sch.vectorize(sch.get_loops(init)[-1])
+
+        # Step 6. The epilogue on the register tile: vectorized along j.
+        e_jo, e_jv = sch.split(j2, factors=[None, lanes])
+        sch.vectorize(e_jv)
+
+        # Step 7. Optionally pack B's panel for this macro tile into a contiguous buffer.
+        if config["pack_b"]:
+            if not info["b_contiguous_j"] and not info["b_buffer"]:
+                raise ValueError("pack_b needs a B operand buffer")
+            b_index = [str(r.source.name) for r in sch.get(red).reads].index(info["b_buffer"])
+            pack = sch.cache_read(red, b_index, "global")
+            sch.compute_at(pack, pack_at, preserve_unit_loops=True)
+            U.vectorize_inner(sch, pack, lanes)
+
+        # Step 8. Leftover elementwise producers: fused, parallel, vectorized on their own.
+        for name in info["others"]:
+            U.schedule_injective(sch, sch.get_sblock(name), lanes)
