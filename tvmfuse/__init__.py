@@ -6,6 +6,7 @@ __version__ = "0.1.0"
 from .compiled import CompiledModel, compile  # noqa: E402,A004
 from .errors import (ArtifactError, InputError, ModelLoadError, TargetError, TuningLogError,  # noqa: E402
                      TvmfuseError, UnsupportedOpError)
+from .export import load  # noqa: E402
 from .frontend import load_onnx  # noqa: E402
 from .pipeline import PipelineOptions, pipeline, register as _register_pipeline, stock_pipeline  # noqa: E402
 from .report import FusionReport  # noqa: E402
@@ -16,4 +17,4 @@ _register_pipeline()
 __all__ = ["compile", "CompiledModel", "load_onnx", "pipeline", "stock_pipeline", "PipelineOptions",
            "FusionReport", "host_target", "parse_target", "TvmfuseError", "ModelLoadError",
            "UnsupportedOpError", "InputError", "TargetError", "ArtifactError", "TuningLogError",
-           "__version__"]
+           "load", "__version__"]

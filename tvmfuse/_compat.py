@@ -236,3 +236,31 @@ def nvcc_compile(source: str, target: Target, fmt: str = "cubin") -> bytes:
     with target:
         return nvcc.compile_cuda(source, target_format=fmt, arch=str(target.attrs["arch"]), compiler="nvcc")
 TensorLoad = tvm.ir.expr.TensorLoad  # what tirx.BufferLoad builds in 0.27 (buffer in ``.source``)
+
+
+# --- deployment (tvmfuse/export.py): runtime loading and ahead-of-time device code ---------------------
+register_global_func = tvm_ffi.register_global_func
+
+
+def runtime_enabled(kind: str) -> bool:
+    """Whether this TVM build has the runtime for ``kind`` ("cuda", "llvm", ...)."""
+    return bool(tvm.runtime.enabled(kind))
+
+
+def device(kind: str, index: int = 0):
+    return tvm.device(kind, index)
+
+
+def cross_compiler(cc: str):
+    """An ``export_library`` fcompile that links with ``cc`` (e.g. aarch64-linux-gnu-gcc)."""
+    from tvm.support import cc as _cc
+
+    return _cc.cross_compiler(cc)
+
+
+def nvcc_fatbin(code: str, arch: list[str], target: Target) -> bytes:
+    """Compile CUDA source to a fatbin with nvcc; ``arch`` is nvcc's -gencode argument list."""
+    from tvm.support import nvcc as _nvcc
+
+    with target:  # nvcc.py reads the compute version of the current target
+        return bytes(_nvcc.compile_cuda(code, target_format="fatbin", arch=arch, compiler="nvcc"))
