@@ -1,0 +1,383 @@
+"""``tvmfuse.FuseGroups``: tvmfuse's partitioner over the legalized module.
+
+Every dataflow block of every inference function is a DAG of bindings; each ``call_tir`` is a node that
+``rules.classify`` gives a kind.  Nodes are merged with a union-find, first along producer -> consumer
+edges (in binding order), then between siblings that read one tensor, each merge decided by
+``rules`` (legality, profitability, target support joined in ``_decide``).  Each group of two or more
+ops becomes a Relax function with ``Primitive=1`` and ``tvmfuse.rule`` (the rules that formed it), called
+from the block; a tensor of the group that something outside still reads is one more output of the group
+(the function returns a tuple).  TVM's FuseTIR then merges each group into one PrimFunc.
+
+Every fusion that a rule considered and did not do, and every pair a rule could not cover, is recorded
+with ``explain.record_refusal``.
+"""
+from __future__ import annotations
+
+import heapq
+import logging
+
+from .. import _compat as C
+from ..explain import record_group, record_refusal
+from . import rules as R
+
+log = logging.getLogger("tvmfuse.fusion")
+
+
+class _UnionFind:
+    def __init__(self, n: int):
+        self.parent = list(range(n))
+        self.members = {i: [i] for i in range(n)}
+
+    def find(self, i: int) -> int:
+        while self.parent[i] != i:
+            self.parent[i] = self.parent[self.parent[i]]
+            i = self.parent[i]
+        return i
+
+    def union(self, a: int, b: int) -> int:
+        ra, rb = self.find(a), self.find(b)
+        if ra == rb:
+            return ra
+        if len(self.members[ra]) < len(self.members[rb]):
+            ra, rb = rb, ra
+        self.parent[rb] = ra
+        self.members[ra].extend(self.members.pop(rb))
+        return ra
+
+
+class _BlockGraph:
+    """One dataflow block as a DAG over its bindings (index = binding order, a topological order)."""
+
+    def __init__(self, mod, block, limits: R.TargetLimits):
+        self.bindings = list(block.bindings)
+        n = len(self.bindings)
+        self.limits = limits
+        self.index = {}
+        for i, b in enumerate(self.bindings):
+            self.index[b.var] = i
+        self.preds = [set() for _ in range(n)]
+        self.succs = [set() for _ in range(n)]
+        self.external = [not isinstance(b.var, C.relax.DataflowVar) for b in self.bindings]
+        for i, b in enumerate(self.bindings):
+            for v in C.relax_free_vars(b.value):
+                j = self.index.get(v)
+                if j is not None:
+                    self.preds[i].add(j)
+                    self.succs[j].add(i)
+        self.info: list[R.NodeInfo | None] = [None] * n   # None: not a call_tir (a barrier)
+        self.alias_of: dict[int, int] = {}                 # TupleGetItem of a call_tir tuple -> its producer
+        for i, b in enumerate(self.bindings):
+            v = b.value
+            if _is_call_tir(v):
+                func = mod[v.args[0]] if v.args[0] in mod.get_global_vars() else None
+                info = R.classify(func, v, C.type_of(b.var))
+                if not all(isinstance(a, (C.relax.Var, C.Constant)) for a in v.args[1].fields):
+                    info.kind, info.why_opaque = R.OPAQUE, "an argument is neither a tensor var nor a constant"
+                info.name = f"{info.name}({C.var_name(b.var)})"
+                self.info[i] = info
+        for i, b in enumerate(self.bindings):
+            v = b.value
+            if isinstance(v, C.relax.TupleGetItem) and isinstance(v.tuple_value, C.relax.Var):
+                j = self.index.get(v.tuple_value)
+                if j is not None and self.info[j] is not None:
+                    self.alias_of[i] = j
+        for j, info in enumerate(self.info):
+            if info is None or not isinstance(C.type_of(self.bindings[j].var), C.TupleType):
+                continue
+            if self.external[j] or any(s not in self.alias_of for s in self.succs[j]):
+                info.kind, info.why_opaque = R.OPAQUE, "its tuple result is used whole, not field by field"
+        self.uf = _UnionFind(n)
+        self.group_rules: dict[int, list[str]] = {}
+        for i, j in self.alias_of.items():
+            if self.info[j].kind != R.OPAQUE:
+                self.uf.union(i, j)
+
+    # ----------------------------------------------------------------------------------- queries
+    def node(self, i: int) -> int:
+        """The call_tir behind binding i (itself, or the producer of the tuple it reads a field of)."""
+        return self.alias_of.get(i, i)
+
+    def fusable(self, i: int) -> bool:
+        info = self.info[self.node(i)]
+        return info is not None and info.kind != R.OPAQUE
+
+    def group_infos(self, members) -> list[R.NodeInfo]:
+        return [self.info[k] for k in members if k not in self.alias_of and self.info[k] is not None]
+
+    def outputs(self, members: set) -> list[int]:
+        """Members whose value something outside the group reads (tuple producers excepted)."""
+        outs = []
+        for k in sorted(members):
+            if isinstance(C.type_of(self.bindings[k].var), C.TupleType):
+                continue
+            if self.external[k] or any(s not in members for s in self.succs[k]):
+                outs.append(k)
+        return outs
+
+    def creates_cycle(self, members: set) -> int | None:
+        """A node outside ``members`` on a path that leaves the merged group and re-enters it, else None.
+
+        Groups already formed count as single nodes (each will be one kernel), so the walk enters the
+        whole group of every node it reaches.  Only bindings before the group's last member can lead back.
+        """
+        last = max(members)
+        seen, stack = set(), []
+        for k in members:
+            stack.extend(s for s in self.succs[k] if s not in members and s < last)
+        while stack:
+            x = stack.pop()
+            if x in seen:
+                continue
+            seen.add(x)
+            for y in self.uf.members[self.uf.find(x)]:
+                seen.add(y)
+                for s in self.succs[y]:
+                    if s in members:
+                        return x
+                    if s < last and s not in seen:
+                        stack.append(s)
+        return None
+
+    # ----------------------------------------------------------------------------------- decision
+    def decide(self, a: int, b: int) -> str | None:
+        """None if the groups of a and b may, should and can fuse; else the reason they do not."""
+        ga, gb = self.uf.find(a), self.uf.find(b)
+        members = set(self.uf.members[ga]) | set(self.uf.members[gb])
+        blocker = self.creates_cycle(members)
+        if blocker is not None:
+            return (f"illegal: the path through {self._name(blocker)} leaves the group and comes back "
+                    "(the fused kernel would depend on itself)")
+        infos = self.group_infos(members)
+        reason = R.check_profitable(infos)
+        if reason is not None:
+            return "not profitable: " + reason
+        reason = R.check_supported(infos, len(self.outputs(members)), self.limits)
+        if reason is not None:
+            return "not supported by the target: " + reason
+        return None
+
+    def merge(self, a: int, b: int, rule: str) -> None:
+        rules = self.group_rules.pop(self.uf.find(a), []) + self.group_rules.pop(self.uf.find(b), [])
+        root = self.uf.union(a, b)
+        self.group_rules[root] = list(dict.fromkeys(rules + [rule]))
+
+    def _name(self, i: int) -> str:
+        info = self.info[self.node(i)]
+        return info.name if info is not None else C.var_name(self.bindings[i].var)
+
+
+def _is_call_tir(expr) -> bool:
+    return (isinstance(expr, C.relax.Call) and isinstance(expr.op, C.Op) and expr.op.name == "relax.call_tir"
+            and isinstance(expr.args[0], C.GlobalVar))
+
+
+def _first_rule(kind: str, a: R.NodeInfo, b: R.NodeInfo) -> R.Rule | None:
+    for rule in R.RULES:
+        if rule.kind == kind and rule.matches(a, b):
+            return rule
+    return None
+
+
+def partition(g: _BlockGraph) -> list[tuple[str, str, str, str]]:
+    """Form the groups of one block; returns the refusals (producer, consumer, reason, rule)."""
+    pending: list[tuple[int, int, str, str]] = []
+    # Step 1. Producer -> consumer edges, consumers in binding order.
+    for i in range(len(g.bindings)):
+        if g.info[i] is None:
+            continue
+        for p in sorted({g.node(j) for j in g.preds[i]}):
+            if g.info[p] is None:
+                continue
+            if not (g.fusable(p) and g.fusable(i)):
+                opaque = g.info[p] if g.info[p].kind == R.OPAQUE else g.info[i]
+                pending.append((p, i, f"{opaque.name} is opaque: {opaque.why_opaque}", ""))
+                continue
+            if g.uf.find(p) == g.uf.find(i):
+                continue
+            rule = _first_rule("edge", g.info[p], g.info[i])
+            if rule is None:
+                pending.append((p, i, f"no rule fuses a {g.info[p].kind} op into a {g.info[i].kind} op", ""))
+                continue
+            reason = g.decide(p, i)
+            if reason is None:
+                g.merge(p, i, rule.name)
+            else:
+                pending.append((p, i, reason, rule.name))
+    # Step 2. Siblings: fusable readers of one tensor (a block var, a function parameter).
+    readers: dict = {}
+    for i, info in enumerate(g.info):
+        if info is None or not g.fusable(i):
+            continue
+        for a in g.bindings[i].value.args[1].fields:
+            if isinstance(a, C.relax.Var):
+                readers.setdefault(a, []).append(i)
+    for var, rs in readers.items():
+        for x in range(len(rs)):
+            for y in range(x + 1, len(rs)):
+                a, b = rs[x], rs[y]
+                if g.uf.find(a) == g.uf.find(b):
+                    continue
+                rule = _first_rule("sibling", g.info[a], g.info[b])
+                if rule is None:
+                    continue
+                reason = g.decide(a, b)
+                if reason is None:
+                    g.merge(a, b, rule.name)
+                else:
+                    pending.append((a, b, reason, rule.name))
+    # Step 3. What is still apart is a refusal the user sees.
+    out, seen = [], set()
+    for a, b, reason, rule in pending:
+        if g.uf.find(a) != g.uf.find(b) and (a, b) not in seen:
+            seen.add((a, b))
+            out.append((g._name(a), g._name(b), reason, rule))
+    return out
+
+
+# ----------------------------------------------------------------------------------------- rewriting
+def _group_function(g: _BlockGraph, members: list[int], name: str, rule: str):
+    """The Primitive Relax function of one group and the outer arguments it is called with."""
+    member_set = set(members)
+    outer_args, params, pmap = [], [], {}
+    for k in members:
+        v = g.bindings[k].value
+        if k in g.alias_of:
+            continue
+        for a in v.args[1].fields:
+            if isinstance(a, C.relax.Var) and g.index.get(a) in member_set:
+                continue
+            key = a
+            if any(key.same_as(o) for o in outer_args):
+                continue
+            outer_args.append(a)
+            p = C.relax.Var(f"p{len(params)}", C.type_of(a))
+            params.append(p)
+            pmap[a] = p
+    outs = g.outputs(member_set)
+    bb = C.BlockBuilder()
+    with bb.function(name, params, attrs={"Primitive": 1, "tvmfuse.rule": rule}, private=True):
+        with bb.dataflow():
+            vmap = {}
+            for k in members:
+                b = g.bindings[k]
+                v = b.value
+                if k in g.alias_of:
+                    new = C.relax.TupleGetItem(vmap[v.tuple_value], v.index)
+                else:
+                    args = [vmap[a] if (isinstance(a, C.relax.Var) and a in vmap) else
+                            next(p for o, p in pmap.items() if o.same_as(a)) for a in v.args[1].fields]
+                    new = C.relax.Call(v.op, [v.args[0], C.relax.Tuple(args)] + list(v.args[2:]), v.attrs,
+                                       v.ty_args)
+                vmap[b.var] = bb.emit(new, name_hint=C.var_name(b.var))
+            ret = [vmap[g.bindings[k].var] for k in outs]
+            result = bb.emit_output(ret[0] if len(ret) == 1 else C.relax.Tuple(ret))
+        bb.emit_func_output(result)
+    return bb.get()[name], outer_args, outs
+
+
+def _group_name(g: _BlockGraph, members: list[int], taken: set) -> str:
+    ops = [str(g.bindings[k].value.args[0].name_hint) for k in members if k not in g.alias_of]
+    base = "fused_" + "_".join(ops)
+    if len(base) > 64:
+        base = base[:56] + f"_{len(ops)}ops"
+    name, n = base, 1
+    while name in taken:
+        name, n = f"{base}_{n}", n + 1
+    taken.add(name)
+    return name
+
+
+def _rewrite_block(g: _BlockGraph, mbb, taken: set, stats: list):
+    groups = {}
+    for root, members in g.uf.members.items():
+        calls = [k for k in members if k not in g.alias_of and g.info[k] is not None]
+        if len(calls) >= 2:
+            groups[root] = sorted(members)
+    if not groups:
+        return None
+    item_of = [g.uf.find(i) if g.uf.find(i) in groups else i for i in range(len(g.bindings))]
+    items = sorted(set(item_of))
+    first = {}
+    for i, it in enumerate(item_of):
+        first.setdefault(it, i)
+    deps = {it: set() for it in items}
+    for i in range(len(g.bindings)):
+        for p in g.preds[i]:
+            if item_of[p] != item_of[i]:
+                deps[item_of[i]].add(item_of[p])
+    users = {it: [] for it in items}
+    for it, ds in deps.items():
+        for d in ds:
+            users[d].append(it)
+    indeg = {it: len(ds) for it, ds in deps.items()}
+    ready = [(first[it], it) for it in items if indeg[it] == 0]
+    heapq.heapify(ready)
+    new_bindings = []
+    while ready:
+        _, it = heapq.heappop(ready)
+        if it in groups:
+            members = groups[it]
+            rule = "+".join(g.group_rules.get(it, []))
+            name = _group_name(g, members, taken)
+            func, outer_args, outs = _group_function(g, members, name, rule)
+            gv = mbb.add_func(func, name)
+            call = mbb.normalize(C.relax.Call(gv, outer_args))
+            record_group(name, [g.info[k].name for k in members if k not in g.alias_of], rule)
+            stats.append(name)
+            if len(outs) == 1:
+                new_bindings.append(C.relax.VarBinding(g.bindings[outs[0]].var, call))
+            else:
+                tv = C.relax.DataflowVar(name.replace("fused_", "t_")[:40], C.type_of(call))
+                new_bindings.append(C.relax.VarBinding(tv, call))
+                for idx, k in enumerate(outs):
+                    new_bindings.append(C.relax.VarBinding(g.bindings[k].var,
+                                                           mbb.normalize(C.relax.TupleGetItem(tv, idx))))
+        else:
+            new_bindings.append(g.bindings[it])
+        for u in users[it]:
+            indeg[u] -= 1
+            if indeg[u] == 0:
+                heapq.heappush(ready, (first[u], u))
+    if len(new_bindings) < len(items):
+        raise RuntimeError("tvmfuse.FuseGroups: the group graph has a cycle (legality check broken)")
+    return C.relax.DataflowBlock(new_bindings)
+
+
+@C.module_pass(opt_level=0, name="tvmfuse.FuseGroups")
+class FuseGroups:
+    """Group the legalized module's call_tir ops by tvmfuse's rules into Primitive functions."""
+
+    def __init__(self, target=None):
+        self.limits = R.limits_for(target)
+
+    def transform_module(self, mod, _ctx):
+        mbb = C.BlockBuilder(mod)
+        taken = {str(gv.name_hint) for gv in mod.get_global_vars()}
+        updates, stats = {}, []
+        for gv, func in mod.functions.items():
+            if not isinstance(func, C.relax.Function) or (func.attrs and "Primitive" in func.attrs):
+                continue
+            body = func.body
+            if not isinstance(body, C.relax.SeqExpr):
+                continue
+            blocks, changed = [], False
+            for block in body.blocks:
+                if not isinstance(block, C.relax.DataflowBlock):
+                    blocks.append(block)
+                    continue
+                g = _BlockGraph(mod, block, self.limits)
+                for producer, consumer, reason, rule in partition(g):
+                    record_refusal(producer, consumer, reason, rule)
+                new = _rewrite_block(g, mbb, taken, stats)
+                blocks.append(new if new is not None else block)
+                changed |= new is not None
+            if changed:
+                updates[gv] = C.relax.Function(func.params, C.relax.SeqExpr(blocks, body.body), func.ret_ty,
+                                               func.is_pure, func.attrs, func.span)
+        if not updates:
+            return mod
+        out = mbb.get()
+        for gv, func in updates.items():
+            out[gv] = func
+        log.debug("tvmfuse.FuseGroups: %d groups", len(stats))
+        return out

@@ -1,0 +1,241 @@
+"""The fusion rules of tvmfuse, as data, and the three checks that decide a fusion.
+
+A *node* is one ``call_tir`` of the legalized module; its *kind* comes from the PrimFunc it calls
+(``op_pattern`` from AnnotateTIROpPattern, refined by looking at its reduction blocks):
+
+- ``elemwise``     op_pattern 0/1: elementwise and broadcast ops;
+- ``injective``    op_pattern 2: reshape, transpose, concat, slices;
+- ``reduction``    op_pattern 3/4 whose reductions read one tensor per reduced element (sum, mean, max,
+                   variance, softmax, layer norm): a *row reduction*, keyed by (shape read, axes reduced);
+- ``contraction``  op_pattern 3/4 whose reduction multiplies two tensors indexed by the reduced axis
+                   (matmul, conv): the anchor a schedule template tiles;
+- ``opaque``       anything else (extern, call_dps_packed, symbolic shapes, tir_vars): never fused.
+
+A rule names the pair of kinds it fuses (``edge`` rules: producer -> consumer; ``sibling`` rules: two
+consumers of one tensor).  Whether a fusion happens is decided in one place, ``decide``: legality (the
+merged group stays acyclic in the group graph; shapes are static), profitability (the anchors of the
+merged group can share one loop nest) and target support (group size limits of the target family).
+Each check returns None when it passes, else the reason a user reads.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .. import _compat as C
+
+ELEMWISE, INJECTIVE, REDUCTION, CONTRACTION, OPAQUE = "elemwise", "injective", "reduction", "contraction", \
+    "opaque"
+_MOVABLE = (ELEMWISE, INJECTIVE)
+
+
+@dataclass(frozen=True)
+class Rule:
+    name: str
+    kind: str          # "edge" (producer -> consumer) or "sibling" (two readers of one tensor)
+    first: tuple       # kinds allowed for the producer (edge) / the first sibling
+    second: tuple      # kinds allowed for the consumer (edge) / the second sibling
+    why: str           # one line: what it buys, and the test that needs it
+
+    def matches(self, a: "NodeInfo", b: "NodeInfo") -> bool:
+        if a.kind not in self.first or b.kind not in self.second:
+            return False
+        if self.kind == "sibling" and a.kind == CONTRACTION:
+            return a.data_arg is not None and a.data_arg.same_as(b.data_arg)
+        return True
+
+
+# One row per rule.  Order matters only for which rule name a group reports (the first that fused it).
+RULES: tuple[Rule, ...] = (
+    Rule("elementwise_chain", "edge", _MOVABLE, _MOVABLE,
+         "chains of elementwise/broadcast/injective ops in one loop; test_fusion_patterns[elementwise_chain]"),
+    Rule("contraction_epilogue", "edge", (CONTRACTION,), (ELEMWISE,),
+         "bias, activation and residual add computed on the matmul/conv output tile; "
+         "test_fusion_patterns[matmul_bias_gelu], [conv_bn_relu_residual]"),
+    Rule("reduction_prologue", "edge", _MOVABLE, (REDUCTION,),
+         "the producer of a reduction computed inside the reduction loop (x*x -> mean); "
+         "test_fusion_patterns[rmsnorm]"),
+    Rule("reduction_epilogue", "edge", (REDUCTION,), _MOVABLE,
+         "the ops after a reduction read the row it just reduced; test_fusion_patterns[layernorm_decomposed]"),
+    Rule("reduction_chain", "edge", (REDUCTION,), (REDUCTION,),
+         "one row reduction feeding another over the same rows (max -> sum of exp); "
+         "test_fusion_patterns[layernorm_softmax]"),
+    Rule("sibling_contractions", "sibling", (CONTRACTION,), (CONTRACTION,),
+         "Q/K/V or gate/up projections of one input: the input is read once for all; "
+         "test_fusion_patterns[qkv_projection], [swiglu]"),
+    Rule("sibling_reductions", "sibling", (REDUCTION,), (REDUCTION,),
+         "two reductions over the same rows of one input in one pass; test_fusion_patterns[mean_variance]"),
+    Rule("sibling_elementwise", "sibling", (ELEMWISE,), (ELEMWISE,),
+         "independent elementwise ops reading one tensor (LSTM gates): one read, several outputs; "
+         "test_fusion_rules::test_sibling_elementwise"),
+)
+
+RULES_BY_NAME = {r.name: r for r in RULES}
+
+
+@dataclass(frozen=True)
+class TargetLimits:
+    """Per target family: how large a fused group its schedules are built for."""
+
+    max_ops: int            # call_tir ops in one group
+    max_outputs: int        # outputs of one (multi-output) group
+
+
+_LIMITS = {"cpu": TargetLimits(max_ops=64, max_outputs=8), "gpu": TargetLimits(max_ops=48, max_outputs=8)}
+
+
+def limits_for(target) -> TargetLimits:
+    from ..target import is_gpu
+
+    return _LIMITS["gpu" if target is not None and is_gpu(target) else "cpu"]
+
+
+@dataclass
+class NodeInfo:
+    """What the rules need to know about one call_tir."""
+
+    name: str                   # "<prim func>(<var>)", for the report
+    kind: str
+    pattern: int
+    row_keys: frozenset = frozenset()   # (shape read, axes reduced) of each row reduction
+    data_arg: object = None             # contraction: the relax var of its data operand
+    out_shape: tuple | None = None
+    why_opaque: str = ""
+
+
+# --------------------------------------------------------------------------- PrimFunc analysis
+def _static_shape(ty) -> tuple | None:
+    if isinstance(ty, C.TupleType):
+        parts = [_static_shape(f) for f in ty.fields]
+        return None if any(p is None for p in parts) else tuple(parts)
+    if not isinstance(ty, C.TensorType) or ty.shape is None or not isinstance(ty.shape, C.relax.ShapeExpr):
+        return None
+    dims = []
+    for d in ty.shape.values:
+        if not isinstance(d, C.IntImm):
+            return None
+        dims.append(int(d.value))
+    return tuple(dims)
+
+
+def _reduction_blocks(func):
+    """(block, reduce vars) of every block with a reduction iterator; None if the func has no root block."""
+    try:
+        sch = C.Schedule(func)
+        root = sch.get_sblock("root")
+    except C.TVMError:  # a PrimFunc without a root block: not analyzable, treated as opaque
+        return None
+    out = []
+    stack = list(sch.get_child_blocks(root))
+    while stack:
+        rv = stack.pop()
+        blk = sch.get(rv)
+        rvars = [iv.var for iv in blk.iter_vars if int(iv.iter_type) == C.IterVar.CommReduce]
+        if rvars:
+            out.append((blk, rvars))
+        stack.extend(sch.get_child_blocks(rv))
+    return out
+
+
+def _uses(expr, vars_) -> bool:
+    used = C.tir.analysis.undefined_vars(expr, [])
+    return any(u.same_as(v) for u in used for v in vars_)
+
+
+def analyze_reductions(func) -> tuple[bool, frozenset] | None:
+    """(is_contraction, row keys) of a PrimFunc with reductions; None when it cannot be analyzed."""
+    blocks = _reduction_blocks(func)
+    if not blocks:
+        return None
+    contraction, keys = False, set()
+    for blk, rvars in blocks:
+        written = [C.region_tensor(w) for w in blk.writes]
+        reduced, bufs = [], []
+        for r in blk.reads:
+            buf = C.region_tensor(r)
+            if any(buf.same_as(w) for w in written):
+                continue
+            axes = tuple(i for i, rng in enumerate(r.region) if _uses(rng.min, rvars))
+            if axes:
+                shape = tuple(int(s) if isinstance(s, C.IntImm) else str(s) for s in C.tensor_shape(buf))
+                reduced.append((shape, axes))
+                if not any(b.same_as(buf) for b in bufs):
+                    bufs.append(buf)
+        if len(bufs) >= 2:  # two tensors indexed by the reduced axis: a matmul/conv
+            contraction = True
+        keys.update(reduced)
+    return contraction, frozenset(keys)
+
+
+def classify(func, call, var_ty) -> NodeInfo:
+    """The NodeInfo of ``var = call_tir(func, args)``."""
+    name = str(call.args[0].name_hint)
+    out_shape = _static_shape(var_ty)
+    info = NodeInfo(name=name, kind=OPAQUE, pattern=-1, out_shape=out_shape)
+    if not isinstance(func, C.PrimFunc):
+        info.why_opaque = "calls a function that is not a TIR PrimFunc"
+        return info
+    if len(call.args) > 2:
+        info.why_opaque = "call_tir with symbolic tir_vars"
+        return info
+    attrs = func.attrs
+    if attrs is None or "op_pattern" not in attrs:
+        info.why_opaque = "PrimFunc has no op_pattern"
+        return info
+    pattern = int(attrs["op_pattern"])
+    info.pattern = pattern
+    if out_shape is None or any(_static_shape(C.type_of(a)) is None for a in call.args[1].fields):
+        info.why_opaque = "symbolic or unknown shape (FuseTIR groups are kept to static shapes)"
+        return info
+    if pattern <= 1:
+        info.kind = ELEMWISE
+    elif pattern == 2:
+        info.kind = INJECTIVE
+    elif pattern in (3, 4):
+        found = analyze_reductions(func)
+        if found is None:
+            info.why_opaque = f"op pattern {pattern} without an analyzable reduction block"
+            return info
+        contraction, keys = found
+        info.kind = CONTRACTION if contraction else REDUCTION
+        info.row_keys = keys
+        if contraction:
+            info.data_arg = call.args[1].fields[0]
+    else:
+        info.why_opaque = f"op pattern {pattern} (opaque/extern) is never fused"
+    return info
+
+
+# --------------------------------------------------------------------------- the three checks
+def check_profitable(members: list[NodeInfo]) -> str | None:
+    """Can the merged group's anchors share one loop nest?  None if yes, else why not."""
+    contractions = [m for m in members if m.kind == CONTRACTION]
+    reductions = [m for m in members if m.kind == REDUCTION]
+    if contractions and reductions:
+        return (f"a row reduction ({reductions[0].name}) and a matmul/conv ({contractions[0].name}) would "
+                "share a kernel: the reduction needs whole rows of the tiled anchor output")
+    if contractions:
+        first = contractions[0]
+        for c in contractions[1:]:
+            if not (c.data_arg is not None and c.data_arg.same_as(first.data_arg)):
+                return f"matmul/conv anchors {first.name} and {c.name} do not read the same input"
+            if c.out_shape != first.out_shape:
+                return f"sibling anchors {first.name} and {c.name} have different output shapes"
+        injective = [m for m in members if m.kind == INJECTIVE]
+        if injective:
+            return (f"layout op {injective[0].name} in a matmul/conv group: the anchor's epilogue takes "
+                    "elementwise/broadcast ops only")
+    if reductions:
+        keys = set()
+        for r in reductions:
+            keys |= r.row_keys
+        if len(keys) > 1:
+            return "reductions over different rows (shape or axes differ) cannot share one pass over a row"
+    return None
+
+
+def check_supported(members: list[NodeInfo], n_outputs: int, limits: TargetLimits) -> str | None:
+    if len(members) > limits.max_ops:
+        return f"group would have {len(members)} ops, over the target's limit of {limits.max_ops}"
+    if n_outputs > limits.max_outputs:
+        return f"group would have {n_outputs} outputs, over the target's limit of {limits.max_outputs}"
+    return None
