@@ -4,7 +4,9 @@ Gated on the target: ``templates_for`` imports this list for GPU targets, and ev
 ``target_kinds = ("cuda",)``.  Per-architecture numbers live in ``_common.ARCHS``.
 """
 from .elementwise import CudaElementwise
+from .row_reduction import CudaRowReduction
 
 TEMPLATES: list = [
+    CudaRowReduction(),    # normalization chains: a block per row, cross-thread allreduce
     CudaElementwise(),     # all-spatial groups: flatten, blocks x threads x 128-bit vectors
 ]
