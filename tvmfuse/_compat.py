@@ -151,7 +151,7 @@ class IterVarKind:
 
 def post_order_visit(node, fvisit) -> None:
     """Call ``fvisit`` on every sub-node of a TIR expression or statement (children first)."""
-    tvm_ffi.structural_walk(node, [fvisit], order="post")
+    tvm_ffi.structural_walk(node, fvisit, order="post")
 
 
 def verify_gpu_schedule(sch: Schedule, target: Target) -> bool:
@@ -189,11 +189,12 @@ def cross_compiler(cc: str):
     return _cc.cross_compiler(cc)
 
 
-def nvcc_fatbin(code: str, arch: list[str]) -> bytes:
+def nvcc_fatbin(code: str, arch: list[str], target: Target) -> bytes:
     """Compile CUDA source to a fatbin with nvcc; ``arch`` is nvcc's -gencode argument list."""
     from tvm.support import nvcc as _nvcc
 
-    return bytes(_nvcc.compile_cuda(code, target_format="fatbin", arch=arch, compiler="nvcc"))
+    with target:  # nvcc.py reads the compute version of the current target
+        return bytes(_nvcc.compile_cuda(code, target_format="fatbin", arch=arch, compiler="nvcc"))
 
 # --- autotuner (tvmfuse.tune): RPC, MetaSchedule's per-store features, runtime timing
 from tvm import rpc  # noqa: E402
@@ -236,31 +237,23 @@ def nvcc_compile(source: str, target: Target, fmt: str = "cubin") -> bytes:
     with target:
         return nvcc.compile_cuda(source, target_format=fmt, arch=str(target.attrs["arch"]), compiler="nvcc")
 TensorLoad = tvm.ir.expr.TensorLoad  # what tirx.BufferLoad builds in 0.27 (buffer in ``.source``)
+Constant = tvm.ir.expr.Constant  # relax constants (metadata GenericConst) in 0.27
 
 
-# --- deployment (tvmfuse/export.py): runtime loading and ahead-of-time device code ---------------------
-register_global_func = tvm_ffi.register_global_func
+def region_tensor(region):
+    """The tensor (buffer var) a block's read/write region refers to (``.buffer`` before 0.27)."""
+    return region.source
 
 
-def runtime_enabled(kind: str) -> bool:
-    """Whether this TVM build has the runtime for ``kind`` ("cuda", "llvm", ...)."""
-    return bool(tvm.runtime.enabled(kind))
+def tensor_shape(tensor_var) -> tuple:
+    """Shape of a TIR buffer var of 0.27 (``buffer.shape`` before)."""
+    return tuple(tensor_var.ty.shape)
+structural_equal = tvm_ffi.structural_equal
 
 
-def device(kind: str, index: int = 0):
-    return tvm.device(kind, index)
+def const_value(expr):
+    """The numpy value of a Relax constant (``.data.numpy()`` before 0.27)."""
+    import numpy as _np
 
-
-def cross_compiler(cc: str):
-    """An ``export_library`` fcompile that links with ``cc`` (e.g. aarch64-linux-gnu-gcc)."""
-    from tvm.support import cc as _cc
-
-    return _cc.cross_compiler(cc)
-
-
-def nvcc_fatbin(code: str, arch: list[str], target: Target) -> bytes:
-    """Compile CUDA source to a fatbin with nvcc; ``arch`` is nvcc's -gencode argument list."""
-    from tvm.support import nvcc as _nvcc
-
-    with target:  # nvcc.py reads the compute version of the current target
-        return bytes(_nvcc.compile_cuda(code, target_format="fatbin", arch=arch, compiler="nvcc"))
+    v = expr.value
+    return v.numpy() if hasattr(v, "numpy") else _np.asarray(v)

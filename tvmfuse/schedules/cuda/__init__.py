@@ -4,9 +4,11 @@ Gated on the target: ``templates_for`` imports this list for GPU targets, and ev
 ``target_kinds = ("cuda",)``.  Per-architecture numbers live in ``_common.ARCHS``.
 """
 from .elementwise import CudaElementwise
+from .matmul import CudaMatmul
 from .row_reduction import CudaRowReduction
 
 TEMPLATES: list = [
+    CudaMatmul(),          # (batch) matmul + epilogue: shared-memory tiles, register accumulators
     CudaRowReduction(),    # normalization chains: a block per row, cross-thread allreduce
     CudaElementwise(),     # all-spatial groups: flatten, blocks x threads x 128-bit vectors
 ]

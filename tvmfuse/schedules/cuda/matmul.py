@@ -1,0 +1,155 @@
+"""CUDA: MatMul / batch MatMul anchors with their elementwise epilogue (bias, GELU, residual add...).
+
+Thread-block tiling: each block computes a ``(threads_m*micro_m) x (threads_n*micro_n)`` output tile
+(``blockIdx.z`` over the batch), staging ``tile_k``-deep slices of both operands in shared memory with
+vectorized cooperative loads; each thread accumulates a ``micro_m x micro_n`` register tile and applies
+the epilogue to it in registers before the one store of the output.
+
+Matches one contraction ``C[b.., i, j] += A[b.., i, k] * B[b.., k, j]`` (any operand layout; batch axes
+possibly broadcast) whose other blocks are all spatial; the epilogue is everything after it.
+"""
+from __future__ import annotations
+
+from ... import _compat as C
+from ..base import Knob, KnobSpace, Match, Template
+from ._common import arch_of, block_graph, index_vars, inline_glue, multiply_accumulate, nearest
+
+THREADS = (4, 8, 16, 32)       # per output-tile axis; 32 x 32 = 1024 threads at most
+MICRO = (1, 2, 4)              # outputs per thread per axis: a register tile of up to 4 x 4
+TILE_K = (4, 8, 16, 32)        # shared slice depth: (4*32 + 4*32) * 32 * 4 B = 32 KB at most
+VEC = (1, 2, 4)                # lanes of the global -> shared loads
+
+
+def matmul_anchor(block) -> dict | None:
+    """The roles of the iter vars of a contraction block: batch, i (A only), j (B only), k; else None."""
+    if block.kinds.count("R") != 1 or "O" in block.kinds or not block.kinds.endswith("R"):
+        return None
+    mac = multiply_accumulate(block.stmt)
+    if mac is None or mac[0].source.same_as(mac[1].source):
+        return None
+    ivs = [iv.var for iv in block.stmt.iter_vars]
+    k = ivs[-1]
+
+    def used(load):
+        vs = index_vars(load.indices)
+        if any(len(v) > 1 for v in vs):          # a sum of iterators (a window): not a matmul operand
+            return None
+        return {x for v in vs for x in v}
+
+    a, b = used(mac[0]), used(mac[1])
+    if a is None or b is None or not (_has(a, k) and _has(b, k)):
+        return None
+    spatial = ivs[:-1]
+    only_a = [i for i, v in enumerate(spatial) if _has(a, v) and not _has(b, v)]
+    only_b = [i for i, v in enumerate(spatial) if _has(b, v) and not _has(a, v)]
+    if len(only_a) != 1 or len(only_b) != 1:
+        return None
+    i, j = only_a[0], only_b[0]
+    if i != len(spatial) - 2 or j != len(spatial) - 1:   # (batch.., i, j): the legalized order
+        return None
+    batch_size = 1
+    for e in block.extents[:-3]:
+        batch_size *= e
+    return {"batch": len(spatial) - 2, "batch_size": batch_size, "m": block.extents[i], "n": block.extents[j],
+            "k": block.extents[-1]}
+
+
+def _has(vars_, v) -> bool:
+    return any(x.same_as(v) for x in vars_)
+
+
+class CudaMatmul(Template):
+    family = "cuda_matmul"
+    target_kinds = ("cuda",)
+
+    def match(self, func: C.PrimFunc, target: C.Target) -> Match | None:
+        g = block_graph(func)
+        if g is None:
+            return None
+        return self.match_blocks(g, [b.name for b in g.blocks])
+
+    def match_blocks(self, g, names: list[str]) -> Match | None:
+        """Match on a subset of the blocks (one sibling of a multi-output kernel)."""
+        blocks = [g.by_name(n) for n in names]
+        anchors = [(b, matmul_anchor(b)) for b in blocks if "R" in b.kinds]
+        if len(anchors) != 1 or anchors[0][1] is None or not all(b.is_spatial for b in blocks
+                                                                   if b is not anchors[0][0]):
+            return None
+        anchor, roles = anchors[0]
+        return Match(self.family, {"blocks": names, "anchor": anchor.name, **roles})
+
+    def space(self, match: Match, target: C.Target) -> KnobSpace:
+        info = match.info
+        m, n, k = info["m"], info["n"], info["k"]
+        tk = [t for t in TILE_K if k % t == 0] or [1]
+        vec = [v for v in VEC if v <= min(tk) and m % v == 0 and n % v == 0 and k % v == 0] or [1]
+        return KnobSpace((
+            Knob("threads_m", tuple(t for t in THREADS if t <= max(THREADS[0], m)), "threadIdx.y extent"),
+            Knob("threads_n", tuple(t for t in THREADS if t <= max(THREADS[0], n)), "threadIdx.x extent"),
+            Knob("micro_m", MICRO, "output rows per thread (register tile)"),
+            Knob("micro_n", MICRO, "output columns per thread (register tile)"),
+            Knob("tile_k", tuple(tk), "reduction depth staged in shared memory per step"),
+            Knob("vec", tuple(vec), "lanes of the cooperative global->shared loads"),
+        ))
+
+    def default_config(self, match: Match, target: C.Target) -> dict:
+        arch = arch_of(target)
+        sp = {k.name: k.choices for k in self.space(match, target).knobs}
+        m, n = match.info["m"], match.info["n"]
+        cfg = {"threads_m": nearest(sp["threads_m"], arch.mm_threads[0]),
+               "threads_n": nearest(sp["threads_n"], arch.mm_threads[1]),
+               "micro_m": arch.mm_micro[0], "micro_n": arch.mm_micro[1],
+               "tile_k": nearest(sp["tile_k"], arch.mm_tile_k), "vec": nearest(sp["vec"], arch.mm_vec)}
+        # small outputs: shrink the register tile until there are enough blocks for the SMs
+        batch_blocks = match.info["batch_size"]
+        while True:
+            blocks = (-(-m // (cfg["threads_m"] * cfg["micro_m"]))) * (-(-n // (cfg["threads_n"] * cfg["micro_n"])))
+            if blocks * batch_blocks >= arch.sm_count or (cfg["micro_m"] == 1 and cfg["micro_n"] == 1):
+                break
+            axis = "micro_m" if cfg["micro_m"] >= cfg["micro_n"] else "micro_n"
+            cfg[axis] //= 2
+        return cfg
+
+    def apply(self, sch: C.Schedule, match: Match, config: dict) -> None:
+        info = match.info
+        tm, tn, um, un = config["threads_m"], config["threads_n"], config["micro_m"], config["micro_n"]
+        # Step 1. Inline the producers' glue (transposes, reshapes) into the operand reads, and the
+        #         epilogue into one block that reads the accumulator.
+        left = inline_glue(sch, info["blocks"], keep={info["anchor"]})
+        epilogue = [n for n in left if n != info["anchor"]]
+        mm = sch.get_sblock(info["anchor"])
+        # Step 2. Output tile: (batch) x (by, ty, ui) x (bx, tx, uj); reduction k -> (ko, ki).
+        loops = sch.get_loops(mm)
+        nb = info["batch"]
+        batch = (sch.fuse(*loops[:nb]) if nb > 1 else loops[0]) if nb else sch.add_unit_loop(loops[0])
+        i, j, k = loops[nb], loops[nb + 1], loops[nb + 2]
+        by, ty, ui = sch.split(i, [None, tm, um], preserve_unit_iters=True)
+        bx, tx, uj = sch.split(j, [None, tn, un], preserve_unit_iters=True)
+        ko, ki = sch.split(k, [None, config["tile_k"]], preserve_unit_iters=True)
+        sch.reorder(batch, by, bx, ty, tx, ko, ki, ui, uj)
+        sch.bind(batch, "blockIdx.z")
+        sch.bind(by, "blockIdx.y")
+        sch.bind(bx, "blockIdx.x")
+        sch.bind(ty, "threadIdx.y")
+        sch.bind(tx, "threadIdx.x")
+        # Step 3. The accumulator lives in registers; the epilogue (or a plain store) runs on it per
+        #         thread, so the only global write is the final output tile.
+        if epilogue:
+            for name in epilogue:
+                sch.reverse_compute_at(sch.get_sblock(name), tx, preserve_unit_loops=True)
+            sch.set_scope(mm, 0, "local")
+        else:
+            store = sch.cache_write(mm, 0, "local")
+            sch.reverse_compute_at(store, tx, preserve_unit_loops=True)
+        # Step 4. Stage both operands' k-slices in shared memory, loaded by all threads with vectors.
+        for operand in (0, 1):
+            stage = sch.cache_read(mm, operand, "shared")
+            sch.compute_at(stage, ko, preserve_unit_loops=True)
+            own = sch.get_loops(stage)[6:]
+            fused = sch.fuse(*own) if len(own) > 1 else own[0]
+            _, cty, ctx, cv = sch.split(fused, [None, tm, tn, config["vec"]], preserve_unit_iters=True)
+            sch.bind(cty, "threadIdx.y")
+            sch.bind(ctx, "threadIdx.x")
+            sch.vectorize(cv)
+        # Step 5. Initialize the accumulator before the k loop.
+        sch.decompose_reduction(mm, ko)
