@@ -1,16 +1,30 @@
-"""Graph-level (Relax) passes of tvmfuse."""
+"""Graph-level (Relax) passes of tvmfuse: pre-legalize rewrites, then the fusion groups."""
 from __future__ import annotations
 
 from .. import _compat as C
 
 
 def pre_legalize_passes(target: C.Target, options) -> list:
-    """Cleanups on high-level ops before legalization."""
-    return [C.relax_transform.FoldConstant(), C.relax_transform.DeadCodeElimination()]
+    """Rewrites and cleanups on high-level ops before legalization.
+
+    NOTE: TVM's FoldConstant must not run before LegalizeOps: on a dynamic strided slice it leaves a
+    call to a ``shape_func`` PrimFunc it never adds to the module, and RewriteDataflowReshape then fails
+    (8 ONNX conformance regressions: node/test_slice*). FoldConstant runs after LegalizeOps instead;
+    batch-norm folding computes its constants itself.
+    """
+    from .rewrites import FoldBatchNorm, Peephole
+
+    return [
+        Peephole(),
+        FoldBatchNorm(),
+        C.relax_transform.CanonicalizeBindings(),
+        C.relax_transform.EliminateCommonSubexpr(),
+        C.relax_transform.DeadCodeElimination(),
+    ]
 
 
 def grouping_passes(target: C.Target, options) -> list:
-    """Decide fusion groups on the legalized module."""
+    """Decide fusion groups on the legalized module (each group a Primitive function for FuseTIR)."""
     from .grouping import FuseGroups
 
     return [FuseGroups(target)]

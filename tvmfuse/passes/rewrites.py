@@ -1,0 +1,242 @@
+"""Pre-legalize rewrites on high-level Relax ops: batch-norm folding and peephole simplifications.
+
+Each rewrite is one row of a table (name, the op it looks at, the function that returns the replacement
+or None when it does not apply, one-line why naming its test).  The passes leave dead bindings behind;
+``pre_legalize_passes`` runs TVM's CanonicalizeBindings and DeadCodeElimination after them.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+import numpy as np
+
+from .. import _compat as C
+from ..explain import record_refusal
+
+
+def _const_array(expr) -> np.ndarray | None:
+    return C.const_value(expr) if isinstance(expr, C.Constant) else None
+
+
+def _same_type(a, b) -> bool:
+    return C.structural_equal(C.type_of(a), C.type_of(b))
+
+
+def _is_float(expr) -> bool:
+    ty = C.type_of(expr)
+    return isinstance(ty, C.TensorType) and str(ty.dtype).startswith(("float", "bfloat"))
+
+
+def _static_dims(expr) -> list[int] | None:
+    ty = C.type_of(expr)
+    if not isinstance(ty, C.TensorType) or not isinstance(ty.shape, C.relax.ShapeExpr):
+        return None
+    if not all(isinstance(d, C.IntImm) for d in ty.shape.values):
+        return None
+    return [int(d.value) for d in ty.shape.values]
+
+
+# --------------------------------------------------------------------------- peephole rows
+def _mul_one(m, call):
+    x, c = call.args
+    for a, b in ((x, c), (c, x)):
+        arr = _const_array(b)
+        if arr is not None and arr.size and np.all(arr == 1) and _same_type(a, call):
+            return a
+    return None
+
+
+def _add_zero(m, call):
+    x, c = call.args
+    for a, b in ((x, c), (c, x)):
+        arr = _const_array(b)
+        if arr is not None and arr.size and np.all(arr == 0) and _same_type(a, call):
+            return a
+    return None
+
+
+def _sub_zero(m, call):
+    x, c = call.args
+    arr = _const_array(c)
+    if arr is not None and arr.size and np.all(arr == 0) and _same_type(x, call):
+        return x
+    return None
+
+
+def _div_const(m, call):
+    x, c = call.args
+    arr = _const_array(c)
+    if arr is None or not _is_float(call) or not _is_float(c) or arr.size == 0:
+        return None
+    if not np.all(np.isfinite(arr)) or np.any(arr == 0):
+        return None  # x / 0 and x / inf keep their IEEE meaning
+    return C.relax.op.multiply(x, C.relax.const((1.0 / arr.astype(np.float64)).astype(arr.dtype)))
+
+
+def _identity_reshape(m, call):
+    x = call.args[0]
+    return x if _static_dims(x) is not None and _same_type(x, call) else None
+
+
+def _identity_transpose(m, call):
+    x = call.args[0]
+    axes = call.attrs.axes
+    if axes is None:
+        ndim = len(_static_dims(x) or [])
+        return x if ndim <= 1 and _same_type(x, call) else None
+    return x if [int(a) for a in axes] == list(range(len(axes))) and _same_type(x, call) else None
+
+
+@dataclass(frozen=True)
+class PeepholeRule:
+    name: str
+    op: str
+    rewrite: Callable
+    why: str
+
+
+PEEPHOLES: tuple[PeepholeRule, ...] = (
+    PeepholeRule("mul_one", "relax.multiply", _mul_one,
+             "x*1 -> x: no kernel for a copy; test_passes_rewrites::test_peephole[mul_one]"),
+    PeepholeRule("add_zero", "relax.add", _add_zero,
+             "x+0 -> x; test_passes_rewrites::test_peephole[add_zero]"),
+    PeepholeRule("sub_zero", "relax.subtract", _sub_zero,
+             "x-0 -> x; test_passes_rewrites::test_peephole[sub_zero]"),
+    PeepholeRule("div_const", "relax.divide", _div_const,
+             "x/c -> x*(1/c): a multiply is cheaper than a divide in every lane (1 ulp); "
+             "test_passes_rewrites::test_peephole[div_const]"),
+    PeepholeRule("identity_reshape", "relax.reshape", _identity_reshape,
+             "reshape to its own shape -> x; test_passes_rewrites::test_peephole[identity_reshape]"),
+    PeepholeRule("identity_transpose", "relax.permute_dims", _identity_transpose,
+             "transpose with perm 0..n-1 -> x; test_passes_rewrites::test_peephole[identity_transpose]"),
+)
+_PEEPHOLE_BY_OP: dict[str, list[PeepholeRule]] = {}
+for _row in PEEPHOLES:
+    _PEEPHOLE_BY_OP.setdefault(_row.op, []).append(_row)
+
+
+@C.mutator
+class _PeepholeMutator(C.PyExprMutator):
+    def __init__(self, mod):
+        super().__init__(mod)
+
+    def visit_call_(self, call):
+        call = self.visit_expr_post_order(call)
+        if not (isinstance(call, C.relax.Call) and isinstance(call.op, C.Op)):
+            return call
+        for row in _PEEPHOLE_BY_OP.get(call.op.name, ()):
+            new = row.rewrite(self, call)
+            if new is not None:
+                return new
+        return call
+
+
+@C.module_pass(opt_level=0, name="tvmfuse.Peephole")
+class Peephole:
+    """x*1, x+0, x-0, identity reshape/transpose -> x; division by a constant -> multiply."""
+
+    def transform_module(self, mod, _ctx):
+        return _rewrite_functions(mod, _PeepholeMutator)
+
+
+def _rewrite_functions(mod, mutator_cls, *extra):
+    m = mutator_cls(mod, *extra)
+    for gv, func in mod.functions.items():
+        if isinstance(func, C.relax.Function) and not (func.attrs and "Primitive" in func.attrs):
+            m.builder_.update_func(gv, m.visit_expr(func))
+    return m.builder_.get()
+
+
+# --------------------------------------------------------------------------- batch-norm folding
+def _use_counts(mod) -> dict:
+    counts: dict = {}
+    for func in mod.functions.values():
+        if not isinstance(func, C.relax.Function):
+            continue
+        for block in func.body.blocks:
+            for b in block.bindings:
+                for v in C.relax_free_vars(b.value):
+                    counts[v] = counts.get(v, 0) + 1
+        for v in C.relax_free_vars(func.body.body):
+            counts[v] = counts.get(v, 0) + 1
+    return counts
+
+
+@C.mutator
+class _FoldBatchNormMutator(C.PyExprMutator):
+    """``bn(conv2d(x, W))[0]`` / ``bn(matmul(x, W))[0]`` with constant W and BN parameters becomes
+    ``conv2d(x, W * s) + (beta - mean * s)`` with ``s = gamma / sqrt(var + eps)``."""
+
+    def __init__(self, mod, uses):
+        super().__init__(mod)
+        self.uses = uses
+
+    def visit_tuple_getitem_(self, tgi):
+        tgi = self.visit_expr_post_order(tgi)
+        if int(tgi.index) != 0 or not isinstance(tgi.tuple_value, C.relax.Var):
+            return tgi
+        bn = self.lookup_binding(tgi.tuple_value)
+        if not (isinstance(bn, C.relax.Call) and isinstance(bn.op, C.Op) and bn.op.name == "relax.nn.batch_norm"):
+            return tgi
+        new = self._fold(bn)
+        return tgi if new is None else new
+
+    def _refuse(self, producer: str, reason: str):
+        record_refusal(producer, "batch_norm", reason, "fold_batch_norm")
+        return None
+
+    def _fold(self, bn):
+        data, gamma, beta, mean, var = bn.args
+        if not isinstance(data, C.relax.Var):
+            return None
+        name = C.var_name(data)
+        params = [_const_array(p) for p in (gamma, beta, mean, var)]
+        if any(p is None for p in params):
+            return self._refuse(name, "batch-norm parameters are not constants (nothing to fold at compile time)")
+        if bool(bn.attrs.training) or not (bool(bn.attrs.center) and bool(bn.attrs.scale)):
+            return self._refuse(name, "batch norm in training mode or without center/scale")
+        prod = self.lookup_binding(data)
+        if not (isinstance(prod, C.relax.Call) and isinstance(prod.op, C.Op)):
+            return self._refuse(C.var_name(data), "the batch norm's input is not a conv2d or matmul")
+        op = prod.op.name
+        if op not in ("relax.nn.conv2d", "relax.matmul"):
+            return self._refuse(op, "the batch norm's input is not a conv2d or matmul")
+        if self.uses.get(data, 0) != 1:
+            return self._refuse(op, "the conv/matmul output has other users (folding would compute it twice)")
+        x, w = prod.args
+        w_arr = _const_array(w)
+        if w_arr is None or not _is_float(w):
+            return self._refuse(op, "the weights are not constants")
+        out_dims = _static_dims(data)
+        if out_dims is None:
+            return self._refuse(op, "symbolic output shape")
+        axis = int(bn.attrs.axis) % len(out_dims)
+        if op == "relax.nn.conv2d":
+            a = prod.attrs
+            if not (str(a.data_layout) == "NCHW" and str(a.kernel_layout) == "OIHW" and str(a.out_layout) == "NCHW"
+                    and axis == 1):
+                return self._refuse(op, "layout other than NCHW/OIHW with the batch norm on channels")
+            w_axis = 0
+        else:
+            if w_arr.ndim != 2 or axis != len(out_dims) - 1:
+                return self._refuse(op, "matmul weight not 2-D or batch norm not on the last axis")
+            w_axis = 1
+        g, b, mu, v = (p.astype(np.float64) for p in params)
+        scale = g / np.sqrt(v + float(bn.attrs.epsilon))
+        bshape = [1] * w_arr.ndim
+        bshape[w_axis] = -1
+        new_w = (w_arr.astype(np.float64) * scale.reshape(bshape)).astype(w_arr.dtype)
+        bias_shape = [1] * len(out_dims)
+        bias_shape[axis] = -1
+        bias = (b - mu * scale).reshape(bias_shape).astype(w_arr.dtype)
+        new_prod = self.builder_.emit(C.relax.Call(prod.op, [x, C.relax.const(new_w)], prod.attrs, prod.ty_args))
+        return C.relax.op.add(new_prod, C.relax.const(bias))
+
+
+@C.module_pass(opt_level=0, name="tvmfuse.FoldBatchNorm")
+class FoldBatchNorm:
+    """Batch norm with constant parameters after a conv2d (any groups) or matmul folded into its weights."""
+
+    def transform_module(self, mod, _ctx):
+        return _rewrite_functions(mod, _FoldBatchNormMutator, _use_counts(mod))
