@@ -3,12 +3,14 @@
 Gated on the target: ``templates_for`` imports this list for GPU targets, and every template declares
 ``target_kinds = ("cuda",)``.  Per-architecture numbers live in ``_common.ARCHS``.
 """
+from .conv2d import CudaConv2d
 from .elementwise import CudaElementwise
 from .matmul import CudaMatmul
 from .row_reduction import CudaRowReduction
 
 TEMPLATES: list = [
     CudaMatmul(),          # (batch) matmul + epilogue: shared-memory tiles, register accumulators
+    CudaConv2d(),          # NCHW conv + epilogue: padded window and weights staged in shared memory
     CudaRowReduction(),    # normalization chains: a block per row, cross-thread allreduce
     CudaElementwise(),     # all-spatial groups: flatten, blocks x threads x 128-bit vectors
 ]
