@@ -7,8 +7,10 @@ from .conv2d import CudaConv2d
 from .elementwise import CudaElementwise
 from .matmul import CudaMatmul
 from .row_reduction import CudaRowReduction
+from .siblings import CudaSiblings
 
 TEMPLATES: list = [
+    CudaSiblings(),        # independent output chains (Q/K/V): each sibling tiled, one PrimFunc
     CudaMatmul(),          # (batch) matmul + epilogue: shared-memory tiles, register accumulators
     CudaConv2d(),          # NCHW conv + epilogue: padded window and weights staged in shared memory
     CudaRowReduction(),    # normalization chains: a block per row, cross-thread allreduce

@@ -115,9 +115,9 @@ class CudaConv2d(Template):
             sch.compute_at(data, co, preserve_unit_loops=True)
             sch.set_scope(data, 0, "shared")
         else:
-            data = sch.cache_read(conv, info["data_operand"], "shared")
+            data = sch.cache_read(conv, info["data_operand"], "shared", consumer_blocks=[conv])
             sch.compute_at(data, co, preserve_unit_loops=True)
-        weight = sch.cache_read(conv, 1 - info["data_operand"], "shared")
+        weight = sch.cache_read(conv, 1 - info["data_operand"], "shared", consumer_blocks=[conv])
         sch.compute_at(weight, co, preserve_unit_loops=True)
         for stage in (data, weight):
             own = sch.get_loops(stage)[6:]

@@ -143,7 +143,7 @@ class CudaMatmul(Template):
             sch.reverse_compute_at(store, tx, preserve_unit_loops=True)
         # Step 4. Stage both operands' k-slices in shared memory, loaded by all threads with vectors.
         for operand in (0, 1):
-            stage = sch.cache_read(mm, operand, "shared")
+            stage = sch.cache_read(mm, operand, "shared", consumer_blocks=[mm])
             sch.compute_at(stage, ko, preserve_unit_loops=True)
             own = sch.get_loops(stage)[6:]
             fused = sch.fuse(*own) if len(own) > 1 else own[0]
