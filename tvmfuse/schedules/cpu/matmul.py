@@ -234,8 +234,8 @@ class MatmulEpilogue(Template):
         par = sch.fuse(*b_loops, *outer[:config["parallel_depth"]]) if (b_loops or config["parallel_depth"] > 1) \
             else outer[0]
         sch.parallel(par)
-        inner_outer = outer[config["parallel_depth"]:]
-        pack_at = inner_outer[0] if (inner_outer and config["order"] == "ji") else j1
+        # B's macro panel (K x nc) is fixed by j0: pack it once per j0 iteration
+        pack_at = par if (config["order"] == "ji" and config["parallel_depth"] == 1 and not b_loops) else j0
 
         # Step 4. Compute the matmul on each register tile: C shrinks to an mr x nr accumulator.
         sch.compute_at(red, j1, preserve_unit_loops=True)

@@ -1,0 +1,60 @@
+"""Elementwise / injective / broadcast kernels (no reduction at all) on CPUs.
+
+Matches a PrimFunc whose blocks are all spatial.  The chain is folded into its output block(s) (one
+pass over memory, no intermediate), each output's loops are fused into one, split into
+[parallel outer][unrolled][vector lanes].
+"""
+from __future__ import annotations
+
+from ... import _compat as C
+from ...target import cpu_info
+from ..base import Knob, KnobSpace, Match, Template
+from . import common as U
+
+UNROLL = (1, 2, 4, 8)          # vectors per iteration of the innermost scalar loop
+VECTOR_MULT = (1, 2)           # vector lanes = target lanes x this (2: two registers per step)
+PARALLEL = (True, False)       # parallel outer loop (False: small kernels where a fork costs more)
+# Below this many vector iterations per core a parallel fork costs more than it saves.
+MIN_VECTORS_PER_CORE = 64
+
+
+class Elementwise(Template):
+    family = "cpu.elementwise"
+    target_kinds = ("llvm",)
+
+    def match(self, func: C.PrimFunc, target: C.Target) -> Match | None:
+        sch = C.Schedule(func)
+        left = U.inline_elementwise(sch)
+        blocks = [sch.get_sblock(n) for n in left]
+        if not blocks or not all(U.is_spatial(sch, b) for b in blocks):
+            return None
+        sizes = []
+        for b in blocks:
+            total = 1
+            for e in U.loop_extents(sch, b):
+                total *= max(e, 1)
+            sizes.append(total)
+        return Match(self.family, {"blocks": left, "elements": max(sizes)})
+
+    def space(self, match: Match, target: C.Target) -> KnobSpace:
+        return KnobSpace((
+            Knob("lanes", (cpu_info(target).float32_lanes,), "float32 lanes per vector (target)"),
+            Knob("vector_mult", VECTOR_MULT, "vector registers per step"),
+            Knob("unroll", UNROLL, "steps unrolled per loop iteration"),
+            Knob("parallel", PARALLEL, "parallel outer loop"),
+        ))
+
+    def default_config(self, match: Match, target: C.Target) -> dict:
+        info = cpu_info(target)
+        lanes = info.float32_lanes
+        vectors = match.info["elements"] // lanes
+        return {"lanes": lanes, "vector_mult": 1, "unroll": 2 if vectors >= 2 * info.cores else 1,
+                "parallel": vectors >= MIN_VECTORS_PER_CORE * info.cores}
+
+    def apply(self, sch: C.Schedule, match: Match, config: dict) -> None:
+        # Step 1. Fold the chain into its outputs.
+        U.inline_elementwise(sch)
+        # Step 2. Each remaining block: fused loops, [parallel][unroll][vector].
+        for name in match.info["blocks"]:
+            U.schedule_injective(sch, sch.get_sblock(name), config["lanes"] * config["vector_mult"],
+                                 unroll=config["unroll"], parallel=config["parallel"])

@@ -1,0 +1,175 @@
+"""Row-wise reduction chains on CPUs: LayerNorm, RMSNorm, Softmax, norm + activation, mean & variance.
+
+Matches a PrimFunc with at least one reduction block where every block (reductions and elementwise)
+starts with the same spatial "row" loops and every reduction reduces only trailing axes: several
+reductions over the row in one kernel.  After folding the elementwise blocks, each output chain is
+computed row by row: all its blocks are moved under the row loop of its last block (the row stays in
+L1/L2 between the passes), the row loop is parallel, elementwise passes are vectorized, and reductions
+are vectorized by an rfactor over ``rf_lanes`` partial sums (independent accumulators).
+"""
+from __future__ import annotations
+
+from ... import _compat as C
+from ...target import cpu_info
+from ..base import Knob, KnobSpace, Match, Template
+from . import common as U
+
+RF_VECTORS = (1, 2, 4)           # partial-sum vectors per reduction (independent FMA chains)
+UNROLL = (1, 2, 4)               # unroll of the vectorized elementwise passes
+# Below this many rows per core the row loop is not worth a parallel fork.
+MIN_ROWS_PER_CORE = 2
+
+
+def _leading_spatial(kinds: str) -> int:
+    return len(kinds) - len(kinds.lstrip("S"))
+
+
+def _row_axes(sch: C.Schedule, names: list[str]) -> int | None:
+    """Number of leading spatial loops shared (same extents) by all blocks, or None."""
+    nrow, extents = None, None
+    for n in names:
+        b = sch.get_sblock(n)
+        kinds = U.iter_kinds(sch, b)
+        if "O" in kinds:
+            return None
+        lead = _leading_spatial(kinds)
+        if "R" in kinds and "S" in kinds[lead:]:
+            return None          # a reduction followed by spatial axes: not a trailing reduction
+        ext = U.loop_extents(sch, b)[:lead]
+        if lead == 0 or any(e < 0 for e in ext):
+            return None
+        if extents is None:
+            nrow, extents = lead, ext
+        else:
+            nrow = min(nrow, lead)
+            k = 0
+            while k < nrow and ext[k] == extents[k]:
+                k += 1
+            nrow = k
+        if not nrow:
+            return None
+    return nrow
+
+
+def _rfactor_ok(func: C.PrimFunc, name: str, nrow: int, lanes: int) -> bool:
+    """Whether TVM's rfactor accepts this reduction (its reducer must be a known commutative one)."""
+    sch = C.Schedule(func)
+    U.inline_elementwise(sch)
+    try:
+        _rfactor(sch, sch.get_sblock(name), nrow, lanes)
+    except C.ScheduleError:
+        return False
+    return True
+
+
+def _rfactor(sch: C.Schedule, block, nrow: int, width: int):
+    """Fuse the reduction loops, split off ``width`` lanes, rfactor them: returns the rf block."""
+    loops = sch.get_loops(block)
+    red = loops[nrow:]
+    r = sch.fuse(*red) if len(red) > 1 else red[0]
+    _, ri = sch.split(r, factors=[None, width])
+    return sch.rfactor(ri, factor_axis=nrow)
+
+
+class RowReduction(Template):
+    family = "cpu.row_reduction"
+    target_kinds = ("llvm",)
+
+    def match(self, func: C.PrimFunc, target: C.Target) -> Match | None:
+        sch = C.Schedule(func)
+        left = U.inline_elementwise(sch)
+        blocks = [sch.get_sblock(n) for n in left]
+        reductions = [U.block_name(sch, b) for b in blocks if U.is_reduction(sch, b)]
+        if not reductions or any(not (U.is_spatial(sch, b) or U.is_reduction(sch, b)) for b in blocks):
+            return None
+        nrow = _row_axes(sch, left)
+        if nrow is None:
+            return None
+        rows = 1
+        for e in U.loop_extents(sch, blocks[-1])[:nrow]:
+            rows *= e
+        row_len = 1
+        for e in U.loop_extents(sch, sch.get_sblock(reductions[0]))[nrow:]:
+            row_len *= e
+        lanes = cpu_info(target).float32_lanes
+        rfactorable = [n for n in reductions if _rfactor_ok(func, n, nrow, lanes)]
+        return Match(self.family, {"blocks": left, "reductions": reductions, "rfactor": rfactorable,
+                                   "row_axes": nrow, "rows": rows, "row_len": row_len,
+                                   "outputs": sorted(U.output_names(sch))})
+
+    def space(self, match: Match, target: C.Target) -> KnobSpace:
+        lanes = cpu_info(target).float32_lanes
+        # the partial-sum width must divide the row: a predicated vector loop over the tail is not
+        # vectorized correctly by TVM's rfactor + vectorize (tests/test_schedules_cpu.py, odd shapes)
+        n = match.info["row_len"]
+        rf_choices = tuple(v for v in RF_VECTORS if n % (v * lanes) == 0)
+        return KnobSpace((
+            Knob("lanes", (lanes,), "float32 lanes per vector (target)"),
+            Knob("rf_vectors", rf_choices or (1,),
+                 "partial-sum vectors per reduction (rfactor)"),
+            Knob("vectorize_reductions", (True, False) if match.info["rfactor"] and rf_choices else (False,),
+                 "rfactor the reductions into vector partial sums"),
+            Knob("unroll", UNROLL, "unroll of the vectorized elementwise passes"),
+            Knob("parallel", (True, False), "parallel row loop"),
+        ))
+
+    def default_config(self, match: Match, target: C.Target) -> dict:
+        info = cpu_info(target)
+        space = {k.name: k.choices for k in self.space(match, target).knobs}
+        return {"lanes": info.float32_lanes, "rf_vectors": max(space["rf_vectors"][:2]),
+                "vectorize_reductions": True in space["vectorize_reductions"], "unroll": 1,
+                "parallel": match.info["rows"] >= MIN_ROWS_PER_CORE * info.cores}
+
+    def apply(self, sch: C.Schedule, match: Match, config: dict) -> None:
+        info = match.info
+        lanes, nrow = config["lanes"], info["row_axes"]
+        width = lanes * config["rf_vectors"]
+
+        # Step 1. Fold the elementwise blocks (the same folding as match()).
+        U.inline_elementwise(sch)
+
+        # Step 2. Vector partial sums: rfactor each reduction over `width` lanes.
+        rf_blocks = []
+        if config["vectorize_reductions"]:
+            for name in info["rfactor"]:
+                rf_blocks.append(U.block_name(sch, _rfactor(sch, sch.get_sblock(name), nrow, width)))
+
+        # Step 3. One row loop per output chain, parallel; the chain's blocks move under it.
+        names = [U.block_name(sch, b) for b in U.top_blocks(sch)]
+        anchors = [n for n in names if n in info["outputs"]]
+        placed = set()
+        for anchor in reversed(anchors):
+            a = sch.get_sblock(anchor)
+            loops = sch.get_loops(a)
+            row = sch.fuse(*loops[:nrow]) if nrow > 1 else loops[0]
+            if config["parallel"]:
+                sch.parallel(row)
+            placed.add(anchor)
+            for n in reversed(names):
+                if n in placed or n in anchors:
+                    continue
+                blk = sch.get_sblock(n)
+                try:
+                    sch.compute_at(blk, row, preserve_unit_loops=False)
+                except C.ScheduleError:
+                    continue     # not a producer of this chain: it belongs to another output's chain
+                placed.add(n)
+
+        # Step 4. Inner loops: vectorize elementwise passes and the rf partial sums.
+        for n in names:
+            blk = sch.get_sblock(n)
+            if n in rf_blocks:
+                loops = sch.get_loops(blk)
+                ri, ro = loops[-2], loops[-1]
+                sch.reorder(ro, ri)
+                sch.vectorize(ri)      # before the init is split off: a reduction block vectorizes
+                init = sch.decompose_reduction(blk, ro)
+                sch.vectorize(sch.get_loops(init)[-1])
+            elif U.is_spatial(sch, blk):
+                loops = sch.get_loops(blk)
+                if len(loops) > 1 or not config["parallel"]:
+                    U.vectorize_inner(sch, blk, lanes)
+                    if config["unroll"] > 1:
+                        inner = sch.get_loops(blk)[-2]
+                        _, u = sch.split(inner, factors=[None, config["unroll"]])
+                        sch.unroll(u)
