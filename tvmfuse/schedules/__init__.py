@@ -96,7 +96,13 @@ def apply_schedules(target: C.Target, options) -> C.ir_transform.Pass:
 
 
 def schedule_passes(target: C.Target, options) -> list:
-    """Passes that schedule every PrimFunc of the module for ``target``."""
+    """Passes that schedule every PrimFunc of the module for ``target``, then (CPU, ``options.fast_math``)
+    rewrite exp/erf/tanh/sigmoid into vectorizable arithmetic (tvmfuse.fastmath)."""
+    fast = []
+    if getattr(options, "fast_math", False) and not is_gpu(target):
+        from ..fastmath import fast_math_pass
+
+        fast = [fast_math_pass(target)]
     if not options.schedules:
-        return fallback_passes(target) if is_gpu(target) else []
-    return [apply_schedules(target, options)] + fallback_passes(target)
+        return (fallback_passes(target) if is_gpu(target) else []) + fast
+    return [apply_schedules(target, options)] + fallback_passes(target) + fast
