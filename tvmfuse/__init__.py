@@ -1,4 +1,8 @@
-"""tvmfuse: operation fusion for Apache TVM (Relax passes, fused-kernel schedules, tuner, export)."""
+"""tvmfuse: operation fusion for Apache TVM (Relax passes, fused-kernel schedules, tuner, export).
+
+Importing tvmfuse registers the "tvmfuse" Relax pipeline with TVM.  onnx is imported only when a model
+is imported or compiled, so a deployed artifact loads (``tvmfuse.load``) with the TVM runtime alone.
+"""
 from __future__ import annotations
 
 __version__ = "0.1.0"
@@ -7,14 +11,21 @@ from .compiled import CompiledModel, compile  # noqa: E402,A004
 from .errors import (ArtifactError, InputError, ModelLoadError, TargetError, TuningLogError,  # noqa: E402
                      TvmfuseError, UnsupportedOpError)
 from .export import load  # noqa: E402
-from .frontend import load_onnx  # noqa: E402
 from .pipeline import PipelineOptions, pipeline, register as _register_pipeline, stock_pipeline  # noqa: E402
 from .report import FusionReport  # noqa: E402
 from .target import host_target, parse_target  # noqa: E402
 
+
+def load_onnx(path_or_model, **kwargs):
+    """Import an ONNX model as a Relax IRModule (see ``tvmfuse.frontend.load_onnx``)."""
+    from .frontend import load_onnx as _load_onnx
+
+    return _load_onnx(path_or_model, **kwargs)
+
+
 _register_pipeline()
 
-__all__ = ["compile", "CompiledModel", "load_onnx", "pipeline", "stock_pipeline", "PipelineOptions",
+__all__ = ["compile", "CompiledModel", "load_onnx", "load", "pipeline", "stock_pipeline", "PipelineOptions",
            "FusionReport", "host_target", "parse_target", "TvmfuseError", "ModelLoadError",
            "UnsupportedOpError", "InputError", "TargetError", "ArtifactError", "TuningLogError",
-           "load", "__version__"]
+           "__version__"]

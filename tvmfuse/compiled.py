@@ -7,12 +7,10 @@ import time
 from dataclasses import dataclass, replace
 
 import numpy as np
-import onnx
 
 from . import _compat as C
 from .errors import InputError
 from .explain import Recorder
-from .frontend import load_onnx, onnx_io, read_model
 from .pipeline import (PipelineOptions, fusion_passes, grouping_passes, guarded, legalize_passes,
                        lowering_passes, pre_legalize_passes, schedule_passes)
 from .report import FusionReport, fused_groups, graph_stats
@@ -84,7 +82,7 @@ class CompiledModel:
     """A compiled model: ``run(feeds) -> {output name: array}``, its kernel count and fusion report."""
 
     def __init__(self, executable, target, inputs, outputs, report: FusionReport, fused_mod, options,
-                 source_model: onnx.ModelProto | None = None):
+                 source_model=None):
         self.executable = executable
         self.target = target
         self.inputs: list[TensorSpec] = inputs
@@ -147,6 +145,8 @@ def compile(model, target=None, tuning_log: str | None = None, *, name: str | No
     if not is_gpu(tgt):
         configure_threads(num_threads)
     options = replace(PipelineOptions(tuning_log=tuning_log), **option_overrides)
+    from .frontend import load_onnx, onnx_io, read_model
+
     source = None
     if isinstance(model, C.IRModule):
         mod = model
