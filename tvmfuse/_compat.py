@@ -13,12 +13,18 @@ from tvm import s_tir
 from tvm.ir import transform as ir_transform
 from tvm.relax import transform as relax_transform
 from tvm.relax.expr_functor import PyExprMutator, PyExprVisitor, mutator, visitor
-from tvm.relax.frontend.onnx import from_onnx
 from tvm.s_tir import Schedule, dlight
 from tvm.s_tir import meta_schedule
 from tvm.target import Target
 
 tir = tirx  # the TIR namespace under its 0.27 name
+
+
+def from_onnx(*args, **kwargs):
+    """TVM's ONNX importer, imported on first use (a deployed artifact loads without onnx)."""
+    from tvm.relax.frontend.onnx import from_onnx as _from_onnx
+
+    return _from_onnx(*args, **kwargs)
 
 TVM_VERSION: str = tvm.__version__
 TVM_FFI_VERSION: str = getattr(tvm_ffi, "__version__", "unknown")
@@ -257,3 +263,8 @@ def const_value(expr):
 
     v = expr.value
     return v.numpy() if hasattr(v, "numpy") else _np.asarray(v)
+
+
+def prim_func_params(func) -> list[tuple[list[int], str]]:
+    """(shape, dtype) of each PrimFunc parameter (0.27: parameters are buffer vars, no buffer_map)."""
+    return [([int(d) for d in p.shape], str(p.dtype)) for p in func.params]
