@@ -286,3 +286,15 @@ def nearest(choices, want):
 
 def divisors_among(n: int, cands) -> list[int]:
     return [c for c in cands if n % c == 0]
+
+
+def verification_target(target: C.Target) -> C.Target:
+    """The cuda target with the limits TVM's GPU code verification checks (threads per block, static
+    shared memory per block), taken from the arch's numbers when the target does not state them."""
+    arch = arch_of(target)
+    spec = {"kind": "cuda", "arch": arch.name,
+            "max_shared_memory_per_block": int(target.attrs.get("max_shared_memory_per_block",
+                                                                arch.max_shared_bytes)),
+            "max_threads_per_block": int(target.attrs.get("max_threads_per_block", arch.max_threads_per_block)),
+            "thread_warp_size": WARP}
+    return C.Target(spec)

@@ -1,0 +1,210 @@
+"""GPU check of tvmfuse's CUDA schedules, on one NVIDIA GPU: every family's pattern model and both demo
+models are built with tvmfuse and with stock TVM (FuseOps + dlight defaults), checked against a float64
+reference (onnx's ReferenceEvaluator on float64 inputs cast back), timed, and compared with torch when
+it is installed.  Prints one table (ratios, roofline fractions) and writes JSON to $OUT if set.
+
+    python benchmarks/gpu_check.py [--arch sm_90] [--only a,b] [--repeat 50]
+    python benchmarks/gpu_check.py --dry-run     # no GPU: build everything for cuda, run nothing
+
+Roofline (H200 defaults, override with --hbm-tbs / --tflops): time >= max(bytes / HBM bandwidth,
+flops / fp32 non-tensor-core peak); the fraction printed is that bound over the measured time.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+
+import numpy as np
+
+import tvmfuse
+from tvmfuse import _compat as C
+from tvmfuse import models as M
+
+FAMILY_MODELS = {      # pattern model -> the CUDA family it exercises
+    "elementwise_chain": "cuda_elementwise",
+    "matmul_bias_gelu": "cuda_matmul",
+    "conv_bn_relu_residual": "cuda_conv2d",
+    "layernorm_decomposed": "cuda_row_reduction",
+    "softmax_decomposed": "cuda_row_reduction",
+    "layernorm_softmax": "cuda_row_reduction",
+    "rmsnorm": "cuda_row_reduction",
+    "instancenorm_silu": "cuda_row_reduction",
+    "mean_variance": "fallback",
+    "qkv_projection": "cuda_siblings",
+    "swiglu": "cuda_matmul",
+}
+# GPU-sized inputs (the pattern builders' defaults are CPU-test sized)
+SIZES = {
+    "elementwise_chain": dict(n=1 << 24),
+    "matmul_bias_gelu": dict(m=2048, k=1024, n=4096),
+    "conv_bn_relu_residual": dict(channels=128, size=56),
+    "layernorm_decomposed": dict(rows=8192, d=1024),
+    "softmax_decomposed": dict(rows=8192, d=1024),
+    "layernorm_softmax": dict(rows=8192, d=1024),
+    "rmsnorm": dict(rows=8192, d=1024),
+    "instancenorm_silu": dict(channels=256, size=64),
+    "mean_variance": dict(rows=8192, d=1024),
+    "qkv_projection": dict(seq=2048, hidden=1024),
+    "swiglu": dict(seq=2048, hidden=1024, ffn=2816),
+    "transformer_block": dict(seq=512, hidden=768, heads=12, ffn=3072),
+    "resnet_block": dict(channels=64, size=56, batch=8),
+}
+RTOL, ATOL = 1e-3, 1e-4     # fp32 kernels vs a float64 reference (erf/exp approximations included)
+
+
+def builders() -> dict:
+    out = {name: M.PATTERN_MODELS[name] for name in FAMILY_MODELS}
+    out.update(M.DEMO_MODELS)
+    return out
+
+
+def model_cost(model) -> tuple[float, float]:
+    """(flops, bytes) lower bounds: MatMul/Gemm/Conv flops; graph inputs, weights and outputs once."""
+    from onnx import shape_inference
+
+    m = shape_inference.infer_shapes(model)
+    shapes = {}
+    for vi in list(m.graph.input) + list(m.graph.value_info) + list(m.graph.output):
+        shapes[vi.name] = [d.dim_value for d in vi.type.tensor_type.shape.dim]
+    for t in m.graph.initializer:
+        shapes[t.name] = list(t.dims)
+    flops = 0.0
+    for n in m.graph.node:
+        if n.op_type in ("MatMul", "Gemm") and n.output[0] in shapes:
+            k = shapes[n.input[0]][-1]
+            flops += 2.0 * float(np.prod(shapes[n.output[0]])) * k
+        elif n.op_type == "Conv" and n.output[0] in shapes:
+            w = shapes[n.input[1]]
+            flops += 2.0 * float(np.prod(shapes[n.output[0]])) * float(np.prod(w[1:]))
+    elem = 4
+    io = [i.name for i in m.graph.input] + [t.name for t in m.graph.initializer] + [o.name for o in m.graph.output]
+    nbytes = sum(float(np.prod(shapes[n])) * elem for n in io if n in shapes)
+    return flops, nbytes
+
+
+def reference64(model, feeds) -> dict:
+    """The onnx reference evaluated in float64 (model and inputs cast), for the numerics check."""
+    import onnx
+    from onnx import numpy_helper
+
+    m64 = onnx.ModelProto()
+    m64.CopyFrom(model)
+    for t in m64.graph.initializer:
+        if t.data_type == onnx.TensorProto.FLOAT:
+            t.CopyFrom(numpy_helper.from_array(numpy_helper.to_array(t).astype(np.float64), t.name))
+    for vi in list(m64.graph.input) + list(m64.graph.output):
+        if vi.type.tensor_type.elem_type == onnx.TensorProto.FLOAT:
+            vi.type.tensor_type.elem_type = onnx.TensorProto.DOUBLE
+    for n in m64.graph.node:
+        if n.op_type == "Constant":
+            for a in n.attribute:
+                if a.t.data_type == onnx.TensorProto.FLOAT:
+                    a.t.CopyFrom(numpy_helper.from_array(numpy_helper.to_array(a.t).astype(np.float64)))
+    return M.reference_outputs(m64, {k: v.astype(np.float64) for k, v in feeds.items()})
+
+
+def torch_time(model, feeds, repeat: int) -> float | None:
+    """Median time of the same graph in torch (onnx2torch if installed), else None."""
+    try:
+        import torch
+        from onnx2torch import convert
+    except ImportError:
+        return None
+    if not torch.cuda.is_available():
+        return None
+    net = convert(model).cuda().eval()
+    args = [torch.from_numpy(v).cuda() for v in feeds.values()]
+    with torch.no_grad():
+        for _ in range(3):
+            net(*args)
+        torch.cuda.synchronize()
+        ts = []
+        for _ in range(repeat):
+            t0 = time.perf_counter()
+            net(*args)
+            torch.cuda.synchronize()
+            ts.append(time.perf_counter() - t0)
+    return float(np.median(ts))
+
+
+def check_one(name, builder, target, args) -> dict:
+    model = builder(**SIZES.get(name, {})) if not args.dry_run else builder()
+    row = {"model": name, "family": FAMILY_MODELS.get(name, "demo"), "built": False}
+    t0 = time.perf_counter()
+    fused = tvmfuse.compile(model, target=target)
+    stock = tvmfuse.compile(model, target=target, fusion=False, schedules=False, fast_math=False)
+    row["compile_s"] = round(time.perf_counter() - t0, 2)
+    row["built"] = True
+    row["templates"] = sorted({s["template"] for s in fused.report.schedules})
+    row["kernels"] = [stock.kernel_count, fused.kernel_count]
+    if args.dry_run:
+        src = C.cuda_device_source(fused.executable)
+        row["cuda_kernels"] = src.count("__global__")
+        return row
+    feeds = M.random_feeds(model, seed=0)
+    ref = reference64(model, feeds)
+    out = fused.run(feeds)
+    err = max(float(np.max(np.abs(out[k].astype(np.float64) - r))) for k, r in ref.items())
+    row["max_abs_err"] = err
+    row["numerics_ok"] = all(np.allclose(out[k], r, rtol=RTOL, atol=ATOL) for k, r in ref.items())
+    row["tvmfuse_ms"] = fused.benchmark(feeds, repeat=args.repeat, warmup=5) * 1e3
+    row["stock_ms"] = stock.benchmark(feeds, repeat=args.repeat, warmup=5) * 1e3
+    tt = torch_time(model, feeds, args.repeat)
+    row["torch_ms"] = tt * 1e3 if tt is not None else None
+    flops, nbytes = model_cost(model)
+    bound = max(nbytes / (args.hbm_tbs * 1e12), flops / (args.tflops * 1e12))
+    row["roofline_frac"] = bound / (row["tvmfuse_ms"] * 1e-3)
+    return row
+
+
+def print_table(rows, dry_run: bool) -> None:
+    if dry_run:
+        print(f"{'model':24s} {'kernels stock->fused':>20s} {'cuda kernels':>12s}  templates")
+        for r in rows:
+            print(f"{r['model']:24s} {str(r['kernels'][0]) + ' -> ' + str(r['kernels'][1]):>20s} "
+                  f"{r['cuda_kernels']:>12d}  {', '.join(r['templates'])}")
+        return
+    print(f"{'model':24s} {'ok':>3s} {'err':>9s} {'tvmfuse ms':>10s} {'stock/tf':>8s} {'torch/tf':>8s} {'roofline':>8s}")
+    for r in rows:
+        torch_ratio = f"{r['torch_ms'] / r['tvmfuse_ms']:.2f}" if r.get("torch_ms") else "-"
+        print(f"{r['model']:24s} {'yes' if r['numerics_ok'] else 'NO':>3s} {r['max_abs_err']:9.2e} "
+              f"{r['tvmfuse_ms']:10.3f} {r['stock_ms'] / r['tvmfuse_ms']:8.2f} {torch_ratio:>8s} "
+              f"{r['roofline_frac']:8.1%}")
+
+
+def main(argv=None) -> list[dict]:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--arch", default="sm_90")
+    p.add_argument("--only", default="", help="comma-separated model names")
+    p.add_argument("--repeat", type=int, default=50)
+    p.add_argument("--hbm-tbs", type=float, default=4.8, help="HBM bandwidth, TB/s (H200: 4.8)")
+    p.add_argument("--tflops", type=float, default=67.0, help="fp32 non-tensor-core peak (H200: ~67)")
+    p.add_argument("--dry-run", action="store_true", help="build for cuda (small sizes), run nothing")
+    args = p.parse_args(argv)
+    target = C.Target({"kind": "cuda", "arch": args.arch}, host=tvmfuse.host_target())
+    todo = builders()
+    if args.only:
+        names = args.only.split(",")
+        unknown = [n for n in names if n not in todo]
+        if unknown:
+            p.error(f"unknown model(s): {', '.join(unknown)}")
+        todo = {n: todo[n] for n in names}
+    rows = [check_one(name, b, target, args) for name, b in todo.items()]
+    print_table(rows, args.dry_run)
+    out = os.environ.get("OUT")
+    if out:
+        os.makedirs(out, exist_ok=True)
+        with open(os.path.join(out, "gpu_check.json"), "w") as f:
+            json.dump({"arch": args.arch, "date": time.strftime("%Y-%m-%d"), "dry_run": args.dry_run,
+                       "tvm": C.TVM_VERSION, "rows": rows}, f, indent=1)
+    if not args.dry_run and not all(r["numerics_ok"] for r in rows):
+        print("numerics check FAILED", file=sys.stderr)
+    return rows
+
+
+if __name__ == "__main__":
+    rows = main()
+    sys.exit(0 if all(r.get("numerics_ok", True) for r in rows) else 1)
