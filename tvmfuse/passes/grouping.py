@@ -161,6 +161,17 @@ class _BlockGraph:
         root = self.uf.union(a, b)
         self.group_rules[root] = list(dict.fromkeys(rules + [rule]))
 
+    def dissolve(self, root: int) -> None:
+        """Split a group back into single ops (a call_tir keeps the tuple fields it owns)."""
+        members = self.uf.members.pop(root)
+        for k in members:
+            self.uf.parent[k] = k
+            self.uf.members[k] = [k]
+        for i in members:
+            j = self.alias_of.get(i)
+            if j is not None:
+                self.uf.union(i, j)
+
     def _name(self, i: int) -> str:
         info = self.info[self.node(i)]
         return info.name if info is not None else C.var_name(self.bindings[i].var)
@@ -181,6 +192,7 @@ def _first_rule(kind: str, a: R.NodeInfo, b: R.NodeInfo) -> R.Rule | None:
 def partition(g: _BlockGraph) -> list[tuple[str, str, str, str]]:
     """Form the groups of one block; returns the refusals (producer, consumer, reason, rule)."""
     pending: list[tuple[int, int, str, str]] = []
+    out_refused: list[tuple[str, str, str, str]] = []
     # Step 1. Producer -> consumer edges, consumers in binding order.
     for i in range(len(g.bindings)):
         if g.info[i] is None:
@@ -196,7 +208,7 @@ def partition(g: _BlockGraph) -> list[tuple[str, str, str, str]]:
                 continue
             rule = _first_rule("edge", g.info[p], g.info[i])
             if rule is None:
-                pending.append((p, i, f"no rule fuses a {g.info[p].kind} op into a {g.info[i].kind} op", ""))
+                pending.append((p, i, f"no rule fuses {g.info[p].kind} into {g.info[i].kind}", ""))
                 continue
             reason = g.decide(p, i)
             if reason is None:
@@ -225,8 +237,19 @@ def partition(g: _BlockGraph) -> list[tuple[str, str, str, str]]:
                     g.merge(a, b, rule.name)
                 else:
                     pending.append((a, b, reason, rule.name))
-    # Step 3. What is still apart is a refusal the user sees.
-    out, seen = [], set()
+    # Step 3. Groups the target cannot take as finished are split back into their ops.
+    for root in list(g.uf.members):
+        members = g.uf.members.get(root)
+        if members is None or len(g.group_infos(members)) < 2:
+            continue
+        reason = R.check_final_group(g.group_infos(members), len(g.outputs(set(members))), g.limits)
+        if reason is not None:
+            rules = "+".join(g.group_rules.pop(root, []))
+            ops = [g._name(k) for k in sorted(members) if k not in g.alias_of]
+            out_refused.append((ops[0], ops[-1], "not supported by the target: " + reason, rules))
+            g.dissolve(root)
+    # Step 4. What is still apart is a refusal the user sees.
+    out, seen = out_refused, set()
     for a, b, reason, rule in pending:
         if g.uf.find(a) != g.uf.find(b) and (a, b) not in seen:
             seen.add((a, b))
@@ -347,8 +370,8 @@ def _rewrite_block(g: _BlockGraph, mbb, taken: set, stats: list):
 class FuseGroups:
     """Group the legalized module's call_tir ops by tvmfuse's rules into Primitive functions."""
 
-    def __init__(self, target=None):
-        self.limits = R.limits_for(target)
+    def __init__(self, target=None, limits: R.TargetLimits | None = None):
+        self.limits = limits or R.limits_for(target)
 
     def transform_module(self, mod, _ctx):
         mbb = C.BlockBuilder(mod)
