@@ -119,6 +119,13 @@ BUILD_CASES = {**{f"pattern:{k}": v for k, v in M.PATTERN_MODELS.items()},
                   "demo:resnet_block": lambda: M.resnet_block(channels=16, size=14)}}
 
 
+# kernels no CUDA template takes yet (TVM's dlight fallback schedules them, and says so):
+FALLBACK_CASES = {
+    "pattern:mean_variance",   # two outputs, one read by the other: no compute_at of an output block
+    "pattern:swiglu",          # two matmul anchors joined by one epilogue (gate * up)
+}
+
+
 @needs_nvcc
 @pytest.mark.parametrize("case", list(BUILD_CASES))
 def test_models_build_for_cuda_and_nvcc_compiles(case):
@@ -132,7 +139,9 @@ def test_models_build_for_cuda_and_nvcc_compiles(case):
     failed = [s for s in scheds if "template error" in s.get("reason", "")]
     assert not failed, failed
     ours = [s for s in scheds if s["template"].startswith("cuda_")]
-    if case != "pattern:mean_variance":       # two outputs, one read by the other: the fallback's case
+    if case in FALLBACK_CASES:
+        assert any(s["reason"] == "no template matches this kernel" for s in scheds), scheds
+    else:
         assert ours, scheds
     src = C.cuda_device_source(cm.executable)
     assert "__global__" in src
