@@ -44,7 +44,8 @@ def test_pattern_is_one_kernel(name, rng, host):
     # (test_fusion_rules::test_mean_variance_one_kernel_with_two_outputs_where_supported); CPU: split back, 5 kernels
     expected = 5 if name == "mean_variance" else 1
     assert cm.kernel_count == expected, (name, cm.report.after.kernel_names, cm.report.refused)
-    assert cm.report.groups and all(g["rule"] != "fuse_ops" for g in cm.report.groups)
+    assert all(g["rule"] != "fuse_ops" for g in cm.report.groups)
+    assert cm.report.groups or name == "mean_variance"
     assert_close_to_reference(model, cm, rng, rtol=rtol, atol=1e-5)
 
 
