@@ -24,6 +24,8 @@ NC_TILES = (1, 2, 4, 8, 16)              # register tiles per macro tile, along 
 K_UNROLL = (1, 2, 4, 8)
 ORDERS = ("ij", "ji")                    # macro loop order: i outer (A panel reuse) or j outer (B panel)
 PARALLEL_DEPTH = (1, 2)                  # how many macro loops are fused into the parallel loop
+# A register tile that divides the problem (no tail) is worth this many accumulators more.
+DIVIDES_BONUS = 2
 PACK_B = (False, True)                   # copy the B panel of a macro tile into a contiguous buffer
 
 
@@ -184,7 +186,7 @@ class MatmulEpilogue(Template):
             acc = mr * nv
             fits = acc + nv + 1 <= regs
             divides = (m % mr == 0) + (n % (nv * lanes) == 0)
-            return (fits, divides, acc, nv)
+            return (fits, acc + DIVIDES_BONUS * divides, nv)
 
         mr, nvec = max(((a, b) for a in ch["mr"] for b in ch["nvec"]), key=lambda t: score(*t))
         nr = nvec * lanes
@@ -234,8 +236,9 @@ class MatmulEpilogue(Template):
         par = sch.fuse(*b_loops, *outer[:config["parallel_depth"]]) if (b_loops or config["parallel_depth"] > 1) \
             else outer[0]
         sch.parallel(par)
-        # B's macro panel (K x nc) is fixed by j0: pack it once per j0 iteration
-        pack_at = par if (config["order"] == "ji" and config["parallel_depth"] == 1 and not b_loops) else j0
+        # B's macro panel (K x nc) is fixed by j0: pack it once per iteration of the loop holding j0
+        j0_fused = j0 in outer[:config["parallel_depth"]] or (b_loops and outer[0] is j0)
+        pack_at = par if j0_fused else j0
 
         # Step 4. Compute the matmul on each register tile: C shrinks to an mr x nr accumulator.
         sch.compute_at(red, j1, preserve_unit_loops=True)
