@@ -27,7 +27,7 @@ PATTERNS = {
     "layernorm_decomposed": ({}, 3, 1e-5),
     "softmax_decomposed": ({}, 4, 1e-5),
     "layernorm_softmax": ({}, 7, 1e-5),
-    "mean_variance": ({}, 3, 1e-5),   # 5 on CPU (group split back): see test_mean_variance_on_cpu
+    "mean_variance": ({}, 3, 1e-5),
     "qkv_projection": ({}, 3, 1e-4),
     "swiglu": ({}, 2, 1e-4),
     "rmsnorm": ({}, 2, 1e-5),
@@ -40,12 +40,8 @@ def test_pattern_is_one_kernel(name, rng, host):
     kwargs, _stock, rtol = PATTERNS[name]
     model = M.PATTERN_MODELS[name](**kwargs)
     cm = tvmfuse.compile(model, host, **FUSION_ONLY)
-    # mean & variance: one 2-output reduction kernel where the target's schedules take several outputs
-    # (test_fusion_rules::test_mean_variance_one_kernel_with_two_outputs_where_supported); CPU: split back, 5 kernels
-    expected = 5 if name == "mean_variance" else 1
-    assert cm.kernel_count == expected, (name, cm.report.after.kernel_names, cm.report.refused)
-    assert all(g["rule"] != "fuse_ops" for g in cm.report.groups)
-    assert cm.report.groups or name == "mean_variance"
+    assert cm.kernel_count == 1, (name, cm.report.after.kernel_names, cm.report.refused)
+    assert cm.report.groups and all(g["rule"] != "fuse_ops" for g in cm.report.groups)
     assert_close_to_reference(model, cm, rng, rtol=rtol, atol=1e-5)
 
 
@@ -80,8 +76,8 @@ def test_multi_output_groups(host):
     assert cm.report.after.intermediates == 0
 
 
-def test_mean_variance_on_cpu(host):
-    """CPU refuses a 2-output reduction kernel (target support) and says so; the stock count."""
+def test_mean_variance_one_pass_two_outputs(host):
+    """Mean and variance: one kernel with two outputs (the sibling reductions share the input loop)."""
     cm = tvmfuse.compile(M.mean_variance(), host, **FUSION_ONLY)
-    assert cm.kernel_count == 5
-    assert any("several outputs" in r["reason"] for r in cm.report.refused)
+    assert cm.kernel_count == 1
+    assert [g["outputs"] for g in cm.report.groups] == [2]

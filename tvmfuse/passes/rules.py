@@ -84,7 +84,7 @@ class TargetLimits:
 # CPU: the schedules stage's fallback (dlight cpu.Reduction) fails with a ScheduleError on a reduction
 # kernel with several outputs (ONNX conformance node/test_unsqueeze_*: compute-at on an output block),
 # so on CPU such groups are refused until that fallback handles them.
-_LIMITS = {"cpu": TargetLimits(max_ops=64, max_outputs=8, multi_output_reductions=False),
+_LIMITS = {"cpu": TargetLimits(max_ops=64, max_outputs=8, multi_output_reductions=True),
            "gpu": TargetLimits(max_ops=48, max_outputs=8, multi_output_reductions=True)}
 
 

@@ -54,13 +54,44 @@ def _load_records(options, target: C.Target) -> dict:
     return best_configs(options.tuning_log, target)
 
 
-def fallback_passes(target: C.Target) -> list:
-    """What a PrimFunc no template matched gets: dlight's generic rules (GPU needs thread bindings)."""
+def _dlight_rules(target: C.Target) -> list:
     dl = C.dlight
     if is_gpu(target):
-        return [dl.ApplyDefaultSchedule(dl.gpu.Matmul(), dl.gpu.GEMV(), dl.gpu.Reduction(),
-                                        dl.gpu.GeneralReduction(), dl.gpu.Fallback())]
-    return [dl.ApplyDefaultSchedule(dl.cpu.GEMV(), dl.cpu.Reduction())]
+        return [dl.gpu.Matmul(), dl.gpu.GEMV(), dl.gpu.Reduction(), dl.gpu.GeneralReduction(), dl.gpu.Fallback()]
+    return [dl.cpu.GEMV(), dl.cpu.Reduction()]
+
+
+def fallback_passes(target: C.Target) -> list:
+    """What a PrimFunc no template scheduled gets: dlight's generic rules, one function at a time.
+
+    dlight's CPU Reduction rule raises on some kernels (e.g. a reduction block with several outputs);
+    on CPU such a kernel then stays unscheduled (correct, naive loops) and the reason is recorded. A GPU
+    kernel must have thread bindings, so there a failure is an error that names the kernel.
+    """
+    rules = _dlight_rules(target)
+
+    @C.module_pass(opt_level=0, name="tvmfuse.fallback_schedules")
+    def _fallback(mod, _ctx):
+        updates = {}
+        for gv, func in mod.functions.items():
+            if not isinstance(func, C.PrimFunc) or (func.attrs is not None and "tirx.is_scheduled" in func.attrs):
+                continue
+            single = C.IRModule({gv: func})
+            try:
+                updates[gv] = C.dlight.ApplyDefaultSchedule(*rules)(single)[gv]
+            except Exception as e:  # dlight raises ScheduleError/TVMError on kernels its rules misjudge
+                first = (str(e).strip().splitlines() or [type(e).__name__])[0][:200]
+                if is_gpu(target):
+                    raise RuntimeError(f"kernel {gv.name_hint}: no template matched and dlight's fallback "
+                                       f"failed: {first}") from e
+                log.warning("%s: dlight fallback failed (%s); left unscheduled", gv.name_hint, first)
+                record_schedule(str(gv.name_hint), "unscheduled", "fallback",
+                                reason=f"dlight fallback failed: {first}")
+        for gv, func in updates.items():
+            mod[gv] = func
+        return mod
+
+    return [_fallback]
 
 
 def apply_schedules(target: C.Target, options) -> C.ir_transform.Pass:
