@@ -268,3 +268,89 @@ def const_value(expr):
 def prim_func_params(func) -> list[tuple[list[int], str]]:
     """(shape, dtype) of each PrimFunc parameter (0.27: parameters are buffer vars, no buffer_map)."""
     return [([int(d) for d in p.shape], str(p.dtype)) for p in func.params]
+
+# --- autotuner (tvmfuse.tune): RPC, MetaSchedule's per-store features, runtime timing
+from tvm import rpc  # noqa: E402
+from tvm.s_tir.meta_schedule.arg_info import ArgInfo as MSArgInfo  # noqa: E402
+
+
+_FEATURE_CONTEXTS: dict = {}
+
+
+def _feature_context(target: Target):
+    """A bare TuneContext (target only) for feature extraction.  ``TuneContext.__init__`` first imports
+    ``tvm.s_tir.tensor_intrin`` (parses ~500 TVMScript intrinsics: 40 s on this host), which features
+    never use, so the object is made through its FFI constructor as that __init__ would make it."""
+    key = str(target)
+    if key not in _FEATURE_CONTEXTS:
+        from tvm.s_tir.meta_schedule import _ffi_api as _ms_api
+        from tvm.s_tir.meta_schedule.logging import get_logger, get_logging_func
+
+        ctx = meta_schedule.TuneContext.__new__(meta_schedule.TuneContext)
+        ctx.__init_handle_by_constructor__(_ms_api.TuneContext, None, target, None, None, "main", 1, -1,
+                                           get_logging_func(get_logger("tvmfuse.tune.features")))
+        _ms_api.TuneContextInitialize(ctx)
+        _FEATURE_CONTEXTS[key] = ctx
+    return _FEATURE_CONTEXTS[key]
+
+
+def per_store_features(mod: IRModule, target: Target):
+    """MetaSchedule's PerStoreFeature of a scheduled module: a (stores x 164) numpy array."""
+    sch = Schedule(mod)
+    cand = meta_schedule.MeasureCandidate(sch, MSArgInfo.from_prim_func(mod["main"]))
+    fx = meta_schedule.feature_extractor.PerStoreFeature()
+    return fx.extract_from(_feature_context(target), [cand])[0].numpy()
+
+
+def build_prim_module(mod: IRModule, target: Target):
+    """Compile an IRModule of PrimFuncs (TVM's default TIR pipeline); ``.export_library(path)``."""
+    return tvm.compile(mod, target=target)
+
+
+def time_function(module, name: str, device, number: int, repeat: int, min_repeat_ms: int = 0):
+    """TVM's time evaluator: a callable returning ``.results`` (seconds per repeat)."""
+    return module.time_evaluator(name, device, number=number, repeat=repeat, min_repeat_ms=min_repeat_ms)
+
+
+def cuda_device_source(executable) -> str:
+    """The CUDA C source TVM generated for an executable built for a cuda target ("" if none)."""
+    def walk(mod):
+        if mod.kind == "cuda":
+            yield mod.inspect_source()
+        for sub in mod.imports:
+            yield from walk(sub)
+    return "\n".join(walk(executable.mod))
+
+
+def nvcc_compile(source: str, target: Target, fmt: str = "cubin") -> bytes:
+    """Compile CUDA C with nvcc for the target's arch (TVM's own nvcc driver); raises on errors."""
+    from tvm.support import nvcc
+
+    with target:
+        return nvcc.compile_cuda(source, target_format=fmt, arch=str(target.attrs["arch"]), compiler="nvcc")
+TensorLoad = tvm.ir.expr.TensorLoad  # what tirx.BufferLoad builds in 0.27 (buffer in ``.source``)
+Constant = tvm.ir.expr.Constant  # relax constants (metadata GenericConst) in 0.27
+
+
+def region_tensor(region):
+    """The tensor (buffer var) a block's read/write region refers to (``.buffer`` before 0.27)."""
+    return region.source
+
+
+def tensor_shape(tensor_var) -> tuple:
+    """Shape of a TIR buffer var of 0.27 (``buffer.shape`` before)."""
+    return tuple(tensor_var.ty.shape)
+structural_equal = tvm_ffi.structural_equal
+
+
+def const_value(expr):
+    """The numpy value of a Relax constant (``.data.numpy()`` before 0.27)."""
+    import numpy as _np
+
+    v = expr.value
+    return v.numpy() if hasattr(v, "numpy") else _np.asarray(v)
+
+
+def prim_func_params(func) -> list[tuple[list[int], str]]:
+    """(shape, dtype) of each PrimFunc parameter (0.27: parameters are buffer vars, no buffer_map)."""
+    return [([int(d) for d in p.shape], str(p.dtype)) for p in func.params]

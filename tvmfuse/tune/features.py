@@ -1,0 +1,59 @@
+"""Features of a scheduled candidate for the cost model.
+
+Two parts, concatenated by the cost model:
+- program features: MetaSchedule's ``PerStoreFeature`` (164 numbers per buffer store of the scheduled
+  PrimFunc: loop structure, vectorization, parallelism, buffer access and reuse, arithmetic intensity),
+  reduced over the stores by mean and max so that schedules with different numbers of stores (cache
+  writes) compare; these carry the shape, which is what lets records of one workload help another.
+- knob features: each knob of the template as a number (log2 of an integer choice, 0/1 for a bool, the
+  choice's index otherwise), by knob name.
+"""
+from __future__ import annotations
+
+import math
+import zlib
+
+import numpy as np
+
+PER_STORE_LEN = 164
+PROGRAM_LEN = 2 * PER_STORE_LEN
+
+
+def program_features(per_store: np.ndarray) -> np.ndarray:
+    """(stores x 164) -> (328,): mean and max over the stores (zeros for a program with no store)."""
+    per_store = np.asarray(per_store, dtype=np.float64)
+    if per_store.ndim != 2 or per_store.shape[0] == 0:
+        return np.zeros(PROGRAM_LEN)
+    return np.concatenate([per_store.mean(axis=0), per_store.max(axis=0)])
+
+
+def knob_value(value, choices=None) -> float:
+    """One knob choice as a number."""
+    if isinstance(value, bool):
+        return float(value)
+    if isinstance(value, (int, float)):
+        return math.copysign(math.log2(1.0 + abs(float(value))), float(value))
+    if isinstance(value, (list, tuple)):
+        return float(sum(knob_value(v) for v in value))
+    if choices is not None and value in choices:
+        return float(list(choices).index(value))
+    return float(zlib.crc32(str(value).encode()) % 997) / 997.0
+
+
+class KnobVocabulary:
+    """Column order of knob features across workloads of a template family (by knob name)."""
+
+    def __init__(self):
+        self.columns: dict[str, int] = {}
+
+    def add(self, config: dict) -> None:
+        for name in sorted(config):
+            self.columns.setdefault(name, len(self.columns))
+
+    def vector(self, config: dict) -> np.ndarray:
+        v = np.full(len(self.columns), -1.0)
+        for name, value in config.items():
+            col = self.columns.get(name)
+            if col is not None:
+                v[col] = knob_value(value)
+        return v

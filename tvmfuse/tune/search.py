@@ -1,0 +1,332 @@
+"""The tuning loop: tasks share a trial budget; each round ranks unmeasured configurations of one task
+with the cost model, measures the top of the ranking plus some random ones, logs every result at once,
+and retrains the model.
+
+- Budget by expected gain: after one batch per task, the next round goes to the task with the largest
+  ``weight x best latency x (recent relative improvement + 1/sqrt(rounds))`` (a task that is called
+  often, is slow, and still improves gets the trials; the last term keeps every task explored).
+- Never twice: a configuration already in the log for this workload and target is never measured again,
+  so rerunning a killed job resumes where it stopped, and a finished job re-spends nothing.
+- Exploration: ``epsilon`` of each batch (at least one configuration) is drawn at random from the
+  candidates the model did not pick.
+- Warm start: the model first trains on the log's records of the same template families (other
+  workloads, other shapes: their PrimFunc is in the log's workload records), then on each measurement.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import math
+import random
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from .. import _compat as C
+from .cost_model import CostModel, Sample
+from .log import LogWriter, TuningLog, config_id, load, make_measure_record, make_workload_record, median_cost
+from .measure import MeasureOptions, Measurer
+from .tasks import Task, task_for
+
+log = logging.getLogger("tvmfuse.tune")
+
+
+@dataclass(frozen=True)
+class TuneOptions:
+    trials: int                          # measurements in all, over all tasks, including those in the log
+    batch: int = 8                       # configurations measured per round
+    epsilon: float = 0.25                # share of each batch drawn at random (at least one)
+    pool: int = 256                      # unmeasured candidates ranked per round (spaces larger than this)
+    seed: int = 0
+    warm_start: bool = True              # train on the log's records of the same template families first
+    transfer_logs: tuple = ()            # more logs to warm-start from (read only)
+
+
+@dataclass
+class TaskState:
+    task: Task
+    measured: dict = field(default_factory=dict)     # config_id -> record (this job and the log)
+    features: dict = field(default_factory=dict)     # config_id -> program features | None (failed)
+    rounds: int = 0
+    history: list = field(default_factory=list)      # best cost after each round
+    exhausted: bool = False
+
+    @property
+    def best(self) -> tuple[float | None, dict | None]:
+        best_c, best_cfg = None, None
+        for r in self.measured.values():
+            c = median_cost(r)
+            if c is not None and (best_c is None or c < best_c):
+                best_c, best_cfg = c, r["config"]
+        return best_c, best_cfg
+
+
+@dataclass
+class TuneResult:
+    tasks: list[dict]
+    trials_run: int
+    trials_total: int
+    seconds: float
+    curve: list[tuple[int, float]]   # (trials done, weighted sum of best latencies), this job's points
+
+    def to_dict(self) -> dict:
+        return {"tasks": self.tasks, "trials_run": self.trials_run, "trials_total": self.trials_total,
+                "seconds": self.seconds, "curve": self.curve}
+
+
+class Tuner:
+    def __init__(self, tasks: list[Task], target, log_path, options: TuneOptions,
+                 measure_options: MeasureOptions | None = None, progress=None,
+                 inputs: dict | None = None):
+        self.tasks = tasks
+        self.target = target
+        self.log_path = Path(log_path)
+        self.options = options
+        self.measure_options = measure_options or MeasureOptions()
+        self.progress = progress or (lambda event: None)
+        self.inputs = inputs or {}
+        self.rng = random.Random(options.seed)
+        self.model = CostModel(seed=options.seed)
+        self.warm: list[Sample] = []
+
+    # ------------------------------------------------------------------ helpers
+    def _weighted_total(self, states) -> float | None:
+        tot = 0.0
+        for s in states:
+            c, _ = s.best
+            if c is None:
+                return None
+            tot += s.task.weight * c
+        return tot
+
+    def _featurize(self, measurer: Measurer, st: TaskState, configs: list[dict]) -> None:
+        todo = [c for c in configs if config_id(c) not in st.features]
+        for c, r in zip(todo, measurer.features(st.task, todo)):
+            st.features[config_id(c)] = np.asarray(r["features"]) if r.get("ok") else None
+            if not r.get("ok"):
+                log.info("%s: config %s does not apply (%s: %s)", st.task.name, config_id(c), r["kind"],
+                         r["message"][:200])
+
+    def _samples(self, states) -> list[Sample]:
+        out = list(self.warm)
+        for st in states:
+            for cid, rec in st.measured.items():
+                c = median_cost(rec)
+                f = st.features.get(cid)
+                if c is not None and f is not None:
+                    out.append(Sample(st.task.workload_key, f, rec["config"], c))
+        return out
+
+    def _warm_start(self, measurer: Measurer, tl: TuningLog, states) -> None:
+        """Samples from the log's other workloads of the same template families (transfer)."""
+        families = {s.task.family for s in states}
+        own = {s.task.workload_key for s in states}
+        logs = [tl] + [load(p, self.target) for p in self.options.transfer_logs]
+        by_wk: dict[str, list[dict]] = {}
+        workloads: dict[str, dict] = {}
+        for t in logs:
+            workloads.update(t.workloads)
+            for r in t.measures:
+                if r["workload_key"] not in own and r["template"] in families and median_cost(r) is not None:
+                    by_wk.setdefault(r["workload_key"], []).append(r)
+        for wk, recs in by_wk.items():
+            if wk not in workloads or len(recs) < 2:
+                continue
+            func = C.load_json(workloads[wk]["func"])
+            task = task_for(func, self.target, workloads[wk].get("workload", {}).get("name", wk))
+            if task is None or task.family != recs[0]["template"]:
+                continue
+            measurer.register(task)
+            feats = measurer.features(task, [r["config"] for r in recs])
+            for r, f in zip(recs, feats):
+                if f.get("ok"):
+                    self.warm.append(Sample(wk, np.asarray(f["features"]), r["config"], median_cost(r)))
+        if self.warm:
+            log.info("warm start: %d records of %d other workloads", len(self.warm), len(by_wk))
+
+    def _candidates(self, st: TaskState) -> list[dict]:
+        space, pool = st.task.space, self.options.pool
+        if space.size() <= pool:
+            return [c for c in space.all_configs() if config_id(c) not in st.measured]
+        seen, out = set(st.measured), []
+
+        def add(c):
+            k = config_id(c)
+            if k not in seen:
+                seen.add(k)
+                out.append(c)
+
+        ranked = sorted((r for r in st.measured.values() if median_cost(r) is not None), key=median_cost)
+        for r in ranked[:8]:                       # local moves around the best so far
+            for n in space.neighbors(r["config"]):
+                add(n)
+        tries = 0
+        while len(out) < pool and tries < pool * 20:
+            add(space.sample(self.rng))
+            tries += 1
+        return out
+
+    def _pick(self, st: TaskState, measurer: Measurer, n: int) -> list[dict]:
+        cands = self._candidates(st)
+        if not cands:
+            return []
+        n = min(n, len(cands))
+        if not self.model.trained:
+            return self.rng.sample(cands, n)
+        self._featurize(measurer, st, cands)
+        ok = [c for c in cands if st.features[config_id(c)] is not None]
+        scores = {}
+        if ok:
+            pred = self.model.predict([st.features[config_id(c)] for c in ok], ok)
+            scores = {config_id(c): float(s) for c, s in zip(ok, pred)}
+        # configs whose template application failed rank last; exploration may still pick (and log) them
+        ranked = sorted(cands, key=lambda c: -scores.get(config_id(c), -math.inf))
+        n_explore = max(1, int(round(self.options.epsilon * n))) if len(cands) > n else 0
+        picks = ranked[:n - n_explore]
+        rest = ranked[n - n_explore:]
+        picks += self.rng.sample(rest, min(n_explore, len(rest)))
+        return picks
+
+    def _choose_task(self, states) -> TaskState | None:
+        live = [s for s in states if not s.exhausted]
+        if not live:
+            return None
+        fresh = [s for s in live if s.rounds == 0 and len(s.measured) <= 1]
+        if fresh:
+            return fresh[0]
+
+        def gain(s: TaskState) -> float:
+            best, _ = s.best
+            if best is None:
+                return math.inf          # nothing works yet: keep trying
+            h = s.history
+            recent = (h[-2] - h[-1]) / h[-2] if len(h) >= 2 and h[-2] else 0.0
+            return s.task.weight * best * (recent + 1.0 / math.sqrt(1 + s.rounds))
+
+        return max(live, key=gain)
+
+    # ------------------------------------------------------------------ the job
+    def run(self) -> TuneResult:
+        t_start = time.perf_counter()
+        opts = self.options
+        tl = load(self.log_path, self.target) if self.log_path.exists() else TuningLog()
+        states = []
+        for t in self.tasks:
+            st = TaskState(t)
+            for cid, rec in tl.measured(t.workload_key).items():
+                if rec["template"] == t.family:
+                    st.measured[cid] = rec
+            states.append(st)
+        done = sum(len(s.measured) for s in states)
+        resumed = done
+        curve: list[tuple[int, float]] = []
+        measurer = Measurer(self.target, self.measure_options)
+        writer = LogWriter(self.log_path)
+        try:
+            for s in states:
+                if s.task.workload_key not in tl.workloads:
+                    writer.write(make_workload_record(s.task.workload_key, s.task.func, s.task.workload))
+            if done >= opts.trials:
+                self.progress({"event": "done", "done": done, "total": opts.trials, "resumed": resumed})
+                return self._result(states, 0, done, t_start, curve)
+            for s in states:
+                measurer.prepare(s.task, self.inputs.get(s.task.workload_key))
+            if opts.warm_start:
+                self._warm_start(measurer, tl, states)
+            for s in states:
+                if s.measured:
+                    self._featurize(measurer, s, [r["config"] for r in s.measured.values()])
+            if self._samples(states):
+                self.model.fit(self._samples(states))
+            # the default configuration was measured as the reference: log it as the first trial
+            for s in states:
+                cid = config_id(s.task.default_config)
+                if done < opts.trials and cid not in s.measured:
+                    self._record(writer, s, s.task.default_config, s.task.reference_costs,
+                                 s.task.reference_error if s.task.reference_costs is None else None,
+                                 measurer.device_name)
+                    done += 1
+            self._report(states, done, resumed, t_start, curve)
+            while done < opts.trials:
+                st = self._choose_task(states)
+                if st is None:
+                    break
+                picks = self._pick(st, measurer, min(opts.batch, opts.trials - done))
+                if not picks:
+                    st.exhausted = True
+                    continue
+                for cfg, res in zip(picks, measurer.measure(st.task, picks)):
+                    if res.features is not None:
+                        st.features.setdefault(config_id(cfg), np.asarray(res.features))
+                    self._record(writer, st, cfg, res.costs, res.error, res.device)
+                    done += 1
+                    self._report(states, done, resumed, t_start, curve)
+                st.rounds += 1
+                st.history.append(st.best[0] if st.best[0] is not None else math.inf)
+                samples = self._samples(states)
+                if samples:
+                    self.model.fit(samples)
+        finally:
+            writer.close()
+            measurer.close()
+        return self._result(states, done - resumed, done, t_start, curve)
+
+    def _record(self, writer, st: TaskState, config, costs, error, device) -> None:
+        rec = make_measure_record(target=self.target, workload_key=st.task.workload_key,
+                                  workload=st.task.workload, template=st.task.family, config=config,
+                                  costs=costs, error=error, device=device)
+        writer.write(rec)
+        st.measured[config_id(config)] = rec
+        if error is not None:
+            log.info("%s: %s error for %s: %s", st.task.name, error["kind"], config_id(config),
+                     error["message"][:300])
+
+    def _report(self, states, done, resumed, t_start, curve) -> None:
+        total = self._weighted_total(states)
+        if total is not None:
+            curve.append((done, total))
+        elapsed = time.perf_counter() - t_start
+        ran = done - resumed
+        left = self.options.trials - done
+        self.progress({"event": "trial", "done": done, "total": self.options.trials, "resumed": resumed,
+                       "best_total": total, "elapsed": elapsed,
+                       "eta": elapsed / ran * left if ran > 0 else None})
+
+    def _result(self, states, ran, done, t_start, curve) -> TuneResult:
+        rows = []
+        for s in states:
+            best, cfg = s.best
+            default = next((median_cost(r) for r in s.measured.values()
+                            if r["config"] == s.task.default_config and median_cost(r) is not None), None)
+            errors: dict[str, int] = {}
+            for r in s.measured.values():
+                if r.get("error"):
+                    errors[r["error"]["kind"]] = errors.get(r["error"]["kind"], 0) + 1
+            rows.append({"name": s.task.name, "workload_key": s.task.workload_key, "template": s.task.family,
+                         "weight": s.task.weight, "trials": len(s.measured), "errors": errors,
+                         "best": best, "default": default, "best_config": cfg,
+                         "space_size": s.task.space.size()})
+        return TuneResult(rows, ran, done, time.perf_counter() - t_start, curve)
+
+
+def tune(model, target=None, *, trials: int, log_path, tracker: str | None = None, key: str | None = None,
+         measure_options: MeasureOptions | None = None, progress=None, templates=None,
+         **tune_options) -> TuneResult:
+    """Tune every template-matched kernel of ``model`` for ``target``; records go to ``log_path``."""
+    from dataclasses import replace
+
+    from ..target import parse_target
+    from .tasks import extract_tasks
+
+    target = parse_target(target)
+    tasks = extract_tasks(model, target, templates=templates)
+    mo = measure_options or MeasureOptions()
+    if tracker:
+        mo = replace(mo, tracker=tracker, key=key)
+    return Tuner(tasks, target, log_path, TuneOptions(trials=trials, **tune_options), mo, progress).run()
+
+
+def dumps_result(result: TuneResult) -> str:
+    return json.dumps(result.to_dict(), indent=2)
