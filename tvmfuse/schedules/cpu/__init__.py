@@ -2,12 +2,18 @@
 
 Each file holds one family; the order puts the most specific structure first.
 """
+from .conv2d import Conv2DEpilogue
+from .depthwise import DepthwiseConv2DEpilogue
 from .elementwise import Elementwise
 from .matmul import MatmulEpilogue
 from .reduction import RowReduction
+from .siblings import SiblingMatmuls
 
 TEMPLATES: list = [
+    Conv2DEpilogue(),             # before RowReduction: a conv is also a trailing reduction
+    DepthwiseConv2DEpilogue(),
     MatmulEpilogue(),
+    SiblingMatmuls(),             # several matmuls of one input: before RowReduction
     RowReduction(),
     Elementwise(),
 ]

@@ -169,3 +169,30 @@ def schedule_injective(sch: C.Schedule, block, lanes: int, unroll: int = 1, para
         sch.unroll(mid)
     if parallel and (total < 0 or total // (unroll * lanes) >= min_parallel):
         sch.parallel(outer)
+
+
+def own_index_consumer(sch: C.Schedule, block, buffer: str):
+    """The single elementwise consumer of ``block`` that reads ``buffer`` only at its own iterators.
+
+    Returns that block, the string "none" when ``block`` has no consumer, or None when the consumers
+    are anything else (several, a reduction, a shifted or broadcast read).  Raises nothing.
+    """
+    consumers = list(sch.get_consumers(block))
+    if not consumers:
+        return "none"
+    if len(consumers) != 1 or not is_spatial(sch, consumers[0]):
+        return None
+    e = sch.get(consumers[0])
+    if not isinstance(e.body, C.BufferStore):
+        return None
+    own = [str(iv.var.name) for iv in e.iter_vars]
+    found = []
+
+    def visit(node):
+        if isinstance(node, C.TensorLoad) and str(node.source.name) == buffer:
+            found.append([str(i.name) if isinstance(i, C.tirx.Var) else None for i in node.indices])
+
+    C.post_order_visit(e.body.value, visit)
+    if not found or any(idx != own for idx in found):
+        return None
+    return consumers[0]

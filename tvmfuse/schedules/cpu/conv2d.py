@@ -1,0 +1,249 @@
+"""Direct Conv2D (NCHW, OIHW weights, any stride/dilation/padding) with its epilogue on x86/ARM CPUs.
+
+Matches, after folding elementwise blocks, one reduction block
+
+    conv[n, f, y, x] += data[n, c(f, rc), y*sh + ry*dh, x*sw + rx*dw] * W[f, rc, ry, rx]
+
+(four spatial iterators n, f, y, x and three reduction iterators rc, ry, rx; ``data`` usually the padding
+block ``pad_temp``, else a parameter) followed by at most one elementwise epilogue block reading ``conv``
+at its own indices: the folded BatchNorm shift (bias add), ReLU, the residual add.  Channel blocks of
+grouped convolutions are allowed; depthwise ones (one input channel per output channel) go to
+``depthwise.py``.
+
+Schedule (register-blocked direct convolution, vectorized along the output row): the epilogue is tiled
+into [oc_tile output channels x oh_tile rows x ow_tile columns]; the convolution is computed on each
+tile, so ``conv`` shrinks to an accumulator of that size (registers), with the reduction over rc/ry/rx
+inside; per reduction step one weight per output channel is broadcast and one vector of the padded input
+row is loaded per row.  The epilogue runs on the accumulator before anything is stored.  The padded
+input is computed per band of output rows (all channels, the rows the band's windows touch), inside the
+parallel loop over (n, row band [, channel block]), so it stays in L1/L2 and is never materialized whole.
+Weights stay in their OIHW parameter layout (the calling convention is unchanged).
+"""
+from __future__ import annotations
+
+from ... import _compat as C
+from ...target import cpu_info
+from ..base import Knob, KnobSpace, Match, Template
+from . import common as U
+
+OC_TILES = (1, 2, 3, 4, 6, 8, 12, 16)     # output channels of the register tile (broadcast weights)
+MAX_OW_VECTORS = 4                        # widest register-tile row, in vectors
+OH_TILES = (1, 2, 4)                      # output rows of the register tile
+IC_TILES = (1, 2, 4)                      # input channels per innermost (unrolled) reduction step
+UNROLL = (0, 1, 2)                        # reduction loops unrolled: none, kw, kh and kw
+PARALLEL_DEPTH = (1, 2)                   # 1: parallel over (n, row band); 2: also over channel blocks
+# Fewer parallel iterations than this many per core leave cores idle on the tail: add the channel blocks.
+MIN_PARALLEL_PER_CORE = 4
+
+
+def _strip_cast(e):
+    while isinstance(e, C.tirx.Cast):
+        e = e.value
+    return e
+
+
+def _vars_in(expr) -> set[str]:
+    out = set()
+
+    def visit(node):
+        if isinstance(node, C.tirx.Var):
+            out.add(str(node.name))
+
+    C.post_order_visit(expr, visit)
+    return out
+
+
+def analyze_conv(sch: C.Schedule, block) -> dict | None:
+    """The roles of a reduction block if it is a direct NCHW conv2d; None otherwise (raises nothing)."""
+    blk = sch.get(block)
+    store = blk.body
+    if U.iter_kinds(sch, block) != "SSSSRRR" or not isinstance(store, C.BufferStore):
+        return None
+    val = store.value
+    if not isinstance(val, C.tirx.Add):
+        return None
+    acc, prod = (val.a, val.b) if isinstance(val.a, C.TensorLoad) and val.a.source.same_as(store.buffer) \
+        else (val.b, val.a)
+    if not (isinstance(acc, C.TensorLoad) and acc.source.same_as(store.buffer)):
+        return None
+    prod = _strip_cast(prod)
+    if not isinstance(prod, C.tirx.Mul):
+        return None
+    ops = [_strip_cast(prod.a), _strip_cast(prod.b)]
+    if not all(isinstance(o, C.TensorLoad) and len(o.indices) == 4 for o in ops):
+        return None
+    n, f, y, x, rc, ry, rx = [iv.var for iv in blk.iter_vars]
+    names = [str(v.name) for v in (n, f, y, x, rc, ry, rx)]
+    if [getattr(i, "name", None) for i in store.indices] != names[:4]:
+        return None
+    weight_idx = names[1], names[4], names[5], names[6]
+    weights = [o for o in ops if tuple(getattr(i, "name", None) for i in o.indices) == weight_idx]
+    if len(weights) != 1:
+        return None
+    w = weights[0]
+    d = ops[1] if ops[0] is w else ops[0]
+    d_vars = [_vars_in(i) for i in d.indices]
+    n_, f_, y_, x_, rc_, ry_, rx_ = names
+    if d_vars[0] != {n_} or rc_ not in d_vars[1] or not d_vars[1] <= {f_, rc_} \
+            or d_vars[2] != {y_, ry_} or d_vars[3] != {x_, rx_}:
+        return None
+    ext = [iv.dom.extent for iv in blk.iter_vars]
+    if not all(isinstance(e, C.tirx.IntImm) for e in ext):
+        return None
+    N, F, OH, OW, RC, KH, KW = [int(e) for e in ext]
+    return {
+        "N": N, "F": F, "OH": OH, "OW": OW, "RC": RC, "KH": KH, "KW": KW,
+        "depthwise": f_ in d_vars[1] and RC == 1,
+        "data_buffer": str(d.source.name),
+        "weight_buffer": str(w.source.name),
+        "conv_buffer": str(store.buffer.name),
+    }
+
+
+def find_conv(func: C.PrimFunc, depthwise: bool) -> dict | None:
+    """Shared match of the conv templates: the conv block, its data producer (padding), its epilogue.
+
+    The padding block is kept out of the elementwise folding (it is computed per tile by the schedule);
+    every other spatial block folds into the epilogue.  Returns the template's match info or None.
+    """
+    sch = C.Schedule(func)
+    blocks = U.top_blocks(sch)
+    reductions = [b for b in blocks if not U.is_spatial(sch, b)]
+    if len(reductions) != 1:
+        return None
+    info = analyze_conv(sch, reductions[0])
+    if info is None or info["depthwise"] != depthwise:
+        return None
+    conv_name = U.block_name(sch, reductions[0])
+    producers = [b for b in sch.get_producers(reductions[0])
+                 if str(sch.get(b).writes[0].source.name) == info["data_buffer"]]
+    pad = U.block_name(sch, producers[0]) if producers and U.is_spatial(sch, producers[0]) else None
+    left = U.inline_elementwise(sch, keep=frozenset({pad} if pad else ()))
+    conv = sch.get_sblock(conv_name)
+    epi = U.own_index_consumer(sch, conv, info["conv_buffer"])
+    if epi is None:
+        return None
+    epi_name = None if epi == "none" else U.block_name(sch, epi)
+    outputs = U.output_names(sch)
+    if epi_name is not None and epi_name not in outputs:
+        return None
+    if epi_name is None and conv_name not in outputs:
+        return None
+    others = [b for b in left if b not in (conv_name, epi_name, pad)]
+    if others:
+        return None          # extra independent kernels in the group: not this family's structure
+    info.update(reduction=conv_name, epilogue=epi_name, pad=pad)
+    return info
+
+
+def _ceil_div(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def row_tiles(width: int, lanes: int) -> tuple:
+    """Legal register-tile widths along the output row: the divisors of ``width`` up to
+    ``MAX_OW_VECTORS`` vectors.  A tile that does not divide the row leaves a predicated tail inside the
+    vectorized loop, which TVM scalarizes (8x slower measured), so only divisors are offered; a width
+    that is not a multiple of the lanes is legalized by LLVM into full vectors plus a narrower one.
+    """
+    return tuple(d for d in range(1, min(width, MAX_OW_VECTORS * lanes) + 1) if width % d == 0)
+
+
+class Conv2DEpilogue(Template):
+    family = "cpu.conv2d_epilogue"
+    target_kinds = ("llvm",)
+
+    # ------------------------------------------------------------------ match
+    def match(self, func: C.PrimFunc, target: C.Target) -> Match | None:
+        info = find_conv(func, depthwise=False)
+        return None if info is None else Match(self.family, info)
+
+    # ------------------------------------------------------------------ knobs
+    def space(self, match: Match, target: C.Target) -> KnobSpace:
+        i = match.info
+        lanes = cpu_info(target).float32_lanes
+        return KnobSpace((
+            Knob("oc_tile", U.choices_upto(OC_TILES, i["F"]), "output channels per register tile"),
+            Knob("ow_tile", row_tiles(i["OW"], lanes), "output columns per register tile (vectorized)"),
+            Knob("lanes", (lanes,), "float32 lanes per vector (the target's vector width)"),
+            Knob("oh_tile", U.choices_upto(OH_TILES, i["OH"]), "output rows per register tile"),
+            Knob("ic_tile", U.choices_upto(IC_TILES, i["RC"]), "input channels per unrolled reduction step"),
+            Knob("unroll", U.choices_upto(UNROLL, 2), "window loops unrolled (0 none, 1 kw, 2 kh+kw)"),
+            Knob("parallel_depth", PARALLEL_DEPTH, "outer loops fused into the parallel loop"),
+        ))
+
+    def default_config(self, match: Match, target: C.Target) -> dict:
+        info = cpu_info(target)
+        regs = U.Registers.for_bits(info.vector_bits).count
+        ch = {k.name: k.choices for k in self.space(match, target).knobs}
+        i = match.info
+        lanes = info.float32_lanes
+
+        # register tile: most accumulators that leave room for one input vector and the broadcast
+        # weights (oh_tile rows share them); rows of whole vectors first (a partial vector is legalized
+        # into narrow pieces, 4x slower measured), then tiles that divide the channels and rows (a tail
+        # tile is predicated)
+        def score(oc, ow, oh):
+            nv = _ceil_div(ow, lanes)
+            acc = oc * nv * oh
+            fits = acc + min(oc * oh, nv) + 1 <= regs
+            whole = ow % lanes == 0 or ow == i["OW"]
+            return (fits, whole, i["F"] % oc == 0 and i["OH"] % oh == 0, acc, ow, -oh)
+
+        oc, ow, oh = max(((a, b, c) for a in ch["oc_tile"] for b in ch["ow_tile"] for c in ch["oh_tile"]),
+                         key=lambda t: score(*t))
+        bands = i["N"] * _ceil_div(i["OH"], oh)
+        depth = 1 if bands >= MIN_PARALLEL_PER_CORE * info.cores else 2
+        return {"oc_tile": oc, "ow_tile": ow, "lanes": lanes, "oh_tile": oh,
+                "ic_tile": U.nearest_choice(ch["ic_tile"], 1), "unroll": max(ch["unroll"]),
+                "parallel_depth": depth}
+
+    # ------------------------------------------------------------------ apply
+    def apply(self, sch: C.Schedule, match: Match, config: dict) -> None:
+        info = match.info
+        oc_t, oh_t = config["oc_tile"], config["oh_tile"]
+        ow_t = config["ow_tile"]
+
+        # Step 1. Fold the elementwise chain into one epilogue block; the padding block stays.
+        U.inline_elementwise(sch, keep=frozenset({info["pad"]} if info["pad"] else ()))
+        conv = sch.get_sblock(info["reduction"])
+
+        # Step 2. Without an epilogue, accumulate into a cache block and write back from it.
+        epi = sch.cache_write(conv, 0, "global") if info["epilogue"] is None else sch.get_sblock(info["epilogue"])
+
+        # Step 3. Tile the epilogue: (n, row band, channel block, column block) x register tile.
+        n, f, y, x = sch.get_loops(epi)
+        f0, f1 = sch.split(f, factors=[None, oc_t])
+        y0, y1 = sch.split(y, factors=[None, oh_t])
+        x0, x1 = sch.split(x, factors=[None, ow_t])
+        sch.reorder(n, y0, f0, x0, y1, f1, x1)
+        band = sch.fuse(n, y0, f0) if config["parallel_depth"] > 1 else sch.fuse(n, y0)
+        sch.parallel(band)
+
+        # Step 4. The convolution on each register tile: conv shrinks to an accumulator tile.
+        sch.compute_at(conv, x0, preserve_unit_loops=True)
+        c_n, c_f, c_y, c_x, rc, ry, rx = sch.get_loops(conv)[-7:]
+        rc0, rc1 = sch.split(rc, factors=[None, config["ic_tile"]])
+        sch.reorder(rc0, ry, rx, rc1, c_n, c_y, c_f, c_x)
+        sch.vectorize(c_x)
+        sch.unroll(c_f)
+        sch.unroll(c_y)
+        sch.unroll(c_n)
+        if config["ic_tile"] > 1:
+            sch.unroll(rc1)
+        for loop in (rx, ry)[:config["unroll"]]:
+            sch.unroll(loop)
+        sch.set_scope(conv, 0, "local")
+
+        # Step 5. Initialize the accumulator before the reduction, vectorized along the columns.
+        init = sch.decompose_reduction(conv, rc0)
+        sch.vectorize(sch.get_loops(init)[-1])
+
+        # Step 6. The epilogue on the accumulator tile: vectorized along the columns.
+        sch.vectorize(x1)
+
+        # Step 7. The padded input per row band (all channels, the rows its windows read), in the band.
+        if info["pad"]:
+            pad = sch.get_sblock(info["pad"])
+            sch.compute_at(pad, band, preserve_unit_loops=True)
+            U.vectorize_inner(sch, pad, config["lanes"])

@@ -1,0 +1,121 @@
+"""Depthwise Conv2D (NCHW, groups == channels, any stride/dilation/padding) with its epilogue on CPUs.
+
+Matches, after folding elementwise blocks, one reduction block
+
+    conv[n, f, y, x] += data[n, f (+ rc), y*sh + ry*dh, x*sw + rx*dw] * W[f, rc, ry, rx]     (rc: extent 1)
+
+(the input channel follows the output channel; the reduction is over the window only), followed by at
+most one elementwise epilogue block reading ``conv`` at its own indices (folded BN shift, ReLU, residual).
+
+Schedule: parallel over (n, channel [, row band]); the channel's padded plane (the rows its windows read)
+is computed inside that loop, so it stays in L1/L2; the output is tiled into [oh_tile rows x ow_tile
+columns]; on each tile the window sum is accumulated in registers (the window loops unrolled, one
+broadcast weight and one input vector per step, vectorized along the columns) and the epilogue runs on
+the accumulator before it is stored.  The full-size conv result is never materialized.
+"""
+from __future__ import annotations
+
+from ... import _compat as C
+from ...target import cpu_info
+from ..base import Knob, KnobSpace, Match, Template
+from . import common as U
+from .conv2d import find_conv, row_tiles
+
+OH_TILES = (1, 2, 4)              # output rows per register tile
+UNROLL = (0, 1, 2)                # window loops unrolled: none, kw, kh and kw
+PARALLEL_DEPTH = (1, 2)           # 1: parallel over (n, channel); 2: also over row bands
+# Fewer parallel iterations than this many per core leave cores idle on the tail: add the row bands.
+MIN_PARALLEL_PER_CORE = 4
+
+
+def _ceil_div(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+class DepthwiseConv2DEpilogue(Template):
+    family = "cpu.depthwise_conv2d_epilogue"
+    target_kinds = ("llvm",)
+
+    # ------------------------------------------------------------------ match
+    def match(self, func: C.PrimFunc, target: C.Target) -> Match | None:
+        info = find_conv(func, depthwise=True)
+        return None if info is None else Match(self.family, info)
+
+    # ------------------------------------------------------------------ knobs
+    def space(self, match: Match, target: C.Target) -> KnobSpace:
+        i = match.info
+        lanes = cpu_info(target).float32_lanes
+        return KnobSpace((
+            Knob("ow_tile", row_tiles(i["OW"], lanes), "output columns per register tile (vectorized)"),
+            Knob("lanes", (lanes,), "float32 lanes per vector (the target's vector width)"),
+            Knob("oh_tile", U.choices_upto(OH_TILES, i["OH"]), "output rows per register tile"),
+            Knob("unroll", UNROLL, "window loops unrolled (0 none, 1 kw, 2 kh+kw)"),
+            Knob("parallel_depth", PARALLEL_DEPTH, "outer loops fused into the parallel loop"),
+        ))
+
+    def default_config(self, match: Match, target: C.Target) -> dict:
+        info = cpu_info(target)
+        regs = U.Registers.for_bits(info.vector_bits).count
+        ch = {k.name: k.choices for k in self.space(match, target).knobs}
+        i = match.info
+        lanes = info.float32_lanes
+
+        # register tile: rows x vectors of accumulators, half the registers (the rest: inputs, weights);
+        # rows of whole vectors first (partial vectors are legalized into narrow pieces), then tiles
+        # that divide the plane (a tail tile is predicated)
+        def score(oh, ow):
+            acc = oh * _ceil_div(ow, lanes)
+            fits = 2 * acc <= regs
+            whole = ow % lanes == 0 or ow == i["OW"]
+            return (fits, whole, i["OH"] % oh == 0, acc, ow)
+
+        oh, ow = max(((a, b) for a in ch["oh_tile"] for b in ch["ow_tile"]), key=lambda t: score(*t))
+        planes = i["N"] * i["F"]
+        depth = 1 if planes >= MIN_PARALLEL_PER_CORE * info.cores else 2
+        return {"ow_tile": ow, "lanes": lanes, "oh_tile": oh, "unroll": max(ch["unroll"]),
+                "parallel_depth": depth}
+
+    # ------------------------------------------------------------------ apply
+    def apply(self, sch: C.Schedule, match: Match, config: dict) -> None:
+        info = match.info
+        oh_t = config["oh_tile"]
+        ow_t = config["ow_tile"]
+
+        # Step 1. Fold the elementwise chain into one epilogue block; the padding block stays.
+        U.inline_elementwise(sch, keep=frozenset({info["pad"]} if info["pad"] else ()))
+        conv = sch.get_sblock(info["reduction"])
+
+        # Step 2. Without an epilogue, accumulate into a cache block and write back from it.
+        epi = sch.cache_write(conv, 0, "global") if info["epilogue"] is None else sch.get_sblock(info["epilogue"])
+
+        # Step 3. Tile the epilogue: (n, channel [, row band]) parallel, then (rows x columns) tiles.
+        n, f, y, x = sch.get_loops(epi)
+        y0, y1 = sch.split(y, factors=[None, oh_t])
+        x0, x1 = sch.split(x, factors=[None, ow_t])
+        sch.reorder(n, f, y0, x0, y1, x1)
+        plane = sch.fuse(n, f, y0) if config["parallel_depth"] > 1 else sch.fuse(n, f)
+        sch.parallel(plane)
+
+        # Step 4. The window sum on each tile, in an accumulator tile (registers).
+        sch.compute_at(conv, x0, preserve_unit_loops=True)
+        c_n, c_f, c_y, c_x, rc, ry, rx = sch.get_loops(conv)[-7:]
+        sch.reorder(rc, ry, rx, c_n, c_f, c_y, c_x)
+        sch.vectorize(c_x)
+        for loop in (c_y, c_f, c_n):
+            sch.unroll(loop)
+        for loop in (rx, ry)[:config["unroll"]]:
+            sch.unroll(loop)
+        sch.set_scope(conv, 0, "local")
+
+        # Step 5. Initialize the accumulator before the window loops, vectorized.
+        init = sch.decompose_reduction(conv, rc)
+        sch.vectorize(sch.get_loops(init)[-1])
+
+        # Step 6. The epilogue on the accumulator tile, vectorized along the columns.
+        sch.vectorize(x1)
+
+        # Step 7. The channel's padded plane (rows of this band) inside the parallel loop.
+        if info["pad"]:
+            pad = sch.get_sblock(info["pad"])
+            sch.compute_at(pad, plane, preserve_unit_loops=True)
+            U.vectorize_inner(sch, pad, config["lanes"])
