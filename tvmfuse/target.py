@@ -137,9 +137,24 @@ def cpu_info(target: C.Target) -> CPUInfo:
 
 
 def configure_threads(num_threads: int | None = None) -> int:
-    """Size TVM's runtime thread pool: the user's choice, else TVM_NUM_THREADS, else physical cores."""
+    """Size TVM's runtime thread pool: the user's choice, else TVM_NUM_THREADS, else physical cores.
+
+    TVM creates its pool once per process, on first use, with ``TVM_NUM_THREADS`` workers or else half
+    the logical CPUs on x86 (it assumes hyper-threading: a 2-vCPU VM gets 1 worker), and
+    ``runtime.config_threadpool`` can only choose up to that many.  So the pool size is put in the
+    environment before the first call creates the pool.  Returns the number of threads TVM now uses.
+    """
+    env = os.environ.get("TVM_NUM_THREADS")
     if num_threads is None:
-        env = os.environ.get("TVM_NUM_THREADS")
         num_threads = int(env) if env else physical_cores()
+    if not env:
+        os.environ["TVM_NUM_THREADS"] = str(max(int(num_threads), physical_cores()))
     C.set_runtime_threads(num_threads)
-    return num_threads
+    used = C.runtime_threads()
+    if used != num_threads:
+        import logging
+
+        logging.getLogger("tvmfuse").warning(
+            "TVM runtime uses %d threads, not %d: its pool was created before tvmfuse sized it "
+            "(set TVM_NUM_THREADS before the first TVM call)", used, num_threads)
+    return used

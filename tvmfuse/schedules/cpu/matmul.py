@@ -126,6 +126,86 @@ def _epilogue_of(sch: C.Schedule, block, c_buffer: str):
     return consumers[0]
 
 
+def pick_register_tile(m: int, n: int, lanes: int, regs: int, mr_choices, nvec_choices) -> tuple[int, int]:
+    """(mr, nvec): the most accumulators that leave room for the B vectors and one broadcast of A,
+    preferring tiles that divide the problem (no tail iterations)."""
+
+    def score(mr, nv):
+        acc = mr * nv
+        fits = acc + nv + 1 <= regs
+        divides = (m % mr == 0) + (n % (nv * lanes) == 0)
+        return (fits, acc + DIVIDES_BONUS * divides, nv)
+
+    return max(((a, b) for a in mr_choices for b in nvec_choices), key=lambda t: score(*t))
+
+
+def pick_macro_tiles(k: int, mr: int, nr: int, l2_bytes: int, mc_choices, nc_choices) -> tuple[int, int]:
+    """(mc_tiles, nc_tiles): the A block (mc x K) and the B panel (K x nc) each take at most half of L2."""
+    half_l2 = l2_bytes // 2
+    mc_want = max(1, half_l2 // max(1, k * 4 * mr))
+    nc_want = max(1, half_l2 // max(1, k * 4 * nr))
+    mc_tiles = max([c for c in mc_choices if c <= mc_want] or [min(mc_choices)])
+    nc_tiles = max([c for c in nc_choices if c <= nc_want] or [min(nc_choices)])
+    return mc_tiles, nc_tiles
+
+
+def compute_on_register_tile(sch: C.Schedule, red, at_loop, lanes: int, k_unroll: int) -> None:
+    """Move the matmul block ``red`` under ``at_loop`` (the loop over register tiles of its consumer):
+    C shrinks to an mr x nr accumulator; k outermost, then the tile rows (unrolled) and the vectors of
+    a row (unrolled, vector lanes); the accumulator is initialized before the k loop, vectorized."""
+    sch.compute_at(red, at_loop, preserve_unit_loops=True)
+    r_loops = sch.get_loops(red)
+    ri, rj, rk = r_loops[-3], r_loops[-2], r_loops[-1]
+    k0, k1 = sch.split(rk, factors=[None, k_unroll])
+    jo, jv = sch.split(rj, factors=[None, lanes])
+    sch.reorder(k0, k1, ri, jo, jv)
+    sch.vectorize(jv)
+    sch.unroll(jo)
+    sch.unroll(ri)
+    if k_unroll > 1:
+        sch.unroll(k1)
+    init = sch.decompose_reduction(red, k0)
+    sch.vectorize(sch.get_loops(init)[-1])
+
+
+def is_contraction(sch: C.Schedule, block) -> bool:
+    """Whether a reduction block multiplies two different tensors indexed by its reduced axes (a matmul
+    or a conv: ``acc + f(A[.., k]) * g(B[.., k])``), as opposed to a row reduction such as sum(x * x)."""
+    blk = sch.get(block)
+    store = blk.body
+    if not isinstance(store, C.BufferStore):
+        return False
+    rvars = {str(iv.var.name) for iv in blk.iter_vars if int(iv.iter_type) == U.REDUCE}
+    if not rvars:
+        return False
+
+    def reduced_loads(expr) -> set:
+        out = set()
+
+        def visit(node):
+            if isinstance(node, C.TensorLoad) and not node.source.same_as(store.buffer):
+                used = set()
+                for idx in node.indices:
+                    C.post_order_visit(idx, lambda v: used.add(str(v.name)) if isinstance(v, C.tirx.Var)
+                                       else None)
+                if used & rvars:
+                    out.add(str(node.source.name))
+
+        C.post_order_visit(expr, visit)
+        return out
+
+    found = []
+
+    def visit_mul(node):
+        if isinstance(node, C.Mul):
+            a, b = reduced_loads(node.a), reduced_loads(node.b)
+            if a and b and not (a & b):
+                found.append(node)
+
+    C.post_order_visit(store.value, visit_mul)
+    return bool(found)
+
+
 class MatmulEpilogue(Template):
     family = "cpu.matmul_epilogue"
     target_kinds = ("llvm",)
@@ -180,22 +260,9 @@ class MatmulEpilogue(Template):
         m, n, k = match.info["M"], match.info["N"], match.info["K"]
         lanes = info.float32_lanes
 
-        # register tile: most accumulators that leave room for the B vectors and one broadcast of A,
-        # preferring tiles that divide the problem (no tail iterations)
-        def score(mr, nv):
-            acc = mr * nv
-            fits = acc + nv + 1 <= regs
-            divides = (m % mr == 0) + (n % (nv * lanes) == 0)
-            return (fits, acc + DIVIDES_BONUS * divides, nv)
-
-        mr, nvec = max(((a, b) for a in ch["mr"] for b in ch["nvec"]), key=lambda t: score(*t))
+        mr, nvec = pick_register_tile(m, n, lanes, regs, ch["mr"], ch["nvec"])
         nr = nvec * lanes
-        # macro tile: the A block (mc x K) and the B panel (K x nc) each take at most half of L2
-        half_l2 = info.l2_bytes // 2
-        mc_want = max(1, half_l2 // max(1, k * 4 * mr))
-        nc_want = max(1, half_l2 // max(1, k * 4 * nr))
-        mc_tiles = max([c for c in ch["mc_tiles"] if c <= mc_want] or [min(ch["mc_tiles"])])
-        nc_tiles = max([c for c in ch["nc_tiles"] if c <= nc_want] or [min(ch["nc_tiles"])])
+        mc_tiles, nc_tiles = pick_macro_tiles(k, mr, nr, info.l2_bytes, ch["mc_tiles"], ch["nc_tiles"])
         n_macro_j = -(-n // (nr * nc_tiles))
         n_macro_i = -(-m // (mr * mc_tiles))
         batch = 1
@@ -241,21 +308,8 @@ class MatmulEpilogue(Template):
         pack_at = par if j0_fused else j0
 
         # Step 4. Compute the matmul on each register tile: C shrinks to an mr x nr accumulator.
-        sch.compute_at(red, j1, preserve_unit_loops=True)
-        r_loops = sch.get_loops(red)
-        ri, rj, rk = r_loops[-3], r_loops[-2], r_loops[-1]
-        k0, k1 = sch.split(rk, factors=[None, config["k_unroll"]])
-        jo, jv = sch.split(rj, factors=[None, lanes])
-        sch.reorder(k0, k1, ri, jo, jv)
-        sch.vectorize(jv)
-        sch.unroll(jo)
-        sch.unroll(ri)
-        if config["k_unroll"] > 1:
-            sch.unroll(k1)
-
         # Step 5. Initialize the accumulator before the k loop, vectorized.
-        init = sch.decompose_reduction(red, k0)
-        sch.vectorize(sch.get_loops(init)[-1])
+        compute_on_register_tile(sch, red, j1, lanes, config["k_unroll"])
 
         # Step 6. The epilogue on the register tile: vectorized along j.
         e_jo, e_jv = sch.split(j2, factors=[None, lanes])

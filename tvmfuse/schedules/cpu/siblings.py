@@ -1,0 +1,180 @@
+"""Sibling matmuls in one PrimFunc on CPUs: Q/K/V projections, SwiGLU's gate/up, several heads of one input.
+
+Matches, after folding elementwise blocks, two or more matmul reduction blocks (``C_s += A[.., i, k] *
+B_s[.., k, j]``, each recognized by ``matmul.analyze_matmul``) with the same rows (the same M and batch)
+grouped into *chains*: a chain ends in one output block, either an elementwise epilogue that reads each of
+its matmuls at its own indices (bias, activation; SwiGLU's ``silu(gate) * up`` reads two), or a matmul
+that is itself an output (Q, K, V).  Every matmul belongs to exactly one chain.
+
+Schedule: each chain is tiled like ``MatmulEpilogue`` (macro tiles ``mc x nc``, register tiles
+``mr x nr``, its matmuls computed on the register tile so that no C of full size is left and the epilogue
+runs on the accumulators).  The chains' outer row loops (batch and the row block ``i0``) are then merged
+into one parallel loop: one block of rows of the shared input ``A`` (``mc x K``) is loaded into cache once
+and used by every sibling before the next row block is touched.
+"""
+from __future__ import annotations
+
+from ... import _compat as C
+from ...target import cpu_info
+from ..base import Knob, KnobSpace, Match, Template
+from . import common as U
+from .matmul import (K_UNROLL, MC_TILES, MR_CHOICES, NC_TILES, NVEC_CHOICES, _epilogue_of, analyze_matmul,
+                     compute_on_register_tile, pick_macro_tiles, pick_register_tile)
+
+SHARE_ROWS = (True, False)       # merge the siblings' row-block loops (one A row block for all of them)
+# Row blocks per core the default aims for when it sizes mc (load balance of the parallel row loop).
+ROW_BLOCKS_PER_CORE = 2
+
+
+def _chains(sch: C.Schedule, reductions: list) -> list[tuple[str | None, list[str]]] | None:
+    """[(output block or None, [matmul names])]: None as the output means the matmul is the output."""
+    outputs = U.output_names(sch)
+    by_anchor: dict[str, list[str]] = {}
+    chains: list[tuple[str | None, list[str]]] = []
+    for red, info in reductions:
+        name = U.block_name(sch, red)
+        epi = _epilogue_of(sch, red, info["c_buffer"])
+        if epi is None:
+            return None
+        if epi == "none":
+            if name not in outputs:
+                return None
+            chains.append((None, [name]))
+            continue
+        if name in outputs:
+            return None          # C is both an output and read by an epilogue: it cannot shrink to a tile
+        epi_name = U.block_name(sch, epi)
+        if epi_name not in outputs or sch.get_consumers(epi):
+            return None
+        if epi_name not in by_anchor:
+            by_anchor[epi_name] = []
+            chains.append((epi_name, by_anchor[epi_name]))
+        by_anchor[epi_name].append(name)
+    return chains
+
+
+class SiblingMatmuls(Template):
+    family = "cpu.sibling_matmuls"
+    target_kinds = ("llvm",)
+
+    # ------------------------------------------------------------------ match
+    def match(self, func: C.PrimFunc, target: C.Target) -> Match | None:
+        sch = C.Schedule(func)
+        left = U.inline_elementwise(sch)
+        blocks = [sch.get_sblock(n) for n in left]
+        non_spatial = [b for b in blocks if not U.is_spatial(sch, b)]
+        if len(non_spatial) < 2:
+            return None
+        reductions = []
+        for b in non_spatial:
+            if not U.is_reduction(sch, b):
+                return None
+            info = analyze_matmul(sch, b)
+            if info is None:
+                return None
+            reductions.append((b, info))
+        first = reductions[0][1]
+        if any(r["M"] != first["M"] or r["batch"] != first["batch"] for _, r in reductions):
+            return None
+        chains = _chains(sch, reductions)
+        if chains is None:
+            return None
+        infos = {U.block_name(sch, b): r for b, r in reductions}
+        for anchor, reds in chains:
+            if len({infos[r]["N"] for r in reds}) != 1:
+                return None
+            if anchor is not None and len(U.loop_extents(sch, sch.get_sblock(anchor))) != len(first["batch"]) + 2:
+                return None
+        in_chain = {a for a, _ in chains if a is not None} | set(infos)
+        others = [n for n in left if n not in in_chain]
+        if any(not U.is_spatial(sch, sch.get_sblock(n)) for n in others):
+            return None
+        return Match(self.family, {
+            "M": first["M"], "batch": first["batch"],
+            "N": max(r["N"] for r in infos.values()), "K": max(r["K"] for r in infos.values()),
+            "chains": [[a, list(r)] for a, r in chains], "others": others,
+            "inputs": sorted({r["a_buffer"] for r in infos.values()}),
+        })
+
+    # ------------------------------------------------------------------ knobs
+    def space(self, match: Match, target: C.Target) -> KnobSpace:
+        m, n, k = match.info["M"], match.info["N"], match.info["K"]
+        lanes = cpu_info(target).float32_lanes
+        return KnobSpace((
+            Knob("mr", U.choices_upto(MR_CHOICES, m), "rows of the register tile"),
+            Knob("nvec", U.choices_upto(NVEC_CHOICES, max(1, -(-n // lanes))), "vectors per register-tile row"),
+            Knob("lanes", (lanes,), "float32 lanes per vector (the target's vector width)"),
+            Knob("mc_tiles", U.choices_upto(MC_TILES, max(1, m)), "register tiles per row block (shared A)"),
+            Knob("nc_tiles", U.choices_upto(NC_TILES, max(1, -(-n // lanes))), "register tiles per macro tile along j"),
+            Knob("k_unroll", U.choices_upto(K_UNROLL, k), "unroll of the reduction loop"),
+            Knob("share_rows", SHARE_ROWS if len(match.info["chains"]) > 1 else (False,),
+                 "merge the siblings' row-block loops: A's row block is loaded once for all of them"),
+        ))
+
+    def default_config(self, match: Match, target: C.Target) -> dict:
+        info = cpu_info(target)
+        regs = U.Registers.for_bits(info.vector_bits).count
+        ch = {kb.name: kb.choices for kb in self.space(match, target).knobs}
+        m, n, k = match.info["M"], match.info["N"], match.info["K"]
+        lanes = info.float32_lanes
+        mr, nvec = pick_register_tile(m, n, lanes, regs, ch["mr"], ch["nvec"])
+        nr = nvec * lanes
+        mc_tiles, nc_tiles = pick_macro_tiles(k, mr, nr, info.l2_bytes, ch["mc_tiles"], ch["nc_tiles"])
+        # the row-block loop is the parallel one: keep enough row blocks for every core
+        batch = 1
+        for b in match.info["batch"]:
+            batch *= b
+        want_blocks = ROW_BLOCKS_PER_CORE * info.cores
+        while mc_tiles > min(ch["mc_tiles"]) and batch * -(-m // (mr * mc_tiles)) < want_blocks:
+            mc_tiles = max(c for c in ch["mc_tiles"] if c < mc_tiles)
+        return {"mr": mr, "nvec": nvec, "lanes": lanes, "mc_tiles": mc_tiles, "nc_tiles": nc_tiles,
+                "k_unroll": U.nearest_choice(ch["k_unroll"], 4 if k % 4 == 0 else 1),
+                "share_rows": True in ch["share_rows"]}
+
+    # ------------------------------------------------------------------ apply
+    def apply(self, sch: C.Schedule, match: Match, config: dict) -> None:
+        info = match.info
+        mr, lanes = config["mr"], config["lanes"]
+        nr = config["nvec"] * lanes
+        nbatch = len(info["batch"])
+
+        # Step 1. Fold the elementwise chains into their epilogue blocks (same folding as match()).
+        U.inline_elementwise(sch)
+
+        tops, tiles = [], []
+        for anchor, reds in info["chains"]:
+            # Step 2. A matmul that is an output accumulates into a cache block written back from it.
+            if anchor is None:
+                epi = sch.cache_write(sch.get_sblock(reds[0]), 0, "global")
+            else:
+                epi = sch.get_sblock(anchor)
+
+            # Step 3. Tile the chain's output: [batch, row block i0], j0, i1, j1, register tile (i2, j2).
+            loops = sch.get_loops(epi)
+            b_loops, i_loop, j_loop = loops[:nbatch], loops[nbatch], loops[nbatch + 1]
+            i0, i1, i2 = sch.split(i_loop, factors=[None, config["mc_tiles"], mr])
+            j0, j1, j2 = sch.split(j_loop, factors=[None, config["nc_tiles"], nr])
+            sch.reorder(*b_loops, i0, j0, i1, j1, i2, j2)
+            tops.append(sch.fuse(*b_loops, i0) if b_loops else i0)
+            tiles.append((reds, j1, j2))
+
+        # Step 4. One parallel row-block loop for all siblings (A's row block shared), or one each.
+        # (Before the matmuls move in: `parallel` needs complete blocks, not split-off inits.)
+        if config["share_rows"] and len(tops) > 1:
+            sch.parallel(sch.merge(*tops))
+        else:
+            for top in tops:
+                sch.parallel(top)
+
+        for reds, j1, j2 in tiles:
+            # Step 5. Every matmul of the chain on the register tile (accumulators, init vectorized).
+            for red in reds:
+                compute_on_register_tile(sch, sch.get_sblock(red), j1, lanes, config["k_unroll"])
+
+            # Step 6. The epilogue (or write-back) on the register tile, vectorized along j.
+            _, e_jv = sch.split(j2, factors=[None, lanes])
+            sch.vectorize(e_jv)
+
+        # Step 7. Leftover elementwise producers: fused, parallel, vectorized on their own.
+        for name in info["others"]:
+            U.schedule_injective(sch, sch.get_sblock(name), lanes)
