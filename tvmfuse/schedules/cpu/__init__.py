@@ -8,13 +8,11 @@ from .elementwise import Elementwise
 from .matmul import MatmulEpilogue
 from .reduction import RowReduction
 from .siblings import SiblingMatmuls
-from .siblings import SiblingMatmuls
 
 TEMPLATES: list = [
     Conv2DEpilogue(),             # before RowReduction: a conv is also a trailing reduction
     DepthwiseConv2DEpilogue(),
     MatmulEpilogue(),
-    SiblingMatmuls(),             # several matmuls of one input: before RowReduction
     SiblingMatmuls(),             # several matmuls of one input: before RowReduction
     RowReduction(),
     Elementwise(),
