@@ -28,10 +28,13 @@ from . import common as U
 
 OC_TILES = (1, 2, 3, 4, 6, 8, 12, 16)     # output channels of the register tile (broadcast weights)
 MAX_OW_VECTORS = 4                        # widest register-tile row, in vectors
-OH_TILES = (1, 2, 4)                      # output rows of the register tile
+OH_TILES = (1, 2, 3, 4)                   # output rows of the register tile
 IC_TILES = (1, 2, 4)                      # input channels per innermost (unrolled) reduction step
 UNROLL = (0, 1, 2)                        # reduction loops unrolled: none, kw, kh and kw
 PARALLEL_DEPTH = (1, 2)                   # 1: parallel over (n, row band); 2: also over channel blocks
+# Measured slowdown of a register-tile row wider than a vector that is not a multiple of it (56x56:
+# 14 or 28 columns ran 4x slower than 8; 28x28: 14 ran 2x slower than 7).
+SPLIT_ROW_PENALTY = 4
 # Fewer parallel iterations than this many per core leave cores idle on the tail: add the channel blocks.
 MIN_PARALLEL_PER_CORE = 4
 
@@ -179,16 +182,19 @@ class Conv2DEpilogue(Template):
         i = match.info
         lanes = info.float32_lanes
 
-        # register tile: most accumulators that leave room for one input vector and the broadcast
-        # weights (oh_tile rows share them); rows of whole vectors first (a partial vector is legalized
-        # into narrow pieces, 4x slower measured), then tiles that divide the channels and rows (a tail
-        # tile is predicated)
+        # register tile: accumulators that leave room for the broadcast weights and one input vector;
+        # then tiles that divide the channels and rows (a tail tile is predicated); then the fewest
+        # loads per useful FMA: each reduction step broadcasts oc_tile weights (shared by the rows) and
+        # loads oh_tile x vectors inputs (shared by the channels) -- oc 4 x oh 2 ran 1.4x faster than
+        # oc 8 x oh 1 at the same accumulator count; a row wider than a vector that is not a multiple
+        # of it is split into narrow pieces by LLVM (SPLIT_ROW_PENALTY)
         def score(oc, ow, oh):
             nv = _ceil_div(ow, lanes)
             acc = oc * nv * oh
-            fits = acc + min(oc * oh, nv) + 1 <= regs
-            whole = ow % lanes == 0 or ow == i["OW"]
-            return (fits, whole, i["F"] % oc == 0 and i["OH"] % oh == 0, acc, ow, -oh)
+            fits = acc + min(oc, oh * nv) + 1 <= regs
+            split = SPLIT_ROW_PENALTY if ow > lanes and ow % lanes else 1
+            cost = (oc + oh * nv) * split / (oc * oh * ow)
+            return (fits, i["F"] % oc == 0 and i["OH"] % oh == 0, -cost, acc, -oh)
 
         oc, ow, oh = max(((a, b, c) for a in ch["oc_tile"] for b in ch["ow_tile"] for c in ch["oh_tile"]),
                          key=lambda t: score(*t))

@@ -19,7 +19,7 @@ from ... import _compat as C
 from ...target import cpu_info
 from ..base import Knob, KnobSpace, Match, Template
 from . import common as U
-from .conv2d import find_conv, row_tiles
+from .conv2d import SPLIT_ROW_PENALTY, find_conv, row_tiles
 
 OH_TILES = (1, 2, 4)              # output rows per register tile
 UNROLL = (0, 1, 2)                # window loops unrolled: none, kw, kh and kw
@@ -61,13 +61,15 @@ class DepthwiseConv2DEpilogue(Template):
         lanes = info.float32_lanes
 
         # register tile: rows x vectors of accumulators, half the registers (the rest: inputs, weights);
-        # rows of whole vectors first (partial vectors are legalized into narrow pieces), then tiles
-        # that divide the plane (a tail tile is predicated)
+        # tiles that divide the plane first (a tail tile is predicated), then the fewest wasted lanes
+        # (a row wider than a vector that is not a multiple of it is split by LLVM: SPLIT_ROW_PENALTY),
+        # then the most accumulators (independent FMA chains)
         def score(oh, ow):
-            acc = oh * _ceil_div(ow, lanes)
+            nv = _ceil_div(ow, lanes)
+            acc = oh * nv
             fits = 2 * acc <= regs
-            whole = ow % lanes == 0 or ow == i["OW"]
-            return (fits, whole, i["OH"] % oh == 0, acc, ow)
+            split = SPLIT_ROW_PENALTY if ow > lanes and ow % lanes else 1
+            return (fits, i["OH"] % oh == 0, -split * nv * lanes / ow, acc)
 
         oh, ow = max(((a, b) for a in ch["oh_tile"] for b in ch["ow_tile"]), key=lambda t: score(*t))
         planes = i["N"] * i["F"]
