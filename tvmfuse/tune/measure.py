@@ -257,6 +257,12 @@ class TaskFiles:
     inputs: str
     reference: list[np.ndarray] = field(default_factory=list)
     reference_source: str = ""
+    reference_costs: list | None = None
+    reference_error: dict | None = None
+
+
+def _task_key(task) -> str:
+    return f"{task.workload_key}.{task.family}"
 
 
 class Measurer:
@@ -292,9 +298,10 @@ class Measurer:
     # ------------------------------------------------------------------ tasks
     def register(self, task, inputs: list[np.ndarray] | None = None) -> TaskFiles:
         """Write the task's PrimFunc and inputs for the workers (enough to featurize its configs)."""
-        if task.workload_key in self._files:
-            return self._files[task.workload_key]
-        d = self.work_dir / task.workload_key
+        key = _task_key(task)
+        if key in self._files:
+            return self._files[key]
+        d = self.work_dir / key
         d.mkdir(exist_ok=True)
         func_path = d / "func.json"
         func_path.write_text(C.save_json(task.func))
@@ -303,29 +310,29 @@ class Measurer:
         np.savez(inputs_path, **{f"arg{i}": a for i, a in enumerate(arrays)})
         spec = {"func": str(func_path), "template": template_ref(task.template), "target": str(self.target)}
         tf = TaskFiles(spec, str(inputs_path))
-        self._files[task.workload_key] = tf
+        self._files[key] = tf
         return tf
 
     def prepare(self, task, inputs: list[np.ndarray] | None = None) -> TaskFiles:
         """Register the task and compute its reference outputs: the default schedule's (else, if that
         fails, the unscheduled PrimFunc's); ``task.reference_costs`` gets the default's costs."""
         tf = self.register(task, inputs)
-        if tf.reference_source:
-            return tf
-        for source, config in (("default", task.default_config), ("unscheduled", None)):
-            res, outs = self._measure(tf, [config], compare=False)[0]
-            if res.ok:
-                tf.reference, tf.reference_source = outs, source
-                task.reference_costs = res.costs if source == "default" else None
-                task.reference_error = None
-                break
-            log.warning("%s: %s reference failed (%s: %s)", task.name, source, res.error["kind"],
-                        res.error["message"])
-            if source == "default":
-                task.reference_error = res.error
-        else:
-            raise RuntimeError(f"{task.name}: neither the default schedule nor the unscheduled PrimFunc "
-                               f"builds and runs; cannot check candidates")
+        if not tf.reference_source:
+            for source, config in (("default", task.default_config), ("unscheduled", None)):
+                res, outs = self._measure(tf, [config], compare=False)[0]
+                if res.ok:
+                    tf.reference, tf.reference_source = outs, source
+                    if source == "default":
+                        tf.reference_costs = res.costs
+                    break
+                log.warning("%s: %s reference failed (%s: %s)", task.name, source, res.error["kind"],
+                            res.error["message"])
+                if source == "default":
+                    tf.reference_error = res.error
+            else:
+                raise RuntimeError(f"{task.name}: neither the default schedule nor the unscheduled PrimFunc "
+                                   f"builds and runs; cannot check candidates")
+        task.reference_costs, task.reference_error = tf.reference_costs, tf.reference_error
         return tf
 
     def _paths(self, tf: TaskFiles) -> tuple[str, str]:
@@ -379,7 +386,7 @@ class Measurer:
 
     def measure(self, task, configs: list[dict]) -> list[Result]:
         """Build and run ``configs`` of a prepared task; one Result (costs or error) per config."""
-        tf = self._files[task.workload_key]
+        tf = self._files[_task_key(task)]
         return [r for r, _ in self._measure(tf, configs)]
 
     def features(self, task, configs: list[dict]) -> list[dict]:
@@ -387,7 +394,7 @@ class Measurer:
 
         Configs are split over the build workers; a chunk whose worker crashes or hangs is retried one
         config at a time, so that only the culprit gets the crash/timeout."""
-        tf = self._files[task.workload_key]
+        tf = self._files[_task_key(task)]
         if not configs:
             return []
         n = self.builders.n

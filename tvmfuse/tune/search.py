@@ -79,8 +79,10 @@ class TuneResult:
 class Tuner:
     def __init__(self, tasks: list[Task], target, log_path, options: TuneOptions,
                  measure_options: MeasureOptions | None = None, progress=None,
-                 inputs: dict | None = None):
+                 inputs: dict | None = None, templates=None, measurer: Measurer | None = None):
         self.tasks = tasks
+        self.measurer = measurer            # a caller's measurer (worker pools kept across jobs), else own
+        self.templates = templates          # None: the target's templates (warm start looks them up)
         self.target = target
         self.log_path = Path(log_path)
         self.options = options
@@ -135,7 +137,8 @@ class Tuner:
             if wk not in workloads or len(recs) < 2:
                 continue
             func = C.load_json(workloads[wk]["func"])
-            task = task_for(func, self.target, workloads[wk].get("workload", {}).get("name", wk))
+            task = task_for(func, self.target, workloads[wk].get("workload", {}).get("name", wk),
+                            templates=self.templates)
             if task is None or task.family != recs[0]["template"]:
                 continue
             measurer.register(task)
@@ -222,7 +225,7 @@ class Tuner:
         done = sum(len(s.measured) for s in states)
         resumed = done
         curve: list[tuple[int, float]] = []
-        measurer = Measurer(self.target, self.measure_options)
+        measurer = self.measurer or Measurer(self.target, self.measure_options)
         writer = LogWriter(self.log_path)
         try:
             for s in states:
@@ -270,7 +273,8 @@ class Tuner:
                     self.model.fit(samples)
         finally:
             writer.close()
-            measurer.close()
+            if measurer is not self.measurer:
+                measurer.close()
         return self._result(states, done - resumed, done, t_start, curve)
 
     def _record(self, writer, st: TaskState, config, costs, error, device) -> None:
@@ -325,7 +329,8 @@ def tune(model, target=None, *, trials: int, log_path, tracker: str | None = Non
     mo = measure_options or MeasureOptions()
     if tracker:
         mo = replace(mo, tracker=tracker, key=key)
-    return Tuner(tasks, target, log_path, TuneOptions(trials=trials, **tune_options), mo, progress).run()
+    return Tuner(tasks, target, log_path, TuneOptions(trials=trials, **tune_options), mo, progress,
+                 templates=templates).run()
 
 
 def dumps_result(result: TuneResult) -> str:
