@@ -10,9 +10,9 @@ from .reduction import RowReduction
 from .siblings import SiblingMatmuls
 
 TEMPLATES: list = [
+    MatmulEpilogue(),
     Conv2DEpilogue(),             # before RowReduction: a conv is also a trailing reduction
     DepthwiseConv2DEpilogue(),
-    MatmulEpilogue(),
     SiblingMatmuls(),             # several matmuls of one input: before RowReduction
     RowReduction(),
     Elementwise(),
