@@ -139,8 +139,45 @@ def nearest_choice(choices, want):
     return min(choices, key=lambda c: (abs(c - want), c))
 
 
+# Calls TVM's LLVM backend cannot lower on vectors ("unknown intrinsic tirx.cosh": conformance
+# node/test_cosh); blocks using them stay scalar. Shifts: see has_shift.
+
+
+def _calls(expr, out: set) -> set:
+    op = getattr(expr, "op", None)
+    if op is not None and hasattr(op, "name"):
+        out.add(str(op.name))
+    for attr in ("a", "b", "value", "condition", "true_value", "false_value"):
+        child = getattr(expr, attr, None)
+        if child is not None and not isinstance(child, (int, float, str)) and hasattr(child, "ty"):
+            _calls(child, out)
+    for arg in getattr(expr, "args", ()) or ():
+        _calls(arg, out)
+    return out
+
+
+def has_shift(sch: C.Schedule, block) -> bool:
+    """Integer shifts: LLVM leaves a shift by >= the bit width undefined, and any loop transformation
+    changes what it yields (TVM's plain loop happens to give the 0 ONNX expects). Not scheduled."""
+    value = store_value(sch, block)
+    if value is None:
+        return False
+    return bool(_calls(value, set()) & {"tirx.shift_left", "tirx.shift_right"}) or "<<" in str(value) \
+        or ">>" in str(value)
+
+
+def vectorizable(sch: C.Schedule, block) -> bool:
+    """Whether the block's stored value may be computed on vectors (not cosh/sinh, not shifts)."""
+    value = store_value(sch, block)
+    if value is None:
+        return True
+    return not (_calls(value, set()) & {"tirx.cosh", "tirx.sinh"}) and not has_shift(sch, block)
+
+
 def vectorize_inner(sch: C.Schedule, block, lanes: int) -> None:
     """Split the innermost loop of ``block`` by ``lanes`` and vectorize the inner part."""
+    if not vectorizable(sch, block):
+        return
     loops = sch.get_loops(block)
     inner = loops[-1]
     ext = sch.get(inner).extent
@@ -157,14 +194,17 @@ def schedule_injective(sch: C.Schedule, block, lanes: int, unroll: int = 1, para
     loops = sch.get_loops(block)
     if not loops:
         return
+    if not vectorizable(sch, block):
+        lanes = 1
     fused = sch.fuse(*loops) if len(loops) > 1 else loops[0]
     total = sch.get(fused).extent
     total = int(total) if isinstance(total, C.tirx.IntImm) else -1
-    if 0 < total <= lanes:
+    if 0 < total <= lanes and lanes > 1:
         sch.vectorize(fused)
         return
     outer, mid, vec = sch.split(fused, factors=[None, unroll, lanes])
-    sch.vectorize(vec)
+    if lanes > 1:
+        sch.vectorize(vec)
     if unroll > 1:
         sch.unroll(mid)
     if parallel and (total < 0 or total // (unroll * lanes) >= min_parallel):
