@@ -13,6 +13,7 @@ from ... import _compat as C
 from ...target import cpu_info
 from ..base import Knob, KnobSpace, Match, Template
 from . import common as U
+from .matmul import is_contraction
 
 RF_VECTORS = (1, 2, 4)           # partial-sum vectors per reduction (independent FMA chains)
 UNROLL = (1, 2, 4)               # unroll of the vectorized elementwise passes
@@ -81,6 +82,9 @@ class RowReduction(Template):
         blocks = [sch.get_sblock(n) for n in left]
         reductions = [U.block_name(sch, b) for b in blocks if U.is_reduction(sch, b)]
         if not reductions or any(not (U.is_spatial(sch, b) or U.is_reduction(sch, b)) for b in blocks):
+            return None
+        # a matmul or conv is a trailing reduction too, but row by row it would run as scalar dot products
+        if any(is_contraction(sch, sch.get_sblock(n)) for n in reductions):
             return None
         nrow = _row_axes(sch, left)
         if nrow is None:
