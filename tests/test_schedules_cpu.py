@@ -160,3 +160,20 @@ def test_no_template_for_opaque_kernel_is_recorded(host):
                 b[vi] = a[vi] + T.if_then_else(vi > T.int64(0), b[vi - T.int64(1)], T.float32(0))
 
     assert schedule_prim_func(scan, host, {}, "scan") is None
+
+
+def test_runtime_uses_the_configured_threads():
+    """configure_threads(n) really gives TVM n threads (TVM sizes its pool once, on first use, from
+    TVM_NUM_THREADS or half the logical CPUs on x86: a 2-vCPU VM got 1 thread whatever was asked)."""
+    import os
+    import subprocess
+    import sys
+
+    from tvmfuse.target import physical_cores
+
+    want = physical_cores()
+    code = ("from tvmfuse.target import configure_threads; from tvmfuse import _compat as C; "
+            f"print(configure_threads({want}), C.runtime_threads())")
+    env = {k: v for k, v in os.environ.items() if k not in ("TVM_NUM_THREADS", "OMP_NUM_THREADS")}
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+    assert out.stdout.split()[-2:] == [str(want), str(want)], out.stdout + out.stderr
