@@ -19,6 +19,45 @@ RF_VECTORS = (1, 2, 4)           # partial-sum vectors per reduction (independen
 UNROLL = (1, 2, 4)               # unroll of the vectorized elementwise passes
 # Below this many rows per core the row loop is not worth a parallel fork.
 MIN_ROWS_PER_CORE = 2
+# Calls that cost tens of vector instructions each (after tvmfuse.fastmath): a block computing one of them
+# and read by a reduction and another consumer (softmax's exp, read by the sum and by the division) is
+# computed once into a row buffer instead of being recomputed in each consumer.
+EXPENSIVE_CALLS = ("exp", "erf", "tanh", "sigmoid", "log")
+
+
+def _expensive(sch: C.Schedule, block) -> bool:
+    value = U.store_value(sch, block)
+    if value is None:
+        return False
+    found = []
+
+    def visit(node):
+        if isinstance(node, C.Call) and hasattr(node.op, "name") and \
+                str(node.op.name).rsplit(".", 1)[-1] in EXPENSIVE_CALLS:
+            found.append(node)
+
+    C.post_order_visit(value, visit)
+    return bool(found)
+
+
+def _shared_expensive(sch: C.Schedule) -> frozenset:
+    """Names of spatial, non-output blocks with an expensive call that a reduction and at least one other
+    block read: they stay as blocks (a row buffer each) so that the call runs once per element."""
+    outputs = U.output_names(sch)
+    keep = set()
+    for b in U.top_blocks(sch):
+        name = U.block_name(sch, b)
+        if name in outputs or not U.is_spatial(sch, b):
+            continue
+        consumers = list(sch.get_consumers(b))
+        if len(consumers) >= 2 and any(U.is_reduction(sch, c) for c in consumers) and _expensive(sch, b):
+            keep.add(name)
+    return frozenset(keep)
+
+
+def _fold(sch: C.Schedule) -> list[str]:
+    """The folding every step of this template uses: elementwise blocks inlined, shared expensive kept."""
+    return U.inline_elementwise(sch, keep=_shared_expensive(sch))
 
 
 def _leading_spatial(kinds: str) -> int:
@@ -55,7 +94,7 @@ def _row_axes(sch: C.Schedule, names: list[str]) -> int | None:
 def _rfactor_ok(func: C.PrimFunc, name: str, nrow: int, lanes: int) -> bool:
     """Whether TVM's rfactor accepts this reduction (its reducer must be a known commutative one)."""
     sch = C.Schedule(func)
-    U.inline_elementwise(sch)
+    _fold(sch)
     try:
         _rfactor(sch, sch.get_sblock(name), nrow, lanes)
     except C.ScheduleError:
@@ -78,7 +117,7 @@ class RowReduction(Template):
 
     def match(self, func: C.PrimFunc, target: C.Target) -> Match | None:
         sch = C.Schedule(func)
-        left = U.inline_elementwise(sch)
+        left = _fold(sch)
         blocks = [sch.get_sblock(n) for n in left]
         reductions = [U.block_name(sch, b) for b in blocks if U.is_reduction(sch, b)]
         if not reductions or any(not (U.is_spatial(sch, b) or U.is_reduction(sch, b)) for b in blocks):
@@ -129,8 +168,9 @@ class RowReduction(Template):
         lanes, nrow = config["lanes"], info["row_axes"]
         width = lanes * config["rf_vectors"]
 
-        # Step 1. Fold the elementwise blocks (the same folding as match()).
-        U.inline_elementwise(sch)
+        # Step 1. Fold the elementwise blocks (the same folding as match()); an expensive block read by a
+        # reduction and by another block stays, computed once per element into a row buffer (Step 3).
+        _fold(sch)
 
         # Step 2. Vector partial sums: rfactor each reduction over `width` lanes.
         rf_blocks = []
