@@ -1,12 +1,16 @@
 """``tvmfuse explain MODEL.onnx``: the fusion groups formed and, per refused pair, why.
 
 Runs the graph stage only (pre-legalize rewrites, legalization, grouping, FuseTIR); nothing is built, so it is
-quick on big models and shows the decisions of the rules, not of the schedules.
+quick on big models and shows the decisions of the rules, not of the schedules.  Like ``tvmfuse.compile``,
+a failure inside TVM's FuseTIR leaves the module unfused and is listed as a refusal (not a traceback).
 """
 from __future__ import annotations
 
 import json
 from dataclasses import replace
+
+LEGEND = ("ops are named op(relax var of its result); a refusal names the producer -> consumer pair "
+          "(or two siblings reading one tensor), the rule that considered it, and why it did not fuse")
 
 
 def explain(model, target=None, **option_overrides) -> dict:
@@ -14,36 +18,45 @@ def explain(model, target=None, **option_overrides) -> dict:
     from . import _compat as C
     from .explain import Recorder
     from .frontend import load_onnx, read_model
-    from .pipeline import (PipelineOptions, fuse_tir_passes, grouping_passes, legalize_passes,
-                           pre_legalize_passes)
+    from .pipeline import PipelineOptions, fusion_passes, grouping_passes, guarded, legalize_passes, \
+        pre_legalize_passes
     from .report import fused_groups, graph_stats
     from .target import parse_target
 
     tgt = parse_target(target)
     options = replace(PipelineOptions(), **option_overrides)
     mod = model if isinstance(model, C.IRModule) else load_onnx(read_model(model))
-    with tgt, Recorder() as rec:
+    with tgt:
         unfused = C.Sequential(legalize_passes(tgt), name="tvmfuse.explain.unfused")(mod)
-        grouped = C.Sequential(pre_legalize_passes(tgt, options) + legalize_passes(tgt)
-                               + grouping_passes(tgt, options), name="tvmfuse.explain.grouping")(mod)
-        fused = C.Sequential(fuse_tir_passes(tgt, options), name="tvmfuse.explain.fuse_tir")(grouped)
-    groups = fused_groups(grouped)
-    after = graph_stats(fused).kernels
-    return {"target": str(tgt.kind.name), "kernels_unfused": graph_stats(unfused).kernels,
-            "kernels_fused": after, "groups": groups, "refused": list(rec.refused)}
+        with Recorder() as rec:
+            legal = C.Sequential(pre_legalize_passes(tgt, options) + legalize_passes(tgt),
+                                 name="tvmfuse.explain.pre_fusion")(mod)
+            fused = C.Sequential(fusion_passes(tgt, options), name="tvmfuse.explain.fusion")(legal)
+        module_failed = any(r["producer"] == "<module>" for r in rec.refused)
+        # the grouping alone, outside the recorder (its refusals are already recorded), to list the groups
+        groups = [] if module_failed else fused_groups(guarded(grouping_passes(tgt, options), "grouping")(legal))
+    mcpu = str(tgt.attrs["mcpu"]) if "mcpu" in tgt.attrs else ""
+    return {"target": str(tgt.kind.name) + (f" ({mcpu})" if mcpu else ""),
+            "kernels_unfused": graph_stats(unfused).kernels, "kernels_fused": graph_stats(fused).kernels,
+            "groups": groups, "refused": list(rec.refused)}
 
 
 def format_explain(name: str, d: dict) -> str:
     rows = [f"tvmfuse explain: {name}  [{d['target']}]",
-            f"kernels: {d['kernels_unfused']} unfused -> {d['kernels_fused']} with tvmfuse's groups"]
-    rows.append(f"groups formed ({len(d['groups'])}):")
+            f"kernels: {d['kernels_unfused']} unfused (one per op) -> {d['kernels_fused']} with tvmfuse's groups",
+            f"({LEGEND})",
+            f"groups formed ({len(d['groups'])}):"]
     for g in d["groups"]:
         outs = f", {g['outputs']} outputs" if g.get("outputs", 1) > 1 else ""
         rows.append(f"  {g['kernel']}: {' + '.join(g['ops'])}  [{g['rule']}{outs}]")
+    if not d["groups"]:
+        rows.append("  (none)")
     rows.append(f"refused fusions ({len(d['refused'])}):")
     for r in d["refused"]:
-        rule = f" [{r['rule']}]" if r.get("rule") else ""
+        rule = f" [{r['rule']}]" if r.get("rule") else " [no rule]"
         rows.append(f"  {r['producer']} -> {r['consumer']}{rule}: {r['reason']}")
+    if not d["refused"]:
+        rows.append("  (none)")
     return "\n".join(rows)
 
 
@@ -51,7 +64,10 @@ def cmd_explain(args) -> int:
     import os
 
     d = explain(args.model, target=args.target)
-    print(json.dumps(d, indent=2) if args.json else format_explain(os.path.basename(args.model), d))
+    if args.json:
+        print(json.dumps({"model": args.model, **d}, indent=2))
+    else:
+        print(format_explain(os.path.basename(args.model), d))
     return 0
 
 

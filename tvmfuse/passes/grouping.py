@@ -189,6 +189,13 @@ def _first_rule(kind: str, a: R.NodeInfo, b: R.NodeInfo) -> R.Rule | None:
     return None
 
 
+def _no_rule_reason(producer: R.NodeInfo, consumer: R.NodeInfo) -> str:
+    why = f"no rule fuses a producer of kind {producer.kind} into a consumer of kind {consumer.kind}"
+    if consumer.kind == R.CONTRACTION:
+        why += " (a matmul/conv kernel takes elementwise ops after it, not before)"
+    return why
+
+
 def partition(g: _BlockGraph) -> list[tuple[str, str, str, str]]:
     """Form the groups of one block; returns the refusals (producer, consumer, reason, rule)."""
     pending: list[tuple[int, int, str, str]] = []
@@ -208,7 +215,7 @@ def partition(g: _BlockGraph) -> list[tuple[str, str, str, str]]:
                 continue
             rule = _first_rule("edge", g.info[p], g.info[i])
             if rule is None:
-                pending.append((p, i, f"no rule fuses {g.info[p].kind} into {g.info[i].kind}", ""))
+                pending.append((p, i, _no_rule_reason(g.info[p], g.info[i]), ""))
                 continue
             reason = g.decide(p, i)
             if reason is None:

@@ -1,0 +1,134 @@
+"""``tvmfuse explain MODEL.onnx [--json]`` as a user runs it (a fresh ``python -m tvmfuse`` process): the groups
+formed, each refused pair with its reason, and one ``tvmfuse: error:`` line for bad input."""
+import json
+import subprocess
+import sys
+
+import numpy as np
+import onnx
+import pytest
+
+import tvmfuse
+from tvmfuse import models as M
+
+AX = np.array([-1], np.int64)
+
+
+def _cli(*args):
+    return subprocess.run([sys.executable, "-m", "tvmfuse", "explain", *args], capture_output=True, text=True,
+                          timeout=300)
+
+
+def _save(tmp_path, model, name):
+    p = tmp_path / f"{name}.onnx"
+    onnx.save(model, p)
+    return str(p)
+
+
+def _explain_json(path):
+    r = _cli(path, "--json")
+    assert r.returncode == 0, r.stderr
+    return json.loads(r.stdout)
+
+
+def _cycle_model():
+    # a = relu(x); m = a @ W; y = a + m: relu and add cannot share a kernel (the matmul sits between them)
+    g = M._G("cycle")
+    x = g.input("x", (8, 8))
+    a = g.op("Relu", x)
+    g.op("Add", a, g.op("MatMul", a, g.weight((8, 8))))
+    g.rename_last("y", (8, 8))
+    return g.model()
+
+
+def test_lists_groups_and_every_refusal_with_its_reason(tmp_path):
+    path = _save(tmp_path, M.matmul_bias_gelu(m=8, k=16, n=24), "mlp")
+    r = _cli(path)
+    assert r.returncode == 0, r.stderr
+    lines = r.stdout.splitlines()
+    assert lines[0] == f"tvmfuse explain: mlp.onnx  [{json.loads(_cli(path, '--json').stdout)['target']}]"
+    assert "kernels: 7 unfused (one per op) -> 1 with tvmfuse's groups" in lines
+    i = lines.index("groups formed (1):")
+    group = lines[i + 1]
+    assert group.startswith("  fused_matmul_add") and "matmul + add + multiply + erf" in group
+    assert "[contraction_epilogue" in group
+    assert "refused fusions (0):" in lines and lines[-1] == "  (none)"
+    # the JSON holds the same facts, and the kernel count is what tvmfuse.compile builds
+    d = _explain_json(path)
+    assert d["model"] == path and d["refused"] == []
+    assert [(g["kernel"], g["outputs"]) for g in d["groups"]] == [(group.split(":")[0].strip(), 1)]
+    # x / sqrt(2) became x * (1 / sqrt(2)) (peephole) before grouping
+    assert d["groups"][0]["ops"] == ["matmul", "add", "multiply", "erf", "add", "multiply", "multiply"]
+    assert d["kernels_fused"] == tvmfuse.compile(M.matmul_bias_gelu(m=8, k=16, n=24)).kernel_count == 1
+
+
+def test_cycle_through_an_outside_consumer_is_refused_with_its_reason(tmp_path):
+    path = _save(tmp_path, _cycle_model(), "cycle")
+    r = _cli(path)
+    assert r.returncode == 0, r.stderr
+    # the text names the pair, the rule that considered it and the op that would close the cycle
+    refusal = [ln for ln in r.stdout.splitlines() if "[elementwise_chain]" in ln]
+    assert len(refusal) == 1, r.stdout
+    assert refusal[0].startswith("  relu(") and " -> add(" in refusal[0]
+    assert "illegal: the path through matmul(" in refusal[0] and "leaves the group and comes back" in refusal[0]
+    assert "fused_matmul_add: matmul + add  [contraction_epilogue]" in r.stdout
+    # relu before the matmul: no rule fuses a producer into a contraction, and the output says why
+    assert "[no rule]: no rule fuses a producer of kind elemwise into a consumer of kind contraction" in r.stdout
+    d = _explain_json(path)
+    cyc = [x for x in d["refused"] if x["rule"] == "elementwise_chain"]
+    assert len(cyc) == 1 and "leaves the group and comes back" in cyc[0]["reason"]
+    assert (d["kernels_unfused"], d["kernels_fused"]) == (3, 2)
+
+
+def test_symbolic_shape_op_is_refused_with_its_reason(tmp_path):
+    g = M._G("dyn")
+    x = g.input("x", ("n", 8))
+    g.op("Sigmoid", g.op("Relu", x))
+    g.rename_last("y", ("n", 8))
+    d = _explain_json(_save(tmp_path, g.model(), "dyn"))
+    assert d["groups"] == [] and d["kernels_fused"] == d["kernels_unfused"] == 2
+    assert len(d["refused"]) == 1
+    ref = d["refused"][0]
+    assert ref["producer"].startswith("relu(") and ref["consumer"].startswith("tir_sigmoid(")
+    assert "symbolic or unknown shape" in ref["reason"]
+    r = _cli(_save(tmp_path, g.model(), "dyn"))
+    assert "groups formed (0):\n  (none)" in r.stdout
+    assert "is opaque: symbolic or unknown shape" in r.stdout
+
+
+def test_unprofitable_pair_is_refused_with_its_reason(tmp_path):
+    # mean(x @ W + b): the row reduction cannot live in the tiled matmul kernel
+    g = M._G("mm_mean")
+    x = g.input("x", (8, 16))
+    g.op("ReduceMean", M._matmul_bias(g, x, 16, 8), g.const(AX), keepdims=1)
+    g.rename_last("y", (8, 1))
+    d = _explain_json(_save(tmp_path, g.model(), "mm_mean"))
+    r = [x for x in d["refused"] if x["rule"] == "reduction_prologue"]
+    assert r and r[0]["reason"].startswith("not profitable: a row reduction")
+    assert r[0]["consumer"].startswith("mean(")
+
+
+def test_missing_file_is_one_error_line_and_exit_2(tmp_path):
+    missing = str(tmp_path / "nope.onnx")
+    for args in ((missing,), (missing, "--json")):
+        r = _cli(*args)
+        assert r.returncode == 2
+        assert r.stdout == ""
+        assert r.stderr.splitlines() == [f"tvmfuse: error: model file not found: {missing}"]
+
+
+def test_malformed_file_is_one_error_line_and_exit_2(tmp_path):
+    bad = tmp_path / "garbage.onnx"
+    bad.write_bytes(b"\x08\x07not a protobuf at all\xff\xff")
+    r = _cli(str(bad))
+    assert r.returncode == 2 and r.stdout == ""
+    lines = r.stderr.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("tvmfuse: error: ") and "garbage.onnx" in lines[0]
+    assert "Traceback" not in r.stderr
+
+
+@pytest.mark.parametrize("args", [(), ("a.onnx", "--bogus")])
+def test_usage_errors_exit_2(args):
+    r = _cli(*args)
+    assert r.returncode == 2 and r.stdout == "" and "Traceback" not in r.stderr
+    assert r.stderr.splitlines()[-1].startswith(("tvmfuse: error: ", "tvmfuse explain: error: "))
