@@ -1,22 +1,92 @@
-"""CUDA: multi-output sibling kernels (Q/K/V projections of one input, several heads' outputs): a
-PrimFunc whose outputs come from independent chains that only share function inputs.
+"""CUDA: several MatMul anchors of one shape in one kernel, sharing one load of their common input:
+Q/K/V projections of one X (independent outputs), SwiGLU's gate and up projections of one X joined
+by one ``silu(gate) * up`` epilogue, and matmul siblings next to independent elementwise outputs.
 
-Matches when every chain (connected component of the block graph) is a matmul + epilogue of the same
-shape, or an elementwise group.  Each matmul sibling gets the matmul template's tiling with one shared
-config (the siblings have one shape, so one tuned config serves all); each elementwise sibling gets the
-elementwise template's flatten + vectorize.  Each sibling is its own launch inside the one PrimFunc
-(one Relax call); the shared input is read once per sibling, from L2 after the first.
+One thread block computes the same ``(threads_m*micro_m) x (threads_n*micro_n)`` output tile of every
+anchor: the anchors are tiled alike and their block, thread and ``k``-step loops merged into one loop
+nest.  Per ``k`` step, an operand buffer that several anchors read the same way (X of Q/K/V: same
+buffer, same roles of its indices) is staged ONCE in shared memory and every anchor's inner product reads
+that one tile; the other operands (the weights) get a shared stage each.  Each thread keeps one
+``micro_m x micro_n`` register accumulator per anchor; an epilogue of one anchor (bias add) and an
+epilogue joining several (gate * up) both run on those registers before the only global store.
+
+Matches a PrimFunc whose reductions are all matmul contractions of one (batch, m, n, k), whose other
+blocks are spatial, with two or more anchors or with independent elementwise outputs beside them.  The
+single-anchor kernel is the matmul template's.
 """
 from __future__ import annotations
 
 from ... import _compat as C
-from ..base import KnobSpace, Match, Template
-from ._common import bind_elementwise, block_graph, inline_glue
+from ..base import Knob, KnobSpace, Match, Template
+from ._common import (arch_of, bind_elementwise, block_graph, buffer_loads, inline_glue, nearest)
 from .elementwise import VECTOR_LANES
-from .matmul import CudaMatmul
+from .matmul import TILE_K, VEC, matmul_anchor
 
-_MATMUL = CudaMatmul()
+THREADS = (4, 8, 16)     # per output-tile axis: at most 256 threads, so every thread may hold 255 registers
+MICRO = (1, 2, 4)        # per anchor a micro_m x micro_n accumulator: 3 anchors x 16 = 48 registers at most
 EW_THREADS = 256
+F32 = 4
+
+
+def _roles_of(block, loads) -> list[tuple]:
+    """Per operand load of a contraction: (buffer, index roles): each index the position of the block
+    iter var it is (a plain var), "c" for a constant, None for anything else (a reshaped index)."""
+    ivs = [iv.var for iv in block.iter_vars]
+    out = []
+    for ld in loads:
+        roles = []
+        for e in ld.indices:
+            if isinstance(e, C.Var):
+                pos = [p for p, v in enumerate(ivs) if v.same_as(e)]
+                roles.append(pos[0] if pos else None)
+            elif isinstance(e, C.IntImm):
+                roles.append("c")
+            else:
+                roles.append(None)
+        out.append((ld.source, tuple(roles), tuple(int(d) for d in C.tensor_shape(ld.source))))
+    return out
+
+
+def operand_stages(sch: C.Schedule, anchors: list[str]) -> list[dict]:
+    """The shared-memory stages of the anchors' operands, as (buffer, consumers, footprint roles).
+
+    An operand buffer read by several anchors with the same index roles gets one stage that all of them
+    read; any other operand read gets a stage of its own.  Call after the glue has been inlined."""
+    stages: list[dict] = []
+    for name in anchors:
+        blk = sch.get(sch.get_sblock(name))
+        out = blk.body.buffer
+        loads = [ld for ld in buffer_loads(blk.body.value) if not ld.source.same_as(out)]
+        seen = []
+        for src, roles, shape in _roles_of(blk, loads):
+            if any(src.same_as(s) for s in seen):
+                continue                         # the same buffer twice in one anchor: one stage
+            seen.append(src)
+            shareable = None not in roles
+            for st in stages:
+                if shareable and st["roles"] == roles and st["buffer"].same_as(src):
+                    st["consumers"].append(name)
+                    break
+            else:
+                stages.append({"buffer": src, "roles": roles, "shape": shape, "consumers": [name]})
+    return stages
+
+
+def stage_floats(stage: dict, ndim: int, tile_m: int, tile_n: int, tile_k: int) -> int:
+    """Elements of one stage's shared tile for one k step: i -> tile_m, j -> tile_n, k -> tile_k,
+    batch / constant -> 1, an index that is not a plain var -> the whole dimension (an upper bound)."""
+    i, j, k = ndim - 3, ndim - 2, ndim - 1
+    n = 1
+    for role, dim in zip(stage["roles"], stage["shape"]):
+        if role is None:
+            n *= dim
+        elif role == i:
+            n *= min(dim, tile_m)
+        elif role == j:
+            n *= min(dim, tile_n)
+        elif role == k:
+            n *= min(dim, tile_k)
+    return n
 
 
 class CudaSiblings(Template):
@@ -27,50 +97,175 @@ class CudaSiblings(Template):
         g = block_graph(func)
         if g is None:
             return None
-        comps = g.components()
-        if len(comps) < 2:
+        reds = [b for b in g.blocks if not b.is_spatial]
+        if not reds or any(not b.is_reduction for b in reds):
             return None
-        parts, shape = [], None
-        for names in comps:
+        roles = [matmul_anchor(b) for b in reds]
+        if any(r is None for r in roles):
+            return None
+        keys = {(r["batch"], r["batch_size"], r["m"], r["n"], r["k"]) for r in roles}
+        if len(keys) != 1:
+            return None                            # one tile must fit every anchor
+        anchor_names = {b.name for b in reds}
+        matmul_blocks, ew_parts = [], []
+        for names in g.components():
             blocks = [g.by_name(n) for n in names]
             if not any(b.is_output for b in blocks):
                 return None                        # dead chain: not a sibling
-            if all(b.is_spatial for b in blocks):
-                outs = [b for b in blocks if b.is_output]
-                lanes = max(v for v in VECTOR_LANES if all((b.extents[-1] if b.extents else 1) % v == 0
-                                                           for b in outs))
-                parts.append({"kind": "elementwise", "blocks": names,
-                              "outputs": [b.name for b in outs], "vec": lanes})
+            if anchor_names & set(names):
+                matmul_blocks += names
                 continue
-            m = _MATMUL.match_blocks(g, names)
-            if m is None:
-                return None
-            key = (m.info["batch_size"], m.info["m"], m.info["n"], m.info["k"])
-            if shape is not None and key != shape:
-                return None                        # one config must be legal for every sibling
-            shape = key
-            parts.append({"kind": "matmul", **m.info})
-        if shape is None:
-            return None                            # all elementwise: the elementwise template's case
-        return Match(self.family, {"parts": parts})
+            outs = [b for b in blocks if b.is_output]
+            lanes = max(v for v in VECTOR_LANES if all((b.extents[-1] if b.extents else 1) % v == 0
+                                                       for b in outs))
+            ew_parts.append({"blocks": names, "outputs": [b.name for b in outs], "vec": lanes})
+        if len(reds) < 2 and not ew_parts:
+            return None                            # one matmul alone: the matmul template's kernel
+        order = {b.name: i for i, b in enumerate(g.blocks)}
+        anchors = [b.name for b in reds]
+        # the operand stages as apply will make them (after the glue is inlined): the space's bound
+        sch = C.Schedule(func)
+        inline_glue(sch, sorted(matmul_blocks, key=order.get), keep=set(anchors))
+        stages = operand_stages(sch, anchors)
+        info = {"anchors": anchors, "matmul_blocks": sorted(matmul_blocks, key=order.get),
+                "elementwise": ew_parts, **roles[0],
+                "stage_roles": [list(s["roles"]) for s in stages], "stage_shapes": [list(s["shape"]) for s in stages],
+                "shared_stages": sum(len(s["consumers"]) > 1 for s in stages)}
+        m = Match(self.family, info)
+        if not self._tile_k_choices(m, target):
+            return None                            # not even the smallest tiles fit in shared memory
+        return m
 
-    def _first_matmul(self, match: Match) -> Match:
-        info = next(p for p in match.info["parts"] if p["kind"] == "matmul")
-        return Match(_MATMUL.family, {k: v for k, v in info.items() if k != "kind"})
+    # ----------------------------------------------------------------------------------- knob space
+    def _stage_bytes(self, info: dict, tile_m: int, tile_n: int, tile_k: int) -> int:
+        ndim = info["batch"] + 3
+        return F32 * sum(stage_floats({"roles": tuple(r), "shape": tuple(s)}, ndim, tile_m, tile_n, tile_k)
+                         for r, s in zip(info["stage_roles"], info["stage_shapes"]))
+
+    def _tile_k_choices(self, match: Match, target: C.Target) -> list[int]:
+        """Reduction depths whose stages fit the arch's shared memory at the widest tile of the space."""
+        info, arch = match.info, arch_of(target)
+        widest = max(THREADS) * max(MICRO)
+        tk = [t for t in TILE_K if info["k"] % t == 0] or [1]
+        return [t for t in tk if self._stage_bytes(info, widest, widest, t) <= arch.max_shared_bytes]
 
     def space(self, match: Match, target: C.Target) -> KnobSpace:
-        return _MATMUL.space(self._first_matmul(match), target)
+        info = match.info
+        m, n, k = info["m"], info["n"], info["k"]
+        tk = self._tile_k_choices(match, target)
+        vec = [v for v in VEC if v <= min(tk) and m % v == 0 and n % v == 0 and k % v == 0] or [1]
+        return KnobSpace((
+            Knob("threads_m", tuple(t for t in THREADS if t <= max(THREADS[0], m)), "threadIdx.y extent"),
+            Knob("threads_n", tuple(t for t in THREADS if t <= max(THREADS[0], n)), "threadIdx.x extent"),
+            Knob("micro_m", MICRO, "output rows per thread and anchor (register tile)"),
+            Knob("micro_n", MICRO, "output columns per thread and anchor (register tile)"),
+            Knob("tile_k", tuple(tk), "reduction depth staged in shared memory per step"),
+            Knob("vec", tuple(vec), "lanes of the cooperative global->shared loads"),
+        ))
 
     def default_config(self, match: Match, target: C.Target) -> dict:
-        return _MATMUL.default_config(self._first_matmul(match), target)
+        arch = arch_of(target)
+        sp = {k.name: k.choices for k in self.space(match, target).knobs}
+        m, n = match.info["m"], match.info["n"]
+        cfg = {"threads_m": nearest(sp["threads_m"], arch.mm_threads[0]),
+               "threads_n": nearest(sp["threads_n"], arch.mm_threads[1]),
+               "micro_m": nearest(sp["micro_m"], arch.mm_micro[0]),
+               "micro_n": nearest(sp["micro_n"], arch.mm_micro[1]),
+               "tile_k": nearest(sp["tile_k"], arch.mm_tile_k), "vec": nearest(sp["vec"], arch.mm_vec)}
+        # small outputs: shrink the register tile until there are enough blocks for the SMs
+        while True:
+            blocks = (-(-m // (cfg["threads_m"] * cfg["micro_m"]))) * (-(-n // (cfg["threads_n"] * cfg["micro_n"])))
+            if blocks * match.info["batch_size"] >= arch.sm_count or (cfg["micro_m"] == 1 and cfg["micro_n"] == 1):
+                break
+            axis = "micro_m" if cfg["micro_m"] >= cfg["micro_n"] else "micro_n"
+            cfg[axis] //= 2
+        return cfg
 
+    # ----------------------------------------------------------------------------------- schedule
     def apply(self, sch: C.Schedule, match: Match, config: dict) -> None:
-        for part in match.info["parts"]:
-            if part["kind"] == "matmul":
-                # Step 1. A matmul sibling: the matmul template's tiles, staging and epilogue.
-                _MATMUL.apply(sch, Match(_MATMUL.family, {k: v for k, v in part.items() if k != "kind"}),
-                              config)
+        info = match.info
+        tm, tn, um, un = config["threads_m"], config["threads_n"], config["micro_m"], config["micro_n"]
+        anchors = info["anchors"]
+        # Step 1. Inline the glue (operand transposes/reshapes into the anchors' reads, epilogue
+        #         arithmetic into as few blocks as possible).
+        left = inline_glue(sch, info["matmul_blocks"], keep=set(anchors))
+        epilogue = [n for n in left if n not in anchors]
+        feeds = _anchor_feeds(sch, epilogue, set(anchors))
+        # Step 2. Tile every anchor alike: (batch) x (by, ty, ui) x (bx, tx, uj), k -> (ko, ki).
+        nests = {}
+        for name in anchors:
+            mm = sch.get_sblock(name)
+            loops = sch.get_loops(mm)
+            nb = info["batch"]
+            batch = (sch.fuse(*loops[:nb]) if nb > 1 else loops[0]) if nb else sch.add_unit_loop(loops[0])
+            i, j, k = loops[nb], loops[nb + 1], loops[nb + 2]
+            by, ty, ui = sch.split(i, [None, tm, um], preserve_unit_iters=True)
+            bx, tx, uj = sch.split(j, [None, tn, un], preserve_unit_iters=True)
+            ko, ki = sch.split(k, [None, config["tile_k"]], preserve_unit_iters=True)
+            sch.reorder(batch, by, bx, ty, tx, ko, ki, ui, uj)
+            nests[name] = (batch, by, bx, ty, tx, ko)
+        # Step 3. Accumulators in registers.  An epilogue of one anchor (bias add) moves under that
+        #         anchor's thread loop now; an anchor without one gets a register -> global store there.
+        for name in anchors:
+            mm = sch.get_sblock(name)
+            own = [e for e in epilogue if feeds[e] == {name}]
+            if own:
+                for e in own:
+                    sch.reverse_compute_at(sch.get_sblock(e), nests[name][4], preserve_unit_loops=True)
+            elif not any(name in feeds[e] for e in epilogue):
+                store = sch.cache_write(mm, 0, "local")
+                sch.reverse_compute_at(store, nests[name][4], preserve_unit_loops=True)
+            if own or any(name in feeds[e] for e in epilogue):
+                sch.set_scope(mm, 0, "local")
+        # Step 4. Merge the anchors' nests level by level: one grid, one thread block computing the
+        #         same output tile of every anchor, one k loop.
+        if len(anchors) > 1:
+            batch, by, bx, ty, tx, ko = (sch.merge(*[nests[a][d] for a in anchors]) for d in range(6))
+        else:
+            batch, by, bx, ty, tx, ko = nests[anchors[0]]
+        sch.bind(batch, "blockIdx.z")
+        sch.bind(by, "blockIdx.y")
+        sch.bind(bx, "blockIdx.x")
+        sch.bind(ty, "threadIdx.y")
+        sch.bind(tx, "threadIdx.x")
+        # Step 5. An epilogue joining several anchors (silu(gate) * up) runs on their registers.
+        for e in epilogue:
+            if len(feeds[e]) > 1:
+                sch.reverse_compute_at(sch.get_sblock(e), tx, preserve_unit_loops=True)
+        # Step 6. Per k step, one shared tile per distinct operand: the common input (X) once, read
+        #         by every anchor; each anchor's own operand (its weights) beside it.
+        for st in operand_stages(sch, anchors):
+            consumers = [sch.get_sblock(n) for n in st["consumers"]]
+            first = sch.get(consumers[0])
+            idx = next(p for p, r in enumerate(first.reads) if C.region_tensor(r).same_as(st["buffer"]))
+            stage = sch.cache_read(consumers[0], idx, "shared", consumer_blocks=consumers)
+            sch.compute_at(stage, ko, preserve_unit_loops=True)
+            own = sch.get_loops(stage)[6:]
+            fused = sch.fuse(*own) if len(own) > 1 else own[0]
+            _, cty, ctx, cv = sch.split(fused, [None, tm, tn, config["vec"]], preserve_unit_iters=True)
+            sch.bind(cty, "threadIdx.y")
+            sch.bind(ctx, "threadIdx.x")
+            sch.vectorize(cv)
+        # Step 7. Initialize every accumulator before the merged k loop.
+        for name in anchors:
+            sch.decompose_reduction(sch.get_sblock(name), ko)
+        # Step 8. Independent elementwise outputs: inline their glue, flatten, vectorize.
+        for part in info["elementwise"]:
+            for name in inline_glue(sch, part["blocks"], keep=set(part["outputs"])):
+                bind_elementwise(sch, name, EW_THREADS, part["vec"])
+
+
+def _anchor_feeds(sch: C.Schedule, epilogue: list[str], anchors: set[str]) -> dict:
+    """For each epilogue block (program order), the anchors it reads, directly or through other
+    epilogue blocks."""
+    feeds: dict[str, set] = {}
+    for name in epilogue:
+        got = set()
+        for p in sch.get_producers(sch.get_sblock(name)):
+            pn = str(sch.get(p).name_hint)
+            if pn in anchors:
+                got.add(pn)
             else:
-                # Step 2. An elementwise sibling: inline its glue, flatten, vectorize.
-                for name in inline_glue(sch, part["blocks"], keep=set(part["outputs"])):
-                    bind_elementwise(sch, name, EW_THREADS, part["vec"])
+                got |= feeds.get(pn, set())
+        feeds[name] = got
+    return feeds
