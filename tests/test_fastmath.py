@@ -79,3 +79,45 @@ def test_pipeline_switch_removes_libm_calls(host):
     assert "erff" in asm(off)
     feeds = M.random_feeds(model)
     np.testing.assert_allclose(on.run(feeds)["y"], off.run(feeds)["y"], rtol=1e-5, atol=1e-5)
+
+
+def _vectorized_stores(func, target):
+    """(lanes of every store to B) after TVM's lowering up to and including VectorizeLoop."""
+    S = C.s_tir.transform
+    mod = tvm.IRModule({"main": func.with_attr("global_symbol", "main").with_attr("target", target)})
+    passes = [S.CanonicalizeLoop(), S.LowerInitBlock(), S.PlanAndUpdateBufferAllocationLocation(),
+              S.ConvertBlocksToOpaque(), S.CompactBufferAllocation(), S.LowerMatchBuffer(), S.StmtSimplify(),
+              S.LowerOpaqueBlock(), C.tirx.transform.FlattenBuffer(), C.tirx.transform.NarrowDataType(32),
+              C.tirx.transform.VectorizeLoop(True)]
+    with target:
+        mod = C.Sequential(passes)(mod)
+    lanes = []
+    C.post_order_visit(mod["main"].body, lambda s: lanes.append(int(s.value.ty.dtype.lanes))
+                       if isinstance(s, C.BufferStore) and str(s.buffer.name).startswith("B") else None)
+    return lanes
+
+
+@pytest.mark.parametrize("name", ["exp", "erf", "tanh", "sigmoid"])
+def test_rewritten_call_stays_vectorized_in_a_row_kernel(name, host):
+    """B[i, j] = f(A[i, j] - M[i]) with j split by 8 and vectorized: TVM's VectorizeLoop must keep the
+    rewritten body on vectors (an ``isnan`` test made it scalarize the loop: softmax ran one lane at a time)."""
+    a = te.placeholder((5, 64), "float32", name="A")
+    m = te.placeholder((5,), "float32", name="M")
+    b = te.compute((5, 64), lambda i, j: getattr(C.tirx, name)(a[i, j] - m[i]), name="B")
+    func, count = F.rewrite(te.create_prim_func([a, m, b]))
+    assert count == 1
+    sch = C.Schedule(func)
+    _, j = sch.get_loops(sch.get_sblock("B"))
+    _, v = sch.split(j, [None, 8])
+    sch.vectorize(v)
+    lanes = _vectorized_stores(sch.mod["main"], host)
+    assert lanes and all(n == 8 for n in lanes), f"{name}: stores of {lanes} lanes (scalarized loop)"
+    x = np.random.default_rng(0).standard_normal((5, 64)).astype("float32") * 4
+    x[1, 3], x[2, 5], x[3, 7] = np.nan, np.inf, -np.inf
+    mv = np.float32([0.5, -1, 2, 0, 3])
+    lib = tvm.compile(tvm.IRModule({"main": sch.mod["main"].with_attr("global_symbol", "main")}), target=host)
+    out = C.tensor(np.zeros_like(x))
+    lib["main"](C.tensor(x), C.tensor(mv), out)
+    with np.errstate(all="ignore"):
+        want = REFERENCE[name]((x - mv[:, None]).astype(np.float64))
+    np.testing.assert_allclose(out.numpy(), want, rtol=4e-7, atol=4e-7)
