@@ -30,7 +30,7 @@ A = 0.6 .. 6.5).
 
 Cost: ~0.4-0.5 s of CPU per graph (two graph stages, one build): 200 graphs took 131 s alone and 205 s
 with other jobs loading the 2 cores (load 7), so CI runs 150 (~100-150 s, the whole file under 3 minutes);
-``TVMFUSE_PROPERTY_EXAMPLES=N`` runs N instead (1300 graphs were checked this way while writing it).  Hypothesis keeps no database (``database=None``); a failure
+``TVMFUSE_PROPERTY_EXAMPLES=N`` runs N instead (about 1200 graphs were checked while writing it).  Hypothesis keeps no database (``database=None``); a failure
 prints the graph (one line per node, with shapes), the input seed and the groups, and a reproduce blob.
 """
 from __future__ import annotations
