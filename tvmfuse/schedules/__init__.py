@@ -87,6 +87,8 @@ def fallback_passes(target: C.Target) -> list:
                 log.warning("%s: dlight fallback failed (%s); left unscheduled", gv.name_hint, first)
                 record_schedule(str(gv.name_hint), "unscheduled", "fallback",
                                 reason=f"dlight fallback failed: {first}")
+        if updates:
+            mod = mod.clone()   # a pass returns a new module: the caller's stays unscheduled
         for gv, func in updates.items():
             mod[gv] = func
         return mod
@@ -119,6 +121,8 @@ def apply_schedules(target: C.Target, options) -> C.ir_transform.Pass:
                 continue
             updates[gv] = res.func.with_attr("tirx.is_scheduled", True)
             record_schedule(name, res.template, res.source, res.config)
+        if updates:
+            mod = mod.clone()   # a pass returns a new module: the caller's stays unscheduled
         for gv, func in updates.items():
             mod[gv] = func
         return mod
