@@ -187,3 +187,27 @@ def test_workload_record_lets_another_job_featurize(tmp_path, host, measurer):
 
     tuner._warm_start(measurer, tl, [TaskState(big)])
     assert len(tuner.warm) == 8 and {s.group for s in tuner.warm} == {small.workload_key}
+
+
+def test_progress_line_and_curve_png(tmp_path):
+    import io
+
+    from tvmfuse.tune.cli import ProgressBar, plot_curve
+
+    buf = io.StringIO()
+    bar = ProgressBar(buf)
+    bar({"event": "trial", "done": 1, "total": 4, "resumed": 0, "best_total": 2.5e-3, "elapsed": 3.0,
+         "eta": 9.0})
+    bar({"event": "trial", "done": 4, "total": 4, "resumed": 0, "best_total": 1.25e-3, "elapsed": 12.0,
+         "eta": 0.0})
+    lines = buf.getvalue().splitlines()
+    assert lines[0].startswith("[######..................] 1/4 trials | best 2.5 ms | 00:03 elapsed, 00:09 left")
+    assert "4/4 trials | best 1.25 ms" in lines[-1]
+    png = tmp_path / "curve.png"
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        assert plot_curve([(1, 2e-3), (4, 1e-3)], str(png)) is None
+        return
+    assert plot_curve([(1, 2e-3), (4, 1e-3)], str(png)) == str(png)
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

@@ -31,12 +31,12 @@ def test_kill_9_mid_job_then_resume(tmp_path, host):
     model = tmp_path / "chain.onnx"
     onnx.save(M.matmul_bias_act(32, 48, 64, act="Relu"), model)
     log_path = tmp_path / "tune.jsonl"
-    cmd = [sys.executable, "-m", "tvmfuse", "tune", str(model), "--trials", "14", "--batch", "3",
+    cmd = [sys.executable, "-m", "tvmfuse", "tune", str(model), "--trials", "10", "--batch", "2",
            "--log", str(log_path), "--plot", "none"]
     p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=ENV,
                          start_new_session=True)
     deadline = time.monotonic() + 120
-    while len(_measures(log_path)) < 5 and time.monotonic() < deadline and p.poll() is None:
+    while len(_measures(log_path)) < 4 and time.monotonic() < deadline and p.poll() is None:
         time.sleep(0.05)
     assert p.poll() is None, "the job ended before it could be killed: " + p.stdout.read().decode()[-2000:]
     os.kill(p.pid, signal.SIGKILL)
@@ -44,20 +44,20 @@ def test_kill_9_mid_job_then_resume(tmp_path, host):
     p.stdout.close()
     first = open(log_path, "rb").read()
     before = L.load(log_path, host, all_targets=True).measures
-    assert 5 <= len(before) < 14
+    assert 4 <= len(before) < 10
     out = subprocess.run(cmd, capture_output=True, text=True, env=ENV, timeout=180)
     assert out.returncode == 0, out.stdout + out.stderr
     after = open(log_path, "rb").read()
     assert after.startswith(first[: first.rfind(b"\n") + 1]), "records of the killed job are kept as they were"
     recs = L.load(log_path, host).measures
-    assert len(recs) == 14, f"{len(recs)} records"
+    assert len(recs) == 10, f"{len(recs)} records"
     ids = [(r["workload_key"], L.config_id(r["config"])) for r in recs]
     assert len(set(ids)) == len(ids), "no configuration measured twice"
-    assert f"{14 - len(before)} trials measured" in out.stdout, out.stdout
+    assert f"{10 - len(before)} trials measured" in out.stdout, out.stdout
     # the finished job rerun: nothing to do
     again = subprocess.run(cmd, capture_output=True, text=True, env=ENV, timeout=180)
     assert again.returncode == 0 and "0 trials measured" in again.stdout, again.stdout + again.stderr
-    assert len(L.load(log_path, host).measures) == 14
+    assert len(L.load(log_path, host).measures) == 10
     # the log applies: the pipeline's schedule record says "tuned" for the tuned kernel
     cm = tvmfuse.compile(str(model), tuning_log=str(log_path))
     tuned = [s for s in cm.report.schedules if s.get("source") == "tuned"]

@@ -287,3 +287,22 @@ def const_value(expr):
 def prim_func_params(func) -> list[tuple[list[int], str]]:
     """(shape, dtype) of each PrimFunc parameter (0.27: parameters are buffer vars, no buffer_map)."""
     return [([int(d) for d in p.shape], str(p.dtype)) for p in func.params]
+
+
+def ms_measure_callback_class(apply):
+    """A MetaSchedule measure callback calling ``apply(task_scheduler, task_id, candidates, builder_results,
+    runner_results)`` (benchmarks/bench_tuner.py notes MetaSchedule's progress with one)."""
+    from tvm.ir.utils import derived_object
+    from tvm.s_tir.meta_schedule.measure_callback import PyMeasureCallback
+
+    @derived_object
+    class _Callback(PyMeasureCallback):
+        def apply(self, task_scheduler, task_id, measure_candidates, builder_results, runner_results):
+            apply(task_scheduler, task_id, measure_candidates, builder_results, runner_results)
+
+    return _Callback()
+
+
+def import_tensor_intrin() -> None:
+    """What ``TuneContext()`` imports first (MetaSchedule's tensor intrinsics; slow: timed apart)."""
+    import tvm.s_tir.tensor_intrin  # noqa: F401

@@ -38,7 +38,7 @@ class TuneOptions:
     trials: int                          # measurements in all, over all tasks, including those in the log
     batch: int = 8                       # configurations measured per round
     epsilon: float = 0.25                # share of each batch drawn at random (at least one)
-    pool: int = 256                      # unmeasured candidates ranked per round (spaces larger than this)
+    refresh: int = 32                    # new candidates featurized per round (spaces larger than 4x this)
     seed: int = 0
     warm_start: bool = True              # train on the log's records of the same template families first
     transfer_logs: tuple = ()            # more logs to warm-start from (read only)
@@ -49,6 +49,7 @@ class TaskState:
     task: Task
     measured: dict = field(default_factory=dict)     # config_id -> record (this job and the log)
     features: dict = field(default_factory=dict)     # config_id -> program features | None (failed)
+    pool: dict = field(default_factory=dict)         # config_id -> unmeasured candidate config
     rounds: int = 0
     history: list = field(default_factory=list)      # best cost after each round
     exhausted: bool = False
@@ -150,26 +151,32 @@ class Tuner:
             log.info("warm start: %d records of %d other workloads", len(self.warm), len(by_wk))
 
     def _candidates(self, st: TaskState) -> list[dict]:
-        space, pool = st.task.space, self.options.pool
-        if space.size() <= pool:
+        """The task's candidate pool, topped up: a small space whole; a large one keeps its unmeasured
+        candidates from earlier rounds and gains the unmeasured neighbours of the best three so far and
+        random configurations, ``refresh`` new ones in all (each new one is featurized once)."""
+        space, refresh = st.task.space, self.options.refresh
+        for cid in [k for k in st.pool if k in st.measured]:
+            del st.pool[cid]
+        if space.size() <= 4 * refresh:
             return [c for c in space.all_configs() if config_id(c) not in st.measured]
-        seen, out = set(st.measured), []
+        new: list[dict] = []
 
-        def add(c):
+        def add(c) -> None:
             k = config_id(c)
-            if k not in seen:
-                seen.add(k)
-                out.append(c)
+            if k not in st.measured and k not in st.pool:
+                st.pool[k] = c
+                new.append(c)
 
         ranked = sorted((r for r in st.measured.values() if median_cost(r) is not None), key=median_cost)
-        for r in ranked[:8]:                       # local moves around the best so far
-            for n in space.neighbors(r["config"]):
-                add(n)
+        neighbours = [n for r in ranked[:3] for n in space.neighbors(r["config"])]
+        self.rng.shuffle(neighbours)
+        for n in neighbours[: refresh * 3 // 4]:    # local moves around the best so far
+            add(n)
         tries = 0
-        while len(out) < pool and tries < pool * 20:
+        while len(new) < refresh and tries < refresh * 20:
             add(space.sample(self.rng))
             tries += 1
-        return out
+        return list(st.pool.values())
 
     def _pick(self, st: TaskState, measurer: Measurer, n: int) -> list[dict]:
         cands = self._candidates(st)
