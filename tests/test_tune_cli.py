@@ -132,3 +132,20 @@ def test_tune_through_rpc_tracker_with_two_servers(tmp_path, host, rpc_fleet):
     # both servers took sessions (each logs the connections it serves)
     served = [open(p).read().count("load_module") for p in logs[1:]]
     assert all(n >= 1 for n in served), served
+
+
+def test_kernel_inputs_from_user_samples(host):
+    """--inputs: kernels are measured on the arguments they get when the model runs on the samples."""
+    import numpy as np
+
+    from tvmfuse.tune.tasks import extract_tasks, kernel_inputs_from_samples
+
+    model = M.matmul_bias_act(16, 24, 32, act="Relu")
+    tasks = extract_tasks(model, host)
+    feeds = {k: (np.random.default_rng(1).uniform(0, 1, v.shape)).astype(v.dtype)
+             for k, v in M.random_feeds(model).items()}
+    got = kernel_inputs_from_samples(model, host, feeds, tasks)
+    first = got[tasks[0].workload_key]
+    assert [list(a.shape) for a in first] == [p[0] for p in tasks[0].workload["params"]]
+    x = next(iter(feeds.values()))
+    assert any(a.shape == x.shape and np.array_equal(a, x) for a in first), "the sample reached the kernel"

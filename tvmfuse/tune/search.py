@@ -99,6 +99,8 @@ class Tuner:
         tot = 0.0
         for s in states:
             c, _ = s.best
+            if c is None and s.exhausted:
+                continue           # a task that could not be tuned (no reference): left out
             if c is None:
                 return None
             tot += s.task.weight * c
@@ -242,7 +244,12 @@ class Tuner:
                 self.progress({"event": "done", "done": done, "total": opts.trials, "resumed": resumed})
                 return self._result(states, 0, done, t_start, curve)
             for s in states:
-                measurer.prepare(s.task, self.inputs.get(s.task.workload_key))
+                try:
+                    measurer.prepare(s.task, self.inputs.get(s.task.workload_key))
+                except RuntimeError as e:   # no reference output: candidates cannot be checked
+                    log.warning("%s: not tuned: %s", s.task.name, e)
+                    s.exhausted = True
+            states_ok = [s for s in states if not s.exhausted]
             if opts.warm_start:
                 self._warm_start(measurer, tl, states)
             for s in states:
@@ -251,7 +258,7 @@ class Tuner:
             if self._samples(states):
                 self.model.fit(self._samples(states))
             # the default configuration was measured as the reference: log it as the first trial
-            for s in states:
+            for s in states_ok:
                 cid = config_id(s.task.default_config)
                 if done < opts.trials and cid not in s.measured:
                     self._record(writer, s, s.task.default_config, s.task.reference_costs,
