@@ -31,13 +31,19 @@ class CudaArch:
     red_threads: int               # threads cooperating on one row of a row reduction
     ew_threads: int                # threads per block of an elementwise kernel
     ew_vec: int                    # lanes of the elementwise loads/stores (4 x fp32 = 128-bit)
+    dw_threads: int = 128          # threads per block of a depthwise conv (pixels x channel planes)
+    dw_micro: int = 2              # output pixels per thread of a depthwise conv (weights reused over them)
 
 
 ARCHS = {
     # A100: 108 SMs, 48 KB static shared memory per block (164 KB with opt-in), 64K regs/SM
-    "sm_80": CudaArch("sm_80", 108, 1024, 48 * 1024, 128, (16, 16), (4, 4), 16, 4, 256, 256, 4),
+    "sm_80": CudaArch("sm_80", 108, 1024, 48 * 1024, 128, (16, 16), (4, 4), 16, 4, 256, 256, 4,
+                      dw_threads=128, dw_micro=2),
     # H100/H200: 132 SMs, 48 KB static (227 KB opt-in); more SMs: prefer smaller tiles for more blocks
-    "sm_90": CudaArch("sm_90", 132, 1024, 48 * 1024, 128, (16, 16), (4, 4), 32, 4, 256, 256, 4),
+    # depthwise: 4 pixels per thread on sm_90 (its higher DRAM bandwidth per SM makes the weight loads
+    # per output the cost to amortize); an unmeasured guess, as every default here until a GPU tunes it
+    "sm_90": CudaArch("sm_90", 132, 1024, 48 * 1024, 128, (16, 16), (4, 4), 32, 4, 256, 256, 4,
+                      dw_threads=128, dw_micro=4),
 }
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from ... import _compat as C
 from ..base import Knob, KnobSpace, Match, Template
+from .depthwise import depthwise_anchor
 from ._common import arch_of, block_graph, divisors_among, index_vars, inline_glue, multiply_accumulate, nearest
 
 THREADS_F = (4, 8, 16)          # threads along output channels
@@ -52,8 +53,8 @@ class CudaConv2d(Template):
         if len(reds) != 1 or not all(b.is_spatial for b in g.blocks if b is not reds[0]):
             return None
         roles = conv_anchor(g, reds[0])
-        if roles is None:
-            return None
+        if roles is None or depthwise_anchor(g, reds[0]) is not None:
+            return None                     # depthwise: the depthwise template's (no channel reduction)
         return Match(self.family, {"blocks": [b.name for b in g.blocks], "anchor": reds[0].name, **roles})
 
     def space(self, match: Match, target: C.Target) -> KnobSpace:

@@ -4,7 +4,9 @@ reduction of the chain through TVM's cross-thread allreduce (warp shuffles, then
 step across warps), the row's elementwise epilogue written by the same block.
 
 Matches a PrimFunc whose reductions all reduce the innermost axes of the same rows, whose other blocks
-are spatial, and which has one output (the sink) that every reduction feeds: one normalization chain.
+are spatial, and whose outputs all enumerate those rows, every reduction feeding one of them: a
+normalization chain (one output), or several outputs of the same rows (mean and variance, the variance
+reading the mean), written by the same block: their row loops are merged into one.
 """
 from __future__ import annotations
 
@@ -46,27 +48,31 @@ class CudaRowReduction(Template):
                 return None
             rows = n
         outs = g.outputs
-        if len(outs) != 1:
-            # TVM cannot compute_at an output block under another block's row loop, and a second
-            # output read by the first (mean next to variance) needs exactly that: left to the
-            # fallback, which gives each output its own kernel.
+        if not outs:
             return None
-        sink = outs[0]
-        feeding = g.ancestors(sink.name)
+        # the last output is the sink; every reduction must feed some output (no dead chains)
+        sink = outs[-1]
+        feeding = set()
+        for o in outs:
+            feeding |= g.ancestors(o.name) | {o.name}
         if any(r.name not in feeding for r in reds):
             return None
-        # the sink's leading loops must enumerate the same rows
-        prefix, n = 0, 1
-        while prefix < len(sink.extents) and n < rows:
-            n *= sink.extents[prefix]
-            prefix += 1
-        if n != rows:
-            return None
+        # every output's leading loops must enumerate the same rows: one row loop serves them all
+        row_loops = {}
+        for o in outs:
+            prefix, n = 0, 1
+            while prefix < len(o.extents) and n < rows:
+                n *= o.extents[prefix]
+                prefix += 1
+            if n != rows:
+                return None
+            row_loops[o.name] = prefix
         red_len = max(_prod(r.extents[r.kinds.count("S"):]) for r in reds)
         return Match(self.family, {
             "blocks": [b.name for b in g.blocks], "reductions": [r.name for r in reds],
-            "outputs": [o.name for o in outs], "sink": sink.name, "row_loops": prefix, "rows": rows,
-            "reduce_extent": red_len, "row_extent": _prod(sink.extents[prefix:]),
+            "outputs": [o.name for o in outs], "sink": sink.name, "row_loops": row_loops[sink.name],
+            "output_row_loops": row_loops, "rows": rows, "reduce_extent": red_len,
+            "row_extent": max(_prod(o.extents[row_loops[o.name]:]) for o in outs),
         })
 
     def space(self, match: Match, target: C.Target) -> KnobSpace:
@@ -93,25 +99,44 @@ class CudaRowReduction(Template):
     def apply(self, sch: C.Schedule, match: Match, config: dict) -> None:
         info = match.info
         threads, rpb = config["threads"], config["rows_per_block"]
-        keep = set(info["reductions"]) | set(info["outputs"])
+        outputs = info["outputs"]
+        keep = set(info["reductions"]) | set(outputs)
         # Step 1. Inline the elementwise glue (x - mean, exp, rsqrt, scale/shift) into its readers.
         left = inline_glue(sch, info["blocks"], keep)
-        # Step 2. The sink: rows -> (blockIdx.x, threadIdx.y), the row's elements -> threadIdx.x.
-        sink = sch.get_sblock(info["sink"])
-        loops = sch.get_loops(sink)
-        k = info["row_loops"]
-        row = sch.fuse(*loops[:k]) if k > 1 else loops[0]
-        rest = loops[k:]
-        inner = (sch.fuse(*rest) if len(rest) > 1 else rest[0]) if rest else sch.add_unit_loop(sink)
-        bx, ty = sch.split(row, [None, rpb], preserve_unit_iters=True)
-        _, tx = sch.split(inner, [None, threads], preserve_unit_iters=True)
+        # Step 2. An output that another block reads (mean, read by the variance): it computes into a
+        #         row buffer its readers use, and a copy block writes the output (an output block
+        #         cannot move under another block's loops; its copy, read by no one, can be nested).
+        nested = []                                      # (block, its row loop count), sink last
+        for name in outputs:
+            blk = sch.get_sblock(name)
+            if name != info["sink"] and sch.get_consumers(blk):
+                copy = sch.cache_write(blk, 0, "global", consumer_blocks=sch.get_consumers(blk))
+                nested.append((copy, info["output_row_loops"][name]))
+            else:
+                nested.append((blk, info["output_row_loops"][name]))
+        # Step 3. Each output: rows -> (blockIdx.x, threadIdx.y), the row's elements -> threadIdx.x;
+        #         several outputs: their row loops merged, one block per row group writes them all.
+        nests = []
+        for blk, k in nested:
+            loops = sch.get_loops(blk)
+            row = sch.fuse(*loops[:k]) if k > 1 else loops[0]
+            rest = loops[k:]
+            inner = (sch.fuse(*rest) if len(rest) > 1 else rest[0]) if rest else sch.add_unit_loop(blk)
+            bx, ty = sch.split(row, [None, rpb], preserve_unit_iters=True)
+            _, tx = sch.split(inner, [None, threads], preserve_unit_iters=True)
+            sch.bind(tx, "threadIdx.x")
+            nests.append((bx, ty))
+        if len(nests) > 1:
+            bx, ty = sch.merge(*[n[0] for n in nests]), sch.merge(*[n[1] for n in nests])
+        else:
+            bx, ty = nests[0]
         sch.bind(bx, "blockIdx.x")
         sch.bind(ty, "threadIdx.y")
-        sch.bind(tx, "threadIdx.x")
-        # Step 3. Every other block, last first, moves under the row it serves; its per-row loops
+        # Step 4. Every other block, last first, moves under the row it serves; its per-row loops
         #         (the reduction axes for a reduction) go to threadIdx.x: a cross-thread reduction,
         #         its per-row result in shared memory where every thread of the row reads it.
-        for name in reversed([n for n in left if n != info["sink"]]):
+        nested_names = {str(sch.get(b).name_hint) for b, _ in nested}
+        for name in reversed([n for n in left if n not in nested_names]):
             blk = sch.get_sblock(name)
             sch.compute_at(blk, ty)
             sch.set_scope(blk, 0, "shared")
