@@ -214,7 +214,12 @@ class Tuner:
             if best is None:
                 return math.inf          # nothing works yet: keep trying
             h = s.history
-            recent = (h[-2] - h[-1]) / h[-2] if len(h) >= 2 and h[-2] else 0.0
+            if len(h) < 2:
+                recent = 0.0
+            elif not math.isfinite(h[-2]):
+                recent = 1.0             # its first working configuration came in the last round
+            else:
+                recent = (h[-2] - h[-1]) / h[-2]
             return s.task.weight * best * (recent + 1.0 / math.sqrt(1 + s.rounds))
 
         return max(live, key=gain)
@@ -252,9 +257,10 @@ class Tuner:
             states_ok = [s for s in states if not s.exhausted]
             if opts.warm_start:
                 self._warm_start(measurer, tl, states)
-            for s in states:
-                if s.measured:
-                    self._featurize(measurer, s, [r["config"] for r in s.measured.values()])
+            for s in states_ok:       # resumed measurements train the model (errors are not rows)
+                ok = [r["config"] for r in s.measured.values() if median_cost(r) is not None]
+                if ok:
+                    self._featurize(measurer, s, ok)
             if self._samples(states):
                 self.model.fit(self._samples(states))
             # the default configuration was measured as the reference: log it as the first trial
