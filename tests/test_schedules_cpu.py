@@ -177,3 +177,20 @@ def test_runtime_uses_the_configured_threads():
     env = {k: v for k, v in os.environ.items() if k not in ("TVM_NUM_THREADS", "OMP_NUM_THREADS")}
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
     assert out.stdout.split()[-2:] == [str(want), str(want)], out.stdout + out.stderr
+
+
+@pytest.mark.parametrize("kwargs", [dict(channels=6, size=9), dict(channels=3, size=16)])
+def test_row_reduction_inlines_producer_read_once(kwargs, host, rng):
+    """InstanceNorm's (x - mean)^2 is read only by the variance sum, once per element: it is computed inside
+    that sum (no row buffer written and read back in a pass of its own), and the numbers stay right."""
+    model = M.instancenorm_silu(**kwargs)
+    funcs = _fused_prim_funcs(model, host)
+    row = kwargs["size"] ** 2
+    for name, func in funcs.items():
+        res = schedule_prim_func(func, host, {}, name)
+        assert res is not None and res.template == "cpu.row_reduction", name
+        allocs, _ = _structure(res.func)
+        rows = [(n, e) for n, e in allocs if e >= row]
+        assert not rows, f"{name}: row buffers left: {rows}"
+    cm = tvmfuse.compile(model, host, fusion=False)
+    assert_close_to_reference(model, cm, rng, rtol=1e-4, atol=1e-5)

@@ -55,9 +55,56 @@ def _shared_expensive(sch: C.Schedule) -> frozenset:
     return frozenset(keep)
 
 
+def _reads_each_once(sch: C.Schedule, producer, consumer) -> bool:
+    """Whether ``consumer`` reads every element of ``producer``'s output at most once: each of its loads
+    of that buffer is indexed by distinct plain iterators covering all of the consumer's iterators (a row
+    sum of (x - mean)^2 does; a matmul reading A for every j does not).  Unit iterators are left out."""
+    buf = str(sch.get(producer).writes[0].source.name)
+    blk = sch.get(consumer)
+    own = {str(iv.var.name) for iv in blk.iter_vars          # unit iterators (keepdims axes) repeat nothing
+           if not (isinstance(iv.dom.extent, C.tirx.IntImm) and int(iv.dom.extent) == 1)}
+    store = blk.body
+    if not isinstance(store, C.BufferStore):
+        return False
+    found = []
+
+    def visit(node):
+        if isinstance(node, C.TensorLoad) and str(node.source.name) == buf:
+            names = [str(i.name) if isinstance(i, C.tirx.Var) else None for i in node.indices]
+            found.append(None not in names and len(set(names)) == len(names) and own <= set(names))
+
+    C.post_order_visit(store.value, visit)
+    return bool(found) and all(found)
+
+
 def _fold(sch: C.Schedule) -> list[str]:
-    """The folding every step of this template uses: elementwise blocks inlined, shared expensive kept."""
-    return U.inline_elementwise(sch, keep=_shared_expensive(sch))
+    """The folding every step of this template uses: elementwise blocks inlined, shared expensive kept.
+
+    On top of ``inline_elementwise`` (which keeps a costly producer of a reduction, computed once): a
+    spatial block read only by row reductions that read each of its elements once is inlined into them
+    too (InstanceNorm's (x - mean)^2 into the variance sum): the same arithmetic, without a row buffer
+    written and read back in a pass of its own.
+    """
+    keep = _shared_expensive(sch)
+    U.inline_elementwise(sch, keep=keep)
+    outputs = U.output_names(sch)
+    changed = True
+    while changed:
+        changed = False
+        for b in U.top_blocks(sch):
+            name = U.block_name(sch, b)
+            if name in outputs or name in keep or not U.is_spatial(sch, b) or not U.vectorizable(sch, b):
+                continue
+            consumers = list(sch.get_consumers(b))
+            if not consumers or not all(U.is_reduction(sch, c) and not is_contraction(sch, c)
+                                        and _reads_each_once(sch, b, c) for c in consumers):
+                continue
+            try:
+                sch.compute_inline(b)
+            except C.ScheduleError:
+                continue     # several stores, a non-injective read: the block stays (see inline_elementwise)
+            changed = True
+    return [U.block_name(sch, b) for b in U.top_blocks(sch)]
 
 
 def _leading_spatial(kinds: str) -> int:
