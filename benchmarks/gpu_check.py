@@ -32,9 +32,14 @@ FAMILY_MODELS = {      # pattern model -> the CUDA family it exercises
     "layernorm_softmax": "cuda_row_reduction",
     "rmsnorm": "cuda_row_reduction",
     "instancenorm_silu": "cuda_row_reduction",
-    "mean_variance": "fallback",
+    "mean_variance": "cuda_row_reduction",
     "qkv_projection": "cuda_siblings",
-    "swiglu": "cuda_matmul",
+    "swiglu": "cuda_siblings",
+    "depthwise_conv_bn_relu_residual": "cuda_depthwise_conv2d",
+}
+# family models that are not in tvmfuse.models.PATTERN_MODELS under their own name
+EXTRA_MODELS = {
+    "depthwise_conv_bn_relu_residual": lambda **kw: M.conv_bn_relu_residual(depthwise=True, **kw),
 }
 # GPU-sized inputs (the pattern builders' defaults are CPU-test sized)
 SIZES = {
@@ -49,6 +54,7 @@ SIZES = {
     "mean_variance": dict(rows=8192, d=1024),
     "qkv_projection": dict(seq=2048, hidden=1024),
     "swiglu": dict(seq=2048, hidden=1024, ffn=2816),
+    "depthwise_conv_bn_relu_residual": dict(channels=256, size=56),
     "transformer_block": dict(seq=512, hidden=768, heads=12, ffn=3072),
     "resnet_block": dict(channels=64, size=56, batch=8),
 }
@@ -56,7 +62,7 @@ RTOL, ATOL = 1e-3, 1e-4     # fp32 kernels vs a float64 reference (erf/exp appro
 
 
 def builders() -> dict:
-    out = {name: M.PATTERN_MODELS[name] for name in FAMILY_MODELS}
+    out = {name: EXTRA_MODELS.get(name) or M.PATTERN_MODELS[name] for name in FAMILY_MODELS}
     out.update(M.DEMO_MODELS)
     return out
 
@@ -139,6 +145,9 @@ def check_one(name, builder, target, args) -> dict:
     row["compile_s"] = round(time.perf_counter() - t0, 2)
     row["built"] = True
     row["templates"] = sorted({s["template"] for s in fused.report.schedules})
+    # the family's template scheduled a kernel, and no kernel was left to dlight's fallback
+    row["family_ok"] = (row["family"] == "demo" or row["family"] in row["templates"]) and \
+        all(t.startswith("cuda_") for t in row["templates"])
     row["kernels"] = [stock.kernel_count, fused.kernel_count]
     if args.dry_run:
         src = C.cuda_device_source(fused.executable)
@@ -162,15 +171,15 @@ def check_one(name, builder, target, args) -> dict:
 
 def print_table(rows, dry_run: bool) -> None:
     if dry_run:
-        print(f"{'model':24s} {'kernels stock->fused':>20s} {'cuda kernels':>12s}  templates")
+        print(f"{'model':32s} {'kernels stock->fused':>20s} {'cuda kernels':>12s} {'family':>6s}  templates")
         for r in rows:
-            print(f"{r['model']:24s} {str(r['kernels'][0]) + ' -> ' + str(r['kernels'][1]):>20s} "
-                  f"{r['cuda_kernels']:>12d}  {', '.join(r['templates'])}")
+            print(f"{r['model']:32s} {str(r['kernels'][0]) + ' -> ' + str(r['kernels'][1]):>20s} "
+                  f"{r['cuda_kernels']:>12d} {'ok' if r['family_ok'] else 'NO':>6s}  {', '.join(r['templates'])}")
         return
-    print(f"{'model':24s} {'ok':>3s} {'err':>9s} {'tvmfuse ms':>10s} {'stock/tf':>8s} {'torch/tf':>8s} {'roofline':>8s}")
+    print(f"{'model':32s} {'ok':>3s} {'err':>9s} {'tvmfuse ms':>10s} {'stock/tf':>8s} {'torch/tf':>8s} {'roofline':>8s}")
     for r in rows:
         torch_ratio = f"{r['torch_ms'] / r['tvmfuse_ms']:.2f}" if r.get("torch_ms") else "-"
-        print(f"{r['model']:24s} {'yes' if r['numerics_ok'] else 'NO':>3s} {r['max_abs_err']:9.2e} "
+        print(f"{r['model']:32s} {'yes' if r['numerics_ok'] else 'NO':>3s} {r['max_abs_err']:9.2e} "
               f"{r['tvmfuse_ms']:10.3f} {r['stock_ms'] / r['tvmfuse_ms']:8.2f} {torch_ratio:>8s} "
               f"{r['roofline_frac']:8.1%}")
 
@@ -202,9 +211,12 @@ def main(argv=None) -> list[dict]:
                        "tvm": C.TVM_VERSION, "rows": rows}, f, indent=1)
     if not args.dry_run and not all(r["numerics_ok"] for r in rows):
         print("numerics check FAILED", file=sys.stderr)
+    if not all(r["family_ok"] for r in rows):
+        print("template check FAILED: a family's template did not schedule its model (see 'family')",
+              file=sys.stderr)
     return rows
 
 
 if __name__ == "__main__":
     rows = main()
-    sys.exit(0 if all(r.get("numerics_ok", True) for r in rows) else 1)
+    sys.exit(0 if all(r.get("numerics_ok", True) and r["family_ok"] for r in rows) else 1)
