@@ -41,7 +41,7 @@ WORKLOADS = {
     # name: (model builder, kernel template family, full-size args, small args)
     "matmul_bias_gelu": (M.matmul_bias_gelu, "cpu.matmul_epilogue",
                          dict(m=512, k=768, n=3072), dict(m=128, k=256, n=512)),
-    "conv_bn_relu_residual": (M.conv_bn_relu_residual, "cpu.conv2d",
+    "conv_bn_relu_residual": (M.conv_bn_relu_residual, "cpu.conv2d_epilogue",
                               dict(channels=64, size=56), dict(channels=32, size=28)),
 }
 
@@ -51,7 +51,7 @@ def main_task(name: str, small: bool, target):
     model = build(**(little if small else full))
     tasks = [t for t in extract_tasks(model, target) if t.family == family]
     if not tasks:
-        raise SystemExit(f"{name}: no kernel matches the {family} template on this target")
+        raise LookupError(f"no kernel matches the {family} template on this target")
     return max(tasks, key=lambda t: t.space.size()), model
 
 
@@ -147,7 +147,12 @@ def main(argv=None) -> int:
                "cpus": os.cpu_count(), "load_avg_start": os.getloadavg(), "budgets": budgets,
                "small": args.small, "workloads": {}}
     for name in args.workloads:
-        task, _ = main_task(name, args.small, target)
+        try:
+            task, _ = main_task(name, args.small, target)
+        except LookupError as e:
+            print(f"== {name}: skipped: {e}", flush=True)
+            results["workloads"][name] = {"skipped": str(e)}
+            continue
         work = tempfile.mkdtemp(prefix=f"bench_tuner_{name}_")
         print(f"== {name}: {task.name} [{task.family}] space {task.space.size()} "
               f"params {task.workload['params']}", flush=True)
@@ -157,10 +162,12 @@ def main(argv=None) -> int:
             default = time_final(measurer, task, C.IRModule({"main": _default_func(task)}), work, "default",
                                  args.repeat)
             row["default"] = default
+            print(json.dumps({"default": default}), flush=True)
             tf_points = run_tvmfuse(task, target, budgets, work, args.seed)
             ms_points, ms_import = ({}, 0.0) if args.skip_ms else run_metaschedule(task, target, budgets, work,
                                                                                    args.seed)
             row["ms_tensor_intrin_import_s"] = ms_import
+            print(json.dumps({"ms_tensor_intrin_import_s": ms_import}), flush=True)
             for b in budgets:
                 tp = tf_points[b]
                 fin = time_final(measurer, task, C.IRModule({"main": _scheduled(task, tp["config"])}), work,
@@ -180,6 +187,9 @@ def main(argv=None) -> int:
             else:
                 shutil.rmtree(work, ignore_errors=True)
         results["workloads"][name] = row
+        if args.output:                      # after each workload: a crash later keeps what was measured
+            with open(args.output, "w") as f:
+                f.write(json.dumps(results, indent=2, default=float) + "\n")
     results["load_avg_end"] = os.getloadavg()
     text = json.dumps(results, indent=2, default=float)
     if args.output:
@@ -204,7 +214,7 @@ def print_table(results) -> None:
     print("\n| workload | trials | tvmfuse (ms) | tvmfuse tuning (s) | MetaSchedule (ms) | MetaSchedule tuning (s) |")
     print("|---|---:|---:|---:|---:|---:|")
     for name, row in results["workloads"].items():
-        for b, cell in row["budgets"].items():
+        for b, cell in row.get("budgets", {}).items():
             t = cell["tvmfuse"]
             m = cell.get("metaschedule", {})
             fmt = lambda d: f"{d['median_s'] * 1e3:.3f}" if "median_s" in d else "err"  # noqa: E731
