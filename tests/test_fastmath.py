@@ -121,3 +121,177 @@ def test_rewritten_call_stays_vectorized_in_a_row_kernel(name, host):
     with np.errstate(all="ignore"):
         want = REFERENCE[name]((x - mv[:, None]).astype(np.float64))
     np.testing.assert_allclose(out.numpy(), want, rtol=4e-7, atol=4e-7)
+
+
+# ----------------------------------------------------------------------------- exp of an argument <= 0
+def _nonpositive_inputs():
+    # every 1021st bit pattern with the sign bit set: every negative exponent, about 2.1 million values
+    bits = np.arange(2**31, 2**32, 1021, dtype=np.uint64).astype(np.uint32)
+    flush = np.float32(F.EXP_FLUSH)
+    near = [flush, np.nextafter(flush, np.float32(0)), np.nextafter(flush, np.float32(-100)),
+            np.float32(np.log(np.finfo(np.float32).tiny)), -87.0, -88.0, -103.9, -104.1, -126 * np.log(2)]
+    specials = [0.0, -0.0, -np.inf, np.nan, -np.nan, -1e-45, -1e-38, -1e-30, -1e-7, -1e-3, -0.3465736,
+                -0.3465737, -1.0, -3.4028235e38]
+    return np.concatenate([bits.view(np.float32), np.float32(near + specials)])
+
+
+def _nonpositive_kernel(target, n):
+    a = te.placeholder((n,), "float32", name="A")
+    b = te.compute((n,), lambda i: F.fast_exp_nonpositive(a[i]), name="B")
+    sch = C.Schedule(te.create_prim_func([a, b]))
+    (i,) = sch.get_loops(sch.get_sblock("B"))
+    _, v = sch.split(i, [None, 8])
+    sch.vectorize(v)
+    func = sch.mod["main"]
+    lib = tvm.compile(tvm.IRModule({"main": func.with_attr("global_symbol", "main")}), target=target)
+    return func, lib
+
+
+def test_nonpositive_exp_max_error_whole_range(host):
+    """The cheaper exp over every non-positive float32 (vectorized by 8): NaN -> NaN, -inf -> 0, 0 -> 1
+    exactly, relative error <= MAX_ERROR where e^x is normal, absolute error <= FLT_MIN below it."""
+    x = _nonpositive_inputs()
+    x = np.concatenate([x, np.zeros(-len(x) % 8, np.float32)])     # static length, a multiple of 8
+    func, lib = _nonpositive_kernel(host, len(x))
+    lanes = _vectorized_stores(func, host)
+    assert lanes and all(n == 8 for n in lanes), f"stores of {lanes} lanes"
+    out = C.tensor(np.zeros_like(x))
+    lib["main"](C.tensor(x), out)
+    y = out.numpy().astype(np.float64)
+    with np.errstate(invalid="ignore"):
+        r = np.exp(x.astype(np.float64))
+    np.testing.assert_array_equal(np.isnan(y), np.isnan(x), err_msg="NaN in != NaN out")
+    assert (y[np.isneginf(x)] == 0).all() and (y[x == 0] == 1).all()
+    fin = ~np.isnan(x)
+    bound = F.MAX_ERROR["exp_nonpositive"]
+    tiny = np.finfo(np.float32).tiny
+    err = np.abs(y[fin] - r[fin])
+    normal = r[fin] >= tiny
+    rel = err[normal] / r[fin][normal]
+    assert rel.max() <= bound["rel"], f"relative error {rel.max():.3g}"
+    assert err[~normal].max() <= bound["abs_subnormal"], f"absolute error below FLT_MIN {err[~normal].max():.3g}"
+    assert bound["abs_subnormal"] <= 1.2e-38
+    assert (y[fin][x[fin] < np.float32(F.EXP_FLUSH)] == 0).all(), "below the flush threshold: not 0"
+    assert (y[fin] >= 0).all() and (y[fin] <= 1).all()
+
+
+def _row_exp_func(make_m, exp_arg=None):
+    """B[i, j] = exp(A[i, j] - M[i]) with M built by ``make_m(a)`` (a te tensor or a placeholder)."""
+    a = te.placeholder((5, 64), "float32", name="A")
+    m, params = make_m(a)
+    arg = exp_arg or (lambda a, m, i, j: a[i, j] - m[i])
+    b = te.compute((5, 64), lambda i, j: C.tirx.exp(arg(a, m, i, j)), name="B")
+    return te.create_prim_func([a, *params, b])
+
+
+def _row_max(lo=0, hi=64, src=None):
+    def make(a):
+        s = src if src is not None else a
+        k = te.reduce_axis((lo, hi), name="k")
+        m = te.compute((5,), lambda i: te.max(s[i, k], axis=k), name="M")
+        return m, ([s] if src is not None else [])
+    return make
+
+
+def _cheap_count(func):
+    stats = {}
+    F.rewrite(func, stats)
+    return stats["nonpositive_exp"]
+
+
+def test_nonpositive_exp_only_where_proved(host):
+    """The cheaper exp is used for exp(A - rowmax(A)) only: a max over the whole row of the same buffer
+    (also after rfactor, as the row-reduction template leaves it); anything else keeps the full exp."""
+    proved = _row_exp_func(_row_max())
+    assert _cheap_count(proved) == 1
+    # the same after rfactor + vectorized partial maxima (the CPU row-reduction shape)
+    sch = C.Schedule(proved)
+    blk = sch.get_sblock("M")
+    _, k = sch.get_loops(blk)
+    _, ki = sch.split(k, [None, 16])
+    sch.rfactor(ki, factor_axis=1)
+    assert _cheap_count(sch.mod["main"]) == 1
+    other = te.placeholder((5, 64), "float32", name="O")
+    not_proved = {
+        "M a parameter": _row_exp_func(_param_m),
+        "max over part of the row": _row_exp_func(_row_max(0, 63)),
+        "max of another buffer": _row_exp_func(_row_max(src=other)),
+        "reversed difference": _row_exp_func(_row_max(), exp_arg=lambda a, m, i, j: m[i] - a[i, j]),
+        "another row": _row_exp_func(_row_max(), exp_arg=lambda a, m, i, j: a[(i + 1) % 5, j] - m[i]),
+        "a min, not a max": _row_exp_func(_row_min()),
+        "x + m": _row_exp_func(_row_max(), exp_arg=lambda a, m, i, j: a[i, j] + m[i]),
+    }
+    for what, func in not_proved.items():
+        assert _cheap_count(func) == 0, f"{what}: the cheaper exp was used"
+        _, count = F.rewrite(func)
+        assert count >= 1, f"{what}: the exp was not rewritten at all"
+
+
+def _param_m(a):
+    m = te.placeholder((5,), "float32", name="M")
+    return m, [m]
+
+
+def _row_min():
+    def make(a):
+        k = te.reduce_axis((0, 64), name="k")
+        return te.compute((5,), lambda i: te.min(a[i, k], axis=k), name="M"), []
+    return make
+
+
+def test_lane_invariant_division_becomes_reciprocal_multiply(host):
+    """B[i, j] = A[i, j] / D[i], j vectorized: one 1/D[i] per row and multiplies where 2^-126 <= |D| <=
+    2^126 (relative error <= 2^-23 against the exact quotient, the division's is 2^-24); the division
+    itself elsewhere (0, inf, NaN, subnormal and huge divisors: bit for bit); stores stay 8 lanes."""
+    rows = np.float32([3.0, -7.5, 1.0, 3071.9, 1e-39, 2.0 ** -127, 2.0 ** 126, 1e38, 0.0, np.inf, np.nan,
+                       2.0 ** -126, -(2.0 ** 126)])
+    a = te.placeholder((len(rows), 64), "float32", name="A")
+    d = te.placeholder((len(rows),), "float32", name="D")
+    b = te.compute((len(rows), 64), lambda i, j: a[i, j] / d[i], name="B")
+    sch = C.Schedule(te.create_prim_func([a, d, b]))
+    _, j = sch.get_loops(sch.get_sblock("B"))
+    _, v = sch.split(j, [None, 8])
+    sch.vectorize(v)
+    stats = {}
+    func, count = F.rewrite(sch.mod["main"], stats)
+    assert count == 1 and stats["reciprocal_stores"] == 1
+    lanes = _vectorized_stores(func, host)
+    assert lanes and all(n == 8 for n in lanes), f"stores of {lanes} lanes"
+    lib = tvm.compile(tvm.IRModule({"main": func.with_attr("global_symbol", "main")}), target=host)
+    x = np.random.default_rng(0).standard_normal((len(rows), 64)).astype(np.float32) * 1e3
+    x[:, :4] = [0.0, np.inf, -np.inf, 1e-40]
+    out = C.tensor(np.zeros_like(x))
+    lib["main"](C.tensor(x), C.tensor(rows), out)
+    y = out.numpy()
+    with np.errstate(all="ignore"):
+        exact32 = x / rows[:, None]
+        exact = x.astype(np.float64) / rows[:, None].astype(np.float64)
+    guarded = (np.abs(rows) >= 2.0 ** -126) & (np.abs(rows) <= 2.0 ** 126)
+    np.testing.assert_array_equal(y[~guarded], exact32[~guarded])          # division kept, NaNs equal
+    g, e = y[guarded].astype(np.float64), exact[guarded]
+    np.testing.assert_array_equal(np.isnan(g), np.isnan(e))
+    f32 = np.finfo(np.float32)
+    fin = np.isfinite(e) & (np.abs(e) >= f32.tiny) & (np.abs(e) <= f32.max)
+    rel = np.abs(g[fin] - e[fin]) / np.abs(e[fin])
+    assert rel.max() <= 2.0 ** -23, f"relative error {rel.max():.3g} at {e[fin][rel.argmax()]}"
+    over = np.abs(e) > f32.max                          # the quotient overflows float32: inf either way
+    np.testing.assert_array_equal(g[over], np.sign(e[over]) * np.inf)
+    sub = np.isfinite(e) & (np.abs(e) < f32.tiny)
+    assert (np.abs(g[sub] - e[sub]) <= 2.0 ** -149 * 2).all()
+
+
+def test_division_by_a_lane_varying_value_is_kept(host):
+    """A[i, j] / D[i, j] (a divisor per lane) and an unvectorized A[i, j] / D[i] keep the division."""
+    a = te.placeholder((5, 64), "float32", name="A")
+    d2 = te.placeholder((5, 64), "float32", name="D")
+    b = te.compute((5, 64), lambda i, j: a[i, j] / d2[i, j], name="B")
+    sch = C.Schedule(te.create_prim_func([a, d2, b]))
+    _, j = sch.get_loops(sch.get_sblock("B"))
+    _, v = sch.split(j, [None, 8])
+    sch.vectorize(v)
+    stats = {}
+    assert F.rewrite(sch.mod["main"], stats) == (sch.mod["main"], 0) and stats["reciprocal_stores"] == 0
+    d1 = te.placeholder((5,), "float32", name="D")
+    b1 = te.compute((5, 64), lambda i, j: a[i, j] / d1[i], name="B")
+    plain = te.create_prim_func([a, d1, b1])
+    assert F.rewrite(plain, stats) == (plain, 0) and stats["reciprocal_stores"] == 0

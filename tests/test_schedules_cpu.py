@@ -194,3 +194,97 @@ def test_row_reduction_inlines_producer_read_once(kwargs, host, rng):
         assert not rows, f"{name}: row buffers left: {rows}"
     cm = tvmfuse.compile(model, host, fusion=False)
     assert_close_to_reference(model, cm, rng, rtol=1e-4, atol=1e-5)
+
+
+def _softmax_kernel(model, host, fusion, family="cpu.row_reduction"):
+    """The scheduled softmax PrimFunc (the one with the exp) and the name of the buffer its exp writes."""
+    mod = tvmfuse.load_onnx(model)
+    with host:
+        mod = C.Sequential(graph_stage(host, PipelineOptions(fusion=fusion)))(mod)
+    for name, func in ((str(gv.name_hint), f) for gv, f in mod.functions.items() if isinstance(f, C.PrimFunc)):
+        written = []
+
+        def visit(node):
+            if isinstance(node, C.BufferStore):
+                calls = []
+                C.post_order_visit(node.value, lambda e: calls.append(e) if isinstance(e, C.Call) and
+                                   str(getattr(e.op, "name", "")) == "tirx.exp" else None)
+                if calls:
+                    written.append(str(node.buffer.name))
+
+        C.post_order_visit(func.body, visit)
+        if written:
+            res = schedule_prim_func(func, host, {}, name)
+            assert res is not None and res.template == family, name
+            return res.func, written[0]
+    raise AssertionError("no kernel with an exp")
+
+
+def _store_lanes(func, target):
+    """{buffer name: set of lanes of its stores} after TVM's lowering up to VectorizeLoop."""
+    S = C.s_tir.transform
+    mod = tvm.IRModule({"main": func.with_attr("global_symbol", "main").with_attr("target", target)})
+    passes = [S.CanonicalizeLoop(), S.LowerInitBlock(), S.PlanAndUpdateBufferAllocationLocation(),
+              S.ConvertBlocksToOpaque(), S.CompactBufferAllocation(), S.LowerMatchBuffer(), S.StmtSimplify(),
+              S.LowerOpaqueBlock(), C.tirx.transform.FlattenBuffer(), C.tirx.transform.NarrowDataType(32),
+              C.tirx.transform.VectorizeLoop(True)]
+    with target:
+        mod = C.Sequential(passes)(mod)
+    lanes = {}
+    C.post_order_visit(mod["main"].body, lambda s: lanes.setdefault(str(s.buffer.name), set()).add(
+        int(s.value.ty.dtype.lanes)) if isinstance(s, C.BufferStore) else None)
+    return lanes
+
+
+@pytest.mark.parametrize("kwargs,fusion", [(dict(rows=23, d=96, decomposed=False), False),
+                                           (dict(rows=7, d=3072, decomposed=False), False),
+                                           (dict(rows=23, d=104), True)],
+                         ids=["softmax-op-96", "softmax-op-3072", "decomposed-fused-104"])
+def test_softmax_uses_nonpositive_exp_and_stays_vectorized(kwargs, fusion, host):
+    """The softmax kernel's exp(x - rowmax) gets fast math's cheaper exp (its argument is proved <= 0 from
+    the max reduction, also after rfactor), its division by the row sum becomes one reciprocal per row and
+    multiplies, and the exp row buffer and the output are still stored 8 lanes at a time."""
+    from tvmfuse import fastmath as F
+
+    func, exp_buf = _softmax_kernel(M.softmax(**kwargs), host, fusion)
+    stats = {}
+    new, _ = F.rewrite(func, stats)
+    assert stats["nonpositive_exp"] == 1, stats
+    assert stats["reciprocal_stores"] == 1, stats
+    lanes = _store_lanes(new, host)
+    out = str(func.params[-1].name)
+    assert lanes.get(out) == {8}, f"output stores of {lanes.get(out)} lanes"
+    if exp_buf in lanes:          # a row buffer (kept when the exp is read by the sum and the division)
+        assert lanes[exp_buf] == {8}, f"exp row buffer stores of {lanes[exp_buf]} lanes"
+
+
+def test_exp_not_proved_nonpositive_keeps_full_variant(host):
+    """Decomposed softmax without fusion: the max is another kernel, its result a parameter of the exp
+    kernel, so nothing proves x - max <= 0 there: the full exp (overflow to inf, subnormals) stays."""
+    from tvmfuse import fastmath as F
+
+    func, _ = _softmax_kernel(M.softmax(rows=23, d=101), host, fusion=False, family="cpu.elementwise")
+    stats = {}
+    _, count = F.rewrite(func, stats)
+    assert count >= 1 and stats["nonpositive_exp"] == 0, stats
+
+
+@pytest.mark.parametrize("rows,d", [(7, 3072), (5, 37), (3, 200)])
+def test_softmax_numerics_masked_and_large_inputs(rows, d, host, rng):
+    """Softmax (cheaper exp, reciprocal of the row sum) against float64 numpy on odd shapes, with -inf
+    entries (masks: exactly 0 out), large magnitudes and tiny differences; rows sum to 1."""
+    model = M.softmax(rows=rows, d=d, decomposed=False)
+    cm = tvmfuse.compile(model, host, fusion=False)
+    x = (rng.standard_normal((rows, d)) * 30).astype(np.float32)
+    x[0, ::3] = -np.inf
+    x[1, :] = 3.0e38
+    x[1, 5] = -3.0e38
+    x[2, :] = np.float32(1e-30) * np.arange(d, dtype=np.float32)
+    name = cm.inputs[0].name
+    y = cm.run({name: x})["y"].astype(np.float64)
+    x64 = x.astype(np.float64)
+    e = np.exp(x64 - x64.max(axis=1, keepdims=True))
+    want = e / e.sum(axis=1, keepdims=True)
+    np.testing.assert_allclose(y, want, rtol=1e-5, atol=1e-9)
+    assert (y[0, ::3] == 0).all()
+    np.testing.assert_allclose(y.sum(axis=1), 1.0, rtol=1e-5)

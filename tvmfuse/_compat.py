@@ -306,3 +306,10 @@ def ms_measure_callback_class(apply):
 def import_tensor_intrin() -> None:
     """What ``TuneContext()`` imports first (MetaSchedule's tensor intrinsics; slow: timed apart)."""
     import tvm.s_tir.tensor_intrin  # noqa: F401
+
+# --- fast math (tvmfuse.fastmath): proving an exp's argument <= 0 from the max reduction it subtracts.
+from tvm import sym as arith  # noqa: E402  (0.27: tvm.arith -> tvm.sym)
+
+Analyzer = arith.Analyzer
+detect_iter_map = arith.detect_iter_map
+Range = tvm.ir.Range

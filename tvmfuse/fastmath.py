@@ -20,6 +20,14 @@ erf    x * P(x^2) / Q(x^2), P degree 13 (odd), Q degree 8,   absolute 3.5e-7 (3.
 tanh   x * P(x^2) / Q(x^2), P degree 13 (odd), Q degree 6,   absolute 3e-7 (2.4e-7 measured)
        x clamped to [-9, 9]; x itself for |x| < 4e-4
 sigmoid 1 / (1 + exp(-x)) with the exp above                 relative 4e-7 where the result is normal (1.3e-7 measured)
+exp    the same reduction and polynomial, for an argument     relative 2.0e-7 where the result is normal
+(x<=0) proved <= 0 (softmax's x - rowmax, see below): n in    (6.9e-8 measured); absolute 1.1755e-38
+       [-126, 0] from the magic number's low bits in one      (FLT_MIN) below it: 0 for x < -87.33655
+       shift, no clamp, no overflow, flush below FLT_MIN      (e^x < FLT_MIN); 1 at 0, 0 at -inf, NaN kept
+a / b  in a vectorized block, b the same in every lane (a     relative 2^-23 (1.2e-7) against the exact
+       row sum, a row scale): a * (1/b), 1/b once per row     quotient (the division: 2^-24) where the
+       (LLVM hoists it), guarded by 2^-126 <= |b| <= 2^126    result is normal; outside the guard (0, inf,
+       (1/b normal); else the division itself                 NaN, subnormal or huge b) bit-exact division
 ====== ===================================================== ==========================================
 
 All four return NaN for NaN and the right limits for +-inf, with no NaN test: the clamps are selects
@@ -28,6 +36,18 @@ arithmetic for TVM's VectorizeLoop: the ``isnan`` intrinsic (no vector rule: TVM
 loop around it) and float->int conversions (poison on NaN) are avoided.  These bounds are inside the tolerances the
 tests use for whole models (rtol 1e-5, atol 1e-5), so ``PipelineOptions.fast_math`` is on by default;
 ``fast_math=False`` keeps TVM's libm calls.
+
+The cheaper exp (15 vector instructions per 8 values instead of 24) is used only where the rewriter can
+prove the argument <= 0 (or NaN) from the TIR itself (``_NonPositive``): ``X[e] - M[g]`` where M is
+written by exactly one max-reduction (plus constant initial values), possibly through rfactor's partial
+buffers, whose reduced elements of X, by the blocks' iteration domains, cover the whole of X's reduced
+axes for the row ``g`` that equals X's other indices ``e``: then ``M[g] >= X[e]`` and ``X[e] - M[g]`` rounds
+to <= 0.  Any other exp keeps the full variant.
+
+The reciprocal multiply may turn a quotient within 2 ulp of FLT_MAX into inf; NaN/inf results are those
+of the division.  On the 1-thread Softmax [512, 3072] the normalize pass was measured memory-bound either
+way (the same share of the profile with vdivps and with vmulps): the rewrite removes the divider as a
+ceiling (3.5 cycles per 8 lanes on Zen 3) rather than speeding up that run.
 """
 from __future__ import annotations
 
@@ -61,9 +81,23 @@ TANH_P = (-2.76076847742355e-16, 2.00018790482477e-13, -8.60467152213735e-11, 5.
           1.48572235717979e-05, 6.37261928875436e-04, 4.89352455891786e-03)
 TANH_Q = (1.19825839466702e-06, 1.18534705686654e-04, 2.26843463243900e-03, 4.89352518554385e-03)
 
+# exp of an argument proved <= 0: below this the result is flushed to 0 (float32 nearest ln(FLT_MIN) =
+# -87.3365447..., just below it: e^EXP_FLUSH < FLT_MIN); from it up to 0, n = round(x / ln2) is in [-126, 0]
+EXP_FLUSH = -87.3365478515625
+# 1.5 * 2^23 + 127: x / ln2 + this holds n + 127 in [1, 127] in its low mantissa bits, so its bits shifted
+# left by 23 are the float 2^n (the high bits of 1.5 * 2^23 shift out)
+ROUND_MAGIC_POW2 = ROUND_MAGIC + 127.0
+
+# a / b -> a * (1/b) where 1/b is a normal float: 2^-126 <= |b| <= 2^126 (outside: the division is kept)
+RECIP_MIN = 2.0 ** -126
+RECIP_MAX = 2.0 ** 126
+# calls a lane-invariant divisor may contain (pure, no lane-dependent state)
+_PURE = ("tirx.sqrt", "tirx.rsqrt", "tirx.fabs")
+
 # Maximum errors the tests hold the approximations to (see the table above).
 MAX_ERROR = {
     "exp": {"rel": 2.0e-7, "abs_subnormal": 1.5e-45},
+    "exp_nonpositive": {"rel": 2.0e-7, "abs_subnormal": 1.1755e-38},
     "erf": {"abs": 3.5e-7},
     "tanh": {"abs": 3.0e-7},
     "sigmoid": {"rel": 4.0e-7},
@@ -133,10 +167,36 @@ def _exp(lets: _Lets, x):
     return p * _pow2(n1) * _pow2(n - n1)
 
 
+def _exp_nonpositive(lets: _Lets, x):
+    """e^x for x <= 0, -inf or NaN only (a positive x gives garbage): 15 vector instructions.
+
+    No clamp: from EXP_FLUSH up to 0, n is in [-126, 0] and 2^n is one shift of the rounded value's bits;
+    below EXP_FLUSH (where -inf's NaN reduction and a huge n's garbage land) the final select gives 0.  A
+    NaN compares false and goes through every step.  Integer steps are a reinterpret and a shift only (no
+    signed add that could overflow into poison)."""
+    t = C.tirx
+    tn = lets.bind(x * _f(LOG2E) + _f(ROUND_MAGIC_POW2))
+    nf = lets.bind(tn - _f(ROUND_MAGIC_POW2))
+    # r = x - n ln2 as two FMAs (Add of a Mul: TVM emits fmuladd); n * LN2_HI is exact
+    r = lets.bind(nf * _f(-LN2_HI) + x)
+    r = lets.bind(nf * _f(-LN2_LO) + r)
+    p = _horner(r, EXP_POLY) * r + _f(1.0)
+    p = p * r + _f(1.0)
+    pow2 = t.reinterpret(F32, t.shift_left(t.reinterpret("int32", tn), t.const(23, "int32")))
+    return t.Select(x < _f(EXP_FLUSH), _f(0.0), p * pow2)
+
+
 def fast_exp(x):
     lets = _Lets()
     xv = lets.bind(x)
     return lets.wrap(_exp(lets, xv))
+
+
+def fast_exp_nonpositive(x):
+    """e^x where x is known to be <= 0 or NaN (see ``_NonPositive``)."""
+    lets = _Lets()
+    xv = lets.bind(x)
+    return lets.wrap(_exp_nonpositive(lets, xv))
 
 
 def fast_erf(x):
@@ -173,6 +233,173 @@ REWRITES = {
 }
 
 
+# ----------------------------------------------------------------------------- argument <= 0
+def _const_extent(dom):
+    return int(dom.extent) if isinstance(dom.extent, C.tirx.IntImm) and isinstance(dom.min, C.tirx.IntImm) \
+        and int(dom.min) == 0 else None
+
+
+class _NonPositive:
+    """Proves an exp argument ``X[e] - M[g]`` <= 0 (or NaN) from the PrimFunc's blocks.
+
+    M must be written by one block whose store is ``M[s] = max(M[s], V)`` (a max reduction; V a load of X or
+    of another buffer with the same kind of writer: rfactor's partial maxima) plus constant stores (its
+    initial value) that come before it; its store indices are distinct spatial iterators over the whole of
+    M's axes (or constants).  Substituting the read indices ``g`` for them through the chain leaves X's
+    indices as functions of the chain's reduction iterators; the axes that do not depend on them must equal
+    ``e``, the axes that do must depend on nothing else and be covered whole: a bijective iterator map of
+    as many points as those axes hold, inside their bounds.  Then M[g] is the max over a set containing
+    X[e] and the difference rounds to <= 0 (NaN if either is NaN; -inf - -inf is NaN too).  The values read
+    are the final ones because schedule primitives keep TensorIR's dataflow (a reduction block reduces its
+    whole iteration domain before a consumer reads it); X must not be written after the reductions.
+    Anything else (a store of another form, M a parameter, a partial domain, a row-dependent reduced
+    index): not proved, the full exp is kept.
+    """
+
+    MAX_CHAIN = 8          # max reductions followed from M back to X (rfactor adds one per level)
+
+    def __init__(self, func: C.PrimFunc):
+        self._func = func
+        self._stores = None      # [(buffer var, textual order, store, its block or None)]
+
+    def _index(self):
+        if self._stores is None:
+            owners = []
+
+            def visit_block(node):
+                if isinstance(node, C.SBlock) and isinstance(node.body, C.BufferStore):
+                    owners.append((node.body, node))
+
+            C.post_order_visit(self._func.body, visit_block)
+            stores = []
+
+            def visit_store(node):
+                if isinstance(node, C.BufferStore):
+                    blk = next((b for st, b in owners if st.same_as(node)), None)
+                    stores.append((node.buffer, len(stores), node, blk))
+
+            C.post_order_visit(self._func.body, visit_store)
+            self._stores = stores
+        return self._stores
+
+    def _writes(self, buf):
+        return [(o, st, blk) for b, o, st, blk in self._index() if b.same_as(buf)]
+
+    def _max_writer(self, buf):
+        """(textual order, block, V) of the one max reduction writing ``buf`` (other stores: constants
+        before it), or None."""
+        update = None
+        for order, st, blk in self._writes(buf):
+            v = st.value
+            if isinstance(v, (C.tirx.FloatImm, C.tirx.IntImm)):
+                if update is not None:
+                    return None                  # a constant stored after the reduction
+                continue
+            if update is not None or blk is None or not isinstance(v, C.tirx.Max):
+                return None
+            own = [o for o in (v.a, v.b) if isinstance(o, C.TensorLoad) and o.source.same_as(buf)
+                   and len(o.indices) == len(st.indices)
+                   and all(i.same_as(j) for i, j in zip(o.indices, st.indices))]
+            if len(own) != 1:
+                return None
+            update = (order, blk, v.b if own[0].same_as(v.a) else v.a)
+        return update
+
+    def proves(self, arg) -> bool:
+        if not (isinstance(arg, C.tirx.Sub) and isinstance(arg.a, C.TensorLoad)
+                and isinstance(arg.b, C.TensorLoad)):
+            return False
+        return self._covered(arg.a, arg.b)
+
+    def _covered(self, x, m) -> bool:
+        """Whether ``m``'s value is a max over a set of X elements that contains ``x``."""
+        ana = C.Analyzer()
+        red = []                      # (reduction iterator, extent) over the whole chain
+        buf, idx = m.source, list(m.indices)
+        updates = []
+        for _ in range(self.MAX_CHAIN):
+            found = self._max_writer(buf)
+            if found is None:
+                return False
+            order, blk, v = found
+            if order in updates:
+                return False                           # a cycle of reductions
+            updates.append(order)
+            st = blk.body
+            spatial = [iv.var for iv in blk.iter_vars if int(iv.iter_type) == 0]
+            # the writer's store indices: distinct spatial iterators over whole axes, or constants
+            bound_vars = []
+            for d, (si, gi) in enumerate(zip(st.indices, idx)):
+                if isinstance(si, C.tirx.IntImm):
+                    if not ana.can_prove_equal(gi, si):
+                        return False
+                    continue
+                iv = next((iv for iv in blk.iter_vars if iv.var.same_as(si)), None)
+                if iv is None or not any(si.same_as(u) for u in spatial) or any(si.same_as(u) for u in bound_vars):
+                    return False
+                if _const_extent(iv.dom) is None or not ana.can_prove_equal(iv.dom.extent, buf.shape[d]):
+                    return False
+                bound_vars.append(si)
+                ana.bind(si, gi)
+            for iv in blk.iter_vars:
+                if int(iv.iter_type) == 2:             # CommReduce
+                    if _const_extent(iv.dom) is None:
+                        return False
+                    red.append((iv.var, _const_extent(iv.dom)))
+                elif int(iv.iter_type) != 0:           # ordered / opaque iterators: not a plain reduction
+                    return False
+            if not isinstance(v, C.TensorLoad):
+                return False
+            buf, idx = v.source, [ana.simplify(i) for i in v.indices]
+            if buf.same_as(x.source):
+                break
+        else:
+            return False
+        # X is not written after the first reduction of the chain read it
+        if any(o > min(updates) for o, _, _ in self._writes(x.source)):
+            return False
+        reduced, rvars = [], []
+        for d, (h, e) in enumerate(zip(idx, x.indices)):
+            vs = _free_vars(h)
+            rv = [(u, n) for u, n in red if any(u.same_as(w) for w in vs)]
+            if not rv:
+                if not ana.can_prove_equal(h, e):
+                    return False
+                continue
+            if len(rv) != len(vs):
+                return False          # a reduced index that also depends on the row: not covered whole
+            reduced.append((h, x.source.shape[d]))
+            rvars += [(u, n) for u, n in rv if not any(u.same_as(w) for w, _ in rvars)]
+        if not reduced or any(not isinstance(n, C.tirx.IntImm) for _, n in reduced):
+            return False
+        doms = {u: C.Range(0, n) for u, n in rvars}
+        if not C.detect_iter_map([h for h, _ in reduced], doms, check_level="bijective").indices:
+            return False
+        within = C.Analyzer()
+        for u, n in rvars:
+            within.bind(u, C.Range(0, n))
+        points, cells = 1, 1
+        for u, n in rvars:
+            points *= n
+        for h, n in reduced:
+            b = within.const_int_bound(h)
+            if b.min_value < 0 or b.max_value > int(n) - 1:
+                return False
+            cells *= int(n)
+        return points == cells        # injective into as many cells as it has points: onto
+
+
+def _free_vars(expr) -> list:
+    found = []
+
+    def visit(node):
+        if isinstance(node, C.tirx.Var) and not any(node.same_as(f) for f in found):
+            found.append(node)
+
+    C.post_order_visit(expr, visit)
+    return found
+
+
 # ----------------------------------------------------------------------------- the rewriter
 _BINARY = ("Add", "Sub", "Mul", "Div", "Mod", "FloorDiv", "FloorMod", "Min", "Max", "EQ", "NE", "LT",
            "LE", "GT", "GE", "And", "Or")
@@ -181,18 +408,53 @@ _BINARY = ("Add", "Sub", "Mul", "Div", "Mod", "FloorDiv", "FloorMod", "Min", "Ma
 class _Rewriter:
     """Rebuilds a PrimFunc body with the calls of ``REWRITES`` replaced (TIR has no Python mutator in 0.27)."""
 
-    def __init__(self):
+    def __init__(self, nonpositive: _NonPositive | None = None):
         self.count = 0
+        self.cheap = 0           # exps of an argument proved <= 0 (the cheaper variant)
+        self.reciprocals = 0     # stores whose lane-invariant divisions became reciprocal multiplies
+        self._nonpositive = nonpositive
         self._binary = tuple(getattr(C.tirx, n) for n in _BINARY)
+        self._vectorized = []    # loop vars of the enclosing vectorized loops
+        self._blocks = []        # (iter vars that do not vary across lanes) of the enclosing blocks
+        self._divisors = None    # while a store's fast value is built: its lane-invariant divisors
+
+    def _lane_invariant(self, b) -> bool:
+        """Whether ``b`` is the same in every lane: loads, constants and arithmetic over the block's
+        iterators that no vectorized loop drives (softmax's row sum, LayerNorm's row scale)."""
+        if not self._blocks or self._blocks[-1] is None:
+            return False
+        uniform = self._blocks[-1]
+        sources, names, ok = [], [], [True]
+
+        def visit(node):
+            if isinstance(node, C.TensorLoad):
+                sources.append(node.source)
+            elif isinstance(node, C.tirx.Var):
+                names.append(node)
+            elif isinstance(node, (C.tirx.Let, C.tirx.Ramp, C.tirx.Broadcast, C.tirx.Select)) or \
+                    (isinstance(node, C.Call) and not (hasattr(node.op, "name") and str(node.op.name) in _PURE)):
+                ok[0] = False
+
+        C.post_order_visit(b, visit)
+        return ok[0] and all(any(v.same_as(u) for u in uniform) or any(v.same_as(u) for u in sources)
+                             for v in names)
 
     # -- expressions
     def expr(self, e):
         t = C.tirx
+        if isinstance(e, t.Div) and self._divisors is not None and str(e.ty.dtype) == F32 \
+                and self._lane_invariant(e.b):
+            a, b = self.expr(e.a), self.expr(e.b)
+            self._divisors.append(b)
+            return t.Mul(a, t.Div(_f(1.0), b))
         if isinstance(e, C.Call):
             args = [self.expr(a) for a in e.args]
             name = str(e.op.name) if hasattr(e.op, "name") else ""
             if name in REWRITES and len(args) == 1 and str(args[0].ty.dtype) == F32:
                 self.count += 1
+                if name == "tirx.exp" and self._nonpositive is not None and self._nonpositive.proves(args[0]):
+                    self.cheap += 1
+                    return fast_exp_nonpositive(args[0])
                 return REWRITES[name](args[0])
             if all(a.same_as(b) for a, b in zip(args, e.args)):
                 return e
@@ -219,15 +481,28 @@ class _Rewriter:
         if s is None:
             return None
         if isinstance(s, C.BufferStore):
-            v = self.expr(s.value)
-            return s if v.same_as(s.value) else C.BufferStore(s.buffer, v, s.indices)
+            return self._store(s)
         if isinstance(s, t.SeqStmt):
             return t.SeqStmt([self.stmt(x) for x in s.seq])
         if isinstance(s, t.For):
-            return t.For(s.loop_var, s.min, s.extent, s.kind, self.stmt(s.body), s.thread_binding,
-                         s.annotations, s.step)
+            vec = int(s.kind) == int(C.ForKind.VECTORIZED)
+            if vec:
+                self._vectorized.append(s.loop_var)
+            body = self.stmt(s.body)
+            if vec:
+                self._vectorized.pop()
+            return t.For(s.loop_var, s.min, s.extent, s.kind, body, s.thread_binding, s.annotations, s.step)
         if isinstance(s, C.SBlockRealize):
-            return C.SBlockRealize(s.iter_values, s.predicate, self.stmt(s.block))
+            uniform = None
+            if self._vectorized:       # a block inside a vectorized loop: its iterators that no lane drives
+                uniform = [iv.var for iv, v in zip(s.block.iter_vars, s.iter_values)
+                           if not any(w.same_as(u) for w in _free_vars(v) for u in self._vectorized)]
+                if len(uniform) == len(s.block.iter_vars):
+                    uniform = None
+            self._blocks.append(uniform)
+            block = self.stmt(s.block)
+            self._blocks.pop()
+            return C.SBlockRealize(s.iter_values, s.predicate, block)
         if isinstance(s, C.SBlock):
             return C.SBlock(s.iter_vars, s.reads, s.writes, s.name_hint, self.stmt(s.body),
                             self.stmt(s.init), s.alloc_buffers, s.match_buffers, s.annotations)
@@ -244,13 +519,45 @@ class _Rewriter:
         raise TypeError(f"fast math: unhandled TIR statement {type(s).__name__}")
 
 
-def rewrite(func: C.PrimFunc) -> tuple[C.PrimFunc, int]:
-    """``func`` with float32 exp/erf/tanh/sigmoid replaced; returns (new func, number of calls replaced)."""
-    rw = _Rewriter()
+    def _store(self, s):
+        """A store with its calls rewritten; in a vectorized block, a float32 division by a lane-invariant
+        divisor b becomes a multiply by 1/b (one division per row once LLVM hoists it out of the loop),
+        guarded by ``2^-126 <= |b| <= 2^126`` where 1/b is a normal float: the store is
+        ``if guard: a * (1/b) else: a / b`` (the guard is lane-invariant: no vector select of both)."""
+        t = C.tirx
+        if not (self._blocks and self._blocks[-1] is not None):
+            v = self.expr(s.value)
+            return s if v.same_as(s.value) else C.BufferStore(s.buffer, v, s.indices)
+        counts = (self.count, self.cheap)
+        self._divisors = []
+        fast = self.expr(s.value)
+        divisors, self._divisors = self._divisors, None
+        if not divisors:
+            return s if fast.same_as(s.value) else C.BufferStore(s.buffer, fast, s.indices)
+        self.count, self.cheap = counts          # the exact branch rewrites the same calls again
+        exact = self.expr(s.value)
+        self.reciprocals += 1
+        guard = None
+        for b in divisors:
+            mag = t.abs(b)
+            ok = t.And(t.GE(mag, _f(RECIP_MIN)), t.LE(mag, _f(RECIP_MAX)))
+            guard = ok if guard is None else t.And(guard, ok)
+        return t.IfThenElse(guard, C.BufferStore(s.buffer, fast, s.indices),
+                            C.BufferStore(s.buffer, exact, s.indices))
+
+
+def rewrite(func: C.PrimFunc, stats: dict | None = None) -> tuple[C.PrimFunc, int]:
+    """``func`` with float32 exp/erf/tanh/sigmoid replaced; returns (new func, number of calls replaced).
+    ``stats``, when given, receives ``nonpositive_exp``: how many exps took the cheaper variant (their
+    argument proved <= 0)."""
+    rw = _Rewriter(_NonPositive(func))
     body = rw.stmt(func.body)
-    if rw.count == 0:
+    if stats is not None:
+        stats["nonpositive_exp"] = rw.cheap
+        stats["reciprocal_stores"] = rw.reciprocals
+    if rw.count == 0 and rw.reciprocals == 0:
         return func, 0
-    return func.with_body(body), rw.count
+    return func.with_body(body), rw.count + rw.reciprocals
 
 
 def fast_math_pass(target: C.Target) -> C.ir_transform.Pass:
@@ -261,9 +568,12 @@ def fast_math_pass(target: C.Target) -> C.ir_transform.Pass:
         updates = {}
         for gv, func in mod.functions.items():
             if isinstance(func, C.PrimFunc):
-                new, n = rewrite(func)
+                stats = {}
+                new, n = rewrite(func, stats)
                 if n:
-                    log.debug("%s: fast math rewrote %d calls", gv.name_hint, n)
+                    log.debug("%s: fast math rewrote %d calls and divisions (%d exps of an argument <= 0, "
+                              "%d stores dividing by a lane-invariant)", gv.name_hint, n,
+                              stats["nonpositive_exp"], stats["reciprocal_stores"])
                     updates[gv] = new
         for gv, func in updates.items():
             mod[gv] = func
