@@ -203,8 +203,13 @@ class Pool:
 
 def rpc_device_count(tracker: str, key: str) -> int:
     """Servers registered at ``tracker`` under ``key`` (free or busy)."""
+    from ..errors import TargetError
+
     host, port = tracker.rsplit(":", 1)
-    summary = C.rpc.connect_tracker(host, int(port)).summary()
+    try:
+        summary = C.rpc.connect_tracker(host, int(port)).summary()
+    except (OSError, RuntimeError, ValueError) as e:     # TVM retries, then raises RuntimeError
+        raise TargetError(f"cannot reach the RPC tracker at {tracker}: {e}") from None
     n = sum(1 for s in summary.get("server_info", [])
             if str(s.get("key", "")).split(":", 1)[-1] == key)
     return n
