@@ -33,6 +33,12 @@ def schedule_prim_func(func: C.PrimFunc, target: C.Target, records: dict | None 
     template, match = found
     key = workload_key(func)
     rec = (records or {}).get(key)
+    if rec is not None and rec.get("template") == template.family and \
+            not template.space(match, target).contains(rec["config"]):
+        # a record from an older knob space of this template (knobs added or choices changed)
+        log.info("%s: tuned record for %s is outside the template's current knob space; using the "
+                 "default", name, key)
+        rec = None
     if rec is not None and rec.get("template") == template.family:
         try:
             return Scheduled(schedule_with(template, match, func, rec["config"]), template.family,
