@@ -28,8 +28,8 @@ of an operand that would grow past it); subtraction cancels, so absolute error i
 against the output.  A wrong kernel is off by O(A) (the bug this test found was off by 0.17 .. 7.6 with
 A = 0.6 .. 6.5).
 
-Cost: ~0.4-0.5 s of CPU per graph (two graph stages, one build): 200 graphs took 131 s alone and 205 s
-with other jobs loading the 2 cores (load 7), so CI runs 150 (~100-150 s, the whole file under 3 minutes);
+Cost: 0.5-4 s per graph (two graph stages, one build; later examples are bigger): 150 graphs took 537 s
+in the whole suite beside the conformance gate on the 2 cores, so CI runs 100;
 ``TVMFUSE_PROPERTY_EXAMPLES=N`` runs N instead (about 1200 graphs were checked while writing it).  Hypothesis keeps no database (``database=None``); a failure
 prints the graph (one line per node, with shapes), the input seed and the groups, and a reproduce blob.
 """
@@ -54,7 +54,7 @@ RTOL, ATOL = 1e-4, 2e-5
 MAX_SCALE = 30.0          # magnitude bound the generator keeps every value under (see the docstring)
 INPUT_SCALE = 4.0         # |standard normal| sample maximum, for the magnitude bookkeeping
 DIMS = (1, 2, 3, 4, 5, 8, 16)   # row lengths: 8/16 take the template's vector paths, the others its tails
-EXAMPLES = int(os.environ.get("TVMFUSE_PROPERTY_EXAMPLES", "150"))
+EXAMPLES = int(os.environ.get("TVMFUSE_PROPERTY_EXAMPLES", "100"))
 
 UNARY = ("Sigmoid", "Tanh", "Relu", "Erf", "Exp")
 BINARY = ("Add", "Mul", "Sub")
