@@ -29,7 +29,8 @@ against the output.  A wrong kernel is off by O(A) (the bug this test found was 
 A = 0.6 .. 6.5).
 
 Cost: 0.5-4 s per graph (two graph stages, one build; later examples are bigger): 150 graphs took 537 s
-in the whole suite beside the conformance gate on the 2 cores, so CI runs 100;
+in the whole suite beside the conformance gate on the 2 cores, and one CI run stalled past 15 min, so
+CI runs 40 derandomized examples without the (unbounded) shrink phase; a failure prints its graph;
 ``TVMFUSE_PROPERTY_EXAMPLES=N`` runs N instead (about 1200 graphs were checked while writing it).  Hypothesis keeps no database (``database=None``); a failure
 prints the graph (one line per node, with shapes), the input seed and the groups, and a reproduce blob.
 """
@@ -54,7 +55,7 @@ RTOL, ATOL = 1e-4, 2e-5
 MAX_SCALE = 30.0          # magnitude bound the generator keeps every value under (see the docstring)
 INPUT_SCALE = 4.0         # |standard normal| sample maximum, for the magnitude bookkeeping
 DIMS = (1, 2, 3, 4, 5, 8, 16)   # row lengths: 8/16 take the template's vector paths, the others its tails
-EXAMPLES = int(os.environ.get("TVMFUSE_PROPERTY_EXAMPLES", "100"))
+EXAMPLES = int(os.environ.get("TVMFUSE_PROPERTY_EXAMPLES", "40"))
 
 UNARY = ("Sigmoid", "Tanh", "Relu", "Erf", "Exp")
 BINARY = ("Add", "Mul", "Sub")
@@ -304,9 +305,9 @@ def check_model(model, seed, target):
     return cm
 
 
-@settings(max_examples=EXAMPLES, deadline=None, database=None, print_blob=True,
+@settings(max_examples=EXAMPLES, deadline=None, database=None, print_blob=True, derandomize=True,
           suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
-          phases=[Phase.explicit, Phase.reuse, Phase.generate, Phase.shrink])
+          phases=[Phase.explicit, Phase.reuse, Phase.generate])
 @given(random_dags())
 def test_fused_equals_reference_on_random_dags(host, example):
     model, seed = example
