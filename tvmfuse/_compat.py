@@ -48,6 +48,14 @@ def tensor(array, device=None):
     return tvm.runtime.tensor(array, device=device) if device is not None else tvm.runtime.tensor(array)
 
 
+Tensor = tvm.runtime.Tensor
+
+
+def from_dlpack(array):
+    """A TVM tensor viewing ``array``'s memory (numpy, or any DLPack producer): no copy."""
+    return tvm_ffi.from_dlpack(array)
+
+
 def cpu(index: int = 0):
     return tvm.cpu(index)
 

@@ -9,7 +9,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from . import _compat as C
-from .errors import InputError
+from .io import Executes, validate_feeds  # noqa: F401  (validate_feeds: imported from here before)
 from .explain import Recorder
 from .pipeline import (PipelineOptions, fusion_passes, grouping_passes, guarded, legalize_passes,
                        lowering_passes, pre_legalize_passes, schedule_passes)
@@ -46,40 +46,9 @@ def _relax_io(mod) -> tuple[list[TensorSpec], list[TensorSpec]]:
     return ins, outs
 
 
-def validate_feeds(feeds: dict, inputs: list[TensorSpec]) -> list[np.ndarray]:
-    """Feeds in parameter order, or an InputError naming the input and what is wrong with it."""
-    if not isinstance(feeds, dict):
-        raise InputError(f"feeds must be a dict of input name -> array, got {type(feeds).__name__}")
-    names = [i.name for i in inputs]
-    unknown = sorted(set(feeds) - set(names))
-    if unknown:
-        raise InputError(f"unknown input name(s) {unknown}; the model's inputs are {names}")
-    missing = [n for n in names if n not in feeds]
-    if missing:
-        raise InputError(f"missing input(s) {missing}; the model's inputs are {names}")
-    arrays = []
-    for spec in inputs:
-        a = np.asarray(feeds[spec.name])
-        if str(a.dtype) != spec.dtype:
-            raise InputError(f"input {spec.name!r} has dtype {a.dtype}, the model expects {spec.dtype}")
-        if a.ndim != len(spec.shape) or any(isinstance(d, int) and d != s for d, s in zip(spec.shape, a.shape)):
-            raise InputError(f"input {spec.name!r} has shape {list(a.shape)}, the model expects "
-                             f"{list(spec.shape)}")
-        arrays.append(np.ascontiguousarray(a))
-    return arrays
-
-
-def _to_numpy(value) -> list[np.ndarray]:
-    if hasattr(value, "numpy"):
-        return [value.numpy()]
-    out = []
-    for v in value:
-        out.extend(_to_numpy(v))
-    return out
-
-
-class CompiledModel:
-    """A compiled model: ``run(feeds) -> {output name: array}``, its kernel count and fusion report."""
+class CompiledModel(Executes):
+    """A compiled model: ``run(feeds, outputs=None) -> {output name: array}`` (no copies, see tvmfuse.io),
+    ``bind(feeds)`` for inputs kept on the device across runs, its kernel count and fusion report."""
 
     def __init__(self, executable, target, inputs, outputs, report: FusionReport, fused_mod, options,
                  source_model=None):
@@ -93,6 +62,7 @@ class CompiledModel:
         self.source_model = source_model
         self.device = C.device_for(target)
         self._vm = None
+        self._main_fn = None
 
     @property
     def kernel_count(self) -> int:
@@ -105,18 +75,15 @@ class CompiledModel:
             self._vm = C.VirtualMachine(self.executable, self.device)
         return self._vm
 
-    def run(self, feeds: dict) -> dict[str, np.ndarray]:
-        arrays = validate_feeds(feeds, self.inputs)
-        args = [C.tensor(a, self.device) for a in arrays]
-        result = self.vm["main"](*args)
-        values = _to_numpy(result)
-        return {spec.name: v for spec, v in zip(self.outputs, values)}
+    def _main(self):
+        if self._main_fn is None:
+            self._main_fn = self.vm["main"]
+        return self._main_fn
 
     def benchmark(self, feeds: dict, repeat: int = 10, warmup: int = 2) -> float:
         """Median wall time of one inference in seconds (inputs already on the device)."""
-        arrays = validate_feeds(feeds, self.inputs)
-        args = [C.tensor(a, self.device) for a in arrays]
-        f = self.vm["main"]
+        args = [self._to_device(v)[0] for v in validate_feeds(feeds, self.inputs)]
+        f = self._main()
         for _ in range(warmup):
             f(*args)
         times = []

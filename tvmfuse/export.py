@@ -29,6 +29,7 @@ from dataclasses import asdict, is_dataclass
 import numpy as np
 
 from .errors import ArtifactError, InputError
+from .io import Executes
 
 FORMAT = "tvmfuse-artifact"
 FORMAT_VERSION = 1
@@ -437,8 +438,9 @@ def _install_device_code(root: str, manifest: dict) -> None:
 
 
 # --------------------------------------------------------------------------- load: the runner
-class Runner:
-    """A loaded artifact: ``run(feeds) -> {output name: array}``, ``inputs``, ``outputs``, ``manifest``."""
+class Runner(Executes):
+    """A loaded artifact: ``run(feeds, outputs=None) -> {output name: array}`` and ``bind(feeds)`` (no
+    copies, as ``CompiledModel``; see tvmfuse.io), ``inputs``, ``outputs``, ``manifest``."""
 
     def __init__(self, path: str, num_threads: int | None = None):
         from . import _compat as C
@@ -475,6 +477,7 @@ class Runner:
         try:
             self.module = C.load_module(library)
             self._vm = C.VirtualMachine(self.module, self.device)
+            self._main_fn = None
         except (RuntimeError, OSError) as e:
             raise ArtifactError(f"{self.path}: the TVM runtime cannot load {self.manifest['library']}: {e}") \
                 from None
@@ -493,17 +496,14 @@ class Runner:
                 feeds[spec.name] = rng.integers(0, 2, size=spec.shape).astype(spec.dtype)
         return feeds
 
-    def run(self, feeds: dict) -> dict[str, np.ndarray]:
-        from . import _compat as C
-        from .compiled import _to_numpy, validate_feeds
+    def _main(self):
+        if self._main_fn is None:
+            self._main_fn = self._vm["main"]
+        return self._main_fn
 
-        arrays = validate_feeds(feeds, self.inputs)
-        result = self._vm["main"](*[C.tensor(a, self.device) for a in arrays])
-        values = _to_numpy(result)
-        if len(values) != len(self.outputs):
-            raise ArtifactError(f"{self.path}: the library returned {len(values)} outputs, the manifest lists "
-                                f"{len(self.outputs)}")
-        return {spec.name: v for spec, v in zip(self.outputs, values)}
+    def _output_count_error(self, got: int) -> Exception:
+        return ArtifactError(f"{self.path}: the library returned {got} outputs, the manifest lists "
+                             f"{len(self.outputs)}")
 
     def __repr__(self) -> str:
         t = self.manifest["target"]

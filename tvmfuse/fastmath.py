@@ -91,6 +91,12 @@ ROUND_MAGIC_POW2 = ROUND_MAGIC + 127.0
 # a / b -> a * (1/b) where 1/b is a normal float: 2^-126 <= |b| <= 2^126 (outside: the division is kept)
 RECIP_MIN = 2.0 ** -126
 RECIP_MAX = 2.0 ** 126
+# Fast-math expansions nested deeper than this in one expression keep TVM's libm call for the outer ones.
+# TVM's simplifier (Analyzer::Bind, which the LLVM code generator calls on every Let) substitutes each bound
+# value into the next, so building a kernel costs about the product of the nested expansions' sizes:
+# tanh(tanh(x)) on [3, 8] builds in 2-3 s, tanh(tanh(tanh(x))) did not finish in 15 min (the stall of
+# tests/test_fusion_property.py: Erf(Exp(Tanh(y))) in one fused kernel).
+MAX_NESTED_EXPANSIONS = 2
 # calls a lane-invariant divisor may contain (pure, no lane-dependent state)
 _PURE = ("tirx.sqrt", "tirx.rsqrt", "tirx.fabs")
 
@@ -127,6 +133,25 @@ class _Lets:
         for v, e in reversed(self.binds):
             body = C.tirx.Let(v, e, body)
         return body
+
+
+def _expansion_depth(e) -> int:
+    """How many fast-math expansions are nested in ``e`` (the outermost Let of each one binds ``fm1``)."""
+    t = C.tirx
+    if isinstance(e, t.Let):
+        own = 1 if str(e.var.name) == "fm1" else 0
+        return max(own + _expansion_depth(e.value), _expansion_depth(e.body))
+    if isinstance(e, t.Select):
+        return max(_expansion_depth(e.condition), _expansion_depth(e.true_value), _expansion_depth(e.false_value))
+    if isinstance(e, C.Call):
+        return max((_expansion_depth(a) for a in e.args), default=0)
+    if isinstance(e, (t.Cast,)):
+        return _expansion_depth(e.value)
+    if isinstance(e, t.Not):
+        return _expansion_depth(e.a)
+    if hasattr(e, "a") and hasattr(e, "b"):
+        return max(_expansion_depth(e.a), _expansion_depth(e.b))
+    return 0
 
 
 def _horner(x, coeffs):
@@ -411,6 +436,7 @@ class _Rewriter:
     def __init__(self, nonpositive: _NonPositive | None = None):
         self.count = 0
         self.cheap = 0           # exps of an argument proved <= 0 (the cheaper variant)
+        self.kept_nested = 0     # calls left to libm: nested in MAX_NESTED_EXPANSIONS expansions already
         self.reciprocals = 0     # stores whose lane-invariant divisions became reciprocal multiplies
         self._nonpositive = nonpositive
         self._binary = tuple(getattr(C.tirx, n) for n in _BINARY)
@@ -450,7 +476,10 @@ class _Rewriter:
         if isinstance(e, C.Call):
             args = [self.expr(a) for a in e.args]
             name = str(e.op.name) if hasattr(e.op, "name") else ""
-            if name in REWRITES and len(args) == 1 and str(args[0].ty.dtype) == F32:
+            if name in REWRITES and len(args) == 1 and str(args[0].ty.dtype) == F32 \
+                    and _expansion_depth(args[0]) >= MAX_NESTED_EXPANSIONS:
+                self.kept_nested += 1
+            elif name in REWRITES and len(args) == 1 and str(args[0].ty.dtype) == F32:
                 self.count += 1
                 if name == "tirx.exp" and self._nonpositive is not None and self._nonpositive.proves(args[0]):
                     self.cheap += 1
@@ -555,6 +584,7 @@ def rewrite(func: C.PrimFunc, stats: dict | None = None) -> tuple[C.PrimFunc, in
     if stats is not None:
         stats["nonpositive_exp"] = rw.cheap
         stats["reciprocal_stores"] = rw.reciprocals
+        stats["kept_nested"] = rw.kept_nested
     if rw.count == 0 and rw.reciprocals == 0:
         return func, 0
     return func.with_body(body), rw.count + rw.reciprocals
@@ -574,6 +604,10 @@ def fast_math_pass(target: C.Target) -> C.ir_transform.Pass:
                     log.debug("%s: fast math rewrote %d calls and divisions (%d exps of an argument <= 0, "
                               "%d stores dividing by a lane-invariant)", gv.name_hint, n,
                               stats["nonpositive_exp"], stats["reciprocal_stores"])
+                if stats["kept_nested"]:
+                    log.info("%s: fast math left %d calls to libm (nested in %d fast-math expansions already; "
+                             "deeper nesting makes TVM's simplifier blow up)", gv.name_hint,
+                             stats["kept_nested"], MAX_NESTED_EXPANSIONS)
                     updates[gv] = new
         for gv, func in updates.items():
             mod[gv] = func
