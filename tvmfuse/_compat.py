@@ -56,6 +56,14 @@ def from_dlpack(array):
     return tvm_ffi.from_dlpack(array)
 
 
+def strong_ref_count(obj) -> int:
+    """Strong references to a TVM FFI object: the low 32 bits of ``combined_ref_count``, the first field of
+    the TVMFFIObject header (tvm-ffi's stable C ABI, include/tvm/ffi/c_api.h)."""
+    import ctypes
+
+    return ctypes.c_uint64.from_address(obj.__chandle__()).value & 0xFFFFFFFF
+
+
 def cpu(index: int = 0):
     return tvm.cpu(index)
 

@@ -171,7 +171,8 @@ class Executes:
     def _finish(self, result, outputs: dict | None, args: list) -> dict[str, np.ndarray]:
         """The VM's result as {output name: numpy array}: views of the result tensors on a CPU, written
         into ``outputs[name]`` where given."""
-        tensors = _flatten(result)
+        flat = _flatten(result)
+        tensors = [t for t, _ in flat]
         if len(tensors) != len(self.outputs):
             raise self._output_count_error(len(tensors))
         given = outputs or {}
@@ -182,17 +183,21 @@ class Executes:
         on_cpu = self._on_cpu()
         taken = [a.data_ptr() for a in args]
         out = {}
-        for spec, t in zip(self.outputs, tensors):
+        for spec, (t, holders) in zip(self.outputs, flat):
             if spec.name in given:
                 out[spec.name] = _write_into(given[spec.name], t, spec)
                 continue
             if not on_cpu:
                 out[spec.name] = t.numpy()
                 continue
+            # A view only of a tensor nobody else holds: not of the caller's input (Identity returns it),
+            # another output's memory, or one of the VM's constants (a constant output: writing into the
+            # view would change the model).  A fresh result is held by our wrapper, each tuple it sits in
+            # and, for the top-level value, the VM (it keeps its last return value until the next call);
+            # a constant also by the executable's constant pool and the VM's registers.
+            shared = t.data_ptr() in taken or C.strong_ref_count(t) > 2 + holders
             view = np.from_dlpack(t)
-            # never hand out memory the caller owns or another output already views (a reshape of an
-            # input is a view in the VM): a later write to it would change this result
-            if t.data_ptr() in taken and view.size:
+            if shared and view.size:
                 view = view.copy()
             taken.append(t.data_ptr())
             out[spec.name] = view
@@ -215,12 +220,13 @@ class Executes:
         return Binding(self, feeds)
 
 
-def _flatten(value) -> list:
+def _flatten(value, depth: int = 0) -> list:
+    """[(tensor, how many of the result's tuples hold it)] in output order."""
     if _is_tensor(value):
-        return [value]
+        return [(value, depth)]
     out = []
     for v in value:
-        out.extend(_flatten(v))
+        out.extend(_flatten(v, depth + 1))
     return out
 
 

@@ -1,0 +1,216 @@
+"""Zero-copy I/O of ``run()`` / ``bind()`` (tvmfuse/io.py), for a compiled model and a loaded artifact.
+
+Every test runs twice: on ``tvmfuse.compile``'s CompiledModel and on ``tvmfuse.load`` of its exported
+artifact (the Runner), which share the code.  "No copy" is checked on pointers: the data pointers of the
+tensors the VM's ``main`` receives and returns (recorded by a spy around it) against the numpy arrays'
+``__array_interface__`` addresses.
+"""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import tvmfuse
+from tvmfuse import models as M
+from tvmfuse.io import ALIGNMENT
+
+N = 4096
+
+
+def _addr(a: np.ndarray) -> int:
+    return a.__array_interface__["data"][0]
+
+
+def _reference(f):
+    return 1.0 / (1.0 + np.exp(-((f["a"].astype(np.float64) + f["b"]) * f["c"])))
+
+
+@pytest.fixture(scope="module")
+def compiled():
+    return tvmfuse.compile(M.elementwise_chain(N))          # sigmoid((a + b) * c), host target
+
+
+@pytest.fixture(scope="module", params=["compiled", "artifact"])
+def model(request, compiled, tmp_path_factory):
+    if request.param == "compiled":
+        return compiled
+    return tvmfuse.load(compiled.export(str(tmp_path_factory.mktemp("io") / "chain")))
+
+
+class Spy:
+    """Wraps the model's VM ``main``: records the data pointers of its arguments and results."""
+
+    def __init__(self, model, monkeypatch):
+        inner = model._main()
+        self.args, self.results = [], []
+
+        def main(*args):
+            self.args.append([a.data_ptr() for a in args])
+            r = inner(*args)
+            self.results.append(r.data_ptr())
+            return r
+
+        monkeypatch.setattr(model, "_main", lambda: main)
+
+
+def _feeds(rng, alloc=tvmfuse.empty):
+    out = {}
+    for k in "abc":
+        a = alloc(N, "float32")
+        a[...] = rng.standard_normal(N)
+        out[k] = a
+    return out
+
+
+def _at_offset(values: np.ndarray, offset: int) -> np.ndarray:
+    """A copy of ``values`` whose data starts ``offset`` bytes past a 64-byte boundary."""
+    raw = np.empty(values.nbytes + 2 * ALIGNMENT, np.uint8)
+    start = (-_addr(raw)) % ALIGNMENT + offset
+    a = raw[start:start + values.nbytes].view(values.dtype).reshape(values.shape)
+    a[...] = values
+    return a
+
+
+def test_empty_is_aligned_and_contiguous():
+    for shape, dtype in [((3, 5), "float32"), (7, "int8"), ((2, 3, 4), "float64"), ((0, 4), "float32")]:
+        a = tvmfuse.empty(shape, dtype)
+        assert a.shape == (tuple(shape) if isinstance(shape, tuple) else (shape,)) and a.dtype == dtype
+        assert (a.size == 0 or _addr(a) % ALIGNMENT == 0) and a.flags.c_contiguous and a.flags.writeable
+    assert not tvmfuse.zeros((4, 4)).any()
+
+
+def test_aligned_inputs_and_outputs_are_not_copied(model, rng, monkeypatch):
+    spy = Spy(model, monkeypatch)
+    feeds = _feeds(rng)
+    out = model.run(feeds)["y"]
+    assert spy.args == [[_addr(feeds[k]) for k in "abc"]]           # the kernels read the arrays in place
+    assert _addr(out) == spy.results[0]                              # the output views the VM's tensor
+    np.testing.assert_allclose(out, _reference(feeds), rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("offset", [4, 16, 32])
+def test_misaligned_input_is_copied_to_an_aligned_tensor(model, rng, monkeypatch, offset):
+    # given as they are, these pointers crash the kernels (aligned vector moves; see tvmfuse/io.py)
+    spy = Spy(model, monkeypatch)
+    feeds = {k: _at_offset(v, offset) for k, v in _feeds(rng).items()}
+    assert all(_addr(v) % ALIGNMENT == offset for v in feeds.values())
+    out = model.run(feeds)["y"]
+    assert all(p % ALIGNMENT == 0 and p != _addr(feeds[k]) for p, k in zip(spy.args[0], "abc"))
+    np.testing.assert_allclose(out, _reference(feeds), rtol=1e-5, atol=1e-6)
+    # the same values aligned go in place, and give the same result
+    again = {k: _at_offset(v, 0) for k, v in feeds.items()}
+    np.testing.assert_array_equal(model.run(again)["y"], out)
+    assert spy.args[1] == [_addr(again[k]) for k in "abc"]
+
+
+def test_non_contiguous_and_read_only_inputs_give_right_results(model, rng, monkeypatch):
+    spy = Spy(model, monkeypatch)
+    base = _feeds(rng)
+    wide = tvmfuse.empty((N, 2))
+    wide[:, 0] = base["a"]
+    ro = base["c"].copy()
+    ro.flags.writeable = False
+    feeds = {"a": wide[:, 0], "b": base["b"], "c": ro}
+    out = model.run(feeds)["y"]
+    np.testing.assert_allclose(out, _reference(base), rtol=1e-5, atol=1e-6)
+    assert spy.args[0][0] != _addr(wide) and spy.args[0][1] == _addr(base["b"]) and spy.args[0][2] != _addr(ro)
+
+
+def test_wrong_inputs_are_a_clear_error(model, rng):
+    good = _feeds(rng)
+    with pytest.raises(tvmfuse.InputError, match="input 'a' has dtype float64, the model expects float32"):
+        model.run({**good, "a": good["a"].astype(np.float64)})
+    with pytest.raises(tvmfuse.InputError, match=r"input 'b' has shape \[4095\]"):
+        model.run({**good, "b": good["b"][1:]})
+    with pytest.raises(tvmfuse.InputError, match="missing input"):
+        model.run({"a": good["a"]})
+
+
+def test_results_stay_valid_after_the_next_call(model, rng):
+    f1, f2 = _feeds(rng), _feeds(rng)
+    y1 = model.run(f1)["y"]
+    kept = y1.copy()
+    y2 = model.run(f2)["y"]
+    np.testing.assert_array_equal(y1, kept)                      # call 2 did not write into call 1's result
+    assert not np.shares_memory(y1, y2)
+    np.testing.assert_allclose(y2, _reference(f2), rtol=1e-5, atol=1e-6)
+    # refilling the same input arrays in place (the zero-copy loop) leaves earlier results alone too
+    for k in "abc":
+        f1[k][...] = f2[k]
+    y3 = model.run(f1)["y"]
+    np.testing.assert_array_equal(y1, kept)
+    np.testing.assert_array_equal(y3, y2)
+
+
+def test_preallocated_outputs_receive_the_results(model, rng):
+    feeds = _feeds(rng)
+    dst = tvmfuse.empty(N)
+    out = model.run(feeds, outputs={"y": dst})
+    assert out["y"] is dst
+    np.testing.assert_allclose(dst, _reference(feeds), rtol=1e-5, atol=1e-6)
+    with pytest.raises(tvmfuse.InputError, match=r"output 'y' has shape \[8\]"):
+        model.run(feeds, outputs={"y": np.empty(8, np.float32)})
+    with pytest.raises(tvmfuse.InputError, match="unknown output name"):
+        model.run(feeds, outputs={"z": dst})
+
+
+def test_bind_keeps_inputs_in_place_across_runs(model, rng, monkeypatch):
+    spy = Spy(model, monkeypatch)
+    feeds = _feeds(rng)
+    b = model.bind(feeds)
+    assert b.copied == {}
+    assert [b.inputs[k].data_ptr() for k in "abc"] == [_addr(feeds[k]) for k in "abc"]
+    y1 = b.run()["y"]
+    np.testing.assert_allclose(y1, _reference(feeds), rtol=1e-5, atol=1e-6)
+    nxt = _feeds(rng)
+    feeds["a"][...] = nxt["a"]                    # write the next batch into the bound array itself
+    b.update({"b": nxt["b"], "c": nxt["c"]})      # or through update()
+    dst = tvmfuse.empty(N)
+    y2 = b.run(outputs={"y": dst})["y"]
+    assert y2 is dst
+    np.testing.assert_allclose(y2, _reference(nxt), rtol=1e-5, atol=1e-6)
+    assert spy.args[0] == spy.args[1] == [_addr(feeds[k]) for k in "abc"]
+    # a misaligned array is copied once at bind time, and the reason is recorded
+    mis = model.bind({**feeds, "a": _at_offset(feeds["a"], 4)})
+    assert set(mis.copied) == {"a"} and "aligned" in mis.copied["a"]
+    np.testing.assert_allclose(mis.run()["y"], _reference(feeds), rtol=1e-5, atol=1e-6)
+
+
+def test_an_output_that_views_an_input_is_copied(host):
+    # Identity and Flatten return the input tensor itself from the VM (0 kernels): the output must not
+    # alias the caller's array, or refilling the input would change the result
+    g = M._G("views")
+    x = g.input("x", (4, 8))
+    g.op("Identity", x)
+    g.rename_last("y", (4, 8))
+    g.op("Flatten", x)
+    g.rename_last("z", (4, 8))
+    cm = tvmfuse.compile(g.model(), host)
+    assert cm.kernel_count == 0
+    xa = tvmfuse.empty((4, 8))
+    xa[...] = np.arange(32).reshape(4, 8)
+    out = cm.run({"x": xa})
+    for name in "yz":
+        np.testing.assert_array_equal(out[name], np.arange(32, dtype=np.float32).reshape(4, 8))
+        assert not np.shares_memory(out[name], xa)
+    assert not np.shares_memory(out["y"], out["z"])
+    xa[...] = 0
+    np.testing.assert_array_equal(out["y"], np.arange(32, dtype=np.float32).reshape(4, 8))
+
+
+def test_a_constant_output_is_copied(host):
+    # an output computed from constants only is the VM's constant tensor: a view of it handed out
+    # writeable would let the caller change the model
+    g = M._G("const_out")
+    x = g.input("x", (4,))
+    g.op("Relu", x)
+    g.rename_last("y", (4,))
+    g.op("Add", g.const(np.ones(4, np.float32)), g.const(np.ones(4, np.float32)))
+    g.rename_last("z", (4,))
+    cm = tvmfuse.compile(g.model(), host)
+    first = cm.run({"x": tvmfuse.zeros(4)})
+    first["z"][...] = 7.0
+    first["y"][...] = 7.0
+    again = cm.run({"x": tvmfuse.zeros(4)})
+    np.testing.assert_array_equal(again["z"], np.full(4, 2.0, np.float32))
+    np.testing.assert_array_equal(again["y"], np.zeros(4, np.float32))
