@@ -214,3 +214,45 @@ def test_a_constant_output_is_copied(host):
     again = cm.run({"x": tvmfuse.zeros(4)})
     np.testing.assert_array_equal(again["z"], np.full(4, 2.0, np.float32))
     np.testing.assert_array_equal(again["y"], np.zeros(4, np.float32))
+
+
+# ------------------------------------------------------------------ loading: onnx.checker complaints
+def _graph_model(nodes, outputs, inputs=(("x", [2, 3]),)):
+    from onnx import TensorProto, helper
+
+    ins = [helper.make_tensor_value_info(n, TensorProto.FLOAT, s) for n, s in inputs]
+    return helper.make_model(helper.make_graph(nodes, "g", ins, outputs),
+                             opset_imports=[helper.make_opsetid("", 17)])
+
+
+def test_outputs_without_shape_or_type_load_with_a_warning(host, caplog):
+    # onnx.checker requires a shape on every graph output; onnxruntime and TVM's importer do not
+    from onnx import TensorProto, helper
+
+    model = _graph_model([helper.make_node("Relu", ["x"], ["y"]), helper.make_node("Exp", ["y"], ["z"])],
+                         [helper.make_tensor_value_info("y", TensorProto.FLOAT, None),   # no shape
+                          helper.make_empty_tensor_value_info("z")])                     # no type at all
+    with caplog.at_level("WARNING", logger="tvmfuse"):
+        cm = tvmfuse.compile(model, host)
+    warned = [r.getMessage() for r in caplog.records if r.name.startswith("tvmfuse")]
+    assert any("Field 'shape' of 'type' is required but missing" in m and "['y', 'z']" in m for m in warned), warned
+    assert [(s.name, s.shape, s.dtype) for s in cm.outputs] == [("y", (2, 3), "float32"), ("z", (2, 3), "float32")]
+    x = np.random.default_rng(0).standard_normal((2, 3)).astype(np.float32)
+    out = cm.run({"x": x})
+    np.testing.assert_allclose(out["y"], np.maximum(x, 0), rtol=1e-6)
+    np.testing.assert_allclose(out["z"], np.exp(np.maximum(x, 0)), rtol=1e-5)
+
+
+def test_malformed_models_still_fail_naming_the_cause():
+    from onnx import TensorProto, helper
+
+    from tvmfuse.frontend import read_model
+
+    undefined = [helper.make_node("Relu", ["nope"], ["y"])]
+    with pytest.raises(tvmfuse.ModelLoadError, match="malformed ONNX model: .*'nope'"):
+        read_model(_graph_model(undefined, [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 3])]))
+    # the same fault behind a tolerated complaint (an output without a shape) is still found
+    with pytest.raises(tvmfuse.ModelLoadError, match="malformed ONNX model: .*'nope'"):
+        read_model(_graph_model(undefined, [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)]))
+    with pytest.raises(tvmfuse.ModelLoadError, match="not a valid ONNX model"):
+        read_model(b"\x08\x07garbage that is no protobuf \xff\xff")

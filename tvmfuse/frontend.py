@@ -43,12 +43,78 @@ def read_model(path_or_model) -> onnx.ModelProto:
         raise ModelLoadError(f"cannot read a model from {type(path_or_model).__name__}")
     if len(model.graph.node) == 0 and len(model.graph.output) == 0:
         raise ModelLoadError("the ONNX model has an empty graph (not an ONNX model?)")
+    return check_model(model)
+
+
+# onnx.checker complaints that do not stop an import: a graph output without a type or a shape (exporters
+# leave them out; onnxruntime and TVM's importer infer them).  They become a warning, and onnx shape
+# inference fills what it can.
+TOLERATED_CHECKER_ERRORS = (
+    "Field 'shape' of 'type' is required but missing",
+    "Field 'type' of 'value_info' is required but missing",
+)
+
+
+def _first_line(e: Exception) -> str:
+    text = str(e).strip()
+    return text.splitlines()[0] if text else "validation failed"
+
+
+def _untyped_outputs(model: onnx.ModelProto) -> list[str]:
+    return [o.name for o in model.graph.output
+            if not o.type.HasField("tensor_type") or not o.type.tensor_type.HasField("shape")
+            or not o.type.tensor_type.elem_type]
+
+
+def _fill_output_types(model: onnx.ModelProto) -> onnx.ModelProto:
+    """A copy of ``model`` whose untyped/unshaped graph outputs take the types onnx shape inference finds."""
+    out = onnx.ModelProto()
+    out.CopyFrom(model)
+    try:
+        inferred = shape_inference.infer_shapes(model)
+    except Exception as e:  # inference can fail (custom domains, bad attributes); the checker then says why
+        log.debug("onnx shape inference failed: %s", e)
+        return out
+    known = {vi.name: vi for vi in list(inferred.graph.value_info) + list(inferred.graph.output)
+             if vi.type.HasField("tensor_type") and vi.type.tensor_type.HasField("shape")
+             and vi.type.tensor_type.elem_type}
+    missing = set(_untyped_outputs(out))
+    for o in out.graph.output:
+        if o.name in missing and o.name in known:
+            o.type.CopyFrom(known[o.name].type)
+    return out
+
+
+def check_model(model: onnx.ModelProto) -> onnx.ModelProto:
+    """``model`` if onnx.checker accepts it; with a complaint of ``TOLERATED_CHECKER_ERRORS``, a copy whose
+    graph outputs have the types onnx shape inference finds (a warning on the ``tvmfuse`` logger says
+    so); any other complaint is a ModelLoadError naming it."""
     try:
         onnx.checker.check_model(model)
+        return model
     except onnx.checker.ValidationError as e:
-        first = str(e).strip().splitlines()[0] if str(e).strip() else "validation failed"
-        raise ModelLoadError(f"malformed ONNX model: {first}") from None
-    return model
+        complaint = _first_line(e)
+    if not any(t in complaint for t in TOLERATED_CHECKER_ERRORS):
+        raise ModelLoadError(f"malformed ONNX model: {complaint}")
+    filled = _fill_output_types(model)
+    left = _untyped_outputs(filled)
+    # check everything else: outputs inference could not type get a placeholder type in a throwaway copy
+    probe = onnx.ModelProto()
+    probe.CopyFrom(filled)
+    for o in probe.graph.output:
+        if o.name in left:
+            o.type.tensor_type.elem_type = o.type.tensor_type.elem_type or onnx.TensorProto.FLOAT
+            o.type.tensor_type.shape.SetInParent()
+    try:
+        onnx.checker.check_model(probe)
+    except onnx.checker.ValidationError as e:
+        raise ModelLoadError(f"malformed ONNX model: {_first_line(e)}") from None
+    filled_names = sorted(set(_untyped_outputs(model)) - set(left))
+    log.warning("onnx.checker: %s; continuing (%s)", complaint,
+                "; ".join(p for p in (f"onnx shape inference typed output(s) {filled_names}" if filled_names
+                                      else "", f"output(s) {left} left for the importer to infer" if left
+                                      else "") if p))
+    return filled
 
 
 def _static_shape(vi) -> tuple[int, ...] | None:
