@@ -1,11 +1,16 @@
 """CPU benchmark of issue #4's workloads: numpy op by op, onnxruntime, stock TVM, tvmfuse (untuned).
 
-    python benchmarks/bench_cpu.py [--quick] [--repeat N] [--threads T] [--json out.json] [--no-models]
+    python benchmarks/bench_cpu.py [--quick] [--repeat N] [--threads T] [--json out.json] [--no-models] [--io]
 
 Runs are interleaved (one round = a block of calls of every engine per workload), medians over the rounds; ratios are
 to the best peer (numpy / onnxruntime) and to a roofline floor measured in the same run (a large copy for
 memory-bound workloads, a large matmul for compute-bound ones).  MatMul+Bias+GELU is also run as three
 separate kernels (tvmfuse schedules, no fusion) for the fused-vs-separate ratio.
+
+``--io`` adds the cost of getting data in and out (issue 11), per workload: the VM call on device tensors
+next to ``CompiledModel.run()`` with numpy arrays in and out, for ordinary numpy inputs (not 64-byte
+aligned: copied once) and for ``tvmfuse.empty`` inputs (zero copy), and the same three for ``Runner.run``
+of the exported artifact (``tvmfuse.load``).
 """
 from __future__ import annotations
 
@@ -15,6 +20,7 @@ import os
 import platform
 import statistics
 import sys
+import tempfile
 import time
 
 import numpy as np
@@ -73,7 +79,7 @@ def _time(fn, warmup=1):
 class Engines:
     """One callable per engine and workload; inputs are prepared outside the timed call."""
 
-    def __init__(self, model, threads):
+    def __init__(self, model, threads, io=False, workdir=None):
         self.model = model
         self.feeds = {k: np.random.default_rng(0).standard_normal(v.shape).astype(v.dtype)
                       for k, v in M.random_feeds(model).items()}
@@ -84,6 +90,25 @@ class Engines:
                          ("tvmfuse", {})):
             self.runs[name] = self._tvm(kw)
         self.runs["tvmfuse separate"] = self._separate()
+        if io:
+            self.runs.update(self._io(workdir))
+
+    def _io(self, workdir):
+        """run() with numpy in and out beside the VM call on device tensors, compiled and exported."""
+        cm = tvmfuse.compile(self.model)
+        runner = tvmfuse.load(cm.export(os.path.join(workdir, f"m{id(self)}")))
+        aligned = {}
+        for k, v in self.feeds.items():
+            aligned[k] = tvmfuse.empty(v.shape, v.dtype)
+            aligned[k][...] = v
+        runs = {}
+        for label, m in (("", cm), ("artifact ", runner)):
+            args = [C.tensor(self.feeds[s.name]) for s in m.inputs]
+            f = m._main()
+            runs[f"{label}VM call"] = lambda f=f, args=args: f(*args)
+            runs[f"{label}run() numpy"] = lambda m=m: m.run(self.feeds)
+            runs[f"{label}run() aligned"] = lambda m=m: m.run(aligned)
+        return runs
 
     def _separate(self):
         """Each op its own kernel, each kernel scheduled by tvmfuse (the fused-vs-separate baseline)."""
@@ -146,6 +171,8 @@ def main(argv=None):
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--json", default="benchmarks/bench_cpu.json")
     ap.add_argument("--no-models", action="store_true", help="skip the demo models end to end")
+    ap.add_argument("--io", action="store_true", help="also time run() with numpy in/out against the VM call on "
+                    "device tensors, compiled and exported (Runner.run)")
     args = ap.parse_args(argv)
     configure_threads(args.threads)
     fl = floors(args.threads)
@@ -153,7 +180,8 @@ def main(argv=None):
     if not args.no_models:
         wl += [("transformer_block", M.transformer_block(), "model", 0),
                ("resnet_block", M.resnet_block(), "model", 0)]
-    engines = {name: Engines(model, args.threads) for name, model, _, _ in wl}
+    workdir = tempfile.mkdtemp(prefix="bench-io-")
+    engines = {name: Engines(model, args.threads, io=args.io, workdir=workdir) for name, model, _, _ in wl}
     times = {n: {e: [] for e, f in eng.runs.items() if f is not None} for n, eng in engines.items()}
     for _ in range(args.repeat):                          # interleaved rounds
         for n, eng in engines.items():
@@ -178,6 +206,13 @@ def main(argv=None):
         vf = r["tvmfuse_vs_floor"]
         line += f"{r['floor_ms']:10.3f}{r['tvmfuse_vs_best_peer']:9.2f}" + (f"{vf:9.2f}" if vf else f"{'-':>9s}")
         print(line)
+    if args.io:
+        io_order = [f"{p}{e}" for p in ("", "artifact ") for e in ("VM call", "run() numpy", "run() aligned")]
+        print("\nI/O: ms per call; VM call = device tensors in and out, run() = numpy in and out "
+              "(numpy inputs copied, aligned inputs zero-copy)")
+        print(f"{'workload':22s}" + "".join(f"{e:>24s}" for e in io_order))
+        for r in rows:
+            print(f"{r['workload']:22s}" + "".join(f"{r['ms'].get(e, float('nan')):24.3f}" for e in io_order))
     print(f"floors: copy {fl['copy_GBps']:.1f} GB/s, matmul {fl['matmul_GFLOPs']:.1f} GFLOP/s; ms are medians "
           f"of {args.repeat} interleaved rounds; 'vs peer' = best peer time / tvmfuse time (>1: tvmfuse faster)")
     out = {"date": time.strftime("%Y-%m-%d %H:%M"), "machine": platform.processor() or platform.machine(),

@@ -152,6 +152,16 @@ def test_preallocated_outputs_receive_the_results(model, rng):
         model.run(feeds, outputs={"y": np.empty(8, np.float32)})
     with pytest.raises(tvmfuse.InputError, match="unknown output name"):
         model.run(feeds, outputs={"z": dst})
+    ro = tvmfuse.empty(N)
+    ro.flags.writeable = False
+    with pytest.raises(tvmfuse.InputError, match="read-only"):
+        model.run(feeds, outputs={"y": ro})
+    # a TVM tensor receives the result too
+    from tvmfuse import _compat as C
+
+    t = C.tensor(np.zeros(N, np.float32))
+    assert model.run(feeds, outputs={"y": t})["y"] is t
+    np.testing.assert_allclose(t.numpy(), _reference(feeds), rtol=1e-5, atol=1e-6)
 
 
 def test_bind_keeps_inputs_in_place_across_runs(model, rng, monkeypatch):

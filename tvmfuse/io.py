@@ -133,6 +133,7 @@ class Binding:
                 dst.copyfrom(np.ascontiguousarray(a))
 
     def run(self, outputs: dict | None = None) -> dict[str, np.ndarray]:
+        self._model._validate_outputs(outputs)
         return self._model._finish(self._model._main()(*self._args), outputs, self._args)
 
 
@@ -168,6 +169,24 @@ class Executes:
     def _output_count_error(self, got: int) -> Exception:
         return TvmfuseError(f"the model returned {got} outputs, it declares {len(self.outputs)}")
 
+    def _validate_outputs(self, outputs: dict | None) -> None:
+        """Preallocated outputs: known names, arrays or tensors of the output's shape and dtype, writeable."""
+        if not outputs:
+            return
+        specs = {s.name: s for s in self.outputs}
+        unknown = sorted(set(outputs) - set(specs))
+        if unknown:
+            raise InputError(f"unknown output name(s) {unknown}; the model's outputs are {list(specs)}")
+        for name, dst in outputs.items():
+            if _is_tensor(dst):
+                _check(specs[name], str(dst.dtype), tuple(dst.shape), "output")
+                continue
+            if not isinstance(dst, np.ndarray):
+                raise InputError(f"output {name!r}: give a numpy array or a TVM tensor, not {type(dst).__name__}")
+            _check(specs[name], str(dst.dtype), dst.shape, "output")
+            if not dst.flags.writeable:
+                raise InputError(f"output {name!r}: the array given is read-only")
+
     def _finish(self, result, outputs: dict | None, args: list) -> dict[str, np.ndarray]:
         """The VM's result as {output name: numpy array}: views of the result tensors on a CPU, written
         into ``outputs[name]`` where given."""
@@ -176,10 +195,6 @@ class Executes:
         if len(tensors) != len(self.outputs):
             raise self._output_count_error(len(tensors))
         given = outputs or {}
-        unknown = sorted(set(given) - {s.name for s in self.outputs})
-        if unknown:
-            raise InputError(f"unknown output name(s) {unknown}; the model's outputs are "
-                             f"{[s.name for s in self.outputs]}")
         on_cpu = self._on_cpu()
         taken = [a.data_ptr() for a in args]
         out = {}
@@ -212,6 +227,7 @@ class Executes:
         those results instead (one copy each).
         """
         values = validate_feeds(feeds, self.inputs)
+        self._validate_outputs(outputs)
         args = [self._to_device(v)[0] for v in values]
         return self._finish(self._main()(*args), outputs, args)
 
@@ -231,17 +247,10 @@ def _flatten(value, depth: int = 0) -> list:
 
 
 def _write_into(dst, t, spec):
-    """Copy result tensor ``t`` into the preallocated ``dst`` (numpy array or TVM tensor); returns dst."""
+    """Copy result tensor ``t`` into the preallocated ``dst`` (checked by ``_validate_outputs``)."""
     if _is_tensor(dst):
-        _check(spec, str(dst.dtype), tuple(dst.shape), "output")
         t.copyto(dst)
-        return dst
-    if not isinstance(dst, np.ndarray):
-        raise InputError(f"output {spec.name!r}: give a numpy array or a TVM tensor, not {type(dst).__name__}")
-    _check(spec, str(dst.dtype), dst.shape, "output")
-    if not dst.flags.writeable:
-        raise InputError(f"output {spec.name!r}: the array given is read-only")
-    if str(t.device).startswith("cpu"):
+    elif str(t.device).startswith("cpu"):
         np.copyto(dst, np.from_dlpack(t))
     else:
         np.copyto(dst, t.numpy())
