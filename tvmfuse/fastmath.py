@@ -604,11 +604,11 @@ def fast_math_pass(target: C.Target) -> C.ir_transform.Pass:
                     log.debug("%s: fast math rewrote %d calls and divisions (%d exps of an argument <= 0, "
                               "%d stores dividing by a lane-invariant)", gv.name_hint, n,
                               stats["nonpositive_exp"], stats["reciprocal_stores"])
+                    updates[gv] = new
                 if stats["kept_nested"]:
                     log.info("%s: fast math left %d calls to libm (nested in %d fast-math expansions already; "
                              "deeper nesting makes TVM's simplifier blow up)", gv.name_hint,
                              stats["kept_nested"], MAX_NESTED_EXPANSIONS)
-                    updates[gv] = new
         for gv, func in updates.items():
             mod[gv] = func
         return mod
