@@ -11,8 +11,7 @@ import numpy as np
 from . import _compat as C
 from .errors import InputError
 from .explain import Recorder
-from .pipeline import (PipelineOptions, fusion_passes, grouping_passes, guarded, legalize_passes,
-                       lowering_passes, pre_legalize_passes, schedule_passes)
+from .pipeline import PipelineOptions, Stages
 from .report import FusionReport, fused_groups, graph_stats
 from .target import configure_threads, is_gpu, parse_target
 
@@ -29,7 +28,8 @@ class TensorSpec:
         return {"name": self.name, "shape": list(self.shape), "dtype": self.dtype}
 
 
-def _relax_io(mod) -> tuple[list[TensorSpec], list[TensorSpec]]:
+def relax_io(mod) -> tuple[list[TensorSpec], list[TensorSpec]]:
+    """The input and output specs of a Relax module's ``main``."""
     main = mod["main"]
     ins = []
     for p in main.params:
@@ -44,6 +44,9 @@ def _relax_io(mod) -> tuple[list[TensorSpec], list[TensorSpec]]:
             if getattr(s, "shape", None) is not None and isinstance(s.shape, C.relax.ShapeExpr) else ()
         outs.append(TensorSpec(f"output{i}", shape, str(getattr(s, "dtype", "float32"))))
     return ins, outs
+
+
+_relax_io = relax_io   # the name compile() uses
 
 
 def validate_feeds(feeds: dict, inputs: list[TensorSpec]) -> list[np.ndarray]:
@@ -69,13 +72,17 @@ def validate_feeds(feeds: dict, inputs: list[TensorSpec]) -> list[np.ndarray]:
     return arrays
 
 
-def _to_numpy(value) -> list[np.ndarray]:
+def to_numpy(value) -> list[np.ndarray]:
+    """A VM result (a tensor or nested tuples of them) as a flat list of numpy arrays."""
     if hasattr(value, "numpy"):
         return [value.numpy()]
     out = []
     for v in value:
-        out.extend(_to_numpy(v))
+        out.extend(to_numpy(v))
     return out
+
+
+_to_numpy = to_numpy   # the name run() uses
 
 
 class CompiledModel:
@@ -129,11 +136,6 @@ class CompiledModel:
             del r
         return float(np.median(times))
 
-    def export(self, path: str, **kwargs) -> str:
-        from .export import export
-
-        return export(self, path, **kwargs)
-
 
 def compile(model, target=None, tuning_log: str | None = None, *, name: str | None = None,  # noqa: A001
             num_threads: int | None = None, **option_overrides) -> CompiledModel:
@@ -162,18 +164,15 @@ def compile(model, target=None, tuning_log: str | None = None, *, name: str | No
         name = name or (os.path.basename(os.fspath(model)) if isinstance(model, (str, os.PathLike))
                         else (source.graph.name or "model"))
     with tgt:
-        unfused = C.Sequential(legalize_passes(tgt), name="tvmfuse.unfused_view")(mod)
+        stages = Stages(tgt, options)
+        unfused = C.Sequential(stages.unfused(), name="tvmfuse.unfused_view")(mod)
         with Recorder() as rec:
-            legal = C.Sequential(pre_legalize_passes(tgt, options) + legalize_passes(tgt),
-                                 name="tvmfuse.pre_fusion")(mod)
-            fused = C.Sequential(fusion_passes(tgt, options), name="tvmfuse.fusion")(legal)
-            rest = C.Sequential(schedule_passes(tgt, options) + lowering_passes(tgt), name="tvmfuse.lowering")
+            fused = C.Sequential(stages.graph(), name="tvmfuse.graph")(mod)
+            rest = C.Sequential(stages.schedule() + stages.lower(), name="tvmfuse.lowering")
             ex = C.compile_module(fused, tgt, relax_pipeline=rest)
-        # the grouping alone, run again outside the recorder, only to list the groups in the report
-        grouped = guarded(grouping_passes(tgt, options), "grouping")(legal)
         report = FusionReport(model=name, target=str(tgt.kind.name) + (f" ({tgt.attrs['mcpu']})"
                               if "mcpu" in tgt.attrs else ""),
                               before=graph_stats(unfused), after=graph_stats(fused),
-                              groups=fused_groups(grouped), refused=list(rec.refused),
+                              groups=fused_groups(rec.groups), refused=list(rec.refused),
                               schedules=list(rec.schedules))
     return CompiledModel(ex, tgt, inputs, outputs, report, fused, options, source_model=source)

@@ -196,7 +196,7 @@ def _write_device_code(executable, target, root: str) -> list[dict]:
         if not source:
             raise ArtifactError("a CUDA module of the executable has no kernel source to compile")
         try:
-            fatbin = C.nvcc_fatbin(source, _cuda_gencode(cuda_arch), target)
+            fatbin = C.nvcc_compile(source, target, "fatbin", _cuda_gencode(cuda_arch))
         except (RuntimeError, OSError, ValueError) as e:
             raise ArtifactError(f"nvcc failed to compile the CUDA kernels for {cuda_arch}: {e}") from None
         rel = f"{DEVICE_DIR}/kernels{i}.fatbin"
@@ -222,7 +222,7 @@ def _options_dict(options) -> dict:
 
 def _write_tree(cm, root: str) -> dict:
     """Write the library, device code and manifest of ``cm`` into the empty directory ``root``."""
-    from . import __version__
+    from .version import __version__
     from . import _compat as C
 
     target = cm.target
@@ -495,11 +495,11 @@ class Runner:
 
     def run(self, feeds: dict) -> dict[str, np.ndarray]:
         from . import _compat as C
-        from .compiled import _to_numpy, validate_feeds
+        from .compiled import to_numpy, validate_feeds
 
         arrays = validate_feeds(feeds, self.inputs)
         result = self._vm["main"](*[C.tensor(a, self.device) for a in arrays])
-        values = _to_numpy(result)
+        values = to_numpy(result)
         if len(values) != len(self.outputs):
             raise ArtifactError(f"{self.path}: the library returned {len(values)} outputs, the manifest lists "
                                 f"{len(self.outputs)}")
@@ -518,10 +518,10 @@ def load(path: str, num_threads: int | None = None) -> Runner:
 
 # --------------------------------------------------------------------------- command line
 def cmd_export(args) -> int:
-    import tvmfuse
+    from .compiled import compile as compile_model
 
     t0 = time.perf_counter()
-    cm = tvmfuse.compile(args.model, target=args.target, tuning_log=args.tuning_log)
+    cm = compile_model(args.model, target=args.target, tuning_log=args.tuning_log)
     t1 = time.perf_counter()
     out = export(cm, args.output)
     t2 = time.perf_counter()

@@ -304,3 +304,12 @@ def verification_target(target: C.Target) -> C.Target:
             "max_threads_per_block": int(target.attrs.get("max_threads_per_block", arch.max_threads_per_block)),
             "thread_warp_size": WARP}
     return C.Target(spec)
+
+
+def verify_gpu_schedule(sch: C.Schedule, target: C.Target) -> bool:
+    """MetaSchedule's VerifyGPUCode check of a scheduled function (threads per block, shared memory,
+    vector bytes), after the same lowering it applies when tuning."""
+    ms = C.meta_schedule
+    post = ms.postproc.VerifyGPUCode()
+    post._initialize_with_tune_context(ms.TuneContext(mod=sch.mod, target=target))
+    return bool(post.apply(sch))
