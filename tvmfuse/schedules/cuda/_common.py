@@ -167,19 +167,6 @@ def block_graph(func: C.PrimFunc) -> BlockGraph | None:
     return BlockGraph(blocks, producers, consumers)
 
 
-def output_buffer_count(func: C.PrimFunc) -> int:
-    """Buffers of the signature that some block writes."""
-    g = block_graph(func)
-    if g is None:
-        return 0
-    outs = []
-    for b in g.outputs:
-        for w in b.writes:
-            if not any(w.same_as(o) for o in outs):
-                outs.append(w)
-    return len(outs)
-
-
 # --------------------------------------------------------------------------- access-pattern helpers
 def index_vars(indices) -> list[set]:
     """For each index expression of an access, the block iter vars it uses."""
