@@ -50,9 +50,7 @@ def legalize_passes(target: C.Target) -> list:
 
 
 def grouping_passes(target: C.Target, options: PipelineOptions) -> list:
-    """Decide the fusion groups: each group becomes a Relax function marked Primitive."""
-    if not options.fusion:
-        return [C.relax_transform.FuseOps()]
+    """tvmfuse's grouping (``options.fusion``): each group becomes a Relax function marked Primitive."""
     from .passes import grouping_passes as graph_grouping
 
     return graph_grouping(target, options)
