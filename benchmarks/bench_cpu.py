@@ -96,7 +96,7 @@ class Engines:
     def _io(self, workdir):
         """run() with numpy in and out beside the VM call on device tensors, compiled and exported."""
         cm = tvmfuse.compile(self.model)
-        runner = tvmfuse.load(cm.export(os.path.join(workdir, f"m{id(self)}")))
+        runner = tvmfuse.load(tvmfuse.export(cm, os.path.join(workdir, f"m{id(self)}")))
         aligned = {}
         for k, v in self.feeds.items():
             aligned[k] = tvmfuse.empty(v.shape, v.dtype)
@@ -112,18 +112,16 @@ class Engines:
 
     def _separate(self):
         """Each op its own kernel, each kernel scheduled by tvmfuse (the fused-vs-separate baseline)."""
-        from tvmfuse.pipeline import PipelineOptions, legalize_passes, lowering_passes, schedule_passes
+        from tvmfuse.pipeline import Stages
 
-        target = tvmfuse.host_target()
-        opts = PipelineOptions()
+        stages = Stages(tvmfuse.host_target())
 
         @C.module_pass(opt_level=0, name="bench.separate")
         def _sep(mod, _ctx):
-            with target:
-                return C.Sequential(legalize_passes(target) + schedule_passes(target, opts)
-                                    + lowering_passes(target))(mod)
+            with stages.target:
+                return C.Sequential(stages.unfused() + stages.schedule() + stages.lower())(mod)
 
-        ex = C.compile_module(tvmfuse.load_onnx(self.model), target, _sep)
+        ex = C.compile_module(tvmfuse.load_onnx(self.model), stages.target, _sep)
         vm = C.VirtualMachine(ex, C.cpu())
         args = [C.tensor(v) for v in self.feeds.values()]
         return lambda: vm["main"](*args)

@@ -48,6 +48,19 @@ WORKLOADS = {
 }
 
 
+def _measure_callback(apply):
+    """A MetaSchedule measure callback calling ``apply(task_scheduler, task_id, candidates, builder_results,
+    runner_results)``: how MetaSchedule's progress is noted at each budget."""
+    derived_object, py_measure_callback = C.ms_py_measure_callback()
+
+    @derived_object
+    class _Callback(py_measure_callback):
+        def apply(self, task_scheduler, task_id, measure_candidates, builder_results, runner_results):
+            apply(task_scheduler, task_id, measure_candidates, builder_results, runner_results)
+
+    return _Callback()
+
+
 def main_task(name: str, small: bool, target):
     build, family, full, little = WORKLOADS[name]
     model = build(**(little if small else full))
@@ -100,7 +113,7 @@ def run_metaschedule(task, target, budgets, work, seed):
                 # (minutes on this loaded host): every build timed out; the limit is raised, not the trials
                 builder=ms.builder.LocalBuilder(timeout_sec=600), runner=ms.runner.LocalRunner(timeout_sec=120),
                 cost_model="xgb", measure_callbacks=[*ms.measure_callback.MeasureCallback.create("default"),
-                                                     C.ms_measure_callback_class(checkpoints)],
+                                                     _measure_callback(checkpoints)],
                 seed=seed)
     total = time.time() - t0[0]
     for b in budgets:      # MetaSchedule may stop early when its space is exhausted

@@ -47,7 +47,7 @@ def main() -> int:
         for name, build in M.DEMO_MODELS.items():
             cm = tvmfuse.compile(build(**SMALL[name]) if args.quick else build(), target=args.target, name=name)
             for form, suffix in (("dir", ""), ("tar", ".tar")):
-                out = cm.export(f"{tmp}/{name}{suffix}")
+                out = tvmfuse.export(cm, f"{tmp}/{name}{suffix}")
                 r = subprocess.run([sys.executable, "-c", _TIMER, out], capture_output=True, text=True,
                                    check=True)
                 t = json.loads(r.stdout.strip().splitlines()[-1])

@@ -13,6 +13,7 @@ import pytest
 
 import tvmfuse
 from tvmfuse import ArtifactError, InputError
+from tvmfuse import _compat as C
 from tvmfuse import models as M
 from tvmfuse.cli import main
 from tvmfuse.export import FORMAT_VERSION, _isa_features, _manifest_digest, elf_machine, fatbin_archs, host_arch
@@ -66,7 +67,7 @@ def compiled():
 @pytest.fixture(scope="module")
 def resnet_artifact(compiled, tmp_path_factory):
     out = str(tmp_path_factory.mktemp("art") / "resnet")
-    return compiled["resnet_block"].export(out)
+    return tvmfuse.export(compiled["resnet_block"], out)
 
 
 @pytest.fixture
@@ -79,8 +80,8 @@ def artifact(resnet_artifact, tmp_path):
 @pytest.mark.parametrize("name", sorted(SMALL))
 def test_demo_model_loads_in_fresh_process_with_equal_outputs(name, compiled, tmp_path):
     cm = compiled[name]
-    d = cm.export(str(tmp_path / name))
-    t = cm.export(str(tmp_path / f"{name}.tar"))
+    d = tvmfuse.export(cm, str(tmp_path / name))
+    t = tvmfuse.export(cm, str(tmp_path / f"{name}.tar"))
     assert sorted(os.listdir(d)) == ["manifest.json", "model.so"]
     with tarfile.open(t) as tf:
         assert sorted(tf.getnames()) == ["manifest.json", "model.so"]
@@ -120,7 +121,7 @@ def test_tuning_log_digest_recorded(tmp_path):
     log = tmp_path / "tune.jsonl"
     log.write_text("")  # an empty log: no records apply, but its digest is still the provenance
     cm = tvmfuse.compile(M.elementwise_chain(n=64), tuning_log=str(log))
-    m = tvmfuse.load(cm.export(str(tmp_path / "a"))).manifest
+    m = tvmfuse.load(tvmfuse.export(cm, str(tmp_path / "a"))).manifest
     assert m["tuning_log"] == {"path": str(log), "sha256": hashlib.sha256(b"").hexdigest(), "bytes": 0}
 
 
@@ -206,7 +207,7 @@ def test_cpu_without_the_isa_extensions_is_refused(tmp_path):
     else:
         pytest.skip("this CPU has every ISA extension of the CPUs tried (skylake-avx512 .. graniterapids)")
     cm = tvmfuse.compile(M.elementwise_chain(n=256), target=tgt)
-    out = cm.export(str(tmp_path / "foreign"))
+    out = tvmfuse.export(cm, str(tmp_path / "foreign"))
     with pytest.raises(ArtifactError, match=f"built for CPU {mcpu} using .*{sorted(missing)[0]}"):
         tvmfuse.load(out)
 
@@ -244,7 +245,7 @@ def test_aarch64_artifact_is_an_arm64_elf(tmp_path):
     if _aarch64_gcc() is None:
         pytest.skip("aarch64-linux-gnu-gcc unavailable (apt-get install gcc-aarch64-linux-gnu failed or no root)")
     cm = tvmfuse.compile(M.resnet_block(**SMALL["resnet_block"]), target="aarch64")
-    out = cm.export(str(tmp_path / "arm.tar"))
+    out = tvmfuse.export(cm, str(tmp_path / "arm.tar"))
     with tarfile.open(out) as tf:
         tf.extractall(tmp_path / "x", filter="data")
     assert elf_machine(str(tmp_path / "x" / "model.so")) == "aarch64"
@@ -261,7 +262,7 @@ def test_cuda_artifact_holds_sm90_code(tmp_path, compiled):
         pytest.skip("nvcc not installed: CUDA device code cannot be built")
     model = M.resnet_block(**SMALL["resnet_block"])
     cm = tvmfuse.compile(model, target={"kind": "cuda", "arch": "sm_90"})
-    out = cm.export(str(tmp_path / "gpu"))
+    out = tvmfuse.export(cm, str(tmp_path / "gpu"))
     m = json.loads(open(os.path.join(out, "manifest.json")).read())
     assert m["target"]["kind"] == "cuda" and m["target"]["cuda_arch"] == "sm_90"
     assert elf_machine(os.path.join(out, "model.so")) == host_arch()  # the host side
@@ -274,9 +275,7 @@ def test_cuda_artifact_holds_sm90_code(tmp_path, compiled):
     lib = open(os.path.join(out, "model.so"), "rb").read()
     src = cm.executable.mod.imports[0].imports[0].inspect_source("")
     assert hashlib.sha256(src.encode()).hexdigest() == dev["source_sha256"] and src.encode() in lib
-    import tvm
-
-    if tvm.cuda(0).exist:
+    if C.device("cuda", 0).exist:
         feeds = M.random_feeds(model)
         got = tvmfuse.load(out).run(feeds)
         np.testing.assert_allclose(got["y"], compiled["resnet_block"].run(feeds)["y"], rtol=1e-4, atol=1e-4)

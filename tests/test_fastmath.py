@@ -1,12 +1,12 @@
 """Fast math: maximum error over the whole float32 range against float64 references (tvmfuse.fastmath)."""
 import numpy as np
 import pytest
-import tvm
-from tvm import te
 
 import tvmfuse
 from tvmfuse import _compat as C
 from tvmfuse import fastmath as F
+
+te = C.te
 
 special = pytest.importorskip("scipy.special")
 
@@ -32,7 +32,7 @@ def _kernel(name, target):
     (i,) = sch.get_loops(sch.get_sblock("B"))
     _, v = sch.split(i, [None, 8])
     sch.vectorize(v)
-    return tvm.compile(tvm.IRModule({"main": sch.mod["main"].with_attr("global_symbol", "main")}), target=target)
+    return C.build_prim_module(C.IRModule({"main": sch.mod["main"].with_attr("global_symbol", "main")}), target=target)
 
 
 @pytest.mark.parametrize("name", ["exp", "erf", "tanh", "sigmoid"])
@@ -84,7 +84,7 @@ def test_pipeline_switch_removes_libm_calls(host):
 def _vectorized_stores(func, target):
     """(lanes of every store to B) after TVM's lowering up to and including VectorizeLoop."""
     S = C.s_tir.transform
-    mod = tvm.IRModule({"main": func.with_attr("global_symbol", "main").with_attr("target", target)})
+    mod = C.IRModule({"main": func.with_attr("global_symbol", "main").with_attr("target", target)})
     passes = [S.CanonicalizeLoop(), S.LowerInitBlock(), S.PlanAndUpdateBufferAllocationLocation(),
               S.ConvertBlocksToOpaque(), S.CompactBufferAllocation(), S.LowerMatchBuffer(), S.StmtSimplify(),
               S.LowerOpaqueBlock(), C.tirx.transform.FlattenBuffer(), C.tirx.transform.NarrowDataType(32),
@@ -115,7 +115,7 @@ def test_rewritten_call_stays_vectorized_in_a_row_kernel(name, host):
     x = np.random.default_rng(0).standard_normal((5, 64)).astype("float32") * 4
     x[1, 3], x[2, 5], x[3, 7] = np.nan, np.inf, -np.inf
     mv = np.float32([0.5, -1, 2, 0, 3])
-    lib = tvm.compile(tvm.IRModule({"main": sch.mod["main"].with_attr("global_symbol", "main")}), target=host)
+    lib = C.build_prim_module(C.IRModule({"main": sch.mod["main"].with_attr("global_symbol", "main")}), target=host)
     out = C.tensor(np.zeros_like(x))
     lib["main"](C.tensor(x), C.tensor(mv), out)
     with np.errstate(all="ignore"):
@@ -143,7 +143,7 @@ def _nonpositive_kernel(target, n):
     _, v = sch.split(i, [None, 8])
     sch.vectorize(v)
     func = sch.mod["main"]
-    lib = tvm.compile(tvm.IRModule({"main": func.with_attr("global_symbol", "main")}), target=target)
+    lib = C.build_prim_module(C.IRModule({"main": func.with_attr("global_symbol", "main")}), target=target)
     return func, lib
 
 
@@ -257,7 +257,7 @@ def test_lane_invariant_division_becomes_reciprocal_multiply(host):
     assert count == 1 and stats["reciprocal_stores"] == 1
     lanes = _vectorized_stores(func, host)
     assert lanes and all(n == 8 for n in lanes), f"stores of {lanes} lanes"
-    lib = tvm.compile(tvm.IRModule({"main": func.with_attr("global_symbol", "main")}), target=host)
+    lib = C.build_prim_module(C.IRModule({"main": func.with_attr("global_symbol", "main")}), target=host)
     x = np.random.default_rng(0).standard_normal((len(rows), 64)).astype(np.float32) * 1e3
     x[:, :4] = [0.0, np.inf, -np.inf, 1e-40]
     out = C.tensor(np.zeros_like(x))

@@ -11,7 +11,7 @@ from tvmfuse.explain import Recorder
 from tvmfuse.passes import rules as R
 from tvmfuse.passes.grouping import FuseGroups
 from tvmfuse.pipeline import PipelineOptions, fuse_tir_passes, legalize_passes, pre_legalize_passes
-from tvmfuse.report import fused_groups, graph_stats
+from tvmfuse.report import graph_stats, groups_in
 
 AX = np.array([-1], np.int64)
 
@@ -56,7 +56,7 @@ def _group(model, host, limits=None):
 
 
 def _rules_of(after):
-    return [g["rule"] for g in fused_groups(after)]
+    return [g["rule"] for g in groups_in(after)]
 
 
 def _refused(refused, rule):
@@ -105,7 +105,7 @@ def test_reduction_chain_fires(host):
 
 def test_sibling_contractions_fire(host):
     _, after, fused, _ = _group(M.qkv_projection(seq=8, hidden=16, weights_as_inputs=True), host)
-    groups = fused_groups(after)
+    groups = groups_in(after)
     assert [(g["rule"], g["outputs"]) for g in groups] == [("sibling_contractions", 3)]
     assert graph_stats(fused).kernels == 1
 
@@ -115,7 +115,7 @@ def test_sibling_reductions_fire(host):
         (g.op("ReduceMax", x, g.const(AX), keepdims=1), (4, 1)),
         (g.op("ReduceSum", x, g.const(AX), keepdims=1), (4, 1))])
     _, after, fused, _ = _group(m, host, MULTI_OUT)
-    assert [(g["rule"], g["outputs"]) for g in fused_groups(after)] == [("sibling_reductions", 2)]
+    assert [(g["rule"], g["outputs"]) for g in groups_in(after)] == [("sibling_reductions", 2)]
     assert graph_stats(fused).kernels == 1
     # a target whose reduction schedules take one output refuses it (the target-support check)
     before, after, _, refused = _group(m, host, ONE_OUT_REDUCTIONS)
@@ -125,7 +125,7 @@ def test_sibling_reductions_fire(host):
 
 def test_mean_variance_one_kernel_with_two_outputs_where_supported(host):
     _, after, fused, _ = _group(M.mean_variance(), host, MULTI_OUT)
-    assert [g["outputs"] for g in fused_groups(after)] == [2]
+    assert [g["outputs"] for g in groups_in(after)] == [2]
     assert graph_stats(fused).kernels == 1
 
 
@@ -133,7 +133,7 @@ def test_sibling_elementwise_fire(host):
     m = _graph("sib_ew", {"x": (4, 16)}, lambda g, x: [
         (g.op("Sigmoid", x), (4, 16)), (g.op("Tanh", x), (4, 16)), (g.op("Relu", x), (4, 16))])
     _, after, fused, _ = _group(m, host)
-    assert [(g["rule"], g["outputs"]) for g in fused_groups(after)] == [("sibling_elementwise", 3)]
+    assert [(g["rule"], g["outputs"]) for g in groups_in(after)] == [("sibling_elementwise", 3)]
     assert graph_stats(fused).kernels == 1
 
 
@@ -143,7 +143,7 @@ def test_intermediate_used_outside_stays_an_output(host):
         (g.op("Relu", g.op("Add", x, b)), (4, 16)),
         (g.op("Sigmoid", "out_relu_2"), (4, 16))])
     _, after, fused, _ = _group(m, host)
-    assert [g["outputs"] for g in fused_groups(after)] == [2]
+    assert [g["outputs"] for g in groups_in(after)] == [2]
     assert graph_stats(fused).kernels == 1
 
 
@@ -174,7 +174,7 @@ def test_contraction_epilogue_refuses_a_second_unrelated_matmul(host):
     m = _graph("two_mm", {"x1": (8, 16), "x2": (8, 16)}, lambda g, x1, x2: [
         (g.op("Add", g.op("MatMul", x1, g.weight((16, 8))), g.op("MatMul", x2, g.weight((16, 8)))), (8, 8))])
     _, after, fused, refused = _group(m, host)
-    assert len(fused_groups(after)) == 1 and graph_stats(fused).kernels == 2
+    assert len(groups_in(after)) == 1 and graph_stats(fused).kernels == 2
     r = _refused(refused, "contraction_epilogue")
     assert r and "do not read the same input" in r[0]["reason"]
 

@@ -34,7 +34,7 @@ def compiled():
 def model(request, compiled, tmp_path_factory):
     if request.param == "compiled":
         return compiled
-    return tvmfuse.load(compiled.export(str(tmp_path_factory.mktemp("io") / "chain")))
+    return tvmfuse.load(tvmfuse.export(compiled, str(tmp_path_factory.mktemp("io") / "chain")))
 
 
 class Spy:

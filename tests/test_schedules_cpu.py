@@ -3,7 +3,6 @@ full output size, inner loops vectorized, outer loop parallel) and computes the 
 unfused reference on fresh random inputs with odd shapes that do not divide the tiles."""
 import numpy as np
 import pytest
-import tvm
 
 import tvmfuse
 from tvmfuse import _compat as C
@@ -51,7 +50,7 @@ def _walk(stmt, visit):
 
 def _structure(func):
     """Intermediate allocations (element counts) after buffer compaction, and the loop kinds seen."""
-    mod = tvm.IRModule({"main": func})
+    mod = C.IRModule({"main": func})
     mod = C.Sequential([C.s_tir.transform.LowerInitBlock(), C.s_tir.transform.PlanAndUpdateBufferAllocationLocation(),
                         C.s_tir.transform.ConvertBlocksToOpaque(),
                         C.s_tir.transform.CompactBufferAllocation()])(mod)
@@ -131,7 +130,7 @@ def test_matmul_knob_space_is_legal(host):
     assert match is not None and tmpl.family == "cpu.matmul_epilogue"
     space = tmpl.space(match, host)
     assert 100 <= space.size() <= 20000
-    ref = tvm.compile(tvm.IRModule({"main": func.with_attr("global_symbol", "main")}), target=host)
+    ref = C.build_prim_module(C.IRModule({"main": func.with_attr("global_symbol", "main")}), target=host)
     args = [np.random.default_rng(0).standard_normal([int(d) for d in p.shape]).astype("float32")
             for p in func.params]
     want = C.tensor(np.zeros_like(args[-1]))
@@ -141,7 +140,7 @@ def test_matmul_knob_space_is_legal(host):
         cfg = space.sample(rnd)
         sch = C.Schedule(func)
         tmpl.apply(sch, match, cfg)
-        lib = tvm.compile(tvm.IRModule({"main": sch.mod["main"].with_attr("global_symbol", "main")}),
+        lib = C.build_prim_module(C.IRModule({"main": sch.mod["main"].with_attr("global_symbol", "main")}),
                           target=host)
         got = C.tensor(np.zeros_like(args[-1]))
         lib["main"](*[C.tensor(a) for a in args[:-1]], got)
@@ -150,7 +149,7 @@ def test_matmul_knob_space_is_legal(host):
 
 def test_no_template_for_opaque_kernel_is_recorded(host):
     """A kernel no template matches is left to the fallback with a reason (here: a 1-D cumulative scan)."""
-    from tvm.script import tirx as T
+    T = C.script_tir
 
     @T.prim_func(private=True, s_tir=True)
     def scan(a: T.Buffer((T.int64(16),), "float32"), b: T.Buffer((T.int64(16),), "float32")):
@@ -223,7 +222,7 @@ def _softmax_kernel(model, host, fusion, family="cpu.row_reduction"):
 def _store_lanes(func, target):
     """{buffer name: set of lanes of its stores} after TVM's lowering up to VectorizeLoop."""
     S = C.s_tir.transform
-    mod = tvm.IRModule({"main": func.with_attr("global_symbol", "main").with_attr("target", target)})
+    mod = C.IRModule({"main": func.with_attr("global_symbol", "main").with_attr("target", target)})
     passes = [S.CanonicalizeLoop(), S.LowerInitBlock(), S.PlanAndUpdateBufferAllocationLocation(),
               S.ConvertBlocksToOpaque(), S.CompactBufferAllocation(), S.LowerMatchBuffer(), S.StmtSimplify(),
               S.LowerOpaqueBlock(), C.tirx.transform.FlattenBuffer(), C.tirx.transform.NarrowDataType(32),

@@ -11,7 +11,6 @@ import random
 import numpy as np
 import onnx
 import pytest
-import tvm
 from onnx import TensorProto, helper, numpy_helper
 
 import tvmfuse
@@ -135,7 +134,7 @@ def test_sampled_configs_apply_and_stay_correct(family, kwargs, samples, host):
     tmpl, name, func, match = _conv_kernel(funcs, host, family)
     space = tmpl.space(match, host)
     assert space.contains(tmpl.default_config(match, host))
-    ref = tvm.compile(tvm.IRModule({"main": func.with_attr("global_symbol", "main")}), target=host)
+    ref = C.build_prim_module(C.IRModule({"main": func.with_attr("global_symbol", "main")}), target=host)
     data = np.random.default_rng()
     args = [data.standard_normal([int(d) for d in p.shape]).astype("float32") for p in func.params]
     want = C.tensor(np.zeros_like(args[-1]))
@@ -145,7 +144,7 @@ def test_sampled_configs_apply_and_stay_correct(family, kwargs, samples, host):
     for cfg in configs:
         sch = C.Schedule(func)
         tmpl.apply(sch, match, cfg)
-        lib = tvm.compile(tvm.IRModule({"main": sch.mod["main"].with_attr("global_symbol", "main")}),
+        lib = C.build_prim_module(C.IRModule({"main": sch.mod["main"].with_attr("global_symbol", "main")}),
                           target=host)
         got = C.tensor(np.zeros_like(args[-1]))
         lib["main"](*[C.tensor(a) for a in args[:-1]], got)

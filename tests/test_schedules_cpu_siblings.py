@@ -6,7 +6,6 @@ import random
 
 import numpy as np
 import pytest
-import tvm
 
 import tvmfuse
 from tvmfuse import _compat as C
@@ -47,7 +46,7 @@ def _sibling_func(model, target):
 
 
 def _lowered(func):
-    mod = tvm.IRModule({"main": func})
+    mod = C.IRModule({"main": func})
     return C.Sequential([C.s_tir.transform.LowerInitBlock(),
                          C.s_tir.transform.PlanAndUpdateBufferAllocationLocation(),
                          C.s_tir.transform.ConvertBlocksToOpaque(),
@@ -68,7 +67,7 @@ def _numel(shape):
 
 
 def _run(func, target, args):
-    lib = tvm.compile(tvm.IRModule({"main": func.with_attr("global_symbol", "main")}), target=target)
+    lib = C.build_prim_module(C.IRModule({"main": func.with_attr("global_symbol", "main")}), target=target)
     out = C.tensor(np.zeros([int(d) for d in func.params[-1].shape], "float32"))
     lib["main"](*[C.tensor(a) for a in args], out)
     return out.numpy()

@@ -13,7 +13,7 @@ from tvmfuse.pipeline import PipelineOptions, graph_stage
 from tvmfuse.schedules import templates_for
 from tvmfuse.schedules.base import find_template, schedule_with
 from tvmfuse.schedules.cuda import TEMPLATES
-from tvmfuse.schedules.cuda._common import ARCHS, arch_of, verification_target
+from tvmfuse.schedules.cuda._common import ARCHS, arch_of, verification_target, verify_gpu_schedule
 
 NVCC = shutil.which("nvcc")
 needs_nvcc = pytest.mark.skipif(NVCC is None, reason="nvcc not installed: CUDA sources are not compiled")
@@ -88,7 +88,7 @@ def test_family_default_schedule_structure_and_gpu_verification(family, arch):
         assert "T.axis.reduce" in text and '"shared"' in text
     if family in ("cuda_elementwise", "cuda_matmul"):
         assert "T.vectorized" in text
-    assert C.verify_gpu_schedule(sch, verification_target(target)), f"{family} on {arch}: GPU code verification failed"
+    assert verify_gpu_schedule(sch, verification_target(target)), f"{family} on {arch}: GPU code verification failed"
 
 
 @pytest.mark.parametrize("family", list(FAMILY_CASES))
@@ -102,7 +102,7 @@ def test_sampled_configs_are_legal(family):
         assert space.contains(config)
         sch = C.Schedule(func)
         template.apply(sch, match, config)
-        assert C.verify_gpu_schedule(sch, verification_target(target)), (family, config)
+        assert verify_gpu_schedule(sch, verification_target(target)), (family, config)
 
 
 def test_row_reduction_refuses_a_matmul_and_matmul_refuses_a_norm():
@@ -124,7 +124,7 @@ def _scheduled(model, family, target, config=None):
             template, match = found
             sch = C.Schedule(f)
             template.apply(sch, match, config or template.default_config(match, target))
-            assert C.verify_gpu_schedule(sch, verification_target(target)), family
+            assert verify_gpu_schedule(sch, verification_target(target)), family
             return f, match, sch.mod["main"]
     raise AssertionError(f"{family} matched no kernel of {model.graph.name}")
 
@@ -233,7 +233,7 @@ def test_depthwise_space_is_legal_on_a_large_plane():
             assert config["threads_x"] * config["threads_y"] <= 1024
             sch = C.Schedule(func)
             template.apply(sch, match, config)
-            assert C.verify_gpu_schedule(sch, verification_target(target)), (arch, config)
+            assert verify_gpu_schedule(sch, verification_target(target)), (arch, config)
 
 
 BUILD_CASES = {**{f"pattern:{k}": v for k, v in M.PATTERN_MODELS.items()},

@@ -178,7 +178,7 @@ def test_workload_record_lets_another_job_featurize(tmp_path, host, measurer):
     Tuner([small], host, log_path, TuneOptions(trials=8, batch=8), FAST, measurer=measurer).run()
     tl = L.load(log_path, host)
     func = C.load_json(tl.workloads[small.workload_key]["func"])
-    from tvmfuse.schedules.base import workload_key
+    from tvmfuse.records import workload_key
 
     assert workload_key(func) == small.workload_key
     big = task_for(scale_add_func(64, 512), host, "big", templates=[SplitVec()])

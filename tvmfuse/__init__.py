@@ -5,12 +5,12 @@ is imported or compiled, so a deployed artifact loads (``tvmfuse.load``) with th
 """
 from __future__ import annotations
 
-__version__ = "0.1.0"
+from .version import __version__  # noqa: E402
 
 from .compiled import CompiledModel, compile  # noqa: E402,A004
 from .errors import (ArtifactError, InputError, ModelLoadError, TargetError, TuningLogError,  # noqa: E402
                      TvmfuseError, UnsupportedOpError)
-from .export import load  # noqa: E402
+from .export import export, load  # noqa: E402
 from .io import ALIGNMENT, Binding, empty, zeros  # noqa: E402
 from .pipeline import PipelineOptions, pipeline, register as _register_pipeline, stock_pipeline  # noqa: E402
 from .report import FusionReport  # noqa: E402
@@ -26,7 +26,7 @@ def load_onnx(path_or_model, **kwargs):
 
 _register_pipeline()
 
-__all__ = ["compile", "CompiledModel", "load_onnx", "load", "pipeline", "stock_pipeline", "PipelineOptions",
+__all__ = ["compile", "CompiledModel", "load_onnx", "export", "load", "pipeline", "stock_pipeline", "PipelineOptions",
            "FusionReport", "empty", "zeros", "ALIGNMENT", "Binding", "host_target", "parse_target", "TvmfuseError", "ModelLoadError",
            "UnsupportedOpError", "InputError", "TargetError", "ArtifactError", "TuningLogError",
            "__version__"]

@@ -11,23 +11,10 @@ import time
 
 import numpy as np
 
+from .feeds import load_feeds as _load_feeds
+
 # Modules that add their own subcommands: each has ``add_commands(subparsers)``.
 _COMMAND_MODULES = ["tvmfuse.explain_cli", "tvmfuse.tune.cli", "tvmfuse.export"]
-
-
-def _load_feeds(path: str | None, model) -> dict:
-    from .errors import InputError
-    from .models import random_feeds
-
-    if path is None:
-        return random_feeds(model) if model is not None else {}
-    if not os.path.exists(path):
-        raise InputError(f"inputs file not found: {path}")
-    try:
-        with np.load(path, allow_pickle=False) as z:
-            return {k: z[k] for k in z.files}
-    except (ValueError, OSError) as e:
-        raise InputError(f"{path} is not a readable .npz file: {e}") from None
 
 
 def _save_outputs(outputs: dict, path: str | None) -> None:
@@ -52,7 +39,7 @@ def cmd_compile(args) -> int:
     cm = tvmfuse.compile(args.model, target=args.target, tuning_log=args.tuning_log)
     dt = time.perf_counter() - t0
     out = args.output
-    cm.export(out)
+    tvmfuse.export(cm, out)
     print(cm.report.table())
     print(f"compiled in {dt:.1f} s; artifact written to {out}")
     return 0
@@ -84,7 +71,7 @@ def cmd_report(args) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from . import __version__
+    from .version import __version__
 
     p = argparse.ArgumentParser(prog="tvmfuse", description="Operation fusion for Apache TVM.")
     p.add_argument("--version", action="version", version=f"tvmfuse {__version__}")

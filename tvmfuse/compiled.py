@@ -11,8 +11,7 @@ import numpy as np
 from . import _compat as C
 from .io import Executes, validate_feeds  # noqa: F401  (validate_feeds: imported from here before)
 from .explain import Recorder
-from .pipeline import (PipelineOptions, fusion_passes, grouping_passes, guarded, legalize_passes,
-                       lowering_passes, pre_legalize_passes, schedule_passes)
+from .pipeline import PipelineOptions, Stages
 from .report import FusionReport, fused_groups, graph_stats
 from .target import configure_threads, is_gpu, parse_target
 
@@ -29,7 +28,8 @@ class TensorSpec:
         return {"name": self.name, "shape": list(self.shape), "dtype": self.dtype}
 
 
-def _relax_io(mod) -> tuple[list[TensorSpec], list[TensorSpec]]:
+def relax_io(mod) -> tuple[list[TensorSpec], list[TensorSpec]]:
+    """The input and output specs of a Relax module's ``main``."""
     main = mod["main"]
     ins = []
     for p in main.params:
@@ -96,11 +96,6 @@ class CompiledModel(Executes):
             del r
         return float(np.median(times))
 
-    def export(self, path: str, **kwargs) -> str:
-        from .export import export
-
-        return export(self, path, **kwargs)
-
 
 def compile(model, target=None, tuning_log: str | None = None, *, name: str | None = None,  # noqa: A001
             num_threads: int | None = None, **option_overrides) -> CompiledModel:
@@ -117,30 +112,27 @@ def compile(model, target=None, tuning_log: str | None = None, *, name: str | No
     source = None
     if isinstance(model, C.IRModule):
         mod = model
-        inputs, outputs = _relax_io(mod)
+        inputs, outputs = relax_io(mod)
         name = name or "IRModule"
     else:
         source = read_model(model)
         mod = load_onnx(source)
         ins, outs = onnx_io(source)
-        r_in, r_out = _relax_io(mod)
+        r_in, r_out = relax_io(mod)
         inputs = [TensorSpec(o["name"], r.shape, r.dtype) for o, r in zip(ins, r_in)]
         outputs = [TensorSpec(o["name"], r.shape, r.dtype) for o, r in zip(outs, r_out)]
         name = name or (os.path.basename(os.fspath(model)) if isinstance(model, (str, os.PathLike))
                         else (source.graph.name or "model"))
     with tgt:
-        unfused = C.Sequential(legalize_passes(tgt), name="tvmfuse.unfused_view")(mod)
+        stages = Stages(tgt, options)
+        unfused = C.Sequential(stages.unfused(), name="tvmfuse.unfused_view")(mod)
         with Recorder() as rec:
-            legal = C.Sequential(pre_legalize_passes(tgt, options) + legalize_passes(tgt),
-                                 name="tvmfuse.pre_fusion")(mod)
-            fused = C.Sequential(fusion_passes(tgt, options), name="tvmfuse.fusion")(legal)
-            rest = C.Sequential(schedule_passes(tgt, options) + lowering_passes(tgt), name="tvmfuse.lowering")
+            fused = C.Sequential(stages.graph(), name="tvmfuse.graph")(mod)
+            rest = C.Sequential(stages.schedule() + stages.lower(), name="tvmfuse.lowering")
             ex = C.compile_module(fused, tgt, relax_pipeline=rest)
-        # the grouping alone, run again outside the recorder, only to list the groups in the report
-        grouped = guarded(grouping_passes(tgt, options), "grouping")(legal)
         report = FusionReport(model=name, target=str(tgt.kind.name) + (f" ({tgt.attrs['mcpu']})"
                               if "mcpu" in tgt.attrs else ""),
                               before=graph_stats(unfused), after=graph_stats(fused),
-                              groups=fused_groups(grouped), refused=list(rec.refused),
+                              groups=fused_groups(rec.groups), refused=list(rec.refused),
                               schedules=list(rec.schedules))
     return CompiledModel(ex, tgt, inputs, outputs, report, fused, options, source_model=source)

@@ -21,7 +21,7 @@ def _recorders() -> list:
 
 
 class Recorder:
-    """Collects the refusals and schedule choices made while it is active (nests)."""
+    """Collects the refusals, groups and schedule choices made while it is active (nests)."""
 
     def __init__(self):
         self.refused: list[dict] = []
@@ -44,10 +44,17 @@ def record_refusal(producer: str, consumer: str, reason: str, rule: str = "") ->
         r.refused.append(entry)
 
 
-def record_group(kernel: str, ops: list[str], rule: str) -> None:
+def record_group(kernel: str, ops: list[str], rule: str, outputs: int = 1) -> None:
+    """A fusion group formed by a pass: its kernel's name, its ops (in order), the rule(s), its outputs."""
     fusion_log.debug("group %s: %s [%s]", kernel, " + ".join(ops), rule)
     for r in _recorders():
-        r.groups.append({"kernel": kernel, "ops": list(ops), "rule": rule})
+        r.groups.append({"kernel": kernel, "ops": list(ops), "rule": rule, "outputs": int(outputs)})
+
+
+def retract_groups(kernels: set[str]) -> None:
+    """Forget recorded groups that were not built after all (TVM failed on the module; it stays unfused)."""
+    for r in _recorders():
+        r.groups = [g for g in r.groups if g["kernel"] not in kernels]
 
 
 def record_schedule(kernel: str, template: str, source: str, knobs: dict | None = None,

@@ -18,8 +18,7 @@ def explain(model, target=None, **option_overrides) -> dict:
     from . import _compat as C
     from .explain import Recorder
     from .frontend import load_onnx, read_model
-    from .pipeline import PipelineOptions, fusion_passes, grouping_passes, guarded, legalize_passes, \
-        pre_legalize_passes
+    from .pipeline import PipelineOptions, Stages
     from .report import fused_groups, graph_stats
     from .target import parse_target
 
@@ -27,18 +26,14 @@ def explain(model, target=None, **option_overrides) -> dict:
     options = replace(PipelineOptions(), **option_overrides)
     mod = model if isinstance(model, C.IRModule) else load_onnx(read_model(model))
     with tgt:
-        unfused = C.Sequential(legalize_passes(tgt), name="tvmfuse.explain.unfused")(mod)
+        stages = Stages(tgt, options)
+        unfused = C.Sequential(stages.unfused(), name="tvmfuse.explain.unfused")(mod)
         with Recorder() as rec:
-            legal = C.Sequential(pre_legalize_passes(tgt, options) + legalize_passes(tgt),
-                                 name="tvmfuse.explain.pre_fusion")(mod)
-            fused = C.Sequential(fusion_passes(tgt, options), name="tvmfuse.explain.fusion")(legal)
-        module_failed = any(r["producer"] == "<module>" for r in rec.refused)
-        # the grouping alone, outside the recorder (its refusals are already recorded), to list the groups
-        groups = [] if module_failed else fused_groups(guarded(grouping_passes(tgt, options), "grouping")(legal))
+            fused = C.Sequential(stages.graph(), name="tvmfuse.explain.graph")(mod)
     mcpu = str(tgt.attrs["mcpu"]) if "mcpu" in tgt.attrs else ""
     return {"target": str(tgt.kind.name) + (f" ({mcpu})" if mcpu else ""),
             "kernels_unfused": graph_stats(unfused).kernels, "kernels_fused": graph_stats(fused).kernels,
-            "groups": groups, "refused": list(rec.refused)}
+            "groups": fused_groups(rec.groups), "refused": list(rec.refused)}
 
 
 def format_explain(name: str, d: dict) -> str:

@@ -197,7 +197,7 @@ def _write_device_code(executable, target, root: str) -> list[dict]:
         if not source:
             raise ArtifactError("a CUDA module of the executable has no kernel source to compile")
         try:
-            fatbin = C.nvcc_fatbin(source, _cuda_gencode(cuda_arch), target)
+            fatbin = C.nvcc_compile(source, target, "fatbin", _cuda_gencode(cuda_arch))
         except (RuntimeError, OSError, ValueError) as e:
             raise ArtifactError(f"nvcc failed to compile the CUDA kernels for {cuda_arch}: {e}") from None
         rel = f"{DEVICE_DIR}/kernels{i}.fatbin"
@@ -223,7 +223,7 @@ def _options_dict(options) -> dict:
 
 def _write_tree(cm, root: str) -> dict:
     """Write the library, device code and manifest of ``cm`` into the empty directory ``root``."""
-    from . import __version__
+    from .version import __version__
     from . import _compat as C
 
     target = cm.target
@@ -518,10 +518,10 @@ def load(path: str, num_threads: int | None = None) -> Runner:
 
 # --------------------------------------------------------------------------- command line
 def cmd_export(args) -> int:
-    import tvmfuse
+    from .compiled import compile as compile_model
 
     t0 = time.perf_counter()
-    cm = tvmfuse.compile(args.model, target=args.target, tuning_log=args.tuning_log)
+    cm = compile_model(args.model, target=args.target, tuning_log=args.tuning_log)
     t1 = time.perf_counter()
     out = export(cm, args.output)
     t2 = time.perf_counter()

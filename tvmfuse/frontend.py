@@ -207,9 +207,7 @@ def fold_static_shapes(model: onnx.ModelProto) -> tuple[onnx.ModelProto, int]:
 
 
 def _unsupported_ops(model: onnx.ModelProto) -> dict[str, list[str]]:
-    from tvm.relax.frontend.onnx.onnx_frontend import _get_convert_map
-
-    supported = _get_convert_map()
+    supported = C.onnx_convert_map()
     missing: dict[str, list[str]] = {}
     for node in model.graph.node:
         if node.op_type not in supported:

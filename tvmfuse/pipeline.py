@@ -1,9 +1,11 @@
 """tvmfuse's Relax pipeline: graph passes -> fused PrimFuncs -> schedules -> TVM's lowering.
 
-The stages are plain pass lists so that ``compile()`` can stop between them (to report what fusion did)
-and a user can take any one of them alone.  ``pipeline(target)`` chains them into one named pass that
-``tvm.compile(mod, target, relax_pipeline=...)`` takes; importing tvmfuse also registers it under the
-name ``"tvmfuse"``.
+``Stages(target, options)`` is the one place the stages are assembled: ``graph()`` (rewrites,
+legalization, grouping, FuseTIR), ``schedule()`` (templates, fallback, fast math) and ``lower()`` (TVM's
+own lowering), each a plain pass list so that ``compile()`` can stop between them (to report what fusion
+did), ``explain`` and the tuner can take the graph stage alone.  ``pipeline(target)`` chains them into one
+named pass that ``tvm.compile(mod, target, relax_pipeline=...)`` takes; importing tvmfuse also registers it
+under the name ``"tvmfuse"``.
 """
 from __future__ import annotations
 
@@ -11,7 +13,9 @@ import logging
 from dataclasses import dataclass, field, replace
 
 from . import _compat as C
-from .target import is_gpu, parse_target
+from .explain import Recorder, record_group, record_refusal, retract_groups
+from .report import groups_in
+from .target import parse_target
 
 log = logging.getLogger("tvmfuse.pipeline")
 
@@ -46,9 +50,7 @@ def legalize_passes(target: C.Target) -> list:
 
 
 def grouping_passes(target: C.Target, options: PipelineOptions) -> list:
-    """Decide the fusion groups: each group becomes a Relax function marked Primitive."""
-    if not options.fusion:
-        return [C.relax_transform.FuseOps()]
+    """tvmfuse's grouping (``options.fusion``): each group becomes a Relax function marked Primitive."""
     from .passes import grouping_passes as graph_grouping
 
     return graph_grouping(target, options)
@@ -71,36 +73,97 @@ def lowering_passes(target: C.Target) -> list:
     return C.backend_passes(target, "dataflow_lower") + C.backend_passes(target, "finalize")
 
 
-def guarded(passes: list, name: str) -> C.ir_transform.Pass:
-    """Run ``passes``; if TVM fails inside them, keep the module as it was and record why.
+def guarded(tvm_passes: list, name: str, own_passes: list = ()) -> C.ir_transform.Pass:
+    """Run tvmfuse's ``own_passes``, then TVM's ``tvm_passes``; if TVM fails inside its passes, keep the
+    module as it was before both, forget the groups recorded meanwhile, and record why.
 
-    TVM's own FuseOps/FuseTIR still fail on some graphs (e.g. the shape functions of a dynamic
-    strided slice); the model then compiles unfused instead of not at all, and the report says so.
+    TVM's own FuseOps/FuseTIR still fail on some graphs (e.g. the shape functions of a dynamic strided
+    slice); the model then compiles unfused instead of not at all, and the report says so.  Only TVM's
+    error types are caught, and only around TVM's passes: an error in tvmfuse's own passes is a bug and
+    propagates.
     """
 
     @C.module_pass(opt_level=0, name=f"tvmfuse.guarded.{name}")
     def _guarded(mod, _ctx):
-        try:
-            return C.Sequential(passes, name=name)(mod)
-        except Exception as e:  # TVM raises InternalError/TVMError/ValueError; all mean "not applied"
-            first = (str(e).strip().splitlines() or [type(e).__name__])[-1][:300]
-            log.warning("%s failed (%s: %s); this module is compiled without it", name, type(e).__name__, first)
-            from .explain import record_refusal
-
-            record_refusal("<module>", "<module>", f"{name} failed inside TVM ({type(e).__name__}: {first}); "
-                           "module left unfused", rule=name)
-            return mod
+        with Recorder() as step:
+            staged = C.Sequential(list(own_passes), name=f"{name}.tvmfuse")(mod) if own_passes else mod
+            try:
+                return C.Sequential(tvm_passes, name=name)(staged)
+            except C.TVM_PASS_ERRORS as e:
+                first = (str(e).strip().splitlines() or [type(e).__name__])[-1][:300]
+                log.warning("%s failed (%s: %s); this module is compiled without it", name, type(e).__name__,
+                            first)
+                retract_groups({g["kernel"] for g in step.groups})
+                record_refusal("<module>", "<module>", f"{name} failed inside TVM ({type(e).__name__}: {first}); "
+                               "module left unfused", rule=name)
+                return mod
 
     return _guarded
 
 
+@C.module_pass(opt_level=0, name="tvmfuse.record_fuse_ops_groups")
+def _record_fuse_ops_groups(mod, _ctx):
+    """Record the groups TVM's FuseOps formed (tvmfuse's own grouping records its groups itself)."""
+    for g in groups_in(mod):
+        record_group(g["kernel"], g["ops"], g["rule"], g["outputs"])
+    return mod
+
+
 def fusion_passes(target: C.Target, options: PipelineOptions) -> list:
     """Grouping and FuseTIR as one guarded step: either both apply or the module stays unfused."""
-    return [guarded(grouping_passes(target, options) + fuse_tir_passes(target, options), "fusion")]
+    if not options.fusion:
+        return [guarded([C.relax_transform.FuseOps(), _record_fuse_ops_groups]
+                        + fuse_tir_passes(target, options), "fusion")]
+    return [guarded(fuse_tir_passes(target, options), "fusion", own_passes=grouping_passes(target, options))]
+
+
+class Stages:
+    """The stages of tvmfuse's pipeline for one target and one set of options, each a list of passes.
+
+    compile(), explain, the tuner's task extraction, ``pipeline()`` and the benchmarks all take their
+    passes from here; run them under the target (``with stages.target:``).
+    """
+
+    def __init__(self, target=None, options: PipelineOptions | None = None):
+        self.target = parse_target(target)
+        self.options = options if options is not None else PipelineOptions()
+
+    def unfused(self) -> list:
+        """Every op lowered to its own PrimFunc (one kernel per op): the baseline the report compares to."""
+        return legalize_passes(self.target)
+
+    def graph(self) -> list:
+        """Rewrites, legalization, then the fusion groups as fused (unscheduled) PrimFuncs."""
+        return (pre_legalize_passes(self.target, self.options) + legalize_passes(self.target)
+                + fusion_passes(self.target, self.options))
+
+    def schedule(self) -> list:
+        """Schedule every PrimFunc: a tuned record, else the target's template default, else the fallback."""
+        return schedule_passes(self.target, self.options)
+
+    def lower(self) -> list:
+        """TVM's own dataflow lowering and VM finalization."""
+        return lowering_passes(self.target)
+
+    def all(self) -> list:
+        return self.graph() + self.schedule() + self.lower()
 
 
 def graph_stage(target: C.Target, options: PipelineOptions) -> list:
-    return pre_legalize_passes(target, options) + legalize_passes(target) + fusion_passes(target, options)
+    return Stages(target, options).graph()
+
+
+def _stages_pass(target, options: PipelineOptions, name: str, stages=Stages.all) -> C.ir_transform.Pass:
+    """``stages`` of Stages as one named pass; without ``target``, the target tvm.compile enters."""
+    fixed = parse_target(target) if target is not None else None
+
+    @C.module_pass(opt_level=0, name=name)
+    def _run(mod, _ctx):
+        tgt = fixed or C.current_target() or parse_target(None)
+        with tgt:
+            return C.Sequential(stages(Stages(tgt, options)), name=f"{name}.stages")(mod)
+
+    return _run
 
 
 def pipeline(target=None, tuning_log: str | None = None, **option_overrides) -> C.ir_transform.Pass:
@@ -109,17 +172,7 @@ def pipeline(target=None, tuning_log: str | None = None, **option_overrides) -> 
     ``target`` may be omitted: the pass then reads the target that tvm.compile enters (``with target:``).
     """
     options = replace(PipelineOptions(tuning_log=tuning_log), **option_overrides)
-    fixed = parse_target(target) if target is not None else None
-
-    @C.module_pass(opt_level=0, name="tvmfuse.pipeline")
-    def _tvmfuse_pipeline(mod, _ctx):
-        tgt = fixed or C.current_target() or parse_target(None)
-        with tgt:
-            seq = C.Sequential(graph_stage(tgt, options) + schedule_passes(tgt, options)
-                               + lowering_passes(tgt), name="tvmfuse.stages")
-            return seq(mod)
-
-    return _tvmfuse_pipeline
+    return _stages_pass(target, options, "tvmfuse.pipeline")
 
 
 def stock_pipeline(target=None) -> C.ir_transform.Pass:
@@ -129,23 +182,9 @@ def stock_pipeline(target=None) -> C.ir_transform.Pass:
 
 def unfused_pipeline(target=None) -> C.ir_transform.Pass:
     """No fusion at all: each op its own kernel (TVM's 'default' CPU build; dlight defaults on GPU)."""
-    fixed = parse_target(target) if target is not None else None
-
-    @C.module_pass(opt_level=0, name="tvmfuse.unfused_pipeline")
-    def _unfused(mod, _ctx):
-        tgt = fixed or C.current_target() or parse_target(None)
-        with tgt:
-            passes = legalize_passes(tgt)
-            if is_gpu(tgt):
-                passes += [C.dlight.ApplyDefaultSchedule(*_gpu_default_rules())]
-            return C.Sequential(passes + lowering_passes(tgt), name="tvmfuse.unfused")(mod)
-
-    return _unfused
-
-
-def _gpu_default_rules() -> list:
-    dl = C.dlight
-    return [dl.gpu.Matmul(), dl.gpu.GEMV(), dl.gpu.Reduction(), dl.gpu.GeneralReduction(), dl.gpu.Fallback()]
+    options = PipelineOptions(fusion=False, schedules=False, fast_math=False)
+    return _stages_pass(target, options, "tvmfuse.unfused_pipeline",
+                        lambda st: st.unfused() + st.schedule() + st.lower())
 
 
 def register() -> None:

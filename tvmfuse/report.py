@@ -123,8 +123,8 @@ def op_name(prim_func_name: str) -> str:
     return name[4:] if name.startswith("tir_") else name
 
 
-def fused_groups(grouped_mod) -> list[dict]:
-    """The groups formed (Primitive functions of the module before FuseTIR) with their member ops."""
+def groups_in(grouped_mod) -> list[dict]:
+    """The groups of a grouped module (its Primitive functions, before FuseTIR) with their member ops."""
     groups = []
     for gv, func in grouped_mod.functions.items():
         if not (isinstance(func, C.relax.Function) and func.attrs and "Primitive" in func.attrs):
@@ -137,6 +137,11 @@ def fused_groups(grouped_mod) -> list[dict]:
                        if isinstance(C.ret_type(func), C.TupleType) else 1})
     groups.sort(key=lambda g: g["kernel"])
     return groups
+
+
+def fused_groups(recorded: list[dict]) -> list[dict]:
+    """The report's list of groups, from what the fusion pass recorded (``Recorder.groups``), by kernel."""
+    return sorted((dict(g) for g in recorded), key=lambda g: g["kernel"])
 
 
 @dataclass

@@ -18,6 +18,7 @@ import logging
 
 from .. import _compat as C
 from ..explain import record_group, record_refusal
+from ..report import op_name
 from . import rules as R
 
 log = logging.getLogger("tvmfuse.fusion")
@@ -352,7 +353,8 @@ def _rewrite_block(g: _BlockGraph, mbb, taken: set, stats: list):
             func, outer_args, outs = _group_function(g, members, name, rule)
             gv = mbb.add_func(func, name)
             call = mbb.normalize(C.relax.Call(gv, outer_args))
-            record_group(name, [g.info[k].name for k in members if k not in g.alias_of], rule)
+            record_group(name, [op_name(str(g.bindings[k].value.args[0].name_hint)) for k in members
+                                if k not in g.alias_of], rule, len(outs))
             stats.append(name)
             if len(outs) == 1:
                 new_bindings.append(C.relax.VarBinding(g.bindings[outs[0]].var, call))

@@ -142,7 +142,7 @@ def _reduction_blocks(func):
 
 
 def _uses(expr, vars_) -> bool:
-    used = C.tir.analysis.undefined_vars(expr, [])
+    used = C.tirx.analysis.undefined_vars(expr, [])
     return any(u.same_as(v) for u in used for v in vars_)
 
 

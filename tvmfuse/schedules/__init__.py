@@ -6,8 +6,9 @@ import logging
 
 from .. import _compat as C
 from ..explain import record_schedule
+from ..records import best_configs, workload_key
 from ..target import is_gpu
-from .base import Scheduled, find_template, schedule_with, target_key, workload_key
+from .base import Scheduled, find_template, schedule_with
 
 log = logging.getLogger("tvmfuse.schedule")
 
@@ -51,12 +52,6 @@ def schedule_prim_func(func: C.PrimFunc, target: C.Target, records: dict | None 
 
 def _load_records(options, target: C.Target) -> dict:
     """Best tuning record per workload for this target, from the user's log and the shipped logs."""
-    try:
-        from ..tune.log import best_configs
-    except ModuleNotFoundError as e:
-        if e.name != "tvmfuse.tune.log":
-            raise
-        return {}
     return best_configs(options.tuning_log, target)
 
 

@@ -16,15 +16,12 @@ recorded as data (``tvmfuse.explain.record_schedule``).
 """
 from __future__ import annotations
 
-import hashlib
 import itertools
 import logging
 import random
 from dataclasses import dataclass, field
-from typing import Any
 
 from .. import _compat as C
-from ..explain import record_schedule
 
 log = logging.getLogger("tvmfuse.schedule")
 
@@ -110,24 +107,6 @@ class Template:
 
     def apply(self, sch: C.Schedule, match: Match, config: dict) -> None:
         raise NotImplementedError
-
-
-def workload_key(func: C.PrimFunc) -> str:
-    """Stable key of a PrimFunc's computation: its structural hash, without its name attributes."""
-    f = func
-    if f.attrs is not None and "global_symbol" in f.attrs:
-        f = f.without_attr("global_symbol")
-    return format(int(C.structural_hash(f)) & ((1 << 64) - 1), "016x")
-
-
-def target_key(target: C.Target) -> str:
-    """The part of a target that decides whether a tuning record applies: kind, cpu/arch, features."""
-    kind = target.kind.name
-    parts = [kind]
-    for attr in ("mcpu", "arch", "mtriple"):
-        if attr in target.attrs:
-            parts.append(f"{attr}={target.attrs[attr]}")
-    return ",".join(parts)
 
 
 @dataclass

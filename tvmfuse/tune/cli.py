@@ -127,11 +127,11 @@ def cmd_tune(args) -> int:
 def _kernel_inputs(args, tasks, target) -> dict:
     from .tasks import kernel_inputs_from_samples
 
-    from ..cli import _load_feeds
+    from ..feeds import load_feeds
     from ..frontend import read_model
 
     model = read_model(args.model)
-    return kernel_inputs_from_samples(model, target, _load_feeds(args.inputs, model), tasks)
+    return kernel_inputs_from_samples(model, target, load_feeds(args.inputs, model), tasks)
 
 
 def cmd_logs_show(args) -> int:

@@ -57,3 +57,34 @@ class KnobVocabulary:
             if col is not None:
                 v[col] = knob_value(value)
         return v
+
+
+_FEATURE_CONTEXTS: dict = {}
+
+
+def _feature_context(target):
+    """A bare TuneContext (target only) for feature extraction.  ``TuneContext.__init__`` first imports
+    ``tvm.s_tir.tensor_intrin`` (parses ~500 TVMScript intrinsics: 40 s on this host), which features
+    never use, so the object is made through its FFI constructor as that __init__ would make it."""
+    from .. import _compat as C
+
+    key = str(target)
+    if key not in _FEATURE_CONTEXTS:
+        ms_api, _, get_logger, get_logging_func = C.ms_internals()
+        ctx = C.meta_schedule.TuneContext.__new__(C.meta_schedule.TuneContext)
+        ctx.__init_handle_by_constructor__(ms_api.TuneContext, None, target, None, None, "main", 1, -1,
+                                           get_logging_func(get_logger("tvmfuse.tune.features")))
+        ms_api.TuneContextInitialize(ctx)
+        _FEATURE_CONTEXTS[key] = ctx
+    return _FEATURE_CONTEXTS[key]
+
+
+def per_store_features(mod, target) -> np.ndarray:
+    """MetaSchedule's PerStoreFeature of a scheduled module: a (stores x 164) numpy array."""
+    from .. import _compat as C
+
+    _, arg_info, _, _ = C.ms_internals()
+    sch = C.Schedule(mod)
+    cand = C.meta_schedule.MeasureCandidate(sch, arg_info.from_prim_func(mod["main"]))
+    fx = C.meta_schedule.feature_extractor.PerStoreFeature()
+    return fx.extract_from(_feature_context(target), [cand])[0].numpy()

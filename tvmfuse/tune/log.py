@@ -21,48 +21,29 @@ and the line number; the rest of the file loads.  Records of other targets are i
 from __future__ import annotations
 
 import json
-import logging
 import os
-import statistics
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterable
 
 from .. import _compat as C
 from ..errors import TuningLogError
-
-log = logging.getLogger("tvmfuse.tune")
+from ..records import (TuningLog, best_configs, config_id, load, median_cost, read_records,  # noqa: F401
+                       shipped_log_dirs, shipped_logs, target_key)
 
 LOG_VERSION = 1
 ERROR_KINDS = ("build", "run", "crash", "timeout", "wrong_result", "rpc")
 
 
 def _tvmfuse_version() -> str:
-    from .. import __version__
+    from ..version import __version__
 
     return __version__
-
-
-def median_cost(rec: dict) -> float | None:
-    """The cost of a successful measure record (median of its repeats), None for an error record."""
-    costs = rec.get("costs")
-    if rec.get("error") is not None or not costs:
-        return None
-    return float(statistics.median(costs))
-
-
-def config_id(config: dict) -> str:
-    """Canonical text of a configuration: the key that says 'this config was measured already'."""
-    return json.dumps(config, sort_keys=True, separators=(",", ":"))
 
 
 def make_measure_record(*, target, workload_key: str, workload: dict, template: str, config: dict,
                         costs: list[float] | None = None, error: dict | None = None,
                         device: str = "local", extra: dict | None = None) -> dict:
     """A measure record; exactly one of ``costs`` / ``error`` (``{"kind", "message"}``) is given."""
-    from ..schedules.base import target_key
-
     if (costs is None) == (error is None):
         raise ValueError("a measure record has either costs or an error, not both or neither")
     if error is not None and error.get("kind") not in ERROR_KINDS:
@@ -118,140 +99,6 @@ class LogWriter:
 
     def __exit__(self, *exc) -> None:
         self.close()
-
-
-@dataclass
-class TuningLog:
-    """The records of one or more log files (measure records filtered by target unless asked)."""
-
-    measures: list[dict] = field(default_factory=list)
-    workloads: dict[str, dict] = field(default_factory=dict)   # workload_key -> workload record
-    skipped: list[str] = field(default_factory=list)           # "file:line: reason" of unreadable lines
-    other_targets: int = 0                                     # measure records ignored (other target)
-
-    def measured(self, workload_key: str) -> dict[str, dict]:
-        """config_id -> record of every configuration already measured for a workload."""
-        return {config_id(r["config"]): r for r in self.measures if r["workload_key"] == workload_key}
-
-    def best(self) -> dict[str, dict]:
-        """workload_key -> the successful record of least median cost."""
-        out: dict[str, dict] = {}
-        for r in self.measures:
-            c = median_cost(r)
-            if c is None:
-                continue
-            cur = out.get(r["workload_key"])
-            if cur is None or c < median_cost(cur):
-                out[r["workload_key"]] = r
-        return out
-
-
-def _check_record(rec) -> str | None:
-    """None when ``rec`` is a well-formed record, else the reason it is not."""
-    if not isinstance(rec, dict):
-        return "not a JSON object"
-    kind = rec.get("type")
-    if kind == "workload":
-        missing = [k for k in ("workload_key", "func") if k not in rec]
-    elif kind == "measure":
-        missing = [k for k in ("target_key", "workload_key", "template", "config") if k not in rec]
-        if not missing:
-            if not isinstance(rec["config"], dict):
-                return "config is not an object"
-            if rec.get("error") is None and not (isinstance(rec.get("costs"), list) and rec["costs"]
-                                                 and all(isinstance(c, (int, float)) for c in rec["costs"])):
-                return "neither costs nor an error"
-    else:
-        return f"unknown record type {kind!r}"
-    return f"missing field(s) {missing}" if missing else None
-
-
-def read_records(path: str | os.PathLike, skipped: list[str] | None = None) -> Iterable[dict]:
-    """Every well-formed record of one file, in order; bad lines are skipped with a warning."""
-    path = Path(path)
-    try:
-        f = open(path, "rb")
-    except OSError as e:
-        raise TuningLogError(f"cannot read tuning log {path}: {e}") from None
-    with f:
-        for lineno, raw in enumerate(f, start=1):
-            text = raw.strip()
-            if not text:
-                continue
-            try:
-                rec = json.loads(text.decode("utf-8"))
-                reason = _check_record(rec)
-            except (UnicodeDecodeError, json.JSONDecodeError) as e:
-                reason = f"not valid JSON ({e})"
-            if reason is not None:
-                msg = f"{path}:{lineno}: skipped corrupt tuning-log line: {reason}"
-                log.warning(msg)
-                if skipped is not None:
-                    skipped.append(msg)
-                continue
-            yield rec
-
-
-def load(paths, target=None, *, all_targets: bool = False) -> TuningLog:
-    """Load one or more logs; measure records of other targets than ``target`` are dropped unless
-    ``all_targets``.  A missing file is an error (``TuningLogError``)."""
-    from ..schedules.base import target_key
-
-    if isinstance(paths, (str, os.PathLike)):
-        paths = [paths]
-    tkey = target_key(target) if target is not None else None
-    out = TuningLog()
-    for p in paths:
-        for rec in read_records(p, out.skipped):
-            if rec["type"] == "workload":
-                out.workloads.setdefault(rec["workload_key"], rec)
-            elif all_targets or tkey is None or rec["target_key"] == tkey:
-                out.measures.append(rec)
-            else:
-                out.other_targets += 1
-    return out
-
-
-# --------------------------------------------------------------------------- shipped records
-def shipped_log_dirs() -> list[Path]:
-    """Where the shipped records live: ``tuning_logs/`` of a source checkout (editable install), or the
-    data directory a wheel installs them to (``[tool.setuptools.data-files]`` in pyproject.toml)."""
-    import sys
-    import sysconfig
-
-    pkg = Path(__file__).resolve().parent.parent
-    candidates = [pkg.parent / "tuning_logs",
-                  Path(sysconfig.get_path("data")) / "share" / "tvmfuse" / "tuning_logs",
-                  Path(sys.prefix) / "share" / "tvmfuse" / "tuning_logs"]
-    seen, out = set(), []
-    for d in candidates:
-        if d.is_dir() and d.resolve() not in seen:
-            seen.add(d.resolve())
-            out.append(d)
-    return out
-
-
-def shipped_logs() -> list[Path]:
-    return [p for d in shipped_log_dirs() for p in sorted(d.glob("*.jsonl"))]
-
-
-def best_configs(tuning_log, target) -> dict[str, dict]:
-    """``{workload_key: {"template": family, "config": {...}, "cost": s, "source": file}}`` for ``target``.
-
-    The shipped records come first; the user's log (a path, or None) overrides them per workload.
-    Used by the schedule pass (``tvmfuse.schedules._load_records``).
-    """
-    out: dict[str, dict] = {}
-    sources = [(p, "shipped") for p in shipped_logs()]
-    if tuning_log is not None:
-        if not Path(tuning_log).exists():
-            raise TuningLogError(f"tuning log not found: {tuning_log}")
-        sources.append((Path(tuning_log), "user"))
-    for path, kind in sources:
-        for wk, rec in load(path, target).best().items():
-            out[wk] = {"template": rec["template"], "config": rec["config"], "cost": median_cost(rec),
-                       "source": f"{kind}:{path}"}
-    return out
 
 
 # --------------------------------------------------------------------------- merge / best / show

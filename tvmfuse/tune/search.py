@@ -14,7 +14,6 @@ and retrains the model.
 """
 from __future__ import annotations
 
-import json
 import logging
 import math
 import random
@@ -351,7 +350,3 @@ def tune(model, target=None, *, trials: int, log_path, tracker: str | None = Non
         mo = replace(mo, tracker=tracker, key=key)
     return Tuner(tasks, target, log_path, TuneOptions(trials=trials, **tune_options), mo, progress,
                  templates=templates).run()
-
-
-def dumps_result(result: TuneResult) -> str:
-    return json.dumps(result.to_dict(), indent=2)

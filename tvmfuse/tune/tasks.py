@@ -12,10 +12,11 @@ from collections import Counter
 from dataclasses import dataclass, field
 
 from .. import _compat as C
-from ..pipeline import PipelineOptions, graph_stage
+from ..pipeline import PipelineOptions, Stages
 from ..report import graph_stats
 from ..schedules import templates_for
-from ..schedules.base import KnobSpace, Match, Template, find_template, target_key, workload_key
+from ..records import target_key, workload_key
+from ..schedules.base import KnobSpace, Match, Template, find_template
 from ..target import parse_target
 
 log = logging.getLogger("tvmfuse.tune")
@@ -63,9 +64,8 @@ def fused_module(model, target, options: PipelineOptions | None = None):
     from ..frontend import load_onnx
 
     mod = model if isinstance(model, C.IRModule) else load_onnx(model)
-    options = options or PipelineOptions()
     with target:
-        return C.Sequential(graph_stage(target, options), name="tvmfuse.tune.graph_stage")(mod)
+        return C.Sequential(Stages(target, options).graph(), name="tvmfuse.tune.graph_stage")(mod)
 
 
 def extract_tasks(model, target=None, templates=None, options: PipelineOptions | None = None) -> list[Task]:
@@ -102,24 +102,23 @@ def kernel_inputs_from_samples(model, target, feeds: dict, tasks: list[Task],
     Tuning then measures and checks every kernel on data like the model's, not on random numbers."""
     import numpy as np
 
-    from ..compiled import _relax_io, validate_feeds
+    from ..compiled import relax_io, validate_feeds
     from ..frontend import load_onnx, onnx_io, read_model
-    from ..pipeline import lowering_passes
 
     target = parse_target(target)
     mod = fused_module(model, target, options)
     if isinstance(model, C.IRModule):
-        specs, _ = _relax_io(mod)
+        specs, _ = relax_io(mod)
     else:
         src = read_model(model)
         ins, _ = onnx_io(src)
-        r_in, _ = _relax_io(load_onnx(src))
+        r_in, _ = relax_io(load_onnx(src))
         from ..compiled import TensorSpec
 
         specs = [TensorSpec(o["name"], r.shape, r.dtype) for o, r in zip(ins, r_in)]
     arrays = validate_feeds(feeds, specs)
     with target:
-        ex = C.compile_module(mod, target, relax_pipeline=C.Sequential(lowering_passes(target)))
+        ex = C.compile_module(mod, target, relax_pipeline=C.Sequential(Stages(target, options).lower()))
     dev = C.device_for(target)
     vm = C.VirtualMachine(ex, dev)
     wanted = {t.name: t.workload_key for t in tasks}

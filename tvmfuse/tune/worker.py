@@ -78,14 +78,13 @@ def _err(kind: str, e: BaseException) -> dict:
 
 
 def cmd_features(req: dict) -> dict:
-    from .. import _compat as C
-    from .features import program_features
+    from .features import per_store_features, program_features
 
     results = []
     for config in req["configs"]:
         try:
             mod, target = _scheduled(req["task"], config)
-            feats = program_features(C.per_store_features(mod, target))
+            feats = program_features(per_store_features(mod, target))
             results.append({"ok": True, "features": np.round(feats, 5).tolist()})
         except Exception as e:  # an illegal config: reported per config, the batch goes on
             results.append(_err("build", e))
@@ -95,12 +94,12 @@ def cmd_features(req: dict) -> dict:
 def cmd_build(req: dict) -> dict:
     from .. import _compat as C
 
-    from .features import program_features
+    from .features import per_store_features, program_features
 
     t0 = time.perf_counter()
     try:
         mod, target = _scheduled(req["task"], req.get("config"))
-        feats = np.round(program_features(C.per_store_features(mod, target)), 5).tolist()
+        feats = np.round(program_features(per_store_features(mod, target)), 5).tolist()
         lib = C.build_prim_module(mod, target)
         lib.export_library(req["out"])
     except Exception as e:

@@ -96,7 +96,7 @@ def analyze_matmul(sch: C.Schedule, block) -> dict | None:
     }
 
 
-def _epilogue_of(sch: C.Schedule, block, c_buffer: str):
+def epilogue_of(sch: C.Schedule, block, c_buffer: str):
     """The single elementwise consumer reading C at its own indices, or None; raises nothing."""
     consumers = list(sch.get_consumers(block))
     if not consumers:
@@ -231,7 +231,7 @@ class MatmulEpilogue(Template):
         info = analyze_matmul(sch, red)
         if info is None:
             return None
-        epi = _epilogue_of(sch, red, info["c_buffer"])
+        epi = epilogue_of(sch, red, info["c_buffer"])
         if epi is None:
             return None
         red_name = U.block_name(sch, red)

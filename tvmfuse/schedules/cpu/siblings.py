@@ -18,7 +18,7 @@ from ... import _compat as C
 from ...target import cpu_info
 from ..base import Knob, KnobSpace, Match, Template
 from . import common as U
-from .matmul import (K_UNROLL, MC_TILES, MR_CHOICES, NC_TILES, NVEC_CHOICES, _epilogue_of, analyze_matmul,
+from .matmul import (K_UNROLL, MC_TILES, MR_CHOICES, NC_TILES, NVEC_CHOICES, epilogue_of, analyze_matmul,
                      compute_on_register_tile, pick_macro_tiles, pick_register_tile)
 
 SHARE_ROWS = (True, False)       # merge the siblings' row-block loops (one A row block for all of them)
@@ -35,7 +35,7 @@ def _chains(sch: C.Schedule, reductions: list) -> list[tuple[str | None, list[st
     chains: list[tuple[str | None, list[str]]] = []
     for red, info in reductions:
         name = U.block_name(sch, red)
-        epi = _epilogue_of(sch, red, info["c_buffer"])
+        epi = epilogue_of(sch, red, info["c_buffer"])
         if epi is None:
             return None
         if epi == "none":

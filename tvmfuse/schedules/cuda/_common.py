@@ -167,19 +167,6 @@ def block_graph(func: C.PrimFunc) -> BlockGraph | None:
     return BlockGraph(blocks, producers, consumers)
 
 
-def output_buffer_count(func: C.PrimFunc) -> int:
-    """Buffers of the signature that some block writes."""
-    g = block_graph(func)
-    if g is None:
-        return 0
-    outs = []
-    for b in g.outputs:
-        for w in b.writes:
-            if not any(w.same_as(o) for o in outs):
-                outs.append(w)
-    return len(outs)
-
-
 # --------------------------------------------------------------------------- access-pattern helpers
 def index_vars(indices) -> list[set]:
     """For each index expression of an access, the block iter vars it uses."""
@@ -304,3 +291,12 @@ def verification_target(target: C.Target) -> C.Target:
             "max_threads_per_block": int(target.attrs.get("max_threads_per_block", arch.max_threads_per_block)),
             "thread_warp_size": WARP}
     return C.Target(spec)
+
+
+def verify_gpu_schedule(sch: C.Schedule, target: C.Target) -> bool:
+    """MetaSchedule's VerifyGPUCode check of a scheduled function (threads per block, shared memory,
+    vector bytes), after the same lowering it applies when tuning."""
+    ms = C.meta_schedule
+    post = ms.postproc.VerifyGPUCode()
+    post._initialize_with_tune_context(ms.TuneContext(mod=sch.mod, target=target))
+    return bool(post.apply(sch))
