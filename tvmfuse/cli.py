@@ -20,7 +20,15 @@ def _load_feeds(path: str | None, model) -> dict:
     from .models import random_feeds
 
     if path is None:
-        return random_feeds(model) if model is not None else {}
+        if model is None:
+            return {}
+        from .frontend import onnx_io
+
+        for spec in onnx_io(model)[0]:
+            if any(not isinstance(d, int) for d in spec["shape"]):
+                raise InputError(f"input {spec['name']!r} has symbolic dims {spec['shape']}: give --inputs, or "
+                                 "pin them with --shape")
+        return random_feeds(model)
     if not os.path.exists(path):
         raise InputError(f"inputs file not found: {path}")
     try:
@@ -45,11 +53,26 @@ def cmd_demo(args) -> int:
     return run_demo(target=args.target, json_out=args.json, small=args.quick)
 
 
+def add_shape_option(parser) -> None:
+    """``--shape NAME=DIMS`` (repeatable) on a command that compiles."""
+    from .frontend import SHAPE_HELP
+
+    parser.add_argument("--shape", action="append", default=[], metavar="NAME=DIMS", help=SHAPE_HELP)
+
+
+def input_shapes_of(args) -> dict | None:
+    """``input_shapes`` for ``tvmfuse.compile`` from the parsed ``--shape`` options (None when none)."""
+    from .frontend import parse_shape_args
+
+    return parse_shape_args(getattr(args, "shape", None)) or None
+
+
 def cmd_compile(args) -> int:
     import tvmfuse
 
     t0 = time.perf_counter()
-    cm = tvmfuse.compile(args.model, target=args.target, tuning_log=args.tuning_log)
+    cm = tvmfuse.compile(args.model, target=args.target, tuning_log=args.tuning_log,
+                         input_shapes=input_shapes_of(args))
     dt = time.perf_counter() - t0
     out = args.output
     cm.export(out)
@@ -66,9 +89,12 @@ def cmd_run(args) -> int:
         feeds = _load_feeds(args.inputs, None) if args.inputs else runner.random_feeds()
         outputs = runner.run(feeds)
     else:
-        from .frontend import read_model
+        from .frontend import read_model, specialize_inputs
 
         model = read_model(args.model)
+        shapes = input_shapes_of(args)
+        if shapes:
+            model = specialize_inputs(model, shapes)
         cm = tvmfuse.compile(model, target=args.target, tuning_log=args.tuning_log)
         outputs = cm.run(_load_feeds(args.inputs, model))
     _save_outputs(outputs, args.output)
@@ -78,7 +104,8 @@ def cmd_run(args) -> int:
 def cmd_report(args) -> int:
     import tvmfuse
 
-    cm = tvmfuse.compile(args.model, target=args.target, tuning_log=args.tuning_log)
+    cm = tvmfuse.compile(args.model, target=args.target, tuning_log=args.tuning_log,
+                         input_shapes=input_shapes_of(args))
     print(cm.report.to_json() if args.json else cm.report.table())
     return 0
 
@@ -102,6 +129,7 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--target", default=None)
     c.add_argument("--tuning-log", default=None)
     c.add_argument("-o", "--output", required=True, help="artifact directory, or a .tar file")
+    add_shape_option(c)
     c.set_defaults(func=cmd_compile)
 
     r = sub.add_parser("run", help="run an ONNX model or an exported artifact on inputs from a .npz")
@@ -110,6 +138,7 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--target", default=None)
     r.add_argument("--tuning-log", default=None)
     r.add_argument("-o", "--output", default=None, help="write the outputs to this .npz")
+    add_shape_option(r)
     r.set_defaults(func=cmd_run)
 
     rp = sub.add_parser("report", help="print the fusion report of a model")
@@ -117,6 +146,7 @@ def build_parser() -> argparse.ArgumentParser:
     rp.add_argument("--target", default=None)
     rp.add_argument("--tuning-log", default=None)
     rp.add_argument("--json", action="store_true")
+    add_shape_option(rp)
     rp.set_defaults(func=cmd_report)
 
     for name in _COMMAND_MODULES:

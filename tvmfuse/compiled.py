@@ -136,9 +136,12 @@ class CompiledModel:
 
 
 def compile(model, target=None, tuning_log: str | None = None, *, name: str | None = None,  # noqa: A001
-            num_threads: int | None = None, **option_overrides) -> CompiledModel:
+            num_threads: int | None = None, input_shapes: dict | None = None,
+            **option_overrides) -> CompiledModel:
     """Compile an ONNX path / ModelProto or a Relax IRModule with tvmfuse's pipeline.
 
+    ``input_shapes`` pins shapes before import: ``{"x": [1, 128]}`` (an input) or ``{"batch": 8}`` (a
+    symbolic dim of the inputs); dims left symbolic compile to kernels that take any size.
     ``option_overrides`` are fields of ``PipelineOptions`` (fusion, schedules, fast_math).
     """
     tgt = parse_target(target)
@@ -149,12 +152,15 @@ def compile(model, target=None, tuning_log: str | None = None, *, name: str | No
 
     source = None
     if isinstance(model, C.IRModule):
+        if input_shapes:
+            raise InputError("input_shapes applies to ONNX models; an IRModule's shapes are fixed by its "
+                             "function signature")
         mod = model
         inputs, outputs = _relax_io(mod)
         name = name or "IRModule"
     else:
         source = read_model(model)
-        mod = load_onnx(source)
+        mod = load_onnx(source, input_shapes=input_shapes)
         ins, outs = onnx_io(source)
         r_in, r_out = _relax_io(mod)
         inputs = [TensorSpec(o["name"], r.shape, r.dtype) for o, r in zip(ins, r_in)]

@@ -519,9 +519,11 @@ def load(path: str, num_threads: int | None = None) -> Runner:
 # --------------------------------------------------------------------------- command line
 def cmd_export(args) -> int:
     import tvmfuse
+    from .frontend import parse_shape_args
 
     t0 = time.perf_counter()
-    cm = tvmfuse.compile(args.model, target=args.target, tuning_log=args.tuning_log)
+    cm = tvmfuse.compile(args.model, target=args.target, tuning_log=args.tuning_log,
+                         input_shapes=parse_shape_args(args.shape) or None)
     t1 = time.perf_counter()
     out = export(cm, args.output)
     t2 = time.perf_counter()
@@ -533,10 +535,17 @@ def cmd_export(args) -> int:
     return 0
 
 
+def _shape_help() -> str:
+    from .frontend import SHAPE_HELP
+
+    return SHAPE_HELP
+
+
 def add_commands(subparsers) -> None:
     e = subparsers.add_parser("export", help="compile an ONNX model and write a deployable artifact")
     e.add_argument("model", help="ONNX file")
     e.add_argument("--target", default=None, help="host (default), aarch64, cuda, or a target JSON")
     e.add_argument("--tuning-log", default=None)
     e.add_argument("-o", "--output", required=True, help="artifact directory, or a .tar file")
+    e.add_argument("--shape", action="append", default=[], metavar="NAME=DIMS", help=_shape_help())
     e.set_defaults(func=cmd_export)

@@ -10,7 +10,7 @@ import onnx
 from onnx import numpy_helper, shape_inference
 
 from . import _compat as C
-from .errors import ModelLoadError, UnsupportedOpError
+from .errors import InputError, ModelLoadError, UnsupportedOpError
 
 log = logging.getLogger("tvmfuse.frontend")
 
@@ -140,6 +140,140 @@ def fold_static_shapes(model: onnx.ModelProto) -> tuple[onnx.ModelProto, int]:
     return out, folded
 
 
+# --------------------------------------------------------------------------- pinning input shapes
+SHAPE_HELP = ("pin an input's shape (x=1,128) or a symbolic dimension (batch=8) before import; repeatable. "
+              "Symbolic dims left open compile to kernels that take any size")
+
+
+def parse_shape_args(items) -> dict[str, list[int]]:
+    """``["x=1,128", "batch=8"]`` (the CLI's ``--shape``) -> ``{"x": [1, 128], "batch": [8]}``."""
+    out: dict[str, list[int]] = {}
+    for item in items or []:
+        name, sep, dims = str(item).partition("=")
+        name = name.strip()
+        if not sep or not name or not dims.strip():
+            raise InputError(f"--shape {item!r}: expected NAME=D1,D2,... (an input) or NAME=N (a symbolic dim)")
+        try:
+            values = [int(d) for d in dims.split(",")]
+        except ValueError:
+            raise InputError(f"--shape {item!r}: dimensions must be integers, got {dims!r}") from None
+        if name in out:
+            raise InputError(f"--shape gives {name!r} twice")
+        out[name] = values
+    return out
+
+
+def _dims(vi) -> list:
+    """Dims of a graph input: an int, a dim_param name, or None (unknown)."""
+    t = vi.type.tensor_type
+    return [d.dim_value if d.HasField("dim_value") else (d.dim_param or None) for d in t.shape.dim]
+
+
+def symbolic_dims(model: onnx.ModelProto) -> dict[str, list[tuple[str, int]]]:
+    """Each symbolic dim (ONNX dim_param) of the graph inputs -> the (input, axis) places it sizes."""
+    inits = {i.name for i in model.graph.initializer}
+    out: dict[str, list[tuple[str, int]]] = {}
+    for vi in model.graph.input:
+        if vi.name in inits:
+            continue
+        for axis, d in enumerate(_dims(vi)):
+            if isinstance(d, str):
+                out.setdefault(d, []).append((vi.name, axis))
+    return out
+
+
+def _positive(name: str, value) -> int:
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or int(value) < 1:
+        raise InputError(f"input_shapes[{name!r}]: dimensions must be positive integers, got {value!r}")
+    return int(value)
+
+
+def resolve_input_shapes(model: onnx.ModelProto, input_shapes: dict) -> tuple[dict, dict[str, int]]:
+    """(input -> its shape after pinning, symbolic dim -> its size) for what ``input_shapes`` pins (a dim
+    of an input left symbolic stays a name), or an InputError naming what is wrong (an unknown name, a wrong rank, a size that contradicts a static dim or another pin)."""
+    if not isinstance(input_shapes, dict):
+        raise InputError(f"input_shapes must be a dict of input name or symbolic dim -> shape, got "
+                         f"{type(input_shapes).__name__}")
+    inits = {i.name for i in model.graph.initializer}
+    inputs = {vi.name: _dims(vi) for vi in model.graph.input if vi.name not in inits}
+    syms = symbolic_dims(model)
+    dim_values: dict[str, int] = {}
+    dim_source: dict[str, str] = {}
+
+    def bind(dim: str, value: int, source: str) -> None:
+        if dim in dim_values and dim_values[dim] != value:
+            raise InputError(f"symbolic dim {dim!r} is {dim_values[dim]} by {dim_source[dim]} but {value} by "
+                             f"{source}")
+        dim_values[dim], dim_source[dim] = value, source
+
+    pinned: dict[str, list[int]] = {}
+    for name, value in input_shapes.items():
+        if name in inputs:
+            if isinstance(value, (int, np.integer)) and not isinstance(value, bool):
+                value = [value]
+            if not isinstance(value, (list, tuple)):
+                raise InputError(f"input_shapes[{name!r}] must be a list of ints, got {type(value).__name__}")
+            shape = [_positive(name, v) for v in value]
+            dims = inputs[name]
+            if len(shape) != len(dims):
+                raise InputError(f"input {name!r} has rank {len(dims)} ({dims}), input_shapes gives rank "
+                                 f"{len(shape)} ({shape})")
+            for axis, (d, v) in enumerate(zip(dims, shape)):
+                if isinstance(d, int) and d != v:
+                    raise InputError(f"input {name!r}: input_shapes gives {v} for axis {axis}, which the model "
+                                     f"fixes to {d} (shape {dims})")
+                if isinstance(d, str):
+                    bind(d, v, f"input_shapes[{name!r}]")
+            pinned[name] = shape
+        elif name in syms:
+            if isinstance(value, (list, tuple)):
+                if len(value) != 1:
+                    raise InputError(f"symbolic dim {name!r} takes one size, got {list(value)}")
+                value = value[0]
+            bind(name, _positive(name, value), f"input_shapes[{name!r}]")
+        else:
+            raise InputError(f"input_shapes names {name!r}, which is neither an input of the model "
+                             f"({sorted(inputs)}) nor one of its symbolic dims ({sorted(syms)})")
+    # every input that a pinned symbolic dim sizes gets it
+    for name, dims in inputs.items():
+        if name in pinned:
+            continue
+        if any(isinstance(d, str) and d in dim_values for d in dims):
+            pinned[name] = [dim_values[d] if isinstance(d, str) and d in dim_values else d for d in dims]
+    return pinned, dim_values
+
+
+def specialize_inputs(model: onnx.ModelProto, input_shapes: dict) -> onnx.ModelProto:
+    """A copy of ``model`` with the pinned input dims (by input name or symbolic dim name) written into the
+    graph inputs, the same dim_params fixed everywhere else, and shapes inferred again, so that
+    ``fold_static_shapes`` sees static shapes.  Inputs with a dim left open keep it symbolic."""
+    pinned, dim_values = resolve_input_shapes(model, input_shapes)
+    out = onnx.ModelProto()
+    out.CopyFrom(model)
+    by_name = {vi.name: vi for vi in out.graph.input}
+    for name, shape in pinned.items():
+        for d, v in zip(by_name[name].type.tensor_type.shape.dim, shape):
+            if isinstance(v, int):
+                d.Clear()
+                d.dim_value = v
+    for vi in list(out.graph.output) + list(out.graph.value_info):
+        t = vi.type.tensor_type
+        if not t.HasField("shape"):
+            continue
+        for d in t.shape.dim:
+            if d.HasField("dim_param") and d.dim_param in dim_values:
+                v = dim_values[d.dim_param]
+                d.Clear()
+                d.dim_value = v
+    # old inferred shapes of intermediates may still hold other (derived) dim_params: infer them afresh
+    del out.graph.value_info[:]
+    try:
+        out = shape_inference.infer_shapes(out)
+    except Exception as e:  # onnx raises InferenceError and friends; the pinned inputs still stand
+        log.info("shape inference after pinning input shapes failed: %s", e)
+    return out
+
+
 def _unsupported_ops(model: onnx.ModelProto) -> dict[str, list[str]]:
     from tvm.relax.frontend.onnx.onnx_frontend import _get_convert_map
 
@@ -152,13 +286,16 @@ def _unsupported_ops(model: onnx.ModelProto) -> dict[str, list[str]]:
 
 
 def load_onnx(path_or_model, *, keep_params_in_input: bool = False, fold_shapes: bool = True,
-              shape_dict: dict[str, list[int]] | None = None) -> C.IRModule:
+              shape_dict: dict[str, list[int]] | None = None, input_shapes: dict | None = None) -> C.IRModule:
     """Import an ONNX model (path, bytes or ModelProto) as a Relax IRModule.
 
     Weights become constants (so constant folding and batch-norm folding can work) unless
-    ``keep_params_in_input``; run-time shape subgraphs are folded first when input shapes are static.
+    ``keep_params_in_input``; ``input_shapes`` (input name -> shape, or symbolic dim -> size) pins shapes
+    before import; run-time shape subgraphs are folded first when input shapes are then static.
     """
     model = read_model(path_or_model)
+    if input_shapes:
+        model = specialize_inputs(model, input_shapes)
     if fold_shapes:
         model, n = fold_static_shapes(model)
         if n:
