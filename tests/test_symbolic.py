@@ -150,3 +150,154 @@ def test_symbolic_injective_must_not_fire(host):
     g2.rename_last("y", (8, 4, 16))
     static = _legalized(g2.model(), host)
     assert not any(R.symbolic_injective(f) for f in static.functions.values() if isinstance(f, C.PrimFunc))
+
+
+# ----------------------------------------------------------------------------------- PyTorch's shape subgraphs
+# Graphs reproducing what torch.onnx.export emits for symbolic batch/sequence (built with onnx.helper via
+# models._G): each imports as symbolic Relax shape computations, fuses, and runs at several sizes.
+I64 = lambda v: np.array(v, np.int64)  # noqa: E731
+
+
+def _dim_of(g, t, axis):
+    """Shape(t)[axis] as a 1-element int64 tensor (torch: x.size(axis) -> Shape, Gather, Unsqueeze)."""
+    return g.op("Unsqueeze", g.op("Gather", g.op("Shape", t), g.const(I64(axis)), axis=0), g.const(I64([0])))
+
+
+def _value(v):
+    import onnx
+
+    return onnx.numpy_helper.from_array(np.array([v], np.float32))
+
+
+def constant_of_shape_mask():
+    """HF default attention mask: ones(x.shape) -> (1 - m) * -1e4 added to x."""
+    g = M._G("constant_of_shape")
+    x = g.input("x", ("batch", "seq"))
+    shape = g.op("Concat", _dim_of(g, x, 0), _dim_of(g, x, 1), axis=0)
+    ones = g.op("ConstantOfShape", shape, value=_value(1.0))
+    g.op("Add", x, g.op("Mul", g.op("Sub", g.const(np.float32(1.0)), ones), g.const(np.float32(-1e4))))
+    g.rename_last("y", ("batch", "seq"))
+    return g.model()
+
+
+def expand_to_computed_shape():
+    """bias.expand(x.size(0), x.size(1), 16) + x."""
+    g = M._G("expand")
+    x = g.input("x", ("batch", "seq", 16))
+    shape = g.op("Concat", _dim_of(g, x, 0), _dim_of(g, x, 1), g.const(I64([16])), axis=0)
+    g.op("Add", x, g.op("Expand", g.weight((1, 1, 16)), shape))
+    g.rename_last("y", ("batch", "seq", 16))
+    return g.model()
+
+
+def range_positions():
+    """Position embeddings: table[arange(seq)] added to x (Range to the sequence length)."""
+    g = M._G("range")
+    x = g.input("x", ("batch", "seq", 16))
+    seq = g.op("Gather", g.op("Shape", x), g.const(I64(1)), axis=0)
+    ids = g.op("Range", g.const(I64(0)), seq, g.const(I64(1)))
+    emb = g.op("Gather", g.weight((64, 16)), ids, axis=0)
+    g.op("Add", x, g.op("Unsqueeze", emb, g.const(I64([0]))))
+    g.rename_last("y", ("batch", "seq", 16))
+    return g.model()
+
+
+def padding_mask():
+    """BERT: where(mask == 0, -1e4, 0)[:, None, None, :] added to the scores, then softmax."""
+    from onnx import TensorProto
+
+    g = M._G("padding_mask")
+    s = g.input("scores", ("batch", 2, "seq", "seq"))
+    m = g.input("mask", ("batch", "seq"), TensorProto.INT64)
+    bias = g.op("Where", g.op("Equal", m, g.const(I64(0))), g.const(np.float32(-1e4)), g.const(np.float32(0.0)))
+    g.op("Softmax", g.op("Add", s, g.op("Unsqueeze", bias, g.const(I64([1, 2])))), axis=-1)
+    g.rename_last("y", ("batch", 2, "seq", "seq"))
+    return g.model()
+
+
+def causal_mask():
+    """Llama: arange(seq) compared col > row, full([seq, seq], -1e4) where future, added to the scores."""
+    g = M._G("causal_mask")
+    s = g.input("scores", ("batch", "seq", "seq"))
+    seq = g.op("Gather", g.op("Shape", s), g.const(I64(1)), axis=0)
+    r = g.op("Range", g.const(I64(0)), seq, g.const(I64(1)))
+    future = g.op("Greater", g.op("Unsqueeze", r, g.const(I64([0]))), g.op("Unsqueeze", r, g.const(I64([1]))))
+    seq1 = g.op("Unsqueeze", seq, g.const(I64([0])))
+    full = g.op("ConstantOfShape", g.op("Concat", seq1, seq1, axis=0), value=_value(-1e4))
+    g.op("Softmax", g.op("Add", s, g.op("Where", future, full, g.const(np.float32(0.0)))), axis=-1)
+    g.rename_last("y", ("batch", "seq", "seq"))
+    return g.model()
+
+
+DYNAMIC_EXPORTS = {"constant_of_shape_mask": constant_of_shape_mask,
+                   "expand_to_computed_shape": expand_to_computed_shape, "range_positions": range_positions,
+                   "padding_mask": padding_mask, "causal_mask": causal_mask}
+
+
+def _feeds_for(cm, rng, sizes):
+    feeds = {}
+    for spec in cm.inputs:
+        shape = [sizes.get(d, d) if isinstance(d, str) else d for d in spec.shape]
+        feeds[spec.name] = (rng.integers(0, 2, shape) if spec.dtype == "int64"
+                            else rng.standard_normal(shape)).astype(spec.dtype)
+    return feeds
+
+
+@pytest.mark.parametrize("name", sorted(DYNAMIC_EXPORTS))
+def test_dynamic_export_pattern_imports_fuses_and_runs(name, host, rng):
+    model = DYNAMIC_EXPORTS[name]()
+    cm = tvmfuse.compile(model, target=host)
+    # the symbols survive the shape computations: inputs and output keep batch/seq
+    assert all(isinstance(d, int) or d in ("batch", "seq") for s in cm.inputs + cm.outputs for d in s.shape)
+    assert cm.outputs[0].shape == tuple(d.dim_param or d.dim_value
+                                        for d in model.graph.output[0].type.tensor_type.shape.dim)
+    assert cm.kernel_count == 1 < cm.report.kernels_before
+    for sizes in ({"batch": 1, "seq": 5}, {"batch": 2, "seq": 7}):
+        feeds = _feeds_for(cm, rng, sizes)
+        out, ref = cm.run(feeds), M.reference_outputs(model, feeds)
+        np.testing.assert_allclose(out["y"], ref["y"], rtol=1e-5, atol=1e-5, err_msg=f"{name} {sizes}")
+
+
+def test_range_keeps_the_sequence_symbol():
+    # TVM's own Range converter computes the length into a fresh var: the add then has no known shape
+    from tvmfuse.compiled import _relax_io
+
+    model = range_positions()
+    assert _relax_io(tvmfuse.load_onnx(model))[1][0].shape == ("batch", "seq", 16)
+    stock = C.from_onnx(model)   # without tvmfuse's converters
+    assert _relax_io(stock)[1][0].shape != ("batch", "seq", 16)
+
+
+def test_constant_of_shape_of_an_empty_shape_is_a_scalar(host, rng):
+    # torch.full((), v) exports ConstantOfShape(int64[0]): TVM's converter broadcasts the [1]-shaped value
+    # to rank 0 and fails; folded when shapes fold, and converted by tvmfuse's converter when they do not
+    g = M._G("scalar_fill")
+    x = g.input("x", ("batch", 4))
+    g.op("Mul", x, g.op("ConstantOfShape", g.const(np.zeros((0,), np.int64)), value=_value(-2.5)))
+    g.rename_last("y", ("batch", 4))
+    model = g.model()
+    with pytest.raises(Exception, match="broadcast_to expects the input shape"):
+        C.from_onnx(model)
+    mod = tvmfuse.load_onnx(model, fold_shapes=False)
+    cm = tvmfuse.compile(mod, target=host)
+    x3 = rng.standard_normal((3, 4)).astype(np.float32)
+    np.testing.assert_allclose(cm.run({"x": x3})["output0"], x3 * -2.5, rtol=1e-6)
+
+
+def test_static_parts_of_a_symbolic_graph_still_fold(host, rng):
+    # Reshape(x, concat([-1], shape(x)[1:])): the sliced Shape is static although batch is not
+    from tvmfuse.frontend import fold_static_shapes
+
+    g = M._G("partial")
+    x = g.input("x", ("batch", 8, 4))
+    tail = g.op("Shape", x, start=1)
+    g.op("Relu", g.op("Reshape", g.op("Transpose", x, perm=[0, 2, 1]),
+                      g.op("Concat", g.const(I64([-1])), tail, axis=0)))
+    g.rename_last("y", ("batch", 8, 4))
+    model = g.model()
+    folded, n = fold_static_shapes(model)
+    assert n == 2 and [node.op_type for node in folded.graph.node] == ["Transpose", "Reshape", "Relu"]
+    cm = tvmfuse.compile(model, target=host)
+    x2 = rng.standard_normal((2, 8, 4)).astype(np.float32)
+    ref = M.reference_outputs(model, {"x": x2})["y"]
+    np.testing.assert_allclose(cm.run({"x": x2})["y"], ref, rtol=1e-6)

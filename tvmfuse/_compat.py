@@ -20,11 +20,33 @@ from tvm.target import Target
 tir = tirx  # the TIR namespace under its 0.27 name
 
 
-def from_onnx(*args, **kwargs):
-    """TVM's ONNX importer, imported on first use (a deployed artifact loads without onnx)."""
-    from tvm.relax.frontend.onnx import from_onnx as _from_onnx
+def from_onnx(*args, converters: dict | None = None, **kwargs):
+    """TVM's ONNX importer, imported on first use (a deployed artifact loads without onnx).
 
-    return _from_onnx(*args, **kwargs)
+    ``converters`` (ONNX op type -> converter class) replace the importer's own for this call only: the
+    importer has no converter-map argument, so its map function is wrapped while the import runs."""
+    from tvm.relax.frontend.onnx import from_onnx as _from_onnx
+    from tvm.relax.frontend.onnx import onnx_frontend as _F
+
+    if not converters:
+        return _from_onnx(*args, **kwargs)
+    original = _F._get_convert_map
+
+    def _with_overrides():
+        return {**original(), **converters}
+
+    _F._get_convert_map = _with_overrides
+    try:
+        return _from_onnx(*args, **kwargs)
+    finally:
+        _F._get_convert_map = original
+
+
+def onnx_frontend():
+    """TVM's ONNX importer module (its converter base class and helpers), for tvmfuse's converters."""
+    from tvm.relax.frontend.onnx import onnx_frontend as _F
+
+    return _F
 
 TVM_VERSION: str = tvm.__version__
 TVM_FFI_VERSION: str = getattr(tvm_ffi, "__version__", "unknown")
@@ -263,6 +285,8 @@ def nvcc_compile(source: str, target: Target, fmt: str = "cubin") -> bytes:
         return nvcc.compile_cuda(source, target_format=fmt, arch=str(target.attrs["arch"]), compiler="nvcc")
 TensorLoad = tvm.ir.expr.TensorLoad  # what tirx.BufferLoad builds in 0.27 (buffer in ``.source``)
 Constant = tvm.ir.expr.Constant  # relax constants (metadata GenericConst) in 0.27
+GenericConst = tvm.ir.GenericConst  # what the ONNX importer's get_constant returns for a constant
+is_prim_expr = tvm.ir.is_prim_expr  # 0.27: relax and TIR share one expression type; this tells a TIR one
 
 
 def region_tensor(region):

@@ -51,18 +51,6 @@ def read_model(path_or_model) -> onnx.ModelProto:
     return model
 
 
-def _static_shape(vi) -> tuple[int, ...] | None:
-    t = vi.type.tensor_type
-    if not t.HasField("shape"):
-        return None
-    dims = []
-    for d in t.shape.dim:
-        if not d.HasField("dim_value"):
-            return None
-        dims.append(d.dim_value)
-    return tuple(dims)
-
-
 def _eval_node(node: onnx.NodeProto, inputs: dict[str, np.ndarray], opset_imports) -> list[np.ndarray] | None:
     from onnx.reference import ReferenceEvaluator
 
@@ -78,16 +66,31 @@ def _eval_node(node: onnx.NodeProto, inputs: dict[str, np.ndarray], opset_import
         return None
 
 
+def _known_dims(vi) -> list | None:
+    """Dims of an inferred tensor: an int where static, None where symbolic; None if the rank is unknown."""
+    t = vi.type.tensor_type
+    if not t.HasField("shape"):
+        return None
+    return [d.dim_value if d.HasField("dim_value") else None for d in t.shape.dim]
+
+
+def _shape_slice(node: onnx.NodeProto, dims: list) -> list:
+    """The part of ``dims`` an ONNX Shape node returns (opset 15 ``start``/``end``)."""
+    attrs = {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
+    start, end = attrs.get("start", 0), attrs.get("end", len(dims))
+    return dims[slice(start, end)]
+
+
 def fold_static_shapes(model: onnx.ModelProto) -> tuple[onnx.ModelProto, int]:
     """Fold Shape nodes of statically shaped tensors and every node whose inputs are then all constants.
 
     PyTorch exports compute reshape targets at run time (Shape -> Gather -> Div -> Concat -> Reshape);
-    TVM's importer fails on some of these chains. With static input shapes they are constants.
+    TVM's importer fails on some of these chains. With static shapes they are constants.  With symbolic
+    input dims, what does not depend on them still folds (a Shape of a static intermediate, a
+    ConstantOfShape of a constant shape); the rest is imported as symbolic shape computations.
     Returns the new model and the number of folded nodes.
     """
     graph = model.graph
-    if any(_static_shape(i) is None for i in graph.input):
-        return model, 0
     try:
         inferred = shape_inference.infer_shapes(model)
     except Exception as e:  # shape inference can fail on custom domains; fold nothing then
@@ -95,9 +98,9 @@ def fold_static_shapes(model: onnx.ModelProto) -> tuple[onnx.ModelProto, int]:
         return model, 0
     shapes = {}
     for vi in list(inferred.graph.value_info) + list(inferred.graph.input) + list(inferred.graph.output):
-        s = _static_shape(vi)
-        if s is not None:
-            shapes[vi.name] = s
+        dims = _known_dims(vi)
+        if dims is not None:
+            shapes[vi.name] = dims
     consts = {init.name: numpy_helper.to_array(init) for init in graph.initializer}
     opsets = list(model.opset_import)
     kept, folded = [], 0
@@ -108,7 +111,9 @@ def fold_static_shapes(model: onnx.ModelProto) -> tuple[onnx.ModelProto, int]:
             continue
         vals = None
         if node.op_type == "Shape" and node.input[0] in shapes and node.input[0] not in consts:
-            vals = _eval_node(node, {node.input[0]: np.zeros(shapes[node.input[0]], np.float32)}, opsets)
+            part = _shape_slice(node, shapes[node.input[0]])
+            if all(d is not None for d in part):
+                vals = [np.array(part, np.int64)]
         elif node.op_type == "Constant":
             vals = _eval_node(node, {}, opsets)
         elif node.input and all(i == "" or i in consts for i in node.input) and any(
@@ -274,6 +279,71 @@ def specialize_inputs(model: onnx.ModelProto, input_shapes: dict) -> onnx.ModelP
     return out
 
 
+# --------------------------------------------------------------------------- converter overrides
+# TVM's importer turns the shape subgraphs PyTorch emits for symbolic dims into Relax shape computations,
+# but two of its converters lose the symbols or fail; tvmfuse replaces them for its imports (one row per op,
+# with why).  Each falls back to TVM's own converter for the cases it does not change.
+def _prim_dtype(expr) -> str:
+    # 0.27: a TIR var's dtype is in its type (``.dtype`` is for buffer vars); other expressions have .dtype
+    return str(getattr(expr, "dtype", None) or expr.ty)
+
+
+def _scalar_of(value, params):
+    """A Range/ConstantOfShape operand as a Python number or an integer TIR expression; None if neither."""
+    F = C.onnx_frontend()
+    value = F.get_constant(value, params)
+    if C.is_prim_expr(value):
+        return value if "int" in _prim_dtype(value) else None
+    if isinstance(value, C.GenericConst):
+        arr = value.value.numpy()
+        return arr.reshape(()).item() if arr.size == 1 else None
+    return None
+
+
+def _converter_overrides() -> dict:
+    F = C.onnx_frontend()
+
+    class SymbolicRange(F.OnnxOpConverter):
+        """Range(0, seq, 1) over a symbolic ``seq`` as ``arange(0, seq)`` of shape [seq]: TVM's converter
+        computes the length into a fresh var, so positions no longer broadcast against [batch, seq, d]."""
+
+        @classmethod
+        def _impl_v11(cls, bb, inputs, attr, params):
+            start, limit, delta = (_scalar_of(x, params) for x in inputs)
+            known = all(v is not None and not isinstance(v, (float, bool)) for v in (start, limit, delta))
+            if not known or not any(C.is_prim_expr(v) for v in (start, limit)) or not isinstance(delta, int) \
+                    or delta == 0:
+                return F.Range.get_converter(12)(bb, inputs, attr, params)
+            dtype = next(_prim_dtype(v) for v in (start, limit) if C.is_prim_expr(v))
+            return C.relax.op.arange(start, limit, delta, dtype)
+
+    class ScalarSafeConstantOfShape(F.OnnxOpConverter):
+        """ConstantOfShape with its 1-element ``value`` taken as a scalar: TVM's converter broadcasts the
+        [1]-shaped value, which fails for an empty (rank-0) shape ("broadcast_to expects the input shape to
+        have the number of ndim at least as the input tensor's")."""
+
+        @classmethod
+        def _impl_v9(cls, bb, inputs, attr, params):
+            value = attr.get("value")
+            arr = numpy_helper.to_array(value).reshape(()) if value is not None else np.zeros((), np.float32)
+            shape = F.get_constant(inputs[0], params)
+            if isinstance(shape, C.GenericConst):
+                dims = [int(d) for d in shape.value.numpy().reshape(-1)]
+                if int(np.prod(dims)) <= MAX_FOLDED_ELEMENTS:
+                    return C.relax.const(np.full(dims, arr, arr.dtype), str(arr.dtype))
+                shape = C.relax.ShapeExpr(dims)
+            if not isinstance(shape, C.relax.ShapeExpr):
+                ty = C.type_of(shape)
+                length = ty.shape.values[0] if getattr(ty, "shape", None) is not None and \
+                    isinstance(ty.shape, C.relax.ShapeExpr) and len(ty.shape.values) == 1 else None
+                if not isinstance(length, C.IntImm):
+                    raise ValueError("ConstantOfShape: the length of its shape input is not known at import")
+                shape = F._tensor_to_shape_expr(bb, shape, int(length), "const_of_shape")
+            return C.relax.op.full(shape, C.relax.const(arr, str(arr.dtype)), str(arr.dtype))
+
+    return {"Range": SymbolicRange, "ConstantOfShape": ScalarSafeConstantOfShape}
+
+
 def _unsupported_ops(model: onnx.ModelProto) -> dict[str, list[str]]:
     from tvm.relax.frontend.onnx.onnx_frontend import _get_convert_map
 
@@ -305,7 +375,8 @@ def load_onnx(path_or_model, *, keep_params_in_input: bool = False, fold_shapes:
         op, nodes = next(iter(missing.items()))
         raise UnsupportedOpError(op, nodes, detail=f"{len(missing)} unsupported op type(s): {sorted(missing)}")
     try:
-        mod = C.from_onnx(model, shape_dict=shape_dict, keep_params_in_input=keep_params_in_input)
+        mod = C.from_onnx(model, shape_dict=shape_dict, keep_params_in_input=keep_params_in_input,
+                          converters=_converter_overrides())
     except Exception as e:  # the importer raises many kinds; name the node when we can
         msg = str(e).strip().splitlines()
         raise ModelLoadError(f"TVM's ONNX importer failed: {type(e).__name__}: {msg[-1] if msg else ''}") from None
