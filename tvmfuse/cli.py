@@ -38,6 +38,23 @@ def _load_feeds(path: str | None, model) -> dict:
         raise InputError(f"{path} is not a readable .npz file: {e}") from None
 
 
+def _random_feeds_pinned(inputs, shapes: dict, seed: int = 0) -> dict:
+    """Random feeds for an artifact's inputs with their symbolic dims sized by ``--shape`` (dim or input)."""
+    from .errors import InputError
+
+    sizes = {k: v[0] for k, v in shapes.items() if len(v) == 1}
+    rng = np.random.default_rng(seed)
+    feeds = {}
+    for spec in inputs:
+        shape = list(shapes.get(spec.name) or [sizes.get(d, d) if isinstance(d, str) else d for d in spec.shape])
+        if len(shape) != len(spec.shape) or any(not isinstance(d, int) for d in shape):
+            raise InputError(f"input {spec.name!r} has shape {list(spec.shape)}; --shape gives no size for "
+                             f"{[d for d in shape if not isinstance(d, int)] or 'its rank'}")
+        feeds[spec.name] = (rng.standard_normal(shape) if np.issubdtype(np.dtype(spec.dtype), np.floating)
+                            else rng.integers(0, 2, size=shape)).astype(spec.dtype)
+    return feeds
+
+
 def _save_outputs(outputs: dict, path: str | None) -> None:
     if path:
         np.savez(path, **outputs)
@@ -86,7 +103,13 @@ def cmd_run(args) -> int:
 
     if os.path.isdir(args.model) or args.model.endswith(".tar"):
         runner = tvmfuse.load(args.model)
-        feeds = _load_feeds(args.inputs, None) if args.inputs else runner.random_feeds()
+        shapes = input_shapes_of(args)
+        if args.inputs:
+            feeds = _load_feeds(args.inputs, None)
+        elif shapes:
+            feeds = _random_feeds_pinned(runner.inputs, shapes)
+        else:
+            feeds = runner.random_feeds()
         outputs = runner.run(feeds)
     else:
         from .frontend import read_model, specialize_inputs

@@ -46,6 +46,30 @@ def _relax_io(mod) -> tuple[list[TensorSpec], list[TensorSpec]]:
     return ins, outs
 
 
+def symbolic_dims(inputs: list[TensorSpec]) -> dict[str, list[dict]]:
+    """Each symbolic dim of the inputs (``batch``) -> the places it sizes ({"input", "axis"})."""
+    out: dict[str, list[dict]] = {}
+    for spec in inputs:
+        for axis, d in enumerate(spec.shape):
+            if isinstance(d, str):
+                out.setdefault(d, []).append({"input": spec.name, "axis": axis})
+    return out
+
+
+def _check_symbolic_dims(arrays: list[np.ndarray], inputs: list[TensorSpec]) -> None:
+    """Inputs that share a symbolic dim (``sequence``) must agree on its size; an InputError names it."""
+    seen: dict[str, tuple[int, str, int]] = {}
+    for spec, a in zip(inputs, arrays):
+        for axis, (d, n) in enumerate(zip(spec.shape, a.shape)):
+            if not isinstance(d, str) or not d.isidentifier():   # an expression (n + 1) is the VM's to check
+                continue
+            if d in seen and seen[d][0] != n:
+                size, other, other_axis = seen[d]
+                raise InputError(f"symbolic dim {d!r} is {size} in input {other!r} (axis {other_axis}) but {n} in "
+                                 f"input {spec.name!r} (axis {axis}); inputs that share it must agree")
+            seen.setdefault(d, (n, spec.name, axis))
+
+
 def validate_feeds(feeds: dict, inputs: list[TensorSpec]) -> list[np.ndarray]:
     """Feeds in parameter order, or an InputError naming the input and what is wrong with it."""
     if not isinstance(feeds, dict):
@@ -66,6 +90,7 @@ def validate_feeds(feeds: dict, inputs: list[TensorSpec]) -> list[np.ndarray]:
             raise InputError(f"input {spec.name!r} has shape {list(a.shape)}, the model expects "
                              f"{list(spec.shape)}")
         arrays.append(np.ascontiguousarray(a))
+    _check_symbolic_dims(arrays, inputs)
     return arrays
 
 

@@ -224,6 +224,7 @@ def _write_tree(cm, root: str) -> dict:
     """Write the library, device code and manifest of ``cm`` into the empty directory ``root``."""
     from . import __version__
     from . import _compat as C
+    from .compiled import symbolic_dims
 
     target = cm.target
     tdesc = describe_target(target)
@@ -249,6 +250,8 @@ def _write_tree(cm, root: str) -> dict:
         "created_utc": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "inputs": [s.to_dict() for s in cm.inputs],
         "outputs": [s.to_dict() for s in cm.outputs],
+        # symbolic dim -> where it sizes an input: run() takes any size there, equal across inputs
+        "symbolic_dims": symbolic_dims(cm.inputs),
         "target": tdesc,
         "library": LIBRARY,
         "library_arch": built_for,
