@@ -10,6 +10,7 @@ from tvmfuse import models as M
 from tvmfuse.explain_cli import explain
 from tvmfuse.passes import rules as R
 from tvmfuse.pipeline import PipelineOptions, legalize_passes, pre_legalize_passes
+from tvmfuse.target import parse_target
 
 
 def _mlp(batch="batch"):
@@ -359,3 +360,90 @@ def test_cli_runs_a_symbolic_artifact_at_a_pinned_size(host, tmp_path):
     with np.load(out) as z:
         assert z["y"].shape == (2, 3, 16)
     assert main(["run", art, "--shape", "batch=2"]) == 2   # seq left open: one error line
+
+
+# ----------------------------------------------------------------------------------- schedules
+NAMED_TARGETS = ['{"kind": "llvm", "mtriple": "x86_64-linux-gnu", "mcpu": "haswell", "num-cores": 2}',
+                 '{"kind": "llvm", "mtriple": "x86_64-linux-gnu", "mcpu": "skylake-avx512", "num-cores": 8}']
+
+
+def _symbolic_kernels(model, target):
+    from tvmfuse.pipeline import graph_stage
+
+    mod = tvmfuse.load_onnx(model)
+    with target:
+        mod = C.Sequential(graph_stage(target, PipelineOptions()))(mod)
+    return {str(gv.name_hint): f for gv, f in mod.functions.items() if isinstance(f, C.PrimFunc)
+            and any(not isinstance(d, C.IntImm) for p in f.params for d in p.shape)}
+
+
+def _loops_and_allocs(func):
+    """Loop kinds of a scheduled PrimFunc, and the element counts of its intermediate buffers after
+    compaction (a producer computed per row keeps a row-size buffer)."""
+    mod = C.Sequential([C.s_tir.transform.LowerInitBlock(),
+                        C.s_tir.transform.PlanAndUpdateBufferAllocationLocation(),
+                        C.s_tir.transform.ConvertBlocksToOpaque(),
+                        C.s_tir.transform.CompactBufferAllocation()])(C.IRModule({"main": func}))
+    kinds, allocs = [], []
+
+    def walk(s):
+        if isinstance(s, C.SBlock):
+            allocs.extend(_numel(buf.shape) for buf in s.alloc_buffers)
+        if isinstance(s, C.tirx.For):
+            kinds.append(int(s.kind))
+        for attr in ("body", "then_case", "else_case", "block", "init"):
+            child = getattr(s, attr, None)
+            if child is not None and hasattr(child, "same_as") and not hasattr(child, "ty"):
+                walk(child)
+        for child in getattr(s, "seq", ()) or ():
+            walk(child)
+
+    walk(mod["main"].body)
+    return kinds, allocs
+
+
+def _numel(shape):
+    n = 1
+    for d in shape:
+        n = n * d
+    return n
+
+
+@pytest.mark.parametrize("target", NAMED_TARGETS, ids=["haswell", "skylake-avx512"])
+@pytest.mark.parametrize("name, build", [
+    ("mlp", _mlp),
+    ("transformer_block", lambda: M.transformer_block(seq="sequence", hidden=64, heads=4, ffn=128)),
+    ("resnet_block", lambda: M.resnet_block(channels=8, size=8, batch="batch")),
+    ("causal_mask", causal_mask),
+])
+def test_symbolic_kernels_get_a_parallel_vectorized_schedule(name, build, target):
+    from tvmfuse.schedules import schedule_prim_func
+
+    tgt = parse_target(target)
+    funcs = _symbolic_kernels(build(), tgt)
+    assert funcs
+    for kname, func in funcs.items():
+        res = schedule_prim_func(func, tgt, {}, kname)
+        assert res is not None, f"{kname}: unscheduled"
+        kinds, allocs = _loops_and_allocs(res.func)
+        assert int(C.ForKind.PARALLEL) in kinds, f"{kname} ({res.template}): no parallel loop"
+        assert int(C.ForKind.VECTORIZED) in kinds, f"{kname} ({res.template}): no vectorized loop"
+        # producers live on rows: no intermediate as large as the output is left
+        out = _numel(func.params[-1].shape)
+        full = [a for a in allocs if C.Analyzer().can_prove_equal(a, out)]
+        assert not full, f"{kname} ({res.template}): full-size intermediates left: {full}"
+
+
+def test_symbolic_rows_must_not_fire_on_static_kernels(host):
+    from tvmfuse.schedules.cpu.symbolic import SymbolicRows
+
+    funcs = _symbolic_kernels(_mlp(), host)
+    assert funcs   # the symbolic one matches
+    assert all(SymbolicRows().match(f, host) is not None for f in funcs.values())
+    mod = tvmfuse.load_onnx(_mlp(8))
+    from tvmfuse.pipeline import graph_stage
+
+    with host:
+        mod = C.Sequential(graph_stage(host, PipelineOptions()))(mod)
+    static = [f for f in mod.functions.values() if isinstance(f, C.PrimFunc)]
+    assert static and all(SymbolicRows().match(f, host) is None for f in static)
