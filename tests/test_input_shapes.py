@@ -182,3 +182,7 @@ def test_tune_parser_takes_shape(dyn_path):
     m = _model(args)
     assert isinstance(m, onnx.ModelProto)
     assert [d.dim_value for d in m.graph.input[0].type.tensor_type.shape.dim] == [2, 64]
+    # left symbolic: tuning needs concrete sizes, one error line naming the dim
+    args = build_parser().parse_args(["tune", dyn_path, "--trials", "1", "--log", "l.jsonl"])
+    with pytest.raises(InputError, match=r"symbolic dims \['batch'\].*--shape batch=1"):
+        _model(args)

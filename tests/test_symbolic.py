@@ -51,6 +51,24 @@ def test_matmul_add_relu_with_symbolic_batch_is_one_kernel(host, rng):
 
 
 # ----------------------------------------------------------------------------------- same groups as static
+def mobilenetv3_block(batch):
+    """A MobileNetV3 bottleneck with squeeze-excite and a classifier head (Flatten + Gemm on batch)."""
+    from tvmfuse.models import _conv_bn
+
+    g = M._G("mbv3_block")
+    x = g.input("x", (batch, 16, 14, 14))
+    h = g.op("HardSwish", _conv_bn(g, x, 16, 48, k=1))
+    h = g.op("HardSwish", _conv_bn(g, h, 48, 48, k=3, group=48))
+    s = g.op("Relu", g.op("Conv", g.op("GlobalAveragePool", h), g.weight((12, 48, 1, 1)), g.weight((12,), 0.1),
+                          kernel_shape=[1, 1]))
+    s = g.op("HardSigmoid", g.op("Conv", s, g.weight((48, 12, 1, 1)), g.weight((48,), 0.1), kernel_shape=[1, 1]))
+    h = g.op("Add", _conv_bn(g, g.op("Mul", h, s), 48, 16, k=1), x)
+    p = g.op("Flatten", g.op("GlobalAveragePool", h), axis=1)
+    g.op("Gemm", p, g.weight((10, 16)), g.weight((10,), 0.1), transB=1)
+    g.rename_last("y", (batch, 10))
+    return g.model()
+
+
 @pytest.mark.parametrize("name, static, symbolic", [
     ("transformer_block", lambda: M.transformer_block(seq=16, hidden=64, heads=4, ffn=128),
      lambda: M.transformer_block(seq="sequence", hidden=64, heads=4, ffn=128)),
@@ -58,6 +76,12 @@ def test_matmul_add_relu_with_symbolic_batch_is_one_kernel(host, rng):
      lambda: M.resnet_block(channels=8, size=8, batch="batch")),
     ("layernorm_softmax", lambda: M.layernorm_softmax(rows=16, d=32), None),
     ("qkv_projection", lambda: M.qkv_projection(seq=16, hidden=32), None),
+    ("swiglu", lambda: M.swiglu(seq=16, hidden=32, ffn=48), None),
+    ("gemm_bias_relu", lambda: M.gemm_bias_relu(), None),
+    ("depthwise_conv_bn_relu_residual", lambda: M.conv_bn_relu_residual(channels=16, size=14, depthwise=True),
+     None),
+    ("instancenorm_silu", lambda: M.instancenorm_silu(channels=8, size=12), None),
+    ("mobilenetv3_block", lambda: mobilenetv3_block(2), lambda: mobilenetv3_block("batch")),
 ])
 def test_symbolic_model_gets_the_static_groups(name, static, symbolic, host):
     sym_model = symbolic() if symbolic else _make_symbolic(static(), axis=0, dim="rows")
@@ -86,6 +110,14 @@ def test_symbolic_transformer_block_runs_at_any_length(seqs, host, rng):
     cm = tvmfuse.compile(model, target=host)
     for s in seqs:
         _check(model, cm, rng, {"x": (s, 64)})
+
+
+def test_symbolic_mobilenetv3_block_runs_at_any_batch(host, rng):
+    model = mobilenetv3_block("batch")
+    cm = tvmfuse.compile(model, target=host)
+    assert cm.kernel_count == tvmfuse.compile(mobilenetv3_block(2), target=host).kernel_count
+    for b in (1, 3):
+        _check(model, cm, rng, {"x": (b, 16, 14, 14)})
 
 
 def test_symbolic_resnet_block_runs_at_any_batch(host, rng):

@@ -1,4 +1,5 @@
-"""ONNX in: validate, fold run-time shape computations when input shapes are static, import to Relax."""
+"""ONNX in: validate, pin input shapes on request, fold the shape computations that do not depend on a
+symbolic dim, import to Relax (with tvmfuse's converters for PyTorch's dynamic-shape subgraphs)."""
 from __future__ import annotations
 
 import logging

@@ -126,11 +126,20 @@ def cmd_tune(args) -> int:
 
 
 def _model(args):
-    """The model to tune: the ONNX file with the ``--shape`` pins applied (the file itself without)."""
-    from ..frontend import parse_shape_args, read_model, specialize_inputs
+    """The model to tune: the ONNX file with the ``--shape`` pins applied.  Kernels are measured at
+    concrete sizes, so a symbolic dim left open is an InputError naming it."""
+    from ..errors import InputError
+    from ..frontend import parse_shape_args, read_model, specialize_inputs, symbolic_dims
 
     shapes = parse_shape_args(args.shape)
-    return specialize_inputs(read_model(args.model), shapes) if shapes else args.model
+    model = read_model(args.model)
+    if shapes:
+        model = specialize_inputs(model, shapes)
+    open_dims = symbolic_dims(model)
+    if open_dims:
+        raise InputError(f"{args.model} has symbolic dims {sorted(open_dims)}: tuning measures kernels at "
+                         f"concrete sizes; pin them with --shape (e.g. --shape {sorted(open_dims)[0]}=1)")
+    return model
 
 
 def _kernel_inputs(args, model, tasks, target) -> dict:
