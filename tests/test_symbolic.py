@@ -262,7 +262,60 @@ def causal_mask():
     return g.model()
 
 
-DYNAMIC_EXPORTS = {"constant_of_shape_mask": constant_of_shape_mask,
+def reshape_heads():
+    """Attention heads: x.view(b, s, 4, d // 4) from Shape/Gather/Div/Concat, transposed and back."""
+    g = M._G("reshape_heads")
+    x = g.input("x", ("batch", "seq", 64))
+    dh = g.op("Div", g.op("Gather", g.op("Shape", x), g.const(I64(2)), axis=0), g.const(I64(4)))
+    shape = g.op("Concat", _dim_of(g, x, 0), _dim_of(g, x, 1), g.const(I64([4])),
+                 g.op("Unsqueeze", dh, g.const(I64([0]))), axis=0)
+    h = g.op("Transpose", g.op("Reshape", x, shape), perm=[0, 2, 1, 3])
+    back = g.op("Concat", _dim_of(g, x, 0), _dim_of(g, x, 1), g.const(I64([64])), axis=0)
+    g.op("Relu", g.op("Reshape", g.op("Transpose", h, perm=[0, 2, 1, 3]), back))
+    g.rename_last("y", ("batch", "seq", 64))
+    return g.model()
+
+
+def expand_minus_one():
+    """mask[:, None, None, :].expand(b, 1, s, s) as torch exports it: ConstantOfShape(Shape(shape)),
+    Mul -1, Equal, Where, Expand."""
+    g = M._G("expand_minus_one")
+    s = g.input("scores", ("batch", 1, "seq", "seq"))
+    m4 = g.op("Unsqueeze", g.input("mask", ("batch", "seq")), g.const(I64([1, 2])))
+    shape = g.op("Concat", _dim_of(g, s, 0), g.const(I64([1])), _dim_of(g, s, 2), _dim_of(g, s, 3), axis=0)
+    import onnx
+
+    ones = g.op("ConstantOfShape", g.op("Shape", shape), value=onnx.numpy_helper.from_array(I64([1])))
+    w = g.op("Where", g.op("Equal", shape, g.op("Mul", ones, g.const(I64(-1)))), ones, shape)
+    g.op("Add", s, g.op("Expand", m4, w))
+    g.rename_last("y", ("batch", 1, "seq", "seq"))
+    return g.model()
+
+
+def slice_cache():
+    """Rotary cache: cos[:seq] sliced to the sequence length, times x."""
+    g = M._G("slice_cache")
+    x = g.input("x", ("batch", "seq", 16))
+    c = g.op("Slice", g.weight((128, 16)), g.const(I64([0])), _dim_of(g, x, 1), g.const(I64([0])))
+    g.op("Mul", x, c)
+    g.rename_last("y", ("batch", "seq", 16))
+    return g.model()
+
+
+def trilu_causal():
+    """full((s, s), -1e4).triu(1) added to the scores, softmax."""
+    g = M._G("trilu_causal")
+    s = g.input("scores", ("batch", "seq", "seq"))
+    seq = _dim_of(g, s, 1)
+    full = g.op("ConstantOfShape", g.op("Concat", seq, seq, axis=0), value=_value(-1e4))
+    g.op("Softmax", g.op("Add", s, g.op("Trilu", full, g.const(I64(1)), upper=1)), axis=-1)
+    g.rename_last("y", ("batch", "seq", "seq"))
+    return g.model()
+
+
+DYNAMIC_EXPORTS = {"reshape_heads": reshape_heads, "expand_minus_one": expand_minus_one,
+                   "slice_cache": slice_cache, "trilu_causal": trilu_causal,
+                   "constant_of_shape_mask": constant_of_shape_mask,
                    "expand_to_computed_shape": expand_to_computed_shape, "range_positions": range_positions,
                    "padding_mask": padding_mask, "causal_mask": causal_mask}
 
