@@ -64,7 +64,7 @@ def _row_loop(sch: C.Schedule, out_block, drop: int):
 
 
 def _schedule_row(sch: C.Schedule, block, lanes: int) -> None:
-    """Inside one row: reduction loops outside, the innermost spatial loop vectorized (static extent)."""
+    """Inside one row: reduction loops outside, the innermost spatial loop vectorized."""
     if U.is_reduction(sch, block):
         # the loops under the row loop: one per block iterator (a producer computed at the row keeps unit
         # loops), or the output block's iterators after the ones fused into the row loop
@@ -146,7 +146,8 @@ class SymbolicRows(Template):
             try:
                 _apply(C.Schedule(func), cpu_info(target).float32_lanes, drop)
             except (ValueError,) + C.TVMError as e:
-                log.debug("%s, row loop less %d: %s", self.family, drop, (str(e).strip().splitlines() or [""])[-1])
+                log.debug("%s, row loop less %d: %s", self.family, drop,
+                          (str(e).strip().splitlines() or [""])[-1])
                 continue
             return Match(self.family, {"drop": drop})
         return None
