@@ -80,20 +80,17 @@ def test_cycle_through_an_outside_consumer_is_refused_with_its_reason(tmp_path):
     assert (d["kernels_unfused"], d["kernels_fused"]) == (3, 2)
 
 
-def test_symbolic_shape_op_is_refused_with_its_reason(tmp_path):
+def test_symbolic_shape_ops_are_grouped(tmp_path):
+    # symbolic extents no longer make an op opaque (issue 13): the chain is one group, nothing refused
     g = M._G("dyn")
     x = g.input("x", ("n", 8))
     g.op("Sigmoid", g.op("Relu", x))
     g.rename_last("y", ("n", 8))
     d = _explain_json(_save(tmp_path, g.model(), "dyn"))
-    assert d["groups"] == [] and d["kernels_fused"] == d["kernels_unfused"] == 2
-    assert len(d["refused"]) == 1
-    ref = d["refused"][0]
-    assert ref["producer"].startswith("relu(") and ref["consumer"].startswith("tir_sigmoid(")
-    assert "symbolic or unknown shape" in ref["reason"]
+    assert (d["kernels_unfused"], d["kernels_fused"]) == (2, 1) and d["refused"] == []
+    assert [grp["rule"] for grp in d["groups"]] == ["elementwise_chain"]
     r = _cli(_save(tmp_path, g.model(), "dyn"))
-    assert "groups formed (0):\n  (none)" in r.stdout
-    assert "is opaque: symbolic or unknown shape" in r.stdout
+    assert "groups formed (1):" in r.stdout and "refused fusions (0):\n  (none)" in r.stdout
 
 
 def test_unprofitable_pair_is_refused_with_its_reason(tmp_path):

@@ -43,6 +43,8 @@ TupleType = relax.TupleType
 Op = _tvm.ir.Op
 GlobalVar = _tvm.ir.GlobalVar
 Constant = _tvm.ir.expr.Constant  # relax constants (metadata GenericConst) in 0.27
+GenericConst = _tvm.ir.GenericConst  # what the ONNX importer's get_constant returns for a constant
+is_prim_expr = _tvm.ir.is_prim_expr  # 0.27: relax and TIR share one expression type; this tells a TIR one
 
 # --- TIR node types ------------------------------------------------------------------------------------------
 IntImm = tirx.IntImm
@@ -117,11 +119,33 @@ def post_order_visit(node, fvisit) -> None:
 
 
 # --- frontend ------------------------------------------------------------------------------------------------
-def from_onnx(*args, **kwargs):
-    """TVM's ONNX importer, imported on first use (a deployed artifact loads without onnx)."""
-    from tvm.relax.frontend.onnx import from_onnx as _from_onnx
+def from_onnx(*args, converters: dict | None = None, **kwargs):
+    """TVM's ONNX importer, imported on first use (a deployed artifact loads without onnx).
 
-    return _from_onnx(*args, **kwargs)
+    ``converters`` (ONNX op type -> converter class) replace the importer's own for this call only: the
+    importer has no converter-map argument, so its map function is wrapped while the import runs."""
+    from tvm.relax.frontend.onnx import from_onnx as _from_onnx
+    from tvm.relax.frontend.onnx import onnx_frontend as _F
+
+    if not converters:
+        return _from_onnx(*args, **kwargs)
+    original = _F._get_convert_map
+
+    def _with_overrides():
+        return {**original(), **converters}
+
+    _F._get_convert_map = _with_overrides
+    try:
+        return _from_onnx(*args, **kwargs)
+    finally:
+        _F._get_convert_map = original
+
+
+def onnx_frontend():
+    """TVM's ONNX importer module (its converter base class and helpers), for tvmfuse's converters."""
+    from tvm.relax.frontend.onnx import onnx_frontend as _F
+
+    return _F
 
 
 def onnx_convert_map() -> dict:

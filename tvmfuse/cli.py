@@ -17,6 +17,23 @@ from .feeds import load_feeds as _load_feeds
 _COMMAND_MODULES = ["tvmfuse.explain_cli", "tvmfuse.tune.cli", "tvmfuse.export"]
 
 
+def _random_feeds_pinned(inputs, shapes: dict, seed: int = 0) -> dict:
+    """Random feeds for an artifact's inputs with their symbolic dims sized by ``--shape`` (dim or input)."""
+    from .errors import InputError
+
+    sizes = {k: v[0] for k, v in shapes.items() if len(v) == 1}
+    rng = np.random.default_rng(seed)
+    feeds = {}
+    for spec in inputs:
+        shape = list(shapes.get(spec.name) or [sizes.get(d, d) if isinstance(d, str) else d for d in spec.shape])
+        if len(shape) != len(spec.shape) or any(not isinstance(d, int) for d in shape):
+            raise InputError(f"input {spec.name!r} has shape {list(spec.shape)}; --shape gives no size for "
+                             f"{[d for d in shape if not isinstance(d, int)] or 'its rank'}")
+        feeds[spec.name] = (rng.standard_normal(shape) if np.issubdtype(np.dtype(spec.dtype), np.floating)
+                            else rng.integers(0, 2, size=shape)).astype(spec.dtype)
+    return feeds
+
+
 def _save_outputs(outputs: dict, path: str | None) -> None:
     if path:
         np.savez(path, **outputs)
@@ -32,11 +49,26 @@ def cmd_demo(args) -> int:
     return run_demo(target=args.target, json_out=args.json, small=args.quick)
 
 
+def add_shape_option(parser) -> None:
+    """``--shape NAME=DIMS`` (repeatable) on a command that compiles."""
+    from .frontend import SHAPE_HELP
+
+    parser.add_argument("--shape", action="append", default=[], metavar="NAME=DIMS", help=SHAPE_HELP)
+
+
+def input_shapes_of(args) -> dict | None:
+    """``input_shapes`` for ``tvmfuse.compile`` from the parsed ``--shape`` options (None when none)."""
+    from .frontend import parse_shape_args
+
+    return parse_shape_args(getattr(args, "shape", None)) or None
+
+
 def cmd_compile(args) -> int:
     import tvmfuse
 
     t0 = time.perf_counter()
-    cm = tvmfuse.compile(args.model, target=args.target, tuning_log=args.tuning_log)
+    cm = tvmfuse.compile(args.model, target=args.target, tuning_log=args.tuning_log,
+                         input_shapes=input_shapes_of(args))
     dt = time.perf_counter() - t0
     out = args.output
     tvmfuse.export(cm, out)
@@ -50,12 +82,21 @@ def cmd_run(args) -> int:
 
     if os.path.isdir(args.model) or args.model.endswith(".tar"):
         runner = tvmfuse.load(args.model)
-        feeds = _load_feeds(args.inputs, None) if args.inputs else runner.random_feeds()
+        shapes = input_shapes_of(args)
+        if args.inputs:
+            feeds = _load_feeds(args.inputs, None)
+        elif shapes:
+            feeds = _random_feeds_pinned(runner.inputs, shapes)
+        else:
+            feeds = runner.random_feeds()
         outputs = runner.run(feeds)
     else:
-        from .frontend import read_model
+        from .frontend import read_model, specialize_inputs
 
         model = read_model(args.model)
+        shapes = input_shapes_of(args)
+        if shapes:
+            model = specialize_inputs(model, shapes)
         cm = tvmfuse.compile(model, target=args.target, tuning_log=args.tuning_log)
         outputs = cm.run(_load_feeds(args.inputs, model))
     _save_outputs(outputs, args.output)
@@ -65,7 +106,8 @@ def cmd_run(args) -> int:
 def cmd_report(args) -> int:
     import tvmfuse
 
-    cm = tvmfuse.compile(args.model, target=args.target, tuning_log=args.tuning_log)
+    cm = tvmfuse.compile(args.model, target=args.target, tuning_log=args.tuning_log,
+                         input_shapes=input_shapes_of(args))
     print(cm.report.to_json() if args.json else cm.report.table())
     return 0
 
@@ -89,6 +131,7 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--target", default=None)
     c.add_argument("--tuning-log", default=None)
     c.add_argument("-o", "--output", required=True, help="artifact directory, or a .tar file")
+    add_shape_option(c)
     c.set_defaults(func=cmd_compile)
 
     r = sub.add_parser("run", help="run an ONNX model or an exported artifact on inputs from a .npz")
@@ -97,6 +140,7 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--target", default=None)
     r.add_argument("--tuning-log", default=None)
     r.add_argument("-o", "--output", default=None, help="write the outputs to this .npz")
+    add_shape_option(r)
     r.set_defaults(func=cmd_run)
 
     rp = sub.add_parser("report", help="print the fusion report of a model")
@@ -104,6 +148,7 @@ def build_parser() -> argparse.ArgumentParser:
     rp.add_argument("--target", default=None)
     rp.add_argument("--tuning-log", default=None)
     rp.add_argument("--json", action="store_true")
+    add_shape_option(rp)
     rp.set_defaults(func=cmd_report)
 
     for name in _COMMAND_MODULES:

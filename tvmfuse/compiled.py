@@ -10,6 +10,7 @@ import numpy as np
 
 from . import _compat as C
 from .io import Executes, validate_feeds  # noqa: F401  (validate_feeds: imported from here before)
+from .errors import InputError
 from .explain import Recorder
 from .pipeline import PipelineOptions, Stages
 from .report import FusionReport, fused_groups, graph_stats
@@ -44,6 +45,16 @@ def relax_io(mod) -> tuple[list[TensorSpec], list[TensorSpec]]:
             if getattr(s, "shape", None) is not None and isinstance(s.shape, C.relax.ShapeExpr) else ()
         outs.append(TensorSpec(f"output{i}", shape, str(getattr(s, "dtype", "float32"))))
     return ins, outs
+
+
+def symbolic_dims(inputs: list[TensorSpec]) -> dict[str, list[dict]]:
+    """Each symbolic dim of the inputs (``batch``) -> the places it sizes ({"input", "axis"})."""
+    out: dict[str, list[dict]] = {}
+    for spec in inputs:
+        for axis, d in enumerate(spec.shape):
+            if isinstance(d, str):
+                out.setdefault(d, []).append({"input": spec.name, "axis": axis})
+    return out
 
 
 class CompiledModel(Executes):
@@ -98,9 +109,12 @@ class CompiledModel(Executes):
 
 
 def compile(model, target=None, tuning_log: str | None = None, *, name: str | None = None,  # noqa: A001
-            num_threads: int | None = None, **option_overrides) -> CompiledModel:
+            num_threads: int | None = None, input_shapes: dict | None = None,
+            **option_overrides) -> CompiledModel:
     """Compile an ONNX path / ModelProto or a Relax IRModule with tvmfuse's pipeline.
 
+    ``input_shapes`` pins shapes before import: ``{"x": [1, 128]}`` (an input) or ``{"batch": 8}`` (a
+    symbolic dim of the inputs); dims left symbolic compile to kernels that take any size.
     ``option_overrides`` are fields of ``PipelineOptions`` (fusion, schedules, fast_math).
     """
     tgt = parse_target(target)
@@ -111,12 +125,15 @@ def compile(model, target=None, tuning_log: str | None = None, *, name: str | No
 
     source = None
     if isinstance(model, C.IRModule):
+        if input_shapes:
+            raise InputError("input_shapes applies to ONNX models; an IRModule's shapes are fixed by its "
+                             "function signature")
         mod = model
         inputs, outputs = relax_io(mod)
         name = name or "IRModule"
     else:
         source = read_model(model)
-        mod = load_onnx(source)
+        mod = load_onnx(source, input_shapes=input_shapes)
         ins, outs = onnx_io(source)
         r_in, r_out = relax_io(mod)
         inputs = [TensorSpec(o["name"], r.shape, r.dtype) for o, r in zip(ins, r_in)]

@@ -13,8 +13,9 @@ LEGEND = ("ops are named op(relax var of its result); a refusal names the produc
           "(or two siblings reading one tensor), the rule that considered it, and why it did not fuse")
 
 
-def explain(model, target=None, **option_overrides) -> dict:
-    """Groups and refusals of ``model`` (path, ModelProto or IRModule) under tvmfuse's rules."""
+def explain(model, target=None, input_shapes: dict | None = None, **option_overrides) -> dict:
+    """Groups and refusals of ``model`` (path, ModelProto or IRModule) under tvmfuse's rules;
+    ``input_shapes`` pins input shapes / symbolic dims as in ``tvmfuse.compile``."""
     from . import _compat as C
     from .explain import Recorder
     from .frontend import load_onnx, read_model
@@ -24,7 +25,11 @@ def explain(model, target=None, **option_overrides) -> dict:
 
     tgt = parse_target(target)
     options = replace(PipelineOptions(), **option_overrides)
-    mod = model if isinstance(model, C.IRModule) else load_onnx(read_model(model))
+    if isinstance(model, C.IRModule) and input_shapes:
+        from .errors import InputError
+
+        raise InputError("input_shapes applies to ONNX models, not to an IRModule")
+    mod = model if isinstance(model, C.IRModule) else load_onnx(read_model(model), input_shapes=input_shapes)
     with tgt:
         stages = Stages(tgt, options)
         unfused = C.Sequential(stages.unfused(), name="tvmfuse.explain.unfused")(mod)
@@ -58,7 +63,9 @@ def format_explain(name: str, d: dict) -> str:
 def cmd_explain(args) -> int:
     import os
 
-    d = explain(args.model, target=args.target)
+    from .frontend import parse_shape_args
+
+    d = explain(args.model, target=args.target, input_shapes=parse_shape_args(args.shape) or None)
     if args.json:
         print(json.dumps({"model": args.model, **d}, indent=2))
     else:
@@ -71,4 +78,11 @@ def add_commands(subparsers) -> None:
     p.add_argument("model", help="ONNX file")
     p.add_argument("--target", default=None, help="target (default: this host's CPU)")
     p.add_argument("--json", action="store_true", help="print groups and refusals as JSON")
+    p.add_argument("--shape", action="append", default=[], metavar="NAME=DIMS", help=_shape_help())
     p.set_defaults(func=cmd_explain)
+
+
+def _shape_help() -> str:
+    from .frontend import SHAPE_HELP
+
+    return SHAPE_HELP

@@ -225,6 +225,7 @@ def _write_tree(cm, root: str) -> dict:
     """Write the library, device code and manifest of ``cm`` into the empty directory ``root``."""
     from .version import __version__
     from . import _compat as C
+    from .compiled import symbolic_dims
 
     target = cm.target
     tdesc = describe_target(target)
@@ -250,6 +251,8 @@ def _write_tree(cm, root: str) -> dict:
         "created_utc": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "inputs": [s.to_dict() for s in cm.inputs],
         "outputs": [s.to_dict() for s in cm.outputs],
+        # symbolic dim -> where it sizes an input: run() takes any size there, equal across inputs
+        "symbolic_dims": symbolic_dims(cm.inputs),
         "target": tdesc,
         "library": LIBRARY,
         "library_arch": built_for,
@@ -519,9 +522,11 @@ def load(path: str, num_threads: int | None = None) -> Runner:
 # --------------------------------------------------------------------------- command line
 def cmd_export(args) -> int:
     from .compiled import compile as compile_model
+    from .frontend import parse_shape_args
 
     t0 = time.perf_counter()
-    cm = compile_model(args.model, target=args.target, tuning_log=args.tuning_log)
+    cm = compile_model(args.model, target=args.target, tuning_log=args.tuning_log,
+                       input_shapes=parse_shape_args(args.shape) or None)
     t1 = time.perf_counter()
     out = export(cm, args.output)
     t2 = time.perf_counter()
@@ -533,10 +538,17 @@ def cmd_export(args) -> int:
     return 0
 
 
+def _shape_help() -> str:
+    from .frontend import SHAPE_HELP
+
+    return SHAPE_HELP
+
+
 def add_commands(subparsers) -> None:
     e = subparsers.add_parser("export", help="compile an ONNX model and write a deployable artifact")
     e.add_argument("model", help="ONNX file")
     e.add_argument("--target", default=None, help="host (default), aarch64, cuda, or a target JSON")
     e.add_argument("--tuning-log", default=None)
     e.add_argument("-o", "--output", required=True, help="artifact directory, or a .tar file")
+    e.add_argument("--shape", action="append", default=[], metavar="NAME=DIMS", help=_shape_help())
     e.set_defaults(func=cmd_export)

@@ -1,4 +1,5 @@
-"""ONNX in: validate, fold run-time shape computations when input shapes are static, import to Relax."""
+"""ONNX in: validate, pin input shapes on request, fold the shape computations that do not depend on a
+symbolic dim, import to Relax (with tvmfuse's converters for PyTorch's dynamic-shape subgraphs)."""
 from __future__ import annotations
 
 import logging
@@ -10,7 +11,7 @@ import onnx
 from onnx import numpy_helper, shape_inference
 
 from . import _compat as C
-from .errors import ModelLoadError, UnsupportedOpError
+from .errors import InputError, ModelLoadError, UnsupportedOpError
 
 log = logging.getLogger("tvmfuse.frontend")
 
@@ -117,18 +118,6 @@ def check_model(model: onnx.ModelProto) -> onnx.ModelProto:
     return filled
 
 
-def _static_shape(vi) -> tuple[int, ...] | None:
-    t = vi.type.tensor_type
-    if not t.HasField("shape"):
-        return None
-    dims = []
-    for d in t.shape.dim:
-        if not d.HasField("dim_value"):
-            return None
-        dims.append(d.dim_value)
-    return tuple(dims)
-
-
 def _eval_node(node: onnx.NodeProto, inputs: dict[str, np.ndarray], opset_imports) -> list[np.ndarray] | None:
     from onnx.reference import ReferenceEvaluator
 
@@ -144,16 +133,31 @@ def _eval_node(node: onnx.NodeProto, inputs: dict[str, np.ndarray], opset_import
         return None
 
 
+def _known_dims(vi) -> list | None:
+    """Dims of an inferred tensor: an int where static, None where symbolic; None if the rank is unknown."""
+    t = vi.type.tensor_type
+    if not t.HasField("shape"):
+        return None
+    return [d.dim_value if d.HasField("dim_value") else None for d in t.shape.dim]
+
+
+def _shape_slice(node: onnx.NodeProto, dims: list) -> list:
+    """The part of ``dims`` an ONNX Shape node returns (opset 15 ``start``/``end``)."""
+    attrs = {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
+    start, end = attrs.get("start", 0), attrs.get("end", len(dims))
+    return dims[slice(start, end)]
+
+
 def fold_static_shapes(model: onnx.ModelProto) -> tuple[onnx.ModelProto, int]:
     """Fold Shape nodes of statically shaped tensors and every node whose inputs are then all constants.
 
     PyTorch exports compute reshape targets at run time (Shape -> Gather -> Div -> Concat -> Reshape);
-    TVM's importer fails on some of these chains. With static input shapes they are constants.
+    TVM's importer fails on some of these chains. With static shapes they are constants.  With symbolic
+    input dims, what does not depend on them still folds (a Shape of a static intermediate, a
+    ConstantOfShape of a constant shape); the rest is imported as symbolic shape computations.
     Returns the new model and the number of folded nodes.
     """
     graph = model.graph
-    if any(_static_shape(i) is None for i in graph.input):
-        return model, 0
     try:
         inferred = shape_inference.infer_shapes(model)
     except Exception as e:  # shape inference can fail on custom domains; fold nothing then
@@ -161,9 +165,9 @@ def fold_static_shapes(model: onnx.ModelProto) -> tuple[onnx.ModelProto, int]:
         return model, 0
     shapes = {}
     for vi in list(inferred.graph.value_info) + list(inferred.graph.input) + list(inferred.graph.output):
-        s = _static_shape(vi)
-        if s is not None:
-            shapes[vi.name] = s
+        dims = _known_dims(vi)
+        if dims is not None:
+            shapes[vi.name] = dims
     consts = {init.name: numpy_helper.to_array(init) for init in graph.initializer}
     opsets = list(model.opset_import)
     kept, folded = [], 0
@@ -174,7 +178,9 @@ def fold_static_shapes(model: onnx.ModelProto) -> tuple[onnx.ModelProto, int]:
             continue
         vals = None
         if node.op_type == "Shape" and node.input[0] in shapes and node.input[0] not in consts:
-            vals = _eval_node(node, {node.input[0]: np.zeros(shapes[node.input[0]], np.float32)}, opsets)
+            part = _shape_slice(node, shapes[node.input[0]])
+            if all(d is not None for d in part):
+                vals = [np.array(part, np.int64)]
         elif node.op_type == "Constant":
             vals = _eval_node(node, {}, opsets)
         elif node.input and all(i == "" or i in consts for i in node.input) and any(
@@ -206,6 +212,205 @@ def fold_static_shapes(model: onnx.ModelProto) -> tuple[onnx.ModelProto, int]:
     return out, folded
 
 
+# --------------------------------------------------------------------------- pinning input shapes
+SHAPE_HELP = ("pin an input's shape (x=1,128) or a symbolic dimension (batch=8) before import; repeatable. "
+              "Symbolic dims left open compile to kernels that take any size")
+
+
+def parse_shape_args(items) -> dict[str, list[int]]:
+    """``["x=1,128", "batch=8"]`` (the CLI's ``--shape``) -> ``{"x": [1, 128], "batch": [8]}``."""
+    out: dict[str, list[int]] = {}
+    for item in items or []:
+        name, sep, dims = str(item).partition("=")
+        name = name.strip()
+        if not sep or not name or not dims.strip():
+            raise InputError(f"--shape {item!r}: expected NAME=D1,D2,... (an input) or NAME=N (a symbolic dim)")
+        try:
+            values = [int(d) for d in dims.split(",")]
+        except ValueError:
+            raise InputError(f"--shape {item!r}: dimensions must be integers, got {dims!r}") from None
+        if name in out:
+            raise InputError(f"--shape gives {name!r} twice")
+        out[name] = values
+    return out
+
+
+def _dims(vi) -> list:
+    """Dims of a graph input: an int, a dim_param name, or None (unknown)."""
+    t = vi.type.tensor_type
+    return [d.dim_value if d.HasField("dim_value") else (d.dim_param or None) for d in t.shape.dim]
+
+
+def symbolic_dims(model: onnx.ModelProto) -> dict[str, list[tuple[str, int]]]:
+    """Each symbolic dim (ONNX dim_param) of the graph inputs -> the (input, axis) places it sizes."""
+    inits = {i.name for i in model.graph.initializer}
+    out: dict[str, list[tuple[str, int]]] = {}
+    for vi in model.graph.input:
+        if vi.name in inits:
+            continue
+        for axis, d in enumerate(_dims(vi)):
+            if isinstance(d, str):
+                out.setdefault(d, []).append((vi.name, axis))
+    return out
+
+
+def _positive(name: str, value) -> int:
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or int(value) < 1:
+        raise InputError(f"input_shapes[{name!r}]: dimensions must be positive integers, got {value!r}")
+    return int(value)
+
+
+def resolve_input_shapes(model: onnx.ModelProto, input_shapes: dict) -> tuple[dict, dict[str, int]]:
+    """(input -> its shape after pinning, symbolic dim -> its size) for what ``input_shapes`` pins (a dim
+    of an input left symbolic stays a name), or an InputError naming what is wrong (an unknown name, a wrong rank, a size that contradicts a static dim or another pin)."""
+    if not isinstance(input_shapes, dict):
+        raise InputError(f"input_shapes must be a dict of input name or symbolic dim -> shape, got "
+                         f"{type(input_shapes).__name__}")
+    inits = {i.name for i in model.graph.initializer}
+    inputs = {vi.name: _dims(vi) for vi in model.graph.input if vi.name not in inits}
+    syms = symbolic_dims(model)
+    dim_values: dict[str, int] = {}
+    dim_source: dict[str, str] = {}
+
+    def bind(dim: str, value: int, source: str) -> None:
+        if dim in dim_values and dim_values[dim] != value:
+            raise InputError(f"symbolic dim {dim!r} is {dim_values[dim]} by {dim_source[dim]} but {value} by "
+                             f"{source}")
+        dim_values[dim], dim_source[dim] = value, source
+
+    pinned: dict[str, list[int]] = {}
+    for name, value in input_shapes.items():
+        if name in inputs:
+            if isinstance(value, (int, np.integer)) and not isinstance(value, bool):
+                value = [value]
+            if not isinstance(value, (list, tuple)):
+                raise InputError(f"input_shapes[{name!r}] must be a list of ints, got {type(value).__name__}")
+            shape = [_positive(name, v) for v in value]
+            dims = inputs[name]
+            if len(shape) != len(dims):
+                raise InputError(f"input {name!r} has rank {len(dims)} ({dims}), input_shapes gives rank "
+                                 f"{len(shape)} ({shape})")
+            for axis, (d, v) in enumerate(zip(dims, shape)):
+                if isinstance(d, int) and d != v:
+                    raise InputError(f"input {name!r}: input_shapes gives {v} for axis {axis}, which the model "
+                                     f"fixes to {d} (shape {dims})")
+                if isinstance(d, str):
+                    bind(d, v, f"input_shapes[{name!r}]")
+            pinned[name] = shape
+        elif name in syms:
+            if isinstance(value, (list, tuple)):
+                if len(value) != 1:
+                    raise InputError(f"symbolic dim {name!r} takes one size, got {list(value)}")
+                value = value[0]
+            bind(name, _positive(name, value), f"input_shapes[{name!r}]")
+        else:
+            raise InputError(f"input_shapes names {name!r}, which is neither an input of the model "
+                             f"({sorted(inputs)}) nor one of its symbolic dims ({sorted(syms)})")
+    # every input that a pinned symbolic dim sizes gets it
+    for name, dims in inputs.items():
+        if name in pinned:
+            continue
+        if any(isinstance(d, str) and d in dim_values for d in dims):
+            pinned[name] = [dim_values[d] if isinstance(d, str) and d in dim_values else d for d in dims]
+    return pinned, dim_values
+
+
+def specialize_inputs(model: onnx.ModelProto, input_shapes: dict) -> onnx.ModelProto:
+    """A copy of ``model`` with the pinned input dims (by input name or symbolic dim name) written into the
+    graph inputs, the same dim_params fixed everywhere else, and shapes inferred again, so that
+    ``fold_static_shapes`` sees static shapes.  Inputs with a dim left open keep it symbolic."""
+    pinned, dim_values = resolve_input_shapes(model, input_shapes)
+    out = onnx.ModelProto()
+    out.CopyFrom(model)
+    by_name = {vi.name: vi for vi in out.graph.input}
+    for name, shape in pinned.items():
+        for d, v in zip(by_name[name].type.tensor_type.shape.dim, shape):
+            if isinstance(v, int):
+                d.Clear()
+                d.dim_value = v
+    for vi in list(out.graph.output) + list(out.graph.value_info):
+        t = vi.type.tensor_type
+        if not t.HasField("shape"):
+            continue
+        for d in t.shape.dim:
+            if d.HasField("dim_param") and d.dim_param in dim_values:
+                v = dim_values[d.dim_param]
+                d.Clear()
+                d.dim_value = v
+    # old inferred shapes of intermediates may still hold other (derived) dim_params: infer them afresh
+    del out.graph.value_info[:]
+    try:
+        out = shape_inference.infer_shapes(out)
+    except Exception as e:  # onnx raises InferenceError and friends; the pinned inputs still stand
+        log.info("shape inference after pinning input shapes failed: %s", e)
+    return out
+
+
+# --------------------------------------------------------------------------- converter overrides
+# TVM's importer turns the shape subgraphs PyTorch emits for symbolic dims into Relax shape computations,
+# but two of its converters lose the symbols or fail; tvmfuse replaces them for its imports (one row per op,
+# with why).  Each falls back to TVM's own converter for the cases it does not change.
+def _prim_dtype(expr) -> str:
+    # 0.27: a TIR var's dtype is in its type (``.dtype`` is for buffer vars); other expressions have .dtype
+    return str(getattr(expr, "dtype", None) or expr.ty)
+
+
+def _scalar_of(value, params):
+    """A Range/ConstantOfShape operand as a Python number or an integer TIR expression; None if neither."""
+    F = C.onnx_frontend()
+    value = F.get_constant(value, params)
+    if C.is_prim_expr(value):
+        return value if "int" in _prim_dtype(value) else None
+    if isinstance(value, C.GenericConst):
+        arr = value.value.numpy()
+        return arr.reshape(()).item() if arr.size == 1 else None
+    return None
+
+
+def _converter_overrides() -> dict:
+    F = C.onnx_frontend()
+
+    class SymbolicRange(F.OnnxOpConverter):
+        """Range(0, seq, 1) over a symbolic ``seq`` as ``arange(0, seq)`` of shape [seq]: TVM's converter
+        computes the length into a fresh var, so positions no longer broadcast against [batch, seq, d]."""
+
+        @classmethod
+        def _impl_v11(cls, bb, inputs, attr, params):
+            start, limit, delta = (_scalar_of(x, params) for x in inputs)
+            known = all(v is not None and not isinstance(v, (float, bool)) for v in (start, limit, delta))
+            if not known or not any(C.is_prim_expr(v) for v in (start, limit)) or not isinstance(delta, int) \
+                    or delta == 0:
+                return F.Range.get_converter(12)(bb, inputs, attr, params)
+            dtype = next(_prim_dtype(v) for v in (start, limit) if C.is_prim_expr(v))
+            return C.relax.op.arange(start, limit, delta, dtype)
+
+    class ScalarSafeConstantOfShape(F.OnnxOpConverter):
+        """ConstantOfShape with its 1-element ``value`` taken as a scalar: TVM's converter broadcasts the
+        [1]-shaped value, which fails for an empty (rank-0) shape ("broadcast_to expects the input shape to
+        have the number of ndim at least as the input tensor's")."""
+
+        @classmethod
+        def _impl_v9(cls, bb, inputs, attr, params):
+            value = attr.get("value")
+            arr = numpy_helper.to_array(value).reshape(()) if value is not None else np.zeros((), np.float32)
+            shape = F.get_constant(inputs[0], params)
+            if isinstance(shape, C.GenericConst):
+                dims = [int(d) for d in shape.value.numpy().reshape(-1)]
+                if int(np.prod(dims)) <= MAX_FOLDED_ELEMENTS:
+                    return C.relax.const(np.full(dims, arr, arr.dtype), str(arr.dtype))
+                shape = C.relax.ShapeExpr(dims)
+            if not isinstance(shape, C.relax.ShapeExpr):
+                ty = C.type_of(shape)
+                length = ty.shape.values[0] if getattr(ty, "shape", None) is not None and \
+                    isinstance(ty.shape, C.relax.ShapeExpr) and len(ty.shape.values) == 1 else None
+                if not isinstance(length, C.IntImm):
+                    raise ValueError("ConstantOfShape: the length of its shape input is not known at import")
+                shape = F._tensor_to_shape_expr(bb, shape, int(length), "const_of_shape")
+            return C.relax.op.full(shape, C.relax.const(arr, str(arr.dtype)), str(arr.dtype))
+
+    return {"Range": SymbolicRange, "ConstantOfShape": ScalarSafeConstantOfShape}
+
+
 def _unsupported_ops(model: onnx.ModelProto) -> dict[str, list[str]]:
     supported = C.onnx_convert_map()
     missing: dict[str, list[str]] = {}
@@ -216,13 +421,16 @@ def _unsupported_ops(model: onnx.ModelProto) -> dict[str, list[str]]:
 
 
 def load_onnx(path_or_model, *, keep_params_in_input: bool = False, fold_shapes: bool = True,
-              shape_dict: dict[str, list[int]] | None = None) -> C.IRModule:
+              shape_dict: dict[str, list[int]] | None = None, input_shapes: dict | None = None) -> C.IRModule:
     """Import an ONNX model (path, bytes or ModelProto) as a Relax IRModule.
 
     Weights become constants (so constant folding and batch-norm folding can work) unless
-    ``keep_params_in_input``; run-time shape subgraphs are folded first when input shapes are static.
+    ``keep_params_in_input``; ``input_shapes`` (input name -> shape, or symbolic dim -> size) pins shapes
+    before import; run-time shape subgraphs are folded first when input shapes are then static.
     """
     model = read_model(path_or_model)
+    if input_shapes:
+        model = specialize_inputs(model, input_shapes)
     if fold_shapes:
         model, n = fold_static_shapes(model)
         if n:
@@ -232,7 +440,8 @@ def load_onnx(path_or_model, *, keep_params_in_input: bool = False, fold_shapes:
         op, nodes = next(iter(missing.items()))
         raise UnsupportedOpError(op, nodes, detail=f"{len(missing)} unsupported op type(s): {sorted(missing)}")
     try:
-        mod = C.from_onnx(model, shape_dict=shape_dict, keep_params_in_input=keep_params_in_input)
+        mod = C.from_onnx(model, shape_dict=shape_dict, keep_params_in_input=keep_params_in_input,
+                          converters=_converter_overrides())
     except Exception as e:  # the importer raises many kinds; name the node when we can
         msg = str(e).strip().splitlines()
         raise ModelLoadError(f"TVM's ONNX importer failed: {type(e).__name__}: {msg[-1] if msg else ''}") from None

@@ -96,7 +96,22 @@ def validate_feeds(feeds: dict, inputs: list) -> list:
             v = np.asarray(v)
             _check(spec, str(v.dtype), v.shape, "input")
         values.append(v)
+    _check_symbolic_dims(values, inputs)
     return values
+
+
+def _check_symbolic_dims(values: list, inputs: list) -> None:
+    """Inputs that share a symbolic dim (``sequence``) must agree on its size; an InputError names it."""
+    seen: dict[str, tuple[int, str, int]] = {}
+    for spec, v in zip(inputs, values):
+        for axis, (d, n) in enumerate(zip(spec.shape, tuple(v.shape))):
+            if not isinstance(d, str) or not d.isidentifier():   # an expression (n + 1) is the VM's to check
+                continue
+            if d in seen and seen[d][0] != n:
+                size, other, other_axis = seen[d]
+                raise InputError(f"symbolic dim {d!r} is {size} in input {other!r} (axis {other_axis}) but {n} in "
+                                 f"input {spec.name!r} (axis {axis}); inputs that share it must agree")
+            seen.setdefault(d, (int(n), spec.name, axis))
 
 
 class Binding:

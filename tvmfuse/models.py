@@ -99,16 +99,19 @@ def _matmul_bias(g: _G, x: str, k: int, n: int) -> str:
 
 
 # --------------------------------------------------------------------------- demo models
-def transformer_block(seq: int = 64, hidden: int = 128, heads: int = 4, ffn: int = 512, seed: int = 0):
-    """A pre-norm transformer encoder block: LayerNorm, Q/K/V, attention softmax, MatMul+Bias+GELU."""
+def transformer_block(seq: int | str = 64, hidden: int = 128, heads: int = 4, ffn: int = 512, seed: int = 0):
+    """A pre-norm transformer encoder block: LayerNorm, Q/K/V, attention softmax, MatMul+Bias+GELU.
+
+    ``seq`` may be a name (``"sequence"``): a symbolic dim; the reshapes then copy it (ONNX Reshape 0)."""
     g = _G("transformer_block", seed)
     x = g.input("x", (seq, hidden))
     dh = hidden // heads
+    rows = 0 if isinstance(seq, str) else seq
     h = g.op("LayerNormalization", x, g.const(np.ones(hidden, np.float32)), g.const(np.zeros(hidden, np.float32)),
              axis=-1, epsilon=1e-5)
 
     def heads_of(t):  # [seq, hidden] -> [heads, seq, dh]
-        r = g.op("Reshape", t, g.const(np.array([seq, heads, dh], np.int64)))
+        r = g.op("Reshape", t, g.const(np.array([rows, heads, dh], np.int64)))
         return g.op("Transpose", r, perm=[1, 0, 2])
 
     q = heads_of(_matmul_bias(g, h, hidden, hidden))
@@ -118,7 +121,7 @@ def transformer_block(seq: int = 64, hidden: int = 128, heads: int = 4, ffn: int
                   g.const(np.float32(1.0 / np.sqrt(dh))))
     p = g.op("Softmax", scores, axis=-1)
     ctx = g.op("Transpose", g.op("MatMul", p, v), perm=[1, 0, 2])
-    ctx = g.op("Reshape", ctx, g.const(np.array([seq, hidden], np.int64)))
+    ctx = g.op("Reshape", ctx, g.const(np.array([rows, hidden], np.int64)))
     x1 = g.op("Add", x, _matmul_bias(g, ctx, hidden, hidden))
     h2 = _layernorm_decomposed(g, x1, hidden)
     f = _gelu_erf(g, _matmul_bias(g, h2, hidden, ffn))
@@ -136,8 +139,8 @@ def _conv_bn(g: _G, x: str, cin: int, cout: int, k: int = 3, group: int = 1) -> 
                 g.const(1 + 0.1 * np.abs(g.rng.standard_normal(cout)).astype(np.float32)), epsilon=1e-5)
 
 
-def resnet_block(channels: int = 32, size: int = 28, batch: int = 1, seed: int = 0):
-    """A ResNet basic block: Conv+BN+ReLU, Conv+BN, residual Add, ReLU."""
+def resnet_block(channels: int = 32, size: int = 28, batch: int | str = 1, seed: int = 0):
+    """A ResNet basic block: Conv+BN+ReLU, Conv+BN, residual Add, ReLU (``batch`` may be a symbolic name)."""
     g = _G("resnet_block", seed)
     x = g.input("x", (batch, channels, size, size))
     h = g.op("Relu", _conv_bn(g, x, channels, channels))

@@ -208,9 +208,10 @@ class _FoldBatchNormMutator(C.PyExprMutator):
         w_arr = _const_array(w)
         if w_arr is None or not _is_float(w):
             return self._refuse(op, "the weights are not constants")
-        out_dims = _static_dims(data)
-        if out_dims is None:
-            return self._refuse(op, "symbolic output shape")
+        ty = C.type_of(data)
+        if not isinstance(ty, C.TensorType) or int(ty.ndim) < 0:
+            return self._refuse(op, "unknown output rank")
+        out_dims = [None] * int(ty.ndim)   # only the rank matters: symbolic extents (batch) fold the same
         axis = int(bn.attrs.axis) % len(out_dims)
         if op == "relax.nn.conv2d":
             a = prod.attrs

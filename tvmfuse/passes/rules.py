@@ -9,11 +9,15 @@ A *node* is one ``call_tir`` of the legalized module; its *kind* comes from the 
                    variance, softmax, layer norm): a *row reduction*, keyed by (shape read, axes reduced);
 - ``contraction``  op_pattern 3/4 whose reduction multiplies two tensors indexed by the reduced axis
                    (matmul, conv): the anchor a schedule template tiles;
-- ``opaque``       anything else (extern, call_dps_packed, symbolic shapes, tir_vars): never fused.
+- ``opaque``       anything else (extern, call_dps_packed, unknown rank, tir_vars): never fused.
+
+Shapes may be symbolic (``[batch, 64]``): extents are kept as TIR expressions and compared by what
+``tvm.arith.Analyzer`` can prove equal, so a model with symbolic batch/sequence gets the groups of its
+static version.
 
 A rule names the pair of kinds it fuses (``edge`` rules: producer -> consumer; ``sibling`` rules: two
 consumers of one tensor).  Whether a fusion happens is decided in one place, ``decide``: legality (the
-merged group stays acyclic in the group graph; shapes are static), profitability (the anchors of the
+merged group stays acyclic in the group graph; shapes are known, static or symbolic), profitability (the anchors of the
 merged group can share one loop nest) and target support (group size limits of the target family).
 Each check returns None when it passes, else the reason a user reads.
 """
@@ -103,23 +107,43 @@ class NodeInfo:
     pattern: int
     row_keys: frozenset = frozenset()   # (shape read, axes reduced) of each row reduction
     data_arg: object = None             # contraction: the relax var of its data operand
-    out_shape: tuple | None = None
+    out_shape: tuple | None = None      # ints and symbolic TIR expressions (see same_shape)
     why_opaque: str = ""
 
 
 # --------------------------------------------------------------------------- PrimFunc analysis
-def _static_shape(ty) -> tuple | None:
+def _shape_of(ty) -> tuple | None:
+    """The shape of a tensor (nested for a tuple): ints for static extents, TIR expressions for symbolic
+    ones (``batch``, ``seq * 4``); None when the rank or shape is unknown."""
     if isinstance(ty, C.TupleType):
-        parts = [_static_shape(f) for f in ty.fields]
+        parts = [_shape_of(f) for f in ty.fields]
         return None if any(p is None for p in parts) else tuple(parts)
     if not isinstance(ty, C.TensorType) or ty.shape is None or not isinstance(ty.shape, C.relax.ShapeExpr):
         return None
-    dims = []
-    for d in ty.shape.values:
-        if not isinstance(d, C.IntImm):
-            return None
-        dims.append(int(d.value))
-    return tuple(dims)
+    return tuple(int(d.value) if isinstance(d, C.IntImm) else d for d in ty.shape.values)
+
+
+def _is_shape(x) -> bool:
+    return isinstance(x, tuple)
+
+
+def same_shape(a, b) -> bool:
+    """Are two shapes (from ``_shape_of``) provably equal?  Symbolic extents are compared by what the
+    arithmetic analyzer can prove (``batch`` == ``batch``; ``batch`` != ``seq`` unless proven)."""
+    if a is None or b is None:
+        return False
+    if _is_shape(a) or _is_shape(b):
+        return _is_shape(a) and _is_shape(b) and len(a) == len(b) and all(same_shape(x, y) for x, y in zip(a, b))
+    if isinstance(a, int) and isinstance(b, int):
+        return a == b
+    return bool(C.Analyzer().can_prove_equal(a, b))
+
+
+def is_symbolic(shape) -> bool:
+    """Does a shape (from ``_shape_of``) have a symbolic extent?"""
+    if _is_shape(shape):
+        return any(is_symbolic(d) for d in shape)
+    return not isinstance(shape, int)
 
 
 def _reduction_blocks(func):
@@ -171,10 +195,36 @@ def analyze_reductions(func) -> tuple[bool, frozenset] | None:
     return contraction, frozenset(keys)
 
 
+def symbolic_injective(func) -> bool:
+    """A PrimFunc that TVM's AnnotateTIROpPattern calls opaque only because its indices hold a symbolic
+    extent (a reshape over ``seq``: ``x[(v0 + ...) % seq, ...]``; the static version is injective): one
+    block, spatial iterators only, storing to its output at exactly its iterators a value made of loads
+    and arithmetic (no calls).  Such a func is injective; FuseTIR merges it like any other."""
+    if not any(not isinstance(d, C.IntImm) for p in func.params for d in getattr(p, "shape", ())):
+        return False
+    try:
+        sch = C.Schedule(func)
+        blocks = list(sch.get_child_blocks(sch.get_sblock("root")))
+    except C.TVMError:  # no root block: not analyzable
+        return False
+    if len(blocks) != 1 or sch.get_child_blocks(blocks[0]):
+        return False
+    blk = sch.get(blocks[0])
+    if any(int(iv.iter_type) != C.IterVar.DataPar for iv in blk.iter_vars) or blk.init is not None:
+        return False
+    body = blk.body
+    if not isinstance(body, C.BufferStore) or len(body.indices) != len(blk.iter_vars) or not all(
+            isinstance(i, C.tirx.Var) and i.same_as(iv.var) for i, iv in zip(body.indices, blk.iter_vars)):
+        return False
+    calls = []
+    C.post_order_visit(body.value, lambda n: calls.append(n) if isinstance(n, C.Call) else None)
+    return not calls
+
+
 def classify(func, call, var_ty) -> NodeInfo:
     """The NodeInfo of ``var = call_tir(func, args)``."""
     name = str(call.args[0].name_hint)
-    out_shape = _static_shape(var_ty)
+    out_shape = _shape_of(var_ty)
     info = NodeInfo(name=name, kind=OPAQUE, pattern=-1, out_shape=out_shape)
     if not isinstance(func, C.PrimFunc):
         info.why_opaque = "calls a function that is not a TIR PrimFunc"
@@ -187,9 +237,12 @@ def classify(func, call, var_ty) -> NodeInfo:
         info.why_opaque = "PrimFunc has no op_pattern"
         return info
     pattern = int(attrs["op_pattern"])
+    if pattern == 8 and symbolic_injective(func):
+        pattern = 2
     info.pattern = pattern
-    if out_shape is None or any(_static_shape(C.type_of(a)) is None for a in call.args[1].fields):
-        info.why_opaque = "symbolic or unknown shape (FuseTIR groups are kept to static shapes)"
+    if out_shape is None or any(_shape_of(C.type_of(a)) is None for a in call.args[1].fields):
+        # symbolic extents are fine (FuseTIR makes symbolic PrimFuncs); an unknown rank is not
+        info.why_opaque = "unknown shape or rank (no shape expression to check a fusion against)"
         return info
     if pattern <= 1:
         info.kind = ELEMWISE
@@ -223,7 +276,7 @@ def check_profitable(members: list[NodeInfo]) -> str | None:
         for c in contractions[1:]:
             if not (c.data_arg is not None and c.data_arg.same_as(first.data_arg)):
                 return f"matmul/conv anchors {first.name} and {c.name} do not read the same input"
-            if c.out_shape != first.out_shape:
+            if not same_shape(c.out_shape, first.out_shape):
                 return f"sibling anchors {first.name} and {c.name} have different output shapes"
         injective = [m for m in members if m.kind == INJECTIVE]
         if injective:

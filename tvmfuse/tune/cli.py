@@ -89,7 +89,8 @@ def cmd_tune(args) -> int:
     if args.tracker and ":" not in args.tracker:
         raise InputError(f"--tracker must be HOST:PORT, got {args.tracker!r}")
     target = parse_target(args.target)
-    tasks = extract_tasks(args.model, target)
+    model = _model(args)
+    tasks = extract_tasks(model, target)
     if not tasks:
         print("no kernel of this model matches a schedule template for this target; nothing to tune")
         return 0
@@ -99,7 +100,7 @@ def cmd_tune(args) -> int:
         print(f"  {t.name}  [{t.family}]  x{t.weight}  space {t.space.size()}  workload {t.workload_key}")
     mo = MeasureOptions(tracker=args.tracker, key=args.key, build_timeout=args.build_timeout,
                         run_timeout=args.run_timeout)
-    inputs = _kernel_inputs(args, tasks, target) if args.inputs else None
+    inputs = _kernel_inputs(args, model, tasks, target) if args.inputs else None
     bar = ProgressBar()
     tuner = Tuner(tasks, target, args.log, TuneOptions(trials=args.trials, batch=args.batch, seed=args.seed),
                   mo, progress=bar, inputs=inputs)
@@ -124,13 +125,30 @@ def cmd_tune(args) -> int:
     return 0
 
 
-def _kernel_inputs(args, tasks, target) -> dict:
+def _model(args):
+    """The model to tune: the ONNX file with the ``--shape`` pins applied.  Kernels are measured at
+    concrete sizes, so a symbolic dim left open is an InputError naming it."""
+    from ..errors import InputError
+    from ..frontend import parse_shape_args, read_model, specialize_inputs, symbolic_dims
+
+    shapes = parse_shape_args(args.shape)
+    model = read_model(args.model)
+    if shapes:
+        model = specialize_inputs(model, shapes)
+    open_dims = symbolic_dims(model)
+    if open_dims:
+        raise InputError(f"{args.model} has symbolic dims {sorted(open_dims)}: tuning measures kernels at "
+                         f"concrete sizes; pin them with --shape (e.g. --shape {sorted(open_dims)[0]}=1)")
+    return model
+
+
+def _kernel_inputs(args, model, tasks, target) -> dict:
     from .tasks import kernel_inputs_from_samples
 
     from ..feeds import load_feeds
     from ..frontend import read_model
 
-    model = read_model(args.model)
+    model = read_model(model)
     return kernel_inputs_from_samples(model, target, load_feeds(args.inputs, model), tasks)
 
 
@@ -174,6 +192,12 @@ def cmd_logs_best(args) -> int:
     return 0
 
 
+def _shape_help() -> str:
+    from ..frontend import SHAPE_HELP
+
+    return SHAPE_HELP
+
+
 def add_commands(sub) -> None:
     t = sub.add_parser("tune", help="tune the fused kernels of a model; records go to a JSON-lines log")
     t.add_argument("model")
@@ -189,6 +213,7 @@ def add_commands(sub) -> None:
     t.add_argument("--run-timeout", type=float, default=30.0, help="seconds per candidate run")
     t.add_argument("--plot", default=None, help="tuning-curve PNG (default: LOG.png; 'none' for no plot)")
     t.add_argument("--json", action="store_true", help="print the result as JSON")
+    t.add_argument("--shape", action="append", default=[], metavar="NAME=DIMS", help=_shape_help())
     t.set_defaults(func=cmd_tune)
 
     lg = sub.add_parser("logs", help="inspect, merge or prune tuning logs")

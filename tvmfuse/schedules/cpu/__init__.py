@@ -8,6 +8,7 @@ from .elementwise import Elementwise
 from .matmul import MatmulEpilogue
 from .reduction import RowReduction
 from .siblings import SiblingMatmuls
+from .symbolic import SymbolicRows
 
 TEMPLATES: list = [
     MatmulEpilogue(),
@@ -16,4 +17,5 @@ TEMPLATES: list = [
     SiblingMatmuls(),             # several matmuls of one input: before RowReduction
     RowReduction(),
     Elementwise(),
+    SymbolicRows(),               # last: reductions over symbolic extents the static templates refuse
 ]

@@ -32,11 +32,12 @@ class Elementwise(Template):
             return None   # conformance node/test_bitshift_*_shift_ge_width: see common.has_shift
         sizes = []
         for b in blocks:
+            extents = U.loop_extents(sch, b)
             total = 1
-            for e in U.loop_extents(sch, b):
+            for e in extents:
                 total *= max(e, 1)
-            sizes.append(total)
-        return Match(self.family, {"blocks": left, "elements": max(sizes)})
+            sizes.append(-1 if -1 in extents else total)   # -1: a symbolic extent (batch, seq)
+        return Match(self.family, {"blocks": left, "elements": -1 if -1 in sizes else max(sizes)})
 
     def space(self, match: Match, target: C.Target) -> KnobSpace:
         return KnobSpace((
@@ -49,6 +50,8 @@ class Elementwise(Template):
     def default_config(self, match: Match, target: C.Target) -> dict:
         info = cpu_info(target)
         lanes = info.float32_lanes
+        if match.info["elements"] < 0:   # symbolic size: any batch/sequence, so split it over the cores
+            return {"lanes": lanes, "vector_mult": 1, "unroll": 1, "parallel": True}
         vectors = match.info["elements"] // lanes
         return {"lanes": lanes, "vector_mult": 1, "unroll": 2 if vectors >= 2 * info.cores else 1,
                 "parallel": vectors >= MIN_VECTORS_PER_CORE * info.cores}

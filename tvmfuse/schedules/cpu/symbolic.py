@@ -1,0 +1,165 @@
+"""Kernels over symbolic extents (``batch``, ``seq``) that hold a reduction (matmul, conv, softmax, norm)
+on CPUs: the static-shape templates tile known extents, so these otherwise get dlight's fallback or no
+schedule at all.
+
+Matches a PrimFunc with a symbolic loop extent and a reduction block when, after folding elementwise
+blocks, every remaining block feeds exactly one output block and can be computed per "row" of it.
+Schedule: per output block, its leading spatial loops (all but the innermost spatial one; fewer
+when a producer would otherwise be recomputed) are fused into one parallel row loop; every producer
+(the matmul, the reduction) is computed inside it, on one row; inside a row the reduction loops go
+outside the spatial ones and the innermost spatial loop is vectorized (split by the vector lanes; over a
+symbolic extent, such as a softmax over ``seq``, the last vector is predicated).
+"""
+from __future__ import annotations
+
+import logging
+
+from ... import _compat as C
+from ...target import cpu_info
+from ..base import Knob, KnobSpace, Match, Template
+from . import common as U
+
+VECTOR_MULT = (1, 2)       # vector registers per step of the innermost loop
+
+log = logging.getLogger("tvmfuse.schedule")
+
+
+def _symbolic(sch: C.Schedule, block) -> list[bool]:
+    return [not isinstance(sch.get(loop).extent, C.tirx.IntImm) for loop in sch.get_loops(block)]
+
+
+def _chains(sch: C.Schedule) -> dict[str, list[str]] | None:
+    """Output block name -> the names of the blocks that feed only it (program order); None when a block
+    feeds several outputs (sibling chains sharing a producer are not split here)."""
+    outputs = U.output_names(sch)
+    owner: dict[str, str] = {}
+    blocks = U.top_blocks(sch)
+    for block in reversed(blocks):
+        name = U.block_name(sch, block)
+        if name in outputs:
+            owner[name] = name
+            continue
+        owners = {owner.get(U.block_name(sch, c)) for c in sch.get_consumers(block)}
+        if len(owners) != 1 or None in owners:
+            return None
+        owner[name] = owners.pop()
+    chains: dict[str, list[str]] = {o: [] for o in outputs}
+    for block in blocks:
+        name = U.block_name(sch, block)
+        if name not in outputs:
+            chains[owner[name]].append(name)
+    return chains
+
+
+def _row_loop(sch: C.Schedule, out_block, drop: int):
+    """Fuse the output block's leading spatial loops (all but the innermost, less ``drop`` of them) into
+    the row loop; returns it."""
+    loops = sch.get_loops(out_block)
+    kinds = U.iter_kinds(sch, out_block)
+    spatial_lead = len(kinds) - len(kinds.lstrip("S"))          # leading spatial loops
+    n = max(1, spatial_lead - 1 - drop)          # the innermost spatial loop stays for the vector lanes
+    if n > spatial_lead:
+        raise ValueError("the output block has no leading spatial loop")
+    return sch.fuse(*loops[:n]) if n > 1 else loops[0]
+
+
+def _schedule_row(sch: C.Schedule, block, lanes: int) -> None:
+    """Inside one row: reduction loops outside, the innermost spatial loop vectorized."""
+    if U.is_reduction(sch, block):
+        # the loops under the row loop: one per block iterator (a producer computed at the row keeps unit
+        # loops), or the output block's iterators after the ones fused into the row loop
+        inner = sch.get_loops(block)[1:]
+        kinds = U.iter_kinds(sch, block)
+        if len(inner) > len(kinds):
+            return
+        kinds = kinds[len(kinds) - len(inner):]
+        spatial = [lp for lp, k in zip(inner, kinds) if k == "S" and not _is_unit(sch, lp)]
+        reduce = [lp for lp, k in zip(inner, kinds) if k == "R"]
+        if not spatial or not reduce:
+            return
+        sch.reorder(*reduce, *spatial)   # the init stays in the block: "if k == 0", outside the vector
+    loops = sch.get_loops(block)
+    ext = sch.get(loops[-1]).extent
+    if not isinstance(ext, C.tirx.IntImm) or int(ext) > 1:
+        U.vectorize_inner(sch, block, lanes)   # a symbolic extent: vector body and a predicated tail
+
+
+def _product(extents):
+    out = extents[0] if extents else 1
+    for e in extents[1:]:
+        out = out * e
+    return out
+
+
+def _is_unit(sch: C.Schedule, loop) -> bool:
+    ext = sch.get(loop).extent
+    return isinstance(ext, C.tirx.IntImm) and int(ext) == 1
+
+
+def _apply(sch: C.Schedule, lanes: int, drop: int) -> None:
+    # Step 1. Fold elementwise blocks into their consumers.
+    U.inline_elementwise(sch)
+    chains = _chains(sch)
+    if chains is None:
+        raise ValueError("a block feeds several outputs")
+    for out_name, producers in chains.items():
+        out_block = sch.get_sblock(out_name)
+        # Step 2. The output's row loop, parallel.
+        row = _row_loop(sch, out_block, drop)
+        # Step 3. Every producer computed per row (last first); a reduction computes each element once (the
+        # rows times its iterations per row are its whole domain); a spatial one (a pad) may redo a halo.
+        for name in reversed(producers):
+            block = sch.get_sblock(name)
+            sch.compute_at(block, row, preserve_unit_loops=True)
+            if U.is_spatial(sch, block):
+                continue
+            below = sch.get_loops(block)[1:]        # the row loop is the outermost loop of the kernel
+            if not C.Analyzer().can_prove_equal(_product([sch.get(lp).extent for lp in below])
+                                                * sch.get(row).extent,
+                                                _product([iv.dom.extent for iv in sch.get(block).iter_vars])):
+                raise ValueError(f"{name} computed per row would recompute elements")
+        # Step 4. Inside a row: reductions outside, vector lanes inside; the row loop parallel.
+        for name in producers + [out_name]:
+            block = sch.get_sblock(name)
+            if U.is_reduction(sch, block) or len(sch.get_loops(block)) > 1:
+                _schedule_row(sch, block, lanes)
+        sch.parallel(sch.get_loops(sch.get_sblock(out_name))[0])
+
+
+class SymbolicRows(Template):
+    family = "cpu.symbolic_rows"
+    target_kinds = ("llvm",)
+
+    def match(self, func: C.PrimFunc, target: C.Target) -> Match | None:
+        sch = C.Schedule(func)
+        blocks = U.top_blocks(sch)
+        if not any(any(_symbolic(sch, b)) for b in blocks):
+            return None
+        if not any(U.is_reduction(sch, b) for b in blocks):
+            return None   # all spatial: the elementwise template takes symbolic extents already
+        if not all(U.is_spatial(sch, b) or U.is_reduction(sch, b) for b in blocks):
+            return None
+        # The schedule itself is the check (compute-at regions, loop kinds), tried on copies: the widest
+        # row loop first, then with fewer loops fused into it, until every producer fits in a row.
+        depth = max(len(sch.get_loops(b)) for b in blocks)
+        for drop in range(depth):
+            try:
+                _apply(C.Schedule(func), cpu_info(target).float32_lanes, drop)
+            except (ValueError,) + C.TVMError as e:
+                log.debug("%s, row loop less %d: %s", self.family, drop,
+                          (str(e).strip().splitlines() or [""])[-1])
+                continue
+            return Match(self.family, {"drop": drop})
+        return None
+
+    def space(self, match: Match, target: C.Target) -> KnobSpace:
+        return KnobSpace((
+            Knob("lanes", (cpu_info(target).float32_lanes,), "float32 lanes per vector (target)"),
+            Knob("vector_mult", VECTOR_MULT, "vector registers per step"),
+        ))
+
+    def default_config(self, match: Match, target: C.Target) -> dict:
+        return {"lanes": cpu_info(target).float32_lanes, "vector_mult": 1}
+
+    def apply(self, sch: C.Schedule, match: Match, config: dict) -> None:
+        _apply(sch, config["lanes"] * config["vector_mult"], match.info["drop"])
