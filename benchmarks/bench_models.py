@@ -110,6 +110,7 @@ class _Worker:
         self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
                                      env={**os.environ, "PYTHONPATH": ROOT + os.pathsep + os.environ.get("PYTHONPATH", "")})
         self.info = self._reply()
+        self.info.pop("ready", None)
 
     def _reply(self) -> dict:
         line = self.proc.stdout.readline()
