@@ -263,25 +263,22 @@ MODELS = [
 ]
 
 
-class _FirstOutput:
-    """Wraps a module so that it returns one tensor (HF models return a ModelOutput)."""
+def _single_output(module, library: str):
+    """transformers models return a ModelOutput: wrap them to return its first tensor only."""
+    import torch
 
-    @staticmethod
-    def wrap(module, library: str):
-        import torch
+    if library != "transformers":
+        return module
 
-        if library != "transformers":
-            return module
+    class FirstOutput(torch.nn.Module):
+        def __init__(self, inner):
+            super().__init__()
+            self.inner = inner
 
-        class First(torch.nn.Module):
-            def __init__(self, inner):
-                super().__init__()
-                self.inner = inner
+        def forward(self, *args):
+            return self.inner(*args, return_dict=True)[0]
 
-            def forward(self, *args):
-                return self.inner(*args, return_dict=True)[0]
-
-        return First(module)
+    return FirstOutput(module)
 
 
 def _example(inputs, rng):
@@ -332,7 +329,7 @@ def build_one(name, builder, library, inputs, output, out_dir: str) -> dict:
     torch.manual_seed(SEED)
     module, source = builder()
     module = _perturb(module, SEED).eval()
-    wrapped = _FirstOutput.wrap(module, library).eval()
+    wrapped = _single_output(module, library).eval()
     rng = np.random.default_rng(SEED)
     entry = {"name": name, "library": library, "source": source, "inputs": inputs, "outputs": [output],
              "opset": OPSET, "parameters": int(sum(p.numel() for p in module.parameters())), "files": {}}
