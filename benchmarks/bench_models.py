@@ -107,8 +107,8 @@ class _Worker:
         cmd = [sys.executable, os.path.abspath(__file__), "--worker", engine, "--models", model,
                "--seed", str(seed), "--out-npz", out_npz] + (["--threads", str(threads)] if threads else [])
         self.engine = engine
-        self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
-                                     env={**os.environ, "PYTHONPATH": ROOT + os.pathsep + os.environ.get("PYTHONPATH", "")})
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [ROOT, os.environ.get("PYTHONPATH")]))}
+        self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env)
         self.info = self._reply()
         self.info.pop("ready", None)
 
@@ -202,8 +202,9 @@ def _table(results: list[dict], engines) -> str:
         kern = f"{t['kernels_before']}->{t['kernels']}" if "kernels" in t else "-"
         check = "ok" if all(r.get("correct") for r in eng.values()) else "MISMATCH/ERROR " + ", ".join(
             e for e, r in eng.items() if not r.get("correct"))
+        unsched = len(t["unscheduled"]) if "unscheduled" in t else "-"
         rows.append(f"{res['model']:<20}" + "".join(f"{c:>22}" for c in cells) + f"{ratio:>12}{kern:>10}"
-                    f"{len(t.get('unscheduled', [])) if t else '-':>8}{t.get('compile_s', float('nan')):>10.1f}  {check}")
+                    f"{unsched:>8}{t.get('compile_s', float('nan')):>10.1f}  {check}")
     return "\n".join(rows)
 
 
