@@ -62,7 +62,7 @@ def _import_torchvision():
 
 
 def _perturb(model, rng_seed: int):
-    """Random values for BatchNorm/LayerNorm affine + running statistics and ConvNeXt layer scales."""
+    """Random values for every norm's affine parameters, BatchNorm running statistics, ConvNeXt layer scales."""
     import torch
 
     g = torch.Generator().manual_seed(rng_seed)
@@ -71,9 +71,12 @@ def _perturb(model, rng_seed: int):
             if isinstance(m, (torch.nn.BatchNorm2d, torch.nn.BatchNorm1d)):
                 m.running_mean.copy_(torch.randn(m.running_mean.shape, generator=g) * 0.1)
                 m.running_var.copy_(torch.rand(m.running_var.shape, generator=g) + 0.5)
-            if isinstance(m, (torch.nn.BatchNorm2d, torch.nn.BatchNorm1d, torch.nn.LayerNorm)) and m.weight is not None:
-                m.weight.copy_(torch.rand(m.weight.shape, generator=g) + 0.5)
-                m.bias.copy_(torch.randn(m.bias.shape, generator=g) * 0.1)
+            # torch's BatchNorm/LayerNorm and the libraries' own norms (LlamaRMSNorm, T5LayerNorm, ...)
+            weight, bias = getattr(m, "weight", None), getattr(m, "bias", None)
+            if "Norm" in type(m).__name__ and isinstance(weight, torch.nn.Parameter) and weight.dim() == 1:
+                weight.copy_(torch.rand(weight.shape, generator=g) + 0.5)
+                if isinstance(bias, torch.nn.Parameter):
+                    bias.copy_(torch.randn(bias.shape, generator=g) * 0.1)
             if hasattr(m, "layer_scale") and isinstance(m.layer_scale, torch.nn.Parameter):
                 m.layer_scale.copy_(torch.rand(m.layer_scale.shape, generator=g) * 0.5 + 0.5)
     return model
