@@ -40,7 +40,7 @@ COMPILE_TIMEOUT_S = 900      # a hard stop per model (pytest-timeout) for a comp
 # (attention mask, erf GELU), causal decoder with RMSNorm, rotary embeddings and SiLU MLP (llama).
 DEFAULT_SUBSET = ("resnet18", "mobilenet_v3_small", "convnext", "bert", "llama")
 
-# Models that fail today, with the exact error seen (see the report of the corpus work). strict=True: a fix
+# Models that fail today, with the exact error seen when the corpus was added. strict=True: a fix
 # makes the test XPASS, which fails the run until the entry is removed.
 _DLIGHT = "dlight fallback failed: ScheduleError: An error occurred in the schedule primitive 'compute-at'."
 KNOWN_FAILURES: dict[str, str] = {
