@@ -1,0 +1,75 @@
+"""Reading the model corpus: its manifest, random inputs for a model, and the error measure used to compare.
+
+numpy and the standard library only: the tests and ``benchmarks/bench_models.py`` load this file by path
+(``corpus/`` is not a package that tvmfuse installs). ``make_corpus.py`` writes what this file reads.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+
+import numpy as np
+
+CORPUS_DIR = os.path.dirname(os.path.abspath(__file__))
+MANIFEST = os.path.join(CORPUS_DIR, "manifest.json")
+
+
+def load_manifest(path: str = MANIFEST) -> dict:
+    """The manifest: ``{"models": [entry, ...], ...}``; see ``make_corpus.py`` for an entry's fields."""
+    with open(path, encoding="utf-8") as f:
+        return json.load(f)
+
+
+def model_path(entry: dict, variant: str = "static") -> str:
+    """Absolute path of a model's ``static`` (``<name>.onnx``) or ``dynamic`` (``<name>_dyn.onnx``) file."""
+    if variant not in entry["files"]:
+        raise KeyError(f"model {entry['name']!r} has no {variant!r} variant; it has {sorted(entry['files'])}")
+    return os.path.join(CORPUS_DIR, entry["files"][variant]["path"])
+
+
+def sha256_of(path: str) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def random_feeds(entry: dict, rng: np.random.Generator, dims: dict | None = None) -> dict[str, np.ndarray]:
+    """Fresh random inputs for a model: float inputs standard normal, integer inputs uniform in their
+    manifest ``int_range`` [low, high) (token ids stay inside the vocabulary).
+
+    ``dims`` gives a size for each symbolic dimension name (``batch``, ``sequence``) of the dynamic
+    variant; without it the static shapes are used.
+    """
+    feeds = {}
+    for spec in entry["inputs"]:
+        shape = spec["shape"] if dims is None else [dims[d] if isinstance(d, str) else d
+                                                     for d in spec["dyn_shape"]]
+        dtype = np.dtype(spec["dtype"])
+        if np.issubdtype(dtype, np.integer):
+            low, high = spec["int_range"]
+            feeds[spec["name"]] = rng.integers(low, high, size=shape, dtype=dtype)
+        else:
+            feeds[spec["name"]] = rng.standard_normal(shape).astype(dtype)
+    return feeds
+
+
+def relative_error(actual: np.ndarray, expected: np.ndarray) -> float:
+    """max |actual - expected| / max |expected|, over one whole output tensor.
+
+    Normalising by the output's largest magnitude (not element by element) keeps entries near zero from
+    blowing the measure up; an all-zero expected output falls back to the absolute error.
+    """
+    a = np.asarray(actual, dtype=np.float64)
+    b = np.asarray(expected, dtype=np.float64)
+    if a.shape != b.shape:
+        raise ValueError(f"shape mismatch: {a.shape} vs expected {b.shape}")
+    if a.size == 0:
+        return 0.0
+    if not np.all(np.isfinite(a)):
+        return float("inf")
+    scale = float(np.max(np.abs(b)))
+    err = float(np.max(np.abs(a - b)))
+    return err / scale if scale > 0 else err

@@ -1,0 +1,412 @@
+"""Regenerate the model corpus: real architectures from their public definitions, small configs, random weights.
+
+    pip install -e '.[corpus]'        # torch, torchvision, transformers, onnxruntime (not needed by the tests)
+    python corpus/make_corpus.py      # rewrites corpus/*.onnx and corpus/manifest.json
+    python corpus/make_corpus.py --only bert gpt2
+
+Every model is built from its library's class with ``weights=None`` / ``from_config`` (no hub download) and a
+fixed seed, then exported twice with torch's TorchScript ("legacy", ``dynamo=False``) ONNX exporter at opset
+``OPSET``: ``<name>.onnx`` with static shapes (batch 1, sequence ``SEQ``) and ``<name>_dyn.onnx`` with the
+symbolic dims ``batch`` (and ``sequence`` for token models). Each file is checked against the torch module
+with onnxruntime before it is written into the manifest.
+
+Random-init networks are degenerate in ways real ones are not (BatchNorm statistics 0/1, ConvNeXt layer
+scale 1e-6, zero biases): ``_perturb`` gives every normalisation/scale parameter random values so each
+layer's arithmetic is actually exercised by the comparison.
+
+torchvision's PyPI wheel carries CUDA-built ops that do not load next to a CPU torch; the model
+definitions do not need them (``_import_torchvision``).
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import sys
+import tempfile
+
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from corpus_io import CORPUS_DIR, MANIFEST, relative_error, sha256_of  # noqa: E402
+
+OPSET = 17
+SEED = 0
+IMAGE = 64          # CNN input side (pixels); ViT uses the same
+SEQ = 32            # token models' static sequence length
+VOCAB = 1000
+CLASSES = 10      # CNN classifier outputs (the classifier is most of a small CNN's weights)
+CHECK_RTOL = 1e-4   # exported model vs the torch module (relative_error), else the model is not written
+
+
+def _import_torchvision():
+    """Import torchvision; if its compiled ops failed to load (CUDA wheel next to a CPU torch), declare the
+    two op schemas its meta registrations need and import it again. Detection models would not run; the
+    classification models here use none of these ops."""
+    import torch
+
+    try:
+        import torchvision
+    except RuntimeError as e:
+        if "torchvision::nms" not in str(e):
+            raise
+        for m in [m for m in sys.modules if m == "torchvision" or m.startswith("torchvision.")]:
+            del sys.modules[m]
+        lib = torch.library.Library("torchvision", "DEF")
+        lib.define("nms(Tensor dets, Tensor scores, float iou_threshold) -> Tensor")
+        lib.define("qnms(Tensor dets, Tensor scores, float iou_threshold) -> Tensor")
+        _import_torchvision.lib = lib   # keep the library alive
+        import torchvision
+    return torchvision
+
+
+def _perturb(model, rng_seed: int):
+    """Random values for every norm's affine parameters, BatchNorm running statistics, ConvNeXt layer scales."""
+    import torch
+
+    g = torch.Generator().manual_seed(rng_seed)
+    with torch.no_grad():
+        for m in model.modules():
+            if isinstance(m, (torch.nn.BatchNorm2d, torch.nn.BatchNorm1d)):
+                m.running_mean.copy_(torch.randn(m.running_mean.shape, generator=g) * 0.1)
+                m.running_var.copy_(torch.rand(m.running_var.shape, generator=g) + 0.5)
+            # torch's BatchNorm/LayerNorm and the libraries' own norms (LlamaRMSNorm, T5LayerNorm, ...)
+            weight, bias = getattr(m, "weight", None), getattr(m, "bias", None)
+            if "Norm" in type(m).__name__ and isinstance(weight, torch.nn.Parameter) and weight.dim() == 1:
+                weight.copy_(torch.rand(weight.shape, generator=g) + 0.5)
+                if isinstance(bias, torch.nn.Parameter):
+                    bias.copy_(torch.randn(bias.shape, generator=g) * 0.1)
+            if hasattr(m, "layer_scale") and isinstance(m.layer_scale, torch.nn.Parameter):
+                m.layer_scale.copy_(torch.rand(m.layer_scale.shape, generator=g) * 0.5 + 0.5)
+    return model
+
+
+# ---- model builders: (module, config dict for the manifest). One row per model in MODELS below. ----
+
+def _tv_resnet18():
+    """torchvision ResNet-18 topology (BasicBlock, [2, 2, 2, 2]) at an eighth of its width: the full
+    network is 46 MB of weights, far over the corpus budget; torchvision has no width knob for BasicBlock,
+    so the stages are rebuilt with its own ``_make_layer`` at widths 8/16/32/64."""
+    import torch
+    tv = _import_torchvision()
+    from torchvision.models.resnet import BasicBlock, ResNet
+
+    widths = [8, 16, 32, 64]
+    m = ResNet(BasicBlock, [2, 2, 2, 2], num_classes=CLASSES)
+    m.inplanes = widths[0]
+    m.conv1 = torch.nn.Conv2d(3, widths[0], kernel_size=7, stride=2, padding=3, bias=False)
+    m.bn1 = torch.nn.BatchNorm2d(widths[0])
+    m.layer1 = m._make_layer(BasicBlock, widths[0], 2)
+    m.layer2 = m._make_layer(BasicBlock, widths[1], 2, stride=2)
+    m.layer3 = m._make_layer(BasicBlock, widths[2], 2, stride=2)
+    m.layer4 = m._make_layer(BasicBlock, widths[3], 2, stride=2)
+    m.fc = torch.nn.Linear(widths[3], CLASSES)
+    return m, {"class": "torchvision.models.resnet.ResNet", "block": "BasicBlock", "layers": [2, 2, 2, 2],
+               "stage_widths": widths, "num_classes": CLASSES, "torchvision": tv.__version__}
+
+
+def _tv_mobilenet_v2():
+    tv = _import_torchvision()
+    m = tv.models.mobilenet_v2(weights=None, width_mult=0.35, num_classes=CLASSES)
+    return m, {"class": "torchvision.models.mobilenet_v2", "width_mult": 0.35, "num_classes": CLASSES}
+
+
+def _tv_mobilenet_v3_small():
+    _import_torchvision()
+    from torchvision.models.mobilenetv3 import MobileNetV3, _mobilenet_v3_conf
+
+    setting, last = _mobilenet_v3_conf("mobilenet_v3_small", width_mult=0.5, reduced_tail=True)
+    m = MobileNetV3(setting, last, num_classes=CLASSES)
+    return m, {"class": "torchvision.models.mobilenetv3.MobileNetV3", "arch": "mobilenet_v3_small",
+               "width_mult": 0.5, "reduced_tail": True, "num_classes": CLASSES}
+
+
+def _tv_efficientnet_b0():
+    _import_torchvision()
+    from torchvision.models.efficientnet import EfficientNet, _efficientnet_conf
+
+    setting, last = _efficientnet_conf("efficientnet_b0", width_mult=0.25, depth_mult=0.5)
+    m = EfficientNet(setting, dropout=0.2, num_classes=CLASSES, last_channel=last)
+    return m, {"class": "torchvision.models.efficientnet.EfficientNet", "arch": "efficientnet_b0",
+               "width_mult": 0.25, "depth_mult": 0.5, "num_classes": CLASSES}
+
+
+def _tv_convnext():
+    _import_torchvision()
+    from torchvision.models.convnext import CNBlockConfig, ConvNeXt
+
+    blocks = [(16, 32, 1), (32, 64, 1), (64, 128, 2), (128, None, 1)]
+    m = ConvNeXt([CNBlockConfig(*b) for b in blocks], stochastic_depth_prob=0.0, num_classes=CLASSES)
+    return m, {"class": "torchvision.models.convnext.ConvNeXt", "like": "convnext_tiny",
+               "block_setting": [list(b) for b in blocks], "num_classes": CLASSES}
+
+
+def _tv_squeezenet1_1():
+    tv = _import_torchvision()
+    m = tv.models.squeezenet1_1(weights=None, num_classes=CLASSES)
+    return m, {"class": "torchvision.models.squeezenet1_1", "num_classes": CLASSES}
+
+
+def _tv_shufflenet_v2():
+    tv = _import_torchvision()
+    """torchvision's shufflenet_v2_x0_5 stages with a 512-channel (not 1024) last conv: half its weights."""
+    _import_torchvision()
+    from torchvision.models.shufflenetv2 import ShuffleNetV2
+
+    repeats, channels = [4, 8, 4], [24, 48, 96, 192, 512]
+    m = ShuffleNetV2(repeats, channels, num_classes=CLASSES)
+    return m, {"class": "torchvision.models.shufflenetv2.ShuffleNetV2", "like": "shufflenet_v2_x0_5",
+               "stages_repeats": repeats, "stages_out_channels": channels, "num_classes": CLASSES}
+
+
+def _tv_mnasnet():
+    tv = _import_torchvision()
+    _import_torchvision()
+    from torchvision.models.mnasnet import MNASNet
+
+    m = MNASNet(0.25, num_classes=CLASSES)
+    return m, {"class": "torchvision.models.mnasnet.MNASNet", "like": "mnasnet0_5", "alpha": 0.25,
+               "num_classes": CLASSES}
+
+
+_HF_COMMON = dict(initializer_range=0.1)
+
+
+def _hf(cls_name: str, cfg_name: str, attn: str = "eager", **cfg):
+    """A transformers model from its config class. ``attn``: "eager" (plain MatMul/Softmax graph) or, for
+    causal models, "sdpa_without_vmap": transformers' own export path (integrations.executorch), since the
+    causal mask builder of eager attention uses torch.vmap, which the TorchScript exporter cannot trace
+    ("RuntimeError: unordered_map::at")."""
+    _import_torchvision()   # transformers imports torchvision when it is installed
+    import transformers
+
+    if attn == "sdpa_without_vmap":
+        from transformers.integrations.executorch import sdpa_mask_without_vmap
+        from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS
+        from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+        ALL_MASK_ATTENTION_FUNCTIONS.register(attn, sdpa_mask_without_vmap)
+        ALL_ATTENTION_FUNCTIONS.register(attn, ALL_ATTENTION_FUNCTIONS["sdpa"])
+    config = getattr(transformers, cfg_name)(**_HF_COMMON, **cfg)
+    config._attn_implementation = attn
+    model = getattr(transformers, cls_name)(config)
+    return model, {"class": f"transformers.{cls_name}", "config_class": f"transformers.{cfg_name}",
+                   "config": {**_HF_COMMON, **cfg}, "attn_implementation": attn,
+                   "transformers": transformers.__version__}
+
+
+def _hf_bert():
+    _import_torchvision()
+    import transformers
+
+    cfg = dict(vocab_size=VOCAB, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+               intermediate_size=256, max_position_embeddings=128, hidden_dropout_prob=0.0,
+               attention_probs_dropout_prob=0.0)
+    config = transformers.BertConfig(**_HF_COMMON, **cfg)
+    config._attn_implementation = "eager"
+    model = transformers.BertModel(config, add_pooling_layer=False)
+    return model, {"class": "transformers.BertModel", "config_class": "transformers.BertConfig",
+                   "config": {**_HF_COMMON, **cfg}, "add_pooling_layer": False, "attn_implementation": "eager",
+                   "transformers": transformers.__version__}
+
+
+def _hf_gpt2():
+    return _hf("GPT2Model", "GPT2Config", vocab_size=VOCAB, n_embd=64, n_layer=2, n_head=4, n_positions=128,
+               n_inner=256, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, use_cache=False,
+               attn="sdpa_without_vmap")
+
+
+def _hf_llama():
+    return _hf("LlamaModel", "LlamaConfig", vocab_size=VOCAB, hidden_size=64, intermediate_size=172,
+               num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128,
+               use_cache=False, attn="sdpa_without_vmap")
+
+
+def _hf_vit():
+    return _hf("ViTModel", "ViTConfig", image_size=IMAGE, patch_size=8, num_channels=3, hidden_size=64,
+               num_hidden_layers=2, num_attention_heads=4, intermediate_size=256, hidden_dropout_prob=0.0,
+               attention_probs_dropout_prob=0.0)
+
+
+def _hf_t5_encoder():
+    return _hf("T5EncoderModel", "T5Config", vocab_size=VOCAB, d_model=64, d_kv=16, d_ff=256, num_layers=2,
+               num_heads=4, dropout_rate=0.0, relative_attention_num_buckets=32, use_cache=False)
+
+
+def _image_inputs():
+    return [{"name": "pixel_values", "shape": [1, 3, IMAGE, IMAGE], "dyn_shape": ["batch", 3, IMAGE, IMAGE],
+             "dtype": "float32"}]
+
+
+def _token_inputs(mask: bool = False):
+    ids = {"name": "input_ids", "shape": [1, SEQ], "dyn_shape": ["batch", "sequence"], "dtype": "int64",
+           "int_range": [0, VOCAB]}
+    if not mask:
+        return [ids]
+    return [ids, {"name": "attention_mask", "shape": [1, SEQ], "dyn_shape": ["batch", "sequence"],
+                  "dtype": "int64", "int_range": [1, 2]}]
+
+
+# name, builder, library, inputs, output name
+MODELS = [
+    ("resnet18", _tv_resnet18, "torchvision", _image_inputs(), "logits"),
+    ("mobilenet_v2", _tv_mobilenet_v2, "torchvision", _image_inputs(), "logits"),
+    ("mobilenet_v3_small", _tv_mobilenet_v3_small, "torchvision", _image_inputs(), "logits"),
+    ("efficientnet_b0", _tv_efficientnet_b0, "torchvision", _image_inputs(), "logits"),
+    ("convnext", _tv_convnext, "torchvision", _image_inputs(), "logits"),
+    ("squeezenet1_1", _tv_squeezenet1_1, "torchvision", _image_inputs(), "logits"),
+    ("shufflenet_v2", _tv_shufflenet_v2, "torchvision", _image_inputs(), "logits"),
+    ("mnasnet", _tv_mnasnet, "torchvision", _image_inputs(), "logits"),
+    ("bert", _hf_bert, "transformers", _token_inputs(mask=True), "last_hidden_state"),
+    ("gpt2", _hf_gpt2, "transformers", _token_inputs(), "last_hidden_state"),
+    ("llama", _hf_llama, "transformers", _token_inputs(), "last_hidden_state"),
+    ("vit", _hf_vit, "transformers", _image_inputs(), "last_hidden_state"),
+    ("t5_encoder", _hf_t5_encoder, "transformers", _token_inputs(), "last_hidden_state"),
+]
+
+
+def _single_output(module, library: str):
+    """transformers models return a ModelOutput: wrap them to return its first tensor only."""
+    import torch
+
+    if library != "transformers":
+        return module
+
+    class FirstOutput(torch.nn.Module):
+        def __init__(self, inner):
+            super().__init__()
+            self.inner = inner
+
+        def forward(self, *args):
+            return self.inner(*args, return_dict=True)[0]
+
+    return FirstOutput(module)
+
+
+def _example(inputs, rng):
+    import torch
+
+    out = []
+    for spec in inputs:
+        if spec["dtype"] == "int64":
+            lo, hi = spec["int_range"]
+            out.append(torch.from_numpy(rng.integers(lo, hi, size=spec["shape"], dtype=np.int64)))
+        else:
+            out.append(torch.from_numpy(rng.standard_normal(spec["shape"]).astype(np.float32)))
+    return tuple(out)
+
+
+def _export(module, example, inputs, output: str, path: str, dynamic: bool):
+    import torch
+
+    names = [s["name"] for s in inputs]
+    axes = None
+    if dynamic:
+        axes = {s["name"]: {i: d for i, d in enumerate(s["dyn_shape"]) if isinstance(d, str)} for s in inputs}
+        seq = "sequence" in {d for s in inputs for d in s["dyn_shape"]}
+        axes[output] = {0: "batch", **({1: "sequence"} if seq else {})}
+    torch.onnx.export(module, example, path, input_names=names, output_names=[output], opset_version=OPSET,
+                      dynamic_axes=axes, do_constant_folding=True, dynamo=False)
+
+
+def _check(path: str, module, inputs, rng, dims: dict | None) -> float:
+    """Relative error of onnxruntime on the exported file vs the torch module, on fresh inputs."""
+    import onnxruntime as ort
+    import torch
+
+    shaped = [dict(s, shape=[dims[d] if isinstance(d, str) else d for d in s["dyn_shape"]]) if dims else s
+              for s in inputs]
+    example = _example(shaped, rng)
+    with torch.no_grad():
+        want = module(*example).numpy()
+    sess = ort.InferenceSession(path, providers=["CPUExecutionProvider"])
+    got = sess.run(None, {s["name"]: t.numpy() for s, t in zip(inputs, example)})[0]
+    return relative_error(got, want)
+
+
+def build_one(name, builder, library, inputs, output, out_dir: str) -> dict:
+    import onnx
+    import torch
+
+    torch.manual_seed(SEED)
+    module, source = builder()
+    module = _perturb(module, SEED).eval()
+    wrapped = _single_output(module, library).eval()
+    rng = np.random.default_rng(SEED)
+    entry = {"name": name, "library": library, "source": source, "inputs": inputs, "outputs": [output],
+             "opset": OPSET, "parameters": int(sum(p.numel() for p in module.parameters())), "files": {}}
+    for variant, suffix, dims in (("static", "", None), ("dynamic", "_dyn", {"batch": 2, "sequence": SEQ // 2})):
+        fname = f"{name}{suffix}.onnx"
+        path = os.path.join(out_dir, fname)
+        with torch.no_grad():
+            _export(wrapped, _example(inputs, rng), inputs, output, path, dynamic=(variant == "dynamic"))
+        onnx.checker.check_model(onnx.load(path), full_check=True)
+        err = _check(path, wrapped, inputs, rng, dims)
+        if not err <= CHECK_RTOL:
+            raise RuntimeError(f"{fname}: onnxruntime differs from torch by relative error {err:.3g} "
+                               f"(> {CHECK_RTOL})")
+        m = onnx.load(path, load_external_data=False)
+        entry["files"][variant] = {"path": fname, "sha256": sha256_of(path), "bytes": os.path.getsize(path),
+                                   "nodes": len(m.graph.node), "ort_vs_torch_rel_err": err,
+                                   **({"checked_dims": dims} if dims else {})}
+    return entry
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--only", nargs="*", help="regenerate these models only (others keep their manifest rows)")
+    ap.add_argument("--out", default=CORPUS_DIR, help="output folder (default: this folder)")
+    args = ap.parse_args(argv)
+    import onnx
+    import onnxruntime
+    import torch
+    import transformers
+
+    tv = _import_torchvision()
+    manifest_path = os.path.join(args.out, "manifest.json")
+    old = {}
+    if args.only and os.path.exists(manifest_path):
+        with open(manifest_path, encoding="utf-8") as f:
+            old = {e["name"]: e for e in json.load(f)["models"]}
+    wanted = set(args.only or [n for n, *_ in MODELS])
+    unknown = wanted - {n for n, *_ in MODELS}
+    if unknown:
+        ap.error(f"unknown model(s) {sorted(unknown)}; known: {[n for n, *_ in MODELS]}")
+    entries, dropped = [], {}
+    for name, builder, library, inputs, output in MODELS:
+        if name not in wanted:
+            if name in old:
+                entries.append(old[name])
+            continue
+        try:
+            with tempfile.TemporaryDirectory() as tmp:   # a failed export leaves no half-written file behind
+                entry = build_one(name, builder, library, inputs, output, tmp)
+                for f in entry["files"].values():
+                    os.replace(os.path.join(tmp, f["path"]), os.path.join(args.out, f["path"]))
+        except Exception as e:  # a model that cannot export is dropped from the corpus with its reason
+            dropped[name] = f"{type(e).__name__}: {str(e).strip().splitlines()[0][:300] if str(e).strip() else ''}"
+            print(f"{name}: DROPPED ({dropped[name]})", flush=True)
+            continue
+        entries.append(entry)
+        sizes = ", ".join(f"{v} {f['bytes'] / 1e6:.2f} MB ({f['nodes']} nodes)" for v, f in entry["files"].items())
+        print(f"{name}: {entry['parameters']} params; {sizes}", flush=True)
+    manifest = {
+        "generator": "corpus/make_corpus.py",
+        "generated": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        "versions": {"torch": torch.__version__, "torchvision": tv.__version__,
+                     "transformers": transformers.__version__, "onnx": onnx.__version__,
+                     "onnxruntime": onnxruntime.__version__},
+        "exporter": "torch.onnx.export(dynamo=False)", "opset": OPSET, "seed": SEED,
+        "dropped": dropped, "models": entries,
+    }
+    with open(manifest_path, "w", encoding="utf-8") as f:
+        json.dump(manifest, f, indent=1)
+        f.write("\n")
+    total = sum(f["bytes"] for e in entries for f in e["files"].values())
+    print(f"{len(entries)} models, {total / 1e6:.2f} MB; dropped: {sorted(dropped) or 'none'}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
