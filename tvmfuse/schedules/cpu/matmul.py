@@ -28,6 +28,7 @@ PARALLEL_DEPTH = (1, 2)                  # how many macro loops are fused into t
 # the largest tile that fits (below that, the tail iterations cost less than the lost register reuse).
 MIN_TILE_FILL = 0.5
 PACK_B = (False, True)                   # copy the B panel of a macro tile into a contiguous buffer
+PAD_N = (True, False)                    # N not a multiple of nr: zero-pad j (True) or predicate each lane
 
 
 def _plain_vars(indices) -> list | None:
@@ -36,6 +37,18 @@ def _plain_vars(indices) -> list | None:
         if not isinstance(e, C.tirx.Var):
             return None
         out.append(e)
+    return out
+
+
+def _vars_or_consts(indices) -> list | None:
+    """The index variables of an operand read, constants (a broadcast batch dim: ``w[0, h, k, j]``)
+    skipped; None when an index is any other expression (a shifted or strided read)."""
+    out = []
+    for e in indices:
+        if isinstance(e, C.tirx.Var):
+            out.append(e)
+        elif not isinstance(e, C.tirx.IntImm):
+            return None
     return out
 
 
@@ -64,7 +77,7 @@ def analyze_matmul(sch: C.Schedule, block) -> dict | None:
     a, b = _strip_cast(prod.a), _strip_cast(prod.b)
     if not (isinstance(a, C.TensorLoad) and isinstance(b, C.TensorLoad)):
         return None
-    c_idx, a_idx, b_idx = _plain_vars(store.indices), _plain_vars(a.indices), _plain_vars(b.indices)
+    c_idx, a_idx, b_idx = _plain_vars(store.indices), _vars_or_consts(a.indices), _vars_or_consts(b.indices)
     if c_idx is None or a_idx is None or b_idx is None or len(c_idx) < 2:
         return None
     ivs = blk.iter_vars
@@ -73,26 +86,34 @@ def analyze_matmul(sch: C.Schedule, block) -> dict | None:
     names = lambda vs: {v.name for v in vs}  # noqa: E731
     if k.name not in names(a_idx) or k.name not in names(b_idx) or k.name in names(c_idx):
         return None
-    i_only = [v for v in c_idx if v.name in names(a_idx) and v.name not in names(b_idx)]
-    j_only = [v for v in c_idx if v.name in names(b_idx) and v.name not in names(a_idx)]
-    if len(i_only) != 1 or len(j_only) != 1:
-        # A may be the side holding j (A^T-style operand order): swap roles
-        i_only, j_only = j_only, i_only
-        a, b, a_idx, b_idx = b, a, b_idx, a_idx
-        if len(i_only) != 1 or len(j_only) != 1:
-            return None
-    if c_idx[-1].name != j_only[0].name or c_idx[-2].name != i_only[0].name:
+    if not (names(a_idx) | names(b_idx)) <= names(c_idx) | {k.name}:
         return None
+    # C's last two axes are (i, j): i read by one operand only (the data, "A"), j by the other (the
+    # weight, "B"); the leading axes are batch axes read by A, B, both (A[b] @ B[b]) or by A only
+    # (activations [B, S, K] @ a shared weight [K, N]); a constant index is a broadcast batch dim.
+    i_var, j_var = c_idx[-2], c_idx[-1]
+    in_a, in_b = names(a_idx), names(b_idx)
+    if i_var.name in in_b and i_var.name not in in_a and j_var.name in in_a and j_var.name not in in_b:
+        a, b, a_idx, b_idx, in_a, in_b = b, a, b_idx, a_idx, in_b, in_a     # operands written B * A
+    if not (i_var.name in in_a and i_var.name not in in_b and j_var.name in in_b and j_var.name not in in_a):
+        return None
+    batch_vars = c_idx[:-2]
     dom = {iv.var.name: iv.dom.extent for iv in ivs}
     if not all(isinstance(dom[v.name], C.tirx.IntImm) for v in c_idx + [k]):
         return None
+    b_pos = [getattr(e, "name", None) for e in b.indices]     # None at a constant (broadcast) index
     return {
-        "M": int(dom[i_only[0].name]), "N": int(dom[j_only[0].name]), "K": int(dom[k.name]),
-        "batch": [int(dom[v.name]) for v in c_idx[:-2]],
+        "M": int(dom[i_var.name]), "N": int(dom[j_var.name]), "K": int(dom[k.name]),
+        "batch": [int(dom[v.name]) for v in batch_vars],
+        # which batch axes the weight follows: none (a shared weight), or some/all (batched matmul)
+        "b_batch": [v.name in in_b for v in batch_vars],
         "b_buffer": str(b.source.name),
-        "b_contiguous_j": b_idx[-1].name == j_only[0].name,
+        "b_contiguous_j": b_pos[-1] == j_var.name,
+        "b_j_pos": b_pos.index(j_var.name), "b_k_pos": b_pos.index(k.name), "b_ndim": len(b_pos),
         "a_buffer": str(a.source.name),
         "c_buffer": str(store.buffer.name),
+        "j_iter": [iv.var.name for iv in ivs].index(j_var.name),
+        "n_iters": len(ivs),
     }
 
 
@@ -178,6 +199,34 @@ def compute_on_register_tile(sch: C.Schedule, red, at_loop, lanes: int, k_unroll
     sch.vectorize(sch.get_loops(init)[-1])
 
 
+def pad_columns(sch: C.Schedule, red, info: dict, nr: int):
+    """Pad the matmul's column domain (j) up to a multiple of the register-tile width ``nr``.
+
+    ``pad_einsum`` gives B a zero-padded copy (``<B>_pad``, scheduled by the caller: per B panel),
+    C a padded buffer, and a crop block copying C_pad back; the crop is folded into the epilogue or, without
+    one, is itself the write-back.  The register tile then runs without a per-lane predicate (TVM turns a
+    vectorized loop with one into scalar code, and an unrolled register tile of it into thousands of scalar
+    statements); only the epilogue's last columns keep a predicate.  Returns (write-back or epilogue block
+    name or None, B_pad block).
+    """
+    padding = [1] * info["n_iters"]
+    padding[info["j_iter"]] = nr
+    before = {U.block_name(sch, b) for b in U.top_blocks(sch)}
+    sch.pad_einsum(red, padding)
+    new = [b for b in U.top_blocks(sch) if U.block_name(sch, b) not in before]
+    crop = [b for b in new if sch.get_producers(b) and any(U.block_name(sch, p) == U.block_name(sch, red)
+                                                           for p in sch.get_producers(b))]
+    pads = [b for b in new if b not in crop]
+    if len(crop) != 1 or len(pads) != 1:
+        raise ValueError(f"pad_einsum of {U.block_name(sch, red)} made {len(new)} blocks, expected a B pad "
+                         "and a crop")
+    crop_name, pad_name = U.block_name(sch, crop[0]), U.block_name(sch, pads[0])
+    if crop_name in U.output_names(sch):
+        return crop_name, pad_name
+    sch.compute_inline(crop[0])
+    return None, pad_name
+
+
 def is_contraction(sch: C.Schedule, block) -> bool:
     """Whether a reduction block multiplies two different tensors indexed by its reduced axes (a matmul
     or a conv: ``acc + f(A[.., k]) * g(B[.., k])``), as opposed to a row reduction such as sum(x * x)."""
@@ -260,6 +309,8 @@ class MatmulEpilogue(Template):
             Knob("order", ORDERS, "macro loop order"),
             Knob("parallel_depth", PARALLEL_DEPTH, "macro loops fused into the parallel loop"),
             Knob("pack_b", PACK_B, "pack B's macro panel contiguously"),
+            Knob("pad_n", PAD_N, "columns not a multiple of the register tile: pad j (B panel zero-padded) "
+                 "instead of a per-lane predicate (scalar code) on the register tile"),
         ))
 
     def default_config(self, match: Match, target: C.Target) -> dict:
@@ -284,7 +335,7 @@ class MatmulEpilogue(Template):
         pack = n_macro_i > 1 and k * nr * 4 > info.l1d_bytes // 2
         return {"mr": mr, "nvec": nvec, "lanes": lanes, "mc_tiles": mc_tiles, "nc_tiles": nc_tiles,
                 "k_unroll": U.nearest_choice(ch["k_unroll"], 4 if k % 4 == 0 else 1),
-                "order": order, "parallel_depth": depth, "pack_b": pack and depth == 1}
+                "order": order, "parallel_depth": depth, "pack_b": pack and depth == 1, "pad_n": True}
 
     # ------------------------------------------------------------------ apply
     def apply(self, sch: C.Schedule, match: Match, config: dict) -> None:
@@ -297,8 +348,14 @@ class MatmulEpilogue(Template):
         U.inline_elementwise(sch)
         red = sch.get_sblock(info["reduction"])
 
-        # Step 2. Without an epilogue, accumulate into a cache block and write back from it.
-        if info["epilogue"] is None:
+        # Step 2. Columns not a multiple of the register tile: pad the matmul's j domain (B and C padded,
+        # B per panel in Step 7), so the register tile has no per-lane predicate.
+        # Step 2b. Without an epilogue, accumulate into a cache block and write back from it.
+        b_pad = None
+        if config.get("pad_n", False) and info["N"] % nr:
+            writeback, b_pad = pad_columns(sch, red, info, nr)
+            epi = sch.get_sblock(writeback or info["epilogue"])
+        elif info["epilogue"] is None:
             epi = sch.cache_write(red, 0, "global")   # the write-back block; red now writes the cache
         else:
             epi = sch.get_sblock(info["epilogue"])
@@ -325,8 +382,12 @@ class MatmulEpilogue(Template):
         e_jo, e_jv = sch.split(j2, factors=[None, lanes])
         sch.vectorize(e_jv)
 
-        # Step 7. Optionally pack B's panel for this macro tile into a contiguous buffer.
-        if config["pack_b"]:
+        # Step 7. B's panel for this macro tile: zero-padded (Step 2) or optionally packed, contiguous.
+        if b_pad is not None:
+            pack = sch.get_sblock(b_pad)
+            sch.compute_at(pack, pack_at, preserve_unit_loops=True)
+            U.vectorize_inner(sch, pack, lanes)
+        elif config["pack_b"]:
             if not info["b_contiguous_j"] and not info["b_buffer"]:
                 raise ValueError("pack_b needs a B operand buffer")
             b_index = [str(r.source.name) for r in sch.get(red).reads].index(info["b_buffer"])

@@ -18,8 +18,8 @@ from ... import _compat as C
 from ...target import cpu_info
 from ..base import Knob, KnobSpace, Match, Template
 from . import common as U
-from .matmul import (K_UNROLL, MC_TILES, MR_CHOICES, NC_TILES, NVEC_CHOICES, _epilogue_of, analyze_matmul,
-                     compute_on_register_tile, pick_macro_tiles, pick_register_tile)
+from .matmul import (K_UNROLL, MC_TILES, MR_CHOICES, NC_TILES, NVEC_CHOICES, PAD_N, _epilogue_of, analyze_matmul,
+                     compute_on_register_tile, pad_columns, pick_macro_tiles, pick_register_tile)
 
 SHARE_ROWS = (True, False)       # merge the siblings' row-block loops (one A row block for all of them)
 ORDERS = ("rows", "cols")        # outer loop of each chain: row blocks of A, or column panels of B
@@ -98,6 +98,8 @@ class SiblingMatmuls(Template):
             "inputs": sorted({r["a_buffer"] for r in infos.values()}),
             "b_buffers": {name: r["b_buffer"] for name, r in infos.items()},
             "chain_len": max(len(r) for _, r in chains),
+            "Ns": {name: r["N"] for name, r in infos.items()},
+            "infos": {name: {"j_iter": r["j_iter"], "n_iters": r["n_iters"]} for name, r in infos.items()},
         })
 
     # ------------------------------------------------------------------ knobs
@@ -117,6 +119,8 @@ class SiblingMatmuls(Template):
                  "siblings with share_rows) or 'cols' (B column panels: each panel read, or packed, once)"),
             Knob("pack_b", PACK_B, "copy each matmul's B panel into a contiguous buffer at the panel loop "
                  "(weights with a long row stride: one cache line and page per k step otherwise)"),
+            Knob("pad_n", PAD_N, "columns not a multiple of the register tile: pad j (B panel zero-padded) "
+                 "instead of a per-lane predicate (scalar code) on the register tile"),
         ))
 
     def default_config(self, match: Match, target: C.Target) -> dict:
@@ -141,7 +145,7 @@ class SiblingMatmuls(Template):
         share = True in ch["share_rows"] and order == "rows"
         return {"mr": mr, "nvec": nvec, "lanes": lanes, "mc_tiles": mc_tiles, "nc_tiles": nc_tiles,
                 "k_unroll": U.nearest_choice(ch["k_unroll"], 4 if k % 4 == 0 else 1),
-                "share_rows": share, "order": order, "pack_b": pack}
+                "share_rows": share, "order": order, "pack_b": pack, "pad_n": True}
 
     # ------------------------------------------------------------------ apply
     def apply(self, sch: C.Schedule, match: Match, config: dict) -> None:
@@ -154,10 +158,19 @@ class SiblingMatmuls(Template):
         # Step 1. Fold the elementwise chains into their epilogue blocks (same folding as match()).
         U.inline_elementwise(sch)
 
-        tops, tiles = [], []
+        tops, tiles, pads = [], [], {}
         for anchor, reds in info["chains"]:
-            # Step 2. A matmul that is an output accumulates into a cache block written back from it.
-            if anchor is None:
+            # Step 2. Columns not a multiple of the register tile: pad each matmul's j domain (its B
+            # panel zero-padded in Step 5), so the register tile has no per-lane predicate.
+            # Step 2b. A matmul that is an output accumulates into a cache block written back from it.
+            writeback = None
+            if config.get("pad_n", False) and info["Ns"][reds[0]] % nr:
+                for red in reds:
+                    wb, pads[red] = pad_columns(sch, sch.get_sblock(red), info["infos"][red], nr)
+                    writeback = writeback or wb
+            if writeback is not None:
+                epi = sch.get_sblock(writeback)
+            elif anchor is None:
                 epi = sch.cache_write(sch.get_sblock(reds[0]), 0, "global")
             else:
                 epi = sch.get_sblock(anchor)
@@ -191,7 +204,11 @@ class SiblingMatmuls(Template):
             for red in reds:
                 blk = sch.get_sblock(red)        # after this step: the update block (the init split off)
                 compute_on_register_tile(sch, blk, j1, lanes, config["k_unroll"])
-                if config.get("pack_b"):
+                if red in pads:
+                    pack = sch.get_sblock(pads[red])
+                    sch.compute_at(pack, panel, preserve_unit_loops=True)
+                    U.vectorize_inner(sch, pack, lanes)
+                elif config.get("pack_b"):
                     reads = [str(r.source.name) for r in sch.get(blk).reads]
                     pack = sch.cache_read(blk, reads.index(info["b_buffers"][red]), "global")
                     sch.compute_at(pack, panel, preserve_unit_loops=True)
