@@ -235,10 +235,10 @@ class Conv2DEpilogue(Template):
         sch.unroll(c_f)
         sch.unroll(c_y)
         sch.unroll(c_n)
-        if config["ic_tile"] > 1:
-            sch.unroll(rc1)
-        for loop in (rx, ry)[:config["unroll"]]:
-            sch.unroll(loop)
+        # the reduction steps unrolled within a bound on the copies of the tile (code size, LLVM time)
+        tile_copies = oc_t * oh_t * _ceil_div(ow_t, config["lanes"])
+        U.unroll_bounded(sch, ([rc1] if config["ic_tile"] > 1 else []) + [rx, ry][:config["unroll"]],
+                         tile_copies)
         sch.set_scope(conv, 0, "local")
 
         # Step 5. Initialize the accumulator before the reduction, vectorized along the columns.
