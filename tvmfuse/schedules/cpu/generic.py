@@ -193,13 +193,10 @@ def _schedule_block(sch: C.Schedule, block, lanes: int, cores: int) -> dict:
                 done["parallel"] = prod
                 done["parallel_loop"] = fused
 
-    # Step 3. The innermost spatial loop on vectors (reductions: the init split off first).
+    # Step 3. The innermost spatial loop on vectors.  A reduction keeps its init inside (lowered to a
+    # lane-invariant `if` on the reduction loops): a decomposed update block is no longer a reduction
+    # block, which vectorize refuses.
     if vec:
-        if reduce:
-            first_r = next(lp for lp, k in zip(sch.get_loops(block), _loop_kinds(sch, block)) if k == "R")
-            ok, init = _try("decompose_reduction", name, sch.decompose_reduction, block, first_r)
-            if ok:
-                _try("vectorize", name, _vectorize, sch, sch.get_loops(init)[-1], lanes)
         inner = sch.get_loops(block)[-1]
         ext = _extent(sch, inner)
         ok, vectorized = _try("vectorize", name, _vectorize, sch, inner, lanes)
