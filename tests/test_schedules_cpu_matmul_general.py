@@ -1,0 +1,150 @@
+"""The CPU matmul family on every layout real exports produce: leading batch dims on the data operand with
+a shared weight ([B, S, K] @ [K, N]), true batched matmul (A[b] @ B[b]), a batch dim broadcast on one
+operand, B transposed (Q @ K^T, Gemm transB=1 with alpha/beta), M = 1 (GEMV), M/N/K that divide no tile,
+and sibling matmuls (Q/K/V, SwiGLU) over 3-D activations.
+
+Numerics: tvmfuse.compile on the host vs onnx's reference evaluator, fresh random inputs.
+Structure, on named AVX2 and AVX-512 targets: the template matches (no dlight / generic fallback), the
+outer loop is parallel, and the register tile's accumulator is only ever written by vector stores
+(columns that divide no tile are padded: TVM's vectorizer turns a per-lane predicate into scalar code)."""
+import numpy as np
+import pytest
+
+import tvmfuse
+from tvmfuse import _compat as C
+from tvmfuse import models as M
+from tvmfuse.explain import Recorder
+from tvmfuse.schedules import schedule_prim_func
+from tvmfuse.schedules.cpu.common import MAX_UNROLLED_COPIES
+
+import schedule_cases as S
+
+MATMUL, SIBLINGS = "cpu.matmul_epilogue", "cpu.sibling_matmuls"
+
+# (builder, kwargs, family of the kernel holding the matmul)
+CASES = [
+    ("matmul_3d", dict(), MATMUL),
+    ("matmul_3d", dict(b=3, s=8, k=64, n=48, act="Sigmoid"), MATMUL),
+    ("batched_matmul", dict(), MATMUL),
+    ("broadcast_matmul", dict(), MATMUL),
+    ("scores_matmul", dict(), MATMUL),
+    ("gemm_transb", dict(), MATMUL),
+    ("gemv", dict(), MATMUL),
+    ("gemv", dict(k=64, n=1000), MATMUL),
+    ("qkv_3d", dict(), SIBLINGS),
+    ("swiglu_3d", dict(), SIBLINGS),
+]
+IDS = [f"{b}-{i}" for i, (b, _, _) in enumerate(CASES)]
+
+
+def _model(builder, kwargs):
+    return getattr(S, builder)(**kwargs)
+
+
+def _matmul_kernels(model, target):
+    """(name, func, Scheduled) of every kernel of ``model`` that holds a matmul (a contraction)."""
+    out = []
+    for name, func in S.graph_funcs(model, target).items():
+        if "matmul" in name or "gemm" in name:
+            out.append((name, func, schedule_prim_func(func, target, {}, name)))
+    assert out, f"no matmul kernel in {list(S.graph_funcs(model, target))}"
+    return out
+
+
+@pytest.mark.parametrize("builder,kwargs,family", CASES, ids=IDS)
+def test_matmul_layouts_numerics_vs_reference(builder, kwargs, family, host, rng):
+    model = _model(builder, kwargs)
+    with Recorder() as rec:
+        cm = tvmfuse.compile(model, host)
+    matmuls = [s for s in rec.schedules if "matmul" in s["kernel"]]
+    assert matmuls and all(s["template"] == family for s in matmuls), rec.schedules
+    assert not [s for s in rec.schedules if s["source"] in ("fallback", "generic")], rec.schedules
+    feeds = {i.name: rng.standard_normal([d.dim_value for d in i.type.tensor_type.shape.dim]).astype(np.float32)
+             for i in model.graph.input}
+    ref = M.reference_outputs(model, feeds)
+    out = cm.run(feeds)
+    for name, r in ref.items():
+        np.testing.assert_allclose(out[name], r, rtol=1e-4, atol=1e-5, err_msg=f"{builder} output {name}")
+
+
+@pytest.mark.parametrize("target", S.NAMED_TARGETS, ids=["haswell", "skylake"])
+@pytest.mark.parametrize("builder,kwargs,family", CASES, ids=IDS)
+def test_matmul_layouts_structure(builder, kwargs, family, target):
+    tgt = tvmfuse.parse_target(target)
+    lanes = 16 if "avx512" in target else 8
+    for name, func, res in _matmul_kernels(_model(builder, kwargs), tgt):
+        assert res is not None and res.template == family, f"{name}: {res and res.template}\n{func.script()}"
+        assert res.config["lanes"] == lanes, res.config
+        kinds = S.kinds(res.func)
+        assert int(C.ForKind.PARALLEL) in kinds or _elements(func) < 4096, f"{name}: no parallel loop"
+        assert int(C.ForKind.VECTORIZED) in kinds, f"{name}: no vectorized loop"
+        assert S.max_unrolled_copies(res.func) <= MAX_UNROLLED_COPIES
+        # the register tile: every store into an accumulator is a vector store (no scalar fallback)
+        low = S.lowered_vectorized(res.func)
+        acc = [n for n in S.nodes(low) if isinstance(n, C.BufferStore) and "matmul" in str(n.buffer.name)
+               and str(n.buffer.name) not in {str(p.name) for p in func.params}]
+        assert acc, f"{name}: no accumulator stores found"
+        scalar = [str(n.buffer.name) for n in acc if not S.is_vector(n.value)]
+        assert not scalar, f"{name} ({res.config}): scalar stores into the register tile: {set(scalar)}"
+
+
+def _elements(func):
+    n = 1
+    for d in func.params[-1].shape:
+        n *= int(d)
+    return n
+
+
+def test_padded_columns_keep_the_register_tile_vectorized():
+    """N = 67 on AVX-512 (no register-tile width divides it): with pad_n the accumulator's stores are vector
+    stores; the predicated alternative (pad_n False) is what TVM scalarizes: the check can fail."""
+    tgt = tvmfuse.parse_target(S.SKYLAKE)
+    name, func, res = _matmul_kernels(S.matmul_3d(n=67), tgt)[0]
+    assert res.config["pad_n"] and (res.config["nvec"] * res.config["lanes"]) % 67
+    from tvmfuse.schedules.base import schedule_with
+    from tvmfuse.schedules.cpu.matmul import MatmulEpilogue
+
+    t = MatmulEpilogue()
+    match = t.match(func, tgt)
+    unpadded = schedule_with(t, match, func, {**res.config, "pad_n": False})
+    for f, want_scalar in ((res.func, False), (unpadded, True)):
+        low = S.lowered_vectorized(f)
+        scalar = [n for n in S.nodes(low) if isinstance(n, C.BufferStore) and "matmul" in str(n.buffer.name)
+                  and not S.is_vector(n.value)]
+        assert bool(scalar) == want_scalar
+
+
+def test_shared_weight_batch_and_broadcast_roles(host):
+    """The analysis gives the data operand's batch axes and the weight's (broadcast) batch axes."""
+    from tvmfuse.schedules.cpu.matmul import MatmulEpilogue
+
+    t = MatmulEpilogue()
+    (_, f3d, _), = _matmul_kernels(S.matmul_3d(b=2, s=5, k=7, n=9), host)
+    info = t.match(f3d, host).info
+    assert (info["batch"], info["b_batch"], info["M"], info["N"], info["K"]) == ([2], [False], 5, 9, 7)
+    (_, fb, _), = _matmul_kernels(S.broadcast_matmul(b=2, h=3, m=4, k=5, n=6), host)
+    info = t.match(fb, host).info
+    assert (info["batch"], info["b_batch"]) == ([2, 3], [False, True])
+
+
+@pytest.mark.parametrize("target", S.NAMED_TARGETS, ids=["haswell", "skylake"])
+def test_knob_space_configs_apply_on_3d_activations(target, rng):
+    """Sampled configs of the 3-D matmul apply and compute the unscheduled kernel's numbers (host run)."""
+    import random
+
+    from tvmfuse.schedules.base import schedule_with
+    from tvmfuse.schedules.cpu.matmul import MatmulEpilogue
+
+    tgt = tvmfuse.parse_target(target)
+    host = tvmfuse.host_target()
+    (_, func, _), = _matmul_kernels(S.matmul_3d(b=2, s=11, k=13, n=21), tgt)
+    t = MatmulEpilogue()
+    match = t.match(func, tgt)
+    space = t.space(match, tgt)
+    args = S.random_args(func, rng)
+    want = S.run_func(func, host, args)[0]
+    r = random.Random(int(rng.integers(1 << 30)))
+    for _ in range(4):
+        cfg = space.sample(r)
+        got = S.run_func(schedule_with(t, match, func, cfg), host, args)[0]
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5, err_msg=str(cfg))
