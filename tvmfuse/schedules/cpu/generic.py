@@ -153,6 +153,7 @@ def _schedule_block(sch: C.Schedule, block, lanes: int, cores: int) -> dict:
     total = 1
     for lp in loops:
         total *= max(_extent(sch, lp), 1)
+    done["elements"] = total
 
     # Step 1. Spatial loops outside, reduction inside; the last spatial loop innermost when it is the
     # contiguous axis of the output and of an input.
