@@ -33,6 +33,8 @@ def schedule_prim_func(func: C.PrimFunc, target: C.Target, records: dict | None 
     template, match = found
     key = workload_key(func)
     rec = (records or {}).get(key)
+    if rec is not None and rec.get("template") == template.family:
+        rec = {**rec, "config": _with_new_knobs(template, match, target, rec["config"])}
     if rec is not None and rec.get("template") == template.family and \
             not template.space(match, target).contains(rec["config"]):
         # a record from an older knob space of this template (knobs added or choices changed)
@@ -47,6 +49,17 @@ def schedule_prim_func(func: C.PrimFunc, target: C.Target, records: dict | None 
             log.warning("%s: tuned record for %s does not apply (%s); using the default", name, key, e)
     config = template.default_config(match, target)
     return Scheduled(schedule_with(template, match, func, config), template.family, config, "default")
+
+
+def _with_new_knobs(template, match, target: C.Target, config: dict) -> dict:
+    """A record made before knobs were added to its template (e.g. ``pad_n``) gets their defaults; any
+    other difference is left for the knob-space check."""
+    names = template.space(match, target).names
+    missing = [k for k in names if k not in config]
+    if not missing or not set(config) <= set(names):
+        return config
+    default = template.default_config(match, target)
+    return {**config, **{k: default[k] for k in missing}}
 
 
 def _load_records(options, target: C.Target) -> dict:
