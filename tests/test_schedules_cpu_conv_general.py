@@ -109,3 +109,34 @@ def test_two_conv_anchors_refused_with_reason(host, rng):
     feeds = {"x": rng.standard_normal([1, 8, 14, 14]).astype(np.float32)}
     np.testing.assert_allclose(cm.run(feeds)["out"], M.reference_outputs(model, feeds)["out"], rtol=1e-4,
                                atol=2e-5)
+
+
+@pytest.mark.parametrize("target", S.NAMED_TARGETS, ids=["haswell", "skylake"])
+@pytest.mark.parametrize("hw", [7, 28])
+def test_pointwise_conv_fused_rows(hw, target, rng):
+    """A 1x1 stride-1 conv (a matmul over pixels): with fuse_rows the tile's full-width rows are one
+    vectorized run of pixels (49 pixels of a 7x7 plane in one loop, not seven 7-wide vectors); TVM keeps it
+    vector (nothing scalarized); same numbers as the unscheduled kernel (host run); a 3x3 conv does not
+    offer the knob (its padded rows are not contiguous)."""
+    from tvmfuse.schedules.base import schedule_with
+    from tvmfuse.schedules.cpu.conv2d import Conv2DEpilogue
+
+    tgt = tvmfuse.parse_target(target)
+    t = Conv2DEpilogue()
+    name, func, res = _conv_kernel(S.conv(cin=16, cout=24, h=hw, w=hw, k=1, pads=[0] * 4), tgt)
+    match = t.match(func, tgt)
+    space = t.space(match, tgt)
+    assert match.info["pointwise"] and True in space.to_dict()["fuse_rows"]
+    oh = max(d for d in space.to_dict()["oh_tile"] if hw % d == 0)
+    cfg = {**res.config, "fuse_rows": True, "ow_tile": hw, "oh_tile": oh}
+    assert space.contains(cfg)
+    fused = schedule_with(t, match, func, cfg)
+    assert not S.scalarized_loops(fused)
+    vec = [int(f.extent) for f in S.loops(fused) if int(f.kind) == int(C.ForKind.VECTORIZED)]
+    assert oh * hw in vec, (oh, hw, vec)
+    host = tvmfuse.host_target()
+    args = S.random_args(func, rng)
+    np.testing.assert_allclose(S.run_func(fused, host, args)[0], S.run_func(func, host, args)[0], rtol=1e-5,
+                               atol=1e-6)
+    _, f3, _ = _conv_kernel(S.conv(cin=16, cout=24, h=hw, w=hw, k=3), tgt)
+    assert t.space(t.match(f3, tgt), tgt).to_dict()["fuse_rows"] == [False]
