@@ -142,8 +142,24 @@ def test_compile_counts_schedule_sources(host):
     model = S.matmul_3d()
     cm = tvmfuse.compile(model, host)
     counts = cm.report.to_dict()["schedule_sources"]
-    assert counts == {"template": 1, "tuned": 0, "fallback (dlight)": 0, "generic": 0}, counts
-    assert "schedules: template 1, tuned 0, fallback (dlight) 0, generic 0" in cm.report.table()
+    assert counts == {"template": 1, "tuned": 0, "fallback (dlight)": 0, "generic": 0, "unscheduled": 0}, counts
+    assert "schedules: template 1, tuned 0, fallback (dlight) 0, generic 0, unscheduled 0" in cm.report.table()
     assert schedule_source_counts([{"source": "generic"}, {"source": "fallback"}, {"source": "default"},
                                    {"source": "generic"}]) == \
-        {"template": 1, "tuned": 0, "fallback (dlight)": 1, "generic": 2}
+        {"template": 1, "tuned": 0, "fallback (dlight)": 1, "generic": 2, "unscheduled": 0}
+
+
+def test_generic_failure_is_recorded_not_hidden(host, monkeypatch):
+    """Should the generic schedule itself fail (a bug), the kernel keeps its correct naive loops and the
+    record and the report's counts say 'unscheduled' with the error."""
+    def broken(func, target):
+        raise RuntimeError("generic bug (test)")
+
+    monkeypatch.setattr(G, "schedule_generic", broken)
+    monkeypatch.setattr(SCH, "_dlight_rules", lambda target: [])
+    mod, funcs = _fallback_module("maxpool", dict(), host)
+    with Recorder() as rec:
+        C.Sequential(SCH.fallback_passes(host))(mod)
+    assert [s["template"] for s in rec.schedules] == ["unscheduled"] * len(funcs)
+    assert all("generic bug (test)" in s["reason"] for s in rec.schedules)
+    assert schedule_source_counts(rec.schedules)["unscheduled"] == len(funcs)

@@ -119,7 +119,7 @@ _SUFFIX = re.compile(r"\d+$")
 # Where a kernel's schedule came from (the ``source`` of a schedule record) -> the name the report counts
 # it under: a template's target default, a tuned record, dlight's rules, the generic CPU schedule.
 SCHEDULE_SOURCES = {"default": "template", "tuned": "tuned", "fallback": "fallback (dlight)",
-                    "generic": "generic"}
+                    "generic": "generic", "unscheduled": "unscheduled"}
 
 
 def schedule_source_counts(schedules: list[dict]) -> dict[str, int]:

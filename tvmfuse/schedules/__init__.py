@@ -120,7 +120,12 @@ def fallback_passes(target: C.Target) -> list:
                 raise RuntimeError(f"kernel {name}: no template or dlight rule scheduled it")
             from .cpu.generic import FAMILY, schedule_generic
 
-            scheduled, blocks = schedule_generic(func, target)
+            try:
+                scheduled, blocks = schedule_generic(func, target)
+            except Exception as e:  # a bug of the generic schedule: keep the (correct) naive loops, say so
+                log.warning("%s: generic schedule failed (%s: %s); left unscheduled", name, type(e).__name__, e)
+                record_schedule(name, "unscheduled", "unscheduled", reason=f"{why}; generic schedule failed: {e}")
+                continue
             updates[gv] = scheduled.with_attr("tirx.is_scheduled", True)
             record_schedule(name, FAMILY, "generic", {"blocks": list(blocks.values())},
                             reason=why if done is None else f"{why}; no dlight rule applies")
