@@ -1,14 +1,18 @@
 """MatMul / Dense / batch-matmul with its epilogue (bias, activation, residual) on x86/ARM CPUs.
 
 Matches, after folding elementwise blocks, one reduction block ``C[b.., i, j] += A[.., i/k ..] * B[.., k/j ..]``
-(one reduction axis ``k``, exactly one axis ``i`` only in A and one axis ``j`` only in B, ``C``'s last two
-axes ``i, j``) followed by at most one elementwise epilogue block reading ``C`` at its own indices.
+(one reduction axis ``k``; ``C``'s last two axes ``i, j``, ``i`` read by A only and ``j`` by B only; the
+leading batch axes read by A only (activations [B, S, K] @ a shared weight), by both (A[b] @ B[b]) or
+broadcast (a constant index on one operand)) followed by at most one elementwise epilogue block reading
+``C`` at its own indices.
 
 Schedule (register-blocked GEMM, BLIS-style): the epilogue block is tiled into macro tiles (``mc`` x ``nc``,
 sized to L2) and micro tiles (``mr`` x ``nr``, sized to the vector registers); the matmul is computed at
 the micro tile, so ``C`` shrinks to an ``mr x nr`` accumulator in registers and the epilogue (bias, GELU,
 residual...) runs on it before anything is stored.  Optionally the B panel of a macro column is packed
-contiguously once per macro tile.
+contiguously once per macro tile.  When no register-tile width divides N, the j domain is padded
+(``pad_n``: ``pad_einsum``, B's panel zero-padded per panel, C padded) so the register tile runs without a
+per-lane predicate, which TVM's vectorizer would turn into scalar code.
 """
 from __future__ import annotations
 
