@@ -74,7 +74,7 @@ def test_matmul_layouts_structure(builder, kwargs, family, target):
     lanes = 16 if "avx512" in target else 8
     for name, func, res in _matmul_kernels(_model(builder, kwargs), tgt):
         assert res is not None and res.template == family, f"{name}: {res and res.template}\n{func.script()}"
-        assert res.config["lanes"] == lanes, res.config
+        assert res.config["lanes"] in (lanes, lanes // 2), res.config
         kinds = S.kinds(res.func)
         assert int(C.ForKind.PARALLEL) in kinds or _elements(func) < 4096, f"{name}: no parallel loop"
         assert int(C.ForKind.VECTORIZED) in kinds, f"{name}: no vectorized loop"
@@ -100,7 +100,7 @@ def test_padded_columns_keep_the_register_tile_vectorized():
     stores; the predicated alternative (pad_n False) is what TVM scalarizes: the check can fail."""
     tgt = tvmfuse.parse_target(S.SKYLAKE)
     name, func, res = _matmul_kernels(S.matmul_3d(n=67), tgt)[0]
-    assert res.config["pad_n"] and (res.config["nvec"] * res.config["lanes"]) % 67
+    assert res.config["pad_n"] and res.config["lanes"] == 16 and (res.config["nvec"] * res.config["lanes"]) % 67
     from tvmfuse.schedules.base import schedule_with
     from tvmfuse.schedules.cpu.matmul import MatmulEpilogue
 
@@ -148,3 +148,17 @@ def test_knob_space_configs_apply_on_3d_activations(target, rng):
         cfg = space.sample(r)
         got = S.run_func(schedule_with(t, match, func, cfg), host, args)[0]
         np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5, err_msg=str(cfg))
+
+
+def test_half_width_vectors_instead_of_padding_for_few_rows():
+    """GEMV over 1000 columns on AVX-512: 16 does not divide 1000, 8 does; one row cannot amortize a padded
+    copy of the weight, so the default takes 8-lane vectors and no padding; with many rows it pads."""
+    from tvmfuse.schedules.cpu.matmul import HALF_LANES_BELOW_ROWS_PER_LANE, pick_lanes
+
+    tgt = tvmfuse.parse_target(S.SKYLAKE)
+    (name, func, res), = _matmul_kernels(S.gemv(k=64, n=1000), tgt)
+    assert res.config["lanes"] == 8 and 1000 % (res.config["nvec"] * 8) == 0, res.config
+    assert not [b for b in S.nodes(res.func) if isinstance(b, C.SBlock) and b.name_hint.endswith("_pad")]
+    rows = HALF_LANES_BELOW_ROWS_PER_LANE * 16
+    assert pick_lanes(rows - 1, 1000, 16) == 8 and pick_lanes(rows, 1000, 16) == 16
+    assert pick_lanes(1, 1024, 16) == 16 and pick_lanes(1, 1001, 16) == 16

@@ -33,6 +33,25 @@ PARALLEL_DEPTH = (1, 2)                  # how many macro loops are fused into t
 MIN_TILE_FILL = 0.5
 PACK_B = (False, True)                   # copy the B panel of a macro tile into a contiguous buffer
 PAD_N = (True, False)                    # N not a multiple of nr: zero-pad j (True) or predicate each lane
+# Half-width vectors instead of padding when they divide N and fewer rows than this many full vectors'
+# lanes share each padded B panel: the padded path costs one (scalar) copy per B element plus a scalar
+# epilogue tail, the half-width path half the FMA throughput, i.e. M*K*N/(2*lanes) more FMA cycles vs
+# K*N copies: half width wins below M = 2 * lanes.
+HALF_LANES_BELOW_ROWS_PER_LANE = 2
+
+
+def lane_choices(lanes: int) -> tuple:
+    """Vector widths of the register tile: the target's, and half of it (a divisor of more N)."""
+    return (lanes, lanes // 2) if lanes >= 8 else (lanes,)
+
+
+def pick_lanes(m: int, n: int, lanes: int) -> int:
+    """The target's vector width, or half of it when it divides N where the full one does not and the
+    padded path would not pay off (``HALF_LANES_BELOW_ROWS_PER_LANE``): GEMV over 1000 classes on AVX-512."""
+    half = lanes // 2
+    if lanes >= 8 and n % lanes and n % half == 0 and m < HALF_LANES_BELOW_ROWS_PER_LANE * lanes:
+        return half
+    return lanes
 
 
 def _plain_vars(indices) -> list | None:
@@ -306,7 +325,7 @@ class MatmulEpilogue(Template):
         return KnobSpace((
             Knob("mr", U.choices_upto(MR_CHOICES, m), "rows of the register tile"),
             Knob("nvec", U.choices_upto(NVEC_CHOICES, max(1, -(-n // lanes))), "vectors per register-tile row"),
-            Knob("lanes", (lanes,), "float32 lanes per vector (the target's vector width)"),
+            Knob("lanes", lane_choices(lanes), "float32 lanes per vector (the target's width, or half)"),
             Knob("mc_tiles", U.choices_upto(MC_TILES, max(1, m)), "register tiles per macro tile along i"),
             Knob("nc_tiles", U.choices_upto(NC_TILES, max(1, -(-n // lanes))), "register tiles per macro tile along j"),
             Knob("k_unroll", U.choices_upto(K_UNROLL, k), "unroll of the reduction loop"),
@@ -323,7 +342,7 @@ class MatmulEpilogue(Template):
         space = self.space(match, target)
         ch = {kb.name: kb.choices for kb in space.knobs}
         m, n, k = match.info["M"], match.info["N"], match.info["K"]
-        lanes = info.float32_lanes
+        lanes = pick_lanes(m, n, info.float32_lanes)
 
         mr, nvec = pick_register_tile(m, n, lanes, regs, ch["mr"], ch["nvec"])
         nr = nvec * lanes

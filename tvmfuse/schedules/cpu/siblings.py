@@ -19,7 +19,8 @@ from ...target import cpu_info
 from ..base import Knob, KnobSpace, Match, Template
 from . import common as U
 from .matmul import (K_UNROLL, MC_TILES, MR_CHOICES, NC_TILES, NVEC_CHOICES, PAD_N, _epilogue_of, analyze_matmul,
-                     compute_on_register_tile, pad_columns, pick_macro_tiles, pick_register_tile)
+                     compute_on_register_tile, lane_choices, pad_columns, pick_lanes, pick_macro_tiles,
+                     pick_register_tile)
 
 SHARE_ROWS = (True, False)       # merge the siblings' row-block loops (one A row block for all of them)
 ORDERS = ("rows", "cols")        # outer loop of each chain: row blocks of A, or column panels of B
@@ -109,7 +110,7 @@ class SiblingMatmuls(Template):
         return KnobSpace((
             Knob("mr", U.choices_upto(MR_CHOICES, m), "rows of the register tile"),
             Knob("nvec", U.choices_upto(NVEC_CHOICES, max(1, -(-n // lanes))), "vectors per register-tile row"),
-            Knob("lanes", (lanes,), "float32 lanes per vector (the target's vector width)"),
+            Knob("lanes", lane_choices(lanes), "float32 lanes per vector (the target's width, or half)"),
             Knob("mc_tiles", U.choices_upto(MC_TILES, max(1, m)), "register tiles per row block (shared A)"),
             Knob("nc_tiles", U.choices_upto(NC_TILES, max(1, -(-n // lanes))), "register tiles per macro tile along j"),
             Knob("k_unroll", U.choices_upto(K_UNROLL, k), "unroll of the reduction loop"),
@@ -128,7 +129,8 @@ class SiblingMatmuls(Template):
         regs = U.Registers.for_bits(info.vector_bits).count
         ch = {kb.name: kb.choices for kb in self.space(match, target).knobs}
         m, n, k = match.info["M"], match.info["N"], match.info["K"]
-        lanes = info.float32_lanes
+        ns = set(match.info["Ns"].values())
+        lanes = pick_lanes(m, ns.pop(), info.float32_lanes) if len(ns) == 1 else info.float32_lanes
         mr, nvec = pick_register_tile(m, n, lanes, regs, ch["mr"], ch["nvec"])
         nr = nvec * lanes
         mc_tiles, nc_tiles = pick_macro_tiles(k, mr, nr, info.l2_bytes, ch["mc_tiles"], ch["nc_tiles"])
