@@ -25,6 +25,7 @@ MATMUL, SIBLINGS = "cpu.matmul_epilogue", "cpu.sibling_matmuls"
 CASES = [
     ("matmul_3d", dict(), MATMUL),
     ("matmul_3d", dict(b=3, s=8, k=64, n=48, act="Sigmoid"), MATMUL),
+    ("matmul_3d", dict(b=8, s=1, k=64, n=67), MATMUL),                 # batched decode: M = 1 per batch
     ("batched_matmul", dict(), MATMUL),
     ("broadcast_matmul", dict(), MATMUL),
     ("scores_matmul", dict(), MATMUL),
@@ -162,3 +163,30 @@ def test_half_width_vectors_instead_of_padding_for_few_rows():
     rows = HALF_LANES_BELOW_ROWS_PER_LANE * 16
     assert pick_lanes(rows - 1, 1000, 16) == 8 and pick_lanes(rows, 1000, 16) == 16
     assert pick_lanes(1, 1024, 16) == 16 and pick_lanes(1, 1001, 16) == 16
+
+
+@pytest.mark.parametrize("target", S.NAMED_TARGETS, ids=["haswell", "skylake"])
+def test_shared_weight_batches_flattened_into_rows(target, rng):
+    """[8, 1, K] @ W (batched decode): the 8 batch rows form one M = 8 (each B panel is read once, not once
+    per batch): the matmul block of the scheduled kernel has one row iterator; with flatten_batch off the
+    batch loop stays; both compute the unscheduled kernel's numbers (host run)."""
+    from tvmfuse.schedules.base import schedule_with
+    from tvmfuse.schedules.cpu.matmul import MatmulEpilogue
+
+    tgt = tvmfuse.parse_target(target)
+    (name, func, res), = _matmul_kernels(S.matmul_3d(b=8, s=1, k=24, n=40), tgt)
+    t = MatmulEpilogue()
+    match = t.match(func, tgt)
+    assert match.info["rows"] == 8 and res.config["flatten_batch"] and res.config["mr"] > 1, res.config
+    unflat = schedule_with(t, match, func, {**res.config, "flatten_batch": False, "mr": 1})
+
+    def matmul_iters(f):
+        blocks = [n for n in S.nodes(f) if isinstance(n, C.SBlock) and n.name_hint == "matmul_update"]
+        return {len(b.iter_vars) for b in blocks}
+
+    assert matmul_iters(res.func) == {3} and matmul_iters(unflat) == {4}
+    host = tvmfuse.host_target()
+    args = S.random_args(func, rng)
+    want = S.run_func(func, host, args)[0]
+    for f in (res.func, unflat):
+        np.testing.assert_allclose(S.run_func(f, host, args)[0], want, rtol=1e-5, atol=1e-5)

@@ -113,6 +113,7 @@ TupleType = relax.TupleType
 Op = tvm.ir.Op
 GlobalVar = tvm.ir.GlobalVar
 IntImm = tirx.IntImm
+IndexMap = tirx.IndexMap
 
 
 def type_of(expr):

@@ -33,6 +33,7 @@ PARALLEL_DEPTH = (1, 2)                  # how many macro loops are fused into t
 MIN_TILE_FILL = 0.5
 PACK_B = (False, True)                   # copy the B panel of a macro tile into a contiguous buffer
 PAD_N = (True, False)                    # N not a multiple of nr: zero-pad j (True) or predicate each lane
+FLATTEN_BATCH = (True, False)            # shared weight: batch rows flattened into M
 # Half-width vectors instead of padding when they divide N and fewer rows than this many full vectors'
 # lanes share each padded B panel: the padded path costs one (scalar) copy per B element plus a scalar
 # epilogue tail, the half-width path half the FMA throughput, i.e. M*K*N/(2*lanes) more FMA cycles vs
@@ -137,6 +138,7 @@ def analyze_matmul(sch: C.Schedule, block) -> dict | None:
         "c_buffer": str(store.buffer.name),
         "j_iter": [iv.var.name for iv in ivs].index(j_var.name),
         "n_iters": len(ivs),
+        "iters_ordered": [iv.var.name for iv in ivs] == [v.name for v in c_idx] + [k.name],
     }
 
 
@@ -250,6 +252,29 @@ def pad_columns(sch: C.Schedule, red, info: dict, nr: int):
     return None, pad_name
 
 
+def flattenable(info: dict) -> bool:
+    """Batch axes read by A only (a weight shared by every batch) in (batch.., i, j, k) order: the rows
+    of all batches form one M = B x M (one pass over each B panel instead of one per batch)."""
+    return bool(info["batch"]) and not any(info["b_batch"]) and info["iters_ordered"]
+
+
+def flatten_rows(sch: C.Schedule, red, epi, info: dict) -> None:
+    """Make the matmul block, its C buffer and its epilogue (or write-back) block 2-D: (b.., i) -> one row
+    index b * M + i (A read at [row // M, row % M, k], the output written likewise)."""
+    nb, m, dims = len(info["batch"]), info["M"], info["batch"]
+
+    def row(a):
+        r = a[0]
+        for d, v in zip(dims[1:], a[1:nb]):
+            r = r * d + v
+        return r * m + a[nb]
+
+    sch.transform_layout(red, ("write", 0), C.IndexMap.from_func(lambda *a: (row(a), a[nb + 1]), ndim=nb + 2))
+    sch.transform_block_layout(red, C.IndexMap.from_func(lambda *a: (row(a), a[nb + 1], a[nb + 2]),
+                                                         ndim=nb + 3))
+    sch.transform_block_layout(epi, C.IndexMap.from_func(lambda *a: (row(a), a[nb + 1]), ndim=nb + 2))
+
+
 def is_contraction(sch: C.Schedule, block) -> bool:
     """Whether a reduction block multiplies two different tensors indexed by its reduced axes (a matmul
     or a conv: ``acc + f(A[.., k]) * g(B[.., k])``), as opposed to a row reduction such as sum(x * x)."""
@@ -316,11 +341,15 @@ class MatmulEpilogue(Template):
             if not U.is_spatial(sch, sch.get_sblock(n)):
                 return None
         info.update(reduction=red_name, epilogue=epi_name, others=others)
+        rows = info["M"]
+        for b in info["batch"]:
+            rows *= b
+        info["rows"] = rows if flattenable(info) else info["M"]
         return Match(self.family, info)
 
     # ------------------------------------------------------------------ knobs
     def space(self, match: Match, target: C.Target) -> KnobSpace:
-        m, n, k = match.info["M"], match.info["N"], match.info["K"]
+        m, n, k = match.info.get("rows", match.info["M"]), match.info["N"], match.info["K"]
         lanes = cpu_info(target).float32_lanes
         return KnobSpace((
             Knob("mr", U.choices_upto(MR_CHOICES, m), "rows of the register tile"),
@@ -334,6 +363,8 @@ class MatmulEpilogue(Template):
             Knob("pack_b", PACK_B, "pack B's macro panel contiguously"),
             Knob("pad_n", PAD_N, "columns not a multiple of the register tile: pad j (B panel zero-padded) "
                  "instead of a per-lane predicate (scalar code) on the register tile"),
+            Knob("flatten_batch", FLATTEN_BATCH if flattenable(match.info) else (False,),
+                 "a weight shared by the batches: their rows as one M (each B panel read once)"),
         ))
 
     def default_config(self, match: Match, target: C.Target) -> dict:
@@ -341,7 +372,9 @@ class MatmulEpilogue(Template):
         regs = U.Registers.for_bits(info.vector_bits).count
         space = self.space(match, target)
         ch = {kb.name: kb.choices for kb in space.knobs}
-        m, n, k = match.info["M"], match.info["N"], match.info["K"]
+        flat = flattenable(match.info)
+        m, n, k = match.info.get("rows", match.info["M"]) if flat else match.info["M"], match.info["N"], \
+            match.info["K"]
         lanes = pick_lanes(m, n, info.float32_lanes)
 
         mr, nvec = pick_register_tile(m, n, lanes, regs, ch["mr"], ch["nvec"])
@@ -350,7 +383,7 @@ class MatmulEpilogue(Template):
         n_macro_j = -(-n // (nr * nc_tiles))
         n_macro_i = -(-m // (mr * mc_tiles))
         batch = 1
-        for b in match.info["batch"]:
+        for b in ([] if flat else match.info["batch"]):
             batch *= b
         # B panels are reused across all of i when j is the outer macro loop: pack them when K is long
         order = "ji"
@@ -358,7 +391,8 @@ class MatmulEpilogue(Template):
         pack = n_macro_i > 1 and k * nr * 4 > info.l1d_bytes // 2
         return {"mr": mr, "nvec": nvec, "lanes": lanes, "mc_tiles": mc_tiles, "nc_tiles": nc_tiles,
                 "k_unroll": U.nearest_choice(ch["k_unroll"], 4 if k % 4 == 0 else 1),
-                "order": order, "parallel_depth": depth, "pack_b": pack and depth == 1, "pad_n": True}
+                "order": order, "parallel_depth": depth, "pack_b": pack and depth == 1, "pad_n": True,
+                "flatten_batch": flat}
 
     # ------------------------------------------------------------------ apply
     def apply(self, sch: C.Schedule, match: Match, config: dict) -> None:
@@ -382,6 +416,11 @@ class MatmulEpilogue(Template):
             epi = sch.cache_write(red, 0, "global")   # the write-back block; red now writes the cache
         else:
             epi = sch.get_sblock(info["epilogue"])
+
+        # Step 2c. A weight shared by the batches: the batch rows flattened into M (2-D from here on).
+        if config.get("flatten_batch", False) and flattenable(info):
+            flatten_rows(sch, red, epi, info)
+            nbatch = 0
 
         # Step 3. Tile the epilogue: batch, macro tiles (mc x nc), register tiles (mr x nr).
         loops = sch.get_loops(epi)
