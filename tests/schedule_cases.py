@@ -105,6 +105,34 @@ def swiglu_3d(b=2, s=13, h=24, f=37):
     return finish(g)
 
 
+def vit_block(s=50, d=96, h=3, f=192):
+    """A ViT encoder block over [1, S, D] activations: LayerNorm, Q/K/V, scores Q @ K^T per head, softmax,
+    context, projection + residual, LayerNorm, MLP with a sigmoid-GELU, residual."""
+    g = _G("vit_block")
+    x = g.input("x", [1, s, d])
+    dh = d // h
+
+    def layernorm(t):
+        c = g.op("Sub", t, g.op("ReduceMean", t, g.const(_ints(-1)), keepdims=1))
+        v = g.op("ReduceMean", g.op("Mul", c, c), g.const(_ints(-1)), keepdims=1)
+        y = g.op("Div", c, g.op("Sqrt", g.op("Add", v, g.const(np.float32(1e-6)))))
+        return g.op("Add", g.op("Mul", y, g.weight([d])), g.weight([d]))
+
+    def heads(t):
+        return g.op("Transpose", g.op("Reshape", t, g.const(_ints(1, s, h, dh))), perm=[0, 2, 1, 3])
+
+    y = layernorm(x)
+    q, k, v = [heads(g.op("Add", g.op("MatMul", y, g.weight([d, d])), g.weight([d]))) for _ in range(3)]
+    scores = g.op("Mul", g.op("MatMul", q, g.op("Transpose", k, perm=[0, 1, 3, 2])), g.const(np.float32(dh ** -0.5)))
+    ctx = g.op("MatMul", g.op("Softmax", scores, axis=-1), v)
+    ctx = g.op("Reshape", g.op("Transpose", ctx, perm=[0, 2, 1, 3]), g.const(_ints(1, s, d)))
+    x2 = g.op("Add", x, g.op("Add", g.op("MatMul", ctx, g.weight([d, d])), g.weight([d])))
+    hid = g.op("Add", g.op("MatMul", layernorm(x2), g.weight([d, f])), g.weight([f]))
+    hid = g.op("Mul", hid, g.op("Sigmoid", g.op("Mul", hid, g.const(np.float32(1.702)))))
+    g.op("Add", x2, g.op("Add", g.op("MatMul", hid, g.weight([f, d])), g.weight([d])))
+    return finish(g)
+
+
 # ----------------------------------------------------------------------------- generic family
 def maxpool(c=5, h=17, w=19, k=3, s=2):
     g = _G("maxpool")
