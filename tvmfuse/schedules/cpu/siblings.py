@@ -6,6 +6,9 @@ grouped into *chains*: a chain ends in one output block, either an elementwise e
 its matmuls at its own indices (bias, activation; SwiGLU's ``silu(gate) * up`` reads two), or a matmul
 that is itself an output (Q, K, V).  Every matmul belongs to exactly one chain.
 
+The rows may carry batch axes (Q/K/V over [B, S, H] activations; see ``matmul.analyze_matmul``); columns
+that no register-tile width divides are padded as in ``MatmulEpilogue`` (``pad_n``).
+
 Schedule: each chain is tiled like ``MatmulEpilogue`` (macro tiles ``mc x nc``, register tiles
 ``mr x nr``, its matmuls computed on the register tile so that no C of full size is left and the epilogue
 runs on the accumulators).  The chains' outer row loops (batch and the row block ``i0``) are then merged
