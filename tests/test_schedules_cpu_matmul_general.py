@@ -205,3 +205,29 @@ def test_vit_block_every_kernel_from_a_template(host, rng):
     feeds = {"x": rng.standard_normal([1, 50, 96]).astype(np.float32)}
     np.testing.assert_allclose(cm.run(feeds)["out"], M.reference_outputs(model, feeds)["out"], rtol=1e-4,
                                atol=1e-4)
+
+
+@pytest.mark.parametrize("builder,kwargs", [("qkv_3d", dict(b=4, s=1, h=40)), ("swiglu_3d", dict(b=3, s=5))])
+def test_siblings_over_batches_flattened_and_sampled_configs(builder, kwargs, rng):
+    """Q/K/V and SwiGLU over [B, S, H]: the batch rows flattened into one M by default (weights shared);
+    the default and sampled configs (flattened or not) compute the unscheduled kernel's numbers."""
+    import random
+
+    from tvmfuse.schedules.base import schedule_with
+    from tvmfuse.schedules.cpu.siblings import SiblingMatmuls
+
+    t = SiblingMatmuls()
+    host = tvmfuse.host_target()
+    tgt = tvmfuse.parse_target(S.SKYLAKE)
+    (name, func), = [(n, f) for n, f in S.graph_funcs(getattr(S, builder)(**kwargs), tgt).items() if t.match(f, tgt)]
+    match = t.match(func, tgt)
+    assert match.info["rows"] == kwargs["b"] * kwargs["s"] and t.default_config(match, tgt)["flatten_batch"]
+    n_out = len(match.info["chains"])
+    args = S.random_args(func, rng, n_out)
+    want = S.run_func(func, host, args, n_out)
+    r = random.Random(int(rng.integers(1 << 30)))
+    configs = [t.default_config(match, tgt)] + [t.space(match, tgt).sample(r) for _ in range(3)]
+    for cfg in configs:
+        got = S.run_func(schedule_with(t, match, func, cfg), host, args, n_out)
+        for g, w in zip(got, want):
+            np.testing.assert_allclose(g, w, rtol=1e-4, atol=1e-5, err_msg=str(cfg))

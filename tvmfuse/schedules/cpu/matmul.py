@@ -258,21 +258,31 @@ def flattenable(info: dict) -> bool:
     return bool(info["batch"]) and not any(info["b_batch"]) and info["iters_ordered"]
 
 
-def flatten_rows(sch: C.Schedule, red, epi, info: dict) -> None:
-    """Make the matmul block, its C buffer and its epilogue (or write-back) block 2-D: (b.., i) -> one row
-    index b * M + i (A read at [row // M, row % M, k], the output written likewise)."""
+def _row_map(info: dict, trailing: int):
+    """IndexMap (b.., i, *rest) -> (b * M + i, *rest) with ``trailing`` axes after i."""
     nb, m, dims = len(info["batch"]), info["M"], info["batch"]
 
-    def row(a):
+    def mapping(*a):
         r = a[0]
         for d, v in zip(dims[1:], a[1:nb]):
             r = r * d + v
-        return r * m + a[nb]
+        return (r * m + a[nb], *a[nb + 1:])
 
-    sch.transform_layout(red, ("write", 0), C.IndexMap.from_func(lambda *a: (row(a), a[nb + 1]), ndim=nb + 2))
-    sch.transform_block_layout(red, C.IndexMap.from_func(lambda *a: (row(a), a[nb + 1], a[nb + 2]),
-                                                         ndim=nb + 3))
-    sch.transform_block_layout(epi, C.IndexMap.from_func(lambda *a: (row(a), a[nb + 1]), ndim=nb + 2))
+    return C.IndexMap.from_func(mapping, ndim=nb + 1 + trailing)
+
+
+def flatten_matmul(sch: C.Schedule, red, info: dict) -> None:
+    """The matmul block and its C buffer made 2-D: (b.., i) -> one row index b * M + i (A read at
+    [row // M, row % M, k])."""
+    sch.transform_layout(red, ("write", 0), _row_map(info, 1))
+    sch.transform_block_layout(red, _row_map(info, 2))
+
+
+def flatten_rows(sch: C.Schedule, red, epi, info: dict) -> None:
+    """``flatten_matmul``, and the epilogue (or write-back) block iterated over the same rows (the output
+    written at [row // M, row % M, j])."""
+    flatten_matmul(sch, red, info)
+    sch.transform_block_layout(epi, _row_map(info, 1))
 
 
 def is_contraction(sch: C.Schedule, block) -> bool:

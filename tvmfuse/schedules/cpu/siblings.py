@@ -21,15 +21,22 @@ from ... import _compat as C
 from ...target import cpu_info
 from ..base import Knob, KnobSpace, Match, Template
 from . import common as U
-from .matmul import (K_UNROLL, MC_TILES, MR_CHOICES, NC_TILES, NVEC_CHOICES, PAD_N, _epilogue_of, analyze_matmul,
-                     compute_on_register_tile, lane_choices, pad_columns, pick_lanes, pick_macro_tiles,
-                     pick_register_tile)
+from .matmul import (FLATTEN_BATCH, K_UNROLL, MC_TILES, MR_CHOICES, NC_TILES, NVEC_CHOICES, PAD_N, _epilogue_of,
+                     _row_map, analyze_matmul, compute_on_register_tile, flatten_matmul, flattenable,
+                     lane_choices, pad_columns, pick_lanes, pick_macro_tiles, pick_register_tile)
 
 SHARE_ROWS = (True, False)       # merge the siblings' row-block loops (one A row block for all of them)
 ORDERS = ("rows", "cols")        # outer loop of each chain: row blocks of A, or column panels of B
 PACK_B = (False, True)           # copy each matmul's B panel (K x nc) into a contiguous buffer first
 # Row blocks per core the default aims for when it sizes mc (load balance of the parallel row loop).
 ROW_BLOCKS_PER_CORE = 2
+
+
+def _prod(values) -> int:
+    out = 1
+    for v in values:
+        out *= v
+    return out
 
 
 def _chains(sch: C.Schedule, reductions: list) -> list[tuple[str | None, list[str]]] | None:
@@ -104,11 +111,15 @@ class SiblingMatmuls(Template):
             "chain_len": max(len(r) for _, r in chains),
             "Ns": {name: r["N"] for name, r in infos.items()},
             "infos": {name: {"j_iter": r["j_iter"], "n_iters": r["n_iters"]} for name, r in infos.items()},
+            "flattenable": all(flattenable(r) for r in infos.values()),
+            "M_rows": first["M"],
+            "rows": first["M"] * _prod(first["batch"]) if all(flattenable(r) for r in infos.values())
+            else first["M"],
         })
 
     # ------------------------------------------------------------------ knobs
     def space(self, match: Match, target: C.Target) -> KnobSpace:
-        m, n, k = match.info["M"], match.info["N"], match.info["K"]
+        m, n, k = match.info.get("rows", match.info["M"]), match.info["N"], match.info["K"]
         lanes = cpu_info(target).float32_lanes
         return KnobSpace((
             Knob("mr", U.choices_upto(MR_CHOICES, m), "rows of the register tile"),
@@ -125,22 +136,22 @@ class SiblingMatmuls(Template):
                  "(weights with a long row stride: one cache line and page per k step otherwise)"),
             Knob("pad_n", PAD_N, "columns not a multiple of the register tile: pad j (B panel zero-padded) "
                  "instead of a per-lane predicate (scalar code) on the register tile"),
+            Knob("flatten_batch", FLATTEN_BATCH if match.info.get("flattenable") else (False,),
+                 "weights shared by the batches: their rows as one M (each B panel read once)"),
         ))
 
     def default_config(self, match: Match, target: C.Target) -> dict:
         info = cpu_info(target)
         regs = U.Registers.for_bits(info.vector_bits).count
         ch = {kb.name: kb.choices for kb in self.space(match, target).knobs}
-        m, n, k = match.info["M"], match.info["N"], match.info["K"]
+        m, n, k = match.info.get("rows", match.info["M"]), match.info["N"], match.info["K"]
         ns = set(match.info["Ns"].values())
         lanes = pick_lanes(m, ns.pop(), info.float32_lanes) if len(ns) == 1 else info.float32_lanes
         mr, nvec = pick_register_tile(m, n, lanes, regs, ch["mr"], ch["nvec"])
         nr = nvec * lanes
         mc_tiles, nc_tiles = pick_macro_tiles(k, mr, nr, info.l2_bytes, ch["mc_tiles"], ch["nc_tiles"])
         # the row-block loop is the parallel one: keep enough row blocks for every core
-        batch = 1
-        for b in match.info["batch"]:
-            batch *= b
+        batch = 1 if match.info.get("flattenable") else _prod(match.info["batch"])
         want_blocks = ROW_BLOCKS_PER_CORE * info.cores
         while mc_tiles > min(ch["mc_tiles"]) and batch * -(-m // (mr * mc_tiles)) < want_blocks:
             mc_tiles = max(c for c in ch["mc_tiles"] if c < mc_tiles)
@@ -150,7 +161,8 @@ class SiblingMatmuls(Template):
         share = True in ch["share_rows"] and order == "rows"
         return {"mr": mr, "nvec": nvec, "lanes": lanes, "mc_tiles": mc_tiles, "nc_tiles": nc_tiles,
                 "k_unroll": U.nearest_choice(ch["k_unroll"], 4 if k % 4 == 0 else 1),
-                "share_rows": share, "order": order, "pack_b": pack, "pad_n": True}
+                "share_rows": share, "order": order, "pack_b": pack, "pad_n": True,
+                "flatten_batch": bool(match.info.get("flattenable"))}
 
     # ------------------------------------------------------------------ apply
     def apply(self, sch: C.Schedule, match: Match, config: dict) -> None:
@@ -164,6 +176,10 @@ class SiblingMatmuls(Template):
         U.inline_elementwise(sch)
 
         tops, tiles, pads = [], [], {}
+        flat = config.get("flatten_batch", False) and info.get("flattenable", False)
+        row_info = {"batch": info["batch"], "M": info["M_rows"]}
+        if flat:
+            nbatch = 0
         for anchor, reds in info["chains"]:
             # Step 2. Columns not a multiple of the register tile: pad each matmul's j domain (its B
             # panel zero-padded in Step 5), so the register tile has no per-lane predicate.
@@ -179,6 +195,12 @@ class SiblingMatmuls(Template):
                 epi = sch.cache_write(sch.get_sblock(reds[0]), 0, "global")
             else:
                 epi = sch.get_sblock(anchor)
+
+            # Step 2c. Weights shared by the batches: the batch rows flattened into M (2-D from here on).
+            if flat:
+                for red in reds:
+                    flatten_matmul(sch, sch.get_sblock(red), row_info)
+                sch.transform_block_layout(epi, _row_map(row_info, 1))
 
             # Step 3. Tile the chain's output: [batch, row block i0], j0, i1, j1, register tile (i2, j2).
             loops = sch.get_loops(epi)
@@ -235,9 +257,7 @@ def _default_order_pack(match: Match, info, k: int, n: int, nr: int) -> tuple[st
     Measured (2-core znver3, 1 thread): SwiGLU 512x768x2048 155 -> 46 ms, Q/K/V 128x192 0.44 -> 0.35 ms.
     Else ('rows', False): a short K keeps the strips in L1 and the shared row blocks win."""
     strip = match.info["chain_len"] * k * nr * 4
-    batch = 1
-    for b in match.info["batch"]:
-        batch *= b
+    batch = 1 if match.info.get("flattenable") else _prod(match.info["batch"])
     panels = batch * -(-n // nr)          # iterations of the parallel panel loop (nc_tiles = 1)
     if strip > info.l1d_bytes // 4 and panels >= ROW_BLOCKS_PER_CORE * info.cores:
         return "cols", True
