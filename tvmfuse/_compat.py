@@ -49,6 +49,7 @@ is_prim_expr = _tvm.ir.is_prim_expr  # 0.27: relax and TIR share one expression 
 # --- TIR node types ------------------------------------------------------------------------------------------
 IntImm = tirx.IntImm
 Var = tirx.Var
+IndexMap = tirx.IndexMap
 Add = tirx.Add
 Mul = tirx.Mul
 Cast = tirx.Cast

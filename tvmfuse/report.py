@@ -116,6 +116,21 @@ def graph_stats(mod) -> GraphStats:
 
 _SUFFIX = re.compile(r"\d+$")
 
+# Where a kernel's schedule came from (the ``source`` of a schedule record) -> the name the report counts
+# it under: a template's target default, a tuned record, dlight's rules, the generic CPU schedule.
+SCHEDULE_SOURCES = {"default": "template", "tuned": "tuned", "fallback": "fallback (dlight)",
+                    "generic": "generic", "unscheduled": "unscheduled"}
+
+
+def schedule_source_counts(schedules: list[dict]) -> dict[str, int]:
+    """Kernels per schedule source, every source listed (0 where none); an unknown source is counted
+    under its own name."""
+    counts = {v: 0 for v in SCHEDULE_SOURCES.values()}
+    for s in schedules:
+        key = SCHEDULE_SOURCES.get(s.get("source", ""), s.get("source", "unknown"))
+        counts[key] = counts.get(key, 0) + 1
+    return counts
+
 
 def op_name(prim_func_name: str) -> str:
     """The op a legalized PrimFunc computes, from its name ("tir_exp3" -> "exp", "add1" -> "add")."""
@@ -184,6 +199,7 @@ class FusionReport:
             "groups": self.groups,
             "refused": self.refused,
             "schedules": self.schedules,
+            "schedule_sources": schedule_source_counts(self.schedules),
         }
         return d
 
@@ -210,7 +226,8 @@ class FusionReport:
                 outs = f", {g['outputs']} outputs" if g.get("outputs", 1) > 1 else ""
                 rows.append(f"  {g['kernel']}: {' + '.join(g['ops'])}  [{g['rule']}{outs}]")
         if self.schedules:
-            rows.append("schedules:")
+            counts = schedule_source_counts(self.schedules)
+            rows.append("schedules: " + ", ".join(f"{k} {v}" for k, v in counts.items()))
             for s in self.schedules:
                 rows.append(f"  {s.get('kernel')}: {s.get('template')} ({s.get('source', '')})")
         if self.refused:

@@ -107,6 +107,7 @@ class NodeInfo:
     pattern: int
     row_keys: frozenset = frozenset()   # (shape read, axes reduced) of each row reduction
     data_arg: object = None             # contraction: the relax var of its data operand
+    reduce_axes: int = 0                # contraction: reduced axes (1: a matmul; 3: a conv's rc, ry, rx)
     out_shape: tuple | None = None      # ints and symbolic TIR expressions (see same_shape)
     why_opaque: str = ""
 
@@ -168,6 +169,11 @@ def _reduction_blocks(func):
 def _uses(expr, vars_) -> bool:
     used = C.tirx.analysis.undefined_vars(expr, [])
     return any(u.same_as(v) for u in used for v in vars_)
+
+
+def reduced_axes(func) -> int:
+    """Most reduction iterators of one block of ``func`` (1 for a matmul, 3 for a conv2d)."""
+    return max((len(rvars) for _, rvars in _reduction_blocks(func) or []), default=0)
 
 
 def analyze_reductions(func) -> tuple[bool, frozenset] | None:
@@ -258,6 +264,7 @@ def classify(func, call, var_ty) -> NodeInfo:
         info.row_keys = keys
         if contraction:
             info.data_arg = call.args[1].fields[0]
+            info.reduce_axes = reduced_axes(func)
     else:
         info.why_opaque = f"op pattern {pattern} (opaque/extern) is never fused"
     return info
@@ -278,6 +285,11 @@ def check_profitable(members: list[NodeInfo]) -> str | None:
                 return f"matmul/conv anchors {first.name} and {c.name} do not read the same input"
             if not same_shape(c.out_shape, first.out_shape):
                 return f"sibling anchors {first.name} and {c.name} have different output shapes"
+            if max(first.reduce_axes, c.reduce_axes) > 1:
+                # a block's conv and its strided shortcut conv added: no template tiles two conv anchors
+                return (f"two conv anchors {first.name} and {c.name} in one kernel: the conv templates "
+                        "(cpu.conv2d_epilogue, cuda conv2d) take one conv, cpu.sibling_matmuls takes "
+                        "matmuls only; each conv keeps its own kernel")
         injective = [m for m in members if m.kind == INJECTIVE]
         if injective:
             return (f"layout op {injective[0].name} in a matmul/conv group: the anchor's epilogue takes "

@@ -34,6 +34,8 @@ def schedule_prim_func(func: C.PrimFunc, target: C.Target, records: dict | None 
     template, match = found
     key = workload_key(func)
     rec = (records or {}).get(key)
+    if rec is not None and rec.get("template") == template.family:
+        rec = {**rec, "config": _with_new_knobs(template, match, target, rec["config"])}
     if rec is not None and rec.get("template") == template.family and \
             not template.space(match, target).contains(rec["config"]):
         # a record from an older knob space of this template (knobs added or choices changed)
@@ -50,6 +52,17 @@ def schedule_prim_func(func: C.PrimFunc, target: C.Target, records: dict | None 
     return Scheduled(schedule_with(template, match, func, config), template.family, config, "default")
 
 
+def _with_new_knobs(template, match, target: C.Target, config: dict) -> dict:
+    """A record made before knobs were added to its template (e.g. ``pad_n``) gets their defaults; any
+    other difference is left for the knob-space check."""
+    names = template.space(match, target).names
+    missing = [k for k in names if k not in config]
+    if not missing or not set(config) <= set(names):
+        return config
+    default = template.default_config(match, target)
+    return {**config, **{k: default[k] for k in missing}}
+
+
 def _load_records(options, target: C.Target) -> dict:
     """Best tuning record per workload for this target, from the user's log and the shipped logs."""
     return best_configs(options.tuning_log, target)
@@ -62,12 +75,16 @@ def _dlight_rules(target: C.Target) -> list:
     return [dl.cpu.GEMV(), dl.cpu.Reduction()]
 
 
-def fallback_passes(target: C.Target) -> list:
-    """What a PrimFunc no template scheduled gets: dlight's generic rules, one function at a time.
+FALLBACK_REASON = "tvmfuse.fallback_reason"   # PrimFunc attr: why no template scheduled the kernel
 
-    dlight's CPU Reduction rule raises on some kernels (e.g. a reduction block with several outputs);
-    on CPU such a kernel then stays unscheduled (correct, naive loops) and the reason is recorded. A GPU
-    kernel must have thread bindings, so there a failure is an error that names the kernel.
+
+def fallback_passes(target: C.Target) -> list:
+    """What a PrimFunc no template scheduled gets: dlight's generic rules, one function at a time, and on
+    CPU, where no dlight rule applies or one fails (dlight's CPU Reduction raises on some kernels, e.g. a
+    reduction block with several outputs), the generic schedule (``cpu/generic.py``): no kernel is left
+    with its naive loops.  A GPU kernel must have thread bindings, so there a dlight failure is an error
+    that names the kernel.  One schedule record per kernel: template "fallback" (dlight, source "fallback") or
+    "cpu.generic" (source "generic"), with the reason no template matched.
     """
     rules = _dlight_rules(target)
 
@@ -77,17 +94,36 @@ def fallback_passes(target: C.Target) -> list:
         for gv, func in mod.functions.items():
             if not isinstance(func, C.PrimFunc) or (func.attrs is not None and "tirx.is_scheduled" in func.attrs):
                 continue
+            name = str(gv.name_hint)
+            why = str(func.attrs[FALLBACK_REASON]) if func.attrs is not None and FALLBACK_REASON in func.attrs \
+                else "no template matches this kernel"
             single = C.IRModule({gv: func})
             try:
-                updates[gv] = C.dlight.ApplyDefaultSchedule(*rules)(single)[gv]
+                done = C.dlight.ApplyDefaultSchedule(*rules)(single)[gv]
             except Exception as e:  # dlight raises ScheduleError/TVMError on kernels its rules misjudge
                 first = (str(e).strip().splitlines() or [type(e).__name__])[0][:200]
                 if is_gpu(target):
-                    raise RuntimeError(f"kernel {gv.name_hint}: no template matched and dlight's fallback "
+                    raise RuntimeError(f"kernel {name}: no template matched and dlight's fallback "
                                        f"failed: {first}") from e
-                log.warning("%s: dlight fallback failed (%s); left unscheduled", gv.name_hint, first)
-                record_schedule(str(gv.name_hint), "unscheduled", "fallback",
-                                reason=f"dlight fallback failed: {first}")
+                log.info("%s: dlight fallback failed (%s); generic schedule", name, first)
+                done, why = None, f"{why}; dlight failed: {first}"
+            if done is not None and done.attrs is not None and "tirx.is_scheduled" in done.attrs:
+                updates[gv] = done
+                record_schedule(name, "fallback", "fallback", {"by": "dlight"}, reason=why)
+                continue
+            if is_gpu(target):      # dlight's gpu.Fallback applies to any kernel: not reached
+                raise RuntimeError(f"kernel {name}: no template or dlight rule scheduled it")
+            from .cpu.generic import FAMILY, schedule_generic
+
+            try:
+                scheduled, blocks = schedule_generic(func, target)
+            except Exception as e:  # a bug of the generic schedule: keep the (correct) naive loops, say so
+                log.warning("%s: generic schedule failed (%s: %s); left unscheduled", name, type(e).__name__, e)
+                record_schedule(name, "unscheduled", "unscheduled", reason=f"{why}; generic schedule failed: {e}")
+                continue
+            updates[gv] = scheduled.with_attr("tirx.is_scheduled", True)
+            record_schedule(name, FAMILY, "generic", {"blocks": list(blocks.values())},
+                            reason=why if done is None else f"{why}; no dlight rule applies")
         if updates:
             mod = mod.clone()   # a pass returns a new module: the caller's stays unscheduled
         for gv, func in updates.items():
@@ -115,11 +151,10 @@ def apply_schedules(target: C.Target, options) -> C.ir_transform.Pass:
             except Exception as e:  # a template that breaks on a match is a bug: say so, stay correct
                 log.warning("%s: template failed (%s: %s); using the fallback schedule", name,
                             type(e).__name__, e)
-                record_schedule(name, "fallback", "fallback", reason=f"template error: {e}")
+                updates[gv] = func.with_attr(FALLBACK_REASON, f"template error: {e}"[:300])
                 continue
             if res is None:
-                record_schedule(name, "fallback", "fallback", reason="no template matches this kernel")
-                continue
+                continue                     # the fallback passes schedule it and record why
             updates[gv] = res.func.with_attr("tirx.is_scheduled", True)
             record_schedule(name, res.template, res.source, res.config)
         if updates:

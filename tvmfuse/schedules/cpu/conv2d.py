@@ -32,6 +32,8 @@ OH_TILES = (1, 2, 3, 4)                   # output rows of the register tile
 IC_TILES = (1, 2, 4)                      # input channels per innermost (unrolled) reduction step
 UNROLL = (0, 1, 2)                        # reduction loops unrolled: none, kw, kh and kw
 PARALLEL_DEPTH = (1, 2)                   # 1: parallel over (n, row band); 2: also over channel blocks
+FUSE_ROWS = (False, True)                 # pointwise conv: the tile's full-width rows as one pixel vector
+MAX_FUSED_ROW_VECTORS = 8                 # widest run of pixels (in vectors) of a fused-rows register tile
 # Measured slowdown of a register-tile row wider than a vector that is not a multiple of it (56x56:
 # 14 or 28 columns ran 4x slower than 8; 28x28: 14 ran 2x slower than 7).
 SPLIT_ROW_PENALTY = 4
@@ -98,6 +100,7 @@ def analyze_conv(sch: C.Schedule, block) -> dict | None:
         "N": N, "F": F, "OH": OH, "OW": OW, "RC": RC, "KH": KH, "KW": KW,
         "depthwise": f_ in d_vars[1] and RC == 1,
         "data_buffer": str(d.source.name),
+        "data_hw": [int(e) if isinstance(e, C.tirx.IntImm) else -1 for e in list(d.source.shape)[2:]],
         "weight_buffer": str(w.source.name),
         "conv_buffer": str(store.buffer.name),
     }
@@ -136,6 +139,10 @@ def find_conv(func: C.PrimFunc, depthwise: bool) -> dict | None:
     if others:
         return None          # extra independent kernels in the group: not this family's structure
     info.update(reduction=conv_name, epilogue=epi_name, pad=pad)
+    # 1x1, stride 1, no padding (the input or its identity pad has the output plane shape): several rows are one
+    # contiguous run of pixels (a matmul over pixels: weights x [channels, pixels])
+    info["pointwise"] = info["KH"] == info["KW"] == 1 and \
+        info["data_hw"] == [info["OH"], info["OW"]]
     return info
 
 
@@ -150,6 +157,23 @@ def row_tiles(width: int, lanes: int) -> tuple:
     that is not a multiple of the lanes is legalized by LLVM into full vectors plus a narrower one.
     """
     return tuple(d for d in range(1, min(width, MAX_OW_VECTORS * lanes) + 1) if width % d == 0)
+
+
+def _oh_tiles(info: dict, lanes: int) -> tuple:
+    """Rows per register tile: OH_TILES, and for a pointwise conv the divisors of OH whose rows fit in
+    MAX_FUSED_ROW_VECTORS vectors as one run of pixels (4 rows of a 28x28 plane: 112 pixels, 7 vectors of
+    16 where a 28-wide row splits into 16 + 12)."""
+    base = U.choices_upto(OH_TILES, info["OH"])
+    if not info.get("pointwise"):
+        return base
+    extra = [d for d in range(1, info["OH"] + 1)
+             if info["OH"] % d == 0 and d * info["OW"] <= MAX_FUSED_ROW_VECTORS * lanes]
+    return tuple(sorted(set(base) | set(extra)))
+
+
+def _fused_rows_ok(info: dict, ow: int, oh: int) -> bool:
+    """The tile's rows form one contiguous run of pixels with no predicated tail."""
+    return bool(info.get("pointwise")) and ow == info["OW"] and info["OH"] % oh == 0
 
 
 class Conv2DEpilogue(Template):
@@ -169,10 +193,12 @@ class Conv2DEpilogue(Template):
             Knob("oc_tile", U.choices_upto(OC_TILES, i["F"]), "output channels per register tile"),
             Knob("ow_tile", row_tiles(i["OW"], lanes), "output columns per register tile (vectorized)"),
             Knob("lanes", (lanes,), "float32 lanes per vector (the target's vector width)"),
-            Knob("oh_tile", U.choices_upto(OH_TILES, i["OH"]), "output rows per register tile"),
+            Knob("oh_tile", _oh_tiles(i, lanes), "output rows per register tile"),
             Knob("ic_tile", U.choices_upto(IC_TILES, i["RC"]), "input channels per unrolled reduction step"),
             Knob("unroll", U.choices_upto(UNROLL, 2), "window loops unrolled (0 none, 1 kw, 2 kh+kw)"),
             Knob("parallel_depth", PARALLEL_DEPTH, "outer loops fused into the parallel loop"),
+            Knob("fuse_rows", FUSE_ROWS if i.get("pointwise") else (False,),
+                 "1x1 stride-1 conv: the tile's rows (ow_tile = OW) vectorized as one run of pixels"),
         ))
 
     def default_config(self, match: Match, target: C.Target) -> dict:
@@ -188,21 +214,24 @@ class Conv2DEpilogue(Template):
         # loads oh_tile x vectors inputs (shared by the channels) -- oc 4 x oh 2 ran 1.4x faster than
         # oc 8 x oh 1 at the same accumulator count; a row wider than a vector that is not a multiple
         # of it is split into narrow pieces by LLVM (SPLIT_ROW_PENALTY)
-        def score(oc, ow, oh):
-            nv = _ceil_div(ow, lanes)
-            acc = oc * nv * oh
-            fits = acc + min(oc, oh * nv) + 1 <= regs
-            split = SPLIT_ROW_PENALTY if ow > lanes and ow % lanes else 1
-            cost = (oc + oh * nv) * split / (oc * oh * ow)
+        def score(oc, ow, oh, fused):
+            if fused and not _fused_rows_ok(i, ow, oh):
+                return (False, False, float("-inf"), 0, 0)
+            nv = _ceil_div(oh * ow, lanes) if fused else oh * _ceil_div(ow, lanes)    # vectors per channel
+            width = oh * ow if fused else ow
+            acc = oc * nv
+            fits = acc + min(oc, nv) + 1 <= regs
+            split = SPLIT_ROW_PENALTY if width > lanes and width % lanes else 1
+            cost = (oc + nv) * split / (oc * oh * ow)
             return (fits, i["F"] % oc == 0 and i["OH"] % oh == 0, -cost, acc, -oh)
 
-        oc, ow, oh = max(((a, b, c) for a in ch["oc_tile"] for b in ch["ow_tile"] for c in ch["oh_tile"]),
-                         key=lambda t: score(*t))
+        oc, ow, oh, fused = max(((a, b, c, d) for a in ch["oc_tile"] for b in ch["ow_tile"] for c in ch["oh_tile"]
+                                 for d in ch["fuse_rows"]), key=lambda t: score(*t))
         bands = i["N"] * _ceil_div(i["OH"], oh)
         depth = 1 if bands >= MIN_PARALLEL_PER_CORE * info.cores else 2
         return {"oc_tile": oc, "ow_tile": ow, "lanes": lanes, "oh_tile": oh,
                 "ic_tile": U.nearest_choice(ch["ic_tile"], 1), "unroll": max(ch["unroll"]),
-                "parallel_depth": depth}
+                "parallel_depth": depth, "fuse_rows": fused}
 
     # ------------------------------------------------------------------ apply
     def apply(self, sch: C.Schedule, match: Match, config: dict) -> None:
@@ -222,31 +251,38 @@ class Conv2DEpilogue(Template):
         f0, f1 = sch.split(f, factors=[None, oc_t])
         y0, y1 = sch.split(y, factors=[None, oh_t])
         x0, x1 = sch.split(x, factors=[None, ow_t])
-        sch.reorder(n, y0, f0, x0, y1, f1, x1)
+        fused = config.get("fuse_rows", False) and _fused_rows_ok(info, ow_t, oh_t)
+        sch.reorder(n, y0, f0, x0, *((f1, y1) if fused else (y1, f1)), x1)
         band = sch.fuse(n, y0, f0) if config["parallel_depth"] > 1 else sch.fuse(n, y0)
         sch.parallel(band)
 
-        # Step 4. The convolution on each register tile: conv shrinks to an accumulator tile.
+        # Step 4. The convolution on each register tile: conv shrinks to an accumulator tile; a pointwise
+        # conv's full-width rows are one run of pixels, vectorized as one loop (fuse_rows).
         sch.compute_at(conv, x0, preserve_unit_loops=True)
         c_n, c_f, c_y, c_x, rc, ry, rx = sch.get_loops(conv)[-7:]
         rc0, rc1 = sch.split(rc, factors=[None, config["ic_tile"]])
-        sch.reorder(rc0, ry, rx, rc1, c_n, c_y, c_f, c_x)
-        sch.vectorize(c_x)
+        if fused:
+            sch.reorder(rc0, ry, rx, rc1, c_n, c_f, c_y, c_x)
+            sch.vectorize(sch.fuse(c_y, c_x))
+        else:
+            sch.reorder(rc0, ry, rx, rc1, c_n, c_y, c_f, c_x)
+            sch.vectorize(c_x)
+            sch.unroll(c_y)
         sch.unroll(c_f)
-        sch.unroll(c_y)
         sch.unroll(c_n)
-        if config["ic_tile"] > 1:
-            sch.unroll(rc1)
-        for loop in (rx, ry)[:config["unroll"]]:
-            sch.unroll(loop)
+        # the reduction steps unrolled within a bound on the copies of the tile (code size, LLVM time)
+        tile_copies = oc_t * (_ceil_div(oh_t * ow_t, config["lanes"]) if fused
+                              else oh_t * _ceil_div(ow_t, config["lanes"]))
+        U.unroll_bounded(sch, ([rc1] if config["ic_tile"] > 1 else []) + [rx, ry][:config["unroll"]],
+                         tile_copies)
         sch.set_scope(conv, 0, "local")
 
         # Step 5. Initialize the accumulator before the reduction, vectorized along the columns.
         init = sch.decompose_reduction(conv, rc0)
         sch.vectorize(sch.get_loops(init)[-1])
 
-        # Step 6. The epilogue on the accumulator tile: vectorized along the columns.
-        sch.vectorize(x1)
+        # Step 6. The epilogue on the accumulator tile: vectorized along the columns (the pixels).
+        sch.vectorize(sch.fuse(y1, x1) if fused else x1)
 
         # Step 7. The padded input per row band (all channels, the rows its windows read), in the band.
         if info["pad"]:

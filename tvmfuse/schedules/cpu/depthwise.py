@@ -105,8 +105,8 @@ class DepthwiseConv2DEpilogue(Template):
         sch.vectorize(c_x)
         for loop in (c_y, c_f, c_n):
             sch.unroll(loop)
-        for loop in (rx, ry)[:config["unroll"]]:
-            sch.unroll(loop)
+        # the window unrolled within a bound on the copies of the tile (code size, LLVM time)
+        U.unroll_bounded(sch, [rx, ry][:config["unroll"]], oh_t * _ceil_div(ow_t, config["lanes"]))
         sch.set_scope(conv, 0, "local")
 
         # Step 5. Initialize the accumulator before the window loops, vectorized.

@@ -1,14 +1,18 @@
 """MatMul / Dense / batch-matmul with its epilogue (bias, activation, residual) on x86/ARM CPUs.
 
 Matches, after folding elementwise blocks, one reduction block ``C[b.., i, j] += A[.., i/k ..] * B[.., k/j ..]``
-(one reduction axis ``k``, exactly one axis ``i`` only in A and one axis ``j`` only in B, ``C``'s last two
-axes ``i, j``) followed by at most one elementwise epilogue block reading ``C`` at its own indices.
+(one reduction axis ``k``; ``C``'s last two axes ``i, j``, ``i`` read by A only and ``j`` by B only; the
+leading batch axes read by A only (activations [B, S, K] @ a shared weight), by both (A[b] @ B[b]) or
+broadcast (a constant index on one operand)) followed by at most one elementwise epilogue block reading
+``C`` at its own indices.
 
 Schedule (register-blocked GEMM, BLIS-style): the epilogue block is tiled into macro tiles (``mc`` x ``nc``,
 sized to L2) and micro tiles (``mr`` x ``nr``, sized to the vector registers); the matmul is computed at
 the micro tile, so ``C`` shrinks to an ``mr x nr`` accumulator in registers and the epilogue (bias, GELU,
 residual...) runs on it before anything is stored.  Optionally the B panel of a macro column is packed
-contiguously once per macro tile.
+contiguously once per macro tile.  When no register-tile width divides N, the j domain is padded
+(``pad_n``: ``pad_einsum``, B's panel zero-padded per panel, C padded) so the register tile runs without a
+per-lane predicate, which TVM's vectorizer would turn into scalar code.
 """
 from __future__ import annotations
 
@@ -28,6 +32,27 @@ PARALLEL_DEPTH = (1, 2)                  # how many macro loops are fused into t
 # the largest tile that fits (below that, the tail iterations cost less than the lost register reuse).
 MIN_TILE_FILL = 0.5
 PACK_B = (False, True)                   # copy the B panel of a macro tile into a contiguous buffer
+PAD_N = (True, False)                    # N not a multiple of nr: zero-pad j (True) or predicate each lane
+FLATTEN_BATCH = (True, False)            # shared weight: batch rows flattened into M
+# Half-width vectors instead of padding when they divide N and fewer rows than this many full vectors'
+# lanes share each padded B panel: the padded path costs one (scalar) copy per B element plus a scalar
+# epilogue tail, the half-width path half the FMA throughput, i.e. M*K*N/(2*lanes) more FMA cycles vs
+# K*N copies: half width wins below M = 2 * lanes.
+HALF_LANES_BELOW_ROWS_PER_LANE = 2
+
+
+def lane_choices(lanes: int) -> tuple:
+    """Vector widths of the register tile: the target's, and half of it (a divisor of more N)."""
+    return (lanes, lanes // 2) if lanes >= 8 else (lanes,)
+
+
+def pick_lanes(m: int, n: int, lanes: int) -> int:
+    """The target's vector width, or half of it when it divides N where the full one does not and the
+    padded path would not pay off (``HALF_LANES_BELOW_ROWS_PER_LANE``): GEMV over 1000 classes on AVX-512."""
+    half = lanes // 2
+    if lanes >= 8 and n % lanes and n % half == 0 and m < HALF_LANES_BELOW_ROWS_PER_LANE * lanes:
+        return half
+    return lanes
 
 
 def _plain_vars(indices) -> list | None:
@@ -36,6 +61,18 @@ def _plain_vars(indices) -> list | None:
         if not isinstance(e, C.tirx.Var):
             return None
         out.append(e)
+    return out
+
+
+def _vars_or_consts(indices) -> list | None:
+    """The index variables of an operand read, constants (a broadcast batch dim: ``w[0, h, k, j]``)
+    skipped; None when an index is any other expression (a shifted or strided read)."""
+    out = []
+    for e in indices:
+        if isinstance(e, C.tirx.Var):
+            out.append(e)
+        elif not isinstance(e, C.tirx.IntImm):
+            return None
     return out
 
 
@@ -64,7 +101,7 @@ def analyze_matmul(sch: C.Schedule, block) -> dict | None:
     a, b = _strip_cast(prod.a), _strip_cast(prod.b)
     if not (isinstance(a, C.TensorLoad) and isinstance(b, C.TensorLoad)):
         return None
-    c_idx, a_idx, b_idx = _plain_vars(store.indices), _plain_vars(a.indices), _plain_vars(b.indices)
+    c_idx, a_idx, b_idx = _plain_vars(store.indices), _vars_or_consts(a.indices), _vars_or_consts(b.indices)
     if c_idx is None or a_idx is None or b_idx is None or len(c_idx) < 2:
         return None
     ivs = blk.iter_vars
@@ -73,26 +110,35 @@ def analyze_matmul(sch: C.Schedule, block) -> dict | None:
     names = lambda vs: {v.name for v in vs}  # noqa: E731
     if k.name not in names(a_idx) or k.name not in names(b_idx) or k.name in names(c_idx):
         return None
-    i_only = [v for v in c_idx if v.name in names(a_idx) and v.name not in names(b_idx)]
-    j_only = [v for v in c_idx if v.name in names(b_idx) and v.name not in names(a_idx)]
-    if len(i_only) != 1 or len(j_only) != 1:
-        # A may be the side holding j (A^T-style operand order): swap roles
-        i_only, j_only = j_only, i_only
-        a, b, a_idx, b_idx = b, a, b_idx, a_idx
-        if len(i_only) != 1 or len(j_only) != 1:
-            return None
-    if c_idx[-1].name != j_only[0].name or c_idx[-2].name != i_only[0].name:
+    if not (names(a_idx) | names(b_idx)) <= names(c_idx) | {k.name}:
         return None
+    # C's last two axes are (i, j): i read by one operand only (the data, "A"), j by the other (the
+    # weight, "B"); the leading axes are batch axes read by A, B, both (A[b] @ B[b]) or by A only
+    # (activations [B, S, K] @ a shared weight [K, N]); a constant index is a broadcast batch dim.
+    i_var, j_var = c_idx[-2], c_idx[-1]
+    in_a, in_b = names(a_idx), names(b_idx)
+    if i_var.name in in_b and i_var.name not in in_a and j_var.name in in_a and j_var.name not in in_b:
+        a, b, a_idx, b_idx, in_a, in_b = b, a, b_idx, a_idx, in_b, in_a     # operands written B * A
+    if not (i_var.name in in_a and i_var.name not in in_b and j_var.name in in_b and j_var.name not in in_a):
+        return None
+    batch_vars = c_idx[:-2]
     dom = {iv.var.name: iv.dom.extent for iv in ivs}
     if not all(isinstance(dom[v.name], C.tirx.IntImm) for v in c_idx + [k]):
         return None
+    b_pos = [getattr(e, "name", None) for e in b.indices]     # None at a constant (broadcast) index
     return {
-        "M": int(dom[i_only[0].name]), "N": int(dom[j_only[0].name]), "K": int(dom[k.name]),
-        "batch": [int(dom[v.name]) for v in c_idx[:-2]],
+        "M": int(dom[i_var.name]), "N": int(dom[j_var.name]), "K": int(dom[k.name]),
+        "batch": [int(dom[v.name]) for v in batch_vars],
+        # which batch axes the weight follows: none (a shared weight), or some/all (batched matmul)
+        "b_batch": [v.name in in_b for v in batch_vars],
         "b_buffer": str(b.source.name),
-        "b_contiguous_j": b_idx[-1].name == j_only[0].name,
+        "b_contiguous_j": b_pos[-1] == j_var.name,
+        "b_j_pos": b_pos.index(j_var.name), "b_k_pos": b_pos.index(k.name), "b_ndim": len(b_pos),
         "a_buffer": str(a.source.name),
         "c_buffer": str(store.buffer.name),
+        "j_iter": [iv.var.name for iv in ivs].index(j_var.name),
+        "n_iters": len(ivs),
+        "iters_ordered": [iv.var.name for iv in ivs] == [v.name for v in c_idx] + [k.name],
     }
 
 
@@ -178,6 +224,67 @@ def compute_on_register_tile(sch: C.Schedule, red, at_loop, lanes: int, k_unroll
     sch.vectorize(sch.get_loops(init)[-1])
 
 
+def pad_columns(sch: C.Schedule, red, info: dict, nr: int):
+    """Pad the matmul's column domain (j) up to a multiple of the register-tile width ``nr``.
+
+    ``pad_einsum`` gives B a zero-padded copy (``<B>_pad``, scheduled by the caller: per B panel),
+    C a padded buffer, and a crop block copying C_pad back; the crop is folded into the epilogue or, without
+    one, is itself the write-back.  The register tile then runs without a per-lane predicate (TVM turns a
+    vectorized loop with one into scalar code, and an unrolled register tile of it into thousands of scalar
+    statements); only the epilogue's last columns keep a predicate.  Returns (write-back or epilogue block
+    name or None, B_pad block).
+    """
+    padding = [1] * info["n_iters"]
+    padding[info["j_iter"]] = nr
+    before = {U.block_name(sch, b) for b in U.top_blocks(sch)}
+    sch.pad_einsum(red, padding)
+    new = [b for b in U.top_blocks(sch) if U.block_name(sch, b) not in before]
+    crop = [b for b in new if sch.get_producers(b) and any(U.block_name(sch, p) == U.block_name(sch, red)
+                                                           for p in sch.get_producers(b))]
+    pads = [b for b in new if b not in crop]
+    if len(crop) != 1 or len(pads) != 1:
+        raise ValueError(f"pad_einsum of {U.block_name(sch, red)} made {len(new)} blocks, expected a B pad "
+                         "and a crop")
+    crop_name, pad_name = U.block_name(sch, crop[0]), U.block_name(sch, pads[0])
+    if crop_name in U.output_names(sch):
+        return crop_name, pad_name
+    sch.compute_inline(crop[0])
+    return None, pad_name
+
+
+def flattenable(info: dict) -> bool:
+    """Batch axes read by A only (a weight shared by every batch) in (batch.., i, j, k) order: the rows
+    of all batches form one M = B x M (one pass over each B panel instead of one per batch)."""
+    return bool(info["batch"]) and not any(info["b_batch"]) and info["iters_ordered"]
+
+
+def row_map(info: dict, trailing: int):
+    """IndexMap (b.., i, *rest) -> (b * M + i, *rest) with ``trailing`` axes after i."""
+    nb, m, dims = len(info["batch"]), info["M"], info["batch"]
+
+    def mapping(*a):
+        r = a[0]
+        for d, v in zip(dims[1:], a[1:nb]):
+            r = r * d + v
+        return (r * m + a[nb], *a[nb + 1:])
+
+    return C.IndexMap.from_func(mapping, ndim=nb + 1 + trailing)
+
+
+def flatten_matmul(sch: C.Schedule, red, info: dict) -> None:
+    """The matmul block and its C buffer made 2-D: (b.., i) -> one row index b * M + i (A read at
+    [row // M, row % M, k])."""
+    sch.transform_layout(red, ("write", 0), row_map(info, 1))
+    sch.transform_block_layout(red, row_map(info, 2))
+
+
+def flatten_rows(sch: C.Schedule, red, epi, info: dict) -> None:
+    """``flatten_matmul``, and the epilogue (or write-back) block iterated over the same rows (the output
+    written at [row // M, row % M, j])."""
+    flatten_matmul(sch, red, info)
+    sch.transform_block_layout(epi, row_map(info, 1))
+
+
 def is_contraction(sch: C.Schedule, block) -> bool:
     """Whether a reduction block multiplies two different tensors indexed by its reduced axes (a matmul
     or a conv: ``acc + f(A[.., k]) * g(B[.., k])``), as opposed to a row reduction such as sum(x * x)."""
@@ -244,22 +351,30 @@ class MatmulEpilogue(Template):
             if not U.is_spatial(sch, sch.get_sblock(n)):
                 return None
         info.update(reduction=red_name, epilogue=epi_name, others=others)
+        rows = info["M"]
+        for b in info["batch"]:
+            rows *= b
+        info["rows"] = rows if flattenable(info) else info["M"]
         return Match(self.family, info)
 
     # ------------------------------------------------------------------ knobs
     def space(self, match: Match, target: C.Target) -> KnobSpace:
-        m, n, k = match.info["M"], match.info["N"], match.info["K"]
+        m, n, k = match.info.get("rows", match.info["M"]), match.info["N"], match.info["K"]
         lanes = cpu_info(target).float32_lanes
         return KnobSpace((
             Knob("mr", U.choices_upto(MR_CHOICES, m), "rows of the register tile"),
             Knob("nvec", U.choices_upto(NVEC_CHOICES, max(1, -(-n // lanes))), "vectors per register-tile row"),
-            Knob("lanes", (lanes,), "float32 lanes per vector (the target's vector width)"),
+            Knob("lanes", lane_choices(lanes), "float32 lanes per vector (the target's width, or half)"),
             Knob("mc_tiles", U.choices_upto(MC_TILES, max(1, m)), "register tiles per macro tile along i"),
             Knob("nc_tiles", U.choices_upto(NC_TILES, max(1, -(-n // lanes))), "register tiles per macro tile along j"),
             Knob("k_unroll", U.choices_upto(K_UNROLL, k), "unroll of the reduction loop"),
             Knob("order", ORDERS, "macro loop order"),
             Knob("parallel_depth", PARALLEL_DEPTH, "macro loops fused into the parallel loop"),
             Knob("pack_b", PACK_B, "pack B's macro panel contiguously"),
+            Knob("pad_n", PAD_N, "columns not a multiple of the register tile: pad j (B panel zero-padded) "
+                 "instead of a per-lane predicate (scalar code) on the register tile"),
+            Knob("flatten_batch", FLATTEN_BATCH if flattenable(match.info) else (False,),
+                 "a weight shared by the batches: their rows as one M (each B panel read once)"),
         ))
 
     def default_config(self, match: Match, target: C.Target) -> dict:
@@ -267,8 +382,10 @@ class MatmulEpilogue(Template):
         regs = U.Registers.for_bits(info.vector_bits).count
         space = self.space(match, target)
         ch = {kb.name: kb.choices for kb in space.knobs}
-        m, n, k = match.info["M"], match.info["N"], match.info["K"]
-        lanes = info.float32_lanes
+        flat = flattenable(match.info)
+        m, n, k = match.info.get("rows", match.info["M"]) if flat else match.info["M"], match.info["N"], \
+            match.info["K"]
+        lanes = pick_lanes(m, n, info.float32_lanes)
 
         mr, nvec = pick_register_tile(m, n, lanes, regs, ch["mr"], ch["nvec"])
         nr = nvec * lanes
@@ -276,7 +393,7 @@ class MatmulEpilogue(Template):
         n_macro_j = -(-n // (nr * nc_tiles))
         n_macro_i = -(-m // (mr * mc_tiles))
         batch = 1
-        for b in match.info["batch"]:
+        for b in ([] if flat else match.info["batch"]):
             batch *= b
         # B panels are reused across all of i when j is the outer macro loop: pack them when K is long
         order = "ji"
@@ -284,7 +401,8 @@ class MatmulEpilogue(Template):
         pack = n_macro_i > 1 and k * nr * 4 > info.l1d_bytes // 2
         return {"mr": mr, "nvec": nvec, "lanes": lanes, "mc_tiles": mc_tiles, "nc_tiles": nc_tiles,
                 "k_unroll": U.nearest_choice(ch["k_unroll"], 4 if k % 4 == 0 else 1),
-                "order": order, "parallel_depth": depth, "pack_b": pack and depth == 1}
+                "order": order, "parallel_depth": depth, "pack_b": pack and depth == 1, "pad_n": True,
+                "flatten_batch": flat}
 
     # ------------------------------------------------------------------ apply
     def apply(self, sch: C.Schedule, match: Match, config: dict) -> None:
@@ -297,11 +415,22 @@ class MatmulEpilogue(Template):
         U.inline_elementwise(sch)
         red = sch.get_sblock(info["reduction"])
 
-        # Step 2. Without an epilogue, accumulate into a cache block and write back from it.
-        if info["epilogue"] is None:
+        # Step 2. Columns not a multiple of the register tile: pad the matmul's j domain (B and C padded,
+        # B per panel in Step 7), so the register tile has no per-lane predicate.
+        # Step 2b. Without an epilogue, accumulate into a cache block and write back from it.
+        b_pad = None
+        if config.get("pad_n", False) and info["N"] % nr:
+            writeback, b_pad = pad_columns(sch, red, info, nr)
+            epi = sch.get_sblock(writeback or info["epilogue"])
+        elif info["epilogue"] is None:
             epi = sch.cache_write(red, 0, "global")   # the write-back block; red now writes the cache
         else:
             epi = sch.get_sblock(info["epilogue"])
+
+        # Step 2c. A weight shared by the batches: the batch rows flattened into M (2-D from here on).
+        if config.get("flatten_batch", False) and flattenable(info):
+            flatten_rows(sch, red, epi, info)
+            nbatch = 0
 
         # Step 3. Tile the epilogue: batch, macro tiles (mc x nc), register tiles (mr x nr).
         loops = sch.get_loops(epi)
@@ -325,8 +454,12 @@ class MatmulEpilogue(Template):
         e_jo, e_jv = sch.split(j2, factors=[None, lanes])
         sch.vectorize(e_jv)
 
-        # Step 7. Optionally pack B's panel for this macro tile into a contiguous buffer.
-        if config["pack_b"]:
+        # Step 7. B's panel for this macro tile: zero-padded (Step 2) or optionally packed, contiguous.
+        if b_pad is not None:
+            pack = sch.get_sblock(b_pad)
+            sch.compute_at(pack, pack_at, preserve_unit_loops=True)
+            U.vectorize_inner(sch, pack, lanes)
+        elif config["pack_b"]:
             if not info["b_contiguous_j"] and not info["b_buffer"]:
                 raise ValueError("pack_b needs a B operand buffer")
             b_index = [str(r.source.name) for r in sch.get(red).reads].index(info["b_buffer"])

@@ -40,12 +40,15 @@ def matmul_anchor(block) -> dict | None:
     if a is None or b is None or not (_has(a, k) and _has(b, k)):
         return None
     spatial = ivs[:-1]
-    only_a = [i for i, v in enumerate(spatial) if _has(a, v) and not _has(b, v)]
-    only_b = [i for i, v in enumerate(spatial) if _has(b, v) and not _has(a, v)]
-    if len(only_a) != 1 or len(only_b) != 1:
+    if len(spatial) < 2:
         return None
-    i, j = only_a[0], only_b[0]
-    if i != len(spatial) - 2 or j != len(spatial) - 1:   # (batch.., i, j): the legalized order
+    # (batch.., i, j), the legalized order: i read by one operand only, j by the other only; a batch
+    # axis may be read by both (A[b] @ B[b]), by one (activations [B, S, K] @ a shared weight), or be
+    # broadcast (a constant index)
+    i, j = len(spatial) - 2, len(spatial) - 1
+    vi, vj = spatial[i], spatial[j]
+    if not ((_has(a, vi) and not _has(b, vi) and _has(b, vj) and not _has(a, vj)) or
+            (_has(b, vi) and not _has(a, vi) and _has(a, vj) and not _has(b, vj))):
         return None
     batch_size = 1
     for e in block.extents[:-3]:

@@ -1,0 +1,165 @@
+"""The generic CPU schedule (tvmfuse/schedules/cpu/generic.py) and the fallback chain behind the templates
+(tvmfuse/schedules/__init__.py: template -> dlight -> generic, never a kernel left with naive loops).
+
+The generic schedule is applied directly to every kernel of small graphs of the ops real models hold and
+no template is built around (pooling, global pooling, channel LayerNorm, mean over H,W, gather, layout
+ops, Resize, softmax over channels, two conv anchors in one kernel): same numbers as the unscheduled
+kernel on fresh random inputs; on named AVX2/AVX-512 targets, large enough kernels get a parallel outer
+loop and vectorized inner loops, and nothing is unrolled."""
+import numpy as np
+import pytest
+
+import tvmfuse
+from tvmfuse import _compat as C
+from tvmfuse import schedules as SCH
+from tvmfuse.explain import Recorder
+from tvmfuse.report import schedule_source_counts
+from tvmfuse.schedules.cpu import generic as G
+
+import schedule_cases as S
+
+# (builder, kwargs): small odd shapes (numerics)
+SMALL = [
+    ("maxpool", dict()), ("avgpool", dict()), ("global_avgpool", dict()), ("channel_layernorm", dict()),
+    ("mean_hw", dict()), ("embedding", dict()), ("layout_ops", dict()), ("resize", dict()),
+    ("softmax_channels", dict()), ("conv_with_shortcut_conv", dict()),
+]
+# (builder, kwargs, blocks that must be vectorized): sizes above generic.MIN_PARALLEL_ELEMENTS (structure)
+LARGE = [
+    ("maxpool", dict(c=32, h=56, w=56), {"pool_max"}),
+    ("avgpool", dict(c=32, h=56, w=56), {"pool_sum", "pool_avg"}),
+    ("channel_layernorm", dict(c=96, h=28, w=28), {"x_red", "x_red1"}),
+    ("mean_hw", dict(n=2, c=64, h=28, w=28), set()),
+    ("softmax_channels", dict(n=2, c=64, h=16, w=16), {"T_softmax_maxelem", "T_softmax_expsum"}),
+    ("resize", dict(c=16, h=32, w=32), {"resize"}),
+    ("conv_with_shortcut_conv", dict(cin=32, cout=64, h=28, w=28), {"conv2d_nchw"}),
+]
+
+
+def _funcs(builder, kwargs, target):
+    return S.graph_funcs(getattr(S, builder)(**kwargs), target)
+
+
+@pytest.mark.parametrize("builder,kwargs", SMALL, ids=[b for b, _ in SMALL])
+def test_generic_numerics_vs_unscheduled(builder, kwargs, host, rng):
+    for name, func in _funcs(builder, kwargs, host).items():
+        scheduled, report = G.schedule_generic(func, host)
+        args = S.random_args(func, rng)
+        want = S.run_func(func, host, args)
+        got = S.run_func(scheduled, host, args)
+        for w, g in zip(want, got):
+            np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-6, err_msg=f"{builder}/{name}: {report}")
+
+
+@pytest.mark.parametrize("target", S.NAMED_TARGETS, ids=["haswell", "skylake"])
+@pytest.mark.parametrize("builder,kwargs,vector_blocks", LARGE, ids=[b for b, _, _ in LARGE])
+def test_generic_structure_parallel_vectorized(builder, kwargs, vector_blocks, target):
+    tgt = tvmfuse.parse_target(target)
+    for name, func in _funcs(builder, kwargs, tgt).items():
+        scheduled, report = G.schedule_generic(func, tgt)
+        kinds = S.kinds(scheduled)
+        assert int(C.ForKind.PARALLEL) in kinds, f"{name}: no parallel loop: {report}"
+        assert int(C.ForKind.UNROLLED) not in kinds, f"{name}: the generic schedule unrolls nothing"
+        for block, done in report.items():
+            assert "skipped" not in done, done
+            # every block runs in a parallel loop of its own or inside its consumer's, or is too small
+            assert done.get("parallel") or done.get("computed_at") or \
+                done["elements"] < G.MIN_PARALLEL_ELEMENTS, f"{name}: {block} serial: {report}"
+        missing = {b for b in vector_blocks if not report.get(b, {}).get("vector")}
+        assert not missing, f"{name}: not vectorized: {missing}: {report}"
+
+
+def test_vector_width_never_predicates():
+    """The vector split divides the loop (or takes it whole when short): no predicated tail."""
+    for lanes in (8, 16):
+        for ext in range(1, 300):
+            w = G.vector_width(ext, lanes)
+            assert w == 0 or ext % w == 0, (ext, lanes, w)
+            if ext <= G.MAX_WHOLE_VECTORS * lanes and ext >= 2:
+                assert w == ext
+    assert G.vector_width(197, 16) == 0          # a prime length: left to LLVM's loop vectorizer
+    assert G.vector_width(200, 16) == 8
+
+
+def test_integer_shift_left_alone(host):
+    """Shifts (undefined in LLVM at >= the bit width) are not transformed (see common.has_shift)."""
+    from onnx import TensorProto
+
+    g = S._G("shift")
+    g.op("BitShift", g.input("x", [64], TensorProto.UINT8), g.input("s", [64], TensorProto.UINT8),
+         direction="LEFT")
+    (name, func), = S.graph_funcs(S.finish(g), host).items()
+    scheduled, report = G.schedule_generic(func, host)
+    assert all("integer shift" in r.get("skipped", "") for r in report.values()), report
+    assert C.structural_equal(scheduled.body, func.body)
+
+
+def _fallback_module(builder, kwargs, target):
+    funcs = _funcs(builder, kwargs, target)
+    return C.IRModule({name: f for name, f in funcs.items()}), funcs
+
+
+@pytest.mark.parametrize("builder,kwargs", [("layout_ops", dict()), ("maxpool", dict(c=32, h=56, w=56)),
+                                            ("conv_with_shortcut_conv", dict())])
+def test_fallback_chain_leaves_nothing_unscheduled(builder, kwargs, host, rng):
+    """The fallback passes alone (no template): every kernel comes out scheduled, by dlight or by the
+    generic schedule, with one record each; the numbers are the unscheduled kernels'."""
+    mod, funcs = _fallback_module(builder, kwargs, host)
+    with Recorder() as rec:
+        out = C.Sequential(SCH.fallback_passes(host))(mod)
+    assert len(rec.schedules) == len(funcs), rec.schedules
+    for gv, f in out.functions.items():
+        assert "tirx.is_scheduled" in f.attrs, gv.name_hint
+    assert {s["source"] for s in rec.schedules} <= {"fallback", "generic"}
+    assert all(s["template"] in ("fallback", G.FAMILY) for s in rec.schedules)
+    for gv, f in out.functions.items():
+        args = S.random_args(funcs[str(gv.name_hint)], rng)
+        for w, g in zip(S.run_func(funcs[str(gv.name_hint)], host, args), S.run_func(f, host, args)):
+            np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-6)
+
+
+def test_dlight_failure_goes_to_generic(host, monkeypatch):
+    """A dlight rule that raises (as its CPU Reduction does on some kernels) is answered by the generic
+    schedule, and the record says why: never 'unscheduled'."""
+    class Broken:
+        def apply(self, func, target, tunable):
+            raise C.ScheduleError("compute-at refused (test)")
+
+        def is_target_available(self, target):
+            return True
+
+    monkeypatch.setattr(SCH, "_dlight_rules", lambda target: [Broken()])
+    mod, funcs = _fallback_module("maxpool", dict(), host)
+    with Recorder() as rec:
+        out = C.Sequential(SCH.fallback_passes(host))(mod)
+    assert [s["template"] for s in rec.schedules] == [G.FAMILY] * len(funcs)
+    assert all("dlight failed" in s["reason"] for s in rec.schedules), rec.schedules
+    assert all("tirx.is_scheduled" in f.attrs for f in out.functions.values())
+
+
+def test_compile_counts_schedule_sources(host):
+    """The report counts kernels per schedule source; a model of template kernels has no fallback."""
+    model = S.matmul_3d()
+    cm = tvmfuse.compile(model, host)
+    counts = cm.report.to_dict()["schedule_sources"]
+    assert counts == {"template": 1, "tuned": 0, "fallback (dlight)": 0, "generic": 0, "unscheduled": 0}, counts
+    assert "schedules: template 1, tuned 0, fallback (dlight) 0, generic 0, unscheduled 0" in cm.report.table()
+    assert schedule_source_counts([{"source": "generic"}, {"source": "fallback"}, {"source": "default"},
+                                   {"source": "generic"}]) == \
+        {"template": 1, "tuned": 0, "fallback (dlight)": 1, "generic": 2, "unscheduled": 0}
+
+
+def test_generic_failure_is_recorded_not_hidden(host, monkeypatch):
+    """Should the generic schedule itself fail (a bug), the kernel keeps its correct naive loops and the
+    record and the report's counts say 'unscheduled' with the error."""
+    def broken(func, target):
+        raise RuntimeError("generic bug (test)")
+
+    monkeypatch.setattr(G, "schedule_generic", broken)
+    monkeypatch.setattr(SCH, "_dlight_rules", lambda target: [])
+    mod, funcs = _fallback_module("maxpool", dict(), host)
+    with Recorder() as rec:
+        C.Sequential(SCH.fallback_passes(host))(mod)
+    assert [s["template"] for s in rec.schedules] == ["unscheduled"] * len(funcs)
+    assert all("generic bug (test)" in s["reason"] for s in rec.schedules)
+    assert schedule_source_counts(rec.schedules)["unscheduled"] == len(funcs)

@@ -1,0 +1,234 @@
+"""The last-resort CPU schedule: any kernel no template and no dlight rule scheduled (pooling, reductions
+over any axis, gathers, concats, resizes, mixed kernels...).
+
+It is always legal: every step is one schedule primitive that TVM checks, and a step TVM refuses on a
+block is skipped for that block (the block keeps its loops; the refusal is logged), never the kernel.
+Per block, after folding elementwise producers into their consumers (``common.inline_elementwise``):
+
+1. loops bound only to spatial iterators go outside those bound to reduction iterators; the innermost
+   spatial loop stays innermost (below the reduction) when it walks the last index of the output and of
+   an input (a channel reduction in NCHW, a pooling window: the reduction runs on vectors of outputs),
+   else the reduction stays innermost, serial (a row reduction over contiguous elements);
+2. the leading spatial loops are fused into one parallel loop until it has ``PARALLEL_ITERS_PER_CORE``
+   iterations per core (kernels under ``MIN_PARALLEL_ELEMENTS`` stay serial: a fork costs more);
+3. the innermost spatial loop is vectorized: whole when short, else split by the widest vector that
+   divides it (no predicated tail, which TVM would turn into scalar code); a loop no vector width
+   divides is left to LLVM's loop vectorizer (which peels a tail);
+4. a spatial producer left standalone (e.g. the padding of a pooling window) is computed inside its
+   consumer's parallel loop when TVM allows it, and vectorized there.
+
+No loop is unrolled (code size stays bounded by the kernel's own loop nest).
+"""
+from __future__ import annotations
+
+import logging
+
+from ... import _compat as C
+from ...target import cpu_info
+from . import common as U
+
+log = logging.getLogger("tvmfuse.schedule")
+
+FAMILY = "cpu.generic"
+# Parallel loop wanted: this many iterations per core (load balance over uneven iterations).
+PARALLEL_ITERS_PER_CORE = 4
+# Below this many scalar iterations (spatial x reduction) a block stays serial.
+MIN_PARALLEL_ELEMENTS = 4096
+# An innermost loop up to this many vectors long is vectorized whole (LLVM splits it into registers).
+MAX_WHOLE_VECTORS = 4
+
+
+def _loop_kinds(sch: C.Schedule, block) -> list[str] | None:
+    """'S' / 'R' per loop of ``block``: whether the loop variable feeds only spatial or only reduction
+    iterators; None when a loop feeds both (a fused or mixed binding) or the block is not directly under
+    its innermost loop."""
+    loops = sch.get_loops(block)
+    if not loops:
+        return []
+    realize = sch.get(loops[-1]).body
+    if not isinstance(realize, C.SBlockRealize):
+        return None
+    blk = sch.get(block)
+    uses: dict[str, set] = {}
+    for iv, value in zip(blk.iter_vars, realize.iter_values):
+        kind = "S" if int(iv.iter_type) == U.SPATIAL else ("R" if int(iv.iter_type) == U.REDUCE else "O")
+        C.post_order_visit(value, lambda n, k=kind: uses.setdefault(str(n.name), set()).add(k)
+                           if isinstance(n, C.tirx.Var) else None)
+    kinds = []
+    for loop in loops:
+        used = uses.get(str(sch.get(loop).loop_var.name), {"S"})   # an unused (unit) loop is spatial
+        if len(used) != 1 or "O" in used:
+            return None
+        kinds.append(next(iter(used)))
+    return kinds
+
+
+def _last_index_vars(sch: C.Schedule, block) -> tuple[set, set]:
+    """Names of the block iterators in the last index of its write, and of any of its reads."""
+    blk = sch.get(block)
+
+    def names(region) -> set:
+        out = set()
+        if region.region:
+            C.post_order_visit(region.region[-1].min,
+                               lambda n: out.add(str(n.name)) if isinstance(n, C.tirx.Var) else None)
+        return out
+
+    write = set().union(*[names(w) for w in blk.writes]) if blk.writes else set()
+    read = set().union(*[names(r) for r in blk.reads]) if blk.reads else set()
+    return write, read
+
+
+def _iter_of_loop(sch: C.Schedule, block, loop) -> set:
+    """Block iterator names bound to ``loop``'s variable."""
+    realize = sch.get(sch.get_loops(block)[-1]).body
+    var = str(sch.get(loop).loop_var.name)
+    out = set()
+    for iv, value in zip(sch.get(block).iter_vars, realize.iter_values):
+        found = []
+        C.post_order_visit(value, lambda n: found.append(n) if isinstance(n, C.tirx.Var) and
+                           str(n.name) == var else None)
+        if found:
+            out.add(str(iv.var.name))
+    return out
+
+
+def _extent(sch: C.Schedule, loop) -> int:
+    ext = sch.get(loop).extent
+    return int(ext) if isinstance(ext, C.tirx.IntImm) else -1
+
+
+def vector_width(extent: int, lanes: int) -> int:
+    """Vector split of an innermost loop of ``extent``: the whole loop when at most MAX_WHOLE_VECTORS
+    vectors, else the widest power-of-two width from ``lanes`` down to 2 that divides it; 0: none."""
+    if extent < 2:
+        return 0
+    if extent <= MAX_WHOLE_VECTORS * lanes:
+        return extent
+    w = lanes
+    while w >= 2:
+        if extent % w == 0:
+            return w
+        w //= 2
+    return 0
+
+
+def _vectorize(sch: C.Schedule, loop, lanes: int) -> bool:
+    ext = _extent(sch, loop)
+    w = vector_width(ext, lanes)
+    if w == 0:
+        return False
+    if w == ext:
+        sch.vectorize(loop)
+    else:
+        _, inner = sch.split(loop, factors=[None, w])
+        sch.vectorize(inner)
+    return True
+
+
+def _try(what: str, name: str, fn, *args) -> tuple[bool, object]:
+    """Run one schedule primitive; a refusal by TVM (ScheduleError) skips the step for this block."""
+    try:
+        return True, fn(*args)
+    except C.ScheduleError as e:
+        log.debug("generic schedule: %s of %s refused (%s)", what, name,
+                  (str(e).strip().splitlines() or [""])[0][:120])
+        return False, None
+
+
+def _schedule_block(sch: C.Schedule, block, lanes: int, cores: int) -> dict:
+    """Steps 1-3 on one block; returns what was done (data, for the record and the tests)."""
+    name = U.block_name(sch, block)
+    done = {"block": name, "parallel": 0, "vector": 0, "reduction_inner": False}
+    if U.has_shift(sch, block):
+        done["skipped"] = "integer shift (see common.has_shift): loops left as they are"
+        return done
+    kinds = _loop_kinds(sch, block)
+    if not kinds:
+        done["skipped"] = "no loops" if kinds == [] else "loops bound to mixed iterators"
+        return done
+    loops = list(sch.get_loops(block))
+    spatial = [lp for lp, k in zip(loops, kinds) if k == "S"]
+    reduce = [lp for lp, k in zip(loops, kinds) if k == "R"]
+    total = 1
+    for lp in loops:
+        total *= max(_extent(sch, lp), 1)
+    done["elements"] = total
+
+    # Step 1. Spatial loops outside, reduction inside; the last spatial loop innermost when it is the
+    # contiguous axis of the output and of an input.
+    vec = False
+    if spatial and U.vectorizable(sch, block):
+        last = spatial[-1]
+        write_last, read_last = _last_index_vars(sch, block)
+        its = _iter_of_loop(sch, block, last)
+        vec = bool(its & write_last) and (not reduce or bool(its & read_last)) and \
+            vector_width(_extent(sch, last), lanes) > 0
+    if reduce:
+        order = spatial[:-1] + reduce + [spatial[-1]] if vec else spatial + reduce
+        if any(a is not b for a, b in zip(order, loops)):
+            ok, _ = _try("reorder", name, sch.reorder, *order)
+            if not ok:
+                vec = vec and loops[-1] is spatial[-1]
+        done["reduction_inner"] = not vec
+
+    # Step 2. Leading spatial loops (the top of the nest) fused into one parallel loop.
+    loops = list(sch.get_loops(block))
+    kinds = _loop_kinds(sch, block) or []
+    lead = 0
+    while lead < len(loops) and kinds[lead] == "S":
+        lead += 1
+    if vec and lead == len(loops):
+        lead -= 1                       # the innermost loop is the vector loop
+    if total >= MIN_PARALLEL_ELEMENTS and lead > 0:
+        want = PARALLEL_ITERS_PER_CORE * cores
+        take, prod = [], 1
+        for lp in loops[:lead]:
+            take.append(lp)
+            prod *= max(_extent(sch, lp), 1)
+            if prod >= want:
+                break
+        if prod > 1:
+            ok, fused = (True, take[0]) if len(take) == 1 else _try("fuse", name, sch.fuse, *take)
+            if ok and _try("parallel", name, sch.parallel, fused)[0]:
+                done["parallel"] = prod
+                done["parallel_loop"] = fused
+
+    # Step 3. The innermost spatial loop on vectors.  A reduction keeps its init inside (lowered to a
+    # lane-invariant `if` on the reduction loops): a decomposed update block is no longer a reduction
+    # block, which vectorize refuses.
+    if vec:
+        inner = sch.get_loops(block)[-1]
+        ext = _extent(sch, inner)
+        ok, vectorized = _try("vectorize", name, _vectorize, sch, inner, lanes)
+        if ok and vectorized:
+            done["vector"] = vector_width(ext, lanes)
+    return done
+
+
+def schedule_generic(func: C.PrimFunc, target: C.Target) -> tuple[C.PrimFunc, dict]:
+    """The generic schedule of ``func`` for ``target``; returns (scheduled func, what was done per block)."""
+    info = cpu_info(target)
+    lanes, cores = info.float32_lanes, info.cores
+    sch = C.Schedule(func)
+    U.inline_elementwise(sch)
+    report: dict[str, dict] = {}
+    order = [U.block_name(sch, b) for b in U.top_blocks(sch)]
+    outputs = U.output_names(sch)
+    # consumers first: a producer can then be computed inside its consumer's parallel loop (Step 4)
+    for name in reversed(order):
+        block = sch.get_sblock(name)
+        consumers = list(sch.get_consumers(block))
+        if len(consumers) == 1 and U.is_spatial(sch, block) and name not in outputs:
+            consumer = U.block_name(sch, consumers[0])
+            at = report.get(consumer, {}).get("parallel_loop")
+            if at is not None and _try("compute_at", name, sch.compute_at, block, at, True)[0]:
+                inner = sch.get_loops(block)[-1]
+                if U.vectorizable(sch, block):
+                    _try("vectorize", name, _vectorize, sch, inner, lanes)
+                report[name] = {"block": name, "computed_at": consumer}
+                continue
+        report[name] = _schedule_block(sch, block, lanes, cores)
+    for r in report.values():
+        r.pop("parallel_loop", None)
+    return sch.mod["main"], report
