@@ -11,6 +11,9 @@ import time
 
 import numpy as np
 
+TUNING_LOG_HELP = ("tuning records to apply: a tuning log (JSON lines), or 'shipped' for the records shipped "
+                   "in tuning_logs/ (default: none, every kernel gets its untuned default for the target)")
+
 # Modules that add their own subcommands: each has ``add_commands(subparsers)``.
 _COMMAND_MODULES = ["tvmfuse.explain_cli", "tvmfuse.tune.cli", "tvmfuse.export"]
 
@@ -100,7 +103,7 @@ def build_parser() -> argparse.ArgumentParser:
     c = sub.add_parser("compile", help="compile an ONNX model into a deployable artifact")
     c.add_argument("model")
     c.add_argument("--target", default=None)
-    c.add_argument("--tuning-log", default=None)
+    c.add_argument("--tuning-log", default=None, help=TUNING_LOG_HELP)
     c.add_argument("-o", "--output", required=True, help="artifact directory, or a .tar file")
     c.set_defaults(func=cmd_compile)
 
@@ -108,14 +111,14 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("model", help="ONNX file or artifact (directory or .tar)")
     r.add_argument("--inputs", default=None, help=".npz with one array per input (default: random normal)")
     r.add_argument("--target", default=None)
-    r.add_argument("--tuning-log", default=None)
+    r.add_argument("--tuning-log", default=None, help=TUNING_LOG_HELP)
     r.add_argument("-o", "--output", default=None, help="write the outputs to this .npz")
     r.set_defaults(func=cmd_run)
 
     rp = sub.add_parser("report", help="print the fusion report of a model")
     rp.add_argument("model")
     rp.add_argument("--target", default=None)
-    rp.add_argument("--tuning-log", default=None)
+    rp.add_argument("--tuning-log", default=None, help=TUNING_LOG_HELP)
     rp.add_argument("--json", action="store_true")
     rp.set_defaults(func=cmd_report)
 

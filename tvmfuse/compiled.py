@@ -139,6 +139,8 @@ def compile(model, target=None, tuning_log: str | None = None, *, name: str | No
             num_threads: int | None = None, **option_overrides) -> CompiledModel:
     """Compile an ONNX path / ModelProto or a Relax IRModule with tvmfuse's pipeline.
 
+    ``tuning_log``: None (every kernel gets its template's untuned default for ``target``), ``"shipped"``
+    (the records shipped in ``tuning_logs/``), or the path of a tuning log.
     ``option_overrides`` are fields of ``PipelineOptions`` (fusion, schedules, fast_math).
     """
     tgt = parse_target(target)

@@ -50,7 +50,10 @@ def schedule_prim_func(func: C.PrimFunc, target: C.Target, records: dict | None 
 
 
 def _load_records(options, target: C.Target) -> dict:
-    """Best tuning record per workload for this target, from the user's log and the shipped logs."""
+    """Best tuning record per workload for this target from ``options.tuning_log``: none when it is None
+    (untuned target defaults), the shipped records when it is ``"shipped"``, else the records of that log."""
+    if options.tuning_log is None:
+        return {}
     try:
         from ..tune.log import best_configs
     except ModuleNotFoundError as e:
