@@ -5,20 +5,27 @@ starts with the same spatial "row" loops and every reduction reduces only traili
 reductions over the row in one kernel.  After folding the elementwise blocks, each output chain is
 computed row by row: all its blocks are moved under the row loop of its last block (the row stays in
 L1/L2 between the passes), the row loop is parallel, elementwise passes are vectorized, and reductions
-are vectorized by an rfactor over ``rf_lanes`` partial sums (independent accumulators).
+are vectorized by an rfactor over ``rf_lanes x rf_vectors`` partial sums (independent accumulators).  A
+row whose length the vector width does not divide keeps full vectors in its main loops: the elementwise
+passes run on whole vectors and a short scalar tail finishes the row (common.partition_tail); the partial
+sums take a width that divides the row where one exists (half or quarter vectors: 104 floats on AVX-512 are
+13 x 8), else whole vectors and a scalar last step.  A dividing width keeps the row max a single reduction
+over the whole row, which fastmath needs to prove softmax's exp argument <= 0 (its cheaper exp).
+Default knob values come from the target (``template_defaults`` in schedules/cpu_targets.json).
 """
 from __future__ import annotations
 
 from ... import _compat as C
-from ...target import cpu_info
+from ...target import cpu_info, template_defaults
 from ..base import Knob, KnobSpace, Match, Template
 from . import common as U
 from .matmul import is_contraction
 
 RF_VECTORS = (1, 2, 4)           # partial-sum vectors per reduction (independent FMA chains)
+RF_LANE_DIVISORS = (1, 2, 4)     # partial-sum vector = target lanes / this (at least MIN_RF_LANES)
+MIN_RF_LANES = 4
 UNROLL = (1, 2, 4)               # unroll of the vectorized elementwise passes
-# Below this many rows per core the row loop is not worth a parallel fork.
-MIN_ROWS_PER_CORE = 2
+FAMILY = "cpu.row_reduction"     # its defaults (min_rows_per_core, max_rf_vectors, unroll): the target table
 # Calls that cost tens of vector instructions each (after tvmfuse.fastmath): a block computing one of them
 # and read by a reduction and another consumer (softmax's exp, read by the sum and by the division) is
 # computed once into a row buffer instead of being recomputed in each consumer.
@@ -150,7 +157,9 @@ def _rfactor_ok(func: C.PrimFunc, name: str, nrow: int, lanes: int) -> bool:
 
 
 def _rfactor(sch: C.Schedule, block, nrow: int, width: int):
-    """Fuse the reduction loops, split off ``width`` lanes, rfactor them: returns the rf block."""
+    """Fuse the reduction loops, split off ``width`` lanes, rfactor them: returns the rf block.  When
+    ``width`` does not divide the row the split has a predicate; ``_vectorize_rf`` then cuts the last,
+    partial step of the partial sums off the vector loop."""
     loops = sch.get_loops(block)
     red = loops[nrow:]
     r = sch.fuse(*red) if len(red) > 1 else red[0]
@@ -159,7 +168,7 @@ def _rfactor(sch: C.Schedule, block, nrow: int, width: int):
 
 
 class RowReduction(Template):
-    family = "cpu.row_reduction"
+    family = FAMILY
     target_kinds = ("llvm",)
 
     def match(self, func: C.PrimFunc, target: C.Target) -> Match | None:
@@ -189,12 +198,14 @@ class RowReduction(Template):
 
     def space(self, match: Match, target: C.Target) -> KnobSpace:
         lanes = cpu_info(target).float32_lanes
-        # the partial-sum width must divide the row: a predicated vector loop over the tail is not
-        # vectorized correctly by TVM's rfactor + vectorize (tests/test_schedules_cpu.py, odd shapes)
+        # partial sums at most one row wide (a row that does not fill them has no vector step at all);
+        # a width that does not divide the row leaves a scalar tail (_vectorize_rf)
         n = match.info["row_len"]
-        rf_choices = tuple(v for v in RF_VECTORS if n % (v * lanes) == 0)
+        rf_lanes = _rf_lanes(lanes)
+        rf_choices = tuple(v for v in RF_VECTORS if v * rf_lanes[-1] <= n)
         return KnobSpace((
             Knob("lanes", (lanes,), "float32 lanes per vector (target)"),
+            Knob("rf_lanes", rf_lanes, "lanes of a partial-sum vector (a divisor of the row: no tail)"),
             Knob("rf_vectors", rf_choices or (1,),
                  "partial-sum vectors per reduction (rfactor)"),
             Knob("vectorize_reductions", (True, False) if match.info["rfactor"] and rf_choices else (False,),
@@ -205,15 +216,19 @@ class RowReduction(Template):
 
     def default_config(self, match: Match, target: C.Target) -> dict:
         info = cpu_info(target)
+        d = template_defaults(target, FAMILY)
         space = {k.name: k.choices for k in self.space(match, target).knobs}
-        return {"lanes": info.float32_lanes, "rf_vectors": max(space["rf_vectors"][:2]),
-                "vectorize_reductions": True in space["vectorize_reductions"], "unroll": 1,
-                "parallel": match.info["rows"] >= MIN_ROWS_PER_CORE * info.cores}
+        rf_lanes, rf_vectors = _default_rf(match.info["row_len"], space["rf_lanes"],
+                                           U.choices_upto(space["rf_vectors"], d["max_rf_vectors"]))
+        return {"lanes": info.float32_lanes, "rf_lanes": rf_lanes, "rf_vectors": rf_vectors,
+                "vectorize_reductions": True in space["vectorize_reductions"],
+                "unroll": U.nearest_choice(UNROLL, d["unroll"]),
+                "parallel": match.info["rows"] >= d["min_rows_per_core"] * info.cores}
 
     def apply(self, sch: C.Schedule, match: Match, config: dict) -> None:
         info = match.info
         lanes, nrow = config["lanes"], info["row_axes"]
-        width = lanes * config["rf_vectors"]
+        width = config["rf_lanes"] * config["rf_vectors"]
 
         # Step 1. Fold the elementwise blocks (the same folding as match()); an expensive block read by a
         # reduction and by another block stays, computed once per element into a row buffer (Step 3).
@@ -246,23 +261,51 @@ class RowReduction(Template):
                     continue     # not a producer of this chain: it belongs to another output's chain
                 placed.add(n)
 
-        # Step 4. Inner loops: vectorize elementwise passes and the rf partial sums.
+        # Step 4. Inner loops: vectorize elementwise passes (vector main loop, scalar tail) and the rf
+        # partial sums.
         for n in names:
             blk = sch.get_sblock(n)
             if n in rf_blocks:
-                loops = sch.get_loops(blk)
-                ri, ro = loops[-2], loops[-1]
-                sch.reorder(ro, ri)
-                sch.vectorize(ri)      # before the init is split off: a reduction block vectorizes
-                init = sch.decompose_reduction(blk, ro)
-                sch.vectorize(sch.get_loops(init)[-1])
+                _vectorize_rf(sch, blk, info["row_len"] // width)
             elif U.is_spatial(sch, blk):
                 loops = sch.get_loops(blk)
                 # only the block's own inner loops: the row loop holds the whole chain (vectorizing it
                 # gave wrong results, conformance node/test_globalaveragepool, test_mean_*, test_argmax_*)
                 if len(loops) > 1:
-                    U.vectorize_inner(sch, blk, lanes)
-                    if config["unroll"] > 1:
-                        inner = sch.get_loops(blk)[-2]
-                        _, u = sch.split(inner, factors=[None, config["unroll"]])
-                        sch.unroll(u)
+                    U.vectorize_inner(sch, blk, lanes, config["unroll"])
+
+
+def _rf_lanes(lanes: int) -> tuple:
+    """Partial-sum vector widths: the target's lanes, then halves and quarters down to MIN_RF_LANES."""
+    out = tuple(lanes // d for d in RF_LANE_DIVISORS if lanes % d == 0 and lanes // d >= MIN_RF_LANES)
+    return out or (lanes,)
+
+
+def _default_rf(row_len: int, rf_lanes: tuple, rf_vectors: tuple) -> tuple[int, int]:
+    """(rf_lanes, rf_vectors): the widest partial sums (up to full vectors x max(rf_vectors)) that divide the
+    row, fewer narrower vectors first; none dividing: full vectors, as many as fit in the row, and a tail."""
+    fits = [(lanes, v) for lanes in rf_lanes for v in rf_vectors if lanes * v <= row_len]
+    dividing = [(lanes, v) for lanes, v in fits if row_len % (lanes * v) == 0]
+    if dividing:
+        return max(dividing, key=lambda c: (c[0] * c[1], c[0]))
+    full = [(lanes, v) for lanes, v in fits if lanes == rf_lanes[0]]
+    return max(full or fits or [(rf_lanes[-1], rf_vectors[0])], key=lambda c: c[0] * c[1])
+
+
+def _vectorize_rf(sch: C.Schedule, blk, full_steps: int) -> None:
+    """The rf block's loops [row, ri (partial sums), ro (steps along the row)] become [row, ro, ri] with
+    ri vectorized and the init split off before ro.  A row the partial sums do not divide has a last,
+    predicated step: ro is cut after ``full_steps`` (after the init is split off: a cut reduction with
+    its init would re-initialize at the cut) and the last step's ri is unrolled instead (a predicated
+    vector loop stores lane by lane at best)."""
+    loops = sch.get_loops(blk)
+    ri, ro = loops[-2], loops[-1]
+    sch.reorder(ro, ri)
+    sch.vectorize(ri)      # before the init is split off: a reduction block vectorizes
+    init = sch.decompose_reduction(blk, ro)
+    sch.vectorize(sch.get_loops(init)[-1])
+    if full_steps == 0:
+        sch.unroll(ri)     # a row shorter than the partial sums: one predicated step, scalar
+    elif U.static_extent(sch, ro) != full_steps:
+        _main, tail = sch.loop_partition(ro, factors=[full_steps, None])
+        sch.unroll(sch.get_loops(sch.get_child_blocks(tail)[0])[-1])
