@@ -179,18 +179,15 @@ def static_extent(sch: C.Schedule, loop) -> int | None:
     return int(ext) if isinstance(ext, C.tirx.IntImm) else None
 
 
-def tail_parts(n: int, lanes: int, unroll: int = 1) -> list[tuple[str, int]]:
+def tail_parts(n: int, lanes: int) -> list[tuple[str, int]]:
     """How a loop of ``n`` iterations runs on ``lanes``-wide vectors without a predicate in a vector loop:
-    ``("main", m)`` (whole groups of ``unroll`` vectors), ``("vector", v)`` (whole vectors left over) and
-    ``("scalar", s)`` (the last ``n % lanes``), each part only when not empty, in this order."""
-    group = lanes * max(unroll, 1)
-    main = n // group * group
-    vec = (n - main) // lanes * lanes
-    parts = [("main", main), ("vector", vec), ("scalar", n - main - vec)]
-    return [(kind, size) for kind, size in parts if size > 0]
+    ``("main", m)`` (the whole vectors) and ``("scalar", s)`` (the last ``n % lanes``), each part only
+    when not empty."""
+    main = n // lanes * lanes
+    return [(kind, size) for kind, size in (("main", main), ("scalar", n - main)) if size > 0]
 
 
-def partition_tail(sch: C.Schedule, loop, lanes: int, unroll: int = 1) -> list[tuple[str, object]]:
+def partition_tail(sch: C.Schedule, loop, lanes: int) -> list[tuple[str, object]]:
     """Cut ``loop`` (a static extent) into the parts of :func:`tail_parts`: ``[(kind, loop), ...]``.
 
     A split by ``lanes`` of a loop that ``lanes`` does not divide puts a predicate in the vector loop,
@@ -202,29 +199,27 @@ def partition_tail(sch: C.Schedule, loop, lanes: int, unroll: int = 1) -> list[t
     n = static_extent(sch, loop)
     if n is None:
         raise ValueError("partition_tail needs a loop of static extent")
-    parts = tail_parts(n, lanes, unroll)
+    parts = tail_parts(n, lanes)
     if len(parts) == 1:
         return [(parts[0][0], loop)]
-    loops = sch.loop_partition(loop, factors=[size for _, size in parts[:-1]] + [None])
-    return [(kind, lp) for (kind, _), lp in zip(parts, loops)]
+    main, tail = sch.loop_partition(loop, factors=[parts[0][1], None])
+    return [("main", main), ("scalar", tail)]
 
 
 def vectorize_parts(sch: C.Schedule, parts, lanes: int, unroll: int = 1, parallel: bool = False) -> None:
-    """Schedule the parts of :func:`partition_tail`: main [parallel outer][unrolled][vector lanes], the
-    whole vectors left over [vector lanes], the scalar tail as it is."""
+    """Schedule the parts of :func:`partition_tail`: the main part [parallel outer][unrolled][vector
+    lanes], the scalar tail as it is.  The main part is split by ``lanes`` first (it divides) and its
+    outer loop then by ``unroll``: a predicate from that second split tests whole vectors, never lanes."""
     for kind, loop in parts:
-        if kind == "main":
-            if unroll > 1:
-                outer, mid, vec = sch.split(loop, factors=[None, unroll, lanes])
-                sch.unroll(mid)
-            else:
-                outer, vec = sch.split(loop, factors=[None, lanes])
-            sch.vectorize(vec)
-            if parallel:
-                sch.parallel(outer)
-        elif kind == "vector":
-            _, vec = sch.split(loop, factors=[None, lanes])
-            sch.vectorize(vec)
+        if kind != "main":
+            continue
+        outer, vec = sch.split(loop, factors=[None, lanes])
+        sch.vectorize(vec)
+        if unroll > 1:
+            outer, mid = sch.split(outer, factors=[None, unroll])
+            sch.unroll(mid)
+        if parallel:
+            sch.parallel(outer)
 
 
 def vectorize_inner(sch: C.Schedule, block, lanes: int, unroll: int = 1) -> None:
@@ -243,13 +238,13 @@ def vectorize_inner(sch: C.Schedule, block, lanes: int, unroll: int = 1) -> None
         _, vec = sch.split(inner, factors=[None, lanes])
         sch.vectorize(vec)
         return
-    vectorize_parts(sch, partition_tail(sch, inner, lanes, unroll), lanes, unroll)
+    vectorize_parts(sch, partition_tail(sch, inner, lanes), lanes, unroll)
 
 
 def schedule_injective(sch: C.Schedule, block, lanes: int, unroll: int = 1, parallel: bool = True,
                        min_parallel: int = 1) -> None:
     """An elementwise block on its own: fuse all loops, [parallel outer][unrolled][vector lanes], and the
-    elements that do not fill a group of ``unroll`` vectors in a short tail (see :func:`partition_tail`)."""
+    elements that do not fill a vector in a short scalar tail (see :func:`partition_tail`)."""
     loops = sch.get_loops(block)
     if not loops:
         return
@@ -270,7 +265,7 @@ def schedule_injective(sch: C.Schedule, block, lanes: int, unroll: int = 1, para
         if go_parallel:
             sch.parallel(outer)
         return
-    vectorize_parts(sch, partition_tail(sch, fused, lanes, unroll), lanes, unroll, parallel=go_parallel)
+    vectorize_parts(sch, partition_tail(sch, fused, lanes), lanes, unroll, parallel=go_parallel)
 
 
 def own_index_consumer(sch: C.Schedule, block, buffer: str):

@@ -3,7 +3,7 @@
 Matches a PrimFunc whose blocks are all spatial.  The chain is folded into its output block(s) (one
 pass over memory, no intermediate), each output's loops are fused into one, split into
 [parallel outer][unrolled][vector lanes]; what does not fill a group of vectors runs as a short tail
-(whole vectors, then scalars: common.partition_tail), so the main loop never stores a partial vector.
+(scalars: common.partition_tail), so the main loop never stores a partial vector.
 Default knob values come from the target (``template_defaults`` in schedules/cpu_targets.json).
 """
 from __future__ import annotations

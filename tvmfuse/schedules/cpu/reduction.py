@@ -5,12 +5,13 @@ starts with the same spatial "row" loops and every reduction reduces only traili
 reductions over the row in one kernel.  After folding the elementwise blocks, each output chain is
 computed row by row: all its blocks are moved under the row loop of its last block (the row stays in
 L1/L2 between the passes), the row loop is parallel, elementwise passes are vectorized, and reductions
-are vectorized by an rfactor over ``rf_lanes x rf_vectors`` partial sums (independent accumulators).  A
-row whose length the vector width does not divide keeps full vectors in its main loops: the elementwise
-passes run on whole vectors and a short scalar tail finishes the row (common.partition_tail); the partial
-sums take a width that divides the row where one exists (half or quarter vectors: 104 floats on AVX-512 are
-13 x 8), else whole vectors and a scalar last step.  A dividing width keeps the row max a single reduction
-over the whole row, which fastmath needs to prove softmax's exp argument <= 0 (its cheaper exp).
+are vectorized by an rfactor over ``rf_width`` partial sums (independent accumulators).  A row whose
+length the vector width does not divide keeps full vectors in its main loops: the elementwise passes run
+on whole vectors and a short scalar tail finishes the row (common.partition_tail); the partial sums take a
+width that divides the row (whole, half or quarter vectors: 104 floats on AVX-512 are 13 x 8).  A row with
+no such divisor (a prime length) keeps its reductions scalar: rfactor over a width that does not divide
+the row has a predicate in its vector loop (stored lane by lane), and a tail cut off the partial sums
+(loop_partition of the rf block) loses that predicate in TVM 0.27 and reads past the row.
 Default knob values come from the target (``template_defaults`` in schedules/cpu_targets.json).
 """
 from __future__ import annotations
@@ -22,7 +23,7 @@ from . import common as U
 from .matmul import is_contraction
 
 RF_VECTORS = (1, 2, 4)           # partial-sum vectors per reduction (independent FMA chains)
-RF_LANE_DIVISORS = (1, 2, 4)     # partial-sum vector = target lanes / this (at least MIN_RF_LANES)
+RF_LANE_DIVISORS = (1, 2, 4)     # or a partial-sum vector of target lanes / this (at least MIN_RF_LANES)
 MIN_RF_LANES = 4
 UNROLL = (1, 2, 4)               # unroll of the vectorized elementwise passes
 FAMILY = "cpu.row_reduction"     # its defaults (min_rows_per_core, max_rf_vectors, unroll): the target table
@@ -157,9 +158,7 @@ def _rfactor_ok(func: C.PrimFunc, name: str, nrow: int, lanes: int) -> bool:
 
 
 def _rfactor(sch: C.Schedule, block, nrow: int, width: int):
-    """Fuse the reduction loops, split off ``width`` lanes, rfactor them: returns the rf block.  When
-    ``width`` does not divide the row the split has a predicate; ``_vectorize_rf`` then cuts the last,
-    partial step of the partial sums off the vector loop."""
+    """Fuse the reduction loops, split off ``width`` lanes, rfactor them: returns the rf block."""
     loops = sch.get_loops(block)
     red = loops[nrow:]
     r = sch.fuse(*red) if len(red) > 1 else red[0]
@@ -201,14 +200,11 @@ class RowReduction(Template):
         # partial sums at most one row wide (a row that does not fill them has no vector step at all);
         # a width that does not divide the row leaves a scalar tail (_vectorize_rf)
         n = match.info["row_len"]
-        rf_lanes = _rf_lanes(lanes)
-        rf_choices = tuple(v for v in RF_VECTORS if v * rf_lanes[-1] <= n)
+        widths = rf_widths(lanes, match.info["row_len"])
         return KnobSpace((
             Knob("lanes", (lanes,), "float32 lanes per vector (target)"),
-            Knob("rf_lanes", rf_lanes, "lanes of a partial-sum vector (a divisor of the row: no tail)"),
-            Knob("rf_vectors", rf_choices or (1,),
-                 "partial-sum vectors per reduction (rfactor)"),
-            Knob("vectorize_reductions", (True, False) if match.info["rfactor"] and rf_choices else (False,),
+            Knob("rf_width", widths or (lanes,), "partial sums per reduction (rfactor; divides the row)"),
+            Knob("vectorize_reductions", (True, False) if match.info["rfactor"] and widths else (False,),
                  "rfactor the reductions into vector partial sums"),
             Knob("unroll", UNROLL, "unroll of the vectorized elementwise passes"),
             Knob("parallel", (True, False), "parallel row loop"),
@@ -218,9 +214,8 @@ class RowReduction(Template):
         info = cpu_info(target)
         d = template_defaults(target, FAMILY)
         space = {k.name: k.choices for k in self.space(match, target).knobs}
-        rf_lanes, rf_vectors = _default_rf(match.info["row_len"], space["rf_lanes"],
-                                           U.choices_upto(space["rf_vectors"], d["max_rf_vectors"]))
-        return {"lanes": info.float32_lanes, "rf_lanes": rf_lanes, "rf_vectors": rf_vectors,
+        return {"lanes": info.float32_lanes,
+                "rf_width": U.choices_upto(space["rf_width"], info.float32_lanes * d["max_rf_vectors"])[-1],
                 "vectorize_reductions": True in space["vectorize_reductions"],
                 "unroll": U.nearest_choice(UNROLL, d["unroll"]),
                 "parallel": match.info["rows"] >= d["min_rows_per_core"] * info.cores}
@@ -228,7 +223,7 @@ class RowReduction(Template):
     def apply(self, sch: C.Schedule, match: Match, config: dict) -> None:
         info = match.info
         lanes, nrow = config["lanes"], info["row_axes"]
-        width = config["rf_lanes"] * config["rf_vectors"]
+        width = config["rf_width"]
 
         # Step 1. Fold the elementwise blocks (the same folding as match()); an expensive block read by a
         # reduction and by another block stays, computed once per element into a row buffer (Step 3).
@@ -266,7 +261,12 @@ class RowReduction(Template):
         for n in names:
             blk = sch.get_sblock(n)
             if n in rf_blocks:
-                _vectorize_rf(sch, blk, info["row_len"] // width)
+                loops = sch.get_loops(blk)
+                ri, ro = loops[-2], loops[-1]
+                sch.reorder(ro, ri)
+                sch.vectorize(ri)      # before the init is split off: a reduction block vectorizes
+                init = sch.decompose_reduction(blk, ro)
+                sch.vectorize(sch.get_loops(init)[-1])
             elif U.is_spatial(sch, blk):
                 loops = sch.get_loops(blk)
                 # only the block's own inner loops: the row loop holds the whole chain (vectorizing it
@@ -275,37 +275,9 @@ class RowReduction(Template):
                     U.vectorize_inner(sch, blk, lanes, config["unroll"])
 
 
-def _rf_lanes(lanes: int) -> tuple:
-    """Partial-sum vector widths: the target's lanes, then halves and quarters down to MIN_RF_LANES."""
-    out = tuple(lanes // d for d in RF_LANE_DIVISORS if lanes % d == 0 and lanes // d >= MIN_RF_LANES)
-    return out or (lanes,)
-
-
-def _default_rf(row_len: int, rf_lanes: tuple, rf_vectors: tuple) -> tuple[int, int]:
-    """(rf_lanes, rf_vectors): the widest partial sums (up to full vectors x max(rf_vectors)) that divide the
-    row, fewer narrower vectors first; none dividing: full vectors, as many as fit in the row, and a tail."""
-    fits = [(lanes, v) for lanes in rf_lanes for v in rf_vectors if lanes * v <= row_len]
-    dividing = [(lanes, v) for lanes, v in fits if row_len % (lanes * v) == 0]
-    if dividing:
-        return max(dividing, key=lambda c: (c[0] * c[1], c[0]))
-    full = [(lanes, v) for lanes, v in fits if lanes == rf_lanes[0]]
-    return max(full or fits or [(rf_lanes[-1], rf_vectors[0])], key=lambda c: c[0] * c[1])
-
-
-def _vectorize_rf(sch: C.Schedule, blk, full_steps: int) -> None:
-    """The rf block's loops [row, ri (partial sums), ro (steps along the row)] become [row, ro, ri] with
-    ri vectorized and the init split off before ro.  A row the partial sums do not divide has a last,
-    predicated step: ro is cut after ``full_steps`` (after the init is split off: a cut reduction with
-    its init would re-initialize at the cut) and the last step's ri is unrolled instead (a predicated
-    vector loop stores lane by lane at best)."""
-    loops = sch.get_loops(blk)
-    ri, ro = loops[-2], loops[-1]
-    sch.reorder(ro, ri)
-    sch.vectorize(ri)      # before the init is split off: a reduction block vectorizes
-    init = sch.decompose_reduction(blk, ro)
-    sch.vectorize(sch.get_loops(init)[-1])
-    if full_steps == 0:
-        sch.unroll(ri)     # a row shorter than the partial sums: one predicated step, scalar
-    elif U.static_extent(sch, ro) != full_steps:
-        _main, tail = sch.loop_partition(ro, factors=[full_steps, None])
-        sch.unroll(sch.get_loops(sch.get_child_blocks(tail)[0])[-1])
+def rf_widths(lanes: int, row_len: int) -> tuple:
+    """Partial-sum widths that divide the row, ascending: 1, 2 or 4 vectors of the target's lanes, or a
+    half or quarter vector (at least MIN_RF_LANES lanes); empty when none divides (a prime row length)."""
+    vectors = [lanes // d for d in RF_LANE_DIVISORS if lanes % d == 0 and lanes // d >= MIN_RF_LANES]
+    widths = {w * v for w in vectors for v in RF_VECTORS if w * v <= lanes * max(RF_VECTORS)}
+    return tuple(sorted(w for w in widths if row_len % w == 0))
