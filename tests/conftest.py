@@ -7,7 +7,22 @@ from tvmfuse import models as M
 
 @pytest.fixture(scope="session")
 def host():
+    """This machine, for numeric tests only (a structural test names its targets: NAMED_TARGETS)."""
     return tvmfuse.host_target()
+
+
+# Fixed targets for structural tests: a schedule's defaults come from the target (its mcpu, mattr and
+# num-cores, and schedules/cpu_targets.json), so these tests give the same kernels on every host.
+NAMED_TARGETS = {
+    "haswell-2": {"kind": "llvm", "mtriple": "x86_64-linux-gnu", "mcpu": "haswell", "num-cores": 2},
+    "skx-2": {"kind": "llvm", "mtriple": "x86_64-linux-gnu", "mcpu": "skylake-avx512", "num-cores": 2},
+    "skx-32": {"kind": "llvm", "mtriple": "x86_64-linux-gnu", "mcpu": "skylake-avx512", "num-cores": 32},
+    "neon-4": {"kind": "llvm", "mtriple": "aarch64-linux-gnu", "mcpu": "neoverse-n1", "num-cores": 4},
+}
+
+
+def named_target(name: str):
+    return tvmfuse.parse_target(NAMED_TARGETS[name])
 
 
 def pytest_addoption(parser):
