@@ -45,7 +45,7 @@ def _save_outputs(outputs: dict, path: str | None) -> None:
 def cmd_demo(args) -> int:
     from .demo import run_demo
 
-    return run_demo(target=args.target, json_out=args.json, small=args.quick)
+    return run_demo(target=args.target, json_out=args.json, small=args.quick, tuning_log=args.tuning_log)
 
 
 def cmd_compile(args) -> int:
@@ -98,6 +98,7 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--target", default=None, help="target (default: this host's CPU)")
     d.add_argument("--json", action="store_true", help="print the reports as JSON")
     d.add_argument("--quick", action="store_true", help="smaller models")
+    d.add_argument("--tuning-log", default=None, help=TUNING_LOG_HELP)
     d.set_defaults(func=cmd_demo)
 
     c = sub.add_parser("compile", help="compile an ONNX model into a deployable artifact")
