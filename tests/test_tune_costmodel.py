@@ -123,3 +123,20 @@ def test_records_of_another_tvm_version_are_skipped(tmp_path, caplog):
     assert any(str(p) in m and "0.19.0" in m and "another TVM version" in m for m in caplog.messages), \
         caplog.messages
     assert len(L.load(p, ZNVER3).measures) == 2, "plain load (resume, show) keeps every record"
+
+
+def test_cli_tuning_log_shipped(tmp_path, capsys):
+    """``--tuning-log shipped`` on the command line applies the shipped records; without it, none."""
+    import onnx
+
+    from tvmfuse import cli
+
+    path = tmp_path / "tb.onnx"
+    onnx.save(M.transformer_block(seq=32, hidden=64, ffn=256), str(path))
+    target = json.dumps(json.loads(str(ZNVER3)))
+    sources = {}
+    for extra in ([], ["--tuning-log", "shipped"]):
+        capsys.readouterr()
+        assert cli.main(["report", str(path), "--target", target, "--json", *extra]) == 0
+        sources[bool(extra)] = {s["source"] for s in json.loads(capsys.readouterr().out)["schedules"]}
+    assert "tuned" not in sources[False] and "tuned" in sources[True], sources
