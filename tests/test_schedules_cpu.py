@@ -308,6 +308,27 @@ def test_softmax_rows_not_a_multiple_of_the_vector_keep_full_vectors(d, tname):
         assert not partial, f"partial sums {partial} over a width that does not divide {d}"
 
 
+@pytest.mark.parametrize("tname", list(NAMED_TARGETS))
+@pytest.mark.parametrize("builder,kwargs", [("elementwise_chain", dict(n=4099)),
+                                            ("layernorm", dict(rows=37, d=101, decomposed=False)),
+                                            ("rmsnorm", dict(rows=37, d=101))])
+def test_elementwise_and_norm_tails_keep_full_vectors(builder, kwargs, tname):
+    """Elementwise kernels and normalization passes over lengths no vector width divides (4099 elements,
+    rows of 101): every output is stored in full vectors of the target's lanes (times the template's
+    vector_mult) in the main loop, plus scalars for the tail; never a partial, lane-by-lane vector."""
+    target = named_target(tname)
+    for name, func in _fused_prim_funcs(getattr(M, builder)(**kwargs), target).items():
+        res = schedule_prim_func(func, target, {}, name)
+        assert res is not None and res.template in ("cpu.elementwise", "cpu.row_reduction"), name
+        width = res.config["lanes"] * res.config.get("vector_mult", 1)
+        got = _store_lanes(res.func, target)
+        out = func.params[-1]
+        # the vectorized loop: all elements fused (elementwise), or the row (row reduction)
+        length = _numel(func)[-1] if res.template == "cpu.elementwise" else int(out.shape[-1])
+        want = {width} if length % width == 0 else {width, 1}
+        assert got[str(out.name)] == want, f"{name} ({res.template}): stores of {got[str(out.name)]} lanes"
+
+
 @pytest.mark.parametrize("d", [104, 1000, 3071])
 def test_softmax_rows_not_a_multiple_of_the_vector_numerics(d, host, rng):
     """The same softmax rows on this host against float64 numpy (the vector main loop and the scalar tail
