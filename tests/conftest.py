@@ -7,14 +7,51 @@ from tvmfuse import models as M
 
 @pytest.fixture(scope="session")
 def host():
+    """This machine, for numeric tests only (a structural test names its targets: NAMED_TARGETS)."""
     return tvmfuse.host_target()
 
 
+# Fixed targets for structural tests: a schedule's defaults come from the target (its mcpu, mattr and
+# num-cores, and schedules/cpu_targets.json), so these tests give the same kernels on every host.
+NAMED_TARGETS = {
+    "haswell-2": {"kind": "llvm", "mtriple": "x86_64-linux-gnu", "mcpu": "haswell", "num-cores": 2},
+    "skx-2": {"kind": "llvm", "mtriple": "x86_64-linux-gnu", "mcpu": "skylake-avx512", "num-cores": 2},
+    "skx-32": {"kind": "llvm", "mtriple": "x86_64-linux-gnu", "mcpu": "skylake-avx512", "num-cores": 32},
+    "neon-4": {"kind": "llvm", "mtriple": "aarch64-linux-gnu", "mcpu": "neoverse-n1", "num-cores": 4},
+}
+
+
+def named_target(name: str):
+    return tvmfuse.parse_target(NAMED_TARGETS[name])
+
+
+def pytest_addoption(parser):
+    parser.addoption("--rng-seed", type=int, default=None,
+                     help="seed of the `rng` fixture (default: a fresh one per test, reported on failure)")
+
+
 @pytest.fixture
-def rng():
-    # fresh random inputs each run: the seed is printed on failure by the assertion messages
-    seed = int(np.random.SeedSequence().entropy % (2**32))
+def rng(request):
+    """Fresh random inputs each run; a failing test's report names the seed (section "rng seed"), and
+    ``pytest --rng-seed=N`` replays it."""
+    seed = request.config.getoption("--rng-seed")
+    if seed is None:
+        seed = int(np.random.SeedSequence().entropy % (2**32))
+    request.node.stash[RNG_SEED] = seed
     return np.random.default_rng(seed)
+
+
+RNG_SEED = pytest.StashKey[int]()
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    outcome = yield
+    report = outcome.get_result()
+    seed = item.stash.get(RNG_SEED, None)
+    if report.failed and seed is not None:
+        report.sections.append(("rng seed", f"rng fixture seed: {seed} (replay: pytest --rng-seed={seed} "
+                                            f"{item.nodeid})"))
 
 
 def assert_close_to_reference(model, compiled, rng, rtol=1e-5, atol=1e-5):

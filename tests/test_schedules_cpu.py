@@ -1,6 +1,10 @@
 """CPU schedule templates: each family matches by structure, fuses the loops for real (no intermediate of
 full output size, inner loops vectorized, outer loop parallel) and computes the same numbers as the
-unfused reference on fresh random inputs with odd shapes that do not divide the tiles."""
+unfused reference on fresh random inputs with odd shapes that do not divide the tiles.
+
+Structural tests run on fixed named targets (conftest.NAMED_TARGETS: AVX2, AVX-512 with 2 and 32 cores,
+NEON), whose facts come from the target, so they pass or fail alike on every host; numeric tests run on
+the host."""
 import numpy as np
 import pytest
 
@@ -12,7 +16,9 @@ from tvmfuse.pipeline import PipelineOptions, graph_stage
 from tvmfuse.schedules import schedule_prim_func
 from tvmfuse.schedules.cpu import TEMPLATES
 
-from conftest import assert_close_to_reference
+from tvmfuse.target import cpu_info
+
+from conftest import NAMED_TARGETS, assert_close_to_reference, named_target
 
 # (model builder, kwargs, family expected on its main kernel): odd sizes on purpose
 CASES = [
@@ -70,10 +76,10 @@ def _structure(func):
     return allocs, kinds
 
 
-def _pure_unvectorizable_reduction(res, func, host):
+def _pure_unvectorizable_reduction(res, func, target):
     if res.template != "cpu.row_reduction" or res.config["vectorize_reductions"]:
         return False
-    info = next(t for t in TEMPLATES if t.family == res.template).match(func, host).info
+    info = next(t for t in TEMPLATES if t.family == res.template).match(func, target).info
     return set(info["blocks"]) == set(info["reductions"])
 
 
@@ -87,12 +93,14 @@ def _numel(func):
     return sizes
 
 
+@pytest.mark.parametrize("tname", list(NAMED_TARGETS))
 @pytest.mark.parametrize("builder,kwargs,family", CASES, ids=[f"{c[0]}-{i}" for i, c in enumerate(CASES)])
-def test_family_matches_and_fuses_loops(builder, kwargs, family, host):
-    funcs = _fused_prim_funcs(getattr(M, builder)(**kwargs), host)
+def test_family_matches_and_fuses_loops(builder, kwargs, family, tname):
+    target = named_target(tname)
+    funcs = _fused_prim_funcs(getattr(M, builder)(**kwargs), target)
     families = {}
     for name, func in funcs.items():
-        res = schedule_prim_func(func, host, {}, name)
+        res = schedule_prim_func(func, target, {}, name)
         assert res is not None, f"{name}: no CPU template matched\n{func.script()}"
         families[name] = res.template
         allocs, kinds = _structure(res.func)
@@ -102,11 +110,17 @@ def test_family_matches_and_fuses_loops(builder, kwargs, family, host):
         input_pads = {f"{p.name}_pad" for p in func.params}
         big = [(n, e) for n, e in allocs if e >= out_elems and out_elems > 64 and n not in input_pads]
         assert not big, f"{name} ({res.template}): full-size intermediates left: {big}"
-        if _pure_unvectorizable_reduction(res, func, host):
+        if _pure_unvectorizable_reduction(res, func, target):
             continue   # a lone reduction over rows of odd length: scalar (see README, what is left)
         assert int(C.ForKind.VECTORIZED) in kinds, f"{name}: no vectorized loop"
-        if out_elems >= 1024:
-            assert int(C.ForKind.PARALLEL) in kinds, f"{name}: no parallel loop"
+        parallel = int(C.ForKind.PARALLEL) in kinds
+        if "parallel" in res.config:
+            # the loop does what the config says; on 2 cores the default forks for any output >= 1024
+            assert parallel == res.config["parallel"], f"{name}: parallel loop {parallel}, config {res.config}"
+            if cpu_info(target).cores <= 2 and out_elems >= 1024:
+                assert parallel, f"{name}: no parallel loop on {cpu_info(target).cores} cores"
+        elif out_elems >= 1024:
+            assert parallel, f"{name}: no parallel loop"
     assert family in families.values(), f"expected {family}, got {families}"
 
 
@@ -149,7 +163,7 @@ def test_matmul_knob_space_is_legal(host):
         np.testing.assert_allclose(got.numpy(), want.numpy(), rtol=1e-5, atol=1e-5, err_msg=str(cfg))
 
 
-def test_no_template_for_opaque_kernel_is_recorded(host):
+def test_no_template_for_opaque_kernel_is_recorded():
     """A kernel no template matches is left to the fallback with a reason (here: a 1-D cumulative scan)."""
     T = C.script_tir
 
@@ -160,7 +174,7 @@ def test_no_template_for_opaque_kernel_is_recorded(host):
                 vi = T.axis.opaque(T.int64(16), i)
                 b[vi] = a[vi] + T.if_then_else(vi > T.int64(0), b[vi - T.int64(1)], T.float32(0))
 
-    assert schedule_prim_func(scan, host, {}, "scan") is None
+    assert schedule_prim_func(scan, named_target("haswell-2"), {}, "scan") is None
 
 
 def test_runtime_uses_the_configured_threads():
@@ -185,23 +199,23 @@ def test_row_reduction_inlines_producer_read_once(kwargs, host, rng):
     """InstanceNorm's (x - mean)^2 is read only by the variance sum, once per element: it is computed inside
     that sum (no row buffer written and read back in a pass of its own), and the numbers stay right."""
     model = M.instancenorm_silu(**kwargs)
-    funcs = _fused_prim_funcs(model, host)
     row = kwargs["size"] ** 2
-    for name, func in funcs.items():
-        res = schedule_prim_func(func, host, {}, name)
-        assert res is not None and res.template == "cpu.row_reduction", name
-        allocs, _ = _structure(res.func)
-        rows = [(n, e) for n, e in allocs if e >= row]
-        assert not rows, f"{name}: row buffers left: {rows}"
+    for target in (named_target("haswell-2"), named_target("skx-32")):
+        for name, func in _fused_prim_funcs(model, target).items():
+            res = schedule_prim_func(func, target, {}, name)
+            assert res is not None and res.template == "cpu.row_reduction", name
+            allocs, _ = _structure(res.func)
+            rows = [(n, e) for n, e in allocs if e >= row]
+            assert not rows, f"{name}: row buffers left: {rows}"
     cm = tvmfuse.compile(model, host, fusion=False)
     assert_close_to_reference(model, cm, rng, rtol=1e-4, atol=1e-5)
 
 
-def _softmax_kernel(model, host, fusion, family="cpu.row_reduction"):
+def _softmax_kernel(model, target, fusion, family="cpu.row_reduction"):
     """The scheduled softmax PrimFunc (the one with the exp) and the name of the buffer its exp writes."""
     mod = tvmfuse.load_onnx(model)
-    with host:
-        mod = C.Sequential(graph_stage(host, PipelineOptions(fusion=fusion)))(mod)
+    with target:
+        mod = C.Sequential(graph_stage(target, PipelineOptions(fusion=fusion)))(mod)
     for name, func in ((str(gv.name_hint), f) for gv, f in mod.functions.items() if isinstance(f, C.PrimFunc)):
         written = []
 
@@ -215,7 +229,7 @@ def _softmax_kernel(model, host, fusion, family="cpu.row_reduction"):
 
         C.post_order_visit(func.body, visit)
         if written:
-            res = schedule_prim_func(func, host, {}, name)
+            res = schedule_prim_func(func, target, {}, name)
             assert res is not None and res.template == family, name
             return res.func, written[0]
     raise AssertionError("no kernel with an exp")
@@ -237,34 +251,121 @@ def _store_lanes(func, target):
     return lanes
 
 
+@pytest.mark.parametrize("tname", list(NAMED_TARGETS))
 @pytest.mark.parametrize("kwargs,fusion", [(dict(rows=23, d=96, decomposed=False), False),
                                            (dict(rows=7, d=3072, decomposed=False), False),
                                            (dict(rows=23, d=104), True)],
                          ids=["softmax-op-96", "softmax-op-3072", "decomposed-fused-104"])
-def test_softmax_uses_nonpositive_exp_and_stays_vectorized(kwargs, fusion, host):
+def test_softmax_uses_nonpositive_exp_and_stays_vectorized(kwargs, fusion, tname):
     """The softmax kernel's exp(x - rowmax) gets fast math's cheaper exp (its argument is proved <= 0 from
     the max reduction, also after rfactor), its division by the row sum becomes one reciprocal per row and
-    multiplies, and the exp row buffer and the output are still stored 8 lanes at a time."""
+    multiplies, and the exp row buffer and the output are still stored a full vector of the target at a
+    time (a row the vector does not divide: full vectors and a scalar tail)."""
     from tvmfuse import fastmath as F
 
-    func, exp_buf = _softmax_kernel(M.softmax(**kwargs), host, fusion)
+    target = named_target(tname)
+    lanes = cpu_info(target).float32_lanes
+    func, exp_buf = _softmax_kernel(M.softmax(**kwargs), target, fusion)
     stats = {}
     new, _ = F.rewrite(func, stats)
-    assert stats["nonpositive_exp"] == 1, stats
+    # every exp takes the cheaper variant (a row with a scalar tail has two copies of the exp)
+    exps = []
+    C.post_order_visit(func.body, lambda e: exps.append(e) if isinstance(e, C.Call) and
+                       str(getattr(e.op, "name", "")) == "tirx.exp" else None)
+    assert stats["nonpositive_exp"] == len(exps) >= 1, (stats, len(exps))
     assert stats["reciprocal_stores"] == 1, stats
-    lanes = _store_lanes(new, host)
+    got = _store_lanes(new, target)
+    want = {lanes} if kwargs["d"] % lanes == 0 else {lanes, 1}
     out = str(func.params[-1].name)
-    assert lanes.get(out) == {8}, f"output stores of {lanes.get(out)} lanes"
-    if exp_buf in lanes:          # a row buffer (kept when the exp is read by the sum and the division)
-        assert lanes[exp_buf] == {8}, f"exp row buffer stores of {lanes[exp_buf]} lanes"
+    assert got.get(out) == want, f"output stores of {got.get(out)} lanes, want {want}"
+    if exp_buf in got:          # a row buffer (kept when the exp is read by the sum and the division)
+        assert got[exp_buf] == want, f"exp row buffer stores of {got[exp_buf]} lanes, want {want}"
 
 
-def test_exp_not_proved_nonpositive_keeps_full_variant(host):
+@pytest.mark.parametrize("tname", list(NAMED_TARGETS))
+@pytest.mark.parametrize("d", [104, 1000, 3071])
+def test_softmax_rows_not_a_multiple_of_the_vector_keep_full_vectors(d, tname):
+    """Rows of 104, 1000 and 3071 floats (104 and 1000: no multiple of 16; 3071: prime to every width):
+    the elementwise passes store full vectors of the target in their main loop and finish the row with a
+    scalar tail of d % lanes elements; the row max and sum run on vector partial sums whenever a width of
+    whole, half or quarter vectors divides the row (104 = 13 x 8, 1000 = 125 x 8), else scalar."""
+    from tvmfuse.schedules.cpu.reduction import rf_widths
+
+    target = named_target(tname)
+    lanes = cpu_info(target).float32_lanes
+    func, exp_buf = _softmax_kernel(M.softmax(rows=5, d=d, decomposed=False), target, fusion=False)
+    got = _store_lanes(func, target)
+    want = {lanes} if d % lanes == 0 else {lanes, 1}
+    for buf in (str(func.params[-1].name), exp_buf):
+        assert got[buf] == want, f"{buf}: stores of {got[buf]} lanes, want {want}"
+    tail = _scalar_tail_extents(func)
+    assert tail == ({d % lanes} if d % lanes else set()), f"scalar tails of {tail} iterations"
+    partial = {b: v for b, v in got.items() if b.endswith(".rf")}
+    widths = rf_widths(lanes, d)
+    if widths:
+        assert len(partial) == 2 and all(v == {max(w for w in widths if w <= 2 * lanes)} for v in partial.values()), \
+            f"partial sums {partial}, dividing widths {widths}"
+    else:
+        assert not partial, f"partial sums {partial} over a width that does not divide {d}"
+
+
+@pytest.mark.parametrize("tname", list(NAMED_TARGETS))
+@pytest.mark.parametrize("builder,kwargs", [("elementwise_chain", dict(n=4099)),
+                                            ("layernorm", dict(rows=37, d=101, decomposed=False)),
+                                            ("rmsnorm", dict(rows=37, d=101))])
+def test_elementwise_and_norm_tails_keep_full_vectors(builder, kwargs, tname):
+    """Elementwise kernels and normalization passes over lengths no vector width divides (4099 elements,
+    rows of 101): every output is stored in full vectors of the target's lanes (times the template's
+    vector_mult) in the main loop, plus scalars for the tail; never a partial, lane-by-lane vector."""
+    target = named_target(tname)
+    for name, func in _fused_prim_funcs(getattr(M, builder)(**kwargs), target).items():
+        res = schedule_prim_func(func, target, {}, name)
+        assert res is not None and res.template in ("cpu.elementwise", "cpu.row_reduction"), name
+        width = res.config["lanes"] * res.config.get("vector_mult", 1)
+        got = _store_lanes(res.func, target)
+        out = func.params[-1]
+        # the vectorized loop: all elements fused (elementwise), or the row (row reduction)
+        length = _numel(func)[-1] if res.template == "cpu.elementwise" else int(out.shape[-1])
+        want = {width} if length % width == 0 else {width, 1}
+        assert got[str(out.name)] == want, f"{name} ({res.template}): stores of {got[str(out.name)]} lanes"
+
+
+@pytest.mark.parametrize("d", [104, 1000, 3071])
+def test_softmax_rows_not_a_multiple_of_the_vector_numerics(d, host, rng):
+    """The same softmax rows on this host against float64 numpy (the vector main loop and the scalar tail
+    both computed right, every row summing to 1)."""
+    rows = 5
+    cm = tvmfuse.compile(M.softmax(rows=rows, d=d, decomposed=False), host, fusion=False)
+    x = (rng.standard_normal((rows, d)) * 4).astype(np.float32)
+    y = cm.run({cm.inputs[0].name: x})["y"].astype(np.float64)
+    e = np.exp(x.astype(np.float64) - x.max(axis=1, keepdims=True))
+    np.testing.assert_allclose(y, e / e.sum(axis=1, keepdims=True), rtol=2e-5, atol=1e-9)
+    np.testing.assert_allclose(y.sum(axis=1), 1.0, rtol=1e-5)
+
+
+def _scalar_tail_extents(func) -> set:
+    """Extents of the serial loops that hold a store and no other loop (the scalar tails), after the
+    schedule (loop_partition makes them loops starting past 0)."""
+    out = set()
+
+    def visit(s):
+        if isinstance(s, C.tirx.For) and int(s.kind) == int(C.ForKind.SERIAL) and int(s.min) > 0:
+            inner = []
+            C.post_order_visit(s.body, lambda n: inner.append(n) if isinstance(n, C.tirx.For) else None)
+            if not inner:
+                out.add(int(s.extent))
+
+    C.post_order_visit(func.body, visit)
+    return out
+
+
+def test_exp_not_proved_nonpositive_keeps_full_variant():
     """Decomposed softmax without fusion: the max is another kernel, its result a parameter of the exp
     kernel, so nothing proves x - max <= 0 there: the full exp (overflow to inf, subnormals) stays."""
     from tvmfuse import fastmath as F
 
-    func, _ = _softmax_kernel(M.softmax(rows=23, d=101), host, fusion=False, family="cpu.elementwise")
+    func, _ = _softmax_kernel(M.softmax(rows=23, d=101), named_target("haswell-2"), fusion=False,
+                              family="cpu.elementwise")
     stats = {}
     _, count = F.rewrite(func, stats)
     assert count >= 1 and stats["nonpositive_exp"] == 0, stats

@@ -19,7 +19,7 @@ from tvmfuse.pipeline import PipelineOptions, graph_stage
 from tvmfuse.schedules import schedule_prim_func
 from tvmfuse.schedules.cpu import TEMPLATES
 
-from conftest import assert_close_to_reference
+from conftest import NAMED_TARGETS, assert_close_to_reference, named_target
 from test_schedules_cpu import _structure
 
 CONV = "cpu.conv2d_epilogue"
@@ -106,11 +106,13 @@ def test_conv_numerics_and_report(kwargs, family, host, rng):
     assert_close_to_reference(model, cm, rng, rtol=1e-4, atol=1e-4)
 
 
+@pytest.mark.parametrize("tname", list(NAMED_TARGETS))
 @pytest.mark.parametrize("kwargs,family", CASES, ids=IDS)
-def test_conv_structure(kwargs, family, host):
-    funcs = _fused_prim_funcs(conv_block(**kwargs), host)
-    tmpl, name, func, match = _conv_kernel(funcs, host, family)
-    res = schedule_prim_func(func, host, {}, name)
+def test_conv_structure(kwargs, family, tname):
+    target = named_target(tname)
+    funcs = _fused_prim_funcs(conv_block(**kwargs), target)
+    tmpl, name, func, match = _conv_kernel(funcs, target, family)
+    res = schedule_prim_func(func, target, {}, name)
     assert res is not None and res.template == family, f"{name}: {res and res.template}"
     if kwargs.get("relu", True) or kwargs.get("bn", True):
         assert match.info["epilogue"] is not None, f"{name}: the epilogue was not matched"
@@ -151,8 +153,9 @@ def test_sampled_configs_apply_and_stay_correct(family, kwargs, samples, host):
         np.testing.assert_allclose(got.numpy(), want.numpy(), rtol=1e-4, atol=1e-4, err_msg=str(cfg))
 
 
-def test_conv_not_matched_by_other_families(host):
+def test_conv_not_matched_by_other_families():
     """A conv kernel is not a matmul and not a depthwise conv, and vice versa (match by structure)."""
+    host = named_target("haswell-2")
     conv = _fused_prim_funcs(conv_block(cin=4, cout=5, h=6, w=7), host)
     dw = _fused_prim_funcs(conv_block(cin=5, cout=5, h=6, w=7, group=5), host)
     by = {t.family: t for t in TEMPLATES}

@@ -110,9 +110,7 @@ def test_bad_candidates_are_survived_with_clear_records(tmp_path, host, measurer
     task = task_for(scale_add_func(), host, "scale_add", templates=[Faulty()])
     assert task is not None and task.space.size() == 10
     log_path = tmp_path / "faulty.jsonl"
-    t0 = time.perf_counter()
     res = Tuner([task], host, log_path, TuneOptions(trials=10, batch=10), FAST, measurer=measurer).run()
-    assert time.perf_counter() - t0 < 90
     assert res.trials_total == 10
     recs = {(r["config"]["mode"], r["config"]["inner"]): r for r in L.load(log_path, host).measures}
     assert len(recs) == 10, "every configuration measured exactly once"

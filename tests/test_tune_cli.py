@@ -122,9 +122,7 @@ def test_tune_through_rpc_tracker_with_two_servers(tmp_path, host, rpc_fleet):
     log_path = tmp_path / "rpc.jsonl"
     mo = MeasureOptions(repeat=3, min_repeat_ms=5, build_timeout=30, run_timeout=30, n_build=2,
                         tracker=tracker, key=key)
-    t0 = time.perf_counter()
     res = Tuner([task], host, log_path, TuneOptions(trials=9, batch=8), mo).run()
-    assert time.perf_counter() - t0 < 120
     recs = L.load(log_path, host).measures
     assert len(recs) == 9 and all(r["error"] is None and r["costs"] for r in recs), recs
     assert all(r["device"] == f"rpc:{key}@{tracker}" for r in recs)

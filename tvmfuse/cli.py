@@ -13,6 +13,8 @@ import numpy as np
 
 from .feeds import load_feeds as _load_feeds
 
+from .records import TUNING_LOG_HELP
+
 # Modules that add their own subcommands: each has ``add_commands(subparsers)``.
 _COMMAND_MODULES = ["tvmfuse.explain_cli", "tvmfuse.tune.cli", "tvmfuse.export"]
 
@@ -46,7 +48,7 @@ def _save_outputs(outputs: dict, path: str | None) -> None:
 def cmd_demo(args) -> int:
     from .demo import run_demo
 
-    return run_demo(target=args.target, json_out=args.json, small=args.quick)
+    return run_demo(target=args.target, json_out=args.json, small=args.quick, tuning_log=args.tuning_log)
 
 
 def add_shape_option(parser) -> None:
@@ -124,12 +126,13 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--target", default=None, help="target (default: this host's CPU)")
     d.add_argument("--json", action="store_true", help="print the reports as JSON")
     d.add_argument("--quick", action="store_true", help="smaller models")
+    d.add_argument("--tuning-log", default=None, help=TUNING_LOG_HELP)
     d.set_defaults(func=cmd_demo)
 
     c = sub.add_parser("compile", help="compile an ONNX model into a deployable artifact")
     c.add_argument("model")
     c.add_argument("--target", default=None)
-    c.add_argument("--tuning-log", default=None)
+    c.add_argument("--tuning-log", default=None, help=TUNING_LOG_HELP)
     c.add_argument("-o", "--output", required=True, help="artifact directory, or a .tar file")
     add_shape_option(c)
     c.set_defaults(func=cmd_compile)
@@ -138,7 +141,7 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("model", help="ONNX file or artifact (directory or .tar)")
     r.add_argument("--inputs", default=None, help=".npz with one array per input (default: random normal)")
     r.add_argument("--target", default=None)
-    r.add_argument("--tuning-log", default=None)
+    r.add_argument("--tuning-log", default=None, help=TUNING_LOG_HELP)
     r.add_argument("-o", "--output", default=None, help="write the outputs to this .npz")
     add_shape_option(r)
     r.set_defaults(func=cmd_run)
@@ -146,7 +149,7 @@ def build_parser() -> argparse.ArgumentParser:
     rp = sub.add_parser("report", help="print the fusion report of a model")
     rp.add_argument("model")
     rp.add_argument("--target", default=None)
-    rp.add_argument("--tuning-log", default=None)
+    rp.add_argument("--tuning-log", default=None, help=TUNING_LOG_HELP)
     rp.add_argument("--json", action="store_true")
     add_shape_option(rp)
     rp.set_defaults(func=cmd_report)

@@ -35,7 +35,8 @@ def _baseline_latency(model, pipeline_factory, target, feeds, repeat: int) -> fl
     return float(np.median(times))
 
 
-def run_demo(target=None, json_out: bool = False, small: bool = False, repeat: int = 10) -> int:
+def run_demo(target=None, json_out: bool = False, small: bool = False, repeat: int = 10,
+             tuning_log: str | None = None) -> int:
     tgt = parse_target(target)
     configure_threads(None)
     ok = True
@@ -44,7 +45,7 @@ def run_demo(target=None, json_out: bool = False, small: bool = False, repeat: i
         model = build(**({"seq": 32, "hidden": 64, "ffn": 256} if small and name == "transformer_block" else {}))
         feeds = random_feeds(model, seed=1)
         t0 = time.perf_counter()
-        cm = tvmfuse_compile(model, target=tgt, name=name)
+        cm = tvmfuse_compile(model, target=tgt, name=name, tuning_log=tuning_log)
         compile_s = time.perf_counter() - t0
         ref = reference_outputs(model, feeds)
         out = cm.run(feeds)

@@ -212,6 +212,11 @@ def _write_device_code(executable, target, root: str) -> list[dict]:
 def _tuning_log_info(path: str | None) -> dict | None:
     if not path:
         return None
+    from .records import SHIPPED, shipped_logs
+
+    if path == SHIPPED:
+        return {"shipped": [{"path": str(p), "sha256": _sha256(str(p)), "bytes": p.stat().st_size}
+                            for p in shipped_logs()]}
     if not os.path.isfile(path):
         raise ArtifactError(f"tuning log {path} used by this compile no longer exists; cannot record its digest")
     return {"path": os.path.abspath(path), "sha256": _sha256(path), "bytes": os.path.getsize(path)}
@@ -548,7 +553,9 @@ def add_commands(subparsers) -> None:
     e = subparsers.add_parser("export", help="compile an ONNX model and write a deployable artifact")
     e.add_argument("model", help="ONNX file")
     e.add_argument("--target", default=None, help="host (default), aarch64, cuda, or a target JSON")
-    e.add_argument("--tuning-log", default=None)
+    from .records import TUNING_LOG_HELP
+
+    e.add_argument("--tuning-log", default=None, help=TUNING_LOG_HELP)
     e.add_argument("-o", "--output", required=True, help="artifact directory, or a .tar file")
     e.add_argument("--shape", action="append", default=[], metavar="NAME=DIMS", help=_shape_help())
     e.set_defaults(func=cmd_export)

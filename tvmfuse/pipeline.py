@@ -27,7 +27,7 @@ class PipelineOptions:
     fusion: bool = True        # tvmfuse's graph-level fusion rules (False: TVM's FuseOps only)
     schedules: bool = True     # tvmfuse's schedule templates (False: TVM's defaults)
     fast_math: bool = True     # vectorizable exp/erf/tanh/sigmoid approximations in fused kernels
-    tuning_log: str | None = None
+    tuning_log: str | None = None   # None: untuned target defaults; "shipped": the shipped records; a log path
     extra: dict = field(default_factory=dict)
 
 

@@ -58,6 +58,7 @@ class TuningLog:
     workloads: dict[str, dict] = field(default_factory=dict)   # workload_key -> workload record
     skipped: list[str] = field(default_factory=list)           # "file:line: reason" of unreadable lines
     other_targets: int = 0                                     # measure records ignored (other target)
+    other_tvm: int = 0                                         # ignored: made with another TVM version
 
     def measured(self, workload_key: str) -> dict[str, dict]:
         """config_id -> record of every configuration already measured for a workload."""
@@ -122,21 +123,31 @@ def read_records(path: str | os.PathLike, skipped: list[str] | None = None) -> I
             yield rec
 
 
-def load(paths, target=None, *, all_targets: bool = False) -> TuningLog:
+def load(paths, target=None, *, all_targets: bool = False, check_tvm: bool = False) -> TuningLog:
     """Load one or more logs; measure records of other targets than ``target`` are dropped unless
-    ``all_targets``.  A missing file is an error (``TuningLogError``)."""
+    ``all_targets``; with ``check_tvm``, measure records made with another TVM version are dropped too,
+    with one warning per file (a config measured on another TVM may not apply, or not be the best).
+    A missing file is an error (``TuningLogError``)."""
     if isinstance(paths, (str, os.PathLike)):
         paths = [paths]
     tkey = target_key(target) if target is not None else None
     out = TuningLog()
     for p in paths:
+        versions: dict[str, int] = {}
         for rec in read_records(p, out.skipped):
             if rec["type"] == "workload":
                 out.workloads.setdefault(rec["workload_key"], rec)
+            elif check_tvm and rec.get("tvm") != C.TVM_VERSION:
+                versions[str(rec.get("tvm"))] = versions.get(str(rec.get("tvm")), 0) + 1
             elif all_targets or tkey is None or rec["target_key"] == tkey:
                 out.measures.append(rec)
             else:
                 out.other_targets += 1
+        if versions:
+            n = sum(versions.values())
+            out.other_tvm += n
+            log.warning("%s: skipped %d tuning record(s) made with another TVM version (%s; this is %s)",
+                        p, n, ", ".join(f"{v}: {c}" for v, c in sorted(versions.items())), C.TVM_VERSION)
     return out
 
 
@@ -144,19 +155,15 @@ def load(paths, target=None, *, all_targets: bool = False) -> TuningLog:
 def shipped_log_dirs() -> list[Path]:
     """Where the shipped records live: ``tuning_logs/`` of a source checkout (editable install), or the
     data directory a wheel installs them to (``[tool.setuptools.data-files]`` in pyproject.toml)."""
-    import sys
-    import sysconfig
+    from .target import data_dirs
 
-    pkg = Path(__file__).resolve().parent
-    candidates = [pkg.parent / "tuning_logs",
-                  Path(sysconfig.get_path("data")) / "share" / "tvmfuse" / "tuning_logs",
-                  Path(sys.prefix) / "share" / "tvmfuse" / "tuning_logs"]
-    seen, out = set(), []
-    for d in candidates:
-        if d.is_dir() and d.resolve() not in seen:
-            seen.add(d.resolve())
-            out.append(d)
-    return out
+    return data_dirs("tuning_logs")
+
+
+SHIPPED = "shipped"   # tuning_log value (and ``--tuning-log shipped``) that applies the shipped records
+TUNING_LOG_HELP = ("tuning records to apply: a tuning log (JSON lines), or 'shipped' for the records shipped "
+                   "in tuning_logs/ (default: none, every kernel gets its untuned default for the target)")
+
 
 
 def shipped_logs() -> list[Path]:
@@ -166,17 +173,25 @@ def shipped_logs() -> list[Path]:
 def best_configs(tuning_log, target) -> dict[str, dict]:
     """``{workload_key: {"template": family, "config": {...}, "cost": s, "source": file}}`` for ``target``.
 
-    The shipped records come first; the user's log (a path, or None) overrides them per workload.
-    Used by the schedule pass (``tvmfuse.schedules``).
+    ``tuning_log``: None (no records: every kernel gets its template's untuned target default),
+    ``"shipped"`` (:data:`SHIPPED`: the records shipped in ``tuning_logs/``, applied only when asked for),
+    or the path of a log.  Records of another target or another TVM version are not applied.
+    Used by the schedule pass (``tvmfuse.schedules._load_records``).
     """
-    out: dict[str, dict] = {}
-    sources = [(p, "shipped") for p in shipped_logs()]
-    if tuning_log is not None:
+    if tuning_log is None:
+        return {}
+    if str(tuning_log) == SHIPPED:
+        sources = [(p, "shipped") for p in shipped_logs()]
+        if not sources:
+            raise TuningLogError(f"tuning_log={SHIPPED!r}, but no shipped tuning records are installed "
+                                 f"(looked for tuning_logs/*.jsonl in {[str(d) for d in shipped_log_dirs()]})")
+    else:
         if not Path(tuning_log).exists():
             raise TuningLogError(f"tuning log not found: {tuning_log}")
-        sources.append((Path(tuning_log), "user"))
+        sources = [(Path(tuning_log), "user")]
+    out: dict[str, dict] = {}
     for path, kind in sources:
-        for wk, rec in load(path, target).best().items():
+        for wk, rec in load(path, target, check_tvm=True).best().items():
             out[wk] = {"template": rec["template"], "config": rec["config"], "cost": median_cost(rec),
                        "source": f"{kind}:{path}"}
     return out

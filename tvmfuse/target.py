@@ -1,9 +1,15 @@
-"""Targets: the host CPU as default, user strings/dicts parsed, threads sized to the physical cores."""
+"""Targets: the host CPU as default, user strings/dicts parsed, threads sized to the physical cores, and the
+facts CPU schedules derive their defaults from (``cpu_info``), all read from the target and the table
+``schedules/cpu_targets.json``, never from the machine running the compiler (only ``host_target`` looks at
+the host: it puts the host's CPU and cores *into* a target)."""
 from __future__ import annotations
 
+import functools
+import json
 import os
 import platform
 from dataclasses import dataclass
+from pathlib import Path
 
 from . import _compat as C
 from .errors import TargetError
@@ -43,8 +49,25 @@ _ALIASES = {
 }
 
 
+_INT_ATTRS = ("num-cores", "max_num_threads", "thread_warp_size")
+
+
+def _cli_target(text: str) -> dict:
+    """TVM's former command-line form (``llvm -mcpu=skylake-avx512 -num-cores=32 -mattr=+avx2,+fma``),
+    which TVM 0.27 no longer parses, as the dict form it takes."""
+    kind, *opts = text.split()
+    spec: dict = {"kind": kind}
+    for opt in opts:
+        if not opt.startswith("-") or "=" not in opt:
+            raise TargetError(f"target {text!r}: option {opt!r} is not of the form -key=value")
+        k, v = opt[1:].split("=", 1)
+        spec[k] = int(v) if k in _INT_ATTRS else v.split(",") if k in ("mattr", "libs", "keys") else v
+    return spec
+
+
 def parse_target(target=None) -> C.Target:
-    """Accept None/'host' (this CPU), a Target, a dict, a JSON string, or a TVM target string."""
+    """Accept None/'host' (this CPU), a Target, a dict, a JSON string, an alias (``aarch64``, ``cuda``),
+    or a target string (``llvm -mcpu=haswell -num-cores=2``, TVM's former command-line form)."""
     if target is None:
         return host_target()
     if isinstance(target, C.Target):
@@ -59,12 +82,12 @@ def parse_target(target=None) -> C.Target:
                 return C.Target(alias, host=host_target())
             return C.Target(alias)
         if key.startswith("{"):
-            import json
-
             try:
                 target = json.loads(key)
             except json.JSONDecodeError as e:
                 raise TargetError(f"target {key!r} is not valid JSON: {e}") from None
+        elif " -" in key:
+            target = _cli_target(key)
     try:
         tgt = C.Target(target)
     except Exception as e:  # TVM raises several error types for a bad target spec
@@ -84,56 +107,146 @@ def is_gpu(target: C.Target) -> bool:
 
 @dataclass(frozen=True)
 class CPUInfo:
-    """What the CPU schedules derive their untuned defaults from."""
+    """What the CPU schedules derive their untuned defaults from: facts of the *target*, never of the host
+    (a compile for a named target gives the same kernels on every machine)."""
 
     vector_bits: int
     cores: int
     l1d_bytes: int
     l2_bytes: int
     has_fma: bool
+    mcpu: str = "generic"          # the target's LLVM CPU name ("generic" when it names none)
+    table_entry: str = "generic"   # the row of schedules/cpu_targets.json the caches came from
 
     @property
     def float32_lanes(self) -> int:
         return self.vector_bits // 32
 
 
-def _cache_bytes(level: int, default: int) -> int:
-    path = f"/sys/devices/system/cpu/cpu0/cache"
+# --------------------------------------------------------------------------- target tables (data)
+CPU_TABLE = "cpu_targets.json"
+
+
+def data_dirs(name: str) -> list[Path]:
+    """Where a top-level data folder of the project (``schedules``, ``tuning_logs``) is: the folder next to
+    the package in a source checkout, or ``<prefix>/share/tvmfuse/<name>`` where a wheel installs it
+    (``[tool.setuptools.data-files]`` in pyproject.toml). Existing folders only, checkout first."""
+    import sys
+    import sysconfig
+
+    pkg = Path(__file__).resolve().parent
+    candidates = [pkg.parent / name,
+                  Path(sysconfig.get_path("data")) / "share" / "tvmfuse" / name,
+                  Path(sys.prefix) / "share" / "tvmfuse" / name]
+    seen, out = set(), []
+    for d in candidates:
+        if d.is_dir() and d.resolve() not in seen:
+            seen.add(d.resolve())
+            out.append(d)
+    return out
+
+
+_TABLE_KEYS = ("default_num_cores", "generic_by_vector_bits", "cpus", "template_defaults")
+_ENTRY_KEYS = ("l1d_kib", "l2_kib")
+
+
+@functools.lru_cache(maxsize=None)
+def cpu_table() -> dict:
+    """``schedules/cpu_targets.json``, checked: a missing file or field is an error naming it."""
+    dirs = data_dirs("schedules")
+    path = next((d / CPU_TABLE for d in dirs if (d / CPU_TABLE).is_file()), None)
+    if path is None:
+        raise TargetError(f"the CPU target table {CPU_TABLE} is not installed (looked in "
+                          f"{[str(d) for d in dirs] or 'no schedules/ folder'})")
     try:
-        for entry in sorted(os.listdir(path)):
-            if not entry.startswith("index"):
-                continue
-            with open(os.path.join(path, entry, "level")) as f:
-                lvl = int(f.read())
-            with open(os.path.join(path, entry, "type")) as f:
-                kind = f.read().strip()
-            if lvl == level and kind in ("Data", "Unified"):
-                with open(os.path.join(path, entry, "size")) as f:
-                    s = f.read().strip()
-                mult = {"K": 1024, "M": 1024 * 1024}.get(s[-1], 1)
-                return int(s.rstrip("KM")) * mult
-    except (OSError, ValueError):
-        return default
-    return default
+        table = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError) as e:
+        raise TargetError(f"cannot read the CPU target table {path}: {e}") from None
+    missing = [k for k in _TABLE_KEYS if k not in table]
+    if missing:
+        raise TargetError(f"{path}: missing field(s) {missing}")
+    rows = [(f"cpus.{k}", v) for k, v in table["cpus"].items()] + \
+        [(f"generic_by_vector_bits.{k}", v) for k, v in table["generic_by_vector_bits"].items()]
+    for key, entry in rows:
+        bad = [k for k in _ENTRY_KEYS if not isinstance(entry.get(k), int) or entry[k] <= 0]
+        if bad:
+            raise TargetError(f"{path}: {key} needs positive integer field(s) {bad}")
+    aliases = {}
+    for name, entry in table["cpus"].items():
+        for a in entry.get("aliases", ()):
+            aliases[a] = name
+    table["_aliases"] = aliases
+    table["_path"] = str(path)
+    return table
+
+
+def _table_entry(mcpu: str, bits: int) -> tuple[str, dict]:
+    table = cpu_table()
+    name = table["_aliases"].get(mcpu, mcpu)
+    if name in table["cpus"]:
+        return name, table["cpus"][name]
+    generic = table["generic_by_vector_bits"]
+    if str(bits) not in generic:
+        raise TargetError(f"{table['_path']}: no generic_by_vector_bits entry for {bits}-bit vectors")
+    return f"generic_by_vector_bits.{bits}", generic[str(bits)]
+
+
+def _vector_bits(feats: set[str]) -> int:
+    if "avx512f" in feats:
+        return 512
+    if "avx" in feats:       # AVX (and AVX2): 256-bit float vectors
+        return 256
+    return 128               # SSE, NEON
+
+
+def default_num_cores() -> int:
+    """Cores assumed for a target without a ``num-cores`` attribute (the table's ``default_num_cores``)."""
+    return int(cpu_table()["default_num_cores"])
 
 
 def cpu_info(target: C.Target) -> CPUInfo:
-    """Vector width from the target's CPU features; cores from the target; caches from this host."""
-    feats = C.llvm_cpu_features(target) if target.kind.name == "llvm" else set()
-    if "avx512f" in feats:
-        bits = 512
-    elif "avx2" in feats or "avx" in feats:
-        bits = 256
-    else:
-        bits = 128
-    cores = int(target.attrs.get("num-cores", 0) or physical_cores())
+    """Everything from the target: vector width and FMA from its mcpu/mattr (LLVM's feature list), cores
+    from its ``num-cores`` (else the table's default), caches from the table row of its mcpu (else the
+    generic row of its vector width).  Nothing is read from the machine running the compiler."""
+    key = str(target)
+    info = _CPU_INFO.get(key)
+    if info is None:
+        info = _CPU_INFO[key] = _cpu_info(target)
+    return info
+
+
+_CPU_INFO: dict[str, CPUInfo] = {}     # target JSON -> its CPUInfo (templates ask several times per kernel)
+
+
+def _cpu_info(target: C.Target) -> CPUInfo:
+    llvm = target.kind.name == "llvm"
+    feats = C.llvm_cpu_features(target) if llvm else set()
+    bits = _vector_bits(feats)
+    mcpu = str(target.attrs.get("mcpu", "") or "generic") if llvm else "generic"
+    entry_name, entry = _table_entry(mcpu, bits)
+    cores = int(target.attrs.get("num-cores", 0) or 0) or default_num_cores()
     return CPUInfo(
         vector_bits=bits,
         cores=cores,
-        l1d_bytes=_cache_bytes(1, 32 * 1024),
-        l2_bytes=_cache_bytes(2, 1024 * 1024),
-        has_fma="fma" in feats,
+        l1d_bytes=int(entry["l1d_kib"]) * 1024,
+        l2_bytes=int(entry["l2_kib"]) * 1024,
+        has_fma="fma" in feats or "neon" in feats,   # NEON always has fused multiply-add (fmla)
+        mcpu=mcpu,
+        table_entry=entry_name,
     )
+
+
+def template_defaults(target: C.Target, family: str) -> dict:
+    """Default knob values and thresholds of template ``family`` for ``target``: the table's
+    ``template_defaults[family]``, overridden by the target's CPU row where it has its own."""
+    table = cpu_table()
+    if family not in table["template_defaults"]:
+        raise TargetError(f"{table['_path']}: no template_defaults for {family!r}")
+    out = dict(table["template_defaults"][family])
+    info = cpu_info(target)
+    if info.table_entry in table["cpus"]:
+        out.update(table["cpus"][info.table_entry].get("template_defaults", {}).get(family, {}))
+    return out
 
 
 def configure_threads(num_threads: int | None = None) -> int:

@@ -64,7 +64,10 @@ def _with_new_knobs(template, match, target: C.Target, config: dict) -> dict:
 
 
 def _load_records(options, target: C.Target) -> dict:
-    """Best tuning record per workload for this target, from the user's log and the shipped logs."""
+    """Best tuning record per workload for this target from ``options.tuning_log``: none when it is None
+    (untuned target defaults), the shipped records when it is ``"shipped"``, else the records of that log."""
+    if options.tuning_log is None:
+        return {}
     return best_configs(options.tuning_log, target)
 
 

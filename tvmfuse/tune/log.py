@@ -28,7 +28,7 @@ from pathlib import Path
 from .. import _compat as C
 from ..errors import TuningLogError
 from ..records import (TuningLog, best_configs, config_id, load, median_cost, read_records,  # noqa: F401
-                       shipped_log_dirs, shipped_logs, target_key)
+                       shipped_log_dirs, shipped_logs, target_key, SHIPPED)
 
 LOG_VERSION = 1
 ERROR_KINDS = ("build", "run", "crash", "timeout", "wrong_result", "rpc")

@@ -196,41 +196,98 @@ def vectorizable(sch: C.Schedule, block) -> bool:
     return not (_calls(value, set()) & {"tirx.cosh", "tirx.sinh"}) and not has_shift(sch, block)
 
 
-def vectorize_inner(sch: C.Schedule, block, lanes: int) -> None:
-    """Split the innermost loop of ``block`` by ``lanes`` and vectorize the inner part."""
+def static_extent(sch: C.Schedule, loop) -> int | None:
+    ext = sch.get(loop).extent
+    return int(ext) if isinstance(ext, C.tirx.IntImm) else None
+
+
+def tail_parts(n: int, lanes: int) -> list[tuple[str, int]]:
+    """How a loop of ``n`` iterations runs on ``lanes``-wide vectors without a predicate in a vector loop:
+    ``("main", m)`` (the whole vectors) and ``("scalar", s)`` (the last ``n % lanes``), each part only
+    when not empty."""
+    main = n // lanes * lanes
+    return [(kind, size) for kind, size in (("main", main), ("scalar", n - main)) if size > 0]
+
+
+def partition_tail(sch: C.Schedule, loop, lanes: int) -> list[tuple[str, object]]:
+    """Cut ``loop`` (a static extent) into the parts of :func:`tail_parts`: ``[(kind, loop), ...]``.
+
+    A split by ``lanes`` of a loop that ``lanes`` does not divide puts a predicate in the vector loop,
+    and TVM's VectorizeLoop then stores one lane at a time (the whole loop runs scalar: 104 floats on
+    16-lane AVX-512, tests/test_schedules_cpu.py test_softmax_*); a separate tail keeps the main loop
+    full vectors.  The block under ``loop`` is replaced by one copy per part (``loop_partition``): call
+    this as the block's last step.
+    """
+    n = static_extent(sch, loop)
+    if n is None:
+        raise ValueError("partition_tail needs a loop of static extent")
+    parts = tail_parts(n, lanes)
+    if len(parts) == 1:
+        return [(parts[0][0], loop)]
+    main, tail = sch.loop_partition(loop, factors=[parts[0][1], None])
+    return [("main", main), ("scalar", tail)]
+
+
+def vectorize_parts(sch: C.Schedule, parts, lanes: int, unroll: int = 1, parallel: bool = False) -> None:
+    """Schedule the parts of :func:`partition_tail`: the main part [parallel outer][unrolled][vector
+    lanes], the scalar tail as it is.  The main part is split by ``lanes`` first (it divides) and its
+    outer loop then by ``unroll``: a predicate from that second split tests whole vectors, never lanes."""
+    for kind, loop in parts:
+        if kind != "main":
+            continue
+        outer, vec = sch.split(loop, factors=[None, lanes])
+        sch.vectorize(vec)
+        if unroll > 1:
+            outer, mid = sch.split(outer, factors=[None, unroll])
+            sch.unroll(mid)
+        if parallel:
+            sch.parallel(outer)
+
+
+def vectorize_inner(sch: C.Schedule, block, lanes: int, unroll: int = 1) -> None:
+    """Vectorize the innermost loop of ``block`` by ``lanes`` (``unroll`` vectors per step): a loop of at
+    most ``lanes`` iterations is one vector; a longer one of static extent gets a vector main loop and a
+    short tail (:func:`partition_tail`: the block is replaced, so this is its last step); one of dynamic
+    extent a predicated split."""
     if not vectorizable(sch, block):
         return
-    loops = sch.get_loops(block)
-    inner = loops[-1]
-    ext = sch.get(inner).extent
-    if isinstance(ext, C.tirx.IntImm) and int(ext) <= lanes:
+    inner = sch.get_loops(block)[-1]
+    n = static_extent(sch, inner)
+    if n is not None and n <= lanes:
         sch.vectorize(inner)
         return
-    _, vec = sch.split(inner, factors=[None, lanes])
-    sch.vectorize(vec)
+    if n is None:
+        _, vec = sch.split(inner, factors=[None, lanes])
+        sch.vectorize(vec)
+        return
+    vectorize_parts(sch, partition_tail(sch, inner, lanes), lanes, unroll)
 
 
 def schedule_injective(sch: C.Schedule, block, lanes: int, unroll: int = 1, parallel: bool = True,
                        min_parallel: int = 1) -> None:
-    """An elementwise block on its own: fuse all loops, [parallel outer][unrolled][vector lanes]."""
+    """An elementwise block on its own: fuse all loops, [parallel outer][unrolled][vector lanes], and the
+    elements that do not fill a vector in a short scalar tail (see :func:`partition_tail`)."""
     loops = sch.get_loops(block)
     if not loops:
         return
     if not vectorizable(sch, block):
         lanes = 1
     fused = sch.fuse(*loops) if len(loops) > 1 else loops[0]
-    total = sch.get(fused).extent
-    total = int(total) if isinstance(total, C.tirx.IntImm) else -1
-    if 0 < total <= lanes and lanes > 1:
+    total = static_extent(sch, fused)
+    if total is not None and total <= lanes and lanes > 1:
         sch.vectorize(fused)
         return
-    outer, mid, vec = sch.split(fused, factors=[None, unroll, lanes])
-    if lanes > 1:
-        sch.vectorize(vec)
-    if unroll > 1:
-        sch.unroll(mid)
-    if parallel and (total < 0 or total // (unroll * lanes) >= min_parallel):
-        sch.parallel(outer)
+    go_parallel = parallel and (total is None or total // (unroll * lanes) >= min_parallel)
+    if total is None or lanes == 1:
+        outer, mid, vec = sch.split(fused, factors=[None, unroll, lanes])
+        if lanes > 1:
+            sch.vectorize(vec)
+        if unroll > 1:
+            sch.unroll(mid)
+        if go_parallel:
+            sch.parallel(outer)
+        return
+    vectorize_parts(sch, partition_tail(sch, fused, lanes), lanes, unroll, parallel=go_parallel)
 
 
 def own_index_consumer(sch: C.Schedule, block, buffer: str):

@@ -2,24 +2,25 @@
 
 Matches a PrimFunc whose blocks are all spatial.  The chain is folded into its output block(s) (one
 pass over memory, no intermediate), each output's loops are fused into one, split into
-[parallel outer][unrolled][vector lanes].
+[parallel outer][unrolled][vector lanes]; what does not fill a group of vectors runs as a short tail
+(scalars: common.partition_tail), so the main loop never stores a partial vector.
+Default knob values come from the target (``template_defaults`` in schedules/cpu_targets.json).
 """
 from __future__ import annotations
 
 from ... import _compat as C
-from ...target import cpu_info
+from ...target import cpu_info, template_defaults
 from ..base import Knob, KnobSpace, Match, Template
 from . import common as U
 
 UNROLL = (1, 2, 4, 8)          # vectors per iteration of the innermost scalar loop
 VECTOR_MULT = (1, 2)           # vector lanes = target lanes x this (2: two registers per step)
 PARALLEL = (True, False)       # parallel outer loop (False: small kernels where a fork costs more)
-# Below this many vector iterations per core a parallel fork costs more than it saves.
-MIN_VECTORS_PER_CORE = 64
+FAMILY = "cpu.elementwise"     # its defaults (vector_mult, unroll, min_vectors_per_core, ...): the target table
 
 
 class Elementwise(Template):
-    family = "cpu.elementwise"
+    family = FAMILY
     target_kinds = ("llvm",)
 
     def match(self, func: C.PrimFunc, target: C.Target) -> Match | None:
@@ -49,12 +50,16 @@ class Elementwise(Template):
 
     def default_config(self, match: Match, target: C.Target) -> dict:
         info = cpu_info(target)
+        d = template_defaults(target, FAMILY)
         lanes = info.float32_lanes
         if match.info["elements"] < 0:   # symbolic size: any batch/sequence, so split it over the cores
             return {"lanes": lanes, "vector_mult": 1, "unroll": 1, "parallel": True}
         vectors = match.info["elements"] // lanes
-        return {"lanes": lanes, "vector_mult": 1, "unroll": 2 if vectors >= 2 * info.cores else 1,
-                "parallel": vectors >= MIN_VECTORS_PER_CORE * info.cores}
+        unroll = d["unroll"] if vectors >= d["unroll_min_vectors_per_core"] * info.cores else 1
+        # Below min_vectors_per_core vector iterations per core a parallel fork costs more than it saves.
+        return {"lanes": lanes, "vector_mult": U.nearest_choice(VECTOR_MULT, d["vector_mult"]),
+                "unroll": U.nearest_choice(UNROLL, unroll),
+                "parallel": vectors >= d["min_vectors_per_core"] * info.cores}
 
     def apply(self, sch: C.Schedule, match: Match, config: dict) -> None:
         # Step 1. Fold the chain into its outputs.

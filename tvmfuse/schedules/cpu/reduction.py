@@ -5,20 +5,28 @@ starts with the same spatial "row" loops and every reduction reduces only traili
 reductions over the row in one kernel.  After folding the elementwise blocks, each output chain is
 computed row by row: all its blocks are moved under the row loop of its last block (the row stays in
 L1/L2 between the passes), the row loop is parallel, elementwise passes are vectorized, and reductions
-are vectorized by an rfactor over ``rf_lanes`` partial sums (independent accumulators).
+are vectorized by an rfactor over ``rf_width`` partial sums (independent accumulators).  A row whose
+length the vector width does not divide keeps full vectors in its main loops: the elementwise passes run
+on whole vectors and a short scalar tail finishes the row (common.partition_tail); the partial sums take a
+width that divides the row (whole, half or quarter vectors: 104 floats on AVX-512 are 13 x 8).  A row with
+no such divisor (a prime length) keeps its reductions scalar: rfactor over a width that does not divide
+the row has a predicate in its vector loop (stored lane by lane), and a tail cut off the partial sums
+(loop_partition of the rf block) loses that predicate in TVM 0.27 and reads past the row.
+Default knob values come from the target (``template_defaults`` in schedules/cpu_targets.json).
 """
 from __future__ import annotations
 
 from ... import _compat as C
-from ...target import cpu_info
+from ...target import cpu_info, template_defaults
 from ..base import Knob, KnobSpace, Match, Template
 from . import common as U
 from .matmul import is_contraction
 
 RF_VECTORS = (1, 2, 4)           # partial-sum vectors per reduction (independent FMA chains)
+RF_LANE_DIVISORS = (1, 2, 4)     # or a partial-sum vector of target lanes / this (at least MIN_RF_LANES)
+MIN_RF_LANES = 4
 UNROLL = (1, 2, 4)               # unroll of the vectorized elementwise passes
-# Below this many rows per core the row loop is not worth a parallel fork.
-MIN_ROWS_PER_CORE = 2
+FAMILY = "cpu.row_reduction"     # its defaults (min_rows_per_core, max_rf_vectors, unroll): the target table
 # Calls that cost tens of vector instructions each (after tvmfuse.fastmath): a block computing one of them
 # and read by a reduction and another consumer (softmax's exp, read by the sum and by the division) is
 # computed once into a row buffer instead of being recomputed in each consumer.
@@ -159,7 +167,7 @@ def _rfactor(sch: C.Schedule, block, nrow: int, width: int):
 
 
 class RowReduction(Template):
-    family = "cpu.row_reduction"
+    family = FAMILY
     target_kinds = ("llvm",)
 
     def match(self, func: C.PrimFunc, target: C.Target) -> Match | None:
@@ -189,15 +197,14 @@ class RowReduction(Template):
 
     def space(self, match: Match, target: C.Target) -> KnobSpace:
         lanes = cpu_info(target).float32_lanes
-        # the partial-sum width must divide the row: a predicated vector loop over the tail is not
-        # vectorized correctly by TVM's rfactor + vectorize (tests/test_schedules_cpu.py, odd shapes)
+        # partial sums at most one row wide (a row that does not fill them has no vector step at all);
+        # a width that does not divide the row leaves a scalar tail (_vectorize_rf)
         n = match.info["row_len"]
-        rf_choices = tuple(v for v in RF_VECTORS if n % (v * lanes) == 0)
+        widths = rf_widths(lanes, match.info["row_len"])
         return KnobSpace((
             Knob("lanes", (lanes,), "float32 lanes per vector (target)"),
-            Knob("rf_vectors", rf_choices or (1,),
-                 "partial-sum vectors per reduction (rfactor)"),
-            Knob("vectorize_reductions", (True, False) if match.info["rfactor"] and rf_choices else (False,),
+            Knob("rf_width", widths or (lanes,), "partial sums per reduction (rfactor; divides the row)"),
+            Knob("vectorize_reductions", (True, False) if match.info["rfactor"] and widths else (False,),
                  "rfactor the reductions into vector partial sums"),
             Knob("unroll", UNROLL, "unroll of the vectorized elementwise passes"),
             Knob("parallel", (True, False), "parallel row loop"),
@@ -205,15 +212,18 @@ class RowReduction(Template):
 
     def default_config(self, match: Match, target: C.Target) -> dict:
         info = cpu_info(target)
+        d = template_defaults(target, FAMILY)
         space = {k.name: k.choices for k in self.space(match, target).knobs}
-        return {"lanes": info.float32_lanes, "rf_vectors": max(space["rf_vectors"][:2]),
-                "vectorize_reductions": True in space["vectorize_reductions"], "unroll": 1,
-                "parallel": match.info["rows"] >= MIN_ROWS_PER_CORE * info.cores}
+        return {"lanes": info.float32_lanes,
+                "rf_width": U.choices_upto(space["rf_width"], info.float32_lanes * d["max_rf_vectors"])[-1],
+                "vectorize_reductions": True in space["vectorize_reductions"],
+                "unroll": U.nearest_choice(UNROLL, d["unroll"]),
+                "parallel": match.info["rows"] >= d["min_rows_per_core"] * info.cores}
 
     def apply(self, sch: C.Schedule, match: Match, config: dict) -> None:
         info = match.info
         lanes, nrow = config["lanes"], info["row_axes"]
-        width = lanes * config["rf_vectors"]
+        width = config["rf_width"]
 
         # Step 1. Fold the elementwise blocks (the same folding as match()); an expensive block read by a
         # reduction and by another block stays, computed once per element into a row buffer (Step 3).
@@ -246,7 +256,8 @@ class RowReduction(Template):
                     continue     # not a producer of this chain: it belongs to another output's chain
                 placed.add(n)
 
-        # Step 4. Inner loops: vectorize elementwise passes and the rf partial sums.
+        # Step 4. Inner loops: vectorize elementwise passes (vector main loop, scalar tail) and the rf
+        # partial sums.
         for n in names:
             blk = sch.get_sblock(n)
             if n in rf_blocks:
@@ -261,8 +272,12 @@ class RowReduction(Template):
                 # only the block's own inner loops: the row loop holds the whole chain (vectorizing it
                 # gave wrong results, conformance node/test_globalaveragepool, test_mean_*, test_argmax_*)
                 if len(loops) > 1:
-                    U.vectorize_inner(sch, blk, lanes)
-                    if config["unroll"] > 1:
-                        inner = sch.get_loops(blk)[-2]
-                        _, u = sch.split(inner, factors=[None, config["unroll"]])
-                        sch.unroll(u)
+                    U.vectorize_inner(sch, blk, lanes, config["unroll"])
+
+
+def rf_widths(lanes: int, row_len: int) -> tuple:
+    """Partial-sum widths that divide the row, ascending: 1, 2 or 4 vectors of the target's lanes, or a
+    half or quarter vector (at least MIN_RF_LANES lanes); empty when none divides (a prime row length)."""
+    vectors = [lanes // d for d in RF_LANE_DIVISORS if lanes % d == 0 and lanes // d >= MIN_RF_LANES]
+    widths = {w * v for w in vectors for v in RF_VECTORS if w * v <= lanes * max(RF_VECTORS)}
+    return tuple(sorted(w for w in widths if row_len % w == 0))
