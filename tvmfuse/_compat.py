@@ -313,3 +313,7 @@ from tvm import sym as arith  # noqa: E402  (0.27: tvm.arith -> tvm.sym)
 Analyzer = arith.Analyzer
 detect_iter_map = arith.detect_iter_map
 Range = tvm.ir.Range
+
+# TIR built in Python (the attention template writes its loop nest over a kernel's own buffers)
+from tvm.script.ir_builder import IRBuilder  # noqa: E402
+from tvm.tirx.script.builder import ir as tir_builder  # noqa: E402
