@@ -2,6 +2,7 @@
 
 Each file holds one family; the order puts the most specific structure first.
 """
+from .attention import Attention
 from .conv2d import Conv2DEpilogue
 from .depthwise import DepthwiseConv2DEpilogue
 from .elementwise import Elementwise
@@ -10,6 +11,7 @@ from .reduction import RowReduction
 from .siblings import SiblingMatmuls
 
 TEMPLATES: list = [
+    Attention(),                  # kernels made by the attention rule (marked by their spec attribute)
     MatmulEpilogue(),
     Conv2DEpilogue(),             # before RowReduction: a conv is also a trailing reduction
     DepthwiseConv2DEpilogue(),
