@@ -26,6 +26,13 @@ def from_onnx(*args, **kwargs):
 
     return _from_onnx(*args, **kwargs)
 
+
+def onnx_frontend_module():
+    """TVM's ONNX importer module (its converter map and OnnxOpConverter), imported on first use."""
+    from tvm.relax.frontend.onnx import onnx_frontend
+
+    return onnx_frontend
+
 TVM_VERSION: str = tvm.__version__
 TVM_FFI_VERSION: str = getattr(tvm_ffi, "__version__", "unknown")
 

@@ -141,9 +141,8 @@ def fold_static_shapes(model: onnx.ModelProto) -> tuple[onnx.ModelProto, int]:
 
 
 def _unsupported_ops(model: onnx.ModelProto) -> dict[str, list[str]]:
-    from tvm.relax.frontend.onnx.onnx_frontend import _get_convert_map
-
-    supported = _get_convert_map()
+    register_onnx_converters()
+    supported = C.onnx_frontend_module()._get_convert_map()
     missing: dict[str, list[str]] = {}
     for node in model.graph.node:
         if node.op_type not in supported:
@@ -167,6 +166,7 @@ def load_onnx(path_or_model, *, keep_params_in_input: bool = False, fold_shapes:
     if missing:
         op, nodes = next(iter(missing.items()))
         raise UnsupportedOpError(op, nodes, detail=f"{len(missing)} unsupported op type(s): {sorted(missing)}")
+    register_onnx_converters()
     try:
         mod = C.from_onnx(model, shape_dict=shape_dict, keep_params_in_input=keep_params_in_input)
     except Exception as e:  # the importer raises many kinds; name the node when we can
@@ -193,3 +193,196 @@ def onnx_io(model: onnx.ModelProto) -> tuple[list[dict], list[dict]]:
 def sanitize(name: str) -> str:
     """The name TVM's importer gives an input (it sanitizes names into identifiers)."""
     return re.sub(r"[^0-9a-zA-Z_]", "_", name)
+
+
+# --------------------------------------------------------------------------- converters tvmfuse adds
+# TVM 0.27's importer lacks ONNX Attention-23 (its "Attention" is com.microsoft's), returns constant
+# placeholders for LayerNormalization's Mean/InvStdDev outputs, and its RMSNormalization fails to compile
+# when the normalized axes are all axes.  These converters emit plain Relax ops (correct under any
+# pipeline) in the forms tvmfuse's rules fuse: the attention chain of ``passes/attention.py`` and the
+# row reductions of ``rules``.  ``register_onnx_converters`` installs them into TVM's converter map.
+_REGISTERED = False
+
+
+def _shape_of(expr) -> list[int]:
+    ty = C.type_of(expr)
+    if not isinstance(ty, C.TensorType) or not isinstance(ty.shape, C.relax.ShapeExpr) or \
+            not all(isinstance(d, C.IntImm) for d in ty.shape.values):
+        raise UnsupportedOpError("(converter)", [], detail="tvmfuse's converters need static input shapes")
+    return [int(d.value) for d in ty.shape.values]
+
+
+def _dtype_of(expr) -> str:
+    return str(C.type_of(expr).dtype)
+
+
+def _norm_axes(axis: int, ndim: int, op: str) -> list[int]:
+    if not -ndim <= axis < ndim:
+        raise ValueError(f"{op}: axis {axis} out of range for a rank-{ndim} input")
+    return list(range(axis % ndim, ndim))
+
+
+def _layer_norm(bb, inputs, attr):
+    """Y, Mean, InvStdDev of ONNX LayerNormalization-17 (statistics in float32, stash_type 1)."""
+    R = C.relax.op
+    x, scale = inputs[0], inputs[1]
+    bias = inputs[2] if len(inputs) > 2 else None
+    dtype = _dtype_of(x)
+    axes = _norm_axes(int(attr.get("axis", -1)), len(_shape_of(x)), "LayerNormalization")
+    eps = C.relax.const(float(attr.get("epsilon", 1e-5)), "float32")
+    xf = x if dtype == "float32" else bb.normalize(R.astype(x, "float32"))
+    mean = bb.normalize(R.mean(xf, axes, keepdims=True))
+    centered = bb.normalize(R.subtract(xf, mean))
+    var = R.mean(R.multiply(centered, centered), axes, keepdims=True)
+    inv_std = bb.normalize(R.rsqrt(R.add(var, eps)))
+    y = R.multiply(R.multiply(centered, inv_std), scale if dtype == "float32" else R.astype(scale, "float32"))
+    if bias is not None:
+        y = R.add(y, bias if dtype == "float32" else R.astype(bias, "float32"))
+    if dtype != "float32":
+        y = R.astype(y, dtype)
+    return C.relax.Tuple([bb.normalize(y), mean, inv_std])
+
+
+def _rms_norm(bb, inputs, attr):
+    """ONNX RMSNormalization-23: x / sqrt(mean(x^2) + eps) * scale, statistics in float32."""
+    R = C.relax.op
+    x, scale = inputs[0], inputs[1]
+    dtype = _dtype_of(x)
+    axes = _norm_axes(int(attr.get("axis", -1)), len(_shape_of(x)), "RMSNormalization")
+    eps = C.relax.const(float(attr.get("epsilon", 1e-5)), "float32")
+    xf = x if dtype == "float32" else bb.normalize(R.astype(x, "float32"))
+    ms = R.mean(R.multiply(xf, xf), axes, keepdims=True)
+    y = R.multiply(R.multiply(xf, R.rsqrt(R.add(ms, eps))),
+                   scale if _dtype_of(scale) == "float32" else R.astype(scale, "float32"))
+    if dtype != "float32":
+        y = R.astype(y, dtype)
+    return bb.normalize(y)
+
+
+def _heads(bb, x, heads: int, what: str):
+    """[B, S, heads*h] -> [B, heads, S, h]."""
+    R = C.relax.op
+    b, s, hidden = _shape_of(x)
+    if heads <= 0 or hidden % heads:
+        raise ValueError(f"Attention: {what} hidden size {hidden} is not a multiple of {heads} heads")
+    return bb.normalize(R.permute_dims(R.reshape(x, [b, s, heads, hidden // heads]), [0, 2, 1, 3]))
+
+
+def _attention(bb, inputs, attr):
+    """ONNX Attention-23: Y, present_key, present_value, qk_matmul_output (see onnx.reference)."""
+    R = C.relax.op
+    inputs = list(inputs) + [None] * (7 - len(inputs))
+    q, k, v, mask, past_k, past_v, nonpad = inputs[:7]
+    if nonpad is not None:
+        raise UnsupportedOpError("Attention", [], detail="Attention's nonpad_kv_seqlen input is not supported")
+    if (past_k is None) != (past_v is None):
+        raise ValueError("Attention: past_key and past_value must be given together")
+    if float(attr.get("softcap", 0.0)) < 0:
+        raise ValueError("Attention: softcap must be >= 0")
+    dtype = _dtype_of(q)
+    rank3 = len(_shape_of(q)) == 3
+    if rank3:
+        if "q_num_heads" not in attr or "kv_num_heads" not in attr:
+            raise ValueError("Attention: 3-D inputs need the q_num_heads and kv_num_heads attributes")
+        q = _heads(bb, q, int(attr["q_num_heads"]), "Q")
+        k = _heads(bb, k, int(attr["kv_num_heads"]), "K")
+        v = _heads(bb, v, int(attr["kv_num_heads"]), "V")
+    past_len = 0
+    if past_k is not None:
+        past_len = _shape_of(past_k)[2]
+        k = bb.normalize(R.concat([past_k, k], axis=2))
+        v = bb.normalize(R.concat([past_v, v], axis=2))
+    present_k, present_v = k, v
+    bq, hq, sq, d = _shape_of(q)
+    hk, sk = _shape_of(k)[1], _shape_of(k)[2]
+    if hq != hk:
+        if hk <= 0 or hq % hk:
+            raise ValueError(f"Attention: {hq} query heads are not a multiple of {hk} key/value heads")
+        k = bb.normalize(R.repeat(k, hq // hk, axis=1))
+        v = bb.normalize(R.repeat(v, hq // hk, axis=1))
+    scale = attr.get("scale")
+    scale = float(1.0 / np.sqrt(d)) if scale is None else float(scale)
+    neg_inf = C.relax.const(float("-inf"), dtype)
+    zero = C.relax.const(0.0, dtype)
+    # additive bias: the mask (a bool mask: 0 where True, -inf where False; padded to the key length)
+    bias = None
+    if mask is not None:
+        mshape = _shape_of(mask)
+        if _dtype_of(mask) == "bool":
+            mask = bb.normalize(R.where(mask, zero, neg_inf))
+        if mshape[-1] < sk:
+            pad = R.full(mshape[:-1] + [sk - mshape[-1]], neg_inf, dtype)
+            mask = bb.normalize(R.concat([mask, pad], axis=-1))
+        bias = mask
+    causal = None
+    if int(attr.get("is_causal", 0)):
+        ii, jj = np.arange(sq)[:, None], np.arange(sk)[None, :]
+        causal = np.where(jj <= ii + past_len, 0.0, -np.inf).astype(dtype)
+    scores = bb.normalize(R.multiply(R.matmul(q, R.permute_dims(k, [0, 1, 3, 2])), C.relax.const(scale, dtype)))
+    softcap = float(attr.get("softcap", 0.0))
+    if softcap > 0:
+        cap = C.relax.const(softcap, dtype)
+        scores = bb.normalize(R.multiply(R.tanh(R.divide(scores, cap)), cap))
+    logits = scores
+    if bias is not None:
+        logits = bb.normalize(R.add(logits, bias))
+    if causal is not None:
+        logits = bb.normalize(R.add(logits, C.relax.const(causal)))
+    mode = int(attr.get("qk_matmul_output_mode", 0))
+    qk_out = logits if mode == 2 else scores
+    probs = bb.normalize(R.nn.softmax(logits, axis=-1))
+    # a row whose bias is -inf everywhere is 0 (onnx.reference: decided on the bias, not the logits)
+    if bias is not None or (causal is not None and np.isneginf(causal).all(axis=-1).any()):
+        total = bias
+        if causal is not None:
+            total = C.relax.const(causal) if total is None else R.add(total, C.relax.const(causal))
+        guard = bb.normalize(R.equal(R.max(total, axis=[-1], keepdims=True), neg_inf))
+        probs = bb.normalize(R.where(guard, zero, probs))
+    if mode == 3:
+        qk_out = probs
+    y = bb.normalize(R.matmul(probs, v))
+    if rank3:
+        dv = _shape_of(v)[3]
+        y = bb.normalize(R.reshape(R.permute_dims(y, [0, 2, 1, 3]), [bq, sq, hq * dv]))
+    return C.relax.Tuple([y, present_k, present_v, qk_out])
+
+
+def register_onnx_converters() -> None:
+    """Install tvmfuse's converters into TVM's ONNX converter map (idempotent).
+
+    ``load_onnx`` calls this; so does ``tvmfuse.conformance`` (the suite calls TVM's importer itself).
+    """
+    global _REGISTERED
+    if _REGISTERED:
+        return
+    fe = C.onnx_frontend_module()
+    base_attention = fe._get_convert_map()["Attention"]   # com.microsoft Attention (opset-free, v1)
+
+    class Attention(base_attention):
+        @classmethod
+        def _impl_v23(cls, bb, inputs, attr, params):
+            if "num_heads" in attr:     # com.microsoft's Attention (its required attribute)
+                return base_attention._impl_v1(bb, inputs, attr, params)
+            return _attention(bb, inputs, attr)
+
+    class LayerNormalization(fe.OnnxOpConverter):
+        @classmethod
+        def _impl_v17(cls, bb, inputs, attr, params):
+            return _layer_norm(bb, inputs, attr)
+
+    class RMSNormalization(fe.OnnxOpConverter):
+        @classmethod
+        def _impl_v23(cls, bb, inputs, attr, params):
+            return _rms_norm(bb, inputs, attr)
+
+    ours = {"Attention": Attention, "LayerNormalization": LayerNormalization,
+            "RMSNormalization": RMSNormalization}
+    original = fe._get_convert_map
+
+    def _get_convert_map():
+        table = original()
+        table.update(ours)
+        return table
+
+    fe._get_convert_map = _get_convert_map
+    _REGISTERED = True

@@ -18,6 +18,7 @@ def pre_legalize_passes(target: C.Target, options) -> list:
     return [
         Peephole(),
         FoldBatchNorm(),
+        C.relax_transform.DeadCodeElimination(),   # FuseAttention counts readers: dead ones must go first
         FuseAttention(target),
         C.relax_transform.CanonicalizeBindings(),
         C.relax_transform.EliminateCommonSubexpr(),

@@ -189,7 +189,8 @@ def match(fn: _Function, var, target) -> tuple | None:
     p, v = mm.args
     guard = None
     wh = fn.call(p, "relax.where")
-    if wh is not None and _scalar_const(wh.args[1]) == 0.0 and fn.call(wh.args[2], "relax.nn.softmax"):
+    if wh is not None and _scalar_const(wh.args[1]) == 0.0 and \
+            fn.call(wh.args[2], "relax.nn.softmax") is not None:
         if not fn.single_use(p):
             raise _Refused("the guarded probabilities are read outside the attention chain")
         guard, p = wh.args[0], wh.args[2]
