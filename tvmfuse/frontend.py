@@ -336,7 +336,9 @@ def _attention(bb, inputs, attr):
         total = bias
         if causal is not None:
             total = C.relax.const(causal) if total is None else R.add(total, C.relax.const(causal))
-        guard = bb.normalize(R.equal(R.max(total, axis=[-1], keepdims=True), neg_inf))
+        # (a count of allowed keys: TVM's max starts at the lowest finite float, never -inf)
+        allowed = R.sum(R.astype(R.not_equal(total, neg_inf), "int32"), axis=[-1], keepdims=True)
+        guard = bb.normalize(R.equal(allowed, C.relax.const(0, "int32")))
         probs = bb.normalize(R.where(guard, zero, probs))
     if mode == 3:
         qk_out = probs
