@@ -269,17 +269,19 @@ def _heads(bb, x, heads: int, what: str):
 
 
 def _attention(bb, inputs, attr):
-    """ONNX Attention-23: Y, present_key, present_value, qk_matmul_output (see onnx.reference)."""
+    """ONNX Attention-23/24: Y, present_key, present_value, qk_matmul_output (as onnx.reference computes
+    them; float16 inputs are computed in float32 and rounded once at the end)."""
     R = C.relax.op
     inputs = list(inputs) + [None] * (7 - len(inputs))
     q, k, v, mask, past_k, past_v, nonpad = inputs[:7]
-    if nonpad is not None:
-        raise UnsupportedOpError("Attention", [], detail="Attention's nonpad_kv_seqlen input is not supported")
     if (past_k is None) != (past_v is None):
         raise ValueError("Attention: past_key and past_value must be given together")
+    if nonpad is not None and past_k is not None:
+        raise ValueError("Attention: nonpad_kv_seqlen cannot be combined with past_key/past_value")
     if float(attr.get("softcap", 0.0)) < 0:
         raise ValueError("Attention: softcap must be >= 0")
     dtype = _dtype_of(q)
+    f32 = "float32"
     rank3 = len(_shape_of(q)) == 3
     if rank3:
         if "q_num_heads" not in attr or "kv_num_heads" not in attr:
@@ -293,6 +295,8 @@ def _attention(bb, inputs, attr):
         k = bb.normalize(R.concat([past_k, k], axis=2))
         v = bb.normalize(R.concat([past_v, v], axis=2))
     present_k, present_v = k, v
+    if dtype != f32:
+        q, k, v = (bb.normalize(R.astype(t, f32)) for t in (q, k, v))
     bq, hq, sq, d = _shape_of(q)
     hk, sk = _shape_of(k)[1], _shape_of(k)[2]
     if hq != hk:
@@ -302,43 +306,74 @@ def _attention(bb, inputs, attr):
         v = bb.normalize(R.repeat(v, hq // hk, axis=1))
     scale = attr.get("scale")
     scale = float(1.0 / np.sqrt(d)) if scale is None else float(scale)
-    neg_inf = C.relax.const(float("-inf"), dtype)
-    zero = C.relax.const(0.0, dtype)
-    # additive bias: the mask (a bool mask: 0 where True, -inf where False; padded to the key length)
+    neg_inf, zero = C.relax.const(float("-inf"), f32), C.relax.const(0.0, f32)
+    # Step 1. The bias: run-time terms (mask, key padding) summed into one tensor, compile-time terms
+    # (causal, sliding window) into one constant.
     bias = None
     if mask is not None:
         mshape = _shape_of(mask)
         if _dtype_of(mask) == "bool":
-            mask = bb.normalize(R.where(mask, zero, neg_inf))
+            mask = R.where(mask, zero, neg_inf)
+        elif _dtype_of(mask) != f32:
+            mask = R.astype(mask, f32)
         if mshape[-1] < sk:
-            pad = R.full(mshape[:-1] + [sk - mshape[-1]], neg_inf, dtype)
-            mask = bb.normalize(R.concat([mask, pad], axis=-1))
-        bias = mask
-    causal = None
-    if int(attr.get("is_causal", 0)):
-        ii, jj = np.arange(sq)[:, None], np.arange(sk)[None, :]
-        causal = np.where(jj <= ii + past_len, 0.0, -np.inf).astype(dtype)
-    scores = bb.normalize(R.multiply(R.matmul(q, R.permute_dims(k, [0, 1, 3, 2])), C.relax.const(scale, dtype)))
+            pad = np.full(mshape[:-1] + [sk - mshape[-1]], -np.inf, np.float32)
+            mask = R.concat([mask, C.relax.const(pad)], axis=-1)
+        bias = bb.normalize(mask)
+    ii, jj = np.arange(sq)[:, None], np.arange(sk)[None, :]
+    allowed = np.ones((sq, sk), bool)
+    causal = bool(int(attr.get("is_causal", 0)))
+    left, right = int(attr.get("left_window_size", -1)), int(attr.get("right_window_size", -1))
+    if nonpad is not None:
+        # key padding: j < nonpad[b]; the causal / window frontier moves by nonpad[b] - sq per batch
+        lens = bb.normalize(R.reshape(R.astype(nonpad, "int32"), [bq, 1, 1, 1]))
+        j_idx = C.relax.const(np.arange(sk, dtype=np.int32).reshape(1, 1, 1, sk))
+        ok = R.less(j_idx, lens)
+        diff = C.relax.const((ii - jj).astype(np.int32).reshape(1, 1, sq, sk))   # i - j
+        shifted = R.add(diff, R.subtract(lens, C.relax.const(sq, "int32")))    # i + offset_b - j
+        if causal:
+            ok = R.logical_and(ok, R.greater_equal(shifted, C.relax.const(0, "int32")))
+        if left >= 0:
+            ok = R.logical_and(ok, R.less_equal(shifted, C.relax.const(left, "int32")))
+        if right >= 0:
+            ok = R.logical_and(ok, R.less_equal(R.negative(shifted), C.relax.const(right, "int32")))
+        pad = bb.normalize(R.where(ok, zero, neg_inf))
+        bias = pad if bias is None else bb.normalize(R.add(bias, pad))
+    else:
+        diff = ii + past_len - jj
+        if causal:
+            allowed &= diff >= 0
+        if left >= 0:
+            allowed &= diff <= left
+        if right >= 0:
+            allowed &= -diff <= right
+    const_bias = None if allowed.all() else np.where(allowed, 0.0, -np.inf).astype(np.float32)
+    pure_causal = const_bias is not None and causal and left < 0 and right < 0
+    if const_bias is not None and not pure_causal and bias is not None:
+        bias = bb.normalize(R.add(bias, C.relax.const(const_bias)))   # one mask operand for the kernel
+        const_bias = None
+    # Step 2. softmax(scale * Q @ K^T [softcap] + bias) @ V, the chain tvmfuse's attention rule fuses.
+    scores = bb.normalize(R.multiply(R.matmul(q, R.permute_dims(k, [0, 1, 3, 2])), C.relax.const(scale, f32)))
     softcap = float(attr.get("softcap", 0.0))
     if softcap > 0:
-        cap = C.relax.const(softcap, dtype)
+        cap = C.relax.const(softcap, f32)
         scores = bb.normalize(R.multiply(R.tanh(R.divide(scores, cap)), cap))
     logits = scores
     if bias is not None:
         logits = bb.normalize(R.add(logits, bias))
-    if causal is not None:
-        logits = bb.normalize(R.add(logits, C.relax.const(causal)))
+    if const_bias is not None:
+        logits = bb.normalize(R.add(logits, C.relax.const(const_bias)))
     mode = int(attr.get("qk_matmul_output_mode", 0))
     qk_out = logits if mode == 2 else scores
     probs = bb.normalize(R.nn.softmax(logits, axis=-1))
-    # a row whose bias is -inf everywhere is 0 (onnx.reference: decided on the bias, not the logits)
-    if bias is not None or (causal is not None and np.isneginf(causal).all(axis=-1).any()):
+    # Step 3. A row whose bias is -inf everywhere is 0 (onnx.reference decides it on the bias).
+    if bias is not None or (const_bias is not None and (~allowed).all(axis=-1).any()):
         total = bias
-        if causal is not None:
-            total = C.relax.const(causal) if total is None else R.add(total, C.relax.const(causal))
+        if const_bias is not None:
+            total = C.relax.const(const_bias) if total is None else R.add(total, C.relax.const(const_bias))
         # (a count of allowed keys: TVM's max starts at the lowest finite float, never -inf)
-        allowed = R.sum(R.astype(R.not_equal(total, neg_inf), "int32"), axis=[-1], keepdims=True)
-        guard = bb.normalize(R.equal(allowed, C.relax.const(0, "int32")))
+        n_allowed = R.sum(R.astype(R.not_equal(total, neg_inf), "int32"), axis=[-1], keepdims=True)
+        guard = bb.normalize(R.equal(n_allowed, C.relax.const(0, "int32")))
         probs = bb.normalize(R.where(guard, zero, probs))
     if mode == 3:
         qk_out = probs
@@ -346,6 +381,8 @@ def _attention(bb, inputs, attr):
     if rank3:
         dv = _shape_of(v)[3]
         y = bb.normalize(R.reshape(R.permute_dims(y, [0, 2, 1, 3]), [bq, sq, hq * dv]))
+    if dtype != f32:
+        y, qk_out = bb.normalize(R.astype(y, dtype)), bb.normalize(R.astype(qk_out, dtype))
     return C.relax.Tuple([y, present_k, present_v, qk_out])
 
 
@@ -366,6 +403,9 @@ def register_onnx_converters() -> None:
             if "num_heads" in attr:     # com.microsoft's Attention (its required attribute)
                 return base_attention._impl_v1(bb, inputs, attr, params)
             return _attention(bb, inputs, attr)
+
+        _impl_v24 = _impl_v23     # + nonpad_kv_seqlen
+        _impl_v25 = _impl_v23     # + left/right_window_size
 
     class LayerNormalization(fe.OnnxOpConverter):
         @classmethod
