@@ -38,7 +38,7 @@ def _model(nodes, inputs, outputs, inits=(), opset=18):
     return m
 
 
-def _chain(b=2, h=3, sq=13, sk=21, d=16, dv=8, mask=None, softmax_axis=-1, scale_op="Mul"):
+def _chain(b=2, h=3, sq=13, sk=21, d=16, dv=8, mask=None, softmax_axis=-1, scale_op="Mul", decomposed=False):
     """softmax(Q @ K^T * s [+ mask]) @ V on [B, H, S, D] inputs; ``mask``: None, "input" or an initializer."""
     nodes = [helper.make_node("Transpose", ["k"], ["kt"], perm=[0, 1, 3, 2]),
              helper.make_node("MatMul", ["q", "kt"], ["qk"]),
@@ -54,8 +54,16 @@ def _chain(b=2, h=3, sq=13, sk=21, d=16, dv=8, mask=None, softmax_axis=-1, scale
             inputs.append(("mask", F, [b, 1, sq, sk]))
         nodes.append(helper.make_node("Add", ["x", "mask"], ["xm"]))
         logits = "xm"
-    nodes += [helper.make_node("Softmax", [logits], ["p"], axis=softmax_axis),
-              helper.make_node("MatMul", ["p", "v"], ["y"])]
+    if decomposed:       # ReduceMax, Sub, Exp, ReduceSum, Div (an exporter's softmax)
+        inits.append(onnx.numpy_helper.from_array(np.array([softmax_axis], np.int64), "ax"))
+        nodes += [helper.make_node("ReduceMax", [logits, "ax"], ["mx"], keepdims=1),
+                  helper.make_node("Sub", [logits, "mx"], ["xs"]),
+                  helper.make_node("Exp", ["xs"], ["ex"]),
+                  helper.make_node("ReduceSum", ["ex", "ax"], ["se"], keepdims=1),
+                  helper.make_node("Div", ["ex", "se"], ["p"])]
+    else:
+        nodes.append(helper.make_node("Softmax", [logits], ["p"], axis=softmax_axis))
+    nodes.append(helper.make_node("MatMul", ["p", "v"], ["y"]))
     return _model(nodes, inputs, [("y", F, [b, h, sq, dv])], inits)
 
 
@@ -90,6 +98,7 @@ def _attention_func(cm) -> C.PrimFunc:
     dict(b=1, h=2, sq=64, sk=64, d=32, dv=32),           # multiples of the blocks
     dict(sq=5, sk=3, d=4, dv=4),                         # fewer keys than one vector
     dict(scale_op="Div"),                                # 1/sqrt(d) as a division
+    dict(mask="input", decomposed=True),                 # max/sub/exp/sum/div instead of Softmax
 ])
 def test_chain_is_one_kernel_and_matches_reference(kw, host, rng):
     model = _chain(**kw)

@@ -128,11 +128,50 @@ def _peel_permutes(fn: _Function, expr, labels: list[str]) -> tuple:
         expr, labels = x, new
 
 
-def _scores_chain(fn: _Function, expr) -> tuple:
-    """(Q @ K^T call, scale, additive terms) of the softmax input; every step read only by the next."""
+def _reduce_axis(call) -> int | None:
+    """The one axis a keepdims reduction (max, sum) reduces, else None."""
+    axes = call.attrs.axis
+    if axes is None or len(axes) != 1 or not bool(call.attrs.keepdims):
+        return None
+    return int(axes[0])
+
+
+def _softmax(fn: _Function, p) -> tuple | None:
+    """(softmax input, axis, its readers inside the softmax) of ``p``: the relax softmax op, or
+    exp(x [- max(x)]) / sum(exp(...)) over one axis (a decomposed export); None if neither."""
+    sm = fn.call(p, "relax.nn.softmax")
+    if sm is not None:
+        return sm.args[0], int(sm.attrs.axis), 1
+    div = fn.call(p, "relax.divide")
+    if div is None:
+        return None
+    e, total = div.args
+    ex, sm_ = fn.call(e, "relax.exp"), fn.call(total, "relax.sum")
+    if ex is None or sm_ is None or not sm_.args[0].same_as(e) or _reduce_axis(sm_) is None:
+        return None
+    axis = _reduce_axis(sm_)
+    if len(fn.users.get(e, [])) != 2 or not fn.single_use(total):
+        raise _Refused("the exponentials of the decomposed softmax are read outside the attention chain")
+    arg = ex.args[0]
+    sub = fn.call(arg, "relax.subtract")
+    if sub is not None:
+        mx = fn.call(sub.args[1], "relax.max")
+        if mx is not None and mx.args[0].same_as(sub.args[0]) and _reduce_axis(mx) == axis:
+            if not (fn.single_use(arg) and fn.single_use(sub.args[1])):
+                raise _Refused("the decomposed softmax's max is read outside the attention chain")
+            return sub.args[0], axis, 2
+    return arg, axis, 1
+
+
+def _scores_chain(fn: _Function, expr, first_readers: int = 1) -> tuple:
+    """(Q @ K^T call, scale, additive terms) of the softmax input; every step read only by the next
+    (the input itself by ``first_readers`` ops of the softmax)."""
     scale, terms = 1.0, []
+    readers = first_readers
     while True:
-        if not fn.single_use(expr):
+        n = len(fn.users.get(expr, [])) if isinstance(expr, C.relax.Var) else 0
+        ok, readers = n == readers, 1
+        if not ok:
             raise _Refused(f"{C.var_name(expr) if isinstance(expr, C.relax.Var) else expr} "
                            "(part of the scores) is read outside the attention chain")
         mm = fn.call(expr, "relax.matmul")
@@ -194,18 +233,18 @@ def match(fn: _Function, var, target) -> tuple | None:
         if not fn.single_use(p):
             raise _Refused("the guarded probabilities are read outside the attention chain")
         guard, p = wh.args[0], wh.args[2]
-    sm = fn.call(p, "relax.nn.softmax")
-    if sm is None:
+    found = _softmax(fn, p)
+    if found is None:
         return None
-    x = sm.args[0]
+    x, axis, x_readers = found
     dims_x = _static_dims(x)
     if dims_x is None:
         raise _Refused("symbolic shapes (the kernel is built for static shapes)")
-    if int(sm.attrs.axis) % len(dims_x) != len(dims_x) - 1:
-        raise _Refused(f"softmax over axis {int(sm.attrs.axis)}, not the last (key) axis")
+    if axis % len(dims_x) != len(dims_x) - 1:
+        raise _Refused(f"softmax over axis {axis}, not the last (key) axis")
     if not fn.single_use(p):
         raise _Refused("the probabilities are read outside the attention chain")
-    qk, scale, terms = _scores_chain(fn, x)
+    qk, scale, terms = _scores_chain(fn, x, x_readers)
     q, kt = qk.args
     reason = R.check_attention_operands([q, kt, v, var] + terms + ([guard] if guard is not None else []),
                                         target)
