@@ -113,19 +113,66 @@ def _aligned_labels(shape: tuple, full: tuple, labels: list, what: str) -> list[
     return out
 
 
-def _peel_permutes(fn: _Function, expr, labels: list[str]) -> tuple:
-    """Read through ``permute_dims`` producers: (tensor read, labels of its axes)."""
+def _runs(fine: tuple, coarse: tuple) -> list[list[int]] | None:
+    """Each axis of ``coarse`` as a run of consecutive axes of ``fine`` (a reshape that only splits or
+    merges neighbouring axes, row-major); None for any other reshape."""
+    runs, f = [], 0
+    for c in coarse:
+        run, prod = [], 1
+        while f < len(fine) and (prod < c or (not run and c == 1 and fine[f] == 1)):
+            run.append(f)
+            prod *= fine[f]
+            f += 1
+        if prod != c:
+            return None
+        runs.append(run)
+    while f < len(fine):
+        if fine[f] != 1 or not runs:
+            return None
+        runs[-1].append(f)
+        f += 1
+    return runs
+
+
+def _merge(labels: list, runs: list[list[int]]) -> list:
+    """The labels of the coarse axes: a composite (row-major tuple) where a run has several labels."""
+    out = []
+    for run in runs:
+        subs = []
+        for r in run:
+            lab = labels[r]
+            subs.extend(lab if isinstance(lab, tuple) else (lab,))
+        subs = [x for x in subs if x != "1"]
+        out.append("1" if not subs else (subs[0] if len(subs) == 1 else tuple(subs)))
+    return out
+
+
+def _permute(labels: list, axes) -> list:
+    n = len(labels)
+    return list(range(n))[::-1] if axes is None else [int(a) % n for a in axes]
+
+
+def _peel_layout(fn: _Function, expr, labels: list, ops: list) -> tuple:
+    """Read through the ``permute_dims`` and axis split/merge ``reshape`` producers of an operand:
+    (tensor read, labels of its axes)."""
     while True:
         p = fn.call(expr, "relax.permute_dims")
-        if p is None:
-            return expr, labels
-        x = p.args[0]
-        n = len(labels)
-        axes = list(range(n))[::-1] if p.attrs.axes is None else [int(a) % n for a in p.attrs.axes]
-        new = [None] * n
-        for i, a in enumerate(axes):
-            new[a] = labels[i]
-        expr, labels = x, new
+        if p is not None:
+            new = [None] * len(labels)
+            for i, a in enumerate(_permute(labels, p.attrs.axes)):
+                new[a] = labels[i]
+            expr, labels = p.args[0], new
+            ops.append("permute_dims")
+            continue
+        r = fn.call(expr, "relax.reshape")
+        if r is not None:
+            src = _static_dims(r.args[0])
+            runs = _runs(_static_dims(expr), src) if src is not None else None
+            if runs is not None:
+                expr, labels = r.args[0], _merge(labels, runs)
+                ops.append("reshape")
+                continue
+        return expr, labels
 
 
 def _reduce_axis(call) -> int | None:
@@ -264,7 +311,7 @@ def match(fn: _Function, var, target) -> tuple | None:
     def operand(expr, tail, what):
         dims = _static_dims(expr)
         labels = _aligned_labels(dims[:-2], batch, blabels, what) + list(tail)
-        src, labels = _peel_permutes(fn, expr, labels)
+        src, labels = _peel_layout(fn, expr, labels, ops)
         return src, Operand(tuple(labels), _static_dims(src), _dtype(src))
 
     args, specs = [], {}
@@ -295,18 +342,22 @@ def match(fn: _Function, var, target) -> tuple | None:
         glabels = _aligned_labels(gdims, (*batch, sq, 1), blabels + ["i", "1"], "row guard")
         args.append(guard)
         ops.append("row guard")
-    # the output, through the permute_dims that consume it alone (head merge)
+    # the output, through the permute_dims / reshapes that consume it alone (head merge)
     out_var, out_labels = var, [f"b{k}" for k in range(len(batch))] + ["i", "e"]
     while fn.single_use(out_var):
         user = fn.users[out_var][0]
         pd = fn.call(user, "relax.permute_dims") if user is not None else None
-        if pd is None:
+        if pd is not None:
+            out_labels = [out_labels[a] for a in _permute(out_labels, pd.attrs.axes)]
+            out_var = user
+            ops.append("permute_dims")
+            continue
+        rs = fn.call(user, "relax.reshape") if user is not None else None
+        runs = _runs(_static_dims(out_var), _static_dims(user)) if rs is not None else None
+        if runs is None:
             break
-        n = len(out_labels)
-        axes = list(range(n))[::-1] if pd.attrs.axes is None else [int(a) % n for a in pd.attrs.axes]
-        out_labels = [out_labels[a] for a in axes]
-        out_var = user
-        ops.append("permute_dims")
+        out_labels, out_var = _merge(out_labels, runs), user
+        ops.append("reshape")
     spec = AttentionSpec(batch=tuple(batch), sq=sq, sk=sk, d=d, dv=dv, q=specs["q"], k=specs["k"],
                          v=specs["v"], out=Operand(tuple(out_labels), _static_dims(out_var), "float32"),
                          mask=mask[1] if mask is not None else None,

@@ -80,13 +80,19 @@ class AttentionSpec:
             ops.append(("guard", self.guard))
         return ops
 
+    def extents(self) -> dict:
+        ext = {f"b{k}": n for k, n in enumerate(self.batch)}
+        ext.update({"i": self.sq, "j": self.sk, "d": self.d, "e": self.dv, "1": 1})
+        return ext
+
     def to_json(self) -> str:
         return json.dumps(asdict(self), sort_keys=True)
 
     @staticmethod
     def from_json(text: str) -> "AttentionSpec":
         d = json.loads(text)
-        ops = {k: (Operand(tuple(v["axes"]), tuple(v["shape"]), v["dtype"]) if v is not None else None)
+        ops = {k: (Operand(tuple(tuple(a) if isinstance(a, list) else a for a in v["axes"]), tuple(v["shape"]),
+                           v["dtype"]) if v is not None else None)
                for k, v in d.items() if k in ("q", "k", "v", "out", "mask", "guard")}
         rest = {k: v for k, v in d.items() if k not in ops}
         rest["batch"] = tuple(rest["batch"])
@@ -94,33 +100,46 @@ class AttentionSpec:
 
     def validate(self) -> None:
         """Raise ValueError naming the first inconsistency between labels and extents."""
-        ext = {f"b{k}": n for k, n in enumerate(self.batch)}
-        ext.update(i=self.sq, j=self.sk, d=self.d, e=self.dv)
+        ext = self.extents()
         allowed = {"q": "id", "k": "jd", "v": "je", "out": "ie", "mask": "ij", "guard": "i"}
         for name, op in self.inputs() + [("out", self.out)]:
             if len(op.axes) != len(op.shape):
                 raise ValueError(f"attention operand {name}: {len(op.axes)} labels for rank {len(op.shape)}")
+            flat = []
             for lab, n in zip(op.axes, op.shape):
-                if lab == "1":
-                    if n != 1:
-                        raise ValueError(f"attention operand {name}: broadcast axis of extent {n}")
-                elif lab.startswith("b") or lab in allowed[name]:
-                    if ext.get(lab) != n:
-                        raise ValueError(f"attention operand {name}: axis {lab} has extent {n}, "
-                                         f"expected {ext.get(lab)}")
-                else:
-                    raise ValueError(f"attention operand {name}: label {lab!r} not allowed")
+                subs = lab if isinstance(lab, tuple) else (lab,)
+                for sub in subs:
+                    if not (sub == "1" or sub in ext and (sub.startswith("b") or sub in allowed[name])):
+                        raise ValueError(f"attention operand {name}: label {sub!r} not allowed")
+                flat.extend(subs)
+                want = math.prod(ext[sub] for sub in subs)
+                if want != n:
+                    raise ValueError(f"attention operand {name}: axis {lab} has extent {n}, expected {want}")
+            real = [x for x in flat if x != "1"]
+            if len(real) != len(set(real)):
+                raise ValueError(f"attention operand {name}: a label appears twice in {op.axes}")
             need = set(allowed[name]) - ({"i"} if name in ("mask", "guard") else set())
             need -= {"j"} if name == "mask" else set()
-            missing = need - set(op.axes)
+            missing = need - set(flat)
             if missing:
                 raise ValueError(f"attention operand {name}: no axis for {sorted(missing)}")
-        if set(self.out.axes) != {f"b{k}" for k in range(len(self.batch))} | {"i", "e"}:
+        out_flat = {x for lab in self.out.axes for x in (lab if isinstance(lab, tuple) else (lab,)) if x != "1"}
+        if out_flat != {f"b{k}" for k in range(len(self.batch))} | {"i", "e"}:
             raise ValueError(f"attention output axes {self.out.axes} must hold every batch axis, i and e")
 
 
-def _index(op: Operand, env: dict) -> list:
-    return [0 if lab == "1" else env[lab] for lab in op.axes]
+def _index(op: Operand, env: dict, ext: dict) -> list:
+    """Buffer indices of ``op`` for the logical index values ``env`` (a composite axis is row-major)."""
+    out = []
+    for lab in op.axes:
+        if isinstance(lab, tuple):
+            idx = 0
+            for sub in lab:
+                idx = idx * ext[sub] + (0 if sub == "1" else env[sub])
+            out.append(idx)
+        else:
+            out.append(0 if lab == "1" else env[lab])
+    return out
 
 
 def _batch_env(spec: AttentionSpec, bidx) -> dict:
@@ -134,14 +153,15 @@ def reference_prim_func(spec: AttentionSpec) -> C.PrimFunc:
     spec.validate()
     te, tir = C.te, C.tirx
     nb = len(spec.batch)
+    ext = spec.extents()
     ph = {name: te.placeholder(op.shape, op.dtype, name=name) for name, op in spec.inputs()}
     Q, K, V = ph["q"], ph["k"], ph["v"]
     rd = te.reduce_axis((0, spec.d), name="rd")
 
     def scores(*ix):
         env = _batch_env(spec, ix[:nb])
-        return te.sum(Q[tuple(_index(spec.q, {**env, "i": ix[nb], "d": rd}))]
-                      * K[tuple(_index(spec.k, {**env, "j": ix[nb + 1], "d": rd}))], axis=rd)
+        return te.sum(Q[tuple(_index(spec.q, {**env, "i": ix[nb], "d": rd}, ext))]
+                      * K[tuple(_index(spec.k, {**env, "j": ix[nb + 1], "d": rd}, ext))], axis=rd)
 
     shape_s = (*spec.batch, spec.sq, spec.sk)
     S = te.compute(shape_s, scores, name="attn_scores")
@@ -151,7 +171,7 @@ def reference_prim_func(spec: AttentionSpec) -> C.PrimFunc:
         x = S[ix] * tir.const(spec.scale, "float32")
         if spec.mask is not None:
             env = {**_batch_env(spec, ix[:nb]), "i": ix[nb], "j": ix[nb + 1]}
-            x = x + ph["mask"][tuple(_index(spec.mask, env))]
+            x = x + ph["mask"][tuple(_index(spec.mask, env, ext))]
         if spec.causal_offset is not None:
             x = tir.Select(ix[nb + 1] > ix[nb] + spec.causal_offset, neg_inf, x)
         return x
@@ -166,17 +186,23 @@ def reference_prim_func(spec: AttentionSpec) -> C.PrimFunc:
 
     def pv(*ix):
         env = {**_batch_env(spec, ix[:nb]), "j": re, "e": ix[nb + 1]}
-        return te.sum(E[(*ix[:nb + 1], re)] * V[tuple(_index(spec.v, env))], axis=re)
+        return te.sum(E[(*ix[:nb + 1], re)] * V[tuple(_index(spec.v, env, ext))], axis=re)
 
     O = te.compute((*spec.batch, spec.sq, spec.dv), pv, name="attn_pv")
-    pos = {lab: n for n, lab in enumerate(spec.out.axes)}
-
     def out(*z):
-        bidx = [z[pos[f"b{k}"]] for k in range(nb)]
-        i, e = z[pos["i"]], z[pos["e"]]
+        val_of = {}
+        for lab, zi in zip(spec.out.axes, z):      # buffer index -> logical indices (composites: div/mod)
+            subs = lab if isinstance(lab, tuple) else (lab,)
+            rest = zi
+            for sub in reversed(subs):
+                n = ext[sub]
+                val_of[sub] = tir.floormod(rest, n) if len(subs) > 1 else rest
+                rest = tir.floordiv(rest, n) if len(subs) > 1 else rest
+        bidx = [val_of[f"b{k}"] for k in range(nb)]
+        i, e = val_of["i"], val_of["e"]
         val = O[(*bidx, i, e)] / L[(*bidx, i)]
         if spec.guard is not None:
-            g = ph["guard"][tuple(_index(spec.guard, {**_batch_env(spec, bidx), "i": i}))]
+            g = ph["guard"][tuple(_index(spec.guard, {**_batch_env(spec, bidx), "i": i}, ext))]
             val = tir.Select(g, tir.const(0.0, "float32"), val)
         return val
 
@@ -281,8 +307,10 @@ def _flash_root(spec: AttentionSpec, params: list, qb: int, kb: int, lanes: int)
     scale = tir.const(spec.scale, f32)
     neg_inf, zero, one = tir.const(NEG_INF, f32), tir.const(0.0, f32), tir.const(1.0, f32)
 
+    ext = spec.extents()
+
     def load(name, op, env):
-        return buf[name][tuple(_index(op, env))]
+        return buf[name][tuple(_index(op, env, ext))]
 
     with IRBuilder() as ib:
         with T.prim_func(s_tir=True):
@@ -374,5 +402,5 @@ def _flash_root(spec: AttentionSpec, params: list, qb: int, kb: int, lanes: int)
                                         g = load("guard", spec.guard, {**benv, "i": i})
                                         val = tir.Select(g, zero, val)
                                     T.buffer_store(buf["out"], val,
-                                                   _index(spec.out, {**benv, "i": i, "e": e}))
+                                                   _index(spec.out, {**benv, "i": i, "e": e}, ext))
     return ib.get().body.block
