@@ -308,11 +308,14 @@ def _attention23(q_shape, k_shape, v_shape, mask=None, past=None, **attrs):
     dict(q_shape=[2, 3, 7, 8], k_shape=[2, 3, 9, 8], v_shape=[2, 3, 9, 8], mask=(F, [2, 1, 7, 9]), scale=0.2),
     dict(q_shape=[1, 2, 4, 8], k_shape=[1, 2, 3, 8], v_shape=[1, 2, 3, 8], is_causal=1,
          past=([1, 2, 5, 8], [1, 2, 5, 8])),
-], ids=["4d", "causal", "3d_gqa", "bool_mask", "float_mask_scale", "past_causal"])
+    dict(q_shape=[1, 4, 6, 8], k_shape=[1, 2, 7, 8], v_shape=[1, 2, 7, 8], mask=(F, [1, 4, 6, 7]), is_causal=1),
+], ids=["4d", "causal", "3d_gqa", "bool_mask", "float_mask_scale", "past_causal", "gqa_head_mask_causal"])
 def test_onnx_attention23_imports_and_fuses(case, host, rng):
     model = _attention23(**case)
     cm = tvmfuse.compile(model, host)
     assert len(_attention_groups(cm)) == 1, (cm.report.groups, cm.report.refused)
+    # grouped-query heads are a broadcast the kernel reads in place, not a repeated copy of K/V
+    assert not any("repeat" in k for k in cm.report.after.kernel_names)
     feeds = _feeds(model, rng)
     if "attn_mask" in feeds and feeds["attn_mask"].dtype == bool:
         feeds["attn_mask"] = rng.random(feeds["attn_mask"].shape) > 0.3

@@ -305,11 +305,17 @@ def _attention(bb, inputs, attr):
         q, k, v = (bb.normalize(R.astype(t, f32)) for t in (q, k, v))
     bq, hq, sq, d = _shape_of(q)
     hk, sk = _shape_of(k)[1], _shape_of(k)[2]
-    if hq != hk:
+    dv = _shape_of(v)[3]
+    gqa = hq != hk
+    if gqa:
+        # grouped-query: query head h reads key/value head h // r; as a broadcast over a [kv heads, r]
+        # split of the head axis (no repeated copy of K and V; the attention kernel reads them in place)
         if hk <= 0 or hq % hk:
             raise ValueError(f"Attention: {hq} query heads are not a multiple of {hk} key/value heads")
-        k = bb.normalize(R.repeat(k, hq // hk, axis=1))
-        v = bb.normalize(R.repeat(v, hq // hk, axis=1))
+        r = hq // hk
+        q = bb.normalize(R.reshape(q, [bq, hk, r, sq, d]))
+        k = bb.normalize(R.reshape(k, [bq, hk, 1, sk, d]))
+        v = bb.normalize(R.reshape(v, [bq, hk, 1, sk, dv]))
     scale = attr.get("scale")
     scale = float(1.0 / np.sqrt(d)) if scale is None else float(scale)
     neg_inf, zero = C.relax.const(float("-inf"), f32), C.relax.const(0.0, f32)
@@ -358,8 +364,16 @@ def _attention(bb, inputs, attr):
     if const_bias is not None and not pure_causal and bias is not None:
         bias = bb.normalize(R.add(bias, C.relax.const(const_bias)))   # one mask operand for the kernel
         const_bias = None
+    if gqa and bias is not None:
+        bshape = [1] * (4 - len(_shape_of(bias))) + _shape_of(bias)
+        if bshape[1] not in (1, hq):
+            raise ValueError(f"Attention: the mask's head axis ({bshape[1]}) is neither 1 nor {hq}")
+        heads = [hk, hq // hk] if bshape[1] == hq else [1, 1]
+        bias = bb.normalize(R.reshape(bias, [bshape[0]] + heads + bshape[2:]))
     # Step 2. softmax(scale * Q @ K^T [softcap] + bias) @ V, the chain tvmfuse's attention rule fuses.
-    scores = bb.normalize(R.multiply(R.matmul(q, R.permute_dims(k, [0, 1, 3, 2])), C.relax.const(scale, f32)))
+    rank = len(_shape_of(k))
+    kt = R.permute_dims(k, list(range(rank - 2)) + [rank - 1, rank - 2])
+    scores = bb.normalize(R.multiply(R.matmul(q, kt), C.relax.const(scale, f32)))
     softcap = float(attr.get("softcap", 0.0))
     if softcap > 0:
         cap = C.relax.const(softcap, f32)
@@ -384,8 +398,10 @@ def _attention(bb, inputs, attr):
     if mode == 3:
         qk_out = probs
     y = bb.normalize(R.matmul(probs, v))
+    if gqa:
+        y = bb.normalize(R.reshape(y, [bq, hq, sq, dv]))
+        qk_out = R.reshape(qk_out, [bq, hq, sq, sk])
     if rank3:
-        dv = _shape_of(v)[3]
         y = bb.normalize(R.reshape(R.permute_dims(y, [0, 2, 1, 3]), [bq, sq, hq * dv]))
     if dtype != f32:
         y, qk_out = bb.normalize(R.astype(y, dtype)), bb.normalize(R.astype(qk_out, dtype))

@@ -252,18 +252,17 @@ def _scores_chain(fn: _Function, expr, first_readers: int = 1) -> tuple:
 
 
 def _leads_to_matmul(fn: _Function, expr, depth: int = 8) -> bool:
-    for _ in range(depth):
-        if not isinstance(expr, C.relax.Var) or expr not in fn.value:
-            return False
-        v = fn.value[expr]
-        if not (isinstance(v, C.relax.Call) and isinstance(v.op, C.Op)):
-            return False
-        if v.op.name == "relax.matmul":
-            return True
-        if v.op.name not in ("relax.add", "relax.multiply", "relax.divide"):
-            return False
-        expr = next((a for a in v.args if isinstance(a, C.relax.Var)), None)
-    return False
+    """Whether ``expr`` is a matmul, through at most ``depth`` add/multiply/divide steps."""
+    if depth == 0 or not isinstance(expr, C.relax.Var) or expr not in fn.value:
+        return False
+    v = fn.value[expr]
+    if not (isinstance(v, C.relax.Call) and isinstance(v.op, C.Op)):
+        return False
+    if v.op.name == "relax.matmul":
+        return True
+    if v.op.name not in ("relax.add", "relax.multiply", "relax.divide"):
+        return False
+    return any(_leads_to_matmul(fn, a, depth - 1) for a in v.args)
 
 
 def match(fn: _Function, var, target) -> tuple | None:
