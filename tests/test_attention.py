@@ -337,3 +337,17 @@ def test_onnx_layer_and_rms_normalization_import(host, rng):
                    inits, opset=23)
     cm = tvmfuse.compile(model, host)
     _check(model, cm, _feeds(model, rng))
+
+
+def test_kernel_exp_is_fast_math_after_scheduling():
+    """tvmfuse.fastmath runs after the schedules on CPU: no libm exp call stays in the attention kernel."""
+    from tvmfuse.pipeline import PipelineOptions, schedule_passes
+
+    cm = tvmfuse.compile(_chain(mask="input"), SKYLAKE)
+    with SKYLAKE:
+        fast = C.Sequential(schedule_passes(SKYLAKE, PipelineOptions()))(cm.fused_module)
+        slow = C.Sequential(schedule_passes(SKYLAKE, PipelineOptions(fast_math=False)))(cm.fused_module)
+    texts = [[f.script() for f in m.functions.values() if isinstance(f, C.PrimFunc) and ATTR in f.attrs]
+             for m in (fast, slow)]
+    assert len(texts[0]) == 1 and "T.exp(" not in texts[0][0]
+    assert "T.exp(" in texts[1][0]
