@@ -11,8 +11,9 @@ from .reduction import RowReduction
 from .siblings import SiblingMatmuls
 
 TEMPLATES: list = [
-    Attention(),                  # kernels made by the attention rule (marked by their spec attribute)
     MatmulEpilogue(),
+    Attention(),                  # the attention rule's kernels (spec attribute); matmul_epilogue rejects
+                                  # them (several reductions): test_attention checks which template ran
     Conv2DEpilogue(),             # before RowReduction: a conv is also a trailing reduction
     DepthwiseConv2DEpilogue(),
     SiblingMatmuls(),             # several matmuls of one input: before RowReduction
