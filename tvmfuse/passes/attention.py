@@ -296,6 +296,8 @@ def match(fn: _Function, var, target) -> tuple | None:
                                         target)
     if reason is not None:
         raise _Refused(reason)
+    if min(len(_static_dims(t)) for t in (q, kt, v)) < 2:
+        raise _Refused("a matmul operand is a vector (the kernel takes [..., rows, features] operands)")
     sq, d = _static_dims(q)[-2:]
     sk = _static_dims(kt)[-1]
     dv = _static_dims(v)[-1]
