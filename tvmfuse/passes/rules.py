@@ -12,7 +12,9 @@ A *node* is one ``call_tir`` of the legalized module; its *kind* comes from the 
 - ``opaque``       anything else (extern, call_dps_packed, symbolic shapes, tir_vars): never fused.
 
 A rule names the pair of kinds it fuses (``edge`` rules: producer -> consumer; ``sibling`` rules: two
-consumers of one tensor).  Whether a fusion happens is decided in one place, ``decide``: legality (the
+consumers of one tensor; ``chain`` rules: a multi-op pattern matched on Relax ops before legalization by
+its own pass, e.g. ``attention`` in passes/attention.py, whose checks are the ``check_attention_*``
+functions below; grouping then sees its kernel as one opaque op).  Whether a fusion happens is decided in one place, ``decide``: legality (the
 merged group stays acyclic in the group graph; shapes are static), profitability (the anchors of the
 merged group can share one loop nest) and target support (group size limits of the target family).
 Each check returns None when it passes, else the reason a user reads.
