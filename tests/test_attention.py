@@ -351,3 +351,30 @@ def test_kernel_exp_is_fast_math_after_scheduling():
              for m in (fast, slow)]
     assert len(texts[0]) == 1 and "T.exp(" not in texts[0][0]
     assert "T.exp(" in texts[1][0]
+
+
+def test_grouped_query_expand_is_read_in_place(host, rng):
+    """PyTorch's repeat_kv (Unsqueeze -> Expand -> Reshape of K and V to the query heads) is read through:
+    query head h reads key/value head h // r, and no expanded K/V copy is made."""
+    b, hk, r, sq, sk, d = 2, 2, 3, 7, 10, 8
+    nodes, inits = [], [onnx.numpy_helper.from_array(np.array(np.float32(1 / np.sqrt(d))), "s"),
+                        onnx.numpy_helper.from_array(np.array([2], np.int64), "ax"),
+                        onnx.numpy_helper.from_array(np.array([b, hk, r, sk, d], np.int64), "big"),
+                        onnx.numpy_helper.from_array(np.array([b, hk * r, sk, d], np.int64), "heads")]
+    for t in ("k", "v"):
+        nodes += [helper.make_node("Unsqueeze", [t, "ax"], [f"{t}u"]),
+                  helper.make_node("Expand", [f"{t}u", "big"], [f"{t}e"]),
+                  helper.make_node("Reshape", [f"{t}e", "heads"], [f"{t}r"])]
+    nodes += [helper.make_node("Transpose", ["kr"], ["kt"], perm=[0, 1, 3, 2]),
+              helper.make_node("MatMul", ["q", "kt"], ["qk"]),
+              helper.make_node("Mul", ["qk", "s"], ["x"]),
+              helper.make_node("Softmax", ["x"], ["p"], axis=-1),
+              helper.make_node("MatMul", ["p", "vr"], ["y"])]
+    model = _model(nodes, [("q", F, [b, hk * r, sq, d]), ("k", F, [b, hk, sk, d]), ("v", F, [b, hk, sk, d])],
+                   [("y", F, [b, hk * r, sq, d])], inits)
+    for schedules in (True, False):          # the online-softmax kernel and the reference stages
+        cm = tvmfuse.compile(model, host, schedules=schedules)
+        assert cm.kernel_count == 1, cm.report.after.kernel_names
+        spec = AttentionSpec.from_json(str(_attention_func(cm).attrs[ATTR]))
+        assert spec.k.shape == (b, hk, sk, d) and spec.k.axes[1] == ("%", "b1", r, hk)
+        _check(model, cm, _feeds(model, rng))

@@ -23,7 +23,7 @@ import numpy as np
 
 from .. import _compat as C
 from ..explain import record_refusal
-from ..schedules.cpu.attention import AttentionSpec, Operand, reference_prim_func
+from ..schedules.cpu.attention import AttentionSpec, Operand, _parts, reference_prim_func
 from . import rules as R
 
 log = logging.getLogger("tvmfuse.fusion")
@@ -140,8 +140,7 @@ def _merge(labels: list, runs: list[list[int]]) -> list:
     for run in runs:
         subs = []
         for r in run:
-            lab = labels[r]
-            subs.extend(lab if isinstance(lab, tuple) else (lab,))
+            subs.extend(_parts(labels[r]))
         subs = [x for x in subs if x != "1"]
         out.append("1" if not subs else (subs[0] if len(subs) == 1 else tuple(subs)))
     return out
@@ -166,13 +165,54 @@ def _peel_layout(fn: _Function, expr, labels: list, ops: list) -> tuple:
             continue
         r = fn.call(expr, "relax.reshape")
         if r is not None:
-            src = _static_dims(r.args[0])
-            runs = _runs(_static_dims(expr), src) if src is not None else None
-            if runs is not None:
+            src, cur = _static_dims(r.args[0]), _static_dims(expr)
+            runs = _runs(cur, src) if src is not None else None
+            if runs is not None:          # the source's axes merge the operand's (head split)
                 expr, labels = r.args[0], _merge(labels, runs)
                 ops.append("reshape")
                 continue
+            split = _split(labels, src, cur) if src is not None else None
+            if split is not None:         # the source's axes split the operand's (grouped heads)
+                expr, labels = r.args[0], split
+                ops.append("reshape")
+                continue
+        b = fn.call(expr, "relax.broadcast_to")
+        if b is not None and _static_dims(b.args[0]) is not None:
+            src, cur = _static_dims(b.args[0]), _static_dims(expr)
+            off = len(cur) - len(src)
+            expr = b.args[0]
+            labels = ["1" if src[t] == 1 and cur[off + t] != 1 else labels[off + t] for t in range(len(src))]
+            ops.append("broadcast_to")
+            continue
+        e = fn.call(expr, "relax.expand_dims")
+        if e is not None:
+            n = len(labels)
+            drop = {int(a) % n for a in e.attrs.axis}
+            expr, labels = e.args[0], [lab for t, lab in enumerate(labels) if t not in drop]
+            ops.append("expand_dims")
+            continue
         return expr, labels
+
+
+def _split(labels: list, src: tuple, cur: tuple) -> list | None:
+    """Labels of ``src`` when each axis of ``cur`` (labelled) is a run of ``src`` axes: a split plain
+    label becomes digits (``("%", label, stride, extent)``), most significant first; else None."""
+    runs = _runs(src, cur)
+    if runs is None:
+        return None
+    out = []
+    for lab, run in zip(labels, runs):
+        if len(run) <= 1:
+            out.extend([lab] * len(run))
+            continue
+        if not isinstance(lab, str):
+            return None           # a split of a composite or digit axis: not expressible, stop here
+        for m, t in enumerate(run):
+            stride = 1
+            for u in run[m + 1:]:
+                stride *= src[u]
+            out.append("1" if src[t] == 1 or lab == "1" else ("%", lab, stride, src[t]))
+    return out
 
 
 def _reduce_axis(call) -> int | None:

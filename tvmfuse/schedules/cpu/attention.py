@@ -91,8 +91,8 @@ class AttentionSpec:
     @staticmethod
     def from_json(text: str) -> "AttentionSpec":
         d = json.loads(text)
-        ops = {k: (Operand(tuple(tuple(a) if isinstance(a, list) else a for a in v["axes"]), tuple(v["shape"]),
-                           v["dtype"]) if v is not None else None)
+        ops = {k: (Operand(tuple(_as_label(a) for a in v["axes"]), tuple(v["shape"]), v["dtype"])
+                   if v is not None else None)
                for k, v in d.items() if k in ("q", "k", "v", "out", "mask", "guard")}
         rest = {k: v for k, v in d.items() if k not in ops}
         rest["batch"] = tuple(rest["batch"])
@@ -105,17 +105,22 @@ class AttentionSpec:
         for name, op in self.inputs() + [("out", self.out)]:
             if len(op.axes) != len(op.shape):
                 raise ValueError(f"attention operand {name}: {len(op.axes)} labels for rank {len(op.shape)}")
-            flat = []
+            flat, plain = [], []
             for lab, n in zip(op.axes, op.shape):
-                subs = lab if isinstance(lab, tuple) else (lab,)
-                for sub in subs:
+                parts = _parts(lab)
+                for part in parts:
+                    sub = _part_base(part)
                     if not (sub == "1" or sub in ext and (sub.startswith("b") or sub in allowed[name])):
                         raise ValueError(f"attention operand {name}: label {sub!r} not allowed")
-                flat.extend(subs)
-                want = math.prod(ext[sub] for sub in subs)
+                    if isinstance(part, tuple) and name == "out":
+                        raise ValueError("attention output: a split (digit) axis is not allowed")
+                    flat.append(sub)
+                    if not isinstance(part, tuple):
+                        plain.append(sub)
+                want = math.prod(_part_extent(part, ext) for part in parts)
                 if want != n:
                     raise ValueError(f"attention operand {name}: axis {lab} has extent {n}, expected {want}")
-            real = [x for x in flat if x != "1"]
+            real = [x for x in plain if x != "1"]
             if len(real) != len(set(real)):
                 raise ValueError(f"attention operand {name}: a label appears twice in {op.axes}")
             need = set(allowed[name]) - ({"i"} if name in ("mask", "guard") else set())
@@ -123,23 +128,48 @@ class AttentionSpec:
             missing = need - set(flat)
             if missing:
                 raise ValueError(f"attention operand {name}: no axis for {sorted(missing)}")
-        out_flat = {x for lab in self.out.axes for x in (lab if isinstance(lab, tuple) else (lab,)) if x != "1"}
+        out_flat = {_part_base(x) for lab in self.out.axes for x in _parts(lab) if x != "1"}
         if out_flat != {f"b{k}" for k in range(len(self.batch))} | {"i", "e"}:
             raise ValueError(f"attention output axes {self.out.axes} must hold every batch axis, i and e")
 
 
+def _parts(lab) -> list:
+    """The parts of an axis label, most significant first: a plain label, a digit ``("%", base, stride,
+    extent)`` (the axis holds ``base // stride % extent``: a head axis split into [kv heads, group]) or
+    a composite (a tuple of those: one axis holding several logical ones, row-major)."""
+    if isinstance(lab, tuple) and (not lab or lab[0] != "%"):
+        return list(lab)
+    return [lab]
+
+
+def _part_extent(part, ext: dict) -> int:
+    return part[3] if isinstance(part, tuple) else ext[part]
+
+
+def _part_base(part) -> str:
+    return part[1] if isinstance(part, tuple) else part
+
+
+def _part_value(part, env: dict):
+    if isinstance(part, tuple):
+        return C.tirx.floormod(C.tirx.floordiv(env[part[1]], part[2]), part[3])
+    return 0 if part == "1" else env[part]
+
+
 def _index(op: Operand, env: dict, ext: dict) -> list:
-    """Buffer indices of ``op`` for the logical index values ``env`` (a composite axis is row-major)."""
+    """Buffer indices of ``op`` for the logical index values ``env``."""
     out = []
     for lab in op.axes:
-        if isinstance(lab, tuple):
-            idx = 0
-            for sub in lab:
-                idx = idx * ext[sub] + (0 if sub == "1" else env[sub])
-            out.append(idx)
-        else:
-            out.append(0 if lab == "1" else env[lab])
+        idx = None
+        for part in _parts(lab):
+            v = _part_value(part, env)
+            idx = v if idx is None else idx * _part_extent(part, ext) + v
+        out.append(idx)
     return out
+
+
+def _as_label(x):
+    return tuple(_as_label(y) for y in x) if isinstance(x, list) else x
 
 
 def _batch_env(spec: AttentionSpec, bidx) -> dict:
@@ -192,7 +222,7 @@ def reference_prim_func(spec: AttentionSpec) -> C.PrimFunc:
     def out(*z):
         val_of = {}
         for lab, zi in zip(spec.out.axes, z):      # buffer index -> logical indices (composites: div/mod)
-            subs = lab if isinstance(lab, tuple) else (lab,)
+            subs = _parts(lab)
             rest = zi
             for sub in reversed(subs):
                 n = ext[sub]
