@@ -7,8 +7,10 @@ The chain (one row of ``rules.RULES``, ``attention``):
 
 is replaced by one ``call_tir`` to the kernel of ``schedules.cpu.attention`` (reference stages, scheduled
 by the ``cpu.attention`` template into an online softmax).  Q, K and V are read in place through the
-``permute_dims`` that produce them (head split, K^T), the output through the ``permute_dims`` that
-consumes it (head merge); a constant 0/-inf lower-triangular mask becomes the kernel's causal flag.
+``permute_dims`` and axis-splitting/merging ``reshape`` that produce them (head split, K^T) and through
+``expand_dims`` + ``broadcast_to`` (grouped-query K/V), the output through the ``permute_dims`` and
+``reshape`` that consume it alone (head merge); a constant 0/-inf lower-triangular mask becomes the
+kernel's causal flag.
 Matching happens before LegalizeOps because after it softmax is four PrimFuncs and Q @ K^T a batch
 matmul whose transpose is another kernel; on Relax ops each step is one call with its attributes.
 

@@ -9,8 +9,10 @@ with ``causal[i, j] = -inf`` where ``j > i + causal_offset`` and, with a ``guard
 row), ``out[i, :] = 0`` where the guard is true (ONNX Attention's fully-masked rows).  A row whose logits
 are all -inf gives NaN, as softmax does (0/0).  Each operand is a buffer whose axes carry logical labels
 (``Operand.axes``): ``b<k>`` (batch axis k), ``i`` (query), ``j`` (key), ``d`` (q/k feature), ``e`` (value
-feature) or ``1`` (broadcast), so transposed K, head split/merge transposes and broadcast masks are read
-in place.
+feature) or ``1`` (broadcast); an axis may hold several of them row-major (a composite: [seq, heads*dim]
+before the head split) or a digit of one (``("%", label, stride, extent)``: K/V heads shared by groups of
+query heads), so transposed K, head split/merge reshapes and transposes, grouped-query K/V and broadcast
+masks are read in place.
 
 ``reference_prim_func(spec)`` is the unscheduled kernel (scores, max, exp, sum, P @ V as te stages: any
 target can lower it).  The CPU template ``Attention`` replaces its body with the online-softmax loop nest
