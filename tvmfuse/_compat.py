@@ -18,6 +18,8 @@ from tvm.relax.expr_functor import PyExprMutator, mutator
 from tvm.s_tir import SBlock, SBlockRealize, Schedule, ScheduleError, dlight, meta_schedule
 from tvm.s_tir.schedule import SBlockRV
 from tvm.target import Target
+from tvm.script.ir_builder import IRBuilder  # TIR built in Python (the attention template's loop nest)
+from tvm.tirx.script.builder import ir as tir_builder
 
 TVM_VERSION: str = _tvm.__version__
 TVM_FFI_VERSION: str = getattr(_tvm_ffi, "__version__", "unknown")
@@ -147,13 +149,6 @@ def onnx_frontend():
     from tvm.relax.frontend.onnx import onnx_frontend as _F
 
     return _F
-
-
-def onnx_convert_map() -> dict:
-    """TVM's table of ONNX op name -> converter (what its importer supports)."""
-    from tvm.relax.frontend.onnx.onnx_frontend import _get_convert_map
-
-    return _get_convert_map()
 
 
 # --- targets, building, runtime ---------------------------------------------------------------------------

@@ -412,7 +412,8 @@ def _converter_overrides() -> dict:
 
 
 def _unsupported_ops(model: onnx.ModelProto) -> dict[str, list[str]]:
-    supported = C.onnx_convert_map()
+    register_onnx_converters()
+    supported = C.onnx_frontend()._get_convert_map()
     missing: dict[str, list[str]] = {}
     for node in model.graph.node:
         if node.op_type not in supported:
@@ -439,6 +440,7 @@ def load_onnx(path_or_model, *, keep_params_in_input: bool = False, fold_shapes:
     if missing:
         op, nodes = next(iter(missing.items()))
         raise UnsupportedOpError(op, nodes, detail=f"{len(missing)} unsupported op type(s): {sorted(missing)}")
+    register_onnx_converters()
     try:
         mod = C.from_onnx(model, shape_dict=shape_dict, keep_params_in_input=keep_params_in_input,
                           converters=_converter_overrides())
@@ -466,3 +468,271 @@ def onnx_io(model: onnx.ModelProto) -> tuple[list[dict], list[dict]]:
 def sanitize(name: str) -> str:
     """The name TVM's importer gives an input (it sanitizes names into identifiers)."""
     return re.sub(r"[^0-9a-zA-Z_]", "_", name)
+
+
+# --------------------------------------------------------------------------- converters tvmfuse adds
+# TVM 0.27's importer lacks ONNX Attention-23 (its "Attention" is com.microsoft's), returns constant
+# placeholders for LayerNormalization's Mean/InvStdDev outputs, and its RMSNormalization fails to compile
+# when the normalized axes are all axes.  These converters emit plain Relax ops (correct under any
+# pipeline) in the forms tvmfuse's rules fuse: the attention chain of ``passes/attention.py`` and the
+# row reductions of ``rules``.  ``register_onnx_converters`` installs them into TVM's converter map.
+_REGISTERED = False
+
+
+def _dims_of(expr) -> list:
+    """A tensor's dims: ints where static, TIR expressions where symbolic (``batch``, ``seq``)."""
+    ty = C.type_of(expr)
+    if not isinstance(ty, C.TensorType) or not isinstance(ty.shape, C.relax.ShapeExpr):
+        raise UnsupportedOpError("(converter)", [], detail="tvmfuse's converters need input shapes of known rank")
+    return [int(d.value) if isinstance(d, C.IntImm) else d for d in ty.shape.values]
+
+
+def _shape_of(expr) -> list[int]:
+    ty = C.type_of(expr)
+    if not isinstance(ty, C.TensorType) or not isinstance(ty.shape, C.relax.ShapeExpr) or \
+            not all(isinstance(d, C.IntImm) for d in ty.shape.values):
+        raise UnsupportedOpError("(converter)", [], detail="tvmfuse's converters need static input shapes")
+    return [int(d.value) for d in ty.shape.values]
+
+
+def _dtype_of(expr) -> str:
+    return str(C.type_of(expr).dtype)
+
+
+def _norm_axes(axis: int, ndim: int, op: str) -> list[int]:
+    if not -ndim <= axis < ndim:
+        raise ValueError(f"{op}: axis {axis} out of range for a rank-{ndim} input")
+    return list(range(axis % ndim, ndim))
+
+
+def _layer_norm(bb, inputs, attr):
+    """Y, Mean, InvStdDev of ONNX LayerNormalization-17 (statistics in float32, stash_type 1)."""
+    R = C.relax.op
+    x, scale = inputs[0], inputs[1]
+    bias = inputs[2] if len(inputs) > 2 else None
+    dtype = _dtype_of(x)
+    dims = _dims_of(x)   # batch/sequence may be symbolic; the normalized axes usually are not
+    axes = _norm_axes(int(attr.get("axis", -1)), len(dims), "LayerNormalization")
+    eps = C.relax.const(float(attr.get("epsilon", 1e-5)), "float32")
+    xf = x if dtype == "float32" else bb.normalize(R.astype(x, "float32"))
+    mean = bb.normalize(R.mean(xf, axes, keepdims=True))
+    centered = bb.normalize(R.subtract(xf, mean))
+    var = R.mean(R.multiply(centered, centered), axes, keepdims=True)
+    inv_std = bb.normalize(R.rsqrt(R.add(var, eps)))
+    norm_shape = dims[axes[0]:]
+    static_norm = all(isinstance(d, int) for d in norm_shape)
+    if dtype == "float32" and static_norm and _dims_of(scale) == norm_shape and \
+            (bias is None or _dims_of(bias) == norm_shape):
+        # Y as TVM's own layer_norm op (one legalized kernel); Mean/InvStdDev stay dead unless read
+        beta = bias if bias is not None else C.relax.const(np.zeros(norm_shape, np.float32))
+        y = R.nn.layer_norm(x, scale, beta, axes, float(attr.get("epsilon", 1e-5)))
+    else:
+        y = R.multiply(R.multiply(centered, inv_std), scale if dtype == "float32" else R.astype(scale, "float32"))
+        if bias is not None:
+            y = R.add(y, bias if dtype == "float32" else R.astype(bias, "float32"))
+        if dtype != "float32":
+            y = R.astype(y, dtype)
+    return C.relax.Tuple([bb.normalize(y), mean, inv_std])
+
+
+def _rms_norm(bb, inputs, attr):
+    """ONNX RMSNormalization-23: x / sqrt(mean(x^2) + eps) * scale, statistics in float32."""
+    R = C.relax.op
+    x, scale = inputs[0], inputs[1]
+    dtype = _dtype_of(x)
+    axes = _norm_axes(int(attr.get("axis", -1)), len(_dims_of(x)), "RMSNormalization")
+    eps = C.relax.const(float(attr.get("epsilon", 1e-5)), "float32")
+    xf = x if dtype == "float32" else bb.normalize(R.astype(x, "float32"))
+    ms = R.mean(R.multiply(xf, xf), axes, keepdims=True)
+    y = R.multiply(R.multiply(xf, R.rsqrt(R.add(ms, eps))),
+                   scale if _dtype_of(scale) == "float32" else R.astype(scale, "float32"))
+    if dtype != "float32":
+        y = R.astype(y, dtype)
+    return bb.normalize(y)
+
+
+def _heads(bb, x, heads: int, what: str):
+    """[B, S, heads*h] -> [B, heads, S, h]."""
+    R = C.relax.op
+    b, s, hidden = _shape_of(x)
+    if heads <= 0 or hidden % heads:
+        raise ValueError(f"Attention: {what} hidden size {hidden} is not a multiple of {heads} heads")
+    return bb.normalize(R.permute_dims(R.reshape(x, [b, s, heads, hidden // heads]), [0, 2, 1, 3]))
+
+
+def _attention(bb, inputs, attr):
+    """ONNX Attention-23/24: Y, present_key, present_value, qk_matmul_output (as onnx.reference computes
+    them; float16 inputs are computed in float32 and rounded once at the end)."""
+    R = C.relax.op
+    inputs = list(inputs) + [None] * (7 - len(inputs))
+    q, k, v, mask, past_k, past_v, nonpad = inputs[:7]
+    if (past_k is None) != (past_v is None):
+        raise ValueError("Attention: past_key and past_value must be given together")
+    if nonpad is not None and past_k is not None:
+        raise ValueError("Attention: nonpad_kv_seqlen cannot be combined with past_key/past_value")
+    if float(attr.get("softcap", 0.0)) < 0:
+        raise ValueError("Attention: softcap must be >= 0")
+    dtype = _dtype_of(q)
+    f32 = "float32"
+    rank3 = len(_shape_of(q)) == 3
+    if rank3:
+        if "q_num_heads" not in attr or "kv_num_heads" not in attr:
+            raise ValueError("Attention: 3-D inputs need the q_num_heads and kv_num_heads attributes")
+        q = _heads(bb, q, int(attr["q_num_heads"]), "Q")
+        k = _heads(bb, k, int(attr["kv_num_heads"]), "K")
+        v = _heads(bb, v, int(attr["kv_num_heads"]), "V")
+    past_len = 0
+    if past_k is not None:
+        past_len = _shape_of(past_k)[2]
+        k = bb.normalize(R.concat([past_k, k], axis=2))
+        v = bb.normalize(R.concat([past_v, v], axis=2))
+    present_k, present_v = k, v
+    if dtype != f32:
+        q, k, v = (bb.normalize(R.astype(t, f32)) for t in (q, k, v))
+    bq, hq, sq, d = _shape_of(q)
+    hk, sk = _shape_of(k)[1], _shape_of(k)[2]
+    dv = _shape_of(v)[3]
+    gqa = hq != hk
+    if gqa:
+        # grouped-query: query head h reads key/value head h // r; as a broadcast over a [kv heads, r]
+        # split of the head axis (no repeated copy of K and V; the attention kernel reads them in place)
+        if hk <= 0 or hq % hk:
+            raise ValueError(f"Attention: {hq} query heads are not a multiple of {hk} key/value heads")
+        r = hq // hk
+        q = bb.normalize(R.reshape(q, [bq, hk, r, sq, d]))
+        k = bb.normalize(R.reshape(k, [bq, hk, 1, sk, d]))
+        v = bb.normalize(R.reshape(v, [bq, hk, 1, sk, dv]))
+    scale = attr.get("scale")
+    scale = float(1.0 / np.sqrt(d)) if scale is None else float(scale)
+    neg_inf, zero = C.relax.const(float("-inf"), f32), C.relax.const(0.0, f32)
+    # Step 1. The bias: run-time terms (mask, key padding) summed into one tensor, compile-time terms
+    # (causal, sliding window) into one constant.
+    bias = None
+    if mask is not None:
+        mshape = _shape_of(mask)
+        if _dtype_of(mask) == "bool":
+            mask = R.where(mask, zero, neg_inf)
+        elif _dtype_of(mask) != f32:
+            mask = R.astype(mask, f32)
+        if mshape[-1] < sk:
+            pad = np.full(mshape[:-1] + [sk - mshape[-1]], -np.inf, np.float32)
+            mask = R.concat([mask, C.relax.const(pad)], axis=-1)
+        bias = bb.normalize(mask)
+    ii, jj = np.arange(sq)[:, None], np.arange(sk)[None, :]
+    allowed = np.ones((sq, sk), bool)
+    causal = bool(int(attr.get("is_causal", 0)))
+    left, right = int(attr.get("left_window_size", -1)), int(attr.get("right_window_size", -1))
+    if nonpad is not None:
+        # key padding: j < nonpad[b]; the causal / window frontier moves by nonpad[b] - sq per batch
+        lens = bb.normalize(R.reshape(R.astype(nonpad, "int32"), [bq, 1, 1, 1]))
+        j_idx = C.relax.const(np.arange(sk, dtype=np.int32).reshape(1, 1, 1, sk))
+        ok = R.less(j_idx, lens)
+        diff = C.relax.const((ii - jj).astype(np.int32).reshape(1, 1, sq, sk))   # i - j
+        shifted = R.add(diff, R.subtract(lens, C.relax.const(sq, "int32")))    # i + offset_b - j
+        if causal:
+            ok = R.logical_and(ok, R.greater_equal(shifted, C.relax.const(0, "int32")))
+        if left >= 0:
+            ok = R.logical_and(ok, R.less_equal(shifted, C.relax.const(left, "int32")))
+        if right >= 0:
+            ok = R.logical_and(ok, R.less_equal(R.negative(shifted), C.relax.const(right, "int32")))
+        pad = bb.normalize(R.where(ok, zero, neg_inf))
+        bias = pad if bias is None else bb.normalize(R.add(bias, pad))
+    else:
+        diff = ii + past_len - jj
+        if causal:
+            allowed &= diff >= 0
+        if left >= 0:
+            allowed &= diff <= left
+        if right >= 0:
+            allowed &= -diff <= right
+    const_bias = None if allowed.all() else np.where(allowed, 0.0, -np.inf).astype(np.float32)
+    pure_causal = const_bias is not None and causal and left < 0 and right < 0
+    if const_bias is not None and not pure_causal and bias is not None:
+        bias = bb.normalize(R.add(bias, C.relax.const(const_bias)))   # one mask operand for the kernel
+        const_bias = None
+    if gqa and bias is not None:
+        bshape = [1] * (4 - len(_shape_of(bias))) + _shape_of(bias)
+        if bshape[1] not in (1, hq):
+            raise ValueError(f"Attention: the mask's head axis ({bshape[1]}) is neither 1 nor {hq}")
+        heads = [hk, hq // hk] if bshape[1] == hq else [1, 1]
+        bias = bb.normalize(R.reshape(bias, [bshape[0]] + heads + bshape[2:]))
+    # Step 2. softmax(scale * Q @ K^T [softcap] + bias) @ V, the chain tvmfuse's attention rule fuses.
+    rank = len(_shape_of(k))
+    kt = R.permute_dims(k, list(range(rank - 2)) + [rank - 1, rank - 2])
+    scores = bb.normalize(R.multiply(R.matmul(q, kt), C.relax.const(scale, f32)))
+    softcap = float(attr.get("softcap", 0.0))
+    if softcap > 0:
+        cap = C.relax.const(softcap, f32)
+        scores = bb.normalize(R.multiply(R.tanh(R.divide(scores, cap)), cap))
+    logits = scores
+    if bias is not None:
+        logits = bb.normalize(R.add(logits, bias))
+    if const_bias is not None:
+        logits = bb.normalize(R.add(logits, C.relax.const(const_bias)))
+    mode = int(attr.get("qk_matmul_output_mode", 0))
+    qk_out = logits if mode == 2 else scores
+    probs = bb.normalize(R.nn.softmax(logits, axis=-1))
+    # Step 3. A row whose bias is -inf everywhere is 0 (onnx.reference decides it on the bias).
+    if bias is not None or (const_bias is not None and (~allowed).all(axis=-1).any()):
+        total = bias
+        if const_bias is not None:
+            total = C.relax.const(const_bias) if total is None else R.add(total, C.relax.const(const_bias))
+        # (a count of allowed keys: TVM's max starts at the lowest finite float, never -inf)
+        n_allowed = R.sum(R.astype(R.not_equal(total, neg_inf), "int32"), axis=[-1], keepdims=True)
+        guard = bb.normalize(R.equal(n_allowed, C.relax.const(0, "int32")))
+        probs = bb.normalize(R.where(guard, zero, probs))
+    if mode == 3:
+        qk_out = probs
+    y = bb.normalize(R.matmul(probs, v))
+    if gqa:
+        y = bb.normalize(R.reshape(y, [bq, hq, sq, dv]))
+        qk_out = R.reshape(qk_out, [bq, hq, sq, sk])
+    if rank3:
+        y = bb.normalize(R.reshape(R.permute_dims(y, [0, 2, 1, 3]), [bq, sq, hq * dv]))
+    if dtype != f32:
+        y, qk_out = bb.normalize(R.astype(y, dtype)), bb.normalize(R.astype(qk_out, dtype))
+    return C.relax.Tuple([y, present_k, present_v, qk_out])
+
+
+def register_onnx_converters() -> None:
+    """Install tvmfuse's converters into TVM's ONNX converter map (idempotent).
+
+    ``load_onnx`` calls this; so does ``tvmfuse.conformance`` (the suite calls TVM's importer itself).
+    """
+    global _REGISTERED
+    if _REGISTERED:
+        return
+    fe = C.onnx_frontend()
+    base_attention = fe._get_convert_map()["Attention"]   # com.microsoft Attention (opset-free, v1)
+
+    class Attention(base_attention):
+        @classmethod
+        def _impl_v23(cls, bb, inputs, attr, params):
+            if "num_heads" in attr:     # com.microsoft's Attention (its required attribute)
+                return base_attention._impl_v1(bb, inputs, attr, params)
+            return _attention(bb, inputs, attr)
+
+        _impl_v24 = _impl_v23     # + nonpad_kv_seqlen
+        _impl_v25 = _impl_v23     # + left/right_window_size
+
+    class LayerNormalization(fe.OnnxOpConverter):
+        @classmethod
+        def _impl_v17(cls, bb, inputs, attr, params):
+            return _layer_norm(bb, inputs, attr)
+
+    class RMSNormalization(fe.OnnxOpConverter):
+        @classmethod
+        def _impl_v23(cls, bb, inputs, attr, params):
+            return _rms_norm(bb, inputs, attr)
+
+    ours = {"Attention": Attention, "LayerNormalization": LayerNormalization,
+            "RMSNormalization": RMSNormalization}
+    original = fe._get_convert_map
+
+    def _get_convert_map():
+        table = original()
+        table.update(ours)
+        return table
+
+    fe._get_convert_map = _get_convert_map
+    _REGISTERED = True

@@ -142,6 +142,12 @@ def groups_in(grouped_mod) -> list[dict]:
     """The groups of a grouped module (its Primitive functions, before FuseTIR) with their member ops."""
     groups = []
     for gv, func in grouped_mod.functions.items():
+        if isinstance(func, C.PrimFunc) and func.attrs is not None and "tvmfuse.rule" in func.attrs:
+            # a kernel a multi-node rule made before legalization (attention): its ops are recorded on it
+            ops = json.loads(str(func.attrs["tvmfuse.ops"])) if "tvmfuse.ops" in func.attrs else []
+            groups.append({"kernel": str(gv.name_hint), "ops": ops, "rule": str(func.attrs["tvmfuse.rule"]),
+                           "outputs": 1})
+            continue
         if not (isinstance(func, C.relax.Function) and func.attrs and "Primitive" in func.attrs):
             continue
         members = [op_name(_callee_name(b.value)) for b in _bindings(func)

@@ -12,11 +12,14 @@ def pre_legalize_passes(target: C.Target, options) -> list:
     (8 ONNX conformance regressions: node/test_slice*). FoldConstant runs after LegalizeOps instead;
     batch-norm folding computes its constants itself.
     """
+    from .attention import FuseAttention
     from .rewrites import FoldBatchNorm, Peephole
 
     return [
         Peephole(),
         FoldBatchNorm(),
+        C.relax_transform.DeadCodeElimination(),   # FuseAttention counts readers: dead ones must go first
+        FuseAttention(target),
         C.relax_transform.CanonicalizeBindings(),
         C.relax_transform.EliminateCommonSubexpr(),
         C.relax_transform.DeadCodeElimination(),

@@ -16,7 +16,9 @@ Shapes may be symbolic (``[batch, 64]``): extents are kept as TIR expressions an
 static version.
 
 A rule names the pair of kinds it fuses (``edge`` rules: producer -> consumer; ``sibling`` rules: two
-consumers of one tensor).  Whether a fusion happens is decided in one place, ``decide``: legality (the
+consumers of one tensor; ``chain`` rules: a multi-op pattern matched on Relax ops before legalization by
+its own pass, e.g. ``attention`` in passes/attention.py, whose checks are the ``check_attention_*``
+functions below; grouping then sees its kernel as one opaque op).  Whether a fusion happens is decided in one place, ``decide``: legality (the
 merged group stays acyclic in the group graph; shapes are known, static or symbolic), profitability (the anchors of the
 merged group can share one loop nest) and target support (group size limits of the target family).
 Each check returns None when it passes, else the reason a user reads.
@@ -71,6 +73,11 @@ RULES: tuple[Rule, ...] = (
     Rule("sibling_elementwise", "sibling", (ELEMWISE,), (ELEMWISE,),
          "independent elementwise ops reading one tensor (LSTM gates): one read, several outputs; "
          "test_fusion_rules::test_sibling_elementwise"),
+    # A multi-node rule: matched on Relax ops before legalization (passes/attention.py), where softmax is
+    # one op and K^T one permute_dims; after it they are six PrimFuncs a pairwise rule cannot join.
+    Rule("attention", "chain", (CONTRACTION,), (REDUCTION, CONTRACTION),
+         "softmax(scale*Q@K^T+mask)@V as one online-softmax kernel: the SxS scores never reach memory "
+         "(matched on Relax ops: pairwise rules refuse reduction+matmul); test_attention"),
 )
 
 RULES_BY_NAME = {r.name: r for r in RULES}
@@ -239,6 +246,9 @@ def classify(func, call, var_ty) -> NodeInfo:
         info.why_opaque = "call_tir with symbolic tir_vars"
         return info
     attrs = func.attrs
+    if attrs is not None and "tvmfuse.rule" in attrs:
+        info.why_opaque = f"one kernel already (the {attrs['tvmfuse.rule']} rule); nothing more fuses into it"
+        return info
     if attrs is None or "op_pattern" not in attrs:
         info.why_opaque = "PrimFunc has no op_pattern"
         return info
@@ -315,4 +325,31 @@ def check_final_group(members: list[NodeInfo], n_outputs: int, limits: TargetLim
     """Target support of a finished group (groups pass through multi-output states while they grow)."""
     if n_outputs > 1 and not limits.multi_output_reductions and any(m.kind == REDUCTION for m in members):
         return "a row-reduction kernel with several outputs: the target's reduction schedules take one output"
+    return None
+
+
+# --------------------------------------------------------------------------- the attention chain
+ATTENTION_DTYPES = ("float32",)     # the kernel's arithmetic (and its template) is float32
+
+
+def check_attention_operands(exprs: list, target) -> str | None:
+    """Legality of an attention chain's tensors: static shapes and float32 (a bool row guard)."""
+    for e in exprs:
+        ty = C.type_of(e)
+        shape = _shape_of(ty)
+        if shape is None or is_symbolic(shape):
+            return "symbolic or unknown shape (the attention kernel is built for static shapes)"
+        dtype = str(ty.dtype)
+        if dtype not in ATTENTION_DTYPES and dtype != "bool":
+            return f"dtype {dtype}: the attention kernel computes in {', '.join(ATTENTION_DTYPES)}"
+    return None
+
+
+def check_attention_target(target) -> str | None:
+    """Target support: the attention kernel has a CPU template only."""
+    from ..target import is_gpu
+
+    if target is not None and is_gpu(target):
+        return "not supported by the target: the attention kernel has no GPU template (the chain stays " \
+               "as separate kernels)"
     return None

@@ -2,6 +2,7 @@
 
 Each file holds one family; the order puts the most specific structure first.
 """
+from .attention import Attention
 from .conv2d import Conv2DEpilogue
 from .depthwise import DepthwiseConv2DEpilogue
 from .elementwise import Elementwise
@@ -12,6 +13,8 @@ from .symbolic import SymbolicRows
 
 TEMPLATES: list = [
     MatmulEpilogue(),
+    Attention(),                  # the attention rule's kernels (spec attribute); matmul_epilogue rejects
+                                  # them (several reductions): test_attention checks which template ran
     Conv2DEpilogue(),             # before RowReduction: a conv is also a trailing reduction
     DepthwiseConv2DEpilogue(),
     SiblingMatmuls(),             # several matmuls of one input: before RowReduction

@@ -1,0 +1,380 @@
+"""Attention as one kernel (rules row ``attention``, passes/attention.py, schedules/cpu/attention.py) and
+the ONNX Attention-23 / LayerNormalization / RMSNormalization converters (frontend.py).
+
+Numerics: every case is compared with onnx's ReferenceEvaluator on fresh random inputs.  The kernel sums
+q.k over the head dim and p.v over the keys in another order than numpy and uses tvmfuse's fast exp,
+so float32 results get rtol 1e-4 (the issue's bound), atol 1e-5.  Structure: the kernel count of the
+compiled model, the rule that formed the kernel, and the scheduled TIR (no buffer of S x S, parallel
+and vectorized loops) on named AVX2 and AVX-512 targets.
+"""
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper
+
+import tvmfuse
+from tvmfuse import _compat as C
+from tvmfuse import models as M
+from tvmfuse.explain import Recorder
+from tvmfuse.explain_cli import explain
+from tvmfuse.schedules import schedule_prim_func
+from tvmfuse.schedules.base import schedule_with
+from tvmfuse.schedules.cpu.attention import ATTR, Attention, AttentionSpec, reference_prim_func
+
+RTOL, ATOL = 1e-4, 1e-5
+HASWELL = tvmfuse.parse_target({"kind": "llvm", "mcpu": "haswell", "mtriple": "x86_64-linux-gnu",
+                                "num-cores": 2})
+SKYLAKE = tvmfuse.parse_target({"kind": "llvm", "mcpu": "skylake-avx512", "mtriple": "x86_64-linux-gnu",
+                                "num-cores": 4})
+F = TensorProto.FLOAT
+
+
+def _model(nodes, inputs, outputs, inits=(), opset=18):
+    g = helper.make_graph(nodes, "attn", [helper.make_tensor_value_info(n, t, s) for n, t, s in inputs],
+                          [helper.make_tensor_value_info(n, t, s) for n, t, s in outputs], list(inits))
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", opset)])
+    m.ir_version = 10 if opset >= 23 else 8
+    onnx.checker.check_model(m)
+    return m
+
+
+def _chain(b=2, h=3, sq=13, sk=21, d=16, dv=8, mask=None, softmax_axis=-1, scale_op="Mul", decomposed=False):
+    """softmax(Q @ K^T * s [+ mask]) @ V on [B, H, S, D] inputs; ``mask``: None, "input" or an initializer."""
+    nodes = [helper.make_node("Transpose", ["k"], ["kt"], perm=[0, 1, 3, 2]),
+             helper.make_node("MatMul", ["q", "kt"], ["qk"]),
+             helper.make_node(scale_op, ["qk", "s"], ["x"])]
+    s = np.float32(1 / np.sqrt(d)) if scale_op == "Mul" else np.float32(np.sqrt(d))
+    inits = [onnx.numpy_helper.from_array(np.array(s), "s")]
+    inputs = [("q", F, [b, h, sq, d]), ("k", F, [b, h, sk, d]), ("v", F, [b, h, sk, dv])]
+    logits = "x"
+    if mask is not None:
+        if isinstance(mask, np.ndarray):
+            inits.append(onnx.numpy_helper.from_array(mask, "mask"))
+        else:
+            inputs.append(("mask", F, [b, 1, sq, sk]))
+        nodes.append(helper.make_node("Add", ["x", "mask"], ["xm"]))
+        logits = "xm"
+    if decomposed:       # ReduceMax, Sub, Exp, ReduceSum, Div (an exporter's softmax)
+        inits.append(onnx.numpy_helper.from_array(np.array([softmax_axis], np.int64), "ax"))
+        nodes += [helper.make_node("ReduceMax", [logits, "ax"], ["mx"], keepdims=1),
+                  helper.make_node("Sub", [logits, "mx"], ["xs"]),
+                  helper.make_node("Exp", ["xs"], ["ex"]),
+                  helper.make_node("ReduceSum", ["ex", "ax"], ["se"], keepdims=1),
+                  helper.make_node("Div", ["ex", "se"], ["p"])]
+    else:
+        nodes.append(helper.make_node("Softmax", [logits], ["p"], axis=softmax_axis))
+    nodes.append(helper.make_node("MatMul", ["p", "v"], ["y"]))
+    return _model(nodes, inputs, [("y", F, [b, h, sq, dv])], inits)
+
+
+def _feeds(model, rng, scale=1.0):
+    return {k: (rng.standard_normal(v.shape) * scale).astype(v.dtype)
+            for k, v in M.random_feeds(model).items()}
+
+
+def _check(model, cm, feeds):
+    ref = M.reference_outputs(model, feeds)
+    out = cm.run(feeds)
+    for name, r in ref.items():
+        np.testing.assert_allclose(out[name], r, rtol=RTOL, atol=ATOL, err_msg=f"output {name}")
+    return out, ref
+
+
+def _attention_groups(cm):
+    return [g for g in cm.report.groups if g["rule"] == "attention"]
+
+
+def _attention_func(cm) -> C.PrimFunc:
+    funcs = [f for f in cm.fused_module.functions.values()
+             if isinstance(f, C.PrimFunc) and f.attrs is not None and ATTR in f.attrs]
+    assert len(funcs) == 1, [str(gv.name_hint) for gv in cm.fused_module.functions]
+    return funcs[0]
+
+
+# ------------------------------------------------------------------------------------------ numerics
+@pytest.mark.parametrize("kw", [
+    dict(),                                              # S not a multiple of any block
+    dict(mask="input"),                                  # additive mask, broadcast over heads
+    dict(b=1, h=2, sq=64, sk=64, d=32, dv=32),           # multiples of the blocks
+    dict(sq=5, sk=3, d=4, dv=4),                         # fewer keys than one vector
+    dict(scale_op="Div"),                                # 1/sqrt(d) as a division
+    dict(mask="input", decomposed=True),                 # max/sub/exp/sum/div instead of Softmax
+])
+def test_chain_is_one_kernel_and_matches_reference(kw, host, rng):
+    model = _chain(**kw)
+    cm = tvmfuse.compile(model, host)
+    assert cm.kernel_count == 1, (cm.report.after.kernel_names, cm.report.refused)
+    assert [g["ops"][:3] for g in _attention_groups(cm)] == [["matmul", "softmax", "matmul"]]
+    assert [s["template"] for s in cm.report.schedules] == ["cpu.attention"]
+    _check(model, cm, _feeds(model, rng))
+
+
+def test_causal_constant_becomes_the_causal_flag(host, rng):
+    sq = sk = 19
+    causal = np.where(np.arange(sk)[None] <= np.arange(sq)[:, None], 0, -np.inf).astype(np.float32)
+    model = _chain(sq=sq, sk=sk, mask=causal.reshape(1, 1, sq, sk))
+    cm = tvmfuse.compile(model, host)
+    assert cm.kernel_count == 1
+    spec = AttentionSpec.from_json(str(_attention_func(cm).attrs[ATTR]))
+    assert spec.causal_offset == 0 and spec.mask is None      # no mask read: the flag
+    _check(model, cm, _feeds(model, rng))
+
+
+def test_fully_masked_row_and_large_magnitudes(host, rng):
+    """A row with an all -inf mask is NaN, as onnx's Softmax gives (0/0); logits near 1e4 stay finite."""
+    model = _chain(mask="input")
+    cm = tvmfuse.compile(model, host)
+    feeds = _feeds(model, rng, scale=30.0)                    # q.k up to ~1e4: exp needs the running max
+    feeds["mask"][0, 0, 4, :] = -np.inf
+    feeds["mask"][1, 0, :, 5:] = -np.inf                      # whole key blocks masked for batch 1
+    out, ref = _check(model, cm, feeds)
+    assert np.isnan(ref["y"][0, :, 4]).all() and np.isnan(out["y"][0, :, 4]).all()
+    assert np.isfinite(out["y"][1]).all()
+
+
+# ------------------------------------------------------------------------------------------ structure
+def test_transformer_block_attention_is_one_kernel(host, rng):
+    model = M.transformer_block(seq=24, hidden=32, heads=2, ffn=64)
+    cm = tvmfuse.compile(model, host)
+    groups = _attention_groups(cm)
+    assert len(groups) == 1 and "permute_dims" in groups[0]["ops"], cm.report.groups
+    # 13 before the rule: Q/K/V head splits, K^T, scores, softmax, P @ V and the head merge were apart
+    assert cm.kernel_count == 7, cm.report.after.kernel_names
+    spec = AttentionSpec.from_json(str(_attention_func(cm).attrs[ATTR]))
+    # head split (reshape + transpose) and merge are read/written in place: [seq, heads*dim] buffers
+    assert spec.q.axes == ("i", ("b0", "d")) and spec.k.axes == ("j", ("b0", "d"))
+    assert spec.out.axes == ("i", ("b0", "e")) and spec.out.shape == (24, 32)
+    _check(model, cm, _feeds(model, rng))
+    d = explain(model, host)
+    assert any(g["rule"] == "attention" for g in d["groups"])
+
+
+def _walk(stmt, visit):
+    visit(stmt)
+    for attr in ("body", "then_case", "else_case", "block", "init"):
+        child = getattr(stmt, attr, None)
+        if child is not None and hasattr(child, "same_as") and not hasattr(child, "ty"):
+            _walk(child, visit)
+    for child in getattr(stmt, "seq", ()) or ():
+        _walk(child, visit)
+
+
+def _allocs_and_loops(func):
+    allocs, loops = [], []
+
+    def visit(s):
+        if isinstance(s, C.SBlock):
+            for buf in s.alloc_buffers:
+                allocs.append((str(buf.name), int(np.prod([int(d) for d in buf.shape])), str(buf.scope())))
+        if isinstance(s, C.tirx.For):
+            loops.append(int(s.kind))
+
+    _walk(func.body, visit)
+    return allocs, loops
+
+
+@pytest.mark.parametrize("target", [HASWELL, SKYLAKE], ids=["avx2", "avx512"])
+def test_scheduled_kernel_has_no_scores_buffer(target):
+    model = _chain(b=1, h=2, sq=48, sk=40, d=16, dv=16, mask="input")
+    cm = tvmfuse.compile(model, target)
+    func = _attention_func(cm)
+    sq, sk = 48, 40
+    before, _ = _allocs_and_loops(func)
+    assert any(n >= sq * sk for _, n, _ in before)             # the reference stages hold S x S scores
+    res = schedule_prim_func(func, target)
+    assert res.template == "cpu.attention"
+    allocs, loops = _allocs_and_loops(res.func)
+    assert allocs and all(scope == "local" and n < sq * sk for _, n, scope in allocs), allocs
+    lanes = 16 if target is SKYLAKE else 8
+    assert res.config["k_block"] % lanes == 0
+    assert int(C.ForKind.PARALLEL) in loops and int(C.ForKind.VECTORIZED) in loops
+    assert loops.count(int(C.ForKind.PARALLEL)) == 1
+
+
+def test_knob_space_and_every_config_match_reference(host, rng):
+    """Each (query block, key block) of the space computes the same numbers (S odd: tails everywhere)."""
+    model = _chain(b=1, h=2, sq=11, sk=37, d=8, dv=8, mask="input")
+    cm = tvmfuse.compile(model, host)
+    func = _attention_func(cm)
+    t = Attention()
+    match = t.match(func, host)
+    space = t.space(match, host)
+    assert set(space.names) == {"q_block", "k_block", "lanes"}
+    assert space.contains(t.default_config(match, host))
+    feeds = _feeds(model, rng)
+    ref = M.reference_outputs(model, feeds)["y"]
+    args_np = [feeds["q"], feeds["k"], feeds["v"], feeds["mask"], np.zeros(ref.shape, np.float32)]
+    for config in list(space.all_configs())[::3]:
+        scheduled = schedule_with(t, match, func, config)
+        lib = C.build_prim_module(C.IRModule({"main": scheduled.with_attr("global_symbol", "main")}), host)
+        args = [C.tensor(a) for a in args_np]
+        lib["main"](*args)
+        np.testing.assert_allclose(args[-1].numpy(), ref, rtol=RTOL, atol=ATOL, err_msg=str(config))
+
+
+def test_reference_kernel_alone_matches(host, rng):
+    """The unscheduled kernel (what a target without the template runs) computes the same numbers."""
+    model = _chain(mask="input")
+    cm = tvmfuse.compile(model, host, schedules=False)
+    assert cm.kernel_count == 1
+    _check(model, cm, _feeds(model, rng))
+
+
+# ------------------------------------------------------------------------------------------ must not fire
+def test_softmax_over_other_axis_keeps_old_groups(host, rng):
+    model = _chain(sq=12, sk=12, softmax_axis=2)
+    cm = tvmfuse.compile(model, host)
+    assert not _attention_groups(cm)
+    reasons = [r["reason"] for r in cm.report.refused if r["rule"] == "attention"]
+    assert reasons and "not the last" in reasons[0]
+    _check(model, cm, _feeds(model, rng))
+
+
+def test_matmul_chain_without_softmax_is_untouched(host):
+    nodes = [helper.make_node("MatMul", ["q", "kt"], ["qk"]),
+             helper.make_node("Mul", ["qk", "s"], ["x"]),
+             helper.make_node("MatMul", ["x", "v"], ["y"])]
+    model = _model(nodes, [("q", F, [8, 4]), ("kt", F, [4, 8]), ("v", F, [8, 4])], [("y", F, [8, 4])],
+                   [onnx.numpy_helper.from_array(np.array(np.float32(0.5)), "s")])
+    cm = tvmfuse.compile(model, host)
+    assert not _attention_groups(cm) and not [r for r in cm.report.refused if r["rule"] == "attention"]
+    assert cm.kernel_count == 2
+
+
+def test_scores_read_elsewhere_is_refused(host):
+    """The scores are also a graph output: they must exist in memory, so no attention kernel."""
+    model = _chain()
+    model.graph.output.append(helper.make_tensor_value_info("x", F, [2, 3, 13, 21]))
+    cm = tvmfuse.compile(model, host)
+    assert not _attention_groups(cm)
+    assert any("read outside" in r["reason"] for r in cm.report.refused if r["rule"] == "attention")
+
+
+def test_gpu_target_refuses_with_reason():
+    from tvmfuse.passes.attention import FuseAttention
+
+    mod = tvmfuse.load_onnx(_chain())
+    with Recorder() as rec:
+        out = FuseAttention(tvmfuse.parse_target("cuda"))(mod)
+    assert not any(isinstance(f, C.PrimFunc) for f in out.functions.values())
+    assert any("GPU" in r["reason"] for r in rec.refused)
+
+
+def test_spec_validation_names_the_operand():
+    spec = AttentionSpec.from_json(str(reference_prim_func(AttentionSpec.from_json(_SPEC)).attrs[ATTR]))
+    bad = AttentionSpec.from_json(_SPEC.replace('"e"], "shape": [2, 4, 8]', '"e"], "shape": [2, 5, 8]'))
+    with pytest.raises(ValueError, match="operand v"):
+        bad.validate()
+    spec.validate()
+
+
+_SPEC = ('{"batch": [2], "sq": 3, "sk": 4, "d": 8, "dv": 8, "scale": 1.0, "causal_offset": null, '
+         '"mask": null, "guard": null, '
+         '"q": {"axes": ["b0", "i", "d"], "shape": [2, 3, 8], "dtype": "float32"}, '
+         '"k": {"axes": ["b0", "j", "d"], "shape": [2, 4, 8], "dtype": "float32"}, '
+         '"v": {"axes": ["b0", "j", "e"], "shape": [2, 4, 8], "dtype": "float32"}, '
+         '"out": {"axes": ["b0", "i", "e"], "shape": [2, 3, 8], "dtype": "float32"}}')
+
+
+# ------------------------------------------------------------------------------------------ ONNX import
+def _attention23(q_shape, k_shape, v_shape, mask=None, past=None, **attrs):
+    inputs = [("Q", F, q_shape), ("K", F, k_shape), ("V", F, v_shape)]
+    names = ["Q", "K", "V"]
+    if mask is not None:
+        inputs.append(("attn_mask", mask[0], mask[1]))
+    names.append("attn_mask" if mask is not None else "")
+    if len(q_shape) == 4:
+        y_shape = q_shape[:3] + v_shape[3:]
+    else:
+        y_shape = q_shape[:2] + [attrs["q_num_heads"] * v_shape[2] // attrs["kv_num_heads"]]
+    outputs = [("Y", F, y_shape)]
+    if past is not None:
+        inputs += [("past_key", F, past[0]), ("past_value", F, past[1])]
+        names += ["past_key", "past_value"]
+        total = past[0][2] + k_shape[2]
+        outputs += [("present_key", F, k_shape[:2] + [total, k_shape[3]]),
+                    ("present_value", F, v_shape[:2] + [total, v_shape[3]])]
+    while names[-1] == "":
+        names.pop()
+    node = helper.make_node("Attention", names, [o[0] for o in outputs], **attrs)
+    return _model([node], inputs, outputs, opset=23)
+
+
+@pytest.mark.parametrize("case", [
+    dict(q_shape=[2, 3, 7, 8], k_shape=[2, 3, 9, 8], v_shape=[2, 3, 9, 8]),
+    dict(q_shape=[2, 3, 7, 8], k_shape=[2, 3, 9, 8], v_shape=[2, 3, 9, 8], is_causal=1),
+    dict(q_shape=[2, 5, 24], k_shape=[2, 6, 12], v_shape=[2, 6, 12], q_num_heads=4, kv_num_heads=2),
+    dict(q_shape=[2, 3, 7, 8], k_shape=[2, 3, 9, 8], v_shape=[2, 3, 9, 8], mask=(TensorProto.BOOL, [7, 9])),
+    dict(q_shape=[2, 3, 7, 8], k_shape=[2, 3, 9, 8], v_shape=[2, 3, 9, 8], mask=(F, [2, 1, 7, 9]), scale=0.2),
+    dict(q_shape=[1, 2, 4, 8], k_shape=[1, 2, 3, 8], v_shape=[1, 2, 3, 8], is_causal=1,
+         past=([1, 2, 5, 8], [1, 2, 5, 8])),
+    dict(q_shape=[1, 4, 6, 8], k_shape=[1, 2, 7, 8], v_shape=[1, 2, 7, 8], mask=(F, [1, 4, 6, 7]), is_causal=1),
+], ids=["4d", "causal", "3d_gqa", "bool_mask", "float_mask_scale", "past_causal", "gqa_head_mask_causal"])
+def test_onnx_attention23_imports_and_fuses(case, host, rng):
+    model = _attention23(**case)
+    cm = tvmfuse.compile(model, host)
+    assert len(_attention_groups(cm)) == 1, (cm.report.groups, cm.report.refused)
+    # grouped-query heads are a broadcast the kernel reads in place, not a repeated copy of K/V
+    assert not any("repeat" in k for k in cm.report.after.kernel_names)
+    feeds = _feeds(model, rng)
+    if "attn_mask" in feeds and feeds["attn_mask"].dtype == bool:
+        feeds["attn_mask"] = rng.random(feeds["attn_mask"].shape) > 0.3
+        feeds["attn_mask"][2, :] = False                       # a fully masked row: 0 by ONNX's rule
+    out, _ = _check(model, cm, feeds)
+    if "attn_mask" in feeds and feeds["attn_mask"].dtype == bool:
+        assert (out["Y"][:, :, 2] == 0).all()
+
+
+def test_onnx_layer_and_rms_normalization_import(host, rng):
+    x_shape = [3, 4, 10]
+    ln = helper.make_node("LayerNormalization", ["x", "g", "b"], ["y", "mean", "inv"], axis=1, epsilon=1e-4)
+    rms = helper.make_node("RMSNormalization", ["x", "g2"], ["z"], axis=0)
+    inits = [onnx.numpy_helper.from_array(rng.standard_normal([4, 10]).astype(np.float32), "g"),
+             onnx.numpy_helper.from_array(rng.standard_normal([4, 10]).astype(np.float32), "b"),
+             onnx.numpy_helper.from_array(rng.standard_normal(x_shape).astype(np.float32), "g2")]
+    model = _model([ln, rms], [("x", F, x_shape)],
+                   [("y", F, x_shape), ("mean", F, [3, 1, 1]), ("inv", F, [3, 1, 1]), ("z", F, x_shape)],
+                   inits, opset=23)
+    cm = tvmfuse.compile(model, host)
+    _check(model, cm, _feeds(model, rng))
+
+
+def test_kernel_exp_is_fast_math_after_scheduling():
+    """tvmfuse.fastmath runs after the schedules on CPU: no libm exp call stays in the attention kernel."""
+    from tvmfuse.pipeline import PipelineOptions, schedule_passes
+
+    cm = tvmfuse.compile(_chain(mask="input"), SKYLAKE)
+    with SKYLAKE:
+        fast = C.Sequential(schedule_passes(SKYLAKE, PipelineOptions()))(cm.fused_module)
+        slow = C.Sequential(schedule_passes(SKYLAKE, PipelineOptions(fast_math=False)))(cm.fused_module)
+    texts = [[f.script() for f in m.functions.values() if isinstance(f, C.PrimFunc) and ATTR in f.attrs]
+             for m in (fast, slow)]
+    assert len(texts[0]) == 1 and "T.exp(" not in texts[0][0]
+    assert "T.exp(" in texts[1][0]
+
+
+def test_grouped_query_expand_is_read_in_place(host, rng):
+    """PyTorch's repeat_kv (Unsqueeze -> Expand -> Reshape of K and V to the query heads) is read through:
+    query head h reads key/value head h // r, and no expanded K/V copy is made."""
+    b, hk, r, sq, sk, d = 2, 2, 3, 7, 10, 8
+    nodes, inits = [], [onnx.numpy_helper.from_array(np.array(np.float32(1 / np.sqrt(d))), "s"),
+                        onnx.numpy_helper.from_array(np.array([2], np.int64), "ax"),
+                        onnx.numpy_helper.from_array(np.array([b, hk, r, sk, d], np.int64), "big"),
+                        onnx.numpy_helper.from_array(np.array([b, hk * r, sk, d], np.int64), "heads")]
+    for t in ("k", "v"):
+        nodes += [helper.make_node("Unsqueeze", [t, "ax"], [f"{t}u"]),
+                  helper.make_node("Expand", [f"{t}u", "big"], [f"{t}e"]),
+                  helper.make_node("Reshape", [f"{t}e", "heads"], [f"{t}r"])]
+    nodes += [helper.make_node("Transpose", ["kr"], ["kt"], perm=[0, 1, 3, 2]),
+              helper.make_node("MatMul", ["q", "kt"], ["qk"]),
+              helper.make_node("Mul", ["qk", "s"], ["x"]),
+              helper.make_node("Softmax", ["x"], ["p"], axis=-1),
+              helper.make_node("MatMul", ["p", "vr"], ["y"])]
+    model = _model(nodes, [("q", F, [b, hk * r, sq, d]), ("k", F, [b, hk, sk, d]), ("v", F, [b, hk, sk, d])],
+                   [("y", F, [b, hk * r, sq, d])], inits)
+    for schedules in (True, False):          # the online-softmax kernel and the reference stages
+        cm = tvmfuse.compile(model, host, schedules=schedules)
+        assert cm.kernel_count == 1, cm.report.after.kernel_names
+        spec = AttentionSpec.from_json(str(_attention_func(cm).attrs[ATTR]))
+        assert spec.k.shape == (b, hk, sk, d) and spec.k.axes[1] == ("%", "b1", r, hk)
+        _check(model, cm, _feeds(model, rng))

@@ -1,0 +1,470 @@
+"""``tvmfuse.FuseAttention``: the attention chain as one kernel, matched on Relax ops before legalization.
+
+The chain (one row of ``rules.RULES``, ``attention``):
+
+    P = softmax(scale * (Q @ K^T) [+ mask] [+ causal constant], axis=-1)     [where(guard, 0, P)]
+    O = P @ V                                                                 [permute_dims(O)]
+
+is replaced by one ``call_tir`` to the kernel of ``schedules.cpu.attention`` (reference stages, scheduled
+by the ``cpu.attention`` template into an online softmax).  Q, K and V are read in place through the
+``permute_dims`` and axis-splitting/merging ``reshape`` that produce them (head split, K^T) and through
+``expand_dims`` + ``broadcast_to`` (grouped-query K/V), the output through the ``permute_dims`` and
+``reshape`` that consume it alone (head merge); a constant 0/-inf lower-triangular mask becomes the
+kernel's causal flag.
+Matching happens before LegalizeOps because after it softmax is four PrimFuncs and Q @ K^T a batch
+matmul whose transpose is another kernel; on Relax ops each step is one call with its attributes.
+
+A chain that reaches the softmax but fails a check is recorded as a refusal naming the reason.
+"""
+from __future__ import annotations
+
+import json
+import logging
+
+import numpy as np
+
+from .. import _compat as C
+from ..explain import record_group, record_refusal
+from ..schedules.cpu.attention import AttentionSpec, Operand, axis_parts, reference_prim_func
+from . import rules as R
+
+log = logging.getLogger("tvmfuse.fusion")
+RULE = "attention"
+
+
+def _static_dims(expr) -> tuple | None:
+    ty = C.type_of(expr)
+    if not isinstance(ty, C.TensorType) or not isinstance(ty.shape, C.relax.ShapeExpr):
+        return None
+    if not all(isinstance(d, C.IntImm) for d in ty.shape.values):
+        return None
+    return tuple(int(d.value) for d in ty.shape.values)
+
+
+def _dtype(expr) -> str:
+    ty = C.type_of(expr)
+    return str(ty.dtype) if isinstance(ty, C.TensorType) else ""
+
+
+class _Refused(Exception):
+    """The chain was found but cannot become one kernel (the message says why)."""
+
+
+class _Function:
+    """Bindings of one Relax function: value of each var, and who reads each var."""
+
+    def __init__(self, func):
+        self.value, self.users = {}, {}
+        for block in func.body.blocks:
+            for b in block.bindings:
+                self.value[b.var] = b.value
+                for v in C.relax_free_vars(b.value):
+                    self.users.setdefault(v, []).append(b.var)
+        for v in C.relax_free_vars(func.body.body):
+            self.users.setdefault(v, []).append(None)
+
+    def call(self, expr, op: str):
+        """The call ``op(...)`` bound to ``expr`` (or ``expr`` itself), else None."""
+        if isinstance(expr, C.relax.Var):
+            expr = self.value.get(expr)
+        if isinstance(expr, C.relax.Call) and isinstance(expr.op, C.Op) and expr.op.name == op:
+            return expr
+        return None
+
+    def single_use(self, var) -> bool:
+        return isinstance(var, C.relax.Var) and len(self.users.get(var, [])) == 1
+
+
+def _scalar_const(expr) -> float | None:
+    if not isinstance(expr, C.Constant):
+        return None
+    arr = C.const_value(expr)
+    return float(arr.reshape(-1)[0]) if arr.size == 1 else None
+
+
+def _causal_offset(expr, sq: int, sk: int) -> int | None:
+    """k if ``expr`` is a constant 0/-inf mask that allows exactly j <= i + k, else None."""
+    if not isinstance(expr, C.Constant):
+        return None
+    arr = C.const_value(expr)
+    if arr.ndim < 2 or tuple(arr.shape[-2:]) != (sq, sk) or any(n != 1 for n in arr.shape[:-2]):
+        return None
+    arr = arr.reshape(sq, sk)
+    allowed = arr == 0
+    if not np.all(allowed | np.isneginf(arr)):
+        return None
+    k = int(allowed[0].sum()) - 1
+    ii, jj = np.arange(sq)[:, None], np.arange(sk)[None, :]
+    return k if np.array_equal(allowed, jj <= ii + k) else None
+
+
+def _aligned_labels(shape: tuple, full: tuple, labels: list, what: str) -> list[str]:
+    """Labels of the axes of a tensor broadcast (numpy rules, right-aligned) to ``full``."""
+    off = len(full) - len(shape)
+    if off < 0:
+        raise _Refused(f"{what} has more axes ({len(shape)}) than it broadcasts to ({len(full)})")
+    out = []
+    for t, n in enumerate(shape):
+        k = off + t
+        if n == full[k]:
+            out.append(labels[k])
+        elif n == 1:
+            out.append("1")
+        else:
+            raise _Refused(f"{what} axis {t} ({n}) does not broadcast to {full[k]}")
+    return out
+
+
+def _runs(fine: tuple, coarse: tuple) -> list[list[int]] | None:
+    """Each axis of ``coarse`` as a run of consecutive axes of ``fine`` (a reshape that only splits or
+    merges neighbouring axes, row-major); None for any other reshape."""
+    runs, f = [], 0
+    for c in coarse:
+        run, prod = [], 1
+        while f < len(fine) and (prod < c or (not run and c == 1 and fine[f] == 1)):
+            run.append(f)
+            prod *= fine[f]
+            f += 1
+        if prod != c:
+            return None
+        runs.append(run)
+    while f < len(fine):
+        if fine[f] != 1 or not runs:
+            return None
+        runs[-1].append(f)
+        f += 1
+    return runs
+
+
+def _merge(labels: list, runs: list[list[int]]) -> list:
+    """The labels of the coarse axes: a composite (row-major tuple) where a run has several labels."""
+    out = []
+    for run in runs:
+        subs = []
+        for r in run:
+            subs.extend(axis_parts(labels[r]))
+        subs = [x for x in subs if x != "1"]
+        out.append("1" if not subs else (subs[0] if len(subs) == 1 else tuple(subs)))
+    return out
+
+
+def _permute(labels: list, axes) -> list:
+    n = len(labels)
+    return list(range(n))[::-1] if axes is None else [int(a) % n for a in axes]
+
+
+def _peel_layout(fn: _Function, expr, labels: list, ops: list) -> tuple:
+    """Read through the ``permute_dims`` and axis split/merge ``reshape`` producers of an operand:
+    (tensor read, labels of its axes)."""
+    while True:
+        p = fn.call(expr, "relax.permute_dims")
+        if p is not None:
+            new = [None] * len(labels)
+            for i, a in enumerate(_permute(labels, p.attrs.axes)):
+                new[a] = labels[i]
+            expr, labels = p.args[0], new
+            ops.append("permute_dims")
+            continue
+        r = fn.call(expr, "relax.reshape")
+        if r is not None:
+            src, cur = _static_dims(r.args[0]), _static_dims(expr)
+            runs = _runs(cur, src) if src is not None else None
+            if runs is not None:          # the source's axes merge the operand's (head split)
+                expr, labels = r.args[0], _merge(labels, runs)
+                ops.append("reshape")
+                continue
+            split = _split(labels, src, cur) if src is not None else None
+            if split is not None:         # the source's axes split the operand's (grouped heads)
+                expr, labels = r.args[0], split
+                ops.append("reshape")
+                continue
+        b = fn.call(expr, "relax.broadcast_to")
+        if b is not None and _static_dims(b.args[0]) is not None:
+            src, cur = _static_dims(b.args[0]), _static_dims(expr)
+            off = len(cur) - len(src)
+            expr = b.args[0]
+            labels = ["1" if src[t] == 1 and cur[off + t] != 1 else labels[off + t] for t in range(len(src))]
+            ops.append("broadcast_to")
+            continue
+        e = fn.call(expr, "relax.expand_dims")
+        if e is not None:
+            n = len(labels)
+            drop = {int(a) % n for a in e.attrs.axis}
+            expr, labels = e.args[0], [lab for t, lab in enumerate(labels) if t not in drop]
+            ops.append("expand_dims")
+            continue
+        return expr, labels
+
+
+def _split(labels: list, src: tuple, cur: tuple) -> list | None:
+    """Labels of ``src`` when each axis of ``cur`` (labelled) is a run of ``src`` axes: a split plain
+    label becomes digits (``("%", label, stride, extent)``), most significant first; else None."""
+    runs = _runs(src, cur)
+    if runs is None:
+        return None
+    out = []
+    for lab, run in zip(labels, runs):
+        if len(run) <= 1:
+            out.extend([lab] * len(run))
+            continue
+        if not isinstance(lab, str):
+            return None           # a split of a composite or digit axis: not expressible, stop here
+        for m, t in enumerate(run):
+            stride = 1
+            for u in run[m + 1:]:
+                stride *= src[u]
+            out.append("1" if src[t] == 1 or lab == "1" else ("%", lab, stride, src[t]))
+    return out
+
+
+def _reduce_axis(call) -> int | None:
+    """The one axis a keepdims reduction (max, sum) reduces, else None."""
+    axes = call.attrs.axis
+    if axes is None or len(axes) != 1 or not bool(call.attrs.keepdims):
+        return None
+    return int(axes[0])
+
+
+def _softmax(fn: _Function, p) -> tuple | None:
+    """(softmax input, axis, its readers inside the softmax) of ``p``: the relax softmax op, or
+    exp(x [- max(x)]) / sum(exp(...)) over one axis (a decomposed export); None if neither."""
+    sm = fn.call(p, "relax.nn.softmax")
+    if sm is not None:
+        return sm.args[0], int(sm.attrs.axis), 1
+    div = fn.call(p, "relax.divide")
+    if div is None:
+        return None
+    e, total = div.args
+    ex, sm_ = fn.call(e, "relax.exp"), fn.call(total, "relax.sum")
+    if ex is None or sm_ is None or not sm_.args[0].same_as(e) or _reduce_axis(sm_) is None:
+        return None
+    axis = _reduce_axis(sm_)
+    if len(fn.users.get(e, [])) != 2 or not fn.single_use(total):
+        raise _Refused("the exponentials of the decomposed softmax are read outside the attention chain")
+    arg = ex.args[0]
+    sub = fn.call(arg, "relax.subtract")
+    if sub is not None:
+        mx = fn.call(sub.args[1], "relax.max")
+        if mx is not None and mx.args[0].same_as(sub.args[0]) and _reduce_axis(mx) == axis:
+            if not (fn.single_use(arg) and fn.single_use(sub.args[1])):
+                raise _Refused("the decomposed softmax's max is read outside the attention chain")
+            return sub.args[0], axis, 2
+    return arg, axis, 1
+
+
+def _scores_chain(fn: _Function, expr, first_readers: int = 1) -> tuple:
+    """(Q @ K^T call, scale, additive terms) of the softmax input; every step read only by the next
+    (the input itself by ``first_readers`` ops of the softmax)."""
+    scale, terms = 1.0, []
+    readers = first_readers
+    while True:
+        n = len(fn.users.get(expr, [])) if isinstance(expr, C.relax.Var) else 0
+        ok, readers = n == readers, 1
+        if not ok:
+            raise _Refused(f"{C.var_name(expr) if isinstance(expr, C.relax.Var) else expr} "
+                           "(part of the scores) is read outside the attention chain")
+        mm = fn.call(expr, "relax.matmul")
+        if mm is not None:
+            return mm, scale, terms
+        add = fn.call(expr, "relax.add")
+        if add is not None:
+            a, b = add.args
+            x, t = (a, b) if _leads_to_matmul(fn, a) else (b, a)
+            if scale != 1.0:
+                raise _Refused("the mask is added before the scale (the kernel scales the scores only)")
+            terms.append(t)
+            expr = x
+            continue
+        for op, inv in (("relax.multiply", False), ("relax.divide", True)):
+            mul = fn.call(expr, op)
+            if mul is None:
+                continue
+            a, b = mul.args
+            c = _scalar_const(b)
+            x = a
+            if c is None and not inv:
+                c, x = _scalar_const(a), b
+            if c is None:
+                raise _Refused("the scores are scaled by a tensor, not a constant scalar")
+            scale *= (1.0 / c) if inv else c
+            expr = x
+            break
+        else:
+            raise _Refused("the softmax input is not scale/mask ops over Q @ K^T")
+
+
+def _leads_to_matmul(fn: _Function, expr, depth: int = 8) -> bool:
+    """Whether ``expr`` is a matmul, through at most ``depth`` add/multiply/divide steps."""
+    if depth == 0 or not isinstance(expr, C.relax.Var) or expr not in fn.value:
+        return False
+    v = fn.value[expr]
+    if not (isinstance(v, C.relax.Call) and isinstance(v.op, C.Op)):
+        return False
+    if v.op.name == "relax.matmul":
+        return True
+    if v.op.name not in ("relax.add", "relax.multiply", "relax.divide"):
+        return False
+    return any(_leads_to_matmul(fn, a, depth - 1) for a in v.args)
+
+
+def match(fn: _Function, var, target) -> tuple | None:
+    """(the var to replace, the spec, the call's arguments, the ops it covers) for ``var = P @ V``;
+    None when ``var`` is not the end of an attention chain.  Raises _Refused for a near miss."""
+    mm = fn.call(var, "relax.matmul")
+    if mm is None:
+        return None
+    p, v = mm.args
+    guard = None
+    wh = fn.call(p, "relax.where")
+    if wh is not None and _scalar_const(wh.args[1]) == 0.0 and \
+            fn.call(wh.args[2], "relax.nn.softmax") is not None:
+        if not fn.single_use(p):
+            raise _Refused("the guarded probabilities are read outside the attention chain")
+        guard, p = wh.args[0], wh.args[2]
+    found = _softmax(fn, p)
+    if found is None:
+        return None
+    x, axis, x_readers = found
+    dims_x = _static_dims(x)
+    if dims_x is None:
+        raise _Refused("symbolic shapes (the kernel is built for static shapes)")
+    if axis % len(dims_x) != len(dims_x) - 1:
+        raise _Refused(f"softmax over axis {axis}, not the last (key) axis")
+    if not fn.single_use(p):
+        raise _Refused("the probabilities are read outside the attention chain")
+    qk, scale, terms = _scores_chain(fn, x, x_readers)
+    q, kt = qk.args
+    reason = R.check_attention_operands([q, kt, v, var] + terms + ([guard] if guard is not None else []),
+                                        target)
+    if reason is not None:
+        raise _Refused(reason)
+    if min(len(_static_dims(t)) for t in (q, kt, v)) < 2:
+        raise _Refused("a matmul operand is a vector (the kernel takes [..., rows, features] operands)")
+    sq, d = _static_dims(q)[-2:]
+    sk = _static_dims(kt)[-1]
+    dv = _static_dims(v)[-1]
+    out_dims = _static_dims(var)
+    batch = out_dims[:-2]
+    if tuple(dims_x[:-2]) != tuple(batch):
+        raise _Refused("the scores and the output have different batch shapes")
+    ops = ["matmul", "softmax", "matmul"]
+
+    blabels = [f"b{k}" for k in range(len(batch))]
+
+    def operand(expr, tail, what):
+        dims = _static_dims(expr)
+        labels = _aligned_labels(dims[:-2], batch, blabels, what) + list(tail)
+        src, labels = _peel_layout(fn, expr, labels, ops)
+        return src, Operand(tuple(labels), _static_dims(src), _dtype(src))
+
+    args, specs = [], {}
+    for name, expr, tail in (("q", q, "id"), ("k", kt, "dj"), ("v", v, "je")):
+        src, op = operand(expr, tail, name)
+        args.append(src)
+        specs[name] = op
+    causal, mask = None, None
+    for t in terms:
+        off = _causal_offset(t, sq, sk)
+        if off is not None and causal is None:
+            causal = off
+            ops.append("causal mask")
+            continue
+        if mask is not None:
+            raise _Refused("more than one additive mask")
+        tdims = _static_dims(t)
+        labels = _aligned_labels(tdims, (*batch, sq, sk), blabels + ["i", "j"], "mask")
+        mask = (t, Operand(tuple(labels), tdims, _dtype(t)))
+        ops.append("add mask")
+    if mask is not None:
+        args.append(mask[0])
+    glabels = None
+    if guard is not None:
+        gdims = _static_dims(guard)
+        if _dtype(guard) != "bool" or not gdims or gdims[-1] != 1:
+            raise _Refused("the row guard is not a bool tensor with one value per query row")
+        glabels = _aligned_labels(gdims, (*batch, sq, 1), blabels + ["i", "1"], "row guard")
+        args.append(guard)
+        ops.append("row guard")
+    # the output, through the permute_dims / reshapes that consume it alone (head merge)
+    out_var, out_labels = var, [f"b{k}" for k in range(len(batch))] + ["i", "e"]
+    while fn.single_use(out_var):
+        user = fn.users[out_var][0]
+        pd = fn.call(user, "relax.permute_dims") if user is not None else None
+        if pd is not None:
+            out_labels = [out_labels[a] for a in _permute(out_labels, pd.attrs.axes)]
+            out_var = user
+            ops.append("permute_dims")
+            continue
+        rs = fn.call(user, "relax.reshape") if user is not None else None
+        runs = _runs(_static_dims(out_var), _static_dims(user)) if rs is not None else None
+        if runs is None:
+            break
+        out_labels, out_var = _merge(out_labels, runs), user
+        ops.append("reshape")
+    spec = AttentionSpec(batch=tuple(batch), sq=sq, sk=sk, d=d, dv=dv, q=specs["q"], k=specs["k"],
+                         v=specs["v"], out=Operand(tuple(out_labels), _static_dims(out_var), "float32"),
+                         mask=mask[1] if mask is not None else None,
+                         guard=Operand(tuple(glabels), gdims, "bool") if guard is not None else None,
+                         scale=float(np.float32(scale)), causal_offset=causal)
+    try:
+        spec.validate()
+    except ValueError as e:
+        raise _Refused(str(e)) from None
+    return out_var, spec, args, ops
+
+
+@C.module_pass(opt_level=0, name="tvmfuse.FuseAttention")
+class FuseAttention:
+    """softmax(scale * Q @ K^T + mask) @ V chains -> one call_tir to the attention kernel."""
+
+    def __init__(self, target=None):
+        self.target = target
+
+    def transform_module(self, mod, _ctx):
+        target = self.target or C.current_target()
+        reason = R.check_attention_target(target)
+        mbb = C.BlockBuilder(mod)
+        updates = {}
+        for gv, func in mod.functions.items():
+            if not isinstance(func, C.relax.Function) or (func.attrs and "Primitive" in func.attrs):
+                continue
+            if not isinstance(func.body, C.relax.SeqExpr):
+                continue
+            fn = _Function(func)
+            replace = {}
+            for block in func.body.blocks:
+                for b in block.bindings:
+                    try:
+                        found = match(fn, b.var, target)
+                    except _Refused as e:
+                        record_refusal(f"softmax->matmul({C.var_name(b.var)})", "attention", str(e), RULE)
+                        continue
+                    if found is None:
+                        continue
+                    if reason is not None:
+                        record_refusal(f"matmul({C.var_name(b.var)})", "attention", reason, RULE)
+                        continue
+                    out_var, spec, args, ops = found
+                    prim = reference_prim_func(spec).with_attr("tvmfuse.ops", json.dumps(ops))
+                    kernel = mbb.add_func(prim, "fused_attention")
+                    record_group(str(kernel.name_hint), ops, RULE, outputs=1)
+                    call = C.relax.call_tir(kernel, C.relax.Tuple(args),
+                                            C.TensorType(spec.out.shape, "float32"))
+                    replace[out_var] = call
+                    log.debug("attention: %s -> %s (%s)", C.var_name(b.var), kernel.name_hint, " + ".join(ops))
+            if not replace:
+                continue
+            blocks = []
+            for block in func.body.blocks:
+                binds = [C.relax.VarBinding(b.var, mbb.normalize(replace[b.var])) if b.var in replace else b
+                         for b in block.bindings]
+                blocks.append(C.relax.DataflowBlock(binds) if isinstance(block, C.relax.DataflowBlock)
+                              else C.relax.BindingBlock(binds))
+            updates[gv] = C.relax.Function(func.params, C.relax.SeqExpr(blocks, func.body.body), func.ret_ty,
+                                           func.is_pure, func.attrs, func.span)
+        if not updates:
+            return mod
+        out = mbb.get()
+        for gv, func in updates.items():
+            out[gv] = func
+        return out
