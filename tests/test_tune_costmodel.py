@@ -89,8 +89,13 @@ def test_shipped_records_apply_only_on_request():
     cm = tvmfuse.compile(model, runnable, tuning_log=L.SHIPPED)
     tuned = [s for s in cm.report.schedules if s["source"] == "tuned"]
     assert tuned, cm.report.schedules
-    configs = {(v["template"], json.dumps(v["config"], sort_keys=True)) for v in best.values()}
-    assert all((s["template"], json.dumps(s["knobs"], sort_keys=True)) in configs for s in tuned), tuned
+    # each tuned kernel runs a shipped record's knobs as recorded (knobs added to a template after the record
+    # was made take their defaults: schedules._with_new_knobs)
+    def recorded(s):
+        return any(v["template"] == s["template"] and v["config"].items() <= s["knobs"].items()
+                   for v in best.values())
+
+    assert all(recorded(s) for s in tuned), tuned
     # and the tuned schedules compute the right numbers, where this host can run znver3 code
     from tvmfuse import _compat as C
 
