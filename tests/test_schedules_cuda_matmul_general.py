@@ -7,7 +7,7 @@ import pytest
 import tvmfuse
 from tvmfuse import _compat as C
 from tvmfuse.schedules import schedule_prim_func
-from tvmfuse.schedules.cuda._common import verification_target
+from tvmfuse.schedules.cuda._common import verification_target, verify_gpu_schedule
 
 import schedule_cases as S
 
@@ -28,7 +28,7 @@ def test_cuda_matmul_layouts_matched_and_verified(builder, family, arch):
     for name, func in S.graph_funcs(getattr(S, builder)(), target).items():
         res = schedule_prim_func(func, target, {}, name)
         assert res is not None, f"{name}: no CUDA template matched"
-        assert C.verify_gpu_schedule(C.Schedule(res.func), verification_target(target)), \
+        assert verify_gpu_schedule(C.Schedule(res.func), verification_target(target)), \
             f"{name} ({res.template}) on {arch}: GPU code verification failed"
         found.append(res.template)
     assert family in found, found

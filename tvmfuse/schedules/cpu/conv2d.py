@@ -22,6 +22,7 @@ Weights stay in their OIHW parameter layout (the calling convention is unchanged
 from __future__ import annotations
 
 from ... import _compat as C
+from ...analysis import multiply_accumulate
 from ...target import cpu_info
 from ..base import Knob, KnobSpace, Match, Template
 from . import common as U
@@ -41,12 +42,6 @@ SPLIT_ROW_PENALTY = 4
 MIN_PARALLEL_PER_CORE = 4
 
 
-def _strip_cast(e):
-    while isinstance(e, C.tirx.Cast):
-        e = e.value
-    return e
-
-
 def _vars_in(expr) -> set[str]:
     out = set()
 
@@ -64,18 +59,8 @@ def analyze_conv(sch: C.Schedule, block) -> dict | None:
     store = blk.body
     if U.iter_kinds(sch, block) != "SSSSRRR" or not isinstance(store, C.BufferStore):
         return None
-    val = store.value
-    if not isinstance(val, C.tirx.Add):
-        return None
-    acc, prod = (val.a, val.b) if isinstance(val.a, C.TensorLoad) and val.a.source.same_as(store.buffer) \
-        else (val.b, val.a)
-    if not (isinstance(acc, C.TensorLoad) and acc.source.same_as(store.buffer)):
-        return None
-    prod = _strip_cast(prod)
-    if not isinstance(prod, C.tirx.Mul):
-        return None
-    ops = [_strip_cast(prod.a), _strip_cast(prod.b)]
-    if not all(isinstance(o, C.TensorLoad) and len(o.indices) == 4 for o in ops):
+    ops = multiply_accumulate(blk)
+    if ops is None or not all(len(o.indices) == 4 for o in ops):
         return None
     n, f, y, x, rc, ry, rx = [iv.var for iv in blk.iter_vars]
     names = [str(v.name) for v in (n, f, y, x, rc, ry, rx)]
