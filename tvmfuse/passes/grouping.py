@@ -211,6 +211,15 @@ def _no_rule_reason(producer: R.NodeInfo, consumer: R.NodeInfo) -> str:
     return why
 
 
+def _fuse(g: _BlockGraph, a: int, b: int, rule: R.Rule, pending: list) -> None:
+    """Merge the groups of a and b under ``rule`` when ``decide`` agrees, else keep its refusal."""
+    reason, template = g.decide(a, b, rule)
+    if reason is None:
+        g.merge(a, b, rule.name, template)
+    else:
+        pending.append((a, b, reason, rule.name))
+
+
 def partition(g: _BlockGraph) -> list[tuple[str, str, str, str]]:
     """Form the groups of one block; returns the refusals (producer, consumer, reason, rule)."""
     pending: list[tuple[int, int, str, str]] = []
@@ -232,11 +241,7 @@ def partition(g: _BlockGraph) -> list[tuple[str, str, str, str]]:
             if rule is None:
                 pending.append((p, i, _no_rule_reason(g.info[p], g.info[i]), ""))
                 continue
-            reason, template = g.decide(p, i, rule)
-            if reason is None:
-                g.merge(p, i, rule.name, template)
-            else:
-                pending.append((p, i, reason, rule.name))
+            _fuse(g, p, i, rule, pending)
     # Step 2. Siblings: fusable readers of one tensor (a block var, a function parameter).
     readers: dict = {}
     for i, info in enumerate(g.info):
@@ -252,13 +257,8 @@ def partition(g: _BlockGraph) -> list[tuple[str, str, str, str]]:
                 if g.uf.find(a) == g.uf.find(b):
                     continue
                 rule = _first_rule("sibling", g.info[a], g.info[b])
-                if rule is None:
-                    continue
-                reason, template = g.decide(a, b, rule)
-                if reason is None:
-                    g.merge(a, b, rule.name, template)
-                else:
-                    pending.append((a, b, reason, rule.name))
+                if rule is not None:
+                    _fuse(g, a, b, rule, pending)
     # Step 3. Groups the target cannot take as finished are split back into their ops.
     for root in list(g.uf.members):
         members = g.uf.members.get(root)

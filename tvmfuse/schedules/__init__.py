@@ -36,7 +36,8 @@ def accepting_template(group, target: C.Target, prefer: str = "") -> tuple[str |
         if why is None:
             return t.family, None
         reasons.append((prefer not in t.family if prefer else False, f"{t.family}: {why}"))
-    return None, "no template schedules the group (" + "; ".join(r for _, r in sorted(reasons, key=lambda x: x[0])) + ")"
+    declined = [r for _, r in sorted(reasons, key=lambda x: x[0])]        # the rule's family first
+    return None, "no template schedules the group (" + "; ".join(declined) + ")"
 
 
 def schedule_prim_func(func: C.PrimFunc, target: C.Target, records: dict | None = None,

@@ -16,8 +16,8 @@ from ... import _compat as C
 from ...analysis import index_vars, multiply_accumulate, nearest
 from ..base import Config, KnobSpace, Match, knob
 from .depthwise import depthwise_anchor
-from ._common import (CudaTemplate, accumulate_in_registers, group_anchor, arch_of, bind_tile, blocks_of_tile, data_producer, divisors_among,
-                      inline_glue, single_anchor, stage_cooperatively, stage_window)
+from ._common import (CudaTemplate, accumulate_in_registers, arch_of, bind_tile, blocks_of_tile, data_producer,
+                      divisors_among, group_anchor, inline_glue, single_anchor, stage_cooperatively, stage_window)
 
 THREADS_F = (4, 8, 16)          # threads along output channels
 THREADS_P = (8, 16, 32, 64)     # threads along output pixels: at most 16 x 64 = 1024

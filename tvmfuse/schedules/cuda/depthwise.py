@@ -20,8 +20,8 @@ from dataclasses import dataclass
 from ... import _compat as C
 from ...analysis import coef, index_vars, multiply_accumulate, nearest
 from ..base import Config, KnobSpace, Match, knob
-from ._common import (CudaTemplate, accumulate_in_registers, group_anchor, arch_of, bind, data_producer, inline_glue, single_anchor,
-                      stage_cooperatively, stage_window)
+from ._common import (CudaTemplate, accumulate_in_registers, arch_of, bind, data_producer, group_anchor, inline_glue,
+                      single_anchor, stage_cooperatively, stage_window)
 
 THREADS_X = (8, 16, 32, 64, 128)   # threads along output columns (threadIdx.x)
 THREADS_Y = (1, 2, 4, 8)           # threads along output rows (threadIdx.y): at most 128 x 8 = 1024 threads

@@ -55,7 +55,8 @@ def matmul_default(space: KnobSpace, info: dict, arch: CudaArch) -> dict:
            "micro_m": nearest(sp["micro_m"], arch.mm_micro[0]), "micro_n": nearest(sp["micro_n"], arch.mm_micro[1]),
            "tile_k": nearest(sp["tile_k"], arch.mm_tile_k), "vec": nearest(sp["vec"], arch.mm_vec)}
     while True:
-        blocks = blocks_of_tile(info["m"], info["n"], cfg["threads_m"] * cfg["micro_m"], cfg["threads_n"] * cfg["micro_n"])
+        blocks = blocks_of_tile(info["m"], info["n"], cfg["threads_m"] * cfg["micro_m"],
+                                cfg["threads_n"] * cfg["micro_n"])
         if blocks * info["batch_size"] >= arch.sm_count or (cfg["micro_m"] == 1 and cfg["micro_n"] == 1):
             break
         axis = "micro_m" if cfg["micro_m"] >= cfg["micro_n"] else "micro_n"

@@ -19,8 +19,8 @@ from __future__ import annotations
 from ... import _compat as C
 from ...analysis import CONTRACTION, REDUCTION, block_graph, buffer_loads
 from ..base import KnobSpace, Match
-from ._common import (CudaTemplate, arch_of, bind_elementwise, bind_tile, inline_glue, stage_cooperatively, store_in_registers,
-                      single_anchor, tile_contraction)
+from ._common import (CudaTemplate, arch_of, bind_elementwise, bind_tile, inline_glue, single_anchor,
+                      stage_cooperatively, store_in_registers, tile_contraction)
 from .elementwise import VECTOR_LANES
 from .matmul import MICRO, TILE_K, MatmulConfig, matmul_anchor, matmul_default, matmul_space
 
