@@ -1,11 +1,13 @@
 """Target-neutral analysis of TIR PrimFuncs: what the fusion rules and every schedule template ask about
 a kernel, in one place (layer 1: uses ``_compat`` only).
 
+- what a group knows before FuseTIR: ``NodeInfo`` per op (kind, shapes, row keys, data operand, PrimFunc),
+  ``GroupInfo`` (its ops and outputs), asked by the rules and by the templates' ``accepts``;
 - block roles: ``block_graph`` (the root's blocks, iteration kinds S/R/O, producers/consumers, outputs);
 - reductions: ``reduction_blocks`` (each block's reduce vars), ``analyze_reductions`` (contraction or row
   reduction, with the (shape, axes) of each row), ``reduced_axes``;
 - multiply-accumulate operands: ``multiply_accumulate`` (the two loads of ``out += a * b``),
-  ``index_vars``, ``buffer_loads``, ``coef`` (a var's stride in an index);
+  ``index_vars``, ``var_names``, ``buffer_loads``, ``coef`` (a var's stride in an index);
 - epilogue blocks: ``epilogue_of`` (the single consumer reading a buffer at its own iterators);
 - choices: ``nearest`` (the legal choice closest to a wanted number).
 
@@ -174,6 +176,13 @@ def index_vars(indices) -> list[set]:
         vs = set()
         C.post_order_visit(e, lambda n, vs=vs: vs.add(n) if isinstance(n, C.Var) else None)
         out.append(vs)
+    return out
+
+
+def var_names(expr) -> set[str]:
+    """The names of the variables an expression uses."""
+    out = set()
+    C.post_order_visit(expr, lambda n: out.add(str(n.name)) if isinstance(n, C.Var) else None)
     return out
 
 

@@ -22,7 +22,7 @@ Weights stay in their OIHW parameter layout (the calling convention is unchanged
 from __future__ import annotations
 
 from ... import _compat as C
-from ...analysis import multiply_accumulate
+from ...analysis import multiply_accumulate, var_names
 from ...target import cpu_info
 from ..base import Knob, KnobSpace, Match, Template
 from . import common as U
@@ -40,17 +40,6 @@ MAX_FUSED_ROW_VECTORS = 8                 # widest run of pixels (in vectors) of
 SPLIT_ROW_PENALTY = 4
 # Fewer parallel iterations than this many per core leave cores idle on the tail: add the channel blocks.
 MIN_PARALLEL_PER_CORE = 4
-
-
-def _vars_in(expr) -> set[str]:
-    out = set()
-
-    def visit(node):
-        if isinstance(node, C.tirx.Var):
-            out.add(str(node.name))
-
-    C.post_order_visit(expr, visit)
-    return out
 
 
 def analyze_conv(sch: C.Schedule, block) -> dict | None:
@@ -72,7 +61,7 @@ def analyze_conv(sch: C.Schedule, block) -> dict | None:
         return None
     w = weights[0]
     d = ops[1] if ops[0] is w else ops[0]
-    d_vars = [_vars_in(i) for i in d.indices]
+    d_vars = [var_names(i) for i in d.indices]
     n_, f_, y_, x_, rc_, ry_, rx_ = names
     if d_vars[0] != {n_} or rc_ not in d_vars[1] or not d_vars[1] <= {f_, rc_} \
             or d_vars[2] != {y_, ry_} or d_vars[3] != {x_, rx_}:
