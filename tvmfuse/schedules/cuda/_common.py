@@ -1,5 +1,9 @@
-"""What the CUDA templates share: per-architecture numbers, the block graph of a PrimFunc, and the few
-schedule moves every family makes (inline the elementwise glue, bind a loop nest to threads).
+"""What the CUDA templates share: per-architecture numbers (``ARCHS``), the family base ``CudaTemplate``
+(gated on cuda, matched on ``analysis.block_graph``), what ``accepts`` asks of a graph-level group
+(``group_anchor``), and the steps every family takes: inline the elementwise glue, tile a contraction and
+bind its tile (``tile_contraction``, ``bind_tile``, ``bind``), accumulate in registers with the epilogue
+on them (``accumulate_in_registers``), stage an operand or a padded window cooperatively in shared memory
+(``stage_window``, ``stage_cooperatively``), flatten an elementwise block onto threads and vectors.
 
 Matching is by structure (iteration kinds, access patterns, who reads whom), never by block names:
 the names come from legalization and change with the graph passes.
