@@ -19,7 +19,7 @@ from tvmfuse.schedules import templates_for
 import schedule_cases as S
 
 CORPUS = Path(__file__).resolve().parent.parent / "corpus"
-CORPUS_MODELS = ("resnet18", "mobilenet_v2", "bert", "llama")
+CORPUS_MODELS = ("resnet18", "mobilenet_v2", "efficientnet_b0", "convnext", "bert", "gpt2", "llama", "t5_encoder")
 
 
 def cuda(arch="sm_90"):
