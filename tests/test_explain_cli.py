@@ -129,3 +129,22 @@ def test_usage_errors_exit_2(args):
     r = _cli(*args)
     assert r.returncode == 2 and r.stdout == "" and "Traceback" not in r.stderr
     assert r.stderr.splitlines()[-1].startswith(("tvmfuse: error: ", "tvmfuse explain: error: "))
+
+
+def test_cuda_groups_name_the_template_that_accepted_them(tmp_path):
+    """On CUDA every group was accepted by a template family, which explain prints after the rule."""
+    path = _save(tmp_path, M.matmul_bias_gelu(m=8, k=16, n=24), "mlp")
+    r = _cli(path, "--target", '{"kind": "cuda", "arch": "sm_90"}')
+    assert r.returncode == 0, r.stderr
+    group = [ln for ln in r.stdout.splitlines() if ln.startswith("  fused_matmul_add")]
+    assert len(group) == 1 and group[0].endswith("] -> cuda_matmul"), r.stdout
+    d = _explain_json_args(path, "--target", '{"kind": "cuda", "arch": "sm_90"}')
+    assert [g["template"] for g in d["groups"]] == ["cuda_matmul"]
+    # on the host CPU the families gate nothing: no template is named
+    assert all("template" not in g for g in _explain_json(path)["groups"])
+
+
+def _explain_json_args(path, *args):
+    r = _cli(path, "--json", *args)
+    assert r.returncode == 0, r.stderr
+    return json.loads(r.stdout)

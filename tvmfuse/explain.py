@@ -44,11 +44,15 @@ def record_refusal(producer: str, consumer: str, reason: str, rule: str = "") ->
         r.refused.append(entry)
 
 
-def record_group(kernel: str, ops: list[str], rule: str, outputs: int = 1) -> None:
-    """A fusion group formed by a pass: its kernel's name, its ops (in order), the rule(s), its outputs."""
-    fusion_log.debug("group %s: %s [%s]", kernel, " + ".join(ops), rule)
+def record_group(kernel: str, ops: list[str], rule: str, outputs: int = 1, template: str = "") -> None:
+    """A fusion group formed by a pass: its kernel's name, its ops (in order), the rule(s), its outputs,
+    and the template family that accepted it (empty where the target's families gate no fusion)."""
+    fusion_log.debug("group %s: %s [%s]%s", kernel, " + ".join(ops), rule, f" -> {template}" if template else "")
+    entry = {"kernel": kernel, "ops": list(ops), "rule": rule, "outputs": int(outputs)}
+    if template:
+        entry["template"] = template
     for r in _recorders():
-        r.groups.append({"kernel": kernel, "ops": list(ops), "rule": rule, "outputs": int(outputs)})
+        r.groups.append(entry)
 
 
 def retract_groups(kernels: set[str]) -> None:

@@ -48,7 +48,8 @@ def format_explain(name: str, d: dict) -> str:
             f"groups formed ({len(d['groups'])}):"]
     for g in d["groups"]:
         outs = f", {g['outputs']} outputs" if g.get("outputs", 1) > 1 else ""
-        rows.append(f"  {g['kernel']}: {' + '.join(g['ops'])}  [{g['rule']}{outs}]")
+        by = f" -> {g['template']}" if g.get("template") else ""      # the family that accepted the group
+        rows.append(f"  {g['kernel']}: {' + '.join(g['ops'])}  [{g['rule']}{outs}]{by}")
     if not d["groups"]:
         rows.append("  (none)")
     rows.append(f"refused fusions ({len(d['refused'])}):")

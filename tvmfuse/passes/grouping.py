@@ -49,10 +49,10 @@ class _UnionFind:
 class _BlockGraph:
     """One dataflow block as a DAG over its bindings (index = binding order, a topological order)."""
 
-    def __init__(self, mod, block, limits: R.TargetLimits):
+    def __init__(self, mod, block, limits: R.TargetLimits, target=None):
         self.bindings = list(block.bindings)
         n = len(self.bindings)
-        self.limits = limits
+        self.limits, self.target = limits, target
         self.index = {}
         for i, b in enumerate(self.bindings):
             self.index[b.var] = i
@@ -89,6 +89,7 @@ class _BlockGraph:
                 info.kind, info.why_opaque = R.OPAQUE, "its tuple result is used whole, not field by field"
         self.uf = _UnionFind(n)
         self.group_rules: dict[int, list[str]] = {}
+        self.group_template: dict[int, str] = {}       # root -> the template family that accepted the group
         for i, j in self.alias_of.items():
             if self.info[j].kind != R.OPAQUE:
                 self.uf.union(i, j)
@@ -140,27 +141,40 @@ class _BlockGraph:
         return None
 
     # ----------------------------------------------------------------------------------- decision
-    def decide(self, a: int, b: int) -> str | None:
-        """None if the groups of a and b may, should and can fuse; else the reason they do not."""
+    def decide(self, a: int, b: int, rule: R.Rule) -> tuple[str | None, str | None]:
+        """Legality, the checks of the rules that formed both groups and of ``rule``, and target support
+        (size limits, then a template family that accepts the merged group), joined: (None, the family
+        that will schedule it; None where the target's families gate nothing) if the groups of a and b
+        may, should and can fuse; else (the reason they do not, None)."""
         ga, gb = self.uf.find(a), self.uf.find(b)
         members = set(self.uf.members[ga]) | set(self.uf.members[gb])
         blocker = self.creates_cycle(members)
         if blocker is not None:
             return (f"illegal: the path through {self._name(blocker)} leaves the group and comes back "
-                    "(the fused kernel would depend on itself)")
+                    "(the fused kernel would depend on itself)"), None
         infos = self.group_infos(members)
-        reason = R.check_profitable(infos)
+        formed = [R.RULES_BY_NAME[n] for n in self.group_rules.get(ga, []) + self.group_rules.get(gb, [])]
+        reason = R.check_rules(formed + [rule], infos)
         if reason is not None:
-            return "not profitable: " + reason
-        reason = R.check_supported(infos, len(self.outputs(members)), self.limits)
+            return "not profitable: " + reason, None
+        outs = self.outputs(members)
+        reason = R.check_supported(infos, len(outs), self.limits)
         if reason is not None:
-            return "not supported by the target: " + reason
-        return None
+            return "not supported by the target: " + reason, None
+        group = R.GroupInfo(infos, [self.info[k] for k in outs if self.info[k] is not None])
+        family, reason = R.check_template(rule, group, self.target)
+        if reason is not None:
+            return "not supported by the target: " + reason, None
+        return None, family
 
-    def merge(self, a: int, b: int, rule: str) -> None:
+    def merge(self, a: int, b: int, rule: str, template: str | None = None) -> None:
         rules = self.group_rules.pop(self.uf.find(a), []) + self.group_rules.pop(self.uf.find(b), [])
+        self.group_template.pop(self.uf.find(a), None)
+        self.group_template.pop(self.uf.find(b), None)
         root = self.uf.union(a, b)
         self.group_rules[root] = list(dict.fromkeys(rules + [rule]))
+        if template is not None:
+            self.group_template[root] = template
 
     def dissolve(self, root: int) -> None:
         """Split a group back into single ops (a call_tir keeps the tuple fields it owns)."""
@@ -197,6 +211,15 @@ def _no_rule_reason(producer: R.NodeInfo, consumer: R.NodeInfo) -> str:
     return why
 
 
+def _fuse(g: _BlockGraph, a: int, b: int, rule: R.Rule, pending: list) -> None:
+    """Merge the groups of a and b under ``rule`` when ``decide`` agrees, else keep its refusal."""
+    reason, template = g.decide(a, b, rule)
+    if reason is None:
+        g.merge(a, b, rule.name, template)
+    else:
+        pending.append((a, b, reason, rule.name))
+
+
 def partition(g: _BlockGraph) -> list[tuple[str, str, str, str]]:
     """Form the groups of one block; returns the refusals (producer, consumer, reason, rule)."""
     pending: list[tuple[int, int, str, str]] = []
@@ -218,11 +241,7 @@ def partition(g: _BlockGraph) -> list[tuple[str, str, str, str]]:
             if rule is None:
                 pending.append((p, i, _no_rule_reason(g.info[p], g.info[i]), ""))
                 continue
-            reason = g.decide(p, i)
-            if reason is None:
-                g.merge(p, i, rule.name)
-            else:
-                pending.append((p, i, reason, rule.name))
+            _fuse(g, p, i, rule, pending)
     # Step 2. Siblings: fusable readers of one tensor (a block var, a function parameter).
     readers: dict = {}
     for i, info in enumerate(g.info):
@@ -238,13 +257,8 @@ def partition(g: _BlockGraph) -> list[tuple[str, str, str, str]]:
                 if g.uf.find(a) == g.uf.find(b):
                     continue
                 rule = _first_rule("sibling", g.info[a], g.info[b])
-                if rule is None:
-                    continue
-                reason = g.decide(a, b)
-                if reason is None:
-                    g.merge(a, b, rule.name)
-                else:
-                    pending.append((a, b, reason, rule.name))
+                if rule is not None:
+                    _fuse(g, a, b, rule, pending)
     # Step 3. Groups the target cannot take as finished are split back into their ops.
     for root in list(g.uf.members):
         members = g.uf.members.get(root)
@@ -253,6 +267,7 @@ def partition(g: _BlockGraph) -> list[tuple[str, str, str, str]]:
         reason = R.check_final_group(g.group_infos(members), len(g.outputs(set(members))), g.limits)
         if reason is not None:
             rules = "+".join(g.group_rules.pop(root, []))
+            g.group_template.pop(root, None)
             ops = [g._name(k) for k in sorted(members) if k not in g.alias_of]
             out_refused.append((ops[0], ops[-1], "not supported by the target: " + reason, rules))
             g.dissolve(root)
@@ -354,7 +369,7 @@ def _rewrite_block(g: _BlockGraph, mbb, taken: set, stats: list):
             gv = mbb.add_func(func, name)
             call = mbb.normalize(C.relax.Call(gv, outer_args))
             record_group(name, [op_name(str(g.bindings[k].value.args[0].name_hint)) for k in members
-                                if k not in g.alias_of], rule, len(outs))
+                                if k not in g.alias_of], rule, len(outs), g.group_template.get(it, ""))
             stats.append(name)
             if len(outs) == 1:
                 new_bindings.append(C.relax.VarBinding(g.bindings[outs[0]].var, call))
@@ -381,6 +396,7 @@ class FuseGroups:
 
     def __init__(self, target=None, limits: R.TargetLimits | None = None):
         self.limits = limits or R.limits_for(target)
+        self.target = target
 
     def transform_module(self, mod, _ctx):
         mbb = C.BlockBuilder(mod)
@@ -397,7 +413,7 @@ class FuseGroups:
                 if not isinstance(block, C.relax.DataflowBlock):
                     blocks.append(block)
                     continue
-                g = _BlockGraph(mod, block, self.limits)
+                g = _BlockGraph(mod, block, self.limits, self.target)
                 for producer, consumer, reason, rule in partition(g):
                     record_refusal(producer, consumer, reason, rule)
                 new = _rewrite_block(g, mbb, taken, stats)

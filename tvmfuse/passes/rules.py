@@ -16,68 +16,132 @@ Shapes may be symbolic (``[batch, 64]``): extents are kept as TIR expressions an
 static version.
 
 A rule names the pair of kinds it fuses (``edge`` rules: producer -> consumer; ``sibling`` rules: two
-consumers of one tensor; ``chain`` rules: a multi-op pattern matched on Relax ops before legalization by
-its own pass, e.g. ``attention`` in passes/attention.py, whose checks are the ``check_attention_*``
-functions below; grouping then sees its kernel as one opaque op).  Whether a fusion happens is decided in one place, ``decide``: legality (the
-merged group stays acyclic in the group graph; shapes are known, static or symbolic), profitability (the anchors of the
-merged group can share one loop nest) and target support (group size limits of the target family).
-Each check returns None when it passes, else the reason a user reads.
+consumers of one tensor; ``chain`` rules: a multi-op pattern matched on Relax ops before legalization by its
+own pass, e.g. ``attention`` in passes/attention.py, whose checks are the ``check_attention_*`` functions
+below; grouping then sees its kernel as one opaque op), its own check (``check(members)``: a reason or None) and the template family that
+must schedule the group.  Whether a fusion happens is decided in one place, ``grouping._BlockGraph.decide``:
+legality (the merged group stays acyclic in the group graph; shapes are known, static or symbolic), the
+checks of every rule that formed the merged group (``check_rules``: profitability) and target support
+(group size limits, then ``check_template``: some template family of the target ``accepts`` the group,
+asked before FuseTIR from the ops' ``NodeInfo``).  Each check returns None when it passes, else the reason
+a user reads; a template refusal names the family that declined.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 from .. import _compat as C
+from ..analysis import (CONTRACTION, ELEMWISE, INJECTIVE, OPAQUE, REDUCTION, GroupInfo, NodeInfo,  # noqa: F401
+                        analyze_reductions, reduced_axes)
 
-ELEMWISE, INJECTIVE, REDUCTION, CONTRACTION, OPAQUE = "elemwise", "injective", "reduction", "contraction", \
-    "opaque"
 _MOVABLE = (ELEMWISE, INJECTIVE)
 
 
 @dataclass(frozen=True)
 class Rule:
+    """One fusion rule: what it matches, its own check and the template family that must schedule the group.
+
+    ``check(members)`` sees every op of the merged group and returns None or the reason the rule does
+    not hold for it; ``decide`` runs the checks of every rule that formed either group plus this one, so
+    an op that a later rule brings in is checked against the anchors already there.  ``template`` names
+    the family (a part of its name: ``matmul`` matches ``cuda_matmul``) the rule builds groups for; the
+    family's ``accepts`` is asked first and named in a refusal."""
+
     name: str
     kind: str          # "edge" (producer -> consumer) or "sibling" (two readers of one tensor)
     first: tuple       # kinds allowed for the producer (edge) / the first sibling
     second: tuple      # kinds allowed for the consumer (edge) / the second sibling
     why: str           # one line: what it buys, and the test that needs it
+    check: object = None   # Callable[[list[NodeInfo]], str | None]: the rule's own condition on the group
+    template: str = ""     # the template family that must accept the group on the target
+    same_input: bool = False   # sibling rule: both read the shared tensor as their data operand
 
-    def matches(self, a: "NodeInfo", b: "NodeInfo") -> bool:
+    def matches(self, a: NodeInfo, b: NodeInfo) -> bool:
         if a.kind not in self.first or b.kind not in self.second:
             return False
-        if self.kind == "sibling" and a.kind == CONTRACTION:
-            return a.data_arg is not None and a.data_arg.same_as(b.data_arg)
-        return True
+        return not self.same_input or (a.data_arg is not None and a.data_arg.same_as(b.data_arg))
+
+
+# --------------------------------------------------------------------------- the rules' own checks
+def check_anchors(members: list[NodeInfo]) -> str | None:
+    """A matmul/conv group: several anchors only as siblings of one input (same output shape, matmuls),
+    no row reduction beside them, and an epilogue of elementwise ops only."""
+    contractions = [m for m in members if m.kind == CONTRACTION]
+    reason = _no_reduction_beside_anchors(members)
+    if reason is not None or not contractions:
+        return reason
+    first = contractions[0]
+    for c in contractions[1:]:
+        if not (c.data_arg is not None and c.data_arg.same_as(first.data_arg)):
+            return f"matmul/conv anchors {first.name} and {c.name} do not read the same input"
+        if not same_shape(c.out_shape, first.out_shape):
+            return f"sibling anchors {first.name} and {c.name} have different output shapes"
+        if max(first.reduce_axes, c.reduce_axes) > 1:
+            # a block's conv and its strided shortcut conv added: no template tiles two conv anchors
+            return (f"two conv anchors {first.name} and {c.name} in one kernel: the conv templates "
+                    "(cpu.conv2d_epilogue, cuda conv2d) take one conv, cpu.sibling_matmuls takes "
+                    "matmuls only; each conv keeps its own kernel")
+    injective = [m for m in members if m.kind == INJECTIVE]
+    if injective:
+        return (f"layout op {injective[0].name} in a matmul/conv group: the anchor's epilogue takes "
+                "elementwise/broadcast ops only")
+    return None
+
+
+def check_rows(members: list[NodeInfo]) -> str | None:
+    """A row-reduction group: every reduction over the same rows, and no matmul/conv anchor beside them."""
+    reason = _no_reduction_beside_anchors(members)
+    if reason is not None:
+        return reason
+    keys = set()
+    for r in members:
+        if r.kind == REDUCTION:
+            keys |= r.row_keys
+    if len(keys) > 1:
+        return "reductions over different rows (shape or axes differ) cannot share one pass over a row"
+    return None
+
+
+def _no_reduction_beside_anchors(members: list[NodeInfo]) -> str | None:
+    contractions = [m for m in members if m.kind == CONTRACTION]
+    reductions = [m for m in members if m.kind == REDUCTION]
+    if contractions and reductions:
+        return (f"a row reduction ({reductions[0].name}) and a matmul/conv ({contractions[0].name}) would "
+                "share a kernel: the reduction needs whole rows of the tiled anchor output")
+    return None
 
 
 # One row per rule.  Order matters only for which rule name a group reports (the first that fused it).
 RULES: tuple[Rule, ...] = (
     Rule("elementwise_chain", "edge", _MOVABLE, _MOVABLE,
-         "chains of elementwise/broadcast/injective ops in one loop; test_fusion_patterns[elementwise_chain]"),
+         "chains of elementwise/broadcast/injective ops in one loop; test_fusion_patterns[elementwise_chain]",
+         None, "elementwise"),
     Rule("contraction_epilogue", "edge", (CONTRACTION,), (ELEMWISE,),
          "bias, activation and residual add computed on the matmul/conv output tile; "
-         "test_fusion_patterns[matmul_bias_gelu], [conv_bn_relu_residual]"),
+         "test_fusion_patterns[matmul_bias_gelu], [conv_bn_relu_residual]", check_anchors, "matmul"),
     Rule("reduction_prologue", "edge", _MOVABLE, (REDUCTION,),
          "the producer of a reduction computed inside the reduction loop (x*x -> mean); "
-         "test_fusion_patterns[rmsnorm]"),
+         "test_fusion_patterns[rmsnorm]", check_rows, "reduction"),
     Rule("reduction_epilogue", "edge", (REDUCTION,), _MOVABLE,
-         "the ops after a reduction read the row it just reduced; test_fusion_patterns[layernorm_decomposed]"),
+         "the ops after a reduction read the row it just reduced; test_fusion_patterns[layernorm_decomposed]",
+         check_rows, "reduction"),
     Rule("reduction_chain", "edge", (REDUCTION,), (REDUCTION,),
          "one row reduction feeding another over the same rows (max -> sum of exp); "
-         "test_fusion_patterns[layernorm_softmax]"),
+         "test_fusion_patterns[layernorm_softmax]", check_rows, "reduction"),
     Rule("sibling_contractions", "sibling", (CONTRACTION,), (CONTRACTION,),
          "Q/K/V or gate/up projections of one input: the input is read once for all; "
-         "test_fusion_patterns[qkv_projection], [swiglu]"),
+         "test_fusion_patterns[qkv_projection], [swiglu]", check_anchors, "siblings", same_input=True),
     Rule("sibling_reductions", "sibling", (REDUCTION,), (REDUCTION,),
-         "two reductions over the same rows of one input in one pass; test_fusion_patterns[mean_variance]"),
+         "two reductions over the same rows of one input in one pass; test_fusion_patterns[mean_variance]",
+         check_rows, "reduction"),
     Rule("sibling_elementwise", "sibling", (ELEMWISE,), (ELEMWISE,),
          "independent elementwise ops reading one tensor (LSTM gates): one read, several outputs; "
-         "test_fusion_rules::test_sibling_elementwise"),
+         "test_fusion_rules::test_sibling_elementwise", None, "elementwise"),
     # A multi-node rule: matched on Relax ops before legalization (passes/attention.py), where softmax is
     # one op and K^T one permute_dims; after it they are six PrimFuncs a pairwise rule cannot join.
     Rule("attention", "chain", (CONTRACTION,), (REDUCTION, CONTRACTION),
          "softmax(scale*Q@K^T+mask)@V as one online-softmax kernel: the SxS scores never reach memory "
-         "(matched on Relax ops: pairwise rules refuse reduction+matmul); test_attention"),
+         "(matched on Relax ops: pairwise rules refuse reduction+matmul); test_attention", None, "attention"),
 )
 
 RULES_BY_NAME = {r.name: r for r in RULES}
@@ -103,20 +167,6 @@ def limits_for(target) -> TargetLimits:
     from ..target import is_gpu
 
     return _LIMITS["gpu" if target is not None and is_gpu(target) else "cpu"]
-
-
-@dataclass
-class NodeInfo:
-    """What the rules need to know about one call_tir."""
-
-    name: str                   # "<prim func>(<var>)", for the report
-    kind: str
-    pattern: int
-    row_keys: frozenset = frozenset()   # (shape read, axes reduced) of each row reduction
-    data_arg: object = None             # contraction: the relax var of its data operand
-    reduce_axes: int = 0                # contraction: reduced axes (1: a matmul; 3: a conv's rc, ry, rx)
-    out_shape: tuple | None = None      # ints and symbolic TIR expressions (see same_shape)
-    why_opaque: str = ""
 
 
 # --------------------------------------------------------------------------- PrimFunc analysis
@@ -152,60 +202,6 @@ def is_symbolic(shape) -> bool:
     if _is_shape(shape):
         return any(is_symbolic(d) for d in shape)
     return not isinstance(shape, int)
-
-
-def _reduction_blocks(func):
-    """(block, reduce vars) of every block with a reduction iterator; None if the func has no root block."""
-    try:
-        sch = C.Schedule(func)
-        root = sch.get_sblock("root")
-    except C.TVMError:  # a PrimFunc without a root block: not analyzable, treated as opaque
-        return None
-    out = []
-    stack = list(sch.get_child_blocks(root))
-    while stack:
-        rv = stack.pop()
-        blk = sch.get(rv)
-        rvars = [iv.var for iv in blk.iter_vars if int(iv.iter_type) == C.IterVar.CommReduce]
-        if rvars:
-            out.append((blk, rvars))
-        stack.extend(sch.get_child_blocks(rv))
-    return out
-
-
-def _uses(expr, vars_) -> bool:
-    used = C.tirx.analysis.undefined_vars(expr, [])
-    return any(u.same_as(v) for u in used for v in vars_)
-
-
-def reduced_axes(func) -> int:
-    """Most reduction iterators of one block of ``func`` (1 for a matmul, 3 for a conv2d)."""
-    return max((len(rvars) for _, rvars in _reduction_blocks(func) or []), default=0)
-
-
-def analyze_reductions(func) -> tuple[bool, frozenset] | None:
-    """(is_contraction, row keys) of a PrimFunc with reductions; None when it cannot be analyzed."""
-    blocks = _reduction_blocks(func)
-    if not blocks:
-        return None
-    contraction, keys = False, set()
-    for blk, rvars in blocks:
-        written = [C.region_tensor(w) for w in blk.writes]
-        reduced, bufs = [], []
-        for r in blk.reads:
-            buf = C.region_tensor(r)
-            if any(buf.same_as(w) for w in written):
-                continue
-            axes = tuple(i for i, rng in enumerate(r.region) if _uses(rng.min, rvars))
-            if axes:
-                shape = tuple(int(s) if isinstance(s, C.IntImm) else str(s) for s in C.tensor_shape(buf))
-                reduced.append((shape, axes))
-                if not any(b.same_as(buf) for b in bufs):
-                    bufs.append(buf)
-        if len(bufs) >= 2:  # two tensors indexed by the reduced axis: a matmul/conv
-            contraction = True
-        keys.update(reduced)
-    return contraction, frozenset(keys)
 
 
 def symbolic_injective(func) -> bool:
@@ -272,6 +268,7 @@ def classify(func, call, var_ty) -> NodeInfo:
         contraction, keys = found
         info.kind = CONTRACTION if contraction else REDUCTION
         info.row_keys = keys
+        info.func = func
         if contraction:
             info.data_arg = call.args[1].fields[0]
             info.reduce_axes = reduced_axes(func)
@@ -281,36 +278,24 @@ def classify(func, call, var_ty) -> NodeInfo:
 
 
 # --------------------------------------------------------------------------- the three checks
-def check_profitable(members: list[NodeInfo]) -> str | None:
-    """Can the merged group's anchors share one loop nest?  None if yes, else why not."""
-    contractions = [m for m in members if m.kind == CONTRACTION]
-    reductions = [m for m in members if m.kind == REDUCTION]
-    if contractions and reductions:
-        return (f"a row reduction ({reductions[0].name}) and a matmul/conv ({contractions[0].name}) would "
-                "share a kernel: the reduction needs whole rows of the tiled anchor output")
-    if contractions:
-        first = contractions[0]
-        for c in contractions[1:]:
-            if not (c.data_arg is not None and c.data_arg.same_as(first.data_arg)):
-                return f"matmul/conv anchors {first.name} and {c.name} do not read the same input"
-            if not same_shape(c.out_shape, first.out_shape):
-                return f"sibling anchors {first.name} and {c.name} have different output shapes"
-            if max(first.reduce_axes, c.reduce_axes) > 1:
-                # a block's conv and its strided shortcut conv added: no template tiles two conv anchors
-                return (f"two conv anchors {first.name} and {c.name} in one kernel: the conv templates "
-                        "(cpu.conv2d_epilogue, cuda conv2d) take one conv, cpu.sibling_matmuls takes "
-                        "matmuls only; each conv keeps its own kernel")
-        injective = [m for m in members if m.kind == INJECTIVE]
-        if injective:
-            return (f"layout op {injective[0].name} in a matmul/conv group: the anchor's epilogue takes "
-                    "elementwise/broadcast ops only")
-    if reductions:
-        keys = set()
-        for r in reductions:
-            keys |= r.row_keys
-        if len(keys) > 1:
-            return "reductions over different rows (shape or axes differ) cannot share one pass over a row"
+def check_rules(rules: list[Rule], members: list[NodeInfo]) -> str | None:
+    """Profitability: the own check of every rule that formed the group (each once); None or the first
+    reason, prefixed with the rule's name."""
+    for rule in dict.fromkeys(rules):
+        reason = rule.check(members) if rule.check is not None else None
+        if reason is not None:
+            return reason
     return None
+
+
+def check_template(rule: Rule, group: GroupInfo, target) -> tuple[str | None, str | None]:
+    """Target support by a schedule: (the family that accepts the group, None) or (None, why not), the
+    family the rule names asked first and named in the refusal."""
+    if target is None:
+        return None, None
+    from ..schedules import accepting_template
+
+    return accepting_template(group, target, prefer=rule.template)
 
 
 def check_supported(members: list[NodeInfo], n_outputs: int, limits: TargetLimits) -> str | None:

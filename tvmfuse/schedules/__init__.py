@@ -8,7 +8,7 @@ from .. import _compat as C
 from ..explain import record_schedule
 from ..records import best_configs, workload_key
 from ..target import is_gpu
-from .base import Scheduled, find_template, schedule_with
+from .base import Scheduled, Template, find_template, schedule_with
 
 log = logging.getLogger("tvmfuse.schedule")
 
@@ -20,6 +20,24 @@ def templates_for(target: C.Target) -> list:
     else:
         from .cpu import TEMPLATES
     return list(TEMPLATES)
+
+
+def accepting_template(group, target: C.Target, prefer: str = "") -> tuple[str | None, str | None]:
+    """Which template family of the target will schedule a graph-level group (``analysis.GroupInfo``):
+    (family, None), the first in match order whose ``accepts`` says yes; else (None, the reason of each
+    family that declined, those whose name contains ``prefer`` first).  A target whose families do not
+    declare ``accepts`` gates nothing: (None, None) (CPU: the generic last-resort schedule takes any kernel)."""
+    templates = [t for t in templates_for(target) if type(t).accepts is not Template.accepts]
+    if not templates:
+        return None, None
+    reasons = []
+    for t in templates:
+        why = t.accepts(group, target)
+        if why is None:
+            return t.family, None
+        reasons.append((prefer not in t.family if prefer else False, f"{t.family}: {why}"))
+    declined = [r for _, r in sorted(reasons, key=lambda x: x[0])]        # the rule's family first
+    return None, "no template schedules the group (" + "; ".join(declined) + ")"
 
 
 def schedule_prim_func(func: C.PrimFunc, target: C.Target, records: dict | None = None,

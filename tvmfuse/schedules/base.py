@@ -6,7 +6,8 @@ applies a configuration on an ``s_tir.Schedule``:
     class MatmulEpilogue(Template):
         family = "matmul_epilogue"
         def match(self, func, target) -> Match | None      # None: the template does not apply
-        def space(self, match, target) -> KnobSpace         # the typed knobs, per target
+        config_type = MatmulConfig                          # typed knobs: a frozen Config dataclass
+        def space(self, match, target) -> KnobSpace         # the knobs' legal choices, per target
         def default_config(self, match, target) -> dict     # untuned default from the target's numbers
         def apply(self, sch, match, config) -> None         # the body, in "# Step N." comments
 
@@ -19,7 +20,7 @@ from __future__ import annotations
 import itertools
 import logging
 import random
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 
 from .. import _compat as C
 
@@ -82,6 +83,41 @@ class KnobSpace:
         return {k.name: list(k.choices) for k in self.knobs}
 
 
+def knob(doc: str):
+    """A field of a typed config: one knob, with what it controls (the knob's doc)."""
+    return field(metadata={"doc": doc})
+
+
+class Config:
+    """Base of a template family's typed config: subclass it as a ``@dataclass(frozen=True)`` whose fields
+    (``knob("doc")``) are the knobs, in the order the space lists them.  Records keep configs as JSON
+    dicts: ``asdict`` writes one, ``from_dict`` reads one back (a dict naming other knobs is an error)."""
+
+    @classmethod
+    def knob_names(cls) -> list[str]:
+        return [f.name for f in fields(cls)]
+
+    @classmethod
+    def space(cls, **choices) -> KnobSpace:
+        """The knob space: one knob per field, in field order, with the given legal choices."""
+        names = cls.knob_names()
+        missing, extra = [n for n in names if n not in choices], sorted(set(choices) - set(names))
+        if missing or extra:
+            raise ValueError(f"{cls.__name__} space: choices missing for {missing}, not knobs: {extra}")
+        return KnobSpace(tuple(Knob(f.name, tuple(choices[f.name]), f.metadata.get("doc", ""))
+                               for f in fields(cls)))
+
+    @classmethod
+    def from_dict(cls, config: dict):
+        names = cls.knob_names()
+        if set(config) != set(names):
+            raise ValueError(f"{cls.__name__}: config {sorted(config)} does not name the knobs {names}")
+        return cls(**config)
+
+    def asdict(self) -> dict:
+        return asdict(self)
+
+
 @dataclass
 class Match:
     """What a template found in a PrimFunc (block names, loop extents...): the template's own data."""
@@ -95,8 +131,15 @@ class Template:
 
     family: str = ""
     target_kinds: tuple[str, ...] = ()
+    config_type: type | None = None      # the family's typed Config (None: plain dict knobs)
 
     def match(self, func: C.PrimFunc, target: C.Target) -> Match | None:
+        raise NotImplementedError
+
+    def accepts(self, group, target: C.Target) -> str | None:
+        """Asked by the fusion rules before the group's kernel exists (``analysis.GroupInfo``: the ops'
+        kinds, shapes, row keys, data operands, anchor PrimFuncs): None when ``match`` will take the fused
+        kernel, else why not.  A family that does not override it gates no fusion."""
         raise NotImplementedError
 
     def space(self, match: Match, target: C.Target) -> KnobSpace:

@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ... import _compat as C
+from ...analysis import epilogue_of as own_index_consumer, nearest as nearest_choice  # noqa: F401 (shared helpers)
 
 SPATIAL = 0   # IterVar.iter_type of a data-parallel block iterator (kDataPar)
 REDUCE = 2    # IterVar.iter_type of a reduction block iterator (kCommReduce)
@@ -156,11 +157,6 @@ def choices_upto(candidates, limit: int) -> tuple:
     return kept or (min(candidates),)
 
 
-def nearest_choice(choices, want):
-    """The choice closest to ``want`` (ties: the smaller one)."""
-    return min(choices, key=lambda c: (abs(c - want), c))
-
-
 # Calls TVM's LLVM backend cannot lower on vectors ("unknown intrinsic tirx.cosh": conformance
 # node/test_cosh); blocks using them stay scalar. Shifts: see has_shift.
 
@@ -288,30 +284,3 @@ def schedule_injective(sch: C.Schedule, block, lanes: int, unroll: int = 1, para
             sch.parallel(outer)
         return
     vectorize_parts(sch, partition_tail(sch, fused, lanes), lanes, unroll, parallel=go_parallel)
-
-
-def own_index_consumer(sch: C.Schedule, block, buffer: str):
-    """The single elementwise consumer of ``block`` that reads ``buffer`` only at its own iterators.
-
-    Returns that block, the string "none" when ``block`` has no consumer, or None when the consumers
-    are anything else (several, a reduction, a shifted or broadcast read).  Raises nothing.
-    """
-    consumers = list(sch.get_consumers(block))
-    if not consumers:
-        return "none"
-    if len(consumers) != 1 or not is_spatial(sch, consumers[0]):
-        return None
-    e = sch.get(consumers[0])
-    if not isinstance(e.body, C.BufferStore):
-        return None
-    own = [str(iv.var.name) for iv in e.iter_vars]
-    found = []
-
-    def visit(node):
-        if isinstance(node, C.TensorLoad) and str(node.source.name) == buffer:
-            found.append([str(i.name) if isinstance(i, C.tirx.Var) else None for i in node.indices])
-
-    C.post_order_visit(e.body.value, visit)
-    if not found or any(idx != own for idx in found):
-        return None
-    return consumers[0]

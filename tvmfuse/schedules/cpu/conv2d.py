@@ -22,6 +22,7 @@ Weights stay in their OIHW parameter layout (the calling convention is unchanged
 from __future__ import annotations
 
 from ... import _compat as C
+from ...analysis import multiply_accumulate, var_names
 from ...target import cpu_info
 from ..base import Knob, KnobSpace, Match, Template
 from . import common as U
@@ -41,41 +42,14 @@ SPLIT_ROW_PENALTY = 4
 MIN_PARALLEL_PER_CORE = 4
 
 
-def _strip_cast(e):
-    while isinstance(e, C.tirx.Cast):
-        e = e.value
-    return e
-
-
-def _vars_in(expr) -> set[str]:
-    out = set()
-
-    def visit(node):
-        if isinstance(node, C.tirx.Var):
-            out.add(str(node.name))
-
-    C.post_order_visit(expr, visit)
-    return out
-
-
 def analyze_conv(sch: C.Schedule, block) -> dict | None:
     """The roles of a reduction block if it is a direct NCHW conv2d; None otherwise (raises nothing)."""
     blk = sch.get(block)
     store = blk.body
     if U.iter_kinds(sch, block) != "SSSSRRR" or not isinstance(store, C.BufferStore):
         return None
-    val = store.value
-    if not isinstance(val, C.tirx.Add):
-        return None
-    acc, prod = (val.a, val.b) if isinstance(val.a, C.TensorLoad) and val.a.source.same_as(store.buffer) \
-        else (val.b, val.a)
-    if not (isinstance(acc, C.TensorLoad) and acc.source.same_as(store.buffer)):
-        return None
-    prod = _strip_cast(prod)
-    if not isinstance(prod, C.tirx.Mul):
-        return None
-    ops = [_strip_cast(prod.a), _strip_cast(prod.b)]
-    if not all(isinstance(o, C.TensorLoad) and len(o.indices) == 4 for o in ops):
+    ops = multiply_accumulate(blk)
+    if ops is None or not all(len(o.indices) == 4 for o in ops):
         return None
     n, f, y, x, rc, ry, rx = [iv.var for iv in blk.iter_vars]
     names = [str(v.name) for v in (n, f, y, x, rc, ry, rx)]
@@ -87,7 +61,7 @@ def analyze_conv(sch: C.Schedule, block) -> dict | None:
         return None
     w = weights[0]
     d = ops[1] if ops[0] is w else ops[0]
-    d_vars = [_vars_in(i) for i in d.indices]
+    d_vars = [var_names(i) for i in d.indices]
     n_, f_, y_, x_, rc_, ry_, rx_ = names
     if d_vars[0] != {n_} or rc_ not in d_vars[1] or not d_vars[1] <= {f_, rc_} \
             or d_vars[2] != {y_, ry_} or d_vars[3] != {x_, rx_}:

@@ -17,6 +17,7 @@ per-lane predicate, which TVM's vectorizer would turn into scalar code.
 from __future__ import annotations
 
 from ... import _compat as C
+from ...analysis import epilogue_of, multiply_accumulate
 from ...target import cpu_info
 from ..base import Knob, KnobSpace, Match, Template
 from . import common as U
@@ -76,31 +77,16 @@ def _vars_or_consts(indices) -> list | None:
     return out
 
 
-def _strip_cast(e):
-    while isinstance(e, C.tirx.Cast):
-        e = e.value
-    return e
-
-
 def analyze_matmul(sch: C.Schedule, block) -> dict | None:
     """The roles of a reduction block if it is ``C += A * B`` with one i, one j and one k axis."""
     blk = sch.get(block)
     store = blk.body
     if not isinstance(store, C.BufferStore) or U.iter_kinds(sch, block).count("R") != 1:
         return None
-    val = store.value
-    if not isinstance(val, C.tirx.Add):
+    mac = multiply_accumulate(blk)
+    if mac is None:
         return None
-    acc, prod = (val.a, val.b) if isinstance(val.a, C.TensorLoad) and val.a.source.same_as(store.buffer) \
-        else (val.b, val.a)
-    if not (isinstance(acc, C.TensorLoad) and acc.source.same_as(store.buffer)):
-        return None
-    prod = _strip_cast(prod)
-    if not isinstance(prod, C.tirx.Mul):
-        return None
-    a, b = _strip_cast(prod.a), _strip_cast(prod.b)
-    if not (isinstance(a, C.TensorLoad) and isinstance(b, C.TensorLoad)):
-        return None
+    a, b = mac
     c_idx, a_idx, b_idx = _plain_vars(store.indices), _vars_or_consts(a.indices), _vars_or_consts(b.indices)
     if c_idx is None or a_idx is None or b_idx is None or len(c_idx) < 2:
         return None
@@ -140,37 +126,6 @@ def analyze_matmul(sch: C.Schedule, block) -> dict | None:
         "n_iters": len(ivs),
         "iters_ordered": [iv.var.name for iv in ivs] == [v.name for v in c_idx] + [k.name],
     }
-
-
-def epilogue_of(sch: C.Schedule, block, c_buffer: str):
-    """The single elementwise consumer reading C at its own indices, or None; raises nothing."""
-    consumers = list(sch.get_consumers(block))
-    if not consumers:
-        return "none"
-    if len(consumers) != 1 or not U.is_spatial(sch, consumers[0]):
-        return None
-    e = sch.get(consumers[0])
-    own = [iv.var.name for iv in e.iter_vars]
-    found = []
-
-    def visit(expr):
-        if isinstance(expr, C.TensorLoad):
-            if str(expr.source.name) == c_buffer:
-                found.append([getattr(i, "name", None) for i in expr.indices])
-            return
-        for attr in ("a", "b", "value", "condition", "true_value", "false_value"):
-            child = getattr(expr, attr, None)
-            if child is not None and hasattr(child, "ty") and not isinstance(child, (int, float, str)):
-                visit(child)
-        for arg in getattr(expr, "args", ()) or ():
-            visit(arg)
-
-    if not isinstance(e.body, C.BufferStore):
-        return None
-    visit(e.body.value)
-    if not found or any(idx != own for idx in found):
-        return None
-    return consumers[0]
 
 
 def pick_register_tile(m: int, n: int, lanes: int, regs: int, mr_choices, nvec_choices) -> tuple[int, int]:

@@ -1,5 +1,9 @@
-"""What the CUDA templates share: per-architecture numbers, the block graph of a PrimFunc, and the few
-schedule moves every family makes (inline the elementwise glue, bind a loop nest to threads).
+"""What the CUDA templates share: per-architecture numbers (``ARCHS``), the family base ``CudaTemplate``
+(gated on cuda, matched on ``analysis.block_graph``), what ``accepts`` asks of a graph-level group
+(``group_anchor``), and the steps every family takes: inline the elementwise glue, tile a contraction and
+bind its tile (``tile_contraction``, ``bind_tile``, ``bind``), accumulate in registers with the epilogue
+on them (``accumulate_in_registers``), stage an operand or a padded window cooperatively in shared memory
+(``stage_window``, ``stage_cooperatively``), flatten an elementwise block onto threads and vectors.
 
 Matching is by structure (iteration kinds, access patterns, who reads whom), never by block names:
 the names come from legalization and change with the graph passes.
@@ -9,6 +13,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ... import _compat as C
+from ...analysis import CONTRACTION, REDUCTION, BlockGraph, BlockNode, GroupInfo, block_graph, const_int
+from ..base import Match, Template
 
 WARP = 32
 
@@ -61,152 +67,57 @@ def arch_of(target: C.Target) -> CudaArch:
     return ARCHS[older[-1] if older else known[0][1]]
 
 
-# --------------------------------------------------------------------------- the block graph
-@dataclass
-class BlockNode:
-    """One block under the root, as far as the templates care."""
+# --------------------------------------------------------------------------- matching
+class CudaTemplate(Template):
+    """A CUDA family: gated on the cuda target kind, matched on the kernel's block graph.  A subclass
+    names itself in the class line: ``class CudaMatmul(CudaTemplate, family=..., config=MatmulConfig)``."""
 
-    name: str
-    kinds: str                     # one letter per iter var: S spatial, R reduction, O other
-    extents: tuple[int, ...]       # per iter var
-    reads: list                    # buffers read (not counting its own output)
-    writes: list                   # buffers written
-    is_output: bool                # writes a buffer of the function's signature
-    stmt: object                   # the SBlock
+    target_kinds = ("cuda",)
 
-    @property
-    def is_spatial(self) -> bool:
-        return set(self.kinds) == {"S"} or self.kinds == ""
+    def __init_subclass__(cls, family: str = "", config: type | None = None, **kw):
+        super().__init_subclass__(**kw)
+        cls.family, cls.config_type = family, config
 
-    @property
-    def is_reduction(self) -> bool:
-        return "R" in self.kinds and "O" not in self.kinds
+    def match(self, func: C.PrimFunc, target: C.Target) -> Match | None:
+        g = block_graph(func)
+        return None if g is None else self.match_graph(g, func, target)
+
+    def match_graph(self, g: BlockGraph, func: C.PrimFunc, target: C.Target) -> Match | None:
+        raise NotImplementedError
 
 
-@dataclass
-class BlockGraph:
-    blocks: list[BlockNode]        # in program order
-    producers: dict                # block name -> names of blocks whose output it reads
-    consumers: dict                # block name -> names of blocks reading its output
-
-    def by_name(self, name: str) -> BlockNode:
-        return next(b for b in self.blocks if b.name == name)
-
-    @property
-    def outputs(self) -> list[BlockNode]:
-        return [b for b in self.blocks if b.is_output]
-
-    def ancestors(self, name: str) -> set[str]:
-        seen, todo = set(), [name]
-        while todo:
-            for p in self.producers[todo.pop()]:
-                if p not in seen:
-                    seen.add(p)
-                    todo.append(p)
-        return seen
-
-    def components(self) -> list[list[str]]:
-        """Blocks connected through intermediates (shared function inputs do not connect)."""
-        comp: dict[str, int] = {}
-        groups: list[list[str]] = []
-        for b in self.blocks:
-            if b.name in comp:
-                continue
-            idx, todo = len(groups), [b.name]
-            groups.append([])
-            comp[b.name] = idx
-            while todo:
-                n = todo.pop()
-                groups[idx].append(n)
-                for m in list(self.producers[n]) + list(self.consumers[n]):
-                    if m not in comp:
-                        comp[m] = idx
-                        todo.append(m)
-        order = {b.name: i for i, b in enumerate(self.blocks)}
-        return [sorted(g, key=order.get) for g in groups]
-
-
-def _int(x) -> int | None:
-    return int(x.value) if isinstance(x, C.IntImm) else None
-
-
-def block_graph(func: C.PrimFunc) -> BlockGraph | None:
-    """The root's child blocks of ``func`` with their producers/consumers; None if the function is not a
-    flat list of static-shaped blocks under one root (already scheduled, opaque, or dynamic shapes)."""
-    sch = C.Schedule(func)
-    root = func.body
-    if not isinstance(root, C.SBlockRealize):
+def single_anchor(g: BlockGraph | None) -> BlockNode | None:
+    """The one reduction block of a kernel whose other blocks are all spatial (its epilogue and glue);
+    None for any other kernel (or no block graph)."""
+    if g is None:
         return None
-    local = list(root.block.alloc_buffers)      # everything else a block writes is an output
-    blocks: list[BlockNode] = []
-    for rv in sch.get_child_blocks(sch.get_sblock(root.block.name_hint)):
-        blk = sch.get(rv)
-        loops = sch.get_loops(rv)
-        if len(loops) != len(blk.iter_vars) and blk.iter_vars:
-            return None
-        kinds, extents = "", []
-        for iv in blk.iter_vars:
-            ext = _int(iv.dom.extent)
-            if ext is None:
-                return None
-            kinds += {C.IterVarKind.DataPar: "S", C.IterVarKind.CommReduce: "R"}.get(int(iv.iter_type), "O")
-            extents.append(ext)
-        writes = [w.source for w in blk.writes]
-        reads = [r.source for r in blk.reads if not any(r.source.same_as(w) for w in writes)]
-        is_out = any(not any(w.same_as(b) for b in local) for w in writes)
-        blocks.append(BlockNode(str(blk.name_hint), kinds, tuple(extents), reads, writes, is_out, blk))
-    producers = {b.name: [] for b in blocks}
-    consumers = {b.name: [] for b in blocks}
-    for b in blocks:
-        for other in blocks:
-            if other is b:
-                continue
-            if any(any(r.same_as(w) for w in other.writes) for r in b.reads):
-                producers[b.name].append(other.name)
-                consumers[other.name].append(b.name)
-    return BlockGraph(blocks, producers, consumers)
-
-
-# --------------------------------------------------------------------------- access-pattern helpers
-def index_vars(indices) -> list[set]:
-    """For each index expression of an access, the block iter vars it uses."""
-    out = []
-    for e in indices:
-        vs = set()
-        C.post_order_visit(e, lambda n, vs=vs: vs.add(n) if isinstance(n, C.Var) else None)
-        out.append(vs)
-    return out
-
-
-def buffer_loads(expr) -> list:
-    found = []
-    C.post_order_visit(expr, lambda n: found.append(n) if isinstance(n, C.TensorLoad) else None)
-    return found
-
-
-def multiply_accumulate(block) -> tuple | None:
-    """``out[...] = out[...] + a[...] * b[...]`` (operands possibly cast): the two loads, else None."""
-    body = block.body
-    if not isinstance(body, C.BufferStore) or block.init is None:
+    reds = [b for b in g.blocks if "R" in b.kinds]
+    if len(reds) != 1 or not all(b.is_spatial for b in g.blocks if b is not reds[0]):
         return None
-    val = body.value
-    if not isinstance(val, C.Add):
-        return None
-    lhs, rhs = val.a, val.b
-    if isinstance(rhs, C.TensorLoad) and rhs.source.same_as(body.buffer):
-        lhs, rhs = rhs, lhs
-    if not (isinstance(lhs, C.TensorLoad) and lhs.source.same_as(body.buffer)):
-        return None
-    if not isinstance(rhs, C.Mul):
-        return None
-    ops = []
-    for side in (rhs.a, rhs.b):
-        while isinstance(side, C.Cast):
-            side = side.value
-        if not isinstance(side, C.TensorLoad):
-            return None
-        ops.append(side)
-    return ops[0], ops[1]
+    return reds[0]
+
+
+def group_anchor(group: GroupInfo) -> tuple[BlockGraph | None, BlockNode | None, str | None]:
+    """For ``accepts``: (block graph of the anchor op's PrimFunc, its anchor block, None) when a graph-level
+    group has static shapes, one matmul/conv anchor and no row reduction; else (None, None, why not)."""
+    if not group.is_static():
+        return None, None, "symbolic extents (the CUDA templates are built for static shapes)"
+    anchors = group.of_kind(CONTRACTION)
+    if len(anchors) != 1:
+        return None, None, f"{len(anchors)} matmul/conv anchors (this family tiles one)"
+    if group.of_kind(REDUCTION):
+        return None, None, "a row reduction beside the anchor"
+    g = block_graph(anchors[0].func)
+    anchor = single_anchor(g)
+    if anchor is None:
+        return None, None, f"{anchors[0].name} is not one reduction block with spatial glue"
+    return g, anchor, None
+
+
+def data_producer(g: BlockGraph, block: BlockNode, data) -> str | None:
+    """The block of the kernel that writes the buffer of load ``data`` (a conv's padding), else None."""
+    producer = [p for p in g.producers[block.name] if any(w.same_as(data.source) for w in g.by_name(p).writes)]
+    return producer[0] if producer else None
 
 
 # --------------------------------------------------------------------------- schedule moves
@@ -214,26 +125,12 @@ def inline_glue(sch: C.Schedule, names: list[str], keep: set[str]) -> list[str]:
     """Inline every block of ``names`` not in ``keep`` into its consumers (or, failing that, into its
     producer); returns the blocks left standing, in program order.  A block that neither inlining
     accepts (it writes an output read by another block, say) stays and is scheduled on its own."""
-    left = []
-    for name in reversed(names):
-        if name in keep:
-            left.append(name)
-            continue
-        blk = sch.get_sblock(name)
-        if _try(lambda: sch.compute_inline(blk)):
-            continue
-        left.append(name)
-    # second chance: epilogue blocks that are outputs fold into their single producer
-    final = []
-    for name in reversed(left):
-        if name in keep:
-            final.append(name)
-            continue
-        blk = sch.get_sblock(name)
-        if _try(lambda: sch.reverse_compute_inline(blk)):
-            continue
-        final.append(name)
-    return final
+    standing = list(names)
+    # last block first into its consumers; then, second chance in program order, epilogue blocks that
+    # are outputs fold into their single producer (each pass reverses the order: program order at the end)
+    for move in (sch.compute_inline, sch.reverse_compute_inline):
+        standing = [n for n in reversed(standing) if n in keep or not _try(lambda n=n: move(sch.get_sblock(n)))]
+    return standing
 
 
 def _try(move) -> bool:
@@ -245,14 +142,23 @@ def _try(move) -> bool:
         return False
 
 
-def bind_elementwise(sch: C.Schedule, name: str, threads: int, vec: int, max_blocks: int = 1 << 30):
+def fuse_all(sch: C.Schedule, loops):
+    """One loop over ``loops`` (the loop itself when there is one)."""
+    return sch.fuse(*loops) if len(loops) > 1 else loops[0]
+
+
+def bind(sch: C.Schedule, **loops) -> None:
+    """Bind each loop to the thread axis named by its keyword (``blockIdx_x=bx, threadIdx_y=ty``)."""
+    for axis, loop in loops.items():
+        sch.bind(loop, axis.replace("_", "."))
+
+
+def bind_elementwise(sch: C.Schedule, name: str, threads: int, vec: int):
     """Fuse the loops of one spatial block, split into (blocks, threads, vector lanes), bind, vectorize."""
     blk = sch.get_sblock(name)
     loops = sch.get_loops(blk)
-    if not loops:
-        loops = [sch.add_unit_loop(blk)]
-    fused = sch.fuse(*loops) if len(loops) > 1 else loops[0]
-    total = _int(sch.get(fused).extent)
+    fused = fuse_all(sch, loops or [sch.add_unit_loop(blk)])
+    total = const_int(sch.get(fused).extent)
     if total is not None and total % vec:
         vec = 1
     if vec > 1:
@@ -260,8 +166,74 @@ def bind_elementwise(sch: C.Schedule, name: str, threads: int, vec: int, max_blo
         sch.vectorize(v)
     else:
         bx, tx = sch.split(fused, [None, threads], preserve_unit_iters=True)
-    sch.bind(bx, "blockIdx.x")
-    sch.bind(tx, "threadIdx.x")
+    bind(sch, blockIdx_x=bx, threadIdx_x=tx)
+
+
+def tile_contraction(sch: C.Schedule, block, nb: int, tm: int, tn: int, um: int, un: int, tile_k: int) -> tuple:
+    """A (batch.., i, j, k) contraction's output tile: (batch) x (by, ty, ui) x (bx, tx, uj), k -> (ko, ki),
+    reordered so that each thread's ``um x un`` register tile is innermost; returns (batch, by, bx, ty, tx, ko)
+    unbound (siblings merge them first)."""
+    loops = sch.get_loops(block)
+    batch = (sch.fuse(*loops[:nb]) if nb > 1 else loops[0]) if nb else sch.add_unit_loop(loops[0])
+    i, j, k = loops[nb], loops[nb + 1], loops[nb + 2]
+    by, ty, ui = sch.split(i, [None, tm, um], preserve_unit_iters=True)
+    bx, tx, uj = sch.split(j, [None, tn, un], preserve_unit_iters=True)
+    ko, ki = sch.split(k, [None, tile_k], preserve_unit_iters=True)
+    sch.reorder(batch, by, bx, ty, tx, ko, ki, ui, uj)
+    return batch, by, bx, ty, tx, ko
+
+
+def bind_tile(sch: C.Schedule, batch, by, bx, ty, tx) -> None:
+    """The grid (batch -> blockIdx.z, tile rows/cols -> blockIdx.y/x) and the block's 2-D threads."""
+    bind(sch, blockIdx_z=batch, blockIdx_y=by, blockIdx_x=bx, threadIdx_y=ty, threadIdx_x=tx)
+
+
+def accumulate_in_registers(sch: C.Schedule, anchor, epilogue: list[str], at) -> None:
+    """The anchor's accumulator in registers: its epilogue blocks (or, with none, a plain store) run per
+    thread under loop ``at`` on the registers, so the only global write is the final output."""
+    if epilogue:
+        for name in epilogue:
+            sch.reverse_compute_at(sch.get_sblock(name), at, preserve_unit_loops=True)
+        sch.set_scope(anchor, 0, "local")
+    else:
+        store_in_registers(sch, anchor, at)
+
+
+def store_in_registers(sch: C.Schedule, anchor, at) -> None:
+    """The anchor accumulates in a register copy, stored to its output under loop ``at``."""
+    store = sch.cache_write(anchor, 0, "local")
+    sch.reverse_compute_at(store, at, preserve_unit_loops=True)
+
+
+def stage_window(sch: C.Schedule, anchor, pad: str | None, operand: int, at):
+    """A conv's input window in shared memory under loop ``at``: the padding block itself (the padding is
+    computed while staging, no padded copy in global memory) or, without one, a copy of the operand."""
+    if pad:
+        data = sch.get_sblock(pad)
+        sch.compute_at(data, at, preserve_unit_loops=True)
+        sch.set_scope(data, 0, "shared")
+        return data
+    data = sch.cache_read(anchor, operand, "shared", consumer_blocks=[anchor])
+    sch.compute_at(data, at, preserve_unit_loops=True)
+    return data
+
+
+def stage_cooperatively(sch: C.Schedule, stage, outer: int, ty: int, tx: int, vec: int | None = None) -> None:
+    """All threads of the block load one stage: its loops below the first ``outer`` fused, split over
+    (threadIdx.y, threadIdx.x) and, given ``vec``, ``vec``-lane vectors."""
+    fused = fuse_all(sch, sch.get_loops(stage)[outer:])
+    if vec is not None:
+        _, cty, ctx, cv = sch.split(fused, [None, ty, tx, vec], preserve_unit_iters=True)
+        sch.vectorize(cv)
+    else:
+        _, cty, ctx = sch.split(fused, [None, ty, tx], preserve_unit_iters=True)
+    bind(sch, threadIdx_y=cty, threadIdx_x=ctx)
+
+
+# --------------------------------------------------------------------------- choices
+def blocks_of_tile(m: int, n: int, tile_m: int, tile_n: int) -> int:
+    """Thread blocks covering an ``m x n`` output with ``tile_m x tile_n`` tiles."""
+    return (-(-m // tile_m)) * (-(-n // tile_n))
 
 
 def pow2_upto(lo: int, hi: int) -> list[int]:
@@ -270,11 +242,6 @@ def pow2_upto(lo: int, hi: int) -> list[int]:
         out.append(x)
         x *= 2
     return out
-
-
-def nearest(choices, want):
-    """The choice closest to ``want`` (ties: the smaller); defaults must be legal choices."""
-    return min(choices, key=lambda c: (abs(c - want), c))
 
 
 def divisors_among(n: int, cands) -> list[int]:

@@ -10,16 +10,32 @@ data operand read through a window, the weight operand not), whose other blocks 
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from ... import _compat as C
-from ..base import Knob, KnobSpace, Match, Template
+from ...analysis import index_vars, multiply_accumulate, nearest
+from ..base import Config, KnobSpace, Match, knob
 from .depthwise import depthwise_anchor
-from ._common import arch_of, block_graph, divisors_among, index_vars, inline_glue, multiply_accumulate, nearest
+from ._common import (CudaTemplate, accumulate_in_registers, arch_of, bind_tile, blocks_of_tile, data_producer,
+                      divisors_among, group_anchor, inline_glue, single_anchor, stage_cooperatively, stage_window)
 
 THREADS_F = (4, 8, 16)          # threads along output channels
 THREADS_P = (8, 16, 32, 64)     # threads along output pixels: at most 16 x 64 = 1024
 MICRO = (1, 2)                  # outputs per thread per axis
 TILE_C = (1, 2, 4, 8)           # input channels staged per step
 WEIGHT_STAGE_BYTES = 24 * 1024  # at most half the static shared memory for the weight slice
+
+
+@dataclass(frozen=True)
+class Conv2dConfig(Config):
+    """The knobs of a direct conv: the (channels x pixels) thread tile, each thread's register tile, and
+    the channel slice staged per step."""
+
+    threads_f: int = knob("threads along output channels (threadIdx.y)")
+    threads_p: int = knob("threads along output pixels (threadIdx.x)")
+    micro_f: int = knob("output channels per thread")
+    micro_p: int = knob("output pixels per thread")
+    tile_c: int = knob("input channels staged in shared memory per step")
 
 
 def conv_anchor(g, block) -> dict | None:
@@ -32,44 +48,34 @@ def conv_anchor(g, block) -> dict | None:
     window = [any(len(v) > 1 for v in index_vars(ld.indices)) for ld in mac]
     if window.count(True) != 1:
         return None
-    data, weight = (mac[0], mac[1]) if window[0] else (mac[1], mac[0])
-    producer = [p for p in g.producers[block.name]
-                if any(w.same_as(data.source) for w in g.by_name(p).writes)]
+    data = mac[0] if window[0] else mac[1]
     f, c = block.extents[1], block.extents[4]
-    return {"data_operand": 0 if window[0] else 1, "pad": producer[0] if producer else None,
+    return {"data_operand": 0 if window[0] else 1, "pad": data_producer(g, block, data),
             "batch": block.extents[0], "f": f, "pixels": block.extents[2] * block.extents[3],
             "c": c, "kernel": block.extents[5] * block.extents[6]}
 
 
-class CudaConv2d(Template):
-    family = "cuda_conv2d"
-    target_kinds = ("cuda",)
-
-    def match(self, func: C.PrimFunc, target: C.Target) -> Match | None:
-        g = block_graph(func)
-        if g is None:
-            return None
-        reds = [b for b in g.blocks if "R" in b.kinds]
-        if len(reds) != 1 or not all(b.is_spatial for b in g.blocks if b is not reds[0]):
-            return None
-        roles = conv_anchor(g, reds[0])
-        if roles is None or depthwise_anchor(g, reds[0]) is not None:
+class CudaConv2d(CudaTemplate, family="cuda_conv2d", config=Conv2dConfig):
+    def match_graph(self, g, func: C.PrimFunc, target: C.Target) -> Match | None:
+        anchor = single_anchor(g)
+        roles = conv_anchor(g, anchor) if anchor is not None else None
+        if roles is None or depthwise_anchor(g, anchor) is not None:
             return None                     # depthwise: the depthwise template's (no channel reduction)
-        return Match(self.family, {"blocks": [b.name for b in g.blocks], "anchor": reds[0].name, **roles})
+        return Match(self.family, {"blocks": [b.name for b in g.blocks], "anchor": anchor.name, **roles})
+
+    def accepts(self, group, target: C.Target) -> str | None:
+        g, anchor, why = group_anchor(group)
+        if why is None and (conv_anchor(g, anchor) is None or depthwise_anchor(g, anchor) is not None):
+            why = "the anchor is not a dense/grouped NCHW conv2d"
+        return why
 
     def space(self, match: Match, target: C.Target) -> KnobSpace:
         info = match.info
         per_c = 32 * info["kernel"] * 4            # weight bytes per staged channel at the widest tile
         tc = [t for t in divisors_among(info["c"], TILE_C) if t * per_c <= WEIGHT_STAGE_BYTES] or [1]
-        return KnobSpace((
-            Knob("threads_f", tuple(t for t in THREADS_F if t <= max(THREADS_F[0], info["f"])),
-                 "threads along output channels (threadIdx.y)"),
-            Knob("threads_p", tuple(t for t in THREADS_P if t <= max(THREADS_P[0], info["pixels"])),
-                 "threads along output pixels (threadIdx.x)"),
-            Knob("micro_f", MICRO, "output channels per thread"),
-            Knob("micro_p", MICRO, "output pixels per thread"),
-            Knob("tile_c", tuple(tc), "input channels staged in shared memory per step"),
-        ))
+        return Conv2dConfig.space(threads_f=[t for t in THREADS_F if t <= max(THREADS_F[0], info["f"])],
+                                  threads_p=[t for t in THREADS_P if t <= max(THREADS_P[0], info["pixels"])],
+                                  micro_f=MICRO, micro_p=MICRO, tile_c=tc)
 
     def default_config(self, match: Match, target: C.Target) -> dict:
         arch = arch_of(target)
@@ -77,14 +83,13 @@ class CudaConv2d(Template):
         info = match.info
         cfg = {"threads_f": nearest(sp["threads_f"], 8), "threads_p": nearest(sp["threads_p"], 32),
                "micro_f": 2, "micro_p": 2, "tile_c": nearest(sp["tile_c"], 8)}
-        blocks = (-(-info["f"] // (cfg["threads_f"] * 2))) * (-(-info["pixels"] // (cfg["threads_p"] * 2)))
+        blocks = blocks_of_tile(info["f"], info["pixels"], cfg["threads_f"] * 2, cfg["threads_p"] * 2)
         if blocks * info["batch"] < arch.sm_count:      # small layers: one output per thread, more blocks
             cfg["micro_f"] = cfg["micro_p"] = 1
-        return cfg
+        return Conv2dConfig(**cfg).asdict()
 
     def apply(self, sch: C.Schedule, match: Match, config: dict) -> None:
-        info = match.info
-        tf, tp, uf, up = config["threads_f"], config["threads_p"], config["micro_f"], config["micro_p"]
+        info, cfg = match.info, Conv2dConfig.from_dict(config)
         keep = {info["anchor"]} | ({info["pad"]} if info["pad"] else set())
         # Step 1. Inline the epilogue glue (BN scale/shift, ReLU, residual add) into one block.
         left = inline_glue(sch, info["blocks"], keep)
@@ -93,38 +98,18 @@ class CudaConv2d(Template):
         # Step 2. Tiles: n -> blockIdx.z, f -> (by, ty, uf), y*x -> (bx, tx, up), c -> (co, ci).
         n, f, y, x, rc, ry, rx = sch.get_loops(conv)
         p = sch.fuse(y, x)
-        by, ty, fi = sch.split(f, [None, tf, uf], preserve_unit_iters=True)
-        bx, tx, pi = sch.split(p, [None, tp, up], preserve_unit_iters=True)
-        co, ci = sch.split(rc, [None, config["tile_c"]], preserve_unit_iters=True)
+        by, ty, fi = sch.split(f, [None, cfg.threads_f, cfg.micro_f], preserve_unit_iters=True)
+        bx, tx, pi = sch.split(p, [None, cfg.threads_p, cfg.micro_p], preserve_unit_iters=True)
+        co, ci = sch.split(rc, [None, cfg.tile_c], preserve_unit_iters=True)
         sch.reorder(n, by, bx, ty, tx, co, ci, ry, rx, fi, pi)
-        sch.bind(n, "blockIdx.z")
-        sch.bind(by, "blockIdx.y")
-        sch.bind(bx, "blockIdx.x")
-        sch.bind(ty, "threadIdx.y")
-        sch.bind(tx, "threadIdx.x")
+        bind_tile(sch, n, by, bx, ty, tx)
         # Step 3. Accumulators in registers, epilogue applied per thread on its output tile.
-        if epilogue:
-            for name in epilogue:
-                sch.reverse_compute_at(sch.get_sblock(name), tx, preserve_unit_loops=True)
-            sch.set_scope(conv, 0, "local")
-        else:
-            store = sch.cache_write(conv, 0, "local")
-            sch.reverse_compute_at(store, tx, preserve_unit_loops=True)
+        accumulate_in_registers(sch, conv, epilogue, tx)
         # Step 4. Stage the padded input window (computed while loading) and the weights per step.
-        if info["pad"]:
-            data = sch.get_sblock(info["pad"])
-            sch.compute_at(data, co, preserve_unit_loops=True)
-            sch.set_scope(data, 0, "shared")
-        else:
-            data = sch.cache_read(conv, info["data_operand"], "shared", consumer_blocks=[conv])
-            sch.compute_at(data, co, preserve_unit_loops=True)
+        data = stage_window(sch, conv, info["pad"], info["data_operand"], co)
         weight = sch.cache_read(conv, 1 - info["data_operand"], "shared", consumer_blocks=[conv])
         sch.compute_at(weight, co, preserve_unit_loops=True)
         for stage in (data, weight):
-            own = sch.get_loops(stage)[6:]
-            fused = sch.fuse(*own) if len(own) > 1 else own[0]
-            _, cty, ctx = sch.split(fused, [None, tf, tp], preserve_unit_iters=True)
-            sch.bind(cty, "threadIdx.y")
-            sch.bind(ctx, "threadIdx.x")
+            stage_cooperatively(sch, stage, 6, cfg.threads_f, cfg.threads_p)
         # Step 5. Initialize the accumulators before the channel loop.
         sch.decompose_reduction(conv, co)

@@ -15,14 +15,27 @@ has extent 1), the other blocks all spatial.  Dense and grouped convolutions are
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from ... import _compat as C
-from ..base import Knob, KnobSpace, Match, Template
-from ._common import arch_of, block_graph, index_vars, inline_glue, multiply_accumulate, nearest
+from ...analysis import coef, index_vars, multiply_accumulate, nearest
+from ..base import Config, KnobSpace, Match, knob
+from ._common import (CudaTemplate, accumulate_in_registers, arch_of, bind, data_producer, group_anchor, inline_glue,
+                      single_anchor, stage_cooperatively, stage_window)
 
 THREADS_X = (8, 16, 32, 64, 128)   # threads along output columns (threadIdx.x)
 THREADS_Y = (1, 2, 4, 8)           # threads along output rows (threadIdx.y): at most 128 x 8 = 1024 threads
 MICRO_X = (1, 2, 4)                # output pixels per thread along a row (its weights in registers reused)
 F32 = 4
+
+
+@dataclass(frozen=True)
+class DepthwiseConfig(Config):
+    """The knobs of a depthwise conv: the 2-D pixel tile of a block and the pixels per thread."""
+
+    threads_x: int = knob("threads along output columns (threadIdx.x)")
+    threads_y: int = knob("threads along output rows (threadIdx.y)")
+    micro_x: int = knob("output pixels per thread along a row (reusing its weights in registers)")
 
 
 def depthwise_anchor(g, block) -> dict | None:
@@ -48,59 +61,41 @@ def depthwise_anchor(g, block) -> dict | None:
     ry, rx = ivs[-2], ivs[-1]
     if not (any(v.same_as(ry) for v in rows) and any(v.same_as(rx) for v in cols)):
         return None
-    producer = [p for p in g.producers[block.name]
-                if any(w.same_as(data.source) for w in g.by_name(p).writes)]
     in_shape = [int(d) for d in C.tensor_shape(data.source)]
     n, f_ext, oh, ow = block.extents[:4]
     kh, kw = block.extents[-2], block.extents[-1]
-    return {"data_operand": 0 if window[0] else 1, "pad": producer[0] if producer else None,
+    return {"data_operand": 0 if window[0] else 1, "pad": data_producer(g, block, data),
             "batch": n, "f": f_ext, "oh": oh, "ow": ow, "pixels": oh * ow, "kh": kh, "kw": kw,
             "in_h": in_shape[2], "in_w": in_shape[3],
             # input rows per output row (stride) and rows of one window (dilated kh), from the row index;
             # an index of another form: the whole plane (the footprint bound stays an upper bound)
-            "stride": _coef(data.indices[2], ivs[2]) or in_shape[2],
-            "window_rows": ((_coef(data.indices[2], ry) or in_shape[2]) * (kh - 1) + 1),
-            "stride_x": _coef(data.indices[3], ivs[3]) or in_shape[3],
-            "window_cols": ((_coef(data.indices[3], rx) or in_shape[3]) * (kw - 1) + 1)}
+            "stride": coef(data.indices[2], ivs[2]) or in_shape[2],
+            "window_rows": ((coef(data.indices[2], ry) or in_shape[2]) * (kh - 1) + 1),
+            "stride_x": coef(data.indices[3], ivs[3]) or in_shape[3],
+            "window_cols": ((coef(data.indices[3], rx) or in_shape[3]) * (kw - 1) + 1)}
 
 
-def _coef(expr, var) -> int | None:
-    """The integer coefficient of ``var`` in an index built of +, * by constants, casts; else None."""
-    if isinstance(expr, C.Var):
-        return 1 if expr.same_as(var) else 0
-    if isinstance(expr, C.IntImm):
-        return 0
-    if isinstance(expr, C.Cast):
-        return _coef(expr.value, var)
-    if isinstance(expr, C.Add):
-        a, b = _coef(expr.a, var), _coef(expr.b, var)
-        return None if a is None or b is None else a + b
-    if isinstance(expr, C.Mul):
-        for k, e in ((expr.a, expr.b), (expr.b, expr.a)):
-            if isinstance(k, C.IntImm):
-                c = _coef(e, var)
-                return None if c is None else int(k.value) * c
-    return None
-
-
-class CudaDepthwiseConv2d(Template):
-    family = "cuda_depthwise_conv2d"
-    target_kinds = ("cuda",)
-
-    def match(self, func: C.PrimFunc, target: C.Target) -> Match | None:
-        g = block_graph(func)
-        if g is None:
-            return None
-        reds = [b for b in g.blocks if "R" in b.kinds]
-        if len(reds) != 1 or not all(b.is_spatial for b in g.blocks if b is not reds[0]):
-            return None
-        roles = depthwise_anchor(g, reds[0])
+class CudaDepthwiseConv2d(CudaTemplate, family="cuda_depthwise_conv2d", config=DepthwiseConfig):
+    def match_graph(self, g, func: C.PrimFunc, target: C.Target) -> Match | None:
+        anchor = single_anchor(g)
+        roles = depthwise_anchor(g, anchor) if anchor is not None else None
         if roles is None:
             return None
-        m = Match(self.family, {"blocks": [b.name for b in g.blocks], "anchor": reds[0].name, **roles})
+        m = Match(self.family, {"blocks": [b.name for b in g.blocks], "anchor": anchor.name, **roles})
         if not self._choices(m, target)[2]:
             return None
         return m
+
+    def accepts(self, group, target: C.Target) -> str | None:
+        g, anchor, why = group_anchor(group)
+        if why is not None:
+            return why
+        roles = depthwise_anchor(g, anchor)
+        if roles is None:
+            return "the anchor is not a depthwise NCHW conv2d"
+        if not self._choices(Match(self.family, roles), target)[2]:
+            return "not even the smallest output tile's input window fits the arch's shared memory"
+        return None
 
     # ----------------------------------------------------------------------------------- knob space
     def stage_bytes(self, info: dict, rows: int, cols: int) -> int:
@@ -126,11 +121,7 @@ class CudaDepthwiseConv2d(Template):
 
     def space(self, match: Match, target: C.Target) -> KnobSpace:
         tx, ty, ux = self._choices(match, target)
-        return KnobSpace((
-            Knob("threads_x", tuple(tx), "threads along output columns (threadIdx.x)"),
-            Knob("threads_y", tuple(ty), "threads along output rows (threadIdx.y)"),
-            Knob("micro_x", tuple(ux), "output pixels per thread along a row (reusing its weights in registers)"),
-        ))
+        return DepthwiseConfig.space(threads_x=tx, threads_y=ty, micro_x=ux)
 
     def default_config(self, match: Match, target: C.Target) -> dict:
         arch = arch_of(target)
@@ -144,12 +135,12 @@ class CudaDepthwiseConv2d(Template):
         tx, micro = min(pairs, key=lambda tu: (max(0, -(-ow // (tu[0] * tu[1])) * tu[0] * tu[1] - ow - ow // 4),
                                                -tu[0] * tu[1], -tu[1]))
         ty = nearest(sp["threads_y"], max(1, arch.dw_threads // tx))
-        return {"threads_x": tx, "threads_y": ty, "micro_x": micro}
+        return DepthwiseConfig(threads_x=tx, threads_y=ty, micro_x=micro).asdict()
 
     # ----------------------------------------------------------------------------------- schedule
     def apply(self, sch: C.Schedule, match: Match, config: dict) -> None:
-        info = match.info
-        tx_n, ty_n, ux_n = config["threads_x"], config["threads_y"], config["micro_x"]
+        info, cfg = match.info, DepthwiseConfig.from_dict(config)
+        tx_n, ty_n, ux_n = cfg.threads_x, cfg.threads_y, cfg.micro_x
         keep = {info["anchor"]} | ({info["pad"]} if info["pad"] else set())
         # Step 1. Inline the epilogue glue (BN scale/shift, ReLU, residual add) into one block.
         left = inline_glue(sch, info["blocks"], keep)
@@ -166,32 +157,13 @@ class CudaDepthwiseConv2d(Template):
         xo, ux, tx = sch.split(x, [None, ux_n, tx_n], preserve_unit_iters=True)
         sch.reorder(nf, yo, xo, ty, tx, ux, *red)
         tile = sch.fuse(yo, xo)
-        sch.bind(nf, "blockIdx.x")
-        sch.bind(tile, "blockIdx.y")
-        sch.bind(ty, "threadIdx.y")
-        sch.bind(tx, "threadIdx.x")
+        bind(sch, blockIdx_x=nf, blockIdx_y=tile, threadIdx_y=ty, threadIdx_x=tx)
         # Step 3. The accumulator in a register, the epilogue applied to it per pixel.
-        if epilogue:
-            for name in epilogue:
-                sch.reverse_compute_at(sch.get_sblock(name), ux, preserve_unit_loops=True)
-            sch.set_scope(conv, 0, "local")
-        else:
-            store = sch.cache_write(conv, 0, "local")
-            sch.reverse_compute_at(store, ux, preserve_unit_loops=True)
+        accumulate_in_registers(sch, conv, epilogue, ux)
         # Step 4. The tile's input window, padded while staging, in shared memory once per block,
         #         loaded by all its threads.
-        if info["pad"]:
-            data = sch.get_sblock(info["pad"])
-            sch.compute_at(data, tile, preserve_unit_loops=True)
-            sch.set_scope(data, 0, "shared")
-        else:
-            data = sch.cache_read(conv, info["data_operand"], "shared", consumer_blocks=[conv])
-            sch.compute_at(data, tile, preserve_unit_loops=True)
-        own = sch.get_loops(data)[2:]
-        fused = sch.fuse(*own) if len(own) > 1 else own[0]
-        _, cty, ctx = sch.split(fused, [None, ty_n, tx_n], preserve_unit_iters=True)
-        sch.bind(cty, "threadIdx.y")
-        sch.bind(ctx, "threadIdx.x")
+        data = stage_window(sch, conv, info["pad"], info["data_operand"], tile)
+        stage_cooperatively(sch, data, 2, ty_n, tx_n)
         # Step 5. The channel's kh x kw weights in registers, loaded once per thread.
         weight = sch.cache_read(conv, 1 - info["data_operand"], "local", consumer_blocks=[conv])
         sch.compute_at(weight, tx, preserve_unit_loops=True)

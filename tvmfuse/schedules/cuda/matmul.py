@@ -10,14 +10,58 @@ possibly broadcast) whose other blocks are all spatial; the epilogue is everythi
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from ... import _compat as C
-from ..base import Knob, KnobSpace, Match, Template
-from ._common import arch_of, block_graph, index_vars, inline_glue, multiply_accumulate, nearest
+from ...analysis import index_vars, multiply_accumulate, nearest
+from ..base import Config, KnobSpace, Match, knob
+from ._common import (CudaArch, CudaTemplate, accumulate_in_registers, arch_of, bind_tile, blocks_of_tile, group_anchor,
+                      inline_glue,
+                      stage_cooperatively, tile_contraction)
 
 THREADS = (4, 8, 16, 32)       # per output-tile axis; 32 x 32 = 1024 threads at most
 MICRO = (1, 2, 4)              # outputs per thread per axis: a register tile of up to 4 x 4
 TILE_K = (4, 8, 16, 32)        # shared slice depth: (4*32 + 4*32) * 32 * 4 B = 32 KB at most
 VEC = (1, 2, 4)                # lanes of the global -> shared loads
+
+
+@dataclass(frozen=True)
+class MatmulConfig(Config):
+    """The knobs of a tiled contraction (the matmul and the sibling-matmul families)."""
+
+    threads_m: int = knob("threadIdx.y extent")
+    threads_n: int = knob("threadIdx.x extent")
+    micro_m: int = knob("output rows per thread and anchor (register tile)")
+    micro_n: int = knob("output columns per thread and anchor (register tile)")
+    tile_k: int = knob("reduction depth staged in shared memory per step")
+    vec: int = knob("lanes of the cooperative global->shared loads")
+
+
+def matmul_space(info: dict, threads, tile_k) -> KnobSpace:
+    """The legal choices of a contraction of ``info``'s (m, n, k) with ``tile_k`` depths (dividing k)."""
+    m, n, k = info["m"], info["n"], info["k"]
+    vec = [v for v in VEC if v <= min(tile_k) and m % v == 0 and n % v == 0 and k % v == 0] or [1]
+    return MatmulConfig.space(threads_m=[t for t in threads if t <= max(threads[0], m)],
+                              threads_n=[t for t in threads if t <= max(threads[0], n)],
+                              micro_m=MICRO, micro_n=MICRO, tile_k=tile_k, vec=vec)
+
+
+def matmul_default(space: KnobSpace, info: dict, arch: CudaArch) -> dict:
+    """The arch's tile clamped to the legal choices; small outputs shrink the register tile until there
+    are enough thread blocks for the SMs."""
+    sp = {k.name: k.choices for k in space.knobs}
+    cfg = {"threads_m": nearest(sp["threads_m"], arch.mm_threads[0]),
+           "threads_n": nearest(sp["threads_n"], arch.mm_threads[1]),
+           "micro_m": nearest(sp["micro_m"], arch.mm_micro[0]), "micro_n": nearest(sp["micro_n"], arch.mm_micro[1]),
+           "tile_k": nearest(sp["tile_k"], arch.mm_tile_k), "vec": nearest(sp["vec"], arch.mm_vec)}
+    while True:
+        blocks = blocks_of_tile(info["m"], info["n"], cfg["threads_m"] * cfg["micro_m"],
+                                cfg["threads_n"] * cfg["micro_n"])
+        if blocks * info["batch_size"] >= arch.sm_count or (cfg["micro_m"] == 1 and cfg["micro_n"] == 1):
+            break
+        axis = "micro_m" if cfg["micro_m"] >= cfg["micro_n"] else "micro_n"
+        cfg[axis] //= 2
+    return MatmulConfig(**cfg).asdict()
 
 
 def matmul_anchor(block) -> dict | None:
@@ -61,14 +105,8 @@ def _has(vars_, v) -> bool:
     return any(x.same_as(v) for x in vars_)
 
 
-class CudaMatmul(Template):
-    family = "cuda_matmul"
-    target_kinds = ("cuda",)
-
-    def match(self, func: C.PrimFunc, target: C.Target) -> Match | None:
-        g = block_graph(func)
-        if g is None:
-            return None
+class CudaMatmul(CudaTemplate, family="cuda_matmul", config=MatmulConfig):
+    def match_graph(self, g, func: C.PrimFunc, target: C.Target) -> Match | None:
         return self.match_blocks(g, [b.name for b in g.blocks])
 
     def match_blocks(self, g, names: list[str]) -> Match | None:
@@ -81,78 +119,36 @@ class CudaMatmul(Template):
         anchor, roles = anchors[0]
         return Match(self.family, {"blocks": names, "anchor": anchor.name, **roles})
 
+    def accepts(self, group, target: C.Target) -> str | None:
+        _, anchor, why = group_anchor(group)
+        if why is None and matmul_anchor(anchor) is None:
+            why = "the anchor is not a matmul (a window or reshaped operand index, or no i/j axes)"
+        return why
+
     def space(self, match: Match, target: C.Target) -> KnobSpace:
-        info = match.info
-        m, n, k = info["m"], info["n"], info["k"]
-        tk = [t for t in TILE_K if k % t == 0] or [1]
-        vec = [v for v in VEC if v <= min(tk) and m % v == 0 and n % v == 0 and k % v == 0] or [1]
-        return KnobSpace((
-            Knob("threads_m", tuple(t for t in THREADS if t <= max(THREADS[0], m)), "threadIdx.y extent"),
-            Knob("threads_n", tuple(t for t in THREADS if t <= max(THREADS[0], n)), "threadIdx.x extent"),
-            Knob("micro_m", MICRO, "output rows per thread (register tile)"),
-            Knob("micro_n", MICRO, "output columns per thread (register tile)"),
-            Knob("tile_k", tuple(tk), "reduction depth staged in shared memory per step"),
-            Knob("vec", tuple(vec), "lanes of the cooperative global->shared loads"),
-        ))
+        return matmul_space(match.info, THREADS, [t for t in TILE_K if match.info["k"] % t == 0] or [1])
 
     def default_config(self, match: Match, target: C.Target) -> dict:
-        arch = arch_of(target)
-        sp = {k.name: k.choices for k in self.space(match, target).knobs}
-        m, n = match.info["m"], match.info["n"]
-        cfg = {"threads_m": nearest(sp["threads_m"], arch.mm_threads[0]),
-               "threads_n": nearest(sp["threads_n"], arch.mm_threads[1]),
-               "micro_m": arch.mm_micro[0], "micro_n": arch.mm_micro[1],
-               "tile_k": nearest(sp["tile_k"], arch.mm_tile_k), "vec": nearest(sp["vec"], arch.mm_vec)}
-        # small outputs: shrink the register tile until there are enough blocks for the SMs
-        batch_blocks = match.info["batch_size"]
-        while True:
-            blocks = (-(-m // (cfg["threads_m"] * cfg["micro_m"]))) * (-(-n // (cfg["threads_n"] * cfg["micro_n"])))
-            if blocks * batch_blocks >= arch.sm_count or (cfg["micro_m"] == 1 and cfg["micro_n"] == 1):
-                break
-            axis = "micro_m" if cfg["micro_m"] >= cfg["micro_n"] else "micro_n"
-            cfg[axis] //= 2
-        return cfg
+        return matmul_default(self.space(match, target), match.info, arch_of(target))
 
     def apply(self, sch: C.Schedule, match: Match, config: dict) -> None:
-        info = match.info
-        tm, tn, um, un = config["threads_m"], config["threads_n"], config["micro_m"], config["micro_n"]
+        info, cfg = match.info, MatmulConfig.from_dict(config)
         # Step 1. Inline the producers' glue (transposes, reshapes) into the operand reads, and the
         #         epilogue into one block that reads the accumulator.
         left = inline_glue(sch, info["blocks"], keep={info["anchor"]})
         epilogue = [n for n in left if n != info["anchor"]]
         mm = sch.get_sblock(info["anchor"])
         # Step 2. Output tile: (batch) x (by, ty, ui) x (bx, tx, uj); reduction k -> (ko, ki).
-        loops = sch.get_loops(mm)
-        nb = info["batch"]
-        batch = (sch.fuse(*loops[:nb]) if nb > 1 else loops[0]) if nb else sch.add_unit_loop(loops[0])
-        i, j, k = loops[nb], loops[nb + 1], loops[nb + 2]
-        by, ty, ui = sch.split(i, [None, tm, um], preserve_unit_iters=True)
-        bx, tx, uj = sch.split(j, [None, tn, un], preserve_unit_iters=True)
-        ko, ki = sch.split(k, [None, config["tile_k"]], preserve_unit_iters=True)
-        sch.reorder(batch, by, bx, ty, tx, ko, ki, ui, uj)
-        sch.bind(batch, "blockIdx.z")
-        sch.bind(by, "blockIdx.y")
-        sch.bind(bx, "blockIdx.x")
-        sch.bind(ty, "threadIdx.y")
-        sch.bind(tx, "threadIdx.x")
+        batch, by, bx, ty, tx, ko = tile_contraction(sch, mm, info["batch"], cfg.threads_m, cfg.threads_n,
+                                                     cfg.micro_m, cfg.micro_n, cfg.tile_k)
+        bind_tile(sch, batch, by, bx, ty, tx)
         # Step 3. The accumulator lives in registers; the epilogue (or a plain store) runs on it per
         #         thread, so the only global write is the final output tile.
-        if epilogue:
-            for name in epilogue:
-                sch.reverse_compute_at(sch.get_sblock(name), tx, preserve_unit_loops=True)
-            sch.set_scope(mm, 0, "local")
-        else:
-            store = sch.cache_write(mm, 0, "local")
-            sch.reverse_compute_at(store, tx, preserve_unit_loops=True)
+        accumulate_in_registers(sch, mm, epilogue, tx)
         # Step 4. Stage both operands' k-slices in shared memory, loaded by all threads with vectors.
         for operand in (0, 1):
             stage = sch.cache_read(mm, operand, "shared", consumer_blocks=[mm])
             sch.compute_at(stage, ko, preserve_unit_loops=True)
-            own = sch.get_loops(stage)[6:]
-            fused = sch.fuse(*own) if len(own) > 1 else own[0]
-            _, cty, ctx, cv = sch.split(fused, [None, tm, tn, config["vec"]], preserve_unit_iters=True)
-            sch.bind(cty, "threadIdx.y")
-            sch.bind(ctx, "threadIdx.x")
-            sch.vectorize(cv)
+            stage_cooperatively(sch, stage, 6, cfg.threads_m, cfg.threads_n, cfg.vec)
         # Step 5. Initialize the accumulator before the k loop.
         sch.decompose_reduction(mm, ko)

@@ -10,28 +10,28 @@ reading the mean), written by the same block: their row loops are merged into on
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+from math import prod
+
 from ... import _compat as C
-from ..base import Knob, KnobSpace, Match, Template
-from ._common import WARP, arch_of, block_graph, divisors_among, inline_glue, multiply_accumulate, nearest, pow2_upto
+from ...analysis import CONTRACTION, REDUCTION, multiply_accumulate, nearest
+from ..base import Config, KnobSpace, Match, knob
+from ._common import WARP, CudaTemplate, arch_of, bind, divisors_among, fuse_all, inline_glue, pow2_upto
 
 ROWS_PER_BLOCK = (1, 2, 4)
 
 
-def _prod(xs) -> int:
-    n = 1
-    for x in xs:
-        n *= int(x)
-    return n
+@dataclass(frozen=True)
+class RowReductionConfig(Config):
+    """The knobs of a row-reduction chain: threads per row (the cross-thread allreduce) and rows per
+    thread block."""
+
+    threads: int = knob("threads cooperating on one row (threadIdx.x)")
+    rows_per_block: int = knob("rows per thread block (threadIdx.y)")
 
 
-class CudaRowReduction(Template):
-    family = "cuda_row_reduction"
-    target_kinds = ("cuda",)
-
-    def match(self, func: C.PrimFunc, target: C.Target) -> Match | None:
-        g = block_graph(func)
-        if g is None:
-            return None
+class CudaRowReduction(CudaTemplate, family="cuda_row_reduction", config=RowReductionConfig):
+    def match_graph(self, g, func: C.PrimFunc, target: C.Target) -> Match | None:
         reds = [b for b in g.blocks if "R" in b.kinds]
         if not reds or any("O" in b.kinds for b in g.blocks):
             return None
@@ -43,7 +43,7 @@ class CudaRowReduction(Template):
             mac = multiply_accumulate(r.stmt)
             if mac is not None and not mac[0].source.same_as(mac[1].source):
                 return None                                      # a contraction: matmul/conv templates
-            n = _prod(r.extents[:s])
+            n = prod(r.extents[:s])
             if rows is not None and n != rows:
                 return None
             rows = n
@@ -67,13 +67,39 @@ class CudaRowReduction(Template):
             if n != rows:
                 return None
             row_loops[o.name] = prefix
-        red_len = max(_prod(r.extents[r.kinds.count("S"):]) for r in reds)
+        red_len = max(prod(r.extents[r.kinds.count("S"):]) for r in reds)
         return Match(self.family, {
             "blocks": [b.name for b in g.blocks], "reductions": [r.name for r in reds],
             "outputs": [o.name for o in outs], "sink": sink.name, "row_loops": row_loops[sink.name],
             "output_row_loops": row_loops, "rows": rows, "reduce_extent": red_len,
-            "row_extent": max(_prod(o.extents[row_loops[o.name]:]) for o in outs),
+            "row_extent": max(prod(o.extents[row_loops[o.name]:]) for o in outs),
         })
+
+    def accepts(self, group, target: C.Target) -> str | None:
+        """The reductions' (shape read, axes reduced) keys: the innermost axes of the same rows; every
+        output's leading dims enumerate those rows."""
+        if not group.is_static():
+            return "symbolic extents (the CUDA templates are built for static shapes)"
+        if group.of_kind(CONTRACTION):
+            return "a matmul/conv anchor (the matmul/conv templates' kernel)"
+        keys = {k for m in group.of_kind(REDUCTION) for k in m.row_keys}
+        if not keys:
+            return "no row reduction"
+        rows = set()
+        for shape, axes in keys:
+            if axes != tuple(range(len(shape) - len(axes), len(shape))):
+                return f"a reduction over axes {list(axes)} of {list(shape)}, not the innermost ones"
+            rows.add(prod(shape[:len(shape) - len(axes)]))
+        if len(rows) != 1:
+            return f"reductions over different numbers of rows {sorted(rows)}"
+        n = rows.pop()
+        for out in group.outputs:
+            done, lead = 1, iter(out.out_shape)
+            while done < n:
+                done *= next(lead, n + 1)
+            if done != n:
+                return f"output {out.name} {list(out.out_shape)} does not enumerate the {n} rows first"
+        return None
 
     def space(self, match: Match, target: C.Target) -> KnobSpace:
         arch = arch_of(target)
@@ -81,10 +107,7 @@ class CudaRowReduction(Template):
         longest = max(match.info["reduce_extent"], match.info["row_extent"])
         cap = max(WARP, 1 << max(0, (longest - 1).bit_length()))      # no more threads than elements
         threads = pow2_upto(WARP, min(cap, arch.max_threads_per_block // max(rpb)))
-        return KnobSpace((
-            Knob("threads", tuple(threads), "threads cooperating on one row (threadIdx.x)"),
-            Knob("rows_per_block", tuple(rpb), "rows per thread block (threadIdx.y)"),
-        ))
+        return RowReductionConfig.space(threads=threads, rows_per_block=rpb)
 
     def default_config(self, match: Match, target: C.Target) -> dict:
         arch = arch_of(target)
@@ -94,11 +117,11 @@ class CudaRowReduction(Template):
         rows, want = match.info["rows"], 1
         if rows >= 4 * arch.sm_count and threads <= 64:
             want = 4
-        return {"threads": threads, "rows_per_block": nearest(sp.knobs[1].choices, want)}
+        return RowReductionConfig(threads=threads, rows_per_block=nearest(sp.knobs[1].choices, want)).asdict()
 
     def apply(self, sch: C.Schedule, match: Match, config: dict) -> None:
-        info = match.info
-        threads, rpb = config["threads"], config["rows_per_block"]
+        info, cfg = match.info, RowReductionConfig.from_dict(config)
+        threads, rpb = cfg.threads, cfg.rows_per_block
         outputs = info["outputs"]
         keep = set(info["reductions"]) | set(outputs)
         # Step 1. Inline the elementwise glue (x - mean, exp, rsqrt, scale/shift) into its readers.
@@ -119,19 +142,17 @@ class CudaRowReduction(Template):
         nests = []
         for blk, k in nested:
             loops = sch.get_loops(blk)
-            row = sch.fuse(*loops[:k]) if k > 1 else loops[0]
-            rest = loops[k:]
-            inner = (sch.fuse(*rest) if len(rest) > 1 else rest[0]) if rest else sch.add_unit_loop(blk)
+            row = fuse_all(sch, loops[:k])
+            inner = fuse_all(sch, loops[k:] or [sch.add_unit_loop(blk)])
             bx, ty = sch.split(row, [None, rpb], preserve_unit_iters=True)
             _, tx = sch.split(inner, [None, threads], preserve_unit_iters=True)
-            sch.bind(tx, "threadIdx.x")
+            bind(sch, threadIdx_x=tx)
             nests.append((bx, ty))
         if len(nests) > 1:
             bx, ty = sch.merge(*[n[0] for n in nests]), sch.merge(*[n[1] for n in nests])
         else:
             bx, ty = nests[0]
-        sch.bind(bx, "blockIdx.x")
-        sch.bind(ty, "threadIdx.y")
+        bind(sch, blockIdx_x=bx, threadIdx_y=ty)
         # Step 4. Every other block, last first, moves under the row it serves; its per-row loops
         #         (the reduction axes for a reduction) go to threadIdx.x: a cross-thread reduction,
         #         its per-row result in shared memory where every thread of the row reads it.
@@ -145,9 +166,6 @@ class CudaRowReduction(Template):
 
 def _bind_row_loops(sch: C.Schedule, blk, threads: int) -> None:
     """The loops of ``blk`` below (blockIdx.x, threadIdx.y): fused, threads of the row on threadIdx.x."""
-    own = sch.get_loops(blk)[2:]
-    if not own:
-        own = [sch.add_unit_loop(blk)]
-    fused = sch.fuse(*own) if len(own) > 1 else own[0]
+    fused = fuse_all(sch, sch.get_loops(blk)[2:] or [sch.add_unit_loop(blk)])
     _, tx = sch.split(fused, [None, threads], preserve_unit_iters=True)
-    sch.bind(tx, "threadIdx.x")
+    bind(sch, threadIdx_x=tx)

@@ -17,13 +17,15 @@ single-anchor kernel is the matmul template's.
 from __future__ import annotations
 
 from ... import _compat as C
-from ..base import Knob, KnobSpace, Match, Template
-from ._common import (arch_of, bind_elementwise, block_graph, buffer_loads, inline_glue, nearest)
+from ...analysis import CONTRACTION, REDUCTION, block_graph, buffer_loads
+from ..base import KnobSpace, Match
+from ._common import (CudaTemplate, arch_of, bind_elementwise, bind_tile, inline_glue, single_anchor,
+                      stage_cooperatively, store_in_registers, tile_contraction)
 from .elementwise import VECTOR_LANES
-from .matmul import TILE_K, VEC, matmul_anchor
+from .matmul import MICRO, TILE_K, MatmulConfig, matmul_anchor, matmul_default, matmul_space
 
 THREADS = (4, 8, 16)     # per output-tile axis: at most 256 threads, so every thread may hold 255 registers
-MICRO = (1, 2, 4)        # per anchor a micro_m x micro_n accumulator: 3 anchors x 16 = 48 registers at most
+# matmul.MICRO per anchor: a micro_m x micro_n accumulator, 3 anchors x 16 = 48 registers at most
 EW_THREADS = 256
 F32 = 4
 
@@ -89,14 +91,8 @@ def stage_floats(stage: dict, ndim: int, tile_m: int, tile_n: int, tile_k: int) 
     return n
 
 
-class CudaSiblings(Template):
-    family = "cuda_siblings"
-    target_kinds = ("cuda",)
-
-    def match(self, func: C.PrimFunc, target: C.Target) -> Match | None:
-        g = block_graph(func)
-        if g is None:
-            return None
+class CudaSiblings(CudaTemplate, family="cuda_siblings", config=MatmulConfig):
+    def match_graph(self, g, func: C.PrimFunc, target: C.Target) -> Match | None:
         reds = [b for b in g.blocks if not b.is_spatial]
         if not reds or any(not b.is_reduction for b in reds):
             return None
@@ -136,6 +132,23 @@ class CudaSiblings(Template):
             return None                            # not even the smallest tiles fit in shared memory
         return m
 
+    def accepts(self, group, target: C.Target) -> str | None:
+        if not group.is_static():
+            return "symbolic extents (the CUDA templates are built for static shapes)"
+        if group.of_kind(REDUCTION):
+            return "a row reduction beside the matmuls"
+        anchors = group.of_kind(CONTRACTION)
+        if len(anchors) < 2:
+            return f"{len(anchors)} matmul anchor(s) (one alone is the matmul template's kernel)"
+        keys = set()
+        for a in anchors:
+            anchor = single_anchor(block_graph(a.func))
+            roles = matmul_anchor(anchor) if anchor is not None else None
+            if roles is None:
+                return f"{a.name} is not a matmul"
+            keys.add((roles["batch"], roles["batch_size"], roles["m"], roles["n"], roles["k"]))
+        return None if len(keys) == 1 else "matmuls of different (batch, m, n, k): one tile must fit every anchor"
+
     # ----------------------------------------------------------------------------------- knob space
     def _stage_bytes(self, info: dict, tile_m: int, tile_n: int, tile_k: int) -> int:
         ndim = info["batch"] + 3
@@ -150,41 +163,14 @@ class CudaSiblings(Template):
         return [t for t in tk if self._stage_bytes(info, widest, widest, t) <= arch.max_shared_bytes]
 
     def space(self, match: Match, target: C.Target) -> KnobSpace:
-        info = match.info
-        m, n, k = info["m"], info["n"], info["k"]
-        tk = self._tile_k_choices(match, target)
-        vec = [v for v in VEC if v <= min(tk) and m % v == 0 and n % v == 0 and k % v == 0] or [1]
-        return KnobSpace((
-            Knob("threads_m", tuple(t for t in THREADS if t <= max(THREADS[0], m)), "threadIdx.y extent"),
-            Knob("threads_n", tuple(t for t in THREADS if t <= max(THREADS[0], n)), "threadIdx.x extent"),
-            Knob("micro_m", MICRO, "output rows per thread and anchor (register tile)"),
-            Knob("micro_n", MICRO, "output columns per thread and anchor (register tile)"),
-            Knob("tile_k", tuple(tk), "reduction depth staged in shared memory per step"),
-            Knob("vec", tuple(vec), "lanes of the cooperative global->shared loads"),
-        ))
+        return matmul_space(match.info, THREADS, self._tile_k_choices(match, target))
 
     def default_config(self, match: Match, target: C.Target) -> dict:
-        arch = arch_of(target)
-        sp = {k.name: k.choices for k in self.space(match, target).knobs}
-        m, n = match.info["m"], match.info["n"]
-        cfg = {"threads_m": nearest(sp["threads_m"], arch.mm_threads[0]),
-               "threads_n": nearest(sp["threads_n"], arch.mm_threads[1]),
-               "micro_m": nearest(sp["micro_m"], arch.mm_micro[0]),
-               "micro_n": nearest(sp["micro_n"], arch.mm_micro[1]),
-               "tile_k": nearest(sp["tile_k"], arch.mm_tile_k), "vec": nearest(sp["vec"], arch.mm_vec)}
-        # small outputs: shrink the register tile until there are enough blocks for the SMs
-        while True:
-            blocks = (-(-m // (cfg["threads_m"] * cfg["micro_m"]))) * (-(-n // (cfg["threads_n"] * cfg["micro_n"])))
-            if blocks * match.info["batch_size"] >= arch.sm_count or (cfg["micro_m"] == 1 and cfg["micro_n"] == 1):
-                break
-            axis = "micro_m" if cfg["micro_m"] >= cfg["micro_n"] else "micro_n"
-            cfg[axis] //= 2
-        return cfg
+        return matmul_default(self.space(match, target), match.info, arch_of(target))
 
     # ----------------------------------------------------------------------------------- schedule
     def apply(self, sch: C.Schedule, match: Match, config: dict) -> None:
-        info = match.info
-        tm, tn, um, un = config["threads_m"], config["threads_n"], config["micro_m"], config["micro_n"]
+        info, cfg = match.info, MatmulConfig.from_dict(config)
         anchors = info["anchors"]
         # Step 1. Inline the glue (operand transposes/reshapes into the anchors' reads, epilogue
         #         arithmetic into as few blocks as possible).
@@ -194,16 +180,8 @@ class CudaSiblings(Template):
         # Step 2. Tile every anchor alike: (batch) x (by, ty, ui) x (bx, tx, uj), k -> (ko, ki).
         nests = {}
         for name in anchors:
-            mm = sch.get_sblock(name)
-            loops = sch.get_loops(mm)
-            nb = info["batch"]
-            batch = (sch.fuse(*loops[:nb]) if nb > 1 else loops[0]) if nb else sch.add_unit_loop(loops[0])
-            i, j, k = loops[nb], loops[nb + 1], loops[nb + 2]
-            by, ty, ui = sch.split(i, [None, tm, um], preserve_unit_iters=True)
-            bx, tx, uj = sch.split(j, [None, tn, un], preserve_unit_iters=True)
-            ko, ki = sch.split(k, [None, config["tile_k"]], preserve_unit_iters=True)
-            sch.reorder(batch, by, bx, ty, tx, ko, ki, ui, uj)
-            nests[name] = (batch, by, bx, ty, tx, ko)
+            nests[name] = tile_contraction(sch, sch.get_sblock(name), info["batch"], cfg.threads_m, cfg.threads_n,
+                                           cfg.micro_m, cfg.micro_n, cfg.tile_k)
         # Step 3. Accumulators in registers.  An epilogue of one anchor (bias add) moves under that
         #         anchor's thread loop now; an anchor without one gets a register -> global store there.
         for name in anchors:
@@ -213,8 +191,7 @@ class CudaSiblings(Template):
                 for e in own:
                     sch.reverse_compute_at(sch.get_sblock(e), nests[name][4], preserve_unit_loops=True)
             elif not any(name in feeds[e] for e in epilogue):
-                store = sch.cache_write(mm, 0, "local")
-                sch.reverse_compute_at(store, nests[name][4], preserve_unit_loops=True)
+                store_in_registers(sch, mm, nests[name][4])
             if own or any(name in feeds[e] for e in epilogue):
                 sch.set_scope(mm, 0, "local")
         # Step 4. Merge the anchors' nests level by level: one grid, one thread block computing the
@@ -223,11 +200,7 @@ class CudaSiblings(Template):
             batch, by, bx, ty, tx, ko = (sch.merge(*[nests[a][d] for a in anchors]) for d in range(6))
         else:
             batch, by, bx, ty, tx, ko = nests[anchors[0]]
-        sch.bind(batch, "blockIdx.z")
-        sch.bind(by, "blockIdx.y")
-        sch.bind(bx, "blockIdx.x")
-        sch.bind(ty, "threadIdx.y")
-        sch.bind(tx, "threadIdx.x")
+        bind_tile(sch, batch, by, bx, ty, tx)
         # Step 5. An epilogue joining several anchors (silu(gate) * up) runs on their registers.
         for e in epilogue:
             if len(feeds[e]) > 1:
@@ -240,12 +213,7 @@ class CudaSiblings(Template):
             idx = next(p for p, r in enumerate(first.reads) if C.region_tensor(r).same_as(st["buffer"]))
             stage = sch.cache_read(consumers[0], idx, "shared", consumer_blocks=consumers)
             sch.compute_at(stage, ko, preserve_unit_loops=True)
-            own = sch.get_loops(stage)[6:]
-            fused = sch.fuse(*own) if len(own) > 1 else own[0]
-            _, cty, ctx, cv = sch.split(fused, [None, tm, tn, config["vec"]], preserve_unit_iters=True)
-            sch.bind(cty, "threadIdx.y")
-            sch.bind(ctx, "threadIdx.x")
-            sch.vectorize(cv)
+            stage_cooperatively(sch, stage, 6, cfg.threads_m, cfg.threads_n, cfg.vec)
         # Step 7. Initialize every accumulator before the merged k loop.
         for name in anchors:
             sch.decompose_reduction(sch.get_sblock(name), ko)
