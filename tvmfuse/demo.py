@@ -64,6 +64,10 @@ def _ort_session(ort, model):
     return ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
 
 
+def _ratio(r: float) -> str:
+    return f"{r:.1f}x" if r >= 1 else f"{r:.2g}x"
+
+
 def columns(tuning_log: str | None, ort_available: bool) -> list[tuple[str, str]]:
     """(name, what it is) of every latency column the demo prints."""
     tuned = ("untuned: each kernel's template default for the target" if tuning_log is None else
@@ -122,7 +126,7 @@ def run_demo(target=None, json_out: bool = False, small: bool = False, repeat: i
             print(f"check vs onnx ReferenceEvaluator (rtol {DEMO_RTOL}, atol {DEMO_ATOL}): "
                   f"{'pass' if passed else 'FAIL'}  max abs error {max(errs.values()):.2e}")
             cells = [f"tvmfuse {lat['tvmfuse'] * 1e3:.3f}"] + [
-                f"{k} {v * 1e3:.3f} ({v / lat['tvmfuse']:.1f}x)" for k, v in lat.items() if k != "tvmfuse"]
+                f"{k} {v * 1e3:.3f} ({_ratio(v / lat['tvmfuse'])})" for k, v in lat.items() if k != "tvmfuse"]
             where = " (onnxruntime on the CPU)" if ort is not None and is_gpu(tgt) else ""
             print(f"latency ms, median of {repeat} calls each{where}: " + " | ".join(cells)
                   + f"   compile {compile_s:.1f} s\n")
