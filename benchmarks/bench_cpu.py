@@ -1,16 +1,43 @@
-"""CPU benchmark of issue #4's workloads: numpy op by op, onnxruntime, stock TVM, tvmfuse (untuned).
+"""CPU benchmark: tvmfuse beside the baselines a TVM or onnxruntime user would pick, every output checked.
 
-    python benchmarks/bench_cpu.py [--quick] [--repeat N] [--threads T] [--json out.json] [--no-models] [--io]
+    python benchmarks/bench_cpu.py                      # table 1: engines x workloads -> benchmarks/bench_cpu.json
+    python benchmarks/bench_cpu.py --ms-trials 64       # table 2: + TVM MetaSchedule -> benchmarks/bench_cpu_ms.json
+    python benchmarks/bench_cpu.py --io                 # table 3: tvmfuse I/O paths  -> benchmarks/bench_cpu_io.json
+    python benchmarks/bench_cpu.py --quick --repeat 3 --no-models    # smoke run (quarter-size workloads)
 
-Runs are interleaved (one round = a block of calls of every engine per workload), medians over the rounds; ratios are
-to the best peer (numpy / onnxruntime) and to a roofline floor measured in the same run (a large copy for
-memory-bound workloads, a large matmul for compute-bound ones).  MatMul+Bias+GELU is also run as three
-separate kernels (tvmfuse schedules, no fusion) for the fused-vs-separate ratio.
+Engines (``--engines`` picks; ENGINES below says what each one is):
 
-``--io`` adds the cost of getting data in and out (issue 11), per workload: the VM call on device tensors
-next to ``CompiledModel.run()`` with numpy arrays in and out, for ordinary numpy inputs (not 64-byte
-aligned: copied once) and for ``tvmfuse.empty`` inputs (zero copy), and the same three for ``Runner.run``
-of the exported artifact (``tvmfuse.load``).
+- ``onnx_reference``: onnx.reference.ReferenceEvaluator (numpy, one op at a time); also the outputs'
+  reference for every engine's check.
+- ``ort_default``: onnxruntime, default session options except ``intra_op_num_threads`` = ``--threads``.
+- ``ort_nospin``: the same with idle workers told not to spin (``session.intra_op.allow_spinning=0``).
+- ``tvm_dlight``: TVM's own fusion (LegalizeOps + FuseOps + FuseTIR), every kernel then scheduled by the
+  CPU rules TVM 0.27 ships in ``tvm.s_tir.dlight.cpu`` (GEMV, Reduction; a kernel neither matches keeps
+  TVM's default loop nest), then TVM's lowering.
+- ``tvm_metaschedule``: ``relax.get_pipeline("static_shape_tuning", total_trials=--ms-trials)`` then
+  ``tvm.compile`` (TVM's documented CPU route); its build time (tuning included) is reported. Off unless
+  ``--ms-trials N`` (N > 0): it tunes for a long time.
+- ``torch_compile``: ``torch.compile`` of the model converted by onnx2torch, when both import (else the
+  row says why it was skipped).
+- ``tvm_fuseops``: TVM's fusion with no schedule at all (what the old "stock TVM" column was; no user
+  deploys it). Off by default: slow at full size.
+- ``tvmfuse_separate``: no fusion, every op its own kernel scheduled by tvmfuse's templates.
+- ``tvmfuse``: ``tvmfuse.compile(model, tuning_log=None)``: untuned target defaults.
+- ``tvmfuse_shipped``: ``tuning_log="shipped"``: the records shipped in tuning_logs/ (off by default).
+- ``--io`` adds, per workload: the VM call on device tensors, ``CompiledModel.run()`` with numpy in and
+  out (numpy inputs: one copy; ``tvmfuse.empty`` inputs: zero copy) and the same three for
+  ``Runner.run`` of the exported artifact (``tvmfuse.export`` + ``tvmfuse.load``).
+
+Method: each engine runs in its own worker process per workload (this file with ``--worker``): it builds
+the engine, runs it once on the workload's inputs (an .npz written by this process) and writes its
+outputs to an .npz, which this process checks against the ONNX reference (CHECK_RTOL, CHECK_ATOL).
+Commands and replies are JSON lines on the worker's stdin/stdout; no pickle.  Then ``--repeat`` rounds:
+in each round every engine, in turn (the order rotated each round), times one block of back-to-back calls
+about BLOCK_SECONDS long, with a ``--pause`` between engines so that one runtime's idle spinning workers
+do not run into the next one's block (alternating single calls in one process made either engine up to
+10x slower).  Each figure is the median over rounds of the block's seconds per call, with p25/p75 and
+min/max.  Floors (a large copy for memory-bound workloads, a large numpy matmul for compute-bound ones)
+are measured in the same run.
 """
 from __future__ import annotations
 
@@ -19,32 +46,53 @@ import json
 import os
 import platform
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
 
 import numpy as np
+import onnx
 
 import tvmfuse
 from tvmfuse import _compat as C
 from tvmfuse import models as M
 from tvmfuse.target import configure_threads
 
+HERE = os.path.dirname(os.path.abspath(__file__))
 FLOOR_COPY_BYTES = 256 * 1024 * 1024 // 4 * 4     # the copy that measures DRAM bandwidth
 FLOOR_MATMUL = 1024                               # the square matmul that measures float32 FLOP/s
+BLOCK_SECONDS = 0.05   # each engine runs a block of calls this long per round (see _time)
+MAX_BLOCK_CALLS = 200
+# Output check against the float32 ONNX reference: |out - ref| <= CHECK_ATOL + CHECK_RTOL * |ref|.  Fused
+# kernels reorder sums (K up to 768 here) and tvmfuse uses approximations of exp/erf (fast math).
+CHECK_RTOL, CHECK_ATOL = 1e-3, 1e-4
+
+ENGINES = {
+    "onnx_reference": "onnx ReferenceEvaluator (numpy, op by op)",
+    "ort_default": "onnxruntime, default session options (intra-op threads = --threads)",
+    "ort_nospin": "onnxruntime, idle workers not spinning",
+    "tvm_dlight": "TVM FuseOps + s_tir.dlight CPU rules (GEMV, Reduction)",
+    "tvm_metaschedule": "TVM static_shape_tuning (MetaSchedule), --ms-trials trials",
+    "torch_compile": "torch.compile (onnx2torch)",
+    "tvm_fuseops": "TVM FuseOps, no schedules",
+    "tvmfuse_separate": "tvmfuse schedules, no fusion",
+    "tvmfuse": "tvmfuse, untuned (tuning_log=None)",
+    "tvmfuse_shipped": "tvmfuse, shipped records (tuning_log='shipped')",
+}
+DEFAULT_ENGINES = ["onnx_reference", "ort_default", "ort_nospin", "tvm_dlight", "torch_compile",
+                   "tvmfuse_separate", "tvmfuse"]
+IO_ENGINES = {f"io_{p}{e}": f"{'artifact ' if p else ''}{d}"
+              for p in ("", "artifact_")
+              for e, d in (("vm", "VM call, device tensors"), ("run_numpy", "run(), numpy in/out"),
+                           ("run_aligned", "run(), tvmfuse.empty inputs"))}
 
 
-def _gelu_np(x):
-    from scipy.special import erf
-
-    return 0.5 * x * (1.0 + erf(x / np.sqrt(np.float32(2.0)))).astype(np.float32)
-
-
-def workloads(quick: bool):
+def workloads(quick: bool, models: bool):
     s = 4 if quick else 1
     mm = (512 // s, 768 // s, 3072 // s)
-    return [
-        # name, model, kind (compute/memory), work (flops or bytes), numpy op-by-op function
+    wl = [
+        # name, model, kind (compute/memory/model), work (flops or bytes) for the floor
         ("matmul_bias_gelu", M.matmul_bias_gelu(m=mm[0], k=mm[1], n=mm[2]), "compute", 2 * mm[0] * mm[1] * mm[2]),
         ("conv3x3_bn_relu_res", M.conv_bn_relu_residual(channels=64 // s, size=56 // s), "compute",
          2 * (64 // s) ** 2 * 9 * (56 // s) ** 2),
@@ -53,106 +101,253 @@ def workloads(quick: bool):
         ("sigmoid_chain", M.elementwise_chain(n=4 * 1024 * 1024 // s), "memory", 4 * 4 * 4 * 1024 * 1024 // s),
         ("qkv", M.qkv_projection(seq=512 // s, hidden=768 // s), "compute", 3 * 2 * (512 // s) * (768 // s) ** 2),
     ]
-
-
-BLOCK_SECONDS = 0.05   # each engine runs a block of calls this long per round (see _time)
+    if models:
+        wl += [("transformer_block", M.transformer_block(), "model", 0),
+               ("resnet_block", M.resnet_block(), "model", 0)]
+    return wl
 
 
 def _time(fn, warmup=1):
-    """Seconds per call over a block of back-to-back calls (about BLOCK_SECONDS long).
-
-    Engines are interleaved block by block, not call by call: a runtime's worker threads spin for a
-    while after each call, and one call of the next engine right after it competes with them for the
-    2 cores (measured here: single-call alternation made either engine up to 10x slower)."""
+    """Seconds per call over a block of back-to-back calls (about BLOCK_SECONDS long)."""
     for _ in range(warmup):
         fn()
     t = time.perf_counter()
     fn()
     one = time.perf_counter() - t
-    n = max(1, min(200, int(BLOCK_SECONDS / max(one, 1e-6))))
+    n = max(1, min(MAX_BLOCK_CALLS, int(BLOCK_SECONDS / max(one, 1e-6))))
     t = time.perf_counter()
     for _ in range(n):
         fn()
     return (time.perf_counter() - t) / n
 
 
-class Engines:
-    """One callable per engine and workload; inputs are prepared outside the timed call."""
+# ---------------------------------------------------------------- worker side: one engine, one workload
 
-    def __init__(self, model, threads, io=False, workdir=None):
-        self.model = model
-        self.feeds = {k: np.random.default_rng(0).standard_normal(v.shape).astype(v.dtype)
-                      for k, v in M.random_feeds(model).items()}
-        self.runs = {}
-        self.runs["numpy"] = self._numpy()
-        self.runs["onnxruntime"] = self._ort(threads)
-        for name, kw in (("stock TVM", dict(fusion=False, schedules=False, fast_math=False)),
-                         ("tvmfuse", {})):
-            self.runs[name] = self._tvm(kw)
-        self.runs["tvmfuse separate"] = self._separate()
-        if io:
-            self.runs.update(self._io(workdir))
+class Skipped(Exception):
+    """The engine cannot run here (a package is missing): the row says why, the run goes on."""
 
-    def _io(self, workdir):
-        """run() with numpy in and out beside the VM call on device tensors, compiled and exported."""
-        cm = tvmfuse.compile(self.model)
-        runner = tvmfuse.load(tvmfuse.export(cm, os.path.join(workdir, f"m{id(self)}")))
-        aligned = {}
-        for k, v in self.feeds.items():
-            aligned[k] = tvmfuse.empty(v.shape, v.dtype)
-            aligned[k][...] = v
-        runs = {}
-        for label, m in (("", cm), ("artifact ", runner)):
-            args = [C.tensor(self.feeds[s.name]) for s in m.inputs]
-            f = m._main()
-            runs[f"{label}VM call"] = lambda f=f, args=args: f(*args)
-            runs[f"{label}run() numpy"] = lambda m=m: m.run(self.feeds)
-            runs[f"{label}run() aligned"] = lambda m=m: m.run(aligned)
-        return runs
 
-    def _separate(self):
-        """Each op its own kernel, each kernel scheduled by tvmfuse (the fused-vs-separate baseline)."""
-        from tvmfuse.pipeline import Stages
+def _as_arrays(res) -> list:
+    """An engine's result (dict, list, tuple, TVM tensor or array) as a list of numpy arrays."""
+    if isinstance(res, dict):
+        return [np.asarray(v) for v in res.values()]
+    if isinstance(res, (list, tuple)) or type(res).__name__ in ("Array", "ArrayObj"):
+        return [a for r in res for a in _as_arrays(r)]
+    if hasattr(res, "numpy"):
+        out = res.detach().cpu().numpy() if hasattr(res, "detach") else res.numpy()
+        return [np.asarray(out)]
+    return [np.asarray(res)]
 
-        stages = Stages(tvmfuse.host_target())
 
-        @C.module_pass(opt_level=0, name="bench.separate")
-        def _sep(mod, _ctx):
-            with stages.target:
-                return C.Sequential(stages.unfused() + stages.schedule() + stages.lower())(mod)
+def _ort(model, feeds, threads, spin: bool):
+    try:
+        import onnxruntime as ort
+    except ImportError as e:
+        raise Skipped(f"onnxruntime not installed ({e})") from e
+    so = ort.SessionOptions()
+    so.intra_op_num_threads = threads
+    if not spin:
+        so.add_session_config_entry("session.intra_op.allow_spinning", "0")
+        so.add_session_config_entry("session.inter_op.allow_spinning", "0")
+    sess = ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"])
+    return lambda: sess.run(None, feeds)
 
-        ex = C.compile_module(tvmfuse.load_onnx(self.model), stages.target, _sep)
-        vm = C.VirtualMachine(ex, C.cpu())
-        args = [C.tensor(v) for v in self.feeds.values()]
-        return lambda: vm["main"](*args)
 
-    def _numpy(self):
+def _vm_call(ex, feeds):
+    vm = C.VirtualMachine(ex, C.cpu())
+    args = [C.tensor(v) for v in feeds.values()]
+    f = vm["main"]
+    return lambda: f(*args)
+
+
+def _stages_module(model, target, stages_of, schedules=False):
+    """Compile ``model`` with a pipeline made of ``stages_of(Stages)`` passes: without tvmfuse's fusion
+    rules, and without its schedules and fast math unless ``schedules``."""
+    from tvmfuse.pipeline import PipelineOptions, Stages
+
+    opts = PipelineOptions(fusion=False) if schedules else PipelineOptions(fusion=False, schedules=False,
+                                                                            fast_math=False)
+    stages = Stages(target, opts)
+
+    @C.module_pass(opt_level=0, name="bench.pipeline")
+    def _p(mod, _ctx):
+        with stages.target:
+            return C.Sequential(stages_of(stages))(mod)
+
+    return C.compile_module(tvmfuse.load_onnx(model), stages.target, _p)
+
+
+def _dlight(stages):
+    dl = C.dlight
+    return stages.graph() + [dl.ApplyDefaultSchedule(dl.cpu.GEMV(), dl.cpu.Reduction())] + stages.lower()
+
+
+def _separate(stages):
+    """No fusion, each op its own kernel, each scheduled by tvmfuse (the fused-vs-separate baseline)."""
+    return stages.unfused() + stages.schedule() + stages.lower()
+
+
+def _metaschedule(model, target, trials, work_dir):
+    mod = tvmfuse.load_onnx(model)
+    with target:
+        mod = C.relax_get_pipeline("static_shape_tuning", total_trials=trials, target=target,
+                                   work_dir=work_dir)(mod)
+    return C.compile_module(mod, target, "default")
+
+
+def _torch(model, feeds, threads):
+    try:
+        import onnx2torch
+        import torch
+    except ImportError as e:
+        raise Skipped(f"torch.compile skipped: {e}") from e
+    torch.set_num_threads(threads)
+    net = torch.compile(onnx2torch.convert(model).eval())
+    args = [torch.from_numpy(v) for v in feeds.values()]
+
+    def run():
+        with torch.inference_mode():
+            return net(*args)
+
+    return run
+
+
+def _io(kind, model, feeds, work_dir):
+    cm = tvmfuse.compile(model, tuning_log=None)
+    m = tvmfuse.load(tvmfuse.export(cm, os.path.join(work_dir, "artifact"))) if "artifact" in kind else cm
+    if kind.endswith("_vm"):
+        args = [C.tensor(feeds[s.name]) for s in m.inputs]
+        f = m._main()
+        return lambda: f(*args)
+    if kind.endswith("run_numpy"):
+        return lambda: m.run(feeds)
+    aligned = {}
+    for k, v in feeds.items():
+        aligned[k] = tvmfuse.empty(v.shape, v.dtype)
+        aligned[k][...] = v
+    return lambda: m.run(aligned)
+
+
+def build_engine(engine, model, feeds, threads, ms_trials, work_dir):
+    """The callable that runs ``engine`` once on ``feeds`` (inputs prepared outside the call)."""
+    target = tvmfuse.host_target()
+    if engine == "onnx_reference":
         from onnx.reference import ReferenceEvaluator
 
-        ev = ReferenceEvaluator(self.model)   # the ONNX reference runtime: numpy, one op at a time
-        return lambda: ev.run(None, self.feeds)
-
-    def _ort(self, threads):
-        try:
-            import onnxruntime as ort
-        except ImportError:
-            return None
-        so = ort.SessionOptions()
-        so.intra_op_num_threads = threads
-        so.inter_op_num_threads = 1
-        # idle workers sleep instead of spinning into the next engine's block (TVM's do the same)
-        so.add_session_config_entry("session.intra_op.allow_spinning", "0")
-        sess = ort.InferenceSession(self.model.SerializeToString(), so, providers=["CPUExecutionProvider"])
-        return lambda: sess.run(None, self.feeds)
-
-    def _tvm(self, kw):
-        cm = tvmfuse.compile(self.model, **kw)
-        args = [C.tensor(self.feeds[s.name]) for s in cm.inputs]
-        f = cm.vm["main"]
+        ev = ReferenceEvaluator(model)
+        return lambda: ev.run(None, feeds)
+    if engine in ("ort_default", "ort_nospin"):
+        return _ort(model, feeds, threads, spin=engine == "ort_default")
+    if engine == "torch_compile":
+        return _torch(model, feeds, threads)
+    configure_threads(threads)
+    if engine == "tvm_dlight":
+        return _vm_call(_stages_module(model, target, _dlight), feeds)
+    if engine == "tvm_fuseops":
+        return _vm_call(_stages_module(model, target, lambda st: st.graph() + st.lower()), feeds)
+    if engine == "tvmfuse_separate":
+        return _vm_call(_stages_module(model, target, _separate, schedules=True), feeds)
+    if engine == "tvm_metaschedule":
+        return _vm_call(_metaschedule(model, target, ms_trials, os.path.join(work_dir, "ms")), feeds)
+    if engine in ("tvmfuse", "tvmfuse_shipped"):
+        cm = tvmfuse.compile(model, tuning_log="shipped" if engine == "tvmfuse_shipped" else None)
+        args = [C.tensor(feeds[s.name]) for s in cm.inputs]
+        f = cm._main()
         return lambda: f(*args)
+    if engine in IO_ENGINES:
+        return _io(engine, model, feeds, work_dir)
+    raise ValueError(f"unknown engine {engine!r}; known: {sorted(ENGINES) + sorted(IO_ENGINES)}")
 
 
-def floors(threads):
+def worker(spec_path: str) -> int:
+    """Build one engine for one workload, write its outputs, then time blocks on request."""
+    proto = os.fdopen(os.dup(1), "w", buffering=1)     # replies only; anything printed goes to stderr
+    os.dup2(2, 1)
+
+    def reply(d):
+        proto.write(json.dumps(d) + "\n")
+
+    with open(spec_path) as f:
+        spec = json.load(f)
+    model = onnx.load(spec["model"])
+    with np.load(spec["feeds"]) as z:
+        feeds = {k: z[k] for k in z.files}
+    t0 = time.perf_counter()
+    try:
+        fn = build_engine(spec["engine"], model, feeds, spec["threads"], spec["ms_trials"], spec["work_dir"])
+    except Skipped as e:
+        reply({"ok": False, "skipped": str(e)})
+        return 0
+    build_s = time.perf_counter() - t0
+    outs = _as_arrays(fn())
+    np.savez(spec["outputs"], **{f"out{i}": a for i, a in enumerate(outs)})
+    reply({"ok": True, "build_s": build_s, "n_outputs": len(outs)})
+    for line in sys.stdin:
+        cmd = json.loads(line)
+        if cmd["cmd"] == "quit":
+            break
+        reply({"s": _time(fn)})
+    return 0
+
+
+# ---------------------------------------------------------------- parent side
+
+class Worker:
+    def __init__(self, engine, workload, paths, args, work_dir):
+        self.engine, self.workload = engine, workload
+        spec = {"engine": engine, "model": paths["model"], "feeds": paths["feeds"], "threads": args.threads,
+                "ms_trials": args.ms_trials, "work_dir": work_dir,
+                "outputs": os.path.join(work_dir, f"{engine}.out.npz")}
+        self.outputs = spec["outputs"]
+        spec_path = os.path.join(work_dir, f"{engine}.spec.json")
+        with open(spec_path, "w") as f:
+            json.dump(spec, f)
+        self.log_path = os.path.join(work_dir, f"{engine}.log")
+        self.log = open(self.log_path, "w")
+        self.proc = subprocess.Popen([sys.executable, os.path.abspath(__file__), "--worker", spec_path],
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.log, text=True,
+                                     bufsize=1)
+
+    def ask(self, cmd=None):
+        if cmd is not None:
+            self.proc.stdin.write(json.dumps(cmd) + "\n")
+            self.proc.stdin.flush()
+        line = self.proc.stdout.readline()
+        if not line:
+            self.proc.wait()
+            self.log.flush()
+            with open(self.log_path) as f:
+                tail = f.read()[-2000:]
+            raise RuntimeError(f"{self.engine} worker for {self.workload} exited ({self.proc.returncode}): {tail}")
+        return json.loads(line)
+
+    def close(self):
+        if self.proc.poll() is None:
+            try:
+                self.proc.stdin.write(json.dumps({"cmd": "quit"}) + "\n")
+                self.proc.stdin.close()
+            except BrokenPipeError:
+                pass
+            self.proc.wait(timeout=60)
+        self.log.close()
+
+
+def check_outputs(path, ref: list) -> dict:
+    with np.load(path) as z:
+        outs = [z[f"out{i}"] for i in range(len(z.files))]
+    if len(outs) != len(ref):
+        return {"check": "FAIL", "why": f"{len(outs)} outputs, reference has {len(ref)}"}
+    errs, ok = [], True
+    for o, r in zip(outs, ref):
+        if o.shape != r.shape:
+            return {"check": "FAIL", "why": f"shape {o.shape} vs reference {r.shape}"}
+        d = np.abs(o.astype(np.float64) - r.astype(np.float64))
+        errs.append(float(d.max()) if d.size else 0.0)
+        ok &= bool(np.all(d <= CHECK_ATOL + CHECK_RTOL * np.abs(r.astype(np.float64))))
+    return {"check": "pass" if ok else "FAIL", "max_abs_error": max(errs)}
+
+
+def floors():
     """Roofline numbers of this run: DRAM copy bandwidth (B/s) and matmul FLOP/s (numpy/BLAS)."""
     a = np.ones(FLOOR_COPY_BYTES // 4, np.float32)
     b = np.empty_like(a)
@@ -162,63 +357,137 @@ def floors(threads):
     return {"copy_GBps": bw / 1e9, "matmul_GFLOPs": flops / 1e9}
 
 
+def _spread(ts):
+    ms = sorted(t * 1e3 for t in ts)
+    q = statistics.quantiles(ms, n=4, method="inclusive") if len(ms) > 1 else [ms[0]] * 3
+    return {"median": statistics.median(ms), "p25": q[0], "p75": q[2], "min": ms[0], "max": ms[-1], "rounds": ms}
+
+
+def bench_workload(name, model, engines, args, root):
+    """Start one worker per engine, check every output, then time the engines in interleaved rounds."""
+    work_dir = os.path.join(root, name)
+    os.makedirs(work_dir)
+    feeds = {k: np.random.default_rng(0).standard_normal(v.shape).astype(v.dtype)
+             for k, v in M.random_feeds(model).items()}
+    paths = {"model": os.path.join(work_dir, "model.onnx"), "feeds": os.path.join(work_dir, "feeds.npz")}
+    onnx.save(model, paths["model"])
+    np.savez(paths["feeds"], **feeds)
+    ref = list(M.reference_outputs(model, feeds).values())
+    result, live = {}, {}
+    try:
+        for e in engines:
+            w = Worker(e, name, paths, args, work_dir)
+            try:
+                ready = w.ask()
+            except RuntimeError as err:
+                result[e] = {"error": str(err)}
+                w.close()
+                print(f"  {name} {e}: ERROR (see JSON)", flush=True)
+                continue
+            if not ready["ok"]:
+                result[e] = {"skipped": ready["skipped"]}
+                w.close()
+                continue
+            result[e] = {"build_s": ready["build_s"], **check_outputs(w.outputs, ref)}
+            print(f"  {name} {e}: built in {ready['build_s']:.1f} s, check {result[e]['check']}", flush=True)
+            live[e] = w
+        times = {e: [] for e in live}
+        order = list(live)
+        for r in range(args.repeat):
+            k = r % max(1, len(order))
+            for e in order[k:] + order[:k]:          # rotated: no engine always runs right after another
+                times[e].append(live[e].ask({"cmd": "time"})["s"])
+                time.sleep(args.pause)
+        for e, ts in times.items():
+            result[e]["ms"] = _spread(ts)
+    finally:
+        for w in live.values():
+            w.close()
+    return result
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--worker", help=argparse.SUPPRESS)
     ap.add_argument("--quick", action="store_true", help="quarter-size workloads")
-    ap.add_argument("--repeat", type=int, default=15)
+    ap.add_argument("--repeat", type=int, default=15, help="interleaved rounds")
+    ap.add_argument("--pause", type=float, default=0.2, help="seconds between two engines' blocks")
     ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--json", default="benchmarks/bench_cpu.json")
+    ap.add_argument("--engines", nargs="+", default=None, choices=list(ENGINES),
+                    help=f"default: {' '.join(DEFAULT_ENGINES)} (+ tvm_metaschedule with --ms-trials)")
+    ap.add_argument("--ms-trials", type=int, default=0,
+                    help="run TVM MetaSchedule (static_shape_tuning) with this many trials per model (0: off)")
+    ap.add_argument("--workloads", nargs="+", default=None, help="only these workloads (names as printed)")
+    ap.add_argument("--json", default=None, help="default: benchmarks/bench_cpu[_ms|_io].json")
     ap.add_argument("--no-models", action="store_true", help="skip the demo models end to end")
-    ap.add_argument("--io", action="store_true", help="also time run() with numpy in/out against the VM call on "
-                    "device tensors, compiled and exported (Runner.run)")
+    ap.add_argument("--io", action="store_true", help="time tvmfuse's I/O paths (VM call, run() numpy, run() "
+                    "aligned; compiled and exported) instead of the engines")
     args = ap.parse_args(argv)
-    configure_threads(args.threads)
-    fl = floors(args.threads)
-    wl = workloads(args.quick)
-    if not args.no_models:
-        wl += [("transformer_block", M.transformer_block(), "model", 0),
-               ("resnet_block", M.resnet_block(), "model", 0)]
-    workdir = tempfile.mkdtemp(prefix="bench-io-")
-    engines = {name: Engines(model, args.threads, io=args.io, workdir=workdir) for name, model, _, _ in wl}
-    times = {n: {e: [] for e, f in eng.runs.items() if f is not None} for n, eng in engines.items()}
-    for _ in range(args.repeat):                          # interleaved rounds
-        for n, eng in engines.items():
-            for e, f in eng.runs.items():
-                if f is not None:
-                    times[n][e].append(_time(f))
+    if args.worker:
+        return worker(args.worker)
+    if args.io:
+        engines = list(IO_ENGINES)
+    else:
+        engines = list(args.engines or DEFAULT_ENGINES)
+        if args.ms_trials > 0 and "tvm_metaschedule" not in engines:
+            engines.insert(engines.index("tvmfuse_separate") if "tvmfuse_separate" in engines else len(engines),
+                           "tvm_metaschedule")
+        if "tvm_metaschedule" in engines and args.ms_trials <= 0:
+            ap.error("tvm_metaschedule needs --ms-trials N (N > 0)")
+    out_json = args.json or os.path.join(HERE, "bench_cpu_io.json" if args.io else
+                                         "bench_cpu_ms.json" if args.ms_trials > 0 else "bench_cpu.json")
+    fl = floors()
+    wl = workloads(args.quick, not args.no_models)
+    if args.workloads:
+        unknown = set(args.workloads) - {w[0] for w in wl}
+        if unknown:
+            ap.error(f"unknown workloads {sorted(unknown)}; known: {[w[0] for w in wl]}")
+        wl = [w for w in wl if w[0] in args.workloads]
+    root = tempfile.mkdtemp(prefix="bench-cpu-")
+    load_start = os.getloadavg()
     rows = []
     for name, model, kind, work in wl:
-        med = {e: statistics.median(ts) * 1e3 for e, ts in times[name].items()}
-        peers = {e: v for e, v in med.items() if e in ("numpy", "onnxruntime")}
-        best = min(peers.values())
+        print(f"== {name}", flush=True)
+        res = bench_workload(name, model, engines, args, root)
         floor_ms = (work / (fl["matmul_GFLOPs"] * 1e9) if kind == "compute" else
                     work / (fl["copy_GBps"] * 1e9) if kind == "memory" else float("nan")) * 1e3
-        rows.append({"fused_vs_separate": med["tvmfuse separate"] / med["tvmfuse"], "workload": name, "kind": kind, "ms": med, "floor_ms": floor_ms,
-                     "tvmfuse_vs_best_peer": best / med["tvmfuse"],
-                     "tvmfuse_vs_floor": floor_ms / med["tvmfuse"] if floor_ms == floor_ms else None})
-    engines_order = ["numpy", "onnxruntime", "stock TVM", "tvmfuse separate", "tvmfuse"]
-    head = f"{'workload':22s}" + "".join(f"{e:>17s}" for e in engines_order) + f"{'floor':>10s}{'vs peer':>9s}{'vs floor':>9s}"
-    print(head)
-    for r in rows:
-        line = f"{r['workload']:22s}" + "".join(f"{r['ms'].get(e, float('nan')):17.3f}" for e in engines_order)
-        vf = r["tvmfuse_vs_floor"]
-        line += f"{r['floor_ms']:10.3f}{r['tvmfuse_vs_best_peer']:9.2f}" + (f"{vf:9.2f}" if vf else f"{'-':>9s}")
-        print(line)
-    if args.io:
-        io_order = [f"{p}{e}" for p in ("", "artifact ") for e in ("VM call", "run() numpy", "run() aligned")]
-        print("\nI/O: ms per call; VM call = device tensors in and out, run() = numpy in and out "
-              "(numpy inputs copied, aligned inputs zero-copy)")
-        print(f"{'workload':22s}" + "".join(f"{e:>24s}" for e in io_order))
-        for r in rows:
-            print(f"{r['workload']:22s}" + "".join(f"{r['ms'].get(e, float('nan')):24.3f}" for e in io_order))
-    print(f"floors: copy {fl['copy_GBps']:.1f} GB/s, matmul {fl['matmul_GFLOPs']:.1f} GFLOP/s; ms are medians "
-          f"of {args.repeat} interleaved rounds; 'vs peer' = best peer time / tvmfuse time (>1: tvmfuse faster)")
-    out = {"date": time.strftime("%Y-%m-%d %H:%M"), "machine": platform.processor() or platform.machine(),
-           "cpu": C.llvm_system_cpu(), "threads": args.threads, "load_avg": os.getloadavg(),
-           "command": " ".join([sys.executable.split("/")[-1]] + sys.argv), "floors": fl, "rows": rows}
-    with open(args.json, "w") as f:
+        rows.append({"workload": name, "kind": kind, "floor_ms": floor_ms if floor_ms == floor_ms else None,
+                     "engines": res})
+    desc = {**ENGINES, **IO_ENGINES}
+    out = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+           "machine": platform.processor() or platform.machine(), "cpu": C.llvm_system_cpu(),
+           "cpus": os.cpu_count(), "threads": args.threads, "load_avg_start": load_start,
+           "load_avg_end": os.getloadavg(), "repeat": args.repeat, "pause_s": args.pause,
+           "block_s": BLOCK_SECONDS, "ms_trials": args.ms_trials, "quick": args.quick,
+           "check": {"rtol": CHECK_RTOL, "atol": CHECK_ATOL, "reference": "onnx.reference.ReferenceEvaluator"},
+           "command": " ".join(["python", os.path.relpath(__file__)] + (argv if argv is not None else sys.argv[1:])),
+           "engines": {e: desc[e] for e in engines}, "floors": fl, "rows": rows}
+    with open(out_json, "w") as f:
         json.dump(out, f, indent=1)
+    print_table(out)
+    print(f"wrote {out_json}")
     return 0
+
+
+def print_table(out) -> None:
+    """Markdown: one row per workload and engine, ms per call (median of the rounds, p25-p75, min-max)."""
+    print(f"\n{out['date']}, {out['cpu']}, {out['threads']} threads, {out['repeat']} interleaved rounds, "
+          f"load average {out['load_avg_start'][0]:.1f} -> {out['load_avg_end'][0]:.1f}")
+    print("\n| workload | engine | median ms | p25-p75 | min-max | check (max abs err) | build s | floor ms |")
+    print("|---|---|---:|---:|---:|---|---:|---:|")
+    for r in out["rows"]:
+        for e, d in r["engines"].items():
+            if "ms" not in d:
+                why = d.get("skipped") or (d.get("error", "")[:80].replace("\n", " ") + "...")
+                print(f"| {r['workload']} | {e} | - | - | - | not run: {why} | | |")
+                continue
+            m = d["ms"]
+            err = f" ({d['max_abs_error']:.1e})" if "max_abs_error" in d else f" ({d.get('why', '')})"
+            fl = f"{r['floor_ms']:.3f}" if r["floor_ms"] else "-"
+            print(f"| {r['workload']} | {e} | {m['median']:.3f} | {m['p25']:.3f}-{m['p75']:.3f} | "
+                  f"{m['min']:.3f}-{m['max']:.3f} | {d['check']}{err} | {d['build_s']:.1f} | {fl} |")
+    fl = out["floors"]
+    print(f"\nfloors: copy {fl['copy_GBps']:.1f} GB/s, matmul {fl['matmul_GFLOPs']:.1f} GFLOP/s (numpy, same run)")
 
 
 if __name__ == "__main__":

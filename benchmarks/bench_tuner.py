@@ -1,21 +1,36 @@
 """tvmfuse's tuner vs MetaSchedule (tvm.s_tir.meta_schedule, XGBoost cost model) at equal trial budgets.
 
 For each workload, the one fused kernel that matters (MatMul+Bias+GELU; Conv+BN+ReLU+residual) is taken
-from tvmfuse's graph stage, so both tuners tune the *same* PrimFunc:
+from tvmfuse's graph stage, so both tuners tune the *same* PrimFunc, on the kernel's real arguments: the
+arrays it receives when the model runs on normally distributed inputs (``kernel_inputs_from_samples``).
 
 - tvmfuse: ``Tuner`` with the kernel's template, up to the largest budget; the best after B trials is
   read from the log (records are in measurement order), the wall time to B trials from the records' times.
-- MetaSchedule: ``tune_tir(..., cost_model="xgb", strategy="evolutionary")`` up to the largest budget,
-  ``num_trials_per_iter`` = the smallest budget, a measure callback noting the time and the best
-  schedule after each batch of trials.
+- MetaSchedule: ``tune_tir(..., cost_model="xgb", strategy="evolutionary")`` up to the largest budget
+  (``--budgets`` up to MAX_TRIALS), ``--ms-trials-per-iter`` trials per iteration, a measure callback
+  noting the time and every trial's cost.
+
+Curves (best cost so far after each trial, the tuners' own measurements) come in two forms for both tuners:
+``cold`` (only the tuner's search trials; tvmfuse's first trial, its template default, left out) and
+``from default`` (never worse than tvmfuse's template default, which tvmfuse measures as its first
+trial and a user of either tuner keeps when tuning finds nothing better).  ``--seeds`` repeats the study.
 
 The default schedule and both tuners' best schedules at each budget are then built and timed by the same
-runner on the same normally distributed inputs, in interleaved rounds (``--rounds`` x ``--repeat`` runs,
-median), and checked against the default schedule's output.  The tuners' own numbers during tuning
-(``tuner_cost``) are kept too: MetaSchedule measures on uniform [0, 1) inputs, tvmfuse on normal ones.
+runner on the same inputs, in interleaved rounds (``--rounds`` x ``--repeat`` runs, median), and every
+one's outputs are checked against the ONNX reference (onnx.reference.ReferenceEvaluator on the model's
+inputs), not against tvmfuse's default schedule.
 
-    python benchmarks/bench_tuner.py                       # the issue's shapes, budgets 32 64 128
-    python benchmarks/bench_tuner.py --small --budgets 16 32  # quick check
+``--transfer`` adds the warm-start study (tvmfuse): the workload's shape tuned with ``--budgets`` trials
+from scratch, and again after the records of TRANSFER_SOURCES shapes (tuned first, ``--transfer-source-
+trials`` each) are given as ``transfer_logs``; both curves are kept.  MetaSchedule keys its database by the
+workload's structural hash, so records of other shapes do not carry over; it has no such row.
+
+``--plot DIR`` writes the curves as PNG (needs matplotlib: ``pip install -e '.[plot]'``).
+
+    python benchmarks/bench_tuner.py -o benchmarks/bench_tuner.json         # issue shapes, budgets 32 64 128
+    python benchmarks/bench_tuner.py --small --budgets 64 256 1000 --seeds 0 1 2 --transfer \
+        -o benchmarks/bench_tuner_small.json --plot benchmarks/plots       # the long study
+    python benchmarks/bench_tuner.py --quick                                # smoke run (minutes)
 """
 from __future__ import annotations
 
@@ -37,7 +52,10 @@ from tvmfuse import models as M
 from tvmfuse.tune import MeasureOptions, TuneOptions, Tuner
 from tvmfuse.tune import log as L
 from tvmfuse.tune.measure import Measurer, compare_outputs
-from tvmfuse.tune.tasks import extract_tasks
+from tvmfuse.tune.tasks import extract_tasks, kernel_inputs_from_samples
+
+MAX_TRIALS = 1000         # the largest budget the study is meant for (MetaSchedule's tutorials use 1000+)
+CHECK_RTOL, CHECK_ATOL = 1e-3, 1e-4   # vs the ONNX reference; atol scaled by the largest |reference| (>= 1)
 
 WORKLOADS = {
     # name: (model builder, kernel template family, full-size args, small args)
@@ -46,6 +64,14 @@ WORKLOADS = {
     "conv_bn_relu_residual": (M.conv_bn_relu_residual, "cpu.conv2d_epilogue",
                               dict(channels=64, size=56), dict(channels=32, size=28)),
 }
+QUICK_ARGS = {"matmul_bias_gelu": dict(m=32, k=64, n=128), "conv_bn_relu_residual": dict(channels=8, size=8)}
+# warm-start study: other shapes of the same workload whose records are given to the tuner of the main shape
+TRANSFER_SOURCES = {
+    "matmul_bias_gelu": [dict(m=64, k=256, n=512), dict(m=128, k=128, n=256)],
+    "conv_bn_relu_residual": [dict(channels=16, size=28), dict(channels=32, size=14)],
+}
+QUICK_TRANSFER_SOURCES = {"matmul_bias_gelu": [dict(m=16, k=64, n=128)],
+                          "conv_bn_relu_residual": [dict(channels=8, size=4)]}
 
 
 def _measure_callback(apply):
@@ -61,54 +87,73 @@ def _measure_callback(apply):
     return _Callback()
 
 
-def main_task(name: str, small: bool, target):
-    build, family, full, little = WORKLOADS[name]
-    model = build(**(little if small else full))
+def main_task(name: str, shape: dict, target):
+    build, family, _, _ = WORKLOADS[name]
+    model = build(**shape)
     tasks = [t for t in extract_tasks(model, target) if t.family == family]
     if not tasks:
         raise LookupError(f"no kernel matches the {family} template on this target")
     return max(tasks, key=lambda t: t.space.size()), model
 
 
-def run_tvmfuse(task, target, budgets, work, seed):
-    log_path = os.path.join(work, f"tvmfuse_{task.workload_key}.jsonl")
+def best_curve(costs: list, start=None) -> list:
+    """Best cost so far after each trial (None until one trial succeeded); ``start`` seeds the minimum."""
+    out, best = [], start
+    for c in costs:
+        if c is not None and (best is None or c < best):
+            best = c
+        out.append(best)
+    return out
+
+
+def run_tvmfuse(task, target, budgets, work, seed, inputs, transfer_logs=(), tag="tvmfuse"):
+    log_path = os.path.join(work, f"{tag}_{seed}_{task.workload_key}.jsonl")
     t0 = time.time()
-    Tuner([task], target, log_path, TuneOptions(trials=max(budgets), seed=seed),
-          MeasureOptions()).run()
+    Tuner([task], target, log_path, TuneOptions(trials=max(budgets), seed=seed, transfer_logs=tuple(transfer_logs)),
+          MeasureOptions(), inputs={task.workload_key: inputs}).run()
     recs = L.load(log_path, target).measures
+    costs = [L.median_cost(r) for r in recs]
+    default_cost = next((c for r, c in zip(recs, costs) if r["config"] == task.default_config), None)
+    search = [None if r["config"] == task.default_config else c for r, c in zip(recs, costs)]
     out = {}
     for b in budgets:
         head = recs[:b]
         ok = [r for r in head if L.median_cost(r) is not None]
         best = min(ok, key=L.median_cost)
         out[b] = {"config": best["config"], "tuner_cost": L.median_cost(best),
-                  "wall_s": head[-1]["time"] - t0, "errors": sum(1 for r in head if r["error"])}
-    return out
+                  "wall_s": head[-1]["time"] - t0, "errors": sum(1 for r in head if r["error"]),
+                  "trials_run": len(head)}
+    curves = {"trial_costs": costs, "trial_wall_s": [r["time"] - t0 for r in recs], "default_cost": default_cost,
+              "cold": best_curve(search), "from_default": best_curve(costs)}
+    return out, curves, log_path
 
 
-def run_metaschedule(task, target, budgets, work, seed):
+def run_metaschedule(task, target, budgets, work, seed, per_iter, default_cost=None):
     ms = C.meta_schedule
     t_import = time.time()
     C.import_tensor_intrin()         # TuneContext imports it first: ~40 s on this host, timed apart
     import_s = time.time() - t_import
-    seen = {"n": 0, "best": None, "best_mod": None, "points": {}}
+    seen = {"n": 0, "best": None, "best_mod": None, "points": {}, "costs": [], "wall": []}
     t0 = [0.0]
 
     def checkpoints(task_scheduler, task_id, measure_candidates, builder_results, runner_results):
         for cand, res in zip(measure_candidates, runner_results):
             seen["n"] += 1
+            c = None
             if res.error_msg is None and res.run_secs:
                 c = float(np.median([float(x) for x in res.run_secs]))
                 if seen["best"] is None or c < seen["best"]:
                     seen["best"], seen["best_mod"] = c, cand.sch.mod
+            seen["costs"].append(c)
+            seen["wall"].append(time.time() - t0[0])
             if seen["n"] in budgets:
                 seen["points"][seen["n"]] = {"tuner_cost": seen["best"], "mod": seen["best_mod"],
                                              "wall_s": time.time() - t0[0]}
 
     mod = C.IRModule({"main": task.func.with_attr("global_symbol", "main")})
-    d = os.path.join(work, "ms")
+    d = os.path.join(work, f"ms_{seed}")
     t0[0] = time.time()
-    ms.tune_tir(mod, target, d, max_trials_global=max(budgets), num_trials_per_iter=min(budgets),
+    ms.tune_tir(mod, target, d, max_trials_global=max(budgets), num_trials_per_iter=per_iter,
                 # MetaSchedule's default 30 s build limit includes each new builder process importing TVM
                 # (minutes on this loaded host): every build timed out; the limit is raised, not the trials
                 builder=ms.builder.LocalBuilder(timeout_sec=600), runner=ms.runner.LocalRunner(timeout_sec=120),
@@ -120,7 +165,9 @@ def run_metaschedule(task, target, budgets, work, seed):
         if b not in seen["points"]:
             seen["points"][b] = {"tuner_cost": seen["best"], "mod": seen["best_mod"], "wall_s": total,
                                  "note": f"stopped after {seen['n']} trials"}
-    return seen["points"], import_s
+    curves = {"trial_costs": seen["costs"], "trial_wall_s": seen["wall"], "cold": best_curve(seen["costs"]),
+              "from_default": best_curve(seen["costs"], default_cost)}
+    return seen["points"], import_s, curves
 
 
 def build_final(measurer, mod, work, tag) -> str:
@@ -130,11 +177,24 @@ def build_final(measurer, mod, work, tag) -> str:
     return lib
 
 
-def time_finals(measurer, task, libs: dict, work, repeat, rounds) -> dict:
+def onnx_reference_args(task, inputs: list, model, feeds) -> list:
+    """The kernel's arguments as they must be after it runs: its inputs as given, its outputs (the last
+    arguments) the ONNX reference's outputs of the model (the kernel must compute the model's outputs)."""
+    ref = list(M.reference_outputs(model, feeds).values())
+    n_in = len(inputs) - len(ref)
+    outs = inputs[n_in:]
+    if n_in < 0 or any(o.shape != r.shape or o.dtype != r.dtype for o, r in zip(outs, ref)):
+        raise LookupError(f"{task.name}: its outputs {[(o.dtype, o.shape) for o in outs]} are not the model's "
+                          f"{[(r.dtype, r.shape) for r in ref]}; cannot check it against the ONNX reference")
+    return list(inputs[:n_in]) + ref
+
+
+def time_finals(measurer, task, libs: dict, work, repeat, rounds, inputs, reference) -> dict:
     """Time every final schedule in interleaved rounds (A B C A B C ...: a load change on this shared
-    host hits all of them alike) in the measurer's runner on the task's normal inputs; median of the
-    rounds' medians; outputs checked against the default schedule's."""
-    tf = measurer.prepare(task)
+    host hits all of them alike) in the measurer's runner on the kernel's real inputs; median of the
+    rounds' medians; outputs checked against the ONNX reference (``reference``)."""
+    tf = measurer.prepare(task, inputs)
+    tf.reference = reference
     per: dict = {tag: [] for tag in libs}
     out: dict = {}
     for _ in range(rounds):
@@ -150,85 +210,207 @@ def time_finals(measurer, task, libs: dict, work, repeat, rounds) -> dict:
                 continue
             with np.load(res) as z:
                 outs = [z[f"arg{i}"] for i in range(len(z.files))]
-            diff = compare_outputs(tf.reference, outs, 1e-3, 1e-4)
+            diff = compare_outputs(tf.reference, outs, CHECK_RTOL, CHECK_ATOL)
             if diff is not None:
                 out[tag] = {"error": diff}
                 continue
             per[tag].append(statistics.median(r["costs"]))
     for tag, ts in per.items():
         if tag not in out:
-            out[tag] = {"median_s": statistics.median(ts), "rounds_s": ts, "check": "ok"}
+            out[tag] = {"median_s": statistics.median(ts), "rounds_s": ts, "check": "ok vs ONNX reference"}
     return out
 
 
-def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--budgets", type=int, nargs="+", default=[32, 64, 128])
-    p.add_argument("--workloads", nargs="+", default=list(WORKLOADS), choices=list(WORKLOADS))
-    p.add_argument("--small", action="store_true", help="smaller shapes (a quick check)")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--repeat", type=int, default=10, help="timed runs of each final schedule per round")
-    p.add_argument("--rounds", type=int, default=7, help="interleaved rounds of the final timing")
-    p.add_argument("--skip-ms", action="store_true", help="tvmfuse only")
-    p.add_argument("-o", "--output", default=None, help="write the results as JSON here")
-    p.add_argument("--keep", action="store_true", help="keep the work directories (logs of both tuners)")
-    args = p.parse_args(argv)
-    budgets = sorted(args.budgets)
-    target = tvmfuse.host_target()
-    results = {"host": platform.processor() or platform.machine(), "target": str(target),
-               "cpus": os.cpu_count(), "load_avg_start": os.getloadavg(), "budgets": budgets,
-               "small": args.small, "workloads": {}}
-    for name in args.workloads:
-        try:
-            task, _ = main_task(name, args.small, target)
-        except LookupError as e:
-            print(f"== {name}: skipped: {e}", flush=True)
-            results["workloads"][name] = {"skipped": str(e)}
-            continue
-        work = tempfile.mkdtemp(prefix=f"bench_tuner_{name}_")
-        print(f"== {name}: {task.name} [{task.family}] space {task.space.size()} "
-              f"params {task.workload['params']}", flush=True)
-        row = {"kernel": task.name, "params": task.workload["params"], "budgets": {}}
+def _feeds(model, seed=0):
+    return {k: np.random.default_rng(seed).standard_normal(v.shape).astype(v.dtype)
+            for k, v in M.random_feeds(model).items()}
+
+
+def study(name, shape, args, target, budgets, seeds) -> dict:
+    """Both tuners on one workload's kernel, per seed; the final picks timed and checked."""
+    task, model = main_task(name, shape, target)
+    feeds = _feeds(model)
+    inputs = kernel_inputs_from_samples(model, target, feeds, [task])[task.workload_key]
+    reference = onnx_reference_args(task, inputs, model, feeds)
+    print(f"== {name}: {task.name} [{task.family}] space {task.space.size()} "
+          f"params {task.workload['params']}", flush=True)
+    row = {"kernel": task.name, "shape": shape, "params": task.workload["params"], "seeds": {}}
+    for seed in seeds:
+        work = tempfile.mkdtemp(prefix=f"bench_tuner_{name}_{seed}_")
         measurer = Measurer(target, MeasureOptions(repeat=args.repeat))
+        cell_seed = {"budgets": {}}
         try:
-            tf_points = run_tvmfuse(task, target, budgets, work, args.seed)
-            ms_points, ms_import = ({}, 0.0) if args.skip_ms else run_metaschedule(task, target, budgets, work,
-                                                                                   args.seed)
-            row["ms_tensor_intrin_import_s"] = ms_import
+            tf_points, tf_curves, _ = run_tvmfuse(task, target, budgets, work, seed, inputs)
+            cell_seed["tvmfuse_curves"] = tf_curves
+            if not args.skip_ms:
+                ms_points, ms_import, ms_curves = run_metaschedule(task, target, budgets, work, seed,
+                                                                   args.ms_trials_per_iter or min(budgets),
+                                                                   tf_curves["default_cost"])
+                cell_seed["ms_tensor_intrin_import_s"] = ms_import
+                cell_seed["ms_curves"] = ms_curves
             libs = {"default": build_final(measurer, C.IRModule({"main": _default_func(task)}), work, "default")}
             for b in budgets:
                 libs[f"tvmfuse{b}"] = build_final(
                     measurer, C.IRModule({"main": _scheduled(task, tf_points[b]["config"])}), work, f"tvmfuse{b}")
                 if not args.skip_ms and ms_points[b]["mod"] is not None:
                     libs[f"ms{b}"] = build_final(measurer, ms_points[b]["mod"], work, f"ms{b}")
-            finals = time_finals(measurer, task, libs, work, args.repeat, args.rounds)
-            row["default"] = finals["default"]
+            finals = time_finals(measurer, task, libs, work, args.repeat, args.rounds, inputs, reference)
+            cell_seed["default"] = finals["default"]
             for b in budgets:
                 cell = {"tvmfuse": {**tf_points[b], **finals[f"tvmfuse{b}"]}}
                 if not args.skip_ms:
                     mp = ms_points[b]
                     cell["metaschedule"] = {k: v for k, v in mp.items() if k != "mod"} | finals.get(
                         f"ms{b}", {"error": "no valid schedule"})
-                row["budgets"][b] = cell
-                print(json.dumps({b: cell}, default=float), flush=True)
+                cell_seed["budgets"][b] = cell
+                print(json.dumps({"seed": seed, b: cell}, default=float), flush=True)
         finally:
             measurer.close()
             if args.keep:
                 print(f"work directory kept: {work}")
             else:
                 shutil.rmtree(work, ignore_errors=True)
-        results["workloads"][name] = row
-        if args.output:                      # after each workload: a crash later keeps what was measured
+        row["seeds"][seed] = cell_seed
+    return row
+
+
+def transfer_study(name, shape, sources, args, target, budgets, seeds) -> dict:
+    """tvmfuse on ``shape`` from scratch vs with the records of ``sources`` (other shapes) as transfer logs."""
+    task, model = main_task(name, shape, target)
+    inputs = kernel_inputs_from_samples(model, target, _feeds(model), [task])[task.workload_key]
+    out = {"shape": shape, "sources": sources, "source_trials": args.transfer_source_trials, "seeds": {}}
+    for seed in seeds:
+        work = tempfile.mkdtemp(prefix=f"bench_transfer_{name}_{seed}_")
+        try:
+            logs = []
+            for i, src in enumerate(sources):
+                st, sm = main_task(name, src, target)
+                si = kernel_inputs_from_samples(sm, target, _feeds(sm), [st])[st.workload_key]
+                _, _, lp = run_tvmfuse(st, target, [args.transfer_source_trials], work, seed, si, tag=f"source{i}")
+                logs.append(lp)
+            _, cold, _ = run_tvmfuse(task, target, budgets, work, seed, inputs, tag="cold")
+            _, warm, _ = run_tvmfuse(task, target, budgets, work, seed, inputs, transfer_logs=logs, tag="warm")
+            out["seeds"][seed] = {"without_records": cold, "with_records": warm}
+            print(f"== transfer {name} seed {seed}: best after {max(budgets)} trials "
+                  f"{cold['from_default'][-1]} s without, {warm['from_default'][-1]} s with other shapes' records",
+                  flush=True)
+        finally:
+            shutil.rmtree(work, ignore_errors=True)
+    return out
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--budgets", type=int, nargs="+", default=[32, 64, 128],
+                   help=f"trial budgets (each 1..{MAX_TRIALS}); the largest is what each tuner runs")
+    p.add_argument("--workloads", nargs="+", default=list(WORKLOADS), choices=list(WORKLOADS))
+    p.add_argument("--small", action="store_true", help="smaller shapes")
+    p.add_argument("--quick", action="store_true", help="smoke run: tiny shapes, budgets 8 16, 2 rounds")
+    p.add_argument("--seeds", type=int, nargs="+", default=[0], help="repeat the study with these seeds")
+    p.add_argument("--ms-trials-per-iter", type=int, default=0,
+                   help="MetaSchedule trials per search iteration (default: the smallest budget, at most 64)")
+    p.add_argument("--repeat", type=int, default=10, help="timed runs of each final schedule per round")
+    p.add_argument("--rounds", type=int, default=7, help="interleaved rounds of the final timing")
+    p.add_argument("--skip-ms", action="store_true", help="tvmfuse only")
+    p.add_argument("--transfer", action="store_true", help="add the warm-start study (tvmfuse)")
+    p.add_argument("--transfer-source-trials", type=int, default=64, help="trials per source shape")
+    p.add_argument("--plot", default=None, help="write the curves as PNG into this folder (matplotlib)")
+    p.add_argument("-o", "--output", default=None, help="write the results as JSON here")
+    p.add_argument("--keep", action="store_true", help="keep the work directories (logs of both tuners)")
+    args = p.parse_args(argv)
+    if args.quick:
+        args.budgets = [8, 16] if args.budgets == [32, 64, 128] else args.budgets
+        args.rounds, args.repeat = min(args.rounds, 2), min(args.repeat, 3)
+        args.transfer_source_trials = min(args.transfer_source_trials, 8)
+    budgets = sorted(args.budgets)
+    if budgets[0] < 1 or budgets[-1] > MAX_TRIALS:
+        p.error(f"--budgets must lie in 1..{MAX_TRIALS}, got {budgets}")
+    if not args.ms_trials_per_iter:
+        args.ms_trials_per_iter = min(budgets[0], 64)
+    target = tvmfuse.host_target()
+    results = {"host": platform.processor() or platform.machine(), "target": str(target),
+               "cpus": os.cpu_count(), "load_avg_start": os.getloadavg(), "budgets": budgets,
+               "seeds": args.seeds, "small": args.small, "quick": args.quick,
+               "ms_trials_per_iter": None if args.skip_ms else args.ms_trials_per_iter,
+               "check": {"reference": "onnx.reference.ReferenceEvaluator", "rtol": CHECK_RTOL, "atol": CHECK_ATOL},
+               "command": " ".join(["python", "benchmarks/bench_tuner.py"] + list(argv if argv is not None
+                                                                                 else sys.argv[1:])),
+               "workloads": {}, "transfer": {}}
+
+    def save():                      # after each study: a crash later keeps what was measured
+        if args.output:
             with open(args.output, "w") as f:
                 f.write(json.dumps(results, indent=2, default=float) + "\n")
+
+    for name in args.workloads:
+        _, _, full, little = WORKLOADS[name]
+        shape = QUICK_ARGS[name] if args.quick else little if args.small else full
+        try:
+            results["workloads"][name] = study(name, shape, args, target, budgets, args.seeds)
+        except LookupError as e:
+            print(f"== {name}: skipped: {e}", flush=True)
+            results["workloads"][name] = {"skipped": str(e)}
+        save()
+        if args.transfer:
+            sources = (QUICK_TRANSFER_SOURCES if args.quick else TRANSFER_SOURCES)[name]
+            try:
+                results["transfer"][name] = transfer_study(name, shape, sources, args, target, budgets, args.seeds)
+            except LookupError as e:
+                results["transfer"][name] = {"skipped": str(e)}
+            save()
     results["load_avg_end"] = os.getloadavg()
-    text = json.dumps(results, indent=2, default=float)
-    if args.output:
-        with open(args.output, "w") as f:
-            f.write(text + "\n")
-    print(text)
+    save()
     print_table(results)
+    if args.plot:
+        plot_curves(results, args.plot)
     return 0
+
+
+def plot_curves(results, folder) -> None:
+    """Best cost so far vs trials, per workload: both tuners, cold and from default, every seed; and the
+    transfer study.  PNG files in ``folder``."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("no plots: matplotlib is not installed (pip install -e '.[plot]')")
+        return
+    os.makedirs(folder, exist_ok=True)
+    for name, row in results["workloads"].items():
+        if "seeds" not in row:
+            continue
+        fig, ax = plt.subplots(figsize=(7, 4.5))
+        for seed, cell in row["seeds"].items():
+            for tuner, key in (("tvmfuse", "tvmfuse_curves"), ("MetaSchedule", "ms_curves")):
+                cur = cell.get(key)
+                if not cur:
+                    continue
+                for form, style in (("cold", "--"), ("from_default", "-")):
+                    ys = [None if c is None else c * 1e3 for c in cur[form]]
+                    ax.plot(range(1, len(ys) + 1), ys, style, label=f"{tuner} {form} seed {seed}")
+        ax.set(xlabel="trials", ylabel="best kernel time so far (ms, tuner's own measurement)", xscale="log",
+               title=f"{name} {row['shape']}")
+        ax.legend(fontsize=7)
+        fig.tight_layout()
+        fig.savefig(os.path.join(folder, f"tuner_{name}.png"), dpi=120)
+        plt.close(fig)
+    for name, tr in results.get("transfer", {}).items():
+        if "seeds" not in tr:
+            continue
+        fig, ax = plt.subplots(figsize=(7, 4.5))
+        for seed, cell in tr["seeds"].items():
+            for form, style in (("without_records", "--"), ("with_records", "-")):
+                ys = [None if c is None else c * 1e3 for c in cell[form]["from_default"]]
+                ax.plot(range(1, len(ys) + 1), ys, style, label=f"{form.replace('_', ' ')} seed {seed}")
+        ax.set(xlabel="trials", ylabel="best kernel time so far (ms)", xscale="log",
+               title=f"tvmfuse warm start: {name} {tr['shape']} after {tr['sources']}")
+        ax.legend(fontsize=7)
+        fig.tight_layout()
+        fig.savefig(os.path.join(folder, f"transfer_{name}.png"), dpi=120)
+        plt.close(fig)
+    print(f"plots written to {folder}")
 
 
 def _default_func(task):
@@ -242,15 +424,18 @@ def _scheduled(task, config):
 
 
 def print_table(results) -> None:
-    print("\n| workload | trials | tvmfuse (ms) | tvmfuse tuning (s) | MetaSchedule (ms) | MetaSchedule tuning (s) |")
-    print("|---|---:|---:|---:|---:|---:|")
+    print("\n| workload | seed | trials | tvmfuse (ms) | tvmfuse tuning (s) | MetaSchedule (ms) | "
+          "MetaSchedule tuning (s) |")
+    print("|---|---:|---:|---:|---:|---:|---:|")
+    fmt = lambda d: f"{d['median_s'] * 1e3:.3f}" if "median_s" in d else "err"  # noqa: E731
     for name, row in results["workloads"].items():
-        for b, cell in row.get("budgets", {}).items():
-            t = cell["tvmfuse"]
-            m = cell.get("metaschedule", {})
-            fmt = lambda d: f"{d['median_s'] * 1e3:.3f}" if "median_s" in d else "err"  # noqa: E731
-            print(f"| {name} | {b} | {fmt(t)} | {t['wall_s']:.0f} | {fmt(m) if m else '-'} | "
-                  f"{m.get('wall_s', float('nan')):.0f} |")
+        for seed, cs in row.get("seeds", {}).items():
+            for b, cell in cs["budgets"].items():
+                t = cell["tvmfuse"]
+                m = cell.get("metaschedule", {})
+                print(f"| {name} | {seed} | {b} | {fmt(t)} | {t['wall_s']:.0f} | {fmt(m) if m else '-'} | "
+                      f"{m.get('wall_s', float('nan')):.0f} |")
+            print(f"| {name} | {seed} | default | {fmt(cs['default'])} | | | |")
 
 
 if __name__ == "__main__":

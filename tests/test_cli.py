@@ -24,12 +24,63 @@ def model_path(tmp_path):
     return str(p)
 
 
+def _has_onnxruntime() -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec("onnxruntime") is not None
+
+
+def _latency_lines(stdout: str) -> list[str]:
+    return [ln for ln in stdout.splitlines() if ln.startswith("latency ms, median of")]
+
+
 def test_demo_runs_and_checks():
     r = _cli("demo", "--quick")
     assert r.returncode == 0, r.stderr
     assert "demo: all checks passed" in r.stdout
     assert r.stdout.count("tvmfuse fusion report") == 2
     assert "transformer_block" in r.stdout and "resnet_block" in r.stdout
+    # every column is named and said what it is; the count printed is the count every column ran
+    assert "latency columns (ms per call, median of 10 calls each" in r.stdout
+    assert "tvmfuse, untuned" in r.stdout
+    lines = _latency_lines(r.stdout)
+    assert len(lines) == 2 and all(ln.startswith("latency ms, median of 10 calls each") for ln in lines)
+    assert all("TVM unfused" in ln and "TVM FuseOps" in ln for ln in lines)
+    assert all(("onnxruntime" in ln) == _has_onnxruntime() for ln in lines)
+
+
+def test_demo_json_names_the_columns_it_timed():
+    import json
+
+    from tvmfuse.demo import columns
+
+    r = _cli("demo", "--quick", "--json")
+    assert r.returncode == 0, r.stderr
+    d = json.loads(r.stdout[:r.stdout.rindex("]") + 1])
+    for entry in d:
+        assert entry["repeat"] == 10 and entry["check"] == "pass"
+        assert set(entry["latency_ms"]) == set(entry["columns"]) == {n for n, _ in columns(None, _has_onnxruntime())}
+        assert all(v > 0 for v in entry["latency_ms"].values())
+
+
+def test_demo_without_onnxruntime():
+    """onnxruntime is only in the test extra: the README's first command must run on a machine without it."""
+    code = ("import sys; sys.modules['onnxruntime'] = None\n"     # makes `import onnxruntime` raise ImportError
+            "from tvmfuse.cli import main\nsys.exit(main(['demo', '--quick']))")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr
+    assert "demo: all checks passed" in r.stdout
+    assert "onnxruntime is not installed" in r.stdout
+    lines = _latency_lines(r.stdout)
+    assert len(lines) == 2 and not any("onnxruntime" in ln for ln in lines)
+
+
+def test_demo_columns_say_which_records():
+    from tvmfuse.demo import columns
+
+    assert "untuned" in dict(columns(None, False))["tvmfuse"]
+    assert "shipped" in dict(columns("shipped", False))["tvmfuse"]
+    assert "onnxruntime" not in dict(columns(None, False)) and "onnxruntime" in dict(columns(None, True))
 
 
 def test_report_table_and_json(model_path, capsys):

@@ -31,6 +31,7 @@ PrimFunc = tirx.PrimFunc
 VirtualMachine = relax.VirtualMachine
 BlockBuilder = relax.BlockBuilder
 relax_free_vars = relax.analysis.free_vars
+relax_get_pipeline = relax.get_pipeline   # TVM's named Relax pipelines ("static_shape_tuning", ...)
 structural_hash = _tvm_ffi.structural_hash
 structural_equal = _tvm_ffi.structural_equal
 assert_structural_equal = _tvm.ir.assert_structural_equal
