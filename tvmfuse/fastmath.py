@@ -426,6 +426,27 @@ def _free_vars(expr) -> list:
 
 
 # ----------------------------------------------------------------------------- the rewriter
+ROUNDING_CALLS = ("tirx.round", "tirx.nearbyint", "tirx.floor", "tirx.ceil", "tirx.trunc")
+
+
+def _rounds_to_integer(store) -> bool:
+    """Does a store round its value or make it an integer (quantization: ``round(x / scale)``)?  There a
+    reciprocal multiply (within 1 ulp of the quotient) can flip the rounded result, so divisions stay exact
+    (ONNX DynamicQuantizeLinear, conformance gate)."""
+    if not str(store.buffer.dtype).startswith(("float", "bfloat")):
+        return True
+    found = [False]
+
+    def visit(node):
+        if isinstance(node, C.Call) and hasattr(node.op, "name") and str(node.op.name) in ROUNDING_CALLS:
+            found[0] = True
+        elif isinstance(node, C.tirx.Cast) and not str(node.ty.dtype).startswith(("float", "bfloat")):
+            found[0] = True
+
+    C.post_order_visit(store.value, visit)
+    return found[0]
+
+
 _BINARY = ("Add", "Sub", "Mul", "Div", "Mod", "FloorDiv", "FloorMod", "Min", "Max", "EQ", "NE", "LT",
            "LE", "GT", "GE", "And", "Or")
 
@@ -554,7 +575,7 @@ class _Rewriter:
         guarded by ``2^-126 <= |b| <= 2^126`` where 1/b is a normal float: the store is
         ``if guard: a * (1/b) else: a / b`` (the guard is lane-invariant: no vector select of both)."""
         t = C.tirx
-        if not (self._blocks and self._blocks[-1] is not None):
+        if not (self._blocks and self._blocks[-1] is not None) or _rounds_to_integer(s):
             v = self.expr(s.value)
             return s if v.same_as(s.value) else C.BufferStore(s.buffer, v, s.indices)
         counts = (self.count, self.cheap)

@@ -175,11 +175,11 @@ class Executes:
                 return C.tensor(value.numpy(), self.device), "tensor not contiguous"
             return value, None
         if not self._on_cpu():
-            return C.tensor(np.ascontiguousarray(value), self.device), "host to device"
+            return C.tensor(np.array(value, order="C", copy=True), self.device), "host to device"
         why = no_copy_reason(value)
         if why is None:
             return C.from_dlpack(value), None
-        return C.tensor(np.ascontiguousarray(value), self.device), why
+        return C.tensor(np.array(value, order="C", copy=True), self.device), why
 
     def _output_count_error(self, got: int) -> Exception:
         return TvmfuseError(f"the model returned {got} outputs, it declares {len(self.outputs)}")

@@ -76,6 +76,20 @@ class _BlockGraph:
                     info.kind, info.why_opaque = R.OPAQUE, "an argument is neither a tensor var nor a constant"
                 info.name = f"{info.name}({C.var_name(b.var)})"
                 self.info[i] = info
+        # extents a match_cast defines at run time (Range's length, NonZero's count): a group holding ops over
+        # them may also hold the ops that compute them, which FuseTIR cannot order; such ops keep their kernel
+        runtime_dims = set()
+        for b in self.bindings:
+            if isinstance(b, C.relax.MatchCast):
+                runtime_dims |= R.shape_vars(C.type_of(b.var))
+        for i, b in enumerate(self.bindings):
+            info = self.info[i]
+            if info is None or info.kind == R.OPAQUE or not runtime_dims:
+                continue
+            used = R.shape_vars(C.type_of(b.var)).union(*[R.shape_vars(C.type_of(a)) for a in b.value.args[1].fields])
+            if used & runtime_dims:
+                info.kind, info.why_opaque = R.OPAQUE, (f"extent {sorted(used & runtime_dims)} is defined at run time "
+                                                        "by a match_cast (data-dependent shape)")
         for i, b in enumerate(self.bindings):
             v = b.value
             if isinstance(v, C.relax.TupleGetItem) and isinstance(v.tuple_value, C.relax.Var):

@@ -181,6 +181,31 @@ def _shape_of(ty) -> tuple | None:
     return tuple(int(d.value) if isinstance(d, C.IntImm) else d for d in ty.shape.values)
 
 
+def _sym_vars(shape) -> set[str]:
+    """Names of the symbolic variables in a shape from ``_shape_of`` (nested for tuples)."""
+    names: set[str] = set()
+
+    def visit(node):
+        if isinstance(node, C.tirx.Var):
+            names.add(str(node.name))
+
+    for d in shape or ():
+        if _is_shape(d):
+            names |= _sym_vars(d)
+        elif not isinstance(d, int):
+            C.post_order_visit(d, visit)
+    return names
+
+
+def shape_vars(ty) -> set[str]:
+    """Names of the symbolic variables in a tensor (or tuple) type's shape, or in a shape type's values
+    (``R.Shape([n])`` of a match_cast); empty when static or unknown."""
+    values = getattr(ty, "values", None)
+    if not isinstance(ty, (C.TensorType, C.TupleType)) and values is not None:
+        return _sym_vars(tuple(int(d.value) if isinstance(d, C.IntImm) else d for d in values))
+    return _sym_vars(_shape_of(ty))
+
+
 def _is_shape(x) -> bool:
     return isinstance(x, tuple)
 
