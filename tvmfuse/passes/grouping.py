@@ -266,7 +266,7 @@ def partition(g: _BlockGraph) -> list[tuple[str, str, str, str]]:
 
 
 # ----------------------------------------------------------------------------------------- rewriting
-def _group_function(g: _BlockGraph, members: list[int], name: str, rule: str, scope_params=()):
+def _group_function(g: _BlockGraph, members: list[int], name: str, rule: str):
     """The Primitive Relax function of one group and the outer arguments it is called with."""
     member_set = set(members)
     outer_args, params, pmap = [], [], {}
@@ -284,19 +284,6 @@ def _group_function(g: _BlockGraph, members: list[int], name: str, rule: str, sc
             p = C.relax.Var(f"p{len(params)}", C.type_of(a))
             params.append(p)
             pmap[a] = p
-    # Step 1b. Symbols of the results that no argument's shape carries: pass a tensor of the enclosing
-    # function that has them (an input), unused by the ops; FuseTIR then gets the symbols from its shape.
-    need = R.undefined_symbols([R._shape_of(C.type_of(g.bindings[k].var)) for k in members],
-                               [R._shape_of(C.type_of(a)) for a in outer_args])
-    if need:
-        carrier = next((p for p in scope_params if R.shape_symbols(R._shape_of(C.type_of(p))) >= need), None)
-        if carrier is None:
-            raise RuntimeError(f"tvmfuse.FuseGroups: group {name} has results over {sorted(need)}, which no "
-                               "argument nor input of the function carries (legality check broken)")
-        outer_args.append(carrier)
-        p = C.relax.Var(f"p{len(params)}", C.type_of(carrier))
-        params.append(p)
-        pmap[carrier] = p
     outs = g.outputs(member_set)
     bb = C.BlockBuilder()
     with bb.function(name, params, attrs={"Primitive": 1, "tvmfuse.rule": rule}, private=True):
@@ -331,7 +318,7 @@ def _group_name(g: _BlockGraph, members: list[int], taken: set) -> str:
     return name
 
 
-def _rewrite_block(g: _BlockGraph, mbb, taken: set, stats: list, scope_params=()):
+def _rewrite_block(g: _BlockGraph, mbb, taken: set, stats: list):
     groups = {}
     for root, members in g.uf.members.items():
         calls = [k for k in members if k not in g.alias_of and g.info[k] is not None]
@@ -363,7 +350,7 @@ def _rewrite_block(g: _BlockGraph, mbb, taken: set, stats: list, scope_params=()
             members = groups[it]
             rule = "+".join(g.group_rules.get(it, []))
             name = _group_name(g, members, taken)
-            func, outer_args, outs = _group_function(g, members, name, rule, scope_params)
+            func, outer_args, outs = _group_function(g, members, name, rule)
             gv = mbb.add_func(func, name)
             call = mbb.normalize(C.relax.Call(gv, outer_args))
             record_group(name, [op_name(str(g.bindings[k].value.args[0].name_hint)) for k in members
@@ -413,7 +400,7 @@ class FuseGroups:
                 g = _BlockGraph(mod, block, self.limits)
                 for producer, consumer, reason, rule in partition(g):
                     record_refusal(producer, consumer, reason, rule)
-                new = _rewrite_block(g, mbb, taken, stats, func.params)
+                new = _rewrite_block(g, mbb, taken, stats)
                 blocks.append(new if new is not None else block)
                 changed |= new is not None
             if changed:

@@ -147,29 +147,6 @@ def is_symbolic(shape) -> bool:
     return not isinstance(shape, int)
 
 
-def shape_symbols(shape) -> set[str]:
-    """Names of the TIR variables in a (nested) shape from ``_shape_of``."""
-    if shape is None:
-        return set()
-    if _is_shape(shape):
-        return set().union(*(shape_symbols(d) for d in shape)) if shape else set()
-    if isinstance(shape, int):
-        return set()
-    found = set()
-    C.post_order_visit(shape, lambda n: found.add(str(n.name)) if isinstance(n, C.tirx.Var) else None)
-    return found
-
-
-def undefined_symbols(member_shapes, input_shapes) -> set[str]:
-    """Symbols in the shapes of a group's results that none of its inputs' shapes holds (an ``arange(0,
-    seq)`` of constants, a ``broadcast_to`` over ``batch``): the fused function could not state its
-    result shapes (TVM's FuseTIR leaves them unknown and the build fails), so the group needs an extra
-    argument that carries them."""
-    have = set().union(*(shape_symbols(s) for s in input_shapes)) if input_shapes else set()
-    need = set().union(*(shape_symbols(s) for s in member_shapes)) if member_shapes else set()
-    return need - have
-
-
 def _reduction_blocks(func):
     """(block, reduce vars) of every block with a reduction iterator; None if the func has no root block."""
     try:
