@@ -10,6 +10,7 @@ from .matmul import MatmulEpilogue
 from .reduction import RowReduction
 from .siblings import SiblingMatmuls
 from .symbolic import SymbolicRows
+from .symbolic_matmul import SymbolicMatmulEpilogue
 
 TEMPLATES: list = [
     MatmulEpilogue(),
@@ -20,5 +21,6 @@ TEMPLATES: list = [
     SiblingMatmuls(),             # several matmuls of one input: before RowReduction
     RowReduction(),
     Elementwise(),
+    SymbolicMatmulEpilogue(),     # a matmul over symbolic rows (batch x seq) with static N/K
     SymbolicRows(),               # last: reductions over symbolic extents the static templates refuse
 ]

@@ -1,0 +1,143 @@
+"""Symbolic corpus check (issue 13): each model's ``_dyn`` variant compiled once, its kernel count against the
+static variant's, and its outputs against onnxruntime at several sizes of its symbolic dims.
+
+    PYTHONPATH=. python benchmarks/symbolic_check.py                 # every corpus model
+    PYTHONPATH=. python benchmarks/symbolic_check.py bert gpt2 --json out.json
+    PYTHONPATH=. python benchmarks/symbolic_check.py bert --latency  # + symbolic vs static latency per size
+
+A model is OK when its symbolic build has no more kernels than the static one, none unscheduled, and
+every size within ``REL_TOL`` of onnxruntime.  Numerics only by default; ``--latency`` times the symbolic build against a build pinned to each size
+(``input_shapes``), medians of ``--repeat`` calls: on a shared machine report them as measured under load.
+Writes JSON (``--json``) with one record per model.
+"""
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import os
+import sys
+import time
+import traceback
+
+import numpy as np
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+_spec = importlib.util.spec_from_file_location("corpus_io", os.path.join(ROOT, "corpus", "corpus_io.py"))
+corpus_io = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(corpus_io)
+
+BATCHES = (1, 3, 8)          # the issue's sizes of `batch`
+SEQUENCES = (1, 17, 128)     # ... and of `sequence` (token models)
+REL_TOL = 1e-4               # the corpus target (tests/test_corpus.py)
+
+
+def size_points(entry: dict, batches=BATCHES, sequences=SEQUENCES) -> list[dict]:
+    """The sizes to check: every batch at the middle sequence, every sequence at batch 1 (not the full grid)."""
+    names = {d for spec in entry["inputs"] for d in spec["dyn_shape"] if isinstance(d, str)}
+    if "sequence" not in names:
+        return [{"batch": b} for b in batches]
+    mid = sequences[len(sequences) // 2]
+    points = [{"batch": b, "sequence": mid} for b in batches]
+    points += [{"batch": batches[0], "sequence": s} for s in sequences if s != mid]
+    return points
+
+
+def unscheduled(cm) -> list[str]:
+    return [s["kernel"] for s in cm.report.schedules if s.get("template") == "unscheduled"]
+
+
+def templates(cm) -> dict[str, int]:
+    counts: dict[str, int] = {}
+    for s in cm.report.schedules:
+        counts[s.get("template", "?")] = counts.get(s.get("template", "?"), 0) + 1
+    return dict(sorted(counts.items()))
+
+
+def check_model(entry: dict, *, latency: bool = False, repeat: int = 10, seed: int = 0,
+                points: list[dict] | None = None) -> dict:
+    import onnxruntime as ort
+
+    import tvmfuse
+
+    rec: dict = {"model": entry["name"]}
+    static_cm = tvmfuse.compile(corpus_io.model_path(entry, "static"))
+    rec["static_kernels"] = static_cm.kernel_count
+    rec["static_templates"] = templates(static_cm)
+    dyn_path = corpus_io.model_path(entry, "dynamic")
+    try:
+        t0 = time.perf_counter()
+        cm = tvmfuse.compile(dyn_path)
+        rec["compile_s"] = round(time.perf_counter() - t0, 2)
+    except Exception as e:  # reported per model, the run goes on with the next one
+        rec["error"] = f"{type(e).__name__}: {e}".splitlines()[0][:400]
+        rec["traceback"] = traceback.format_exc()[-2000:]
+        return rec
+    rec["dyn_kernels"] = cm.kernel_count
+    rec["dyn_templates"] = templates(cm)
+    rec["unscheduled"] = unscheduled(cm)
+    sess = ort.InferenceSession(dyn_path, providers=["CPUExecutionProvider"])
+    rng = np.random.default_rng(seed)
+    rec["sizes"] = []
+    for dims in points or size_points(entry):
+        feeds = corpus_io.random_feeds(entry, rng, dims=dims)
+        want = dict(zip(entry["outputs"], sess.run(entry["outputs"], feeds)))
+        row: dict = {"dims": dims}
+        try:
+            got = cm.run(feeds)
+            row["rel_err"] = max(corpus_io.relative_error(got[o], want[o]) for o in want)
+            row["ok"] = row["rel_err"] <= REL_TOL
+        except Exception as e:  # a failing size is a finding, reported in the record
+            row["error"] = f"{type(e).__name__}: {e}".splitlines()[0][:400]
+            row["ok"] = False
+        if latency and "error" not in row:
+            pinned = tvmfuse.compile(dyn_path, input_shapes=dims)
+            row["dyn_ms"] = cm.benchmark(feeds, repeat=repeat) * 1e3
+            row["static_ms"] = pinned.benchmark(feeds, repeat=repeat) * 1e3
+            row["pinned_kernels"] = pinned.kernel_count
+            row["ratio"] = row["dyn_ms"] / row["static_ms"]
+        rec["sizes"].append(row)
+    # fewer kernels than static is fine (BERT's gathers over symbolic rows fuse; see
+    # tests/test_symbolic_corpus.py), more is not
+    rec["ok"] = (rec["dyn_kernels"] <= rec["static_kernels"] and not rec["unscheduled"]
+                 and all(r["ok"] for r in rec["sizes"]))
+    return rec
+
+
+def _line(rec: dict) -> str:
+    if "error" in rec:
+        return f"{rec['model']:20s} static {rec['static_kernels']:4d}  dyn: {rec['error']}"
+    sizes = " ".join(
+        f"{'x'.join(str(v) for v in r['dims'].values())}:"
+        + (f"{r['rel_err']:.1e}" if "rel_err" in r else "ERR")
+        + (f"({r['ratio']:.2f}x)" if "ratio" in r else "") for r in rec["sizes"])
+    return (f"{rec['model']:20s} static {rec['static_kernels']:4d}  dyn {rec['dyn_kernels']:4d}  "
+            f"unsched {len(rec['unscheduled'])}  {'OK ' if rec['ok'] else 'BAD'}  {sizes}")
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("models", nargs="*", help="corpus model names (default: all)")
+    ap.add_argument("--json", help="write the records here")
+    ap.add_argument("--latency", action="store_true", help="also time symbolic vs a build pinned to each size")
+    ap.add_argument("--repeat", type=int, default=10)
+    ap.add_argument("--seed", type=int, default=0)
+    args = ap.parse_args(argv)
+    entries = {e["name"]: e for e in corpus_io.load_manifest()["models"]}
+    names = args.models or list(entries)
+    unknown = sorted(set(names) - set(entries))
+    if unknown:
+        ap.error(f"unknown model(s) {unknown}; the corpus has {sorted(entries)}")
+    records = []
+    for n in names:
+        rec = check_model(entries[n], latency=args.latency, repeat=args.repeat, seed=args.seed)
+        print(_line(rec), flush=True)
+        records.append(rec)
+    if args.json:
+        with open(args.json, "w", encoding="utf-8") as f:
+            json.dump({"records": records}, f, indent=1)
+    return 0 if all(r.get("ok") for r in records) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,115 @@
+"""The symbolic corpus models (corpus/<name>_dyn.onnx: symbolic ``batch``, and ``sequence`` for token models)
+compile to no more kernels than their static version, leave no kernel unscheduled, and match onnxruntime
+at several sizes of their symbolic dims (issue 13).
+
+Kernel counts: the symbolic model may have fewer kernels than the static one, never more.  BERT's does:
+its embedding gathers (``take``) over a symbolic row count fuse with the index arithmetic and the
+embedding sum, while the static model's gather stays opaque (TVM marks it pattern 8) and its
+position/token-type gathers fold to constants.
+
+A representative subset runs by default (CI: 2 cores); ``TVMFUSE_SYMBOLIC_CORPUS=all`` (or a
+comma-separated list of model names) for more.  Error measure and tolerance as tests/test_corpus.py.
+``benchmarks/symbolic_check.py`` runs the same check over every model and prints a table.
+"""
+from __future__ import annotations
+
+import importlib.util
+import os
+
+import pytest
+
+import tvmfuse
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+_spec = importlib.util.spec_from_file_location("symbolic_check", os.path.join(ROOT, "benchmarks",
+                                                                              "symbolic_check.py"))
+symbolic_check = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(symbolic_check)
+corpus_io = symbolic_check.corpus_io
+
+ENTRIES = {e["name"]: e for e in corpus_io.load_manifest()["models"]}
+REL_TOL = symbolic_check.REL_TOL
+COMPILE_TIMEOUT_S = 900      # a hard stop per model for a compile that hangs; not a speed claim
+# one CNN with depthwise convs, squeeze-excite and a batch-flattening classifier; one encoder (padding
+# mask, gathers, erf GELU).  The causal decoders (llama_dyn, gpt2_dyn), shufflenet_v2_dyn and
+# t5_encoder_dyn do not build yet (KNOWN_FAILURES); they join the subset when fixed.
+DEFAULT_SUBSET = ("mobilenet_v3_small", "bert")
+# Symbolic models that fail today, with the error seen (benchmarks/symbolic_check.py, 2026-12-01).
+# strict=True: a fix makes the test XPASS, which fails the run until the entry is removed.
+_SHAPELESS = ("FuseTIR leaves a fused call's result shape unknown (a group of constants only, arange over "
+              "sequence + causal mask broadcast over batch: no argument carries the symbols): ")
+KNOWN_FAILURES: dict[str, str] = {
+    "llama": _SHAPELESS + "InternalError: call_tir expects all TensorType has shape, but got "
+             "R.Tensor(dtype=\"float32\", ndim=3)",
+    "gpt2": _SHAPELESS + "InternalError: call_tir expects all TensorType has shape, but got "
+            "R.Tensor(dtype=\"float32\", ndim=4)",
+    "shufflenet_v2": "ModelLoadError: TVM's ONNX importer failed: shape_of expects a tensor input, but received "
+                     "R.Shape(ndim=4) (channel shuffle's Shape of a Concat)",
+    "t5_encoder": "ModelLoadError: TVM's ONNX importer failed: Reshape expects the input tensor to have known "
+                  "shape when there is some dimension length to infer",
+}
+# sizes per model in the default run (fewer than the issue's full grid: CI time); "all" uses the grid
+# of symbolic_check.size_points
+QUICK_SIZES = {"batch": (1, 3), "sequence": (17, 128)}
+
+
+def _selected() -> list[str]:
+    choice = os.environ.get("TVMFUSE_SYMBOLIC_CORPUS", "").strip()
+    if choice == "all":
+        return list(ENTRIES)
+    if choice:
+        names = [n.strip() for n in choice.split(",") if n.strip()]
+        unknown = sorted(set(names) - set(ENTRIES))
+        if unknown:
+            raise ValueError(f"TVMFUSE_SYMBOLIC_CORPUS names unknown model(s) {unknown}; the corpus has "
+                             f"{sorted(ENTRIES)}")
+        return names
+    return [n for n in DEFAULT_SUBSET if n in ENTRIES]
+
+
+def _points(entry: dict, full: bool) -> list[dict]:
+    if full:
+        return symbolic_check.size_points(entry)
+    return symbolic_check.size_points(entry, QUICK_SIZES["batch"], QUICK_SIZES["sequence"])
+
+
+def test_size_points_cover_every_symbolic_dim():
+    bert = _points(ENTRIES["bert"], full=True)
+    assert {p["batch"] for p in bert} == set(symbolic_check.BATCHES)
+    assert {p["sequence"] for p in bert} == set(symbolic_check.SEQUENCES)
+    cnn = _points(ENTRIES["resnet18"], full=True)
+    assert cnn == [{"batch": b} for b in symbolic_check.BATCHES]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(COMPILE_TIMEOUT_S)
+@pytest.mark.parametrize("name", [pytest.param(n, marks=[pytest.mark.xfail(strict=True, reason=KNOWN_FAILURES[n])]
+                                                 if n in KNOWN_FAILURES else [], id=n) for n in _selected()])
+def test_symbolic_corpus_model_matches_static_and_onnxruntime(name, rng, record_property):
+    pytest.importorskip("onnxruntime")
+    entry = ENTRIES[name]
+    seed = int(rng.integers(2**31))      # printed on failure: the inputs' seed
+    full = bool(os.environ.get("TVMFUSE_SYMBOLIC_CORPUS"))
+    rec = symbolic_check.check_model(entry, seed=seed, points=_points(entry, full))
+    assert "error" not in rec, f"{name}_dyn: {rec['error']}\n{rec.get('traceback', '')}"
+    record_property("kernels", {"static": rec["static_kernels"], "symbolic": rec["dyn_kernels"]})
+    assert rec["dyn_kernels"] <= rec["static_kernels"], (
+        f"{name}: symbolic {rec['dyn_kernels']} kernels vs static {rec['static_kernels']}: "
+        f"templates {rec['dyn_templates']} vs {rec['static_templates']}")
+    assert not rec["unscheduled"], f"{name}_dyn: unscheduled kernels {rec['unscheduled']}"
+    for row in rec["sizes"]:
+        assert "error" not in row, f"{name}_dyn at {row['dims']}: {row['error']} (seed {seed})"
+        assert row["rel_err"] <= REL_TOL, (f"{name}_dyn at {row['dims']}: relative error {row['rel_err']:.3g} "
+                                           f"> {REL_TOL} (seed {seed})")
+    assert rec["ok"]
+
+
+@pytest.mark.slow
+def test_symbolic_matmul_runs_in_the_symbolic_corpus(host):
+    """The transformer's projections (rows = batch x sequence, static N/K) get cpu.symbolic_matmul, not
+    the one-row-at-a-time cpu.symbolic_rows."""
+    cm = tvmfuse.compile(corpus_io.model_path(ENTRIES["bert"], "dynamic"), target=host)
+    fams = symbolic_check.templates(cm)
+    # attention output projection + residual, FFN in + GELU, FFN out + residual (the layers share these
+    # kernels; Q/K/V are cpu.symbolic_rows siblings)
+    assert fams.get("cpu.symbolic_matmul", 0) == 3, fams

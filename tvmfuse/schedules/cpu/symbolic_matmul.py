@@ -1,0 +1,159 @@
+"""MatMul with its epilogue over a symbolic number of rows (``[batch, seq, K] @ [K, N]``: rows = batch x seq
+known only at run time, N and K static) on x86/ARM CPUs.
+
+``cpu.matmul_epilogue`` needs every extent static; without this template such a kernel gets
+``cpu.symbolic_rows`` (one row at a time: every row reads the whole weight, no register blocking across
+rows).  Here the static dimensions are tiled as in ``cpu.matmul_epilogue`` and the symbolic ones are
+looped over with a tail:
+
+Matches what ``cpu.matmul_epilogue`` matches (one ``C += A * B`` block, at most one elementwise epilogue)
+when the extents of C's leading axes (batch axes and i) may be symbolic but j (N) and k (K) are static, the
+weight B is shared by every batch (it follows none of the batch axes) and N is a multiple of the vector
+width (no column tail: a per-lane predicate makes TVM's vectorizer emit scalar code).
+
+Schedule: the batch axes and i flattened into one row axis (``b * M + i``, symbolic); rows tiled by the
+register tile ``mr`` (the last tile predicated: rows past the end are skipped, whole vectors at a time), the
+columns by macro and register tiles as in ``cpu.matmul_epilogue`` (same steps, its ``apply``), the row
+tiles parallel.
+"""
+from __future__ import annotations
+
+from ... import _compat as C
+from ...target import cpu_info
+from ..base import Knob, KnobSpace, Match
+from . import common as U
+from . import matmul as MM
+
+# The row count the untuned default is sized for: rows are not known at compile time; a register tile
+# of this many rows or fewer keeps the predicated last tile short (at most mr - 1 wasted rows).
+NOMINAL_ROWS = 64
+SYM_MR_CHOICES = (1, 2, 4, 6, 8)
+
+
+def _is_static(e) -> bool:
+    return isinstance(e, C.tirx.IntImm)
+
+
+def analyze_symbolic_matmul(sch: C.Schedule, block) -> dict | None:
+    """The roles of ``C[b.., i, j] += A[b.., i, k] * B[k, j]`` with symbolic b/i extents, static N/K and a
+    weight shared by the batches; None otherwise (all-static ones belong to ``cpu.matmul_epilogue``)."""
+    blk = sch.get(block)
+    store = blk.body
+    if not isinstance(store, C.BufferStore) or U.iter_kinds(sch, block).count("R") != 1:
+        return None
+    val = store.value
+    if not isinstance(val, C.tirx.Add):
+        return None
+    acc, prod = (val.a, val.b) if isinstance(val.a, C.TensorLoad) and val.a.source.same_as(store.buffer) \
+        else (val.b, val.a)
+    if not (isinstance(acc, C.TensorLoad) and acc.source.same_as(store.buffer)):
+        return None
+    prod = MM._strip_cast(prod)
+    if not isinstance(prod, C.tirx.Mul):
+        return None
+    a, b = MM._strip_cast(prod.a), MM._strip_cast(prod.b)
+    if not (isinstance(a, C.TensorLoad) and isinstance(b, C.TensorLoad)):
+        return None
+    c_idx, a_idx, b_idx = MM._plain_vars(store.indices), MM._plain_vars(a.indices), MM._plain_vars(b.indices)
+    if c_idx is None or a_idx is None or b_idx is None or len(c_idx) < 2:
+        return None
+    ivs = blk.iter_vars
+    k = next(iv.var for iv in ivs if int(iv.iter_type) == U.REDUCE)
+    i_var, j_var = c_idx[-2], c_idx[-1]
+    a_names, b_names = [v.name for v in a_idx], [v.name for v in b_idx]
+    if b_names == [i_var.name, k.name] or (len(a_names) == 2 and j_var.name in a_names):
+        a, b, a_idx, b_idx, a_names, b_names = b, a, b_idx, a_idx, b_names, a_names   # written B * A
+    # A read at exactly C's row axes then k; B a 2-D weight [k, j] or [j, k]
+    if a_names != [v.name for v in c_idx[:-1]] + [k.name] or sorted(b_names) != sorted([k.name, j_var.name]):
+        return None
+    if [iv.var.name for iv in ivs] != [v.name for v in c_idx] + [k.name]:
+        return None
+    dom = {iv.var.name: iv.dom.extent for iv in ivs}
+    rows = [dom[v.name] for v in c_idx[:-1]]
+    if all(_is_static(r) for r in rows) or not (_is_static(dom[j_var.name]) and _is_static(dom[k.name])):
+        return None
+    return {
+        # M and the batch extents as TIR expressions (symbolic); MM.row_map flattens with them
+        "M": rows[-1], "N": int(dom[j_var.name]), "K": int(dom[k.name]), "batch": rows[:-1],
+        "b_batch": [False] * (len(rows) - 1), "b_buffer": str(b.source.name),
+        "b_contiguous_j": b_names[-1] == j_var.name, "b_j_pos": b_names.index(j_var.name),
+        "b_k_pos": b_names.index(k.name), "b_ndim": 2, "a_buffer": str(a.source.name),
+        "c_buffer": str(store.buffer.name), "j_iter": len(c_idx) - 1, "n_iters": len(ivs),
+        "iters_ordered": True,
+    }
+
+
+class SymbolicMatmulEpilogue(MM.MatmulEpilogue):
+    """``cpu.matmul_epilogue``'s schedule over a symbolic row count (see the module docstring)."""
+
+    family = "cpu.symbolic_matmul"
+    target_kinds = ("llvm",)
+
+    def match(self, func: C.PrimFunc, target: C.Target) -> Match | None:
+        sch = C.Schedule(func)
+        left = U.inline_elementwise(sch)
+        reductions = [b for b in U.top_blocks(sch) if not U.is_spatial(sch, b)]
+        if len(reductions) != 1 or not U.is_reduction(sch, reductions[0]):
+            return None
+        red = reductions[0]
+        info = analyze_symbolic_matmul(sch, red)
+        if info is None or info["N"] % cpu_info(target).float32_lanes:
+            return None
+        epi = MM.epilogue_of(sch, red, info["c_buffer"])
+        if epi is None:
+            return None
+        red_name = U.block_name(sch, red)
+        epi_name = None if epi == "none" else U.block_name(sch, epi)
+        if epi_name is not None and epi_name not in U.output_names(sch):
+            return None
+        others = [n for n in left if n not in (red_name, epi_name)]
+        if not all(U.is_spatial(sch, sch.get_sblock(n)) for n in others):
+            return None
+        info.update(reduction=red_name, epilogue=epi_name, others=others, rows=NOMINAL_ROWS)
+        # the match must schedule: try the default on a copy (symbolic layouts can refuse)
+        match = Match(self.family, info)
+        try:
+            self.apply(C.Schedule(func), match, self.default_config(match, target))
+        except (ValueError,) + C.TVMError:
+            return None
+        return match
+
+    def space(self, match: Match, target: C.Target) -> KnobSpace:
+        n, k = match.info["N"], match.info["K"]
+        lanes = cpu_info(target).float32_lanes
+        divides = tuple(v for v in MM.NVEC_CHOICES if n % (v * lanes) == 0)
+        return KnobSpace((
+            Knob("mr", SYM_MR_CHOICES, "rows of the register tile (the last row tile predicated)"),
+            Knob("nvec", divides, "vectors per register-tile row (divides N)"),
+            Knob("lanes", (lanes,), "float32 lanes per vector (target)"),
+            Knob("mc_tiles", MM.MC_TILES, "register tiles per macro tile along the rows"),
+            Knob("nc_tiles", U.choices_upto(MM.NC_TILES, max(1, n // lanes)), "register tiles per macro tile along j"),
+            Knob("k_unroll", U.choices_upto(MM.K_UNROLL, k), "unroll of the reduction loop"),
+            Knob("order", MM.ORDERS, "macro loop order"),
+            Knob("parallel_depth", MM.PARALLEL_DEPTH, "macro loops fused into the parallel loop"),
+            Knob("pack_b", (False,), "B is shared by every row tile; no packing over symbolic rows"),
+            Knob("pad_n", (False,), "N is a multiple of the vector width (match)"),
+            Knob("flatten_batch", (True,), "batch and sequence rows as one symbolic row axis"),
+        ))
+
+    def default_config(self, match: Match, target: C.Target) -> dict:
+        info = cpu_info(target)
+        regs = U.Registers.for_bits(info.vector_bits).count
+        ch = {kb.name: kb.choices for kb in self.space(match, target).knobs}
+        n, k, lanes = match.info["N"], match.info["K"], info.float32_lanes
+        mr, nvec = MM.pick_register_tile(NOMINAL_ROWS, n, lanes, regs, ch["mr"], ch["nvec"])
+        nr = nvec * lanes
+        mc_tiles, nc_tiles = MM.pick_macro_tiles(k, mr, nr, info.l2_bytes, ch["mc_tiles"], ch["nc_tiles"])
+        # a macro tile no wider than N (wider ones only add always-false column predicates)
+        nc_tiles = max(c for c in ch["nc_tiles"] if c <= max(1, min(nc_tiles, n // nr)))
+        # rows are the parallel dimension (their count is unknown): one macro tile of rows per task
+        mc_tiles = min(mc_tiles, max(1, NOMINAL_ROWS // (mr * info.cores)))
+        mc_tiles = max(c for c in ch["mc_tiles"] if c <= mc_tiles)
+        return {"mr": mr, "nvec": nvec, "lanes": lanes, "mc_tiles": mc_tiles, "nc_tiles": nc_tiles,
+                "k_unroll": U.nearest_choice(ch["k_unroll"], 4 if k % 4 == 0 else 1), "order": "ij",
+                "parallel_depth": 1, "pack_b": False, "pad_n": False, "flatten_batch": True}
+
+    def apply(self, sch: C.Schedule, match: Match, config: dict) -> None:
+        # cpu.matmul_epilogue's steps; flattenable(info) holds (shared weight, ordered iterators), so its
+        # Step 2c makes one symbolic row axis and Step 3 splits it with a predicated last tile.
+        super().apply(sch, match, config)
