@@ -23,6 +23,7 @@ from ...target import cpu_info
 from ..base import Knob, KnobSpace, Match
 from . import common as U
 from . import matmul as MM
+from ...analysis import multiply_accumulate
 
 # The row count the untuned default is sized for: rows are not known at compile time; a register tile
 # of this many rows or fewer keeps the predicated last tile short (at most mr - 1 wasted rows).
@@ -34,6 +35,11 @@ def _is_static(e) -> bool:
     return isinstance(e, C.tirx.IntImm)
 
 
+def _plain_vars(indices) -> list | None:
+    """The index expressions when each is a plain variable, else None."""
+    return list(indices) if all(isinstance(e, C.tirx.Var) for e in indices) else None
+
+
 def analyze_symbolic_matmul(sch: C.Schedule, block) -> dict | None:
     """The roles of ``C[b.., i, j] += A[b.., i, k] * B[k, j]`` with symbolic b/i extents, static N/K and a
     weight shared by the batches; None otherwise (all-static ones belong to ``cpu.matmul_epilogue``)."""
@@ -41,20 +47,11 @@ def analyze_symbolic_matmul(sch: C.Schedule, block) -> dict | None:
     store = blk.body
     if not isinstance(store, C.BufferStore) or U.iter_kinds(sch, block).count("R") != 1:
         return None
-    val = store.value
-    if not isinstance(val, C.tirx.Add):
+    found = multiply_accumulate(blk)
+    if found is None:
         return None
-    acc, prod = (val.a, val.b) if isinstance(val.a, C.TensorLoad) and val.a.source.same_as(store.buffer) \
-        else (val.b, val.a)
-    if not (isinstance(acc, C.TensorLoad) and acc.source.same_as(store.buffer)):
-        return None
-    prod = MM._strip_cast(prod)
-    if not isinstance(prod, C.tirx.Mul):
-        return None
-    a, b = MM._strip_cast(prod.a), MM._strip_cast(prod.b)
-    if not (isinstance(a, C.TensorLoad) and isinstance(b, C.TensorLoad)):
-        return None
-    c_idx, a_idx, b_idx = MM._plain_vars(store.indices), MM._plain_vars(a.indices), MM._plain_vars(b.indices)
+    a, b = found
+    c_idx, a_idx, b_idx = _plain_vars(store.indices), _plain_vars(a.indices), _plain_vars(b.indices)
     if c_idx is None or a_idx is None or b_idx is None or len(c_idx) < 2:
         return None
     ivs = blk.iter_vars
