@@ -262,10 +262,17 @@ class RowReduction(Template):
             blk = sch.get_sblock(n)
             if n in rf_blocks:
                 loops = sch.get_loops(blk)
-                ri, ro = loops[-2], loops[-1]
-                sch.reorder(ro, ri)
-                sch.vectorize(ri)      # before the init is split off: a reduction block vectorizes
-                init = sch.decompose_reduction(blk, ro)
+                if _unit_outer_dropped(sch, loops, info["row_len"], width):
+                    # a row of exactly `width` elements: the outer reduction loop had extent 1 and
+                    # compute_at (preserve_unit_loops=False) removed it, the lanes loop is the last one
+                    ri = loops[-1]
+                    sch.vectorize(ri)
+                    init = sch.decompose_reduction(blk, ri)
+                else:
+                    ri, ro = loops[-2], loops[-1]
+                    sch.reorder(ro, ri)
+                    sch.vectorize(ri)      # before the init is split off: a reduction block vectorizes
+                    init = sch.decompose_reduction(blk, ro)
                 sch.vectorize(sch.get_loops(init)[-1])
             elif U.is_spatial(sch, blk):
                 loops = sch.get_loops(blk)
@@ -273,6 +280,15 @@ class RowReduction(Template):
                 # gave wrong results, conformance node/test_globalaveragepool, test_mean_*, test_argmax_*)
                 if len(loops) > 1:
                     U.vectorize_inner(sch, blk, lanes, config["unroll"])
+
+
+def _unit_outer_dropped(sch: C.Schedule, loops, row_len: int, width: int) -> bool:
+    """Whether the rf block's outer reduction loop (extent row_len / width) is gone: it had extent 1 and a
+    compute_at without unit loops dropped it, leaving the ``width`` lanes loop innermost."""
+    if row_len != width:
+        return False
+    last = sch.get(loops[-1]).extent
+    return isinstance(last, C.tirx.IntImm) and int(last) == width != 1
 
 
 def rf_widths(lanes: int, row_len: int) -> tuple:
