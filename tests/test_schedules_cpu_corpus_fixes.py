@@ -66,3 +66,78 @@ def test_row_of_one_rfactor_width_numerics(builder, kwargs, host, rng):
     sources = {s["kernel"]: s["source"] for s in rec.schedules}
     assert "fallback" not in sources.values() and "generic" not in sources.values(), rec.schedules
     assert_close_to_reference(model, cm, rng, rtol=1e-4, atol=1e-5)
+
+
+# ---- strided convs (resnet18's 7x7 stride-2 stem, MobileNet's stride-2 3x3 and depthwise convs): vector
+# loads of output columns read every s-th input column, a gather per vector; the padded input is stored by
+# column phase instead (deinterleave), so each vector is one contiguous load ----
+
+def _strided_conv(cin: int, cout: int, size: int, k: int, stride: int, depthwise: bool = False, seed: int = 0):
+    import numpy as np
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(seed)
+    group = cin if depthwise else 1
+    w = rng.standard_normal((cout, cin // group, k, k)).astype("float32")
+    b = rng.standard_normal(cout).astype("float32")
+    out = (size + 2 * (k // 2) - k) // stride + 1
+    nodes = [helper.make_node("Conv", ["x", "w", "b"], ["c"], kernel_shape=[k, k], strides=[stride, stride],
+                              pads=[k // 2] * 4, group=group),
+             helper.make_node("Relu", ["c"], ["y"])]
+    graph = helper.make_graph(nodes, "strided_conv",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, cin, size, size])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, cout, out, out])],
+                              [numpy_helper.from_array(w, "w"), numpy_helper.from_array(b, "b")])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+STRIDED = [
+    ("stem7x7", dict(cin=3, cout=8, size=64, k=7, stride=2), "cpu.conv2d_epilogue"),
+    ("conv3x3", dict(cin=8, cout=16, size=30, k=3, stride=2), "cpu.conv2d_epilogue"),
+    ("dw3x3", dict(cin=16, cout=16, size=32, k=3, stride=2, depthwise=True), "cpu.depthwise_conv2d_epilogue"),
+    ("dw5x5s3", dict(cin=8, cout=8, size=25, k=5, stride=3, depthwise=True), "cpu.depthwise_conv2d_epilogue"),
+]
+
+
+def _loads_of(func, buffer_name: str) -> list:
+    loads = []
+    C.post_order_visit(func.body, lambda e: loads.append(e) if isinstance(e, C.TensorLoad) and
+                       str(e.source.name) == buffer_name else None)
+    return loads
+
+
+@pytest.mark.parametrize("tname", list(NAMED_TARGETS))
+@pytest.mark.parametrize("case,kwargs,family", STRIDED, ids=[c[0] for c in STRIDED])
+def test_strided_conv_reads_the_padded_input_by_column_phase(case, kwargs, family, tname):
+    target = named_target(tname)
+    funcs = _prim_funcs(_strided_conv(**kwargs), target)
+    (name, func), = [(n, f) for n, f in funcs.items() if "conv2d" in n]
+    res = schedule_prim_func(func, target, {}, name)
+    assert res is not None and res.template == family, (name, res and res.template)
+    pad_w = kwargs["size"] + 2 * (kwargs["k"] // 2)
+    if pad_w % kwargs["stride"]:
+        assert res.config["deinterleave"] is False    # a width the stride does not divide: plain layout
+        return
+    assert res.config["deinterleave"] is True
+    # the padded input is 5-D, [n, c, y, column phase, column // stride], and the conv reads it so
+    pads = [b for b in _alloc_buffers(res.func) if b.name == "pad_temp"]
+    assert len(pads) == 1 and len(pads[0].shape) == 5, [(b.name, list(b.shape)) for b in pads]
+    assert int(pads[0].shape[3]) == kwargs["stride"]
+    assert all(len(ld.indices) == 5 for ld in _loads_of(res.func, "pad_temp"))
+    assert int(C.ForKind.VECTORIZED) in _loop_kinds(res.func)
+
+
+def _alloc_buffers(func) -> list:
+    out = []
+    C.post_order_visit(func.body, lambda s: out.extend(s.alloc_buffers) if isinstance(s, C.SBlock) else None)
+    return out
+
+
+@pytest.mark.parametrize("case,kwargs,family", STRIDED, ids=[c[0] for c in STRIDED])
+def test_strided_conv_numerics(case, kwargs, family, host, rng):
+    model = _strided_conv(**kwargs)
+    with Recorder() as rec:
+        cm = tvmfuse.compile(model, host)
+    assert family in {s["template"] for s in rec.schedules}, rec.schedules
+    assert_close_to_reference(model, cm, rng, rtol=1e-4, atol=1e-4)
