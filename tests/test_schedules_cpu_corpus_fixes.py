@@ -176,3 +176,56 @@ def test_register_tile_rows_divide_odd_m_numerics(builder, kwargs, family, host,
         cm = tvmfuse.compile(model, host)
     assert family in {s["template"] for s in rec.schedules}, rec.schedules
     assert_close_to_reference(model, cm, rng, rtol=1e-4, atol=1e-4)
+
+
+# ---- squeeze-excite (MobileNetV3's hardsigmoid, EfficientNet's SiLU gate): the expand conv over the pooled
+# [1, C, 1, 1] and its activation were grouped with the multiply that broadcasts them over the feature map;
+# no template takes an epilogue larger than the anchor's output (dlight's fallback did): the fusion rules
+# refuse it, naming the templates, and each kernel gets a template ----
+
+def _squeeze_excite(channels: int = 16, size: int = 8, gate: str = "HardSigmoid", seed: int = 0):
+    import numpy as np
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(seed)
+    w = rng.standard_normal((channels, channels, 1, 1)).astype("float32")
+    b = rng.standard_normal(channels).astype("float32")
+    nodes = [helper.make_node("GlobalAveragePool", ["x"], ["p"]),
+             helper.make_node("Conv", ["p", "w", "b"], ["e"], kernel_shape=[1, 1]),
+             helper.make_node(gate, ["e"], ["s"]),
+             helper.make_node("Mul", ["x", "s"], ["y"])]
+    shape = [1, channels, size, size]
+    graph = helper.make_graph(nodes, "squeeze_excite", [helper.make_tensor_value_info("x", TensorProto.FLOAT, shape)],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, shape)],
+                              [numpy_helper.from_array(w, "w"), numpy_helper.from_array(b, "b")])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+@pytest.mark.parametrize("gate", ["HardSigmoid", "Sigmoid"])
+@pytest.mark.parametrize("tname", ["haswell-2", "skx-32"])
+def test_squeeze_excite_broadcast_multiply_is_refused_and_every_kernel_has_a_template(gate, tname):
+    target = named_target(tname)
+    model = _squeeze_excite(gate=gate)
+    with Recorder() as rec:
+        funcs = _prim_funcs(model, target)
+    refused = [r for r in rec.refused if "broadcasts the output of" in r["reason"]]
+    assert refused and "cpu.conv2d_epilogue" in refused[0]["reason"], rec.refused
+    conv_kernels = [n for n in funcs if "conv2d" in n]
+    assert len(conv_kernels) == 1, sorted(funcs)
+    # the conv kernel writes the gate [1, C, 1, 1] only; the broadcast multiply is a kernel of its own
+    out = funcs[conv_kernels[0]].params[-1]
+    assert [int(d) for d in out.shape] == [1, 16, 1, 1], sorted(funcs)
+    for name, func in funcs.items():
+        res = schedule_prim_func(func, target, {}, name)
+        assert res is not None, f"{name}: no template"
+        if name in conv_kernels:
+            assert res.template == "cpu.conv2d_epilogue", (name, res.template)
+
+
+@pytest.mark.parametrize("gate", ["HardSigmoid", "Sigmoid"])
+def test_squeeze_excite_numerics(gate, host, rng):
+    model = _squeeze_excite(gate=gate)
+    with Recorder() as rec:
+        cm = tvmfuse.compile(model, host)
+    assert not [s for s in rec.schedules if s["source"] in ("fallback", "generic", "unscheduled")], rec.schedules
+    assert_close_to_reference(model, cm, rng, rtol=1e-4, atol=1e-5)

@@ -98,7 +98,7 @@ def test_siblings_structure(builder, kwargs, tname):
     smallest_out = min(_numel(p.shape) for p in func.params[-n_out:])
     allocs = [(str(b.name), _numel(b.shape)) for s in nodes if isinstance(s, C.SBlock) for b in s.alloc_buffers]
     # a zero-padded copy of a weight panel (pad_n: columns not a multiple of the register tile) is B-sized
-    b_pads = {f"{b}_pad" for b in SiblingMatmuls().match(func, host).info["b_buffers"].values()}
+    b_pads = {f"{b}_pad" for b in SiblingMatmuls().match(func, target).info["b_buffers"].values()}
     big = [a for a in allocs if a[1] >= smallest_out and a[0] not in b_pads]
     assert not big, f"full-size intermediates left: {big}"
     loops = [s for s in nodes if isinstance(s, C.tirx.For)]

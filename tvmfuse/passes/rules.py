@@ -290,6 +290,9 @@ def check_profitable(members: list[NodeInfo]) -> str | None:
                 return (f"two conv anchors {first.name} and {c.name} in one kernel: the conv templates "
                         "(cpu.conv2d_epilogue, cuda conv2d) take one conv, cpu.sibling_matmuls takes "
                         "matmuls only; each conv keeps its own kernel")
+        wider = check_epilogue_within_anchor(contractions[0], members)
+        if wider:
+            return wider
         injective = [m for m in members if m.kind == INJECTIVE]
         if injective:
             return (f"layout op {injective[0].name} in a matmul/conv group: the anchor's epilogue takes "
@@ -300,6 +303,32 @@ def check_profitable(members: list[NodeInfo]) -> str | None:
             keys |= r.row_keys
         if len(keys) > 1:
             return "reductions over different rows (shape or axes differ) cannot share one pass over a row"
+    return None
+
+
+def _static_numel(shape) -> int | None:
+    if shape is None or not all(isinstance(d, int) for d in shape):
+        return None
+    n = 1
+    for d in shape:
+        n *= d
+    return n
+
+
+def check_epilogue_within_anchor(anchor: NodeInfo, members: list[NodeInfo]) -> str | None:
+    """An elementwise op of a matmul/conv group whose output is larger than the anchor's (a broadcast of
+    the anchor's output: squeeze-excite's scale [1, C, 1, 1] times the feature map [1, C, H, W]) has no
+    place in the anchor's tiles: no template (cpu.conv2d_epilogue, cpu.matmul_epilogue) takes it, and the
+    kernel went to dlight's fallback.  None when every member fits the anchor's output."""
+    base = _static_numel(anchor.out_shape)
+    if base is None:
+        return None
+    for m in members:
+        n = _static_numel(m.out_shape)
+        if m.kind == ELEMWISE and n is not None and n > base:
+            return (f"{m.name} broadcasts the output of {anchor.name} to a larger tensor ({n} elements, "
+                    f"the anchor's {base}): the matmul/conv templates (cpu.conv2d_epilogue, "
+                    "cpu.matmul_epilogue) compute the epilogue on the anchor's tiles only")
     return None
 
 
