@@ -229,3 +229,55 @@ def test_squeeze_excite_numerics(gate, host, rng):
         cm = tvmfuse.compile(model, host)
     assert not [s for s in rec.schedules if s["source"] in ("fallback", "generic", "unscheduled")], rec.schedules
     assert_close_to_reference(model, cm, rng, rtol=1e-4, atol=1e-5)
+
+
+# ---- ConvNeXt's block tail: layer scale x (NHWC -> NCHW) + residual, then LayerNorm over the channels of
+# the NCHW sum and back: the rows (n, h, w) do not lead the output's loops (n, c, h, w), so cpu.row_reduction
+# refuses it; dlight's cpu.Reduction scheduled it 50x slower than the generic schedule: the CPU fallback
+# goes to the generic schedule ----
+
+def _nchw_layernorm(c: int = 16, size: int = 8, seed: int = 0):
+    import numpy as np
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(seed)
+    consts = {"g": rng.standard_normal(c), "b": rng.standard_normal(c), "s": rng.standard_normal((c, 1, 1))}
+    nodes = [helper.make_node("Transpose", ["x"], ["t"], perm=[0, 2, 3, 1]),
+             helper.make_node("Transpose", ["t"], ["t2"], perm=[0, 3, 1, 2]),
+             helper.make_node("Mul", ["t2", "s"], ["m"]),
+             helper.make_node("Add", ["m", "r"], ["a"]),
+             helper.make_node("Transpose", ["a"], ["an"], perm=[0, 2, 3, 1]),
+             helper.make_node("LayerNormalization", ["an", "g", "b"], ["ln"], axis=-1, epsilon=1e-6),
+             helper.make_node("Transpose", ["ln"], ["y"], perm=[0, 3, 1, 2])]
+    shape = [1, c, size, size]
+    graph = helper.make_graph(
+        nodes, "nchw_layernorm",
+        [helper.make_tensor_value_info(n, TensorProto.FLOAT, shape) for n in ("x", "r")],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, shape)],
+        [numpy_helper.from_array(v.astype("float32"), k) for k, v in consts.items()])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+@pytest.mark.parametrize("tname", ["haswell-2", "skx-32"])
+def test_channel_layernorm_of_nchw_gets_the_generic_schedule_not_dlight(tname):
+    from tvmfuse import schedules as SCH
+    from tvmfuse.schedules.cpu.generic import FAMILY
+
+    target = named_target(tname)
+    funcs = _prim_funcs(_nchw_layernorm(), target)
+    (name, func), = [(n, f) for n, f in funcs.items() if "layer" in n]
+    assert schedule_prim_func(func, target, {}, name) is None      # no template: the fallback's kernel
+    with target, Recorder() as rec:
+        out = C.Sequential(SCH.fallback_passes(target))(C.IRModule({name: func}))
+    (rec_,) = rec.schedules
+    assert (rec_["template"], rec_["source"]) == (FAMILY, "generic"), rec_
+    kinds = _loop_kinds(out[name])
+    assert int(C.ForKind.VECTORIZED) in kinds, kinds
+
+
+def test_channel_layernorm_of_nchw_numerics(host, rng):
+    model = _nchw_layernorm()
+    with Recorder() as rec:
+        cm = tvmfuse.compile(model, host)
+    assert "fallback" not in {s["source"] for s in rec.schedules}, rec.schedules
+    assert_close_to_reference(model, cm, rng, rtol=1e-4, atol=1e-4)
