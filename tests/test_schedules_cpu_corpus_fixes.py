@@ -97,6 +97,7 @@ STRIDED = [
     ("conv3x3", dict(cin=8, cout=16, size=30, k=3, stride=2), "cpu.conv2d_epilogue"),
     ("dw3x3", dict(cin=16, cout=16, size=32, k=3, stride=2, depthwise=True), "cpu.depthwise_conv2d_epilogue"),
     ("dw5x5s3", dict(cin=8, cout=8, size=25, k=5, stride=3, depthwise=True), "cpu.depthwise_conv2d_epilogue"),
+    ("patch8", dict(cin=3, cout=16, size=32, k=8, stride=8), "cpu.conv2d_epilogue"),   # ViT: no overlap
 ]
 
 
@@ -116,8 +117,9 @@ def test_strided_conv_reads_the_padded_input_by_column_phase(case, kwargs, famil
     res = schedule_prim_func(func, target, {}, name)
     assert res is not None and res.template == family, (name, res and res.template)
     pad_w = kwargs["size"] + 2 * (kwargs["k"] // 2)
-    if pad_w % kwargs["stride"]:
-        assert res.config["deinterleave"] is False    # a width the stride does not divide: plain layout
+    if pad_w % kwargs["stride"] or kwargs["k"] <= kwargs["stride"]:
+        # a width the stride does not divide, or windows that do not overlap (patchify): plain layout
+        assert res.config["deinterleave"] is False
         return
     assert res.config["deinterleave"] is True
     # the padded input is 5-D, [n, c, y, column phase, column // stride], and the conv reads it so

@@ -19,7 +19,8 @@ from ... import _compat as C
 from ...target import cpu_info
 from ..base import Knob, KnobSpace, Match, Template
 from . import common as U
-from .conv2d import SPLIT_ROW_PENALTY, deinterleave_choices, deinterleave_pad, find_conv, row_tiles
+from .conv2d import (SPLIT_ROW_PENALTY, deinterleave_choices, deinterleave_default, deinterleave_pad, find_conv,
+                     row_tiles)
 
 OH_TILES = (1, 2, 4)              # output rows per register tile
 UNROLL = (0, 1, 2)                # window loops unrolled: none, kw, kh and kw
@@ -77,7 +78,7 @@ class DepthwiseConv2DEpilogue(Template):
         planes = i["N"] * i["F"]
         depth = 1 if planes >= MIN_PARALLEL_PER_CORE * info.cores else 2
         return {"ow_tile": ow, "lanes": lanes, "oh_tile": oh, "unroll": max(ch["unroll"]),
-                "parallel_depth": depth, "deinterleave": max(ch["deinterleave"])}
+                "parallel_depth": depth, "deinterleave": deinterleave_default(i, ch["deinterleave"])}
 
     # ------------------------------------------------------------------ apply
     def apply(self, sch: C.Schedule, match: Match, config: dict) -> None:
