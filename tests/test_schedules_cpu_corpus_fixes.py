@@ -283,3 +283,36 @@ def test_channel_layernorm_of_nchw_numerics(host, rng):
         cm = tvmfuse.compile(model, host)
     assert "fallback" not in {s["source"] for s in rec.schedules}, rec.schedules
     assert_close_to_reference(model, cm, rng, rtol=1e-4, atol=1e-4)
+
+
+def _transposed_layernorm(c: int = 16, size: int = 16, seed: int = 0):
+    """ConvNeXt's stem norm: NCHW -> NHWC, LayerNorm over channels, back to NCHW (c == h == w: the row loops
+    (n, h, w) and the output's (n, c, h) have equal extents)."""
+    import numpy as np
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(seed)
+    nodes = [helper.make_node("Transpose", ["x"], ["t"], perm=[0, 2, 3, 1]),
+             helper.make_node("LayerNormalization", ["t", "g", "b"], ["ln"], axis=-1, epsilon=1e-6),
+             helper.make_node("Transpose", ["ln"], ["y"], perm=[0, 3, 1, 2])]
+    shape = [1, c, size, size]
+    graph = helper.make_graph(
+        nodes, "transposed_layernorm", [helper.make_tensor_value_info("x", TensorProto.FLOAT, shape)],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, shape)],
+        [numpy_helper.from_array(rng.standard_normal(c).astype("float32"), k) for k in ("g", "b")])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+@pytest.mark.parametrize("tname", ["haswell-2", "skx-32"])
+def test_row_reduction_refuses_rows_that_only_look_aligned(tname):
+    target = named_target(tname)
+    funcs = _prim_funcs(_transposed_layernorm(), target)
+    (name, func), = [(n, f) for n, f in funcs.items() if "layer" in n]
+    res = schedule_prim_func(func, target, {}, name)
+    assert res is None or res.template != "cpu.row_reduction", (name, res and res.config)
+
+
+def test_transposed_layernorm_numerics(host, rng):
+    model = _transposed_layernorm()
+    cm = tvmfuse.compile(model, host)
+    assert_close_to_reference(model, cm, rng, rtol=1e-4, atol=1e-4)

@@ -146,6 +146,32 @@ def _row_axes(sch: C.Schedule, names: list[str]) -> int | None:
     return nrow
 
 
+def _reads_rows_in_place(sch: C.Schedule, names: list[str], reductions: list[str], nrow: int) -> bool:
+    """Whether every block reads each reduction's result at its own leading ``nrow`` iterators, in order
+    (a unit iterator may read index 0): then its row loops are the reductions' rows.  Equal extents alone
+    can be a coincidence: ConvNeXt's LayerNorm over the channels of a [1, 16, 16, 16] NCHW tensor reads
+    sum[n, h, w] from the loops (n, c, h, w), and computing it row by row recomputed the sums per element
+    (995 us against 3.5 us for the generic schedule, measured under load)."""
+    results = {str(sch.get(sch.get_sblock(r)).writes[0].source.name) for r in reductions}
+    ok = True
+    for n in names:
+        blk = sch.get(sch.get_sblock(n))
+        ivs = list(blk.iter_vars)[:nrow]
+
+        def visit(node, ivs=ivs):
+            nonlocal ok
+            if not (isinstance(node, C.TensorLoad) and str(node.source.name) in results):
+                return
+            idx = list(node.indices)[:nrow]
+            for i, iv in zip(idx, ivs):
+                unit = isinstance(iv.dom.extent, C.tirx.IntImm) and int(iv.dom.extent) == 1
+                if not (i.same_as(iv.var) or (unit and isinstance(i, C.tirx.IntImm) and int(i) == 0)):
+                    ok = False
+
+        C.post_order_visit(blk.body, visit)
+    return ok
+
+
 def _rfactor_ok(func: C.PrimFunc, name: str, nrow: int, lanes: int) -> bool:
     """Whether TVM's rfactor accepts this reduction (its reducer must be a known commutative one)."""
     sch = C.Schedule(func)
@@ -181,7 +207,7 @@ class RowReduction(Template):
         if any(is_contraction(sch, sch.get_sblock(n)) for n in reductions):
             return None
         nrow = _row_axes(sch, left)
-        if nrow is None:
+        if nrow is None or not _reads_rows_in_place(sch, left, reductions, nrow):
             return None
         rows = 1
         for e in U.loop_extents(sch, blocks[-1])[:nrow]:
