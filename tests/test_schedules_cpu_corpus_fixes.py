@@ -316,3 +316,29 @@ def test_transposed_layernorm_numerics(host, rng):
     model = _transposed_layernorm()
     cm = tvmfuse.compile(model, host)
     assert_close_to_reference(model, cm, rng, rtol=1e-4, atol=1e-4)
+
+
+def _pool_flatten(c: int = 64, size: int = 2):
+    """ResNet's head: global average pool over a 2x2 plane, flattened (the reshape reads mean[0, i % c])."""
+    from onnx import TensorProto, helper
+
+    nodes = [helper.make_node("GlobalAveragePool", ["x"], ["p"]), helper.make_node("Flatten", ["p"], ["y"])]
+    graph = helper.make_graph(nodes, "pool_flatten",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, c, size, size])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, c])])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+@pytest.mark.parametrize("tname", ["haswell-2", "skx-32"])
+def test_row_reduction_takes_a_reshape_reading_its_rows(tname):
+    target = named_target(tname)
+    funcs = _prim_funcs(_pool_flatten(), target)
+    (name, func), = [(n, f) for n, f in funcs.items() if "mean" in n]
+    res = schedule_prim_func(func, target, {}, name)
+    assert res is not None and res.template == "cpu.row_reduction", (name, res and res.template)
+
+
+def test_pool_flatten_numerics(host, rng):
+    model = _pool_flatten()
+    cm = tvmfuse.compile(model, host)
+    assert_close_to_reference(model, cm, rng, rtol=1e-4, atol=1e-5)

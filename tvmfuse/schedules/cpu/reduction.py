@@ -157,12 +157,15 @@ def _reads_rows_in_place(sch: C.Schedule, names: list[str], reductions: list[str
     for n in names:
         blk = sch.get(sch.get_sblock(n))
         ivs = list(blk.iter_vars)[:nrow]
+        ana = C.Analyzer()
+        for iv in blk.iter_vars:
+            ana.bind(iv.var, iv.dom)        # a reshape's `i % 64` over i < 64 reads row i
 
-        def visit(node, ivs=ivs):
+        def visit(node, ivs=ivs, ana=ana):
             nonlocal ok
             if not (isinstance(node, C.TensorLoad) and str(node.source.name) in results):
                 return
-            idx = list(node.indices)[:nrow]
+            idx = [ana.simplify(i) for i in list(node.indices)[:nrow]]
             for i, iv in zip(idx, ivs):
                 unit = isinstance(iv.dom.extent, C.tirx.IntImm) and int(iv.dom.extent) == 1
                 if not (i.same_as(iv.var) or (unit and isinstance(i, C.tirx.IntImm) and int(i) == 0)):
