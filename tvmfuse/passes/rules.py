@@ -315,19 +315,28 @@ def _static_numel(shape) -> int | None:
     return n
 
 
+def _broadcasts_past(anchor_shape, shape) -> bool:
+    """Whether ``shape`` is a broadcast of ``anchor_shape`` to a larger tensor: same rank with an axis of
+    extent 1 in the anchor and not in it (static or symbolic, so ``[batch, C, H, W]`` against
+    ``[batch, C, 1, 1]`` decides as the static shapes do), or more elements (static shapes of other ranks)."""
+    if anchor_shape is None or shape is None:
+        return False
+    if len(shape) == len(anchor_shape):
+        return any(isinstance(a, int) and a == 1 and not (isinstance(b, int) and b == 1)
+                   for a, b in zip(anchor_shape, shape))
+    n, base = _static_numel(shape), _static_numel(anchor_shape)
+    return n is not None and base is not None and n > base
+
+
 def check_epilogue_within_anchor(anchor: NodeInfo, members: list[NodeInfo]) -> str | None:
     """An elementwise op of a matmul/conv group whose output is larger than the anchor's (a broadcast of
     the anchor's output: squeeze-excite's scale [1, C, 1, 1] times the feature map [1, C, H, W]) has no
     place in the anchor's tiles: no template (cpu.conv2d_epilogue, cpu.matmul_epilogue) takes it, and the
     kernel went to dlight's fallback.  None when every member fits the anchor's output."""
-    base = _static_numel(anchor.out_shape)
-    if base is None:
-        return None
     for m in members:
-        n = _static_numel(m.out_shape)
-        if m.kind == ELEMWISE and n is not None and n > base:
-            return (f"{m.name} broadcasts the output of {anchor.name} to a larger tensor ({n} elements, "
-                    f"the anchor's {base}): the matmul/conv templates (cpu.conv2d_epilogue, "
+        if m.kind == ELEMWISE and _broadcasts_past(anchor.out_shape, m.out_shape):
+            return (f"{m.name} broadcasts the output of {anchor.name} {list(anchor.out_shape)} to a larger "
+                    f"tensor {list(m.out_shape)}: the matmul/conv templates (cpu.conv2d_epilogue, "
                     "cpu.matmul_epilogue) compute the epilogue on the anchor's tiles only")
     return None
 
