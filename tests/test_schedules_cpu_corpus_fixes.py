@@ -74,7 +74,6 @@ def test_row_of_one_rfactor_width_numerics(builder, kwargs, host, rng):
 
 def _strided_conv(cin: int, cout: int, size: int, k: int, stride: int, depthwise: bool = False, seed: int = 0):
     import numpy as np
-    import onnx
     from onnx import TensorProto, helper, numpy_helper
 
     rng = np.random.default_rng(seed)
