@@ -42,18 +42,8 @@ DEFAULT_SUBSET = ("resnet18", "mobilenet_v3_small", "convnext", "bert", "llama")
 
 # Models that fail today, with the exact error seen when the corpus was added. strict=True: a fix
 # makes the test XPASS, which fails the run until the entry is removed.
-_DLIGHT = "dlight fallback failed: ScheduleError: An error occurred in the schedule primitive 'compute-at'."
-KNOWN_FAILURES: dict[str, str] = {
-    "squeezenet1_1": "4 unscheduled kernels, each Fire module's expand1x1 and expand3x3 sibling convs in one "
-                     "group (e.g. fused_conv2d2_add2_conv2d3_add2_relu2_relu2): no template matches this kernel; "
-                     + _DLIGHT,
-    "gpt2": "3 unscheduled kernels, residual add + LayerNorm with the sum as a second output "
-            "(fused_add1_layer_norm_reshape, fused_reshape4_add1_layer_norm_reshape[_1]): no template matches "
-            "this kernel; " + _DLIGHT,
-    "t5_encoder": "2 unscheduled kernels, matmul + residual add + the next T5 RMSNorm's cast + power "
-                  "(fused_matmul_add3_cast_power, fused_matmul4_add3_cast_power): no template matches this kernel; "
-                  + _DLIGHT,
-}
+# Every model passed on 2026-12-01 (issue 12 round 2): no entry left.
+KNOWN_FAILURES: dict[str, str] = {}
 
 
 def _selected() -> list[str]:

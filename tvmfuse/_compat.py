@@ -64,6 +64,7 @@ Call = _tvm.ir.expr.Call
 Range = _tvm.ir.Range
 Analyzer = _sym.Analyzer
 detect_iter_map = _sym.detect_iter_map
+detect_linear_equation = _sym.detect_linear_equation
 
 # --- errors TVM raises ---------------------------------------------------------------------------------------
 InternalError = _tvm.error.InternalError

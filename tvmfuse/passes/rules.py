@@ -81,6 +81,9 @@ def check_anchors(members: list[NodeInfo]) -> str | None:
             return (f"two conv anchors {first.name} and {c.name} in one kernel: the conv templates "
                     "(cpu.conv2d_epilogue, cuda conv2d) take one conv, cpu.sibling_matmuls takes "
                     "matmuls only; each conv keeps its own kernel")
+    wider = check_epilogue_within_anchor(first, members)
+    if wider:
+        return wider
     injective = [m for m in members if m.kind == INJECTIVE]
     if injective:
         return (f"layout op {injective[0].name} in a matmul/conv group: the anchor's epilogue takes "
@@ -321,6 +324,41 @@ def check_template(rule: Rule, group: GroupInfo, target) -> tuple[str | None, st
     from ..schedules import accepting_template
 
     return accepting_template(group, target, prefer=rule.template)
+
+
+def _static_numel(shape) -> int | None:
+    if shape is None or not all(isinstance(d, int) for d in shape):
+        return None
+    n = 1
+    for d in shape:
+        n *= d
+    return n
+
+
+def _broadcasts_past(anchor_shape, shape) -> bool:
+    """Whether ``shape`` is a broadcast of ``anchor_shape`` to a larger tensor: same rank with an axis of
+    extent 1 in the anchor and not in it (static or symbolic, so ``[batch, C, H, W]`` against
+    ``[batch, C, 1, 1]`` decides as the static shapes do), or more elements (static shapes of other ranks)."""
+    if anchor_shape is None or shape is None:
+        return False
+    if len(shape) == len(anchor_shape):
+        return any(isinstance(a, int) and a == 1 and not (isinstance(b, int) and b == 1)
+                   for a, b in zip(anchor_shape, shape))
+    n, base = _static_numel(shape), _static_numel(anchor_shape)
+    return n is not None and base is not None and n > base
+
+
+def check_epilogue_within_anchor(anchor: NodeInfo, members: list[NodeInfo]) -> str | None:
+    """An elementwise op of a matmul/conv group whose output is larger than the anchor's (a broadcast of
+    the anchor's output: squeeze-excite's scale [1, C, 1, 1] times the feature map [1, C, H, W]) has no
+    place in the anchor's tiles: no template (cpu.conv2d_epilogue, cpu.matmul_epilogue) takes it, and the
+    kernel went to dlight's fallback.  None when every member fits the anchor's output."""
+    for m in members:
+        if m.kind == ELEMWISE and _broadcasts_past(anchor.out_shape, m.out_shape):
+            return (f"{m.name} broadcasts the output of {anchor.name} {list(anchor.out_shape)} to a larger "
+                    f"tensor {list(m.out_shape)}: the matmul/conv templates (cpu.conv2d_epilogue, "
+                    "cpu.matmul_epilogue) compute the epilogue on the anchor's tiles only")
+    return None
 
 
 def check_supported(members: list[NodeInfo], n_outputs: int, limits: TargetLimits) -> str | None:

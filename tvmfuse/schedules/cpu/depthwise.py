@@ -19,7 +19,8 @@ from ... import _compat as C
 from ...target import cpu_info
 from ..base import Knob, KnobSpace, Match, Template
 from . import common as U
-from .conv2d import SPLIT_ROW_PENALTY, find_conv, row_tiles
+from .conv2d import (SPLIT_ROW_PENALTY, deinterleave_choices, deinterleave_default, deinterleave_pad, find_conv,
+                     row_tiles)
 
 OH_TILES = (1, 2, 4)              # output rows per register tile
 UNROLL = (0, 1, 2)                # window loops unrolled: none, kw, kh and kw
@@ -51,6 +52,8 @@ class DepthwiseConv2DEpilogue(Template):
             Knob("oh_tile", U.choices_upto(OH_TILES, i["OH"]), "output rows per register tile"),
             Knob("unroll", UNROLL, "window loops unrolled (0 none, 1 kw, 2 kh+kw)"),
             Knob("parallel_depth", PARALLEL_DEPTH, "outer loops fused into the parallel loop"),
+            Knob("deinterleave", deinterleave_choices(i),
+                 "strided conv: padded input stored by column phase (contiguous vector loads)"),
         ))
 
     def default_config(self, match: Match, target: C.Target) -> dict:
@@ -75,7 +78,7 @@ class DepthwiseConv2DEpilogue(Template):
         planes = i["N"] * i["F"]
         depth = 1 if planes >= MIN_PARALLEL_PER_CORE * info.cores else 2
         return {"ow_tile": ow, "lanes": lanes, "oh_tile": oh, "unroll": max(ch["unroll"]),
-                "parallel_depth": depth}
+                "parallel_depth": depth, "deinterleave": deinterleave_default(i, ch["deinterleave"])}
 
     # ------------------------------------------------------------------ apply
     def apply(self, sch: C.Schedule, match: Match, config: dict) -> None:
@@ -85,6 +88,8 @@ class DepthwiseConv2DEpilogue(Template):
 
         # Step 1. Fold the elementwise chain into one epilogue block; the padding block stays.
         U.inline_elementwise(sch, keep=frozenset({info["pad"]} if info["pad"] else ()))
+        if config.get("deinterleave", False):
+            deinterleave_pad(sch, info)
         conv = sch.get_sblock(info["reduction"])
 
         # Step 2. Without an epilogue, accumulate into a cache block and write back from it.

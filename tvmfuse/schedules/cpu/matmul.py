@@ -22,7 +22,7 @@ from ...target import cpu_info
 from ..base import Knob, KnobSpace, Match, Template
 from . import common as U
 
-MR_CHOICES = (1, 2, 3, 4, 6, 8)          # rows of the register tile
+MR_CHOICES = (1, 2, 3, 4, 5, 6, 7, 8)    # rows of the register tile (5, 7: M = 65, 49, 35 divide)
 NVEC_CHOICES = (1, 2, 3, 4)              # vectors per row of the register tile (nr = nvec * lanes)
 MC_TILES = (1, 2, 4, 8, 16, 32)          # register tiles per macro tile, along i
 NC_TILES = (1, 2, 4, 8, 16)              # register tiles per macro tile, along j
