@@ -77,8 +77,10 @@ def _vars_or_consts(indices) -> list | None:
     return out
 
 
-def analyze_matmul(sch: C.Schedule, block) -> dict | None:
-    """The roles of a reduction block if it is ``C += A * B`` with one i, one j and one k axis."""
+def mac_operands(sch: C.Schedule, block, operand_consts: bool = True) -> tuple | None:
+    """``(block, a, b, c_idx, a_idx, b_idx)`` of a block ``C[...] += A[...] * B[...]`` with one reduction
+    axis and plain-variable output indices (operand indices may hold constants unless ``operand_consts``
+    is False), else None.  Shared by ``analyze_matmul`` and the symbolic matmul template."""
     blk = sch.get(block)
     store = blk.body
     if not isinstance(store, C.BufferStore) or U.iter_kinds(sch, block).count("R") != 1:
@@ -87,9 +89,19 @@ def analyze_matmul(sch: C.Schedule, block) -> dict | None:
     if mac is None:
         return None
     a, b = mac
-    c_idx, a_idx, b_idx = _plain_vars(store.indices), _vars_or_consts(a.indices), _vars_or_consts(b.indices)
+    operand = _vars_or_consts if operand_consts else _plain_vars
+    c_idx, a_idx, b_idx = _plain_vars(store.indices), operand(a.indices), operand(b.indices)
     if c_idx is None or a_idx is None or b_idx is None or len(c_idx) < 2:
         return None
+    return blk, a, b, c_idx, a_idx, b_idx
+
+
+def analyze_matmul(sch: C.Schedule, block) -> dict | None:
+    """The roles of a reduction block if it is ``C += A * B`` with one i, one j and one k axis."""
+    found = mac_operands(sch, block)
+    if found is None:
+        return None
+    blk, a, b, c_idx, a_idx, b_idx = found
     ivs = blk.iter_vars
     red = [iv.var for iv in ivs if int(iv.iter_type) == U.REDUCE]
     k = red[0]
@@ -121,7 +133,7 @@ def analyze_matmul(sch: C.Schedule, block) -> dict | None:
         "b_contiguous_j": b_pos[-1] == j_var.name,
         "b_j_pos": b_pos.index(j_var.name), "b_k_pos": b_pos.index(k.name), "b_ndim": len(b_pos),
         "a_buffer": str(a.source.name),
-        "c_buffer": str(store.buffer.name),
+        "c_buffer": str(blk.body.buffer.name),
         "j_iter": [iv.var.name for iv in ivs].index(j_var.name),
         "n_iters": len(ivs),
         "iters_ordered": [iv.var.name for iv in ivs] == [v.name for v in c_idx] + [k.name],

@@ -23,7 +23,6 @@ from ...target import cpu_info
 from ..base import Knob, KnobSpace, Match
 from . import common as U
 from . import matmul as MM
-from ...analysis import multiply_accumulate
 
 # The row count the untuned default is sized for: rows are not known at compile time; a register tile
 # of this many rows or fewer keeps the predicated last tile short (at most mr - 1 wasted rows).
@@ -35,25 +34,13 @@ def _is_static(e) -> bool:
     return isinstance(e, C.tirx.IntImm)
 
 
-def _plain_vars(indices) -> list | None:
-    """The index expressions when each is a plain variable, else None."""
-    return list(indices) if all(isinstance(e, C.tirx.Var) for e in indices) else None
-
-
 def analyze_symbolic_matmul(sch: C.Schedule, block) -> dict | None:
     """The roles of ``C[b.., i, j] += A[b.., i, k] * B[k, j]`` with symbolic b/i extents, static N/K and a
     weight shared by the batches; None otherwise (all-static ones belong to ``cpu.matmul_epilogue``)."""
-    blk = sch.get(block)
-    store = blk.body
-    if not isinstance(store, C.BufferStore) or U.iter_kinds(sch, block).count("R") != 1:
-        return None
-    found = multiply_accumulate(blk)
+    found = MM.mac_operands(sch, block, operand_consts=False)
     if found is None:
         return None
-    a, b = found
-    c_idx, a_idx, b_idx = _plain_vars(store.indices), _plain_vars(a.indices), _plain_vars(b.indices)
-    if c_idx is None or a_idx is None or b_idx is None or len(c_idx) < 2:
-        return None
+    blk, a, b, c_idx, a_idx, b_idx = found
     ivs = blk.iter_vars
     k = next(iv.var for iv in ivs if int(iv.iter_type) == U.REDUCE)
     i_var, j_var = c_idx[-2], c_idx[-1]
@@ -75,7 +62,7 @@ def analyze_symbolic_matmul(sch: C.Schedule, block) -> dict | None:
         "b_batch": [False] * (len(rows) - 1), "b_buffer": str(b.source.name),
         "b_contiguous_j": b_names[-1] == j_var.name, "b_j_pos": b_names.index(j_var.name),
         "b_k_pos": b_names.index(k.name), "b_ndim": 2, "a_buffer": str(a.source.name),
-        "c_buffer": str(store.buffer.name), "j_iter": len(c_idx) - 1, "n_iters": len(ivs),
+        "c_buffer": str(blk.body.buffer.name), "j_iter": len(c_idx) - 1, "n_iters": len(ivs),
         "iters_ordered": True,
     }
 
