@@ -302,7 +302,7 @@ class MatmulEpilogue(Template):
         if len(reductions) != 1 or not U.is_reduction(sch, reductions[0]):
             return None
         red = reductions[0]
-        info = analyze_matmul(sch, red)
+        info = self.analyze(sch, red, target)
         if info is None:
             return None
         epi = epilogue_of(sch, red, info["c_buffer"])
@@ -318,6 +318,14 @@ class MatmulEpilogue(Template):
             if not U.is_spatial(sch, sch.get_sblock(n)):
                 return None
         info.update(reduction=red_name, epilogue=epi_name, others=others)
+        return self.finish(func, info, target)
+
+    def analyze(self, sch: C.Schedule, red, target: C.Target) -> dict | None:
+        """The roles of the kernel's one reduction block (a subclass matches other extents)."""
+        return analyze_matmul(sch, red)
+
+    def finish(self, func: C.PrimFunc, info: dict, target: C.Target) -> Match | None:
+        """The match from the analysed roles: the rows the register tiles run over."""
         rows = info["M"]
         for b in info["batch"]:
             rows *= b

@@ -73,27 +73,14 @@ class SymbolicMatmulEpilogue(MM.MatmulEpilogue):
     family = "cpu.symbolic_matmul"
     target_kinds = ("llvm",)
 
-    def match(self, func: C.PrimFunc, target: C.Target) -> Match | None:
-        sch = C.Schedule(func)
-        left = U.inline_elementwise(sch)
-        reductions = [b for b in U.top_blocks(sch) if not U.is_spatial(sch, b)]
-        if len(reductions) != 1 or not U.is_reduction(sch, reductions[0]):
-            return None
-        red = reductions[0]
+    def analyze(self, sch: C.Schedule, red, target: C.Target) -> dict | None:
         info = analyze_symbolic_matmul(sch, red)
         if info is None or info["N"] % cpu_info(target).float32_lanes:
             return None
-        epi = MM.epilogue_of(sch, red, info["c_buffer"])
-        if epi is None:
-            return None
-        red_name = U.block_name(sch, red)
-        epi_name = None if epi == "none" else U.block_name(sch, epi)
-        if epi_name is not None and epi_name not in U.output_names(sch):
-            return None
-        others = [n for n in left if n not in (red_name, epi_name)]
-        if not all(U.is_spatial(sch, sch.get_sblock(n)) for n in others):
-            return None
-        info.update(reduction=red_name, epilogue=epi_name, others=others, rows=NOMINAL_ROWS)
+        return info
+
+    def finish(self, func: C.PrimFunc, info: dict, target: C.Target) -> Match | None:
+        info["rows"] = NOMINAL_ROWS
         # the match must schedule: try the default on a copy (symbolic layouts can refuse)
         match = Match(self.family, info)
         try:
