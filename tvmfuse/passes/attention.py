@@ -27,6 +27,7 @@ from .. import _compat as C
 from ..explain import record_group, record_refusal
 from ..schedules.cpu.attention import AttentionSpec, Operand, axis_parts, reference_prim_func
 from . import rules as R
+from .grouping import with_functions
 
 log = logging.getLogger("tvmfuse.fusion")
 RULE = "attention"
@@ -462,9 +463,4 @@ class FuseAttention:
                               else C.relax.BindingBlock(binds))
             updates[gv] = C.relax.Function(func.params, C.relax.SeqExpr(blocks, func.body.body), func.ret_ty,
                                            func.is_pure, func.attrs, func.span)
-        if not updates:
-            return mod
-        out = mbb.get()
-        for gv, func in updates.items():
-            out[gv] = func
-        return out
+        return with_functions(mod, mbb, updates)

@@ -436,10 +436,16 @@ class FuseGroups:
             if changed:
                 updates[gv] = C.relax.Function(func.params, C.relax.SeqExpr(blocks, body.body), func.ret_ty,
                                                func.is_pure, func.attrs, func.span)
-        if not updates:
-            return mod
-        out = mbb.get()
-        for gv, func in updates.items():
-            out[gv] = func
         log.debug("tvmfuse.FuseGroups: %d groups", len(stats))
-        return out
+        return with_functions(mod, mbb, updates)
+
+
+def with_functions(mod, mbb, updates: dict):
+    """``mod`` with the functions ``mbb`` added (new kernels) and ``updates`` (gv -> function) replaced; the
+    module itself when nothing changed.  Shared by the passes that rewrite Relax functions."""
+    if not updates:
+        return mod
+    out = mbb.get()
+    for gv, func in updates.items():
+        out[gv] = func
+    return out
