@@ -140,8 +140,8 @@ def test_cuda_groups_name_the_template_that_accepted_them(tmp_path):
     assert len(group) == 1 and group[0].endswith("] -> cuda_matmul"), r.stdout
     d = _explain_json_args(path, "--target", '{"kind": "cuda", "arch": "sm_90"}')
     assert [g["template"] for g in d["groups"]] == ["cuda_matmul"]
-    # on the host CPU the families gate nothing: no template is named
-    assert all("template" not in g for g in _explain_json(path)["groups"])
+    # on the host CPU the matmul group is accepted by the CPU matmul family
+    assert [g.get("template") for g in _explain_json(path)["groups"]] == ["cpu.matmul_epilogue"]
 
 
 def _explain_json_args(path, *args):

@@ -24,7 +24,7 @@ SMALL = [
     ("mean_hw", dict()), ("embedding", dict()), ("layout_ops", dict()), ("resize", dict()),
     ("softmax_channels", dict()), ("conv_with_shortcut_conv", dict()),
 ]
-# (builder, kwargs, blocks that must be vectorized): sizes above generic.MIN_PARALLEL_ELEMENTS (structure)
+# (builder, kwargs, blocks that must be vectorized): sizes above GenericConfig.min_parallel_elements (structure)
 LARGE = [
     ("maxpool", dict(c=32, h=56, w=56), {"pool_max"}),
     ("avgpool", dict(c=32, h=56, w=56), {"pool_sum", "pool_avg"}),
@@ -57,6 +57,7 @@ def test_generic_structure_parallel_vectorized(builder, kwargs, vector_blocks, t
     tgt = tvmfuse.parse_target(target)
     for name, func in _funcs(builder, kwargs, tgt).items():
         scheduled, report = G.schedule_generic(func, tgt)
+        cfg = G.GenericConfig.for_target(tgt)
         kinds = S.kinds(scheduled)
         assert int(C.ForKind.PARALLEL) in kinds, f"{name}: no parallel loop: {report}"
         assert int(C.ForKind.UNROLLED) not in kinds, f"{name}: the generic schedule unrolls nothing"
@@ -64,21 +65,35 @@ def test_generic_structure_parallel_vectorized(builder, kwargs, vector_blocks, t
             assert "skipped" not in done, done
             # every block runs in a parallel loop of its own or inside its consumer's, or is too small
             assert done.get("parallel") or done.get("computed_at") or \
-                done["elements"] < G.MIN_PARALLEL_ELEMENTS, f"{name}: {block} serial: {report}"
+                done["elements"] < cfg.min_parallel_elements, f"{name}: {block} serial: {report}"
         missing = {b for b in vector_blocks if not report.get(b, {}).get("vector")}
         assert not missing, f"{name}: not vectorized: {missing}: {report}"
 
 
 def test_vector_width_never_predicates():
     """The vector split divides the loop (or takes it whole when short): no predicated tail."""
+    whole = 4
     for lanes in (8, 16):
         for ext in range(1, 300):
-            w = G.vector_width(ext, lanes)
+            w = G.vector_width(ext, lanes, whole)
             assert w == 0 or ext % w == 0, (ext, lanes, w)
-            if ext <= G.MAX_WHOLE_VECTORS * lanes and ext >= 2:
+            if ext <= whole * lanes and ext >= 2:
                 assert w == ext
-    assert G.vector_width(197, 16) == 0          # a prime length: left to LLVM's loop vectorizer
-    assert G.vector_width(200, 16) == 8
+    assert G.vector_width(197, 16, whole) == 0          # a prime length: left to LLVM's loop vectorizer
+    assert G.vector_width(200, 16, whole) == 8
+    assert G.vector_width(64, 16, 1) == 16              # past whole_vectors vectors: split by the lanes
+
+
+def test_generic_config_from_the_target_and_the_table():
+    """The generic schedule's numbers: lanes and cores from the target, thresholds from cpu_targets.json."""
+    from tvmfuse.target import template_defaults
+
+    for target, lanes in ((S.NAMED_TARGETS[0], 8), (S.NAMED_TARGETS[1], 16)):
+        tgt = tvmfuse.parse_target(target)
+        cfg = G.GenericConfig.for_target(tgt)
+        assert (cfg.lanes, cfg.cores) == (lanes, int(tgt.attrs["num-cores"]))
+        assert {k: v for k, v in cfg.asdict().items() if k not in ("lanes", "cores")} == \
+            template_defaults(tgt, G.FAMILY)
 
 
 def test_integer_shift_left_alone(host):

@@ -13,6 +13,7 @@ import numpy as np
 
 from .feeds import load_feeds as _load_feeds
 
+from .compiled import add_compile_options, input_shapes_of
 from .records import TUNING_LOG_HELP
 
 # Modules that add their own subcommands: each has ``add_commands(subparsers)``.
@@ -49,20 +50,6 @@ def cmd_demo(args) -> int:
     from .demo import run_demo
 
     return run_demo(target=args.target, json_out=args.json, small=args.quick, tuning_log=args.tuning_log)
-
-
-def add_shape_option(parser) -> None:
-    """``--shape NAME=DIMS`` (repeatable) on a command that compiles."""
-    from .frontend import SHAPE_HELP
-
-    parser.add_argument("--shape", action="append", default=[], metavar="NAME=DIMS", help=SHAPE_HELP)
-
-
-def input_shapes_of(args) -> dict | None:
-    """``input_shapes`` for ``tvmfuse.compile`` from the parsed ``--shape`` options (None when none)."""
-    from .frontend import parse_shape_args
-
-    return parse_shape_args(getattr(args, "shape", None)) or None
 
 
 def cmd_compile(args) -> int:
@@ -130,28 +117,19 @@ def build_parser() -> argparse.ArgumentParser:
     d.set_defaults(func=cmd_demo)
 
     c = sub.add_parser("compile", help="compile an ONNX model into a deployable artifact")
-    c.add_argument("model")
-    c.add_argument("--target", default=None)
-    c.add_argument("--tuning-log", default=None, help=TUNING_LOG_HELP)
+    add_compile_options(c)
     c.add_argument("-o", "--output", required=True, help="artifact directory, or a .tar file")
-    add_shape_option(c)
     c.set_defaults(func=cmd_compile)
 
     r = sub.add_parser("run", help="run an ONNX model or an exported artifact on inputs from a .npz")
-    r.add_argument("model", help="ONNX file or artifact (directory or .tar)")
+    add_compile_options(r, model_help="ONNX file or artifact (directory or .tar)")
     r.add_argument("--inputs", default=None, help=".npz with one array per input (default: random normal)")
-    r.add_argument("--target", default=None)
-    r.add_argument("--tuning-log", default=None, help=TUNING_LOG_HELP)
     r.add_argument("-o", "--output", default=None, help="write the outputs to this .npz")
-    add_shape_option(r)
     r.set_defaults(func=cmd_run)
 
     rp = sub.add_parser("report", help="print the fusion report of a model")
-    rp.add_argument("model")
-    rp.add_argument("--target", default=None)
-    rp.add_argument("--tuning-log", default=None, help=TUNING_LOG_HELP)
+    add_compile_options(rp)
     rp.add_argument("--json", action="store_true")
-    add_shape_option(rp)
     rp.set_defaults(func=cmd_report)
 
     for name in _COMMAND_MODULES:

@@ -155,3 +155,28 @@ def compile(model, target=None, tuning_log: str | None = None, *, name: str | No
                               groups=fused_groups(rec.groups), refused=list(rec.refused),
                               schedules=list(rec.schedules))
     return CompiledModel(ex, tgt, inputs, outputs, report, fused, options, source_model=source)
+
+
+# --------------------------------------------------------------------------- command-line options
+TARGET_HELP = "target (default: this host's CPU; 'aarch64', 'cuda', a target string or JSON)"
+
+
+def add_compile_options(parser, model_help: str = "ONNX file", tuning_log: bool = True) -> None:
+    """The options of every command that compiles a model (``compile``, ``run``, ``report``, ``export``,
+    ``tune``, ``explain``): the model, ``--target``, ``--tuning-log`` (unless ``tuning_log`` is False: a
+    command that makes or ignores records) and ``--shape NAME=DIMS`` (repeatable; ``input_shapes_of``)."""
+    from .frontend import SHAPE_HELP
+    from .records import TUNING_LOG_HELP
+
+    parser.add_argument("model", help=model_help)
+    parser.add_argument("--target", default=None, help=TARGET_HELP)
+    if tuning_log:
+        parser.add_argument("--tuning-log", default=None, help=TUNING_LOG_HELP)
+    parser.add_argument("--shape", action="append", default=[], metavar="NAME=DIMS", help=SHAPE_HELP)
+
+
+def input_shapes_of(args) -> dict | None:
+    """``input_shapes`` for ``compile`` from the parsed ``--shape`` options (None when none)."""
+    from .frontend import parse_shape_args
+
+    return parse_shape_args(getattr(args, "shape", None)) or None

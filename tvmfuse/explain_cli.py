@@ -64,9 +64,9 @@ def format_explain(name: str, d: dict) -> str:
 def cmd_explain(args) -> int:
     import os
 
-    from .frontend import parse_shape_args
+    from .compiled import input_shapes_of
 
-    d = explain(args.model, target=args.target, input_shapes=parse_shape_args(args.shape) or None)
+    d = explain(args.model, target=args.target, input_shapes=input_shapes_of(args))
     if args.json:
         print(json.dumps({"model": args.model, **d}, indent=2))
     else:
@@ -75,15 +75,9 @@ def cmd_explain(args) -> int:
 
 
 def add_commands(subparsers) -> None:
+    from .compiled import add_compile_options
+
     p = subparsers.add_parser("explain", help="list the fusion groups formed and why each refused pair was refused")
-    p.add_argument("model", help="ONNX file")
-    p.add_argument("--target", default=None, help="target (default: this host's CPU)")
+    add_compile_options(p, tuning_log=False)
     p.add_argument("--json", action="store_true", help="print groups and refusals as JSON")
-    p.add_argument("--shape", action="append", default=[], metavar="NAME=DIMS", help=_shape_help())
     p.set_defaults(func=cmd_explain)
-
-
-def _shape_help() -> str:
-    from .frontend import SHAPE_HELP
-
-    return SHAPE_HELP

@@ -526,12 +526,11 @@ def load(path: str, num_threads: int | None = None) -> Runner:
 
 # --------------------------------------------------------------------------- command line
 def cmd_export(args) -> int:
-    from .compiled import compile as compile_model
-    from .frontend import parse_shape_args
+    from .compiled import compile as compile_model, input_shapes_of
 
     t0 = time.perf_counter()
     cm = compile_model(args.model, target=args.target, tuning_log=args.tuning_log,
-                       input_shapes=parse_shape_args(args.shape) or None)
+                       input_shapes=input_shapes_of(args))
     t1 = time.perf_counter()
     out = export(cm, args.output)
     t2 = time.perf_counter()
@@ -543,19 +542,10 @@ def cmd_export(args) -> int:
     return 0
 
 
-def _shape_help() -> str:
-    from .frontend import SHAPE_HELP
-
-    return SHAPE_HELP
-
-
 def add_commands(subparsers) -> None:
-    e = subparsers.add_parser("export", help="compile an ONNX model and write a deployable artifact")
-    e.add_argument("model", help="ONNX file")
-    e.add_argument("--target", default=None, help="host (default), aarch64, cuda, or a target JSON")
-    from .records import TUNING_LOG_HELP
+    from .compiled import add_compile_options
 
-    e.add_argument("--tuning-log", default=None, help=TUNING_LOG_HELP)
+    e = subparsers.add_parser("export", help="compile an ONNX model and write a deployable artifact")
+    add_compile_options(e)
     e.add_argument("-o", "--output", required=True, help="artifact directory, or a .tar file")
-    e.add_argument("--shape", action="append", default=[], metavar="NAME=DIMS", help=_shape_help())
     e.set_defaults(func=cmd_export)

@@ -38,30 +38,24 @@ def _static_dims(expr) -> list[int] | None:
 
 
 # --------------------------------------------------------------------------- peephole rows
-def _mul_one(m, call):
-    x, c = call.args
-    for a, b in ((x, c), (c, x)):
-        arr = _const_array(b)
-        if arr is not None and arr.size and np.all(arr == 1) and _same_type(a, call):
-            return a
-    return None
+def _drop_constant(value: float, either_side: bool):
+    """The peephole ``x op c -> x`` for a constant ``c`` all of whose elements are ``value`` (and ``x`` of the
+    call's type, so no broadcast is lost); ``either_side``: ``c op x`` too (a commutative op)."""
+
+    def rewrite(m, call):
+        x, c = call.args
+        for a, b in ((x, c), (c, x))[:2 if either_side else 1]:
+            arr = _const_array(b)
+            if arr is not None and arr.size and np.all(arr == value) and _same_type(a, call):
+                return a
+        return None
+
+    return rewrite
 
 
-def _add_zero(m, call):
-    x, c = call.args
-    for a, b in ((x, c), (c, x)):
-        arr = _const_array(b)
-        if arr is not None and arr.size and np.all(arr == 0) and _same_type(a, call):
-            return a
-    return None
-
-
-def _sub_zero(m, call):
-    x, c = call.args
-    arr = _const_array(c)
-    if arr is not None and arr.size and np.all(arr == 0) and _same_type(x, call):
-        return x
-    return None
+_mul_one = _drop_constant(1, either_side=True)
+_add_zero = _drop_constant(0, either_side=True)
+_sub_zero = _drop_constant(0, either_side=False)
 
 
 def _div_const(m, call):

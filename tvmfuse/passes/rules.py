@@ -133,7 +133,7 @@ RULES: tuple[Rule, ...] = (
          "test_fusion_patterns[layernorm_softmax]", check_rows, "reduction"),
     Rule("sibling_contractions", "sibling", (CONTRACTION,), (CONTRACTION,),
          "Q/K/V or gate/up projections of one input: the input is read once for all; "
-         "test_fusion_patterns[qkv_projection], [swiglu]", check_anchors, "siblings", same_input=True),
+         "test_fusion_patterns[qkv_projection], [swiglu]", check_anchors, "sibling", same_input=True),
     Rule("sibling_reductions", "sibling", (REDUCTION,), (REDUCTION,),
          "two reductions over the same rows of one input in one pass; test_fusion_patterns[mean_variance]",
          check_rows, "reduction"),

@@ -22,12 +22,19 @@ def templates_for(target: C.Target) -> list:
     return list(TEMPLATES)
 
 
+def declares_accepts(template: Template) -> bool:
+    """Whether a family answers ``accepts`` (one that does not is never asked)."""
+    return type(template).accepts is not Template.accepts
+
+
 def accepting_template(group, target: C.Target, prefer: str = "") -> tuple[str | None, str | None]:
     """Which template family of the target will schedule a graph-level group (``analysis.GroupInfo``):
-    (family, None), the first in match order whose ``accepts`` says yes; else (None, the reason of each
-    family that declined, those whose name contains ``prefer`` first).  A target whose families do not
-    declare ``accepts`` gates nothing: (None, None) (CPU: the generic last-resort schedule takes any kernel)."""
-    templates = [t for t in templates_for(target) if type(t).accepts is not Template.accepts]
+    (family, None), the first in match order whose ``accepts`` says yes.  When none does: on CPU, where the
+    families that declare no ``accepts`` and at last the generic schedule take any other kernel,
+    (None, None) unless the generic schedule declines too (``cpu.generic.accepts``: a matmul group that no
+    matmul family took); else (None, the reason of each family that declined, those whose name contains
+    ``prefer`` first).  A target none of whose families declares ``accepts`` gates nothing: (None, None)."""
+    templates = [t for t in templates_for(target) if declares_accepts(t)]
     if not templates:
         return None, None
     reasons = []
@@ -35,9 +42,16 @@ def accepting_template(group, target: C.Target, prefer: str = "") -> tuple[str |
         why = t.accepts(group, target)
         if why is None:
             return t.family, None
-        reasons.append((prefer not in t.family if prefer else False, f"{t.family}: {why}"))
-    declined = [r for _, r in sorted(reasons, key=lambda x: x[0])]        # the rule's family first
-    return None, "no template schedules the group (" + "; ".join(declined) + ")"
+        reasons.append((t.family, why))
+    if not is_gpu(target):
+        from .cpu import generic
+
+        why = generic.accepts(group, target)
+        if why is None:
+            return None, None
+        reasons.append((generic.FAMILY, why))
+    declined = sorted(reasons, key=lambda r: prefer not in r[0] if prefer else False)    # the rule's family first
+    return None, "no template schedules the group (" + "; ".join(f"{f}: {why}" for f, why in declined) + ")"
 
 
 def schedule_prim_func(func: C.PrimFunc, target: C.Target, records: dict | None = None,
@@ -137,7 +151,7 @@ def fallback_passes(target: C.Target) -> list:
                 continue
             if is_gpu(target):      # dlight's gpu.Fallback applies to any kernel: not reached
                 raise RuntimeError(f"kernel {name}: no template or dlight rule scheduled it")
-            from .cpu.generic import FAMILY, schedule_generic
+            from .cpu.generic import FAMILY, GenericConfig, schedule_generic
 
             try:
                 scheduled, blocks = schedule_generic(func, target)
@@ -146,7 +160,8 @@ def fallback_passes(target: C.Target) -> list:
                 record_schedule(name, "unscheduled", "unscheduled", reason=f"{why}; generic schedule failed: {e}")
                 continue
             updates[gv] = scheduled.with_attr("tirx.is_scheduled", True)
-            record_schedule(name, FAMILY, "generic", {"blocks": list(blocks.values())},
+            record_schedule(name, FAMILY, "generic", {**GenericConfig.for_target(target).asdict(),
+                                                      "blocks": list(blocks.values())},
                             reason=why if done is None else f"{why}; no dlight rule applies")
         if updates:
             mod = mod.clone()   # a pass returns a new module: the caller's stays unscheduled

@@ -192,16 +192,11 @@ def cmd_logs_best(args) -> int:
     return 0
 
 
-def _shape_help() -> str:
-    from ..frontend import SHAPE_HELP
-
-    return SHAPE_HELP
-
-
 def add_commands(sub) -> None:
+    from ..compiled import add_compile_options
+
     t = sub.add_parser("tune", help="tune the fused kernels of a model; records go to a JSON-lines log")
-    t.add_argument("model")
-    t.add_argument("--target", default=None, help="target (default: this host's CPU)")
+    add_compile_options(t, tuning_log=False)
     t.add_argument("--trials", type=int, required=True, help="measurements in all (the log's count)")
     t.add_argument("--log", required=True, help="tuning log (JSON lines); an existing one is resumed")
     t.add_argument("--tracker", default=None, help="HOST:PORT of a TVM RPC tracker to measure on")
@@ -213,7 +208,6 @@ def add_commands(sub) -> None:
     t.add_argument("--run-timeout", type=float, default=30.0, help="seconds per candidate run")
     t.add_argument("--plot", default=None, help="tuning-curve PNG (default: LOG.png; 'none' for no plot)")
     t.add_argument("--json", action="store_true", help="print the result as JSON")
-    t.add_argument("--shape", action="append", default=[], metavar="NAME=DIMS", help=_shape_help())
     t.set_defaults(func=cmd_tune)
 
     lg = sub.add_parser("logs", help="inspect, merge or prune tuning logs")

@@ -9,7 +9,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ... import _compat as C
-from ...analysis import epilogue_of as own_index_consumer, nearest as nearest_choice  # noqa: F401 (shared helpers)
+from ...analysis import CONTRACTION, epilogue_of as own_index_consumer, nearest as nearest_choice  # noqa: F401
+from ...target import template_defaults
+from ..base import Template
 
 SPATIAL = 0   # IterVar.iter_type of a data-parallel block iterator (kDataPar)
 REDUCE = 2    # IterVar.iter_type of a reduction block iterator (kCommReduce)
@@ -17,6 +19,31 @@ REDUCE = 2    # IterVar.iter_type of a reduction block iterator (kCommReduce)
 # A block with at most this many scalar operations in its stored value may be inlined into a reduction
 # that reads it (a pad, a cast, a transpose): recomputing it per use costs less than materializing it.
 CHEAP_PRODUCER_OPS = 4
+
+
+class CpuTemplate(Template):
+    """A CPU (llvm) family.  A subclass names itself and its typed config in the class line:
+    ``class MatmulEpilogue(CpuTemplate, family="cpu.matmul_epilogue", config=MatmulConfig)``; a subclass of
+    a family that names neither keeps its parent's.  ``table_defaults(target)``: the family's default knob
+    values and thresholds for the target (``template_defaults`` in schedules/cpu_targets.json)."""
+
+    target_kinds = ("llvm",)
+
+    def __init_subclass__(cls, family: str = "", config: type | None = None, **kw):
+        super().__init_subclass__(**kw)
+        if family:
+            cls.family = family
+        if config is not None:
+            cls.config_type = config
+
+    def table_defaults(self, target: C.Target) -> dict:
+        return template_defaults(target, self.family)
+
+
+def matmul_anchors(group) -> list:
+    """The matmul anchors of a graph-level group (``analysis.GroupInfo``): contractions with one reduced
+    axis (a conv reduces over its channels and window: three)."""
+    return [m for m in group.of_kind(CONTRACTION) if m.reduce_axes == 1]
 
 
 @dataclass(frozen=True)

@@ -9,33 +9,68 @@ Per block, after folding elementwise producers into their consumers (``common.in
    spatial loop stays innermost (below the reduction) when it walks the last index of the output and of
    an input (a channel reduction in NCHW, a pooling window: the reduction runs on vectors of outputs),
    else the reduction stays innermost, serial (a row reduction over contiguous elements);
-2. the leading spatial loops are fused into one parallel loop until it has ``PARALLEL_ITERS_PER_CORE``
-   iterations per core (kernels under ``MIN_PARALLEL_ELEMENTS`` stay serial: a fork costs more);
+2. the leading spatial loops are fused into one parallel loop until it has ``parallel_iters_per_core``
+   iterations per core (kernels under ``min_parallel_elements`` stay serial: a fork costs more);
 3. the innermost spatial loop is vectorized: whole when short, else split by the widest vector that
    divides it (no predicated tail, which TVM would turn into scalar code); a loop no vector width
    divides is left to LLVM's loop vectorizer (which peels a tail);
 4. a spatial producer left standalone (e.g. the padding of a pooling window) is computed inside its
    consumer's parallel loop when TVM allows it, and vectorized there.
 
-No loop is unrolled (code size stays bounded by the kernel's own loop nest).
+No loop is unrolled (code size stays bounded by the kernel's own loop nest).  The numbers it uses are a
+typed ``GenericConfig`` from the target (``cpu_info``, and ``template_defaults`` of ``cpu.generic`` in
+schedules/cpu_targets.json), recorded with the schedule.
+
+In the fusion gate (``schedules.accepting_template``) the generic schedule is asked last on CPU
+(``accepts``): it takes any group but one with a matmul anchor that no matmul family accepted.
 """
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
 
 from ... import _compat as C
-from ...target import cpu_info
+from ...target import cpu_info, template_defaults
+from ..base import Config, knob
 from . import common as U
 
 log = logging.getLogger("tvmfuse.schedule")
 
 FAMILY = "cpu.generic"
-# Parallel loop wanted: this many iterations per core (load balance over uneven iterations).
-PARALLEL_ITERS_PER_CORE = 4
-# Below this many scalar iterations (spatial x reduction) a block stays serial.
-MIN_PARALLEL_ELEMENTS = 4096
-# An innermost loop up to this many vectors long is vectorized whole (LLVM splits it into registers).
-MAX_WHOLE_VECTORS = 4
+
+
+@dataclass(frozen=True)
+class GenericConfig(Config):
+    """What the generic schedule sizes its loops by: the target's vector width and cores, and the table's
+    thresholds (not tuned: the generic schedule has no knob space)."""
+
+    lanes: int = knob("float32 lanes per vector (target)")
+    cores: int = knob("cores the parallel loop is sized for (the target's num-cores)")
+    parallel_iters_per_core: int = knob("parallel loop wanted: this many iterations per core (load balance)")
+    min_parallel_elements: int = knob("below this many scalar iterations (spatial x reduction) a block stays "
+                                      "serial: a fork costs more")
+    max_whole_vectors: int = knob("an innermost loop up to this many vectors long is vectorized whole")
+
+    @classmethod
+    def for_target(cls, target: C.Target) -> "GenericConfig":
+        info = cpu_info(target)
+        return cls.from_dict({"lanes": info.float32_lanes, "cores": info.cores,
+                              **template_defaults(target, FAMILY)})
+
+
+def accepts(group, target: C.Target) -> str | None:
+    """The generic schedule as the last family the fusion gate asks on CPU: it takes any group except one
+    with a matmul anchor (``C += A * B`` with one i, j and k axis: ``matmul.matmul_roles``) that the matmul
+    families declined: it does not register-block a matmul, so such a group would run slower fused than
+    its matmul apart (which cpu.matmul_epilogue tiles).  Other contractions (a conv1d, a vector-matrix
+    product) stay with the families that take them or with the generic schedule, fused as before."""
+    from .matmul import matmul_roles
+
+    for m in U.matmul_anchors(group):
+        if m.func is not None and matmul_roles(m.func) is not None:
+            return (f"{m.name} is a matmul, which the generic schedule does not register-block (apart, "
+                    "cpu.matmul_epilogue tiles it)")
+    return None
 
 
 def _loop_kinds(sch: C.Schedule, block) -> list[str] | None:
@@ -98,12 +133,12 @@ def _extent(sch: C.Schedule, loop) -> int:
     return int(ext) if isinstance(ext, C.tirx.IntImm) else -1
 
 
-def vector_width(extent: int, lanes: int) -> int:
-    """Vector split of an innermost loop of ``extent``: the whole loop when at most MAX_WHOLE_VECTORS
+def vector_width(extent: int, lanes: int, whole_vectors: int) -> int:
+    """Vector split of an innermost loop of ``extent``: the whole loop when at most ``whole_vectors``
     vectors, else the widest power-of-two width from ``lanes`` down to 2 that divides it; 0: none."""
     if extent < 2:
         return 0
-    if extent <= MAX_WHOLE_VECTORS * lanes:
+    if extent <= whole_vectors * lanes:
         return extent
     w = lanes
     while w >= 2:
@@ -113,9 +148,9 @@ def vector_width(extent: int, lanes: int) -> int:
     return 0
 
 
-def _vectorize(sch: C.Schedule, loop, lanes: int) -> bool:
+def _vectorize(sch: C.Schedule, loop, cfg: GenericConfig) -> bool:
     ext = _extent(sch, loop)
-    w = vector_width(ext, lanes)
+    w = vector_width(ext, cfg.lanes, cfg.max_whole_vectors)
     if w == 0:
         return False
     if w == ext:
@@ -136,7 +171,7 @@ def _try(what: str, name: str, fn, *args) -> tuple[bool, object]:
         return False, None
 
 
-def _schedule_block(sch: C.Schedule, block, lanes: int, cores: int) -> dict:
+def _schedule_block(sch: C.Schedule, block, cfg: GenericConfig) -> dict:
     """Steps 1-3 on one block; returns what was done (data, for the record and the tests)."""
     name = U.block_name(sch, block)
     done = {"block": name, "parallel": 0, "vector": 0, "reduction_inner": False}
@@ -163,7 +198,7 @@ def _schedule_block(sch: C.Schedule, block, lanes: int, cores: int) -> dict:
         write_last, read_last = _last_index_vars(sch, block)
         its = _iter_of_loop(sch, block, last)
         vec = bool(its & write_last) and (not reduce or bool(its & read_last)) and \
-            vector_width(_extent(sch, last), lanes) > 0
+            vector_width(_extent(sch, last), cfg.lanes, cfg.max_whole_vectors) > 0
     if reduce:
         order = spatial[:-1] + reduce + [spatial[-1]] if vec else spatial + reduce
         if any(a is not b for a, b in zip(order, loops)):
@@ -180,8 +215,8 @@ def _schedule_block(sch: C.Schedule, block, lanes: int, cores: int) -> dict:
         lead += 1
     if vec and lead == len(loops):
         lead -= 1                       # the innermost loop is the vector loop
-    if total >= MIN_PARALLEL_ELEMENTS and lead > 0:
-        want = PARALLEL_ITERS_PER_CORE * cores
+    if total >= cfg.min_parallel_elements and lead > 0:
+        want = cfg.parallel_iters_per_core * cfg.cores
         take, prod = [], 1
         for lp in loops[:lead]:
             take.append(lp)
@@ -200,16 +235,15 @@ def _schedule_block(sch: C.Schedule, block, lanes: int, cores: int) -> dict:
     if vec:
         inner = sch.get_loops(block)[-1]
         ext = _extent(sch, inner)
-        ok, vectorized = _try("vectorize", name, _vectorize, sch, inner, lanes)
+        ok, vectorized = _try("vectorize", name, _vectorize, sch, inner, cfg)
         if ok and vectorized:
-            done["vector"] = vector_width(ext, lanes)
+            done["vector"] = vector_width(ext, cfg.lanes, cfg.max_whole_vectors)
     return done
 
 
 def schedule_generic(func: C.PrimFunc, target: C.Target) -> tuple[C.PrimFunc, dict]:
     """The generic schedule of ``func`` for ``target``; returns (scheduled func, what was done per block)."""
-    info = cpu_info(target)
-    lanes, cores = info.float32_lanes, info.cores
+    cfg = GenericConfig.for_target(target)
     sch = C.Schedule(func)
     U.inline_elementwise(sch)
     report: dict[str, dict] = {}
@@ -225,10 +259,10 @@ def schedule_generic(func: C.PrimFunc, target: C.Target) -> tuple[C.PrimFunc, di
             if at is not None and _try("compute_at", name, sch.compute_at, block, at, True)[0]:
                 inner = sch.get_loops(block)[-1]
                 if U.vectorizable(sch, block):
-                    _try("vectorize", name, _vectorize, sch, inner, lanes)
+                    _try("vectorize", name, _vectorize, sch, inner, cfg)
                 report[name] = {"block": name, "computed_at": consumer}
                 continue
-        report[name] = _schedule_block(sch, block, lanes, cores)
+        report[name] = _schedule_block(sch, block, cfg)
     for r in report.values():
         r.pop("parallel_loop", None)
     return sch.mod["main"], report

@@ -16,10 +16,12 @@ per-lane predicate, which TVM's vectorizer would turn into scalar code.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from ... import _compat as C
-from ...analysis import epilogue_of, multiply_accumulate
-from ...target import cpu_info
-from ..base import Knob, KnobSpace, Match, Template
+from ...analysis import REDUCTION, epilogue_of, multiply_accumulate
+from ...target import CPUInfo, cpu_info
+from ..base import Config, KnobSpace, Match, knob
 from . import common as U
 
 MR_CHOICES = (1, 2, 3, 4, 5, 6, 7, 8)    # rows of the register tile (5, 7: M = 65, 49, 35 divide)
@@ -40,6 +42,75 @@ FLATTEN_BATCH = (True, False)            # shared weight: batch rows flattened i
 # epilogue tail, the half-width path half the FMA throughput, i.e. M*K*N/(2*lanes) more FMA cycles vs
 # K*N copies: half width wins below M = 2 * lanes.
 HALF_LANES_BELOW_ROWS_PER_LANE = 2
+
+
+@dataclass(frozen=True)
+class RegisterTileConfig(Config):
+    """The knobs of a register-blocked GEMM shared by the CPU matmul families (BLIS-style tiles)."""
+
+    mr: int = knob("rows of the register tile")
+    nvec: int = knob("vectors per register-tile row")
+    lanes: int = knob("float32 lanes per vector (the target's width, or half)")
+    mc_tiles: int = knob("register tiles per macro tile along i (the rows)")
+    nc_tiles: int = knob("register tiles per macro tile along j")
+    k_unroll: int = knob("unroll of the reduction loop")
+
+
+@dataclass(frozen=True)
+class MatmulConfig(RegisterTileConfig):
+    """The knobs of ``cpu.matmul_epilogue`` (and ``cpu.symbolic_matmul``)."""
+
+    order: str = knob("macro loop order: 'ij' (A panel reuse) or 'ji' (B panel reuse)")
+    parallel_depth: int = knob("macro loops fused into the parallel loop")
+    pack_b: bool = knob("pack B's macro panel contiguously")
+    pad_n: bool = knob("columns not a multiple of the register tile: pad j (B panel zero-padded) instead of "
+                       "a per-lane predicate (scalar code) on the register tile")
+    flatten_batch: bool = knob("a weight shared by the batches: their rows as one M (each B panel read once)")
+
+
+def register_tile_choices(m: int, n: int, k: int, lanes: int) -> dict:
+    """The legal choices of the ``RegisterTileConfig`` knobs for ``m`` rows, ``n`` columns and depth ``k``
+    on ``lanes``-wide vectors."""
+    vectors = max(1, -(-n // lanes))
+    return {"mr": U.choices_upto(MR_CHOICES, m), "nvec": U.choices_upto(NVEC_CHOICES, vectors),
+            "lanes": lane_choices(lanes), "mc_tiles": U.choices_upto(MC_TILES, max(1, m)),
+            "nc_tiles": U.choices_upto(NC_TILES, vectors), "k_unroll": U.choices_upto(K_UNROLL, k)}
+
+
+def register_tile_default(m: int, n: int, k: int, lanes: int, info: CPUInfo, choices: dict,
+                          defaults: dict) -> dict:
+    """The untuned ``RegisterTileConfig`` values: the register tile that fits the target's vector registers
+    (``pick_register_tile``), macro tiles sized to its L2 (``pick_macro_tiles``) and the table's
+    ``k_unroll`` where it divides K (``defaults``: the family's row of schedules/cpu_targets.json)."""
+    regs = U.Registers.for_bits(info.vector_bits).count
+    mr, nvec = pick_register_tile(m, n, lanes, regs, choices["mr"], choices["nvec"])
+    mc_tiles, nc_tiles = pick_macro_tiles(k, mr, nvec * lanes, info.l2_bytes, choices["mc_tiles"],
+                                          choices["nc_tiles"])
+    unroll = defaults["k_unroll"]
+    return {"mr": mr, "nvec": nvec, "lanes": lanes, "mc_tiles": mc_tiles, "nc_tiles": nc_tiles,
+            "k_unroll": U.nearest_choice(choices["k_unroll"], unroll if k % unroll == 0 else 1)}
+
+
+def anchor_matmul(group, static: bool) -> tuple[dict | None, str | None]:
+    """For ``accepts``: (the roles of the group's one matmul anchor, None), else (None, why not).  The roles
+    come from the anchor op's own PrimFunc (``analyze_matmul``; with ``static`` False,
+    ``symbolic_matmul.analyze_symbolic_matmul``'s job is left to the caller: the roles are None)."""
+    if group.is_static() != static:
+        return None, ("symbolic extents (cpu.symbolic_matmul and cpu.symbolic_rows take those)" if static
+                      else "static extents (cpu.matmul_epilogue takes those)")
+    anchors = U.matmul_anchors(group)
+    if len(anchors) != 1 or len(group.of_kind(U.CONTRACTION)) != 1:
+        return None, f"{len(group.of_kind(U.CONTRACTION))} matmul/conv anchors, {len(anchors)} of them " \
+                     "matmuls (this family tiles one matmul)"
+    if group.of_kind(REDUCTION):
+        return None, "a row reduction beside the matmul"
+    if not static:
+        return {}, None
+    roles = matmul_roles(anchors[0].func)
+    if roles is None:
+        return None, f"{anchors[0].name} is not C += A * B with one i, j and k axis (a window, strided or " \
+                     "reshaped operand index)"
+    return roles, None
 
 
 def lane_choices(lanes: int) -> tuple:
@@ -138,6 +209,15 @@ def analyze_matmul(sch: C.Schedule, block) -> dict | None:
         "n_iters": len(ivs),
         "iters_ordered": [iv.var.name for iv in ivs] == [v.name for v in c_idx] + [k.name],
     }
+
+
+def matmul_roles(func: C.PrimFunc) -> dict | None:
+    """``analyze_matmul`` of the one reduction block of ``func`` (its elementwise blocks folded first, as
+    ``MatmulEpilogue.match`` does); None when it has several or none."""
+    sch = C.Schedule(func)
+    U.inline_elementwise(sch)
+    reds = [b for b in U.top_blocks(sch) if not U.is_spatial(sch, b)]
+    return analyze_matmul(sch, reds[0]) if len(reds) == 1 and U.is_reduction(sch, reds[0]) else None
 
 
 def pick_register_tile(m: int, n: int, lanes: int, regs: int, mr_choices, nvec_choices) -> tuple[int, int]:
@@ -290,10 +370,7 @@ def is_contraction(sch: C.Schedule, block) -> bool:
     return bool(found)
 
 
-class MatmulEpilogue(Template):
-    family = "cpu.matmul_epilogue"
-    target_kinds = ("llvm",)
-
+class MatmulEpilogue(U.CpuTemplate, family="cpu.matmul_epilogue", config=MatmulConfig):
     # ------------------------------------------------------------------ match
     def match(self, func: C.PrimFunc, target: C.Target) -> Match | None:
         sch = C.Schedule(func)
@@ -332,58 +409,42 @@ class MatmulEpilogue(Template):
         info["rows"] = rows if flattenable(info) else info["M"]
         return Match(self.family, info)
 
+    def accepts(self, group, target: C.Target) -> str | None:
+        """One static matmul anchor (``analyze_matmul`` on its PrimFunc), an elementwise epilogue (the
+        contraction_epilogue rule's check) and no row reduction."""
+        return anchor_matmul(group, static=True)[1]
+
     # ------------------------------------------------------------------ knobs
     def space(self, match: Match, target: C.Target) -> KnobSpace:
         m, n, k = match.info.get("rows", match.info["M"]), match.info["N"], match.info["K"]
-        lanes = cpu_info(target).float32_lanes
-        return KnobSpace((
-            Knob("mr", U.choices_upto(MR_CHOICES, m), "rows of the register tile"),
-            Knob("nvec", U.choices_upto(NVEC_CHOICES, max(1, -(-n // lanes))), "vectors per register-tile row"),
-            Knob("lanes", lane_choices(lanes), "float32 lanes per vector (the target's width, or half)"),
-            Knob("mc_tiles", U.choices_upto(MC_TILES, max(1, m)), "register tiles per macro tile along i"),
-            Knob("nc_tiles", U.choices_upto(NC_TILES, max(1, -(-n // lanes))), "register tiles per macro tile along j"),
-            Knob("k_unroll", U.choices_upto(K_UNROLL, k), "unroll of the reduction loop"),
-            Knob("order", ORDERS, "macro loop order"),
-            Knob("parallel_depth", PARALLEL_DEPTH, "macro loops fused into the parallel loop"),
-            Knob("pack_b", PACK_B, "pack B's macro panel contiguously"),
-            Knob("pad_n", PAD_N, "columns not a multiple of the register tile: pad j (B panel zero-padded) "
-                 "instead of a per-lane predicate (scalar code) on the register tile"),
-            Knob("flatten_batch", FLATTEN_BATCH if flattenable(match.info) else (False,),
-                 "a weight shared by the batches: their rows as one M (each B panel read once)"),
-        ))
+        return MatmulConfig.space(**register_tile_choices(m, n, k, cpu_info(target).float32_lanes),
+                                  order=ORDERS, parallel_depth=PARALLEL_DEPTH, pack_b=PACK_B, pad_n=PAD_N,
+                                  flatten_batch=FLATTEN_BATCH if flattenable(match.info) else (False,))
 
     def default_config(self, match: Match, target: C.Target) -> dict:
-        info = cpu_info(target)
-        regs = U.Registers.for_bits(info.vector_bits).count
-        space = self.space(match, target)
-        ch = {kb.name: kb.choices for kb in space.knobs}
+        info, d = cpu_info(target), self.table_defaults(target)
+        ch = {kb.name: kb.choices for kb in self.space(match, target).knobs}
         flat = flattenable(match.info)
         m, n, k = match.info.get("rows", match.info["M"]) if flat else match.info["M"], match.info["N"], \
             match.info["K"]
-        lanes = pick_lanes(m, n, info.float32_lanes)
-
-        mr, nvec = pick_register_tile(m, n, lanes, regs, ch["mr"], ch["nvec"])
-        nr = nvec * lanes
-        mc_tiles, nc_tiles = pick_macro_tiles(k, mr, nr, info.l2_bytes, ch["mc_tiles"], ch["nc_tiles"])
-        n_macro_j = -(-n // (nr * nc_tiles))
-        n_macro_i = -(-m // (mr * mc_tiles))
+        tile = register_tile_default(m, n, k, pick_lanes(m, n, info.float32_lanes), info, ch, d)
+        nr = tile["nvec"] * tile["lanes"]
+        n_macro_j = -(-n // (nr * tile["nc_tiles"]))
+        n_macro_i = -(-m // (tile["mr"] * tile["mc_tiles"]))
         batch = 1
         for b in ([] if flat else match.info["batch"]):
             batch *= b
         # B panels are reused across all of i when j is the outer macro loop: pack them when K is long
-        order = "ji"
         depth = 1 if batch * n_macro_j >= 2 * info.cores else 2
         pack = n_macro_i > 1 and k * nr * 4 > info.l1d_bytes // 2
-        return {"mr": mr, "nvec": nvec, "lanes": lanes, "mc_tiles": mc_tiles, "nc_tiles": nc_tiles,
-                "k_unroll": U.nearest_choice(ch["k_unroll"], 4 if k % 4 == 0 else 1),
-                "order": order, "parallel_depth": depth, "pack_b": pack and depth == 1, "pad_n": True,
-                "flatten_batch": flat}
+        return MatmulConfig(**tile, order=d["order"], parallel_depth=depth, pack_b=pack and depth == 1,
+                            pad_n=d["pad_n"], flatten_batch=flat).asdict()
 
     # ------------------------------------------------------------------ apply
     def apply(self, sch: C.Schedule, match: Match, config: dict) -> None:
-        info = match.info
-        mr, lanes = config["mr"], config["lanes"]
-        nr = config["nvec"] * lanes
+        info, cfg = match.info, MatmulConfig.from_dict(config)
+        mr, lanes = cfg.mr, cfg.lanes
+        nr = cfg.nvec * lanes
         nbatch = len(info["batch"])
 
         # Step 1. Fold the elementwise chain into one epilogue block (same folding as match()).
@@ -394,7 +455,7 @@ class MatmulEpilogue(Template):
         # B per panel in Step 7), so the register tile has no per-lane predicate.
         # Step 2b. Without an epilogue, accumulate into a cache block and write back from it.
         b_pad = None
-        if config.get("pad_n", False) and info["N"] % nr:
+        if cfg.pad_n and info["N"] % nr:
             writeback, b_pad = pad_columns(sch, red, info, nr)
             epi = sch.get_sblock(writeback or info["epilogue"])
         elif info["epilogue"] is None:
@@ -403,27 +464,26 @@ class MatmulEpilogue(Template):
             epi = sch.get_sblock(info["epilogue"])
 
         # Step 2c. A weight shared by the batches: the batch rows flattened into M (2-D from here on).
-        if config.get("flatten_batch", False) and flattenable(info):
+        if cfg.flatten_batch and flattenable(info):
             flatten_rows(sch, red, epi, info)
             nbatch = 0
 
         # Step 3. Tile the epilogue: batch, macro tiles (mc x nc), register tiles (mr x nr).
         loops = sch.get_loops(epi)
         b_loops, i_loop, j_loop = loops[:nbatch], loops[nbatch], loops[nbatch + 1]
-        i0, i1, i2 = sch.split(i_loop, factors=[None, config["mc_tiles"], mr])
-        j0, j1, j2 = sch.split(j_loop, factors=[None, config["nc_tiles"], nr])
-        outer = [j0, i0] if config["order"] == "ji" else [i0, j0]
+        i0, i1, i2 = sch.split(i_loop, factors=[None, cfg.mc_tiles, mr])
+        j0, j1, j2 = sch.split(j_loop, factors=[None, cfg.nc_tiles, nr])
+        outer = [j0, i0] if cfg.order == "ji" else [i0, j0]
         sch.reorder(*b_loops, *outer, i1, j1, i2, j2)
-        par = sch.fuse(*b_loops, *outer[:config["parallel_depth"]]) if (b_loops or config["parallel_depth"] > 1) \
-            else outer[0]
+        par = sch.fuse(*b_loops, *outer[:cfg.parallel_depth]) if (b_loops or cfg.parallel_depth > 1) else outer[0]
         sch.parallel(par)
         # B's macro panel (K x nc) is fixed by j0: pack it once per iteration of the loop holding j0
-        j0_fused = j0 in outer[:config["parallel_depth"]] or (b_loops and outer[0] is j0)
+        j0_fused = j0 in outer[:cfg.parallel_depth] or (b_loops and outer[0] is j0)
         pack_at = par if j0_fused else j0
 
         # Step 4. Compute the matmul on each register tile: C shrinks to an mr x nr accumulator.
         # Step 5. Initialize the accumulator before the k loop, vectorized.
-        compute_on_register_tile(sch, red, j1, lanes, config["k_unroll"])
+        compute_on_register_tile(sch, red, j1, lanes, cfg.k_unroll)
 
         # Step 6. The epilogue on the register tile: vectorized along j.
         e_jo, e_jv = sch.split(j2, factors=[None, lanes])
@@ -434,7 +494,7 @@ class MatmulEpilogue(Template):
             pack = sch.get_sblock(b_pad)
             sch.compute_at(pack, pack_at, preserve_unit_loops=True)
             U.vectorize_inner(sch, pack, lanes)
-        elif config["pack_b"]:
+        elif cfg.pack_b:
             if not info["b_contiguous_j"] and not info["b_buffer"]:
                 raise ValueError("pack_b needs a B operand buffer")
             b_index = [str(r.source.name) for r in sch.get(red).reads].index(info["b_buffer"])

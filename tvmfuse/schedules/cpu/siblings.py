@@ -17,19 +17,36 @@ and used by every sibling before the next row block is touched.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from ... import _compat as C
+from ...analysis import REDUCTION
 from ...target import cpu_info
-from ..base import Knob, KnobSpace, Match, Template
+from ..base import KnobSpace, Match, knob
 from . import common as U
-from .matmul import (FLATTEN_BATCH, K_UNROLL, MC_TILES, MR_CHOICES, NC_TILES, NVEC_CHOICES, PAD_N, epilogue_of,
-                     row_map, analyze_matmul, compute_on_register_tile, flatten_matmul, flattenable,
-                     lane_choices, pad_columns, pick_lanes, pick_macro_tiles, pick_register_tile)
+from .matmul import (FLATTEN_BATCH, PAD_N, RegisterTileConfig, analyze_matmul, compute_on_register_tile,
+                     epilogue_of, flatten_matmul, flattenable, matmul_roles, pad_columns, pick_lanes,
+                     register_tile_choices, register_tile_default, row_map)
 
 SHARE_ROWS = (True, False)       # merge the siblings' row-block loops (one A row block for all of them)
 ORDERS = ("rows", "cols")        # outer loop of each chain: row blocks of A, or column panels of B
 PACK_B = (False, True)           # copy each matmul's B panel (K x nc) into a contiguous buffer first
-# Row blocks per core the default aims for when it sizes mc (load balance of the parallel row loop).
-ROW_BLOCKS_PER_CORE = 2
+# The row blocks per core the default aims for when it sizes mc (load balance of the parallel row loop):
+# ``row_blocks_per_core`` of the family's template_defaults in schedules/cpu_targets.json.
+
+
+@dataclass(frozen=True)
+class SiblingsConfig(RegisterTileConfig):
+    """The knobs of ``cpu.sibling_matmuls``: the register tile of every chain, and how the chains share rows."""
+
+    share_rows: bool = knob("merge the siblings' row-block loops: A's row block is loaded once for all of them")
+    order: str = knob("outer (parallel) loop of each chain: 'rows' (A row blocks, shared by the siblings with "
+                      "share_rows) or 'cols' (B column panels: each panel read, or packed, once)")
+    pack_b: bool = knob("copy each matmul's B panel into a contiguous buffer at the panel loop (weights with a "
+                        "long row stride: one cache line and page per k step otherwise)")
+    pad_n: bool = knob("columns not a multiple of the register tile: pad j (B panel zero-padded) instead of "
+                       "a per-lane predicate (scalar code) on the register tile")
+    flatten_batch: bool = knob("weights shared by the batches: their rows as one M (each B panel read once)")
 
 
 def _prod(values) -> int:
@@ -66,10 +83,7 @@ def _chains(sch: C.Schedule, reductions: list) -> list[tuple[str | None, list[st
     return chains
 
 
-class SiblingMatmuls(Template):
-    family = "cpu.sibling_matmuls"
-    target_kinds = ("llvm",)
-
+class SiblingMatmuls(U.CpuTemplate, family="cpu.sibling_matmuls", config=SiblingsConfig):
     # ------------------------------------------------------------------ match
     def match(self, func: C.PrimFunc, target: C.Target) -> Match | None:
         sch = C.Schedule(func)
@@ -117,66 +131,67 @@ class SiblingMatmuls(Template):
             else first["M"],
         })
 
+    def accepts(self, group, target: C.Target) -> str | None:
+        """Static shapes, two or more matmul anchors (each ``analyze_matmul`` on its PrimFunc) over the same
+        rows, only matmuls (no conv) and no row reduction."""
+        anchors, contractions = U.matmul_anchors(group), group.of_kind(U.CONTRACTION)
+        if not group.is_static():
+            return "symbolic extents (the sibling template tiles static rows)"
+        if len(anchors) < 2 or len(anchors) != len(contractions):
+            return f"{len(contractions)} matmul/conv anchors, {len(anchors)} of them matmuls (this family " \
+                   "tiles two or more matmuls of one input)"
+        if group.of_kind(REDUCTION):
+            return "a row reduction beside the matmuls"
+        roles = [(m.name, matmul_roles(m.func)) for m in anchors]
+        bad = [name for name, r in roles if r is None]
+        if bad:
+            return f"{bad[0]} is not C += A * B with one i, j and k axis"
+        if len({(r["M"], tuple(r["batch"])) for _, r in roles}) != 1:
+            return "the matmuls have different rows (M or batch)"
+        return None
+
     # ------------------------------------------------------------------ knobs
     def space(self, match: Match, target: C.Target) -> KnobSpace:
         m, n, k = match.info.get("rows", match.info["M"]), match.info["N"], match.info["K"]
-        lanes = cpu_info(target).float32_lanes
-        return KnobSpace((
-            Knob("mr", U.choices_upto(MR_CHOICES, m), "rows of the register tile"),
-            Knob("nvec", U.choices_upto(NVEC_CHOICES, max(1, -(-n // lanes))), "vectors per register-tile row"),
-            Knob("lanes", lane_choices(lanes), "float32 lanes per vector (the target's width, or half)"),
-            Knob("mc_tiles", U.choices_upto(MC_TILES, max(1, m)), "register tiles per row block (shared A)"),
-            Knob("nc_tiles", U.choices_upto(NC_TILES, max(1, -(-n // lanes))), "register tiles per macro tile along j"),
-            Knob("k_unroll", U.choices_upto(K_UNROLL, k), "unroll of the reduction loop"),
-            Knob("share_rows", SHARE_ROWS if len(match.info["chains"]) > 1 else (False,),
-                 "merge the siblings' row-block loops: A's row block is loaded once for all of them"),
-            Knob("order", ORDERS, "outer (parallel) loop of each chain: 'rows' (A row blocks, shared by the "
-                 "siblings with share_rows) or 'cols' (B column panels: each panel read, or packed, once)"),
-            Knob("pack_b", PACK_B, "copy each matmul's B panel into a contiguous buffer at the panel loop "
-                 "(weights with a long row stride: one cache line and page per k step otherwise)"),
-            Knob("pad_n", PAD_N, "columns not a multiple of the register tile: pad j (B panel zero-padded) "
-                 "instead of a per-lane predicate (scalar code) on the register tile"),
-            Knob("flatten_batch", FLATTEN_BATCH if match.info.get("flattenable") else (False,),
-                 "weights shared by the batches: their rows as one M (each B panel read once)"),
-        ))
+        return SiblingsConfig.space(**register_tile_choices(m, n, k, cpu_info(target).float32_lanes),
+                                    share_rows=SHARE_ROWS if len(match.info["chains"]) > 1 else (False,),
+                                    order=ORDERS, pack_b=PACK_B, pad_n=PAD_N,
+                                    flatten_batch=FLATTEN_BATCH if match.info.get("flattenable") else (False,))
 
     def default_config(self, match: Match, target: C.Target) -> dict:
-        info = cpu_info(target)
-        regs = U.Registers.for_bits(info.vector_bits).count
+        info, d = cpu_info(target), self.table_defaults(target)
         ch = {kb.name: kb.choices for kb in self.space(match, target).knobs}
         m, n, k = match.info.get("rows", match.info["M"]), match.info["N"], match.info["K"]
         ns = set(match.info["Ns"].values())
         lanes = pick_lanes(m, ns.pop(), info.float32_lanes) if len(ns) == 1 else info.float32_lanes
-        mr, nvec = pick_register_tile(m, n, lanes, regs, ch["mr"], ch["nvec"])
-        nr = nvec * lanes
-        mc_tiles, nc_tiles = pick_macro_tiles(k, mr, nr, info.l2_bytes, ch["mc_tiles"], ch["nc_tiles"])
+        tile = register_tile_default(m, n, k, lanes, info, ch, d)
+        mr, nr, mc_tiles = tile["mr"], tile["nvec"] * lanes, tile["mc_tiles"]
         # the row-block loop is the parallel one: keep enough row blocks for every core
         batch = 1 if match.info.get("flattenable") else _prod(match.info["batch"])
-        want_blocks = ROW_BLOCKS_PER_CORE * info.cores
+        want_blocks = d["row_blocks_per_core"] * info.cores
         while mc_tiles > min(ch["mc_tiles"]) and batch * -(-m // (mr * mc_tiles)) < want_blocks:
             mc_tiles = max(c for c in ch["mc_tiles"] if c < mc_tiles)
-        order, pack = _default_order_pack(match, info, k, n, nr)
-        if pack:
-            nc_tiles = min(ch["nc_tiles"])    # one register-tile strip per panel: the packed strip is contiguous
+        order, pack = _default_order_pack(match, info, k, n, nr, d["row_blocks_per_core"])
+        # one register-tile strip per panel when packed: the packed strip is contiguous
+        nc_tiles = min(ch["nc_tiles"]) if pack else tile["nc_tiles"]
         share = True in ch["share_rows"] and order == "rows"
-        return {"mr": mr, "nvec": nvec, "lanes": lanes, "mc_tiles": mc_tiles, "nc_tiles": nc_tiles,
-                "k_unroll": U.nearest_choice(ch["k_unroll"], 4 if k % 4 == 0 else 1),
-                "share_rows": share, "order": order, "pack_b": pack, "pad_n": True,
-                "flatten_batch": bool(match.info.get("flattenable"))}
+        return SiblingsConfig(**{**tile, "mc_tiles": mc_tiles, "nc_tiles": nc_tiles}, share_rows=share,
+                              order=order, pack_b=pack, pad_n=d["pad_n"],
+                              flatten_batch=bool(match.info.get("flattenable"))).asdict()
 
     # ------------------------------------------------------------------ apply
     def apply(self, sch: C.Schedule, match: Match, config: dict) -> None:
-        info = match.info
-        mr, lanes = config["mr"], config["lanes"]
-        nr = config["nvec"] * lanes
+        info, cfg = match.info, SiblingsConfig.from_dict(config)
+        mr, lanes = cfg.mr, cfg.lanes
+        nr = cfg.nvec * lanes
         nbatch = len(info["batch"])
-        cols = config.get("order", "rows") == "cols"
+        cols = cfg.order == "cols"
 
         # Step 1. Fold the elementwise chains into their epilogue blocks (same folding as match()).
         U.inline_elementwise(sch)
 
         tops, tiles, pads = [], [], {}
-        flat = config.get("flatten_batch", False) and info.get("flattenable", False)
+        flat = cfg.flatten_batch and info.get("flattenable", False)
         row_info = {"batch": info["batch"], "M": info["M_rows"]}
         if flat:
             nbatch = 0
@@ -185,7 +200,7 @@ class SiblingMatmuls(Template):
             # panel zero-padded in Step 5), so the register tile has no per-lane predicate.
             # Step 2b. A matmul that is an output accumulates into a cache block written back from it.
             writeback = None
-            if config.get("pad_n", False) and info["Ns"][reds[0]] % nr:
+            if cfg.pad_n and info["Ns"][reds[0]] % nr:
                 for red in reds:
                     wb, pads[red] = pad_columns(sch, sch.get_sblock(red), info["infos"][red], nr)
                     writeback = writeback or wb
@@ -205,8 +220,8 @@ class SiblingMatmuls(Template):
             # Step 3. Tile the chain's output: [batch, row block i0], j0, i1, j1, register tile (i2, j2).
             loops = sch.get_loops(epi)
             b_loops, i_loop, j_loop = loops[:nbatch], loops[nbatch], loops[nbatch + 1]
-            i0, i1, i2 = sch.split(i_loop, factors=[None, config["mc_tiles"], mr])
-            j0, j1, j2 = sch.split(j_loop, factors=[None, config["nc_tiles"], nr])
+            i0, i1, i2 = sch.split(i_loop, factors=[None, cfg.mc_tiles, mr])
+            j0, j1, j2 = sch.split(j_loop, factors=[None, cfg.nc_tiles, nr])
             if cols:
                 sch.reorder(*b_loops, j0, i0, i1, j1, i2, j2)
                 tops.append(sch.fuse(*b_loops, j0) if b_loops else j0)
@@ -219,7 +234,7 @@ class SiblingMatmuls(Template):
 
         # Step 4. One parallel row-block loop for all siblings (A's row block shared), or one each.
         # (Before the matmuls move in: `parallel` needs complete blocks, not split-off inits.)
-        if config["share_rows"] and len(tops) > 1 and not cols:
+        if cfg.share_rows and len(tops) > 1 and not cols:
             sch.parallel(sch.merge(*tops))
         else:
             for top in tops:
@@ -230,12 +245,12 @@ class SiblingMatmuls(Template):
             # with pack_b, its B panel (K x nc) is first copied contiguously, once per panel iteration.
             for red in reds:
                 blk = sch.get_sblock(red)        # after this step: the update block (the init split off)
-                compute_on_register_tile(sch, blk, j1, lanes, config["k_unroll"])
+                compute_on_register_tile(sch, blk, j1, lanes, cfg.k_unroll)
                 if red in pads:
                     pack = sch.get_sblock(pads[red])
                     sch.compute_at(pack, panel, preserve_unit_loops=True)
                     U.vectorize_inner(sch, pack, lanes)
-                elif config.get("pack_b"):
+                elif cfg.pack_b:
                     reads = [str(r.source.name) for r in sch.get(blk).reads]
                     pack = sch.cache_read(blk, reads.index(info["b_buffers"][red]), "global")
                     sch.compute_at(pack, panel, preserve_unit_loops=True)
@@ -250,7 +265,7 @@ class SiblingMatmuls(Template):
             U.schedule_injective(sch, sch.get_sblock(name), lanes)
 
 
-def _default_order_pack(match: Match, info, k: int, n: int, nr: int) -> tuple[str, bool]:
+def _default_order_pack(match: Match, info, k: int, n: int, nr: int, row_blocks_per_core: int) -> tuple[str, bool]:
     """('cols', True) when the chain's register-tile strips of B (K rows of nr floats each, N floats apart)
     take more than a quarter of L1: each B panel is then packed once and read contiguously, where 'rows'
     re-reads it with its long row stride (a cache line and often a page per k step) for every row block.
@@ -259,6 +274,6 @@ def _default_order_pack(match: Match, info, k: int, n: int, nr: int) -> tuple[st
     strip = match.info["chain_len"] * k * nr * 4
     batch = 1 if match.info.get("flattenable") else _prod(match.info["batch"])
     panels = batch * -(-n // nr)          # iterations of the parallel panel loop (nc_tiles = 1)
-    if strip > info.l1d_bytes // 4 and panels >= ROW_BLOCKS_PER_CORE * info.cores:
+    if strip > info.l1d_bytes // 4 and panels >= row_blocks_per_core * info.cores:
         return "cols", True
     return "rows", False

@@ -13,15 +13,25 @@ symbolic extent, such as a softmax over ``seq``, the last vector is predicated).
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
 
 from ... import _compat as C
+from ...analysis import REDUCTION
 from ...target import cpu_info
-from ..base import Knob, KnobSpace, Match, Template
+from ..base import Config, KnobSpace, Match, knob
 from . import common as U
 
 VECTOR_MULT = (1, 2)       # vector registers per step of the innermost loop
 
 log = logging.getLogger("tvmfuse.schedule")
+
+
+@dataclass(frozen=True)
+class SymbolicRowsConfig(Config):
+    """The knobs of ``cpu.symbolic_rows``."""
+
+    lanes: int = knob("float32 lanes per vector (target)")
+    vector_mult: int = knob("vector registers per step")
 
 
 def _symbolic(sch: C.Schedule, block) -> list[bool]:
@@ -126,9 +136,16 @@ def _apply(sch: C.Schedule, lanes: int, drop: int) -> None:
         sch.parallel(sch.get_loops(sch.get_sblock(out_name))[0])
 
 
-class SymbolicRows(Template):
-    family = "cpu.symbolic_rows"
-    target_kinds = ("llvm",)
+class SymbolicRows(U.CpuTemplate, family="cpu.symbolic_rows", config=SymbolicRowsConfig):
+    def accepts(self, group, target: C.Target) -> str | None:
+        """A group with a symbolic extent and a reduction or matmul/conv.  Whether every block can be
+        computed per row of its output only the schedule tells (``match`` tries it on the fused kernel);
+        a kernel it refuses gets the generic schedule, which is what the unfused ops would get too."""
+        if group.is_static():
+            return "static extents (the static templates take those)"
+        if not group.of_kind(REDUCTION, U.CONTRACTION):
+            return "no reduction (cpu.elementwise takes symbolic elementwise kernels)"
+        return None
 
     def match(self, func: C.PrimFunc, target: C.Target) -> Match | None:
         sch = C.Schedule(func)
@@ -153,13 +170,13 @@ class SymbolicRows(Template):
         return None
 
     def space(self, match: Match, target: C.Target) -> KnobSpace:
-        return KnobSpace((
-            Knob("lanes", (cpu_info(target).float32_lanes,), "float32 lanes per vector (target)"),
-            Knob("vector_mult", VECTOR_MULT, "vector registers per step"),
-        ))
+        return SymbolicRowsConfig.space(lanes=(cpu_info(target).float32_lanes,), vector_mult=VECTOR_MULT)
 
     def default_config(self, match: Match, target: C.Target) -> dict:
-        return {"lanes": cpu_info(target).float32_lanes, "vector_mult": 1}
+        d = self.table_defaults(target)
+        return SymbolicRowsConfig(lanes=cpu_info(target).float32_lanes,
+                                  vector_mult=U.nearest_choice(VECTOR_MULT, d["vector_mult"])).asdict()
 
     def apply(self, sch: C.Schedule, match: Match, config: dict) -> None:
-        _apply(sch, config["lanes"] * config["vector_mult"], match.info["drop"])
+        cfg = SymbolicRowsConfig.from_dict(config)
+        _apply(sch, cfg.lanes * cfg.vector_mult, match.info["drop"])

@@ -20,13 +20,13 @@ from __future__ import annotations
 
 from ... import _compat as C
 from ...target import cpu_info
-from ..base import Knob, KnobSpace, Match
+from ..base import KnobSpace, Match
 from . import common as U
 from . import matmul as MM
 
-# The row count the untuned default is sized for: rows are not known at compile time; a register tile
-# of this many rows or fewer keeps the predicated last tile short (at most mr - 1 wasted rows).
-NOMINAL_ROWS = 64
+# The row count the untuned default is sized for (``nominal_rows`` of the family's template_defaults in
+# schedules/cpu_targets.json): rows are not known at compile time; a register tile of this many rows or
+# fewer keeps the predicated last tile short (at most mr - 1 wasted rows).
 SYM_MR_CHOICES = (1, 2, 4, 6, 8)
 
 
@@ -67,11 +67,23 @@ def analyze_symbolic_matmul(sch: C.Schedule, block) -> dict | None:
     }
 
 
-class SymbolicMatmulEpilogue(MM.MatmulEpilogue):
-    """``cpu.matmul_epilogue``'s schedule over a symbolic row count (see the module docstring)."""
+class SymbolicMatmulEpilogue(MM.MatmulEpilogue, family="cpu.symbolic_matmul"):
+    """``cpu.matmul_epilogue``'s schedule (and its ``MatmulConfig``) over a symbolic row count (see the module
+    docstring)."""
 
-    family = "cpu.symbolic_matmul"
-    target_kinds = ("llvm",)
+    def accepts(self, group, target: C.Target) -> str | None:
+        """One matmul anchor with symbolic rows, no row reduction, and (``analyze`` on its PrimFunc) static
+        N and K, a weight shared by the batches and N a multiple of the vector width."""
+        roles, why = MM.anchor_matmul(group, static=False)
+        if why is not None:
+            return why
+        anchor = U.matmul_anchors(group)[0]
+        sch = C.Schedule(anchor.func)
+        U.inline_elementwise(sch)
+        reds = [b for b in U.top_blocks(sch) if not U.is_spatial(sch, b)]
+        if len(reds) != 1 or self.analyze(sch, reds[0], target) is None:
+            return f"{anchor.name} is not [rows, K] @ [K, N] with static N, K and N a multiple of the vector width"
+        return None
 
     def analyze(self, sch: C.Schedule, red, target: C.Target) -> dict | None:
         info = analyze_symbolic_matmul(sch, red)
@@ -80,7 +92,7 @@ class SymbolicMatmulEpilogue(MM.MatmulEpilogue):
         return info
 
     def finish(self, func: C.PrimFunc, info: dict, target: C.Target) -> Match | None:
-        info["rows"] = NOMINAL_ROWS
+        info["rows"] = self.table_defaults(target)["nominal_rows"]
         # the match must schedule: try the default on a copy (symbolic layouts can refuse)
         match = Match(self.family, info)
         try:
@@ -92,37 +104,27 @@ class SymbolicMatmulEpilogue(MM.MatmulEpilogue):
     def space(self, match: Match, target: C.Target) -> KnobSpace:
         n, k = match.info["N"], match.info["K"]
         lanes = cpu_info(target).float32_lanes
-        divides = tuple(v for v in MM.NVEC_CHOICES if n % (v * lanes) == 0)
-        return KnobSpace((
-            Knob("mr", SYM_MR_CHOICES, "rows of the register tile (the last row tile predicated)"),
-            Knob("nvec", divides, "vectors per register-tile row (divides N)"),
-            Knob("lanes", (lanes,), "float32 lanes per vector (target)"),
-            Knob("mc_tiles", MM.MC_TILES, "register tiles per macro tile along the rows"),
-            Knob("nc_tiles", U.choices_upto(MM.NC_TILES, max(1, n // lanes)), "register tiles per macro tile along j"),
-            Knob("k_unroll", U.choices_upto(MM.K_UNROLL, k), "unroll of the reduction loop"),
-            Knob("order", MM.ORDERS, "macro loop order"),
-            Knob("parallel_depth", MM.PARALLEL_DEPTH, "macro loops fused into the parallel loop"),
-            Knob("pack_b", (False,), "B is shared by every row tile; no packing over symbolic rows"),
-            Knob("pad_n", (False,), "N is a multiple of the vector width (match)"),
-            Knob("flatten_batch", (True,), "batch and sequence rows as one symbolic row axis"),
-        ))
+        return MM.MatmulConfig.space(
+            mr=SYM_MR_CHOICES, nvec=tuple(v for v in MM.NVEC_CHOICES if n % (v * lanes) == 0), lanes=(lanes,),
+            mc_tiles=MM.MC_TILES, nc_tiles=U.choices_upto(MM.NC_TILES, max(1, n // lanes)),
+            k_unroll=U.choices_upto(MM.K_UNROLL, k), order=MM.ORDERS, parallel_depth=MM.PARALLEL_DEPTH,
+            pack_b=(False,),          # B is shared by every row tile; no packing over symbolic rows
+            pad_n=(False,),           # N is a multiple of the vector width (match)
+            flatten_batch=(True,))    # batch and sequence rows as one symbolic row axis
 
     def default_config(self, match: Match, target: C.Target) -> dict:
-        info = cpu_info(target)
-        regs = U.Registers.for_bits(info.vector_bits).count
+        info, d = cpu_info(target), self.table_defaults(target)
         ch = {kb.name: kb.choices for kb in self.space(match, target).knobs}
-        n, k, lanes = match.info["N"], match.info["K"], info.float32_lanes
-        mr, nvec = MM.pick_register_tile(NOMINAL_ROWS, n, lanes, regs, ch["mr"], ch["nvec"])
-        nr = nvec * lanes
-        mc_tiles, nc_tiles = MM.pick_macro_tiles(k, mr, nr, info.l2_bytes, ch["mc_tiles"], ch["nc_tiles"])
+        n, k, lanes, rows = match.info["N"], match.info["K"], info.float32_lanes, d["nominal_rows"]
+        tile = MM.register_tile_default(rows, n, k, lanes, info, ch, d)
+        mr, nr = tile["mr"], tile["nvec"] * lanes
         # a macro tile no wider than N (wider ones only add always-false column predicates)
-        nc_tiles = max(c for c in ch["nc_tiles"] if c <= max(1, min(nc_tiles, n // nr)))
+        nc_tiles = max(c for c in ch["nc_tiles"] if c <= max(1, min(tile["nc_tiles"], n // nr)))
         # rows are the parallel dimension (their count is unknown): one macro tile of rows per task
-        mc_tiles = min(mc_tiles, max(1, NOMINAL_ROWS // (mr * info.cores)))
+        mc_tiles = min(tile["mc_tiles"], max(1, rows // (mr * info.cores)))
         mc_tiles = max(c for c in ch["mc_tiles"] if c <= mc_tiles)
-        return {"mr": mr, "nvec": nvec, "lanes": lanes, "mc_tiles": mc_tiles, "nc_tiles": nc_tiles,
-                "k_unroll": U.nearest_choice(ch["k_unroll"], 4 if k % 4 == 0 else 1), "order": "ij",
-                "parallel_depth": 1, "pack_b": False, "pad_n": False, "flatten_batch": True}
+        return MM.MatmulConfig(**{**tile, "mc_tiles": mc_tiles, "nc_tiles": nc_tiles}, order=d["order"],
+                               parallel_depth=1, pack_b=False, pad_n=False, flatten_batch=True).asdict()
 
     def apply(self, sch: C.Schedule, match: Match, config: dict) -> None:
         # cpu.matmul_epilogue's steps; flattenable(info) holds (shared weight, ordered iterators), so its
