@@ -83,9 +83,10 @@ class KnobSpace:
         return {k.name: list(k.choices) for k in self.knobs}
 
 
-def knob(doc: str):
-    """A field of a typed config: one knob, with what it controls (the knob's doc)."""
-    return field(metadata={"doc": doc})
+def knob(doc: str, candidates: tuple = ()):
+    """A field of a typed config: one knob, with what it controls (the knob's doc) and, optionally, the
+    family's candidate values (``Config.space`` takes them when it is given no choices for the knob)."""
+    return field(metadata={"doc": doc, "candidates": tuple(candidates)})
 
 
 class Config:
@@ -99,8 +100,11 @@ class Config:
 
     @classmethod
     def space(cls, **choices) -> KnobSpace:
-        """The knob space: one knob per field, in field order, with the given legal choices."""
+        """The knob space: one knob per field, in field order, with the given legal choices (a knob given
+        none: the candidates its field declares)."""
         names = cls.knob_names()
+        choices = {**{f.name: f.metadata["candidates"] for f in fields(cls) if f.metadata.get("candidates")},
+                   **choices}
         missing, extra = [n for n in names if n not in choices], sorted(set(choices) - set(names))
         if missing or extra:
             raise ValueError(f"{cls.__name__} space: choices missing for {missing}, not knobs: {extra}")

@@ -48,24 +48,25 @@ HALF_LANES_BELOW_ROWS_PER_LANE = 2
 class RegisterTileConfig(Config):
     """The knobs of a register-blocked GEMM shared by the CPU matmul families (BLIS-style tiles)."""
 
-    mr: int = knob("rows of the register tile")
-    nvec: int = knob("vectors per register-tile row")
+    mr: int = knob("rows of the register tile", MR_CHOICES)
+    nvec: int = knob("vectors per register-tile row", NVEC_CHOICES)
     lanes: int = knob("float32 lanes per vector (the target's width, or half)")
-    mc_tiles: int = knob("register tiles per macro tile along i (the rows)")
-    nc_tiles: int = knob("register tiles per macro tile along j")
-    k_unroll: int = knob("unroll of the reduction loop")
+    mc_tiles: int = knob("register tiles per macro tile along i (the rows)", MC_TILES)
+    nc_tiles: int = knob("register tiles per macro tile along j", NC_TILES)
+    k_unroll: int = knob("unroll of the reduction loop", K_UNROLL)
 
 
 @dataclass(frozen=True)
 class MatmulConfig(RegisterTileConfig):
     """The knobs of ``cpu.matmul_epilogue`` (and ``cpu.symbolic_matmul``)."""
 
-    order: str = knob("macro loop order: 'ij' (A panel reuse) or 'ji' (B panel reuse)")
-    parallel_depth: int = knob("macro loops fused into the parallel loop")
-    pack_b: bool = knob("pack B's macro panel contiguously")
+    order: str = knob("macro loop order: 'ij' (A panel reuse) or 'ji' (B panel reuse)", ORDERS)
+    parallel_depth: int = knob("macro loops fused into the parallel loop", PARALLEL_DEPTH)
+    pack_b: bool = knob("pack B's macro panel contiguously", PACK_B)
     pad_n: bool = knob("columns not a multiple of the register tile: pad j (B panel zero-padded) instead of "
-                       "a per-lane predicate (scalar code) on the register tile")
-    flatten_batch: bool = knob("a weight shared by the batches: their rows as one M (each B panel read once)")
+                       "a per-lane predicate (scalar code) on the register tile", PAD_N)
+    flatten_batch: bool = knob("a weight shared by the batches: their rows as one M (each B panel read once)",
+                               FLATTEN_BATCH)
 
 
 def register_tile_choices(m: int, n: int, k: int, lanes: int) -> dict:
@@ -418,8 +419,7 @@ class MatmulEpilogue(U.CpuTemplate, family="cpu.matmul_epilogue", config=MatmulC
     def space(self, match: Match, target: C.Target) -> KnobSpace:
         m, n, k = match.info.get("rows", match.info["M"]), match.info["N"], match.info["K"]
         return MatmulConfig.space(**register_tile_choices(m, n, k, cpu_info(target).float32_lanes),
-                                  order=ORDERS, parallel_depth=PARALLEL_DEPTH, pack_b=PACK_B, pad_n=PAD_N,
-                                  flatten_batch=FLATTEN_BATCH if flattenable(match.info) else (False,))
+                                  **({} if flattenable(match.info) else {"flatten_batch": (False,)}))
 
     def default_config(self, match: Match, target: C.Target) -> dict:
         info, d = cpu_info(target), self.table_defaults(target)

@@ -39,14 +39,16 @@ PACK_B = (False, True)           # copy each matmul's B panel (K x nc) into a co
 class SiblingsConfig(RegisterTileConfig):
     """The knobs of ``cpu.sibling_matmuls``: the register tile of every chain, and how the chains share rows."""
 
-    share_rows: bool = knob("merge the siblings' row-block loops: A's row block is loaded once for all of them")
+    share_rows: bool = knob("merge the siblings' row-block loops: A's row block is loaded once for all of them",
+                            SHARE_ROWS)
     order: str = knob("outer (parallel) loop of each chain: 'rows' (A row blocks, shared by the siblings with "
-                      "share_rows) or 'cols' (B column panels: each panel read, or packed, once)")
+                      "share_rows) or 'cols' (B column panels: each panel read, or packed, once)", ORDERS)
     pack_b: bool = knob("copy each matmul's B panel into a contiguous buffer at the panel loop (weights with a "
-                        "long row stride: one cache line and page per k step otherwise)")
+                        "long row stride: one cache line and page per k step otherwise)", PACK_B)
     pad_n: bool = knob("columns not a multiple of the register tile: pad j (B panel zero-padded) instead of "
-                       "a per-lane predicate (scalar code) on the register tile")
-    flatten_batch: bool = knob("weights shared by the batches: their rows as one M (each B panel read once)")
+                       "a per-lane predicate (scalar code) on the register tile", PAD_N)
+    flatten_batch: bool = knob("weights shared by the batches: their rows as one M (each B panel read once)",
+                               FLATTEN_BATCH)
 
 
 def _prod(values) -> int:
@@ -153,10 +155,10 @@ class SiblingMatmuls(U.CpuTemplate, family="cpu.sibling_matmuls", config=Sibling
     # ------------------------------------------------------------------ knobs
     def space(self, match: Match, target: C.Target) -> KnobSpace:
         m, n, k = match.info.get("rows", match.info["M"]), match.info["N"], match.info["K"]
-        return SiblingsConfig.space(**register_tile_choices(m, n, k, cpu_info(target).float32_lanes),
-                                    share_rows=SHARE_ROWS if len(match.info["chains"]) > 1 else (False,),
-                                    order=ORDERS, pack_b=PACK_B, pad_n=PAD_N,
-                                    flatten_batch=FLATTEN_BATCH if match.info.get("flattenable") else (False,))
+        only = {"share_rows": (False,)} if len(match.info["chains"]) < 2 else {}     # one chain: nothing to share
+        if not match.info.get("flattenable"):
+            only["flatten_batch"] = (False,)
+        return SiblingsConfig.space(**register_tile_choices(m, n, k, cpu_info(target).float32_lanes), **only)
 
     def default_config(self, match: Match, target: C.Target) -> dict:
         info, d = cpu_info(target), self.table_defaults(target)

@@ -107,7 +107,7 @@ class SymbolicMatmulEpilogue(MM.MatmulEpilogue, family="cpu.symbolic_matmul"):
         return MM.MatmulConfig.space(
             mr=SYM_MR_CHOICES, nvec=tuple(v for v in MM.NVEC_CHOICES if n % (v * lanes) == 0), lanes=(lanes,),
             mc_tiles=MM.MC_TILES, nc_tiles=U.choices_upto(MM.NC_TILES, max(1, n // lanes)),
-            k_unroll=U.choices_upto(MM.K_UNROLL, k), order=MM.ORDERS, parallel_depth=MM.PARALLEL_DEPTH,
+            k_unroll=U.choices_upto(MM.K_UNROLL, k),   # order, parallel_depth: MatmulConfig's candidates
             pack_b=(False,),          # B is shared by every row tile; no packing over symbolic rows
             pad_n=(False,),           # N is a multiple of the vector width (match)
             flatten_batch=(True,))    # batch and sequence rows as one symbolic row axis
