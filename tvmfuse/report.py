@@ -155,7 +155,9 @@ def groups_in(grouped_mod) -> list[dict]:
         rule = str(func.attrs["tvmfuse.rule"]) if "tvmfuse.rule" in func.attrs else "fuse_ops"
         groups.append({"kernel": str(gv.name_hint), "ops": members, "rule": rule,
                        "outputs": len(C.ret_type(func).fields)
-                       if isinstance(C.ret_type(func), C.TupleType) else 1})
+                       if isinstance(C.ret_type(func), C.TupleType) else 1,
+                       **({"template": str(func.attrs["tvmfuse.template"])} if "tvmfuse.template" in func.attrs
+                          else {})})
     groups.sort(key=lambda g: g["kernel"])
     return groups
 

@@ -4,8 +4,8 @@ Every dataflow block of every inference function is a DAG of bindings; each ``ca
 ``rules.classify`` gives a kind.  Nodes are merged with a union-find, first along producer -> consumer
 edges (in binding order), then between siblings that read one tensor, each merge decided by
 ``rules`` (legality, profitability, target support joined in ``_decide``).  Each group of two or more
-ops becomes a Relax function with ``Primitive=1`` and ``tvmfuse.rule`` (the rules that formed it), called
-from the block; a tensor of the group that something outside still reads is one more output of the group
+ops becomes a Relax function with ``Primitive=1``, ``tvmfuse.rule`` (the rules that formed it) and
+``tvmfuse.template`` (the family that accepted it, where one did), called from the block; a tensor of the group that something outside still reads is one more output of the group
 (the function returns a tuple).  TVM's FuseTIR then merges each group into one PrimFunc.
 
 Every fusion that a rule considered and did not do, and every pair a rule could not cover, is recorded
@@ -295,7 +295,7 @@ def partition(g: _BlockGraph) -> list[tuple[str, str, str, str]]:
 
 
 # ----------------------------------------------------------------------------------------- rewriting
-def _group_function(g: _BlockGraph, members: list[int], name: str, rule: str):
+def _group_function(g: _BlockGraph, members: list[int], name: str, rule: str, template: str = ""):
     """The Primitive Relax function of one group and the outer arguments it is called with."""
     member_set = set(members)
     outer_args, params, pmap = [], [], {}
@@ -315,7 +315,8 @@ def _group_function(g: _BlockGraph, members: list[int], name: str, rule: str):
             pmap[a] = p
     outs = g.outputs(member_set)
     bb = C.BlockBuilder()
-    with bb.function(name, params, attrs={"Primitive": 1, "tvmfuse.rule": rule}, private=True):
+    attrs = {"Primitive": 1, "tvmfuse.rule": rule, **({"tvmfuse.template": template} if template else {})}
+    with bb.function(name, params, attrs=attrs, private=True):
         with bb.dataflow():
             vmap = {}
             for k in members:
@@ -379,11 +380,12 @@ def _rewrite_block(g: _BlockGraph, mbb, taken: set, stats: list):
             members = groups[it]
             rule = "+".join(g.group_rules.get(it, []))
             name = _group_name(g, members, taken)
-            func, outer_args, outs = _group_function(g, members, name, rule)
+            template = g.group_template.get(it, "")
+            func, outer_args, outs = _group_function(g, members, name, rule, template)
             gv = mbb.add_func(func, name)
             call = mbb.normalize(C.relax.Call(gv, outer_args))
             record_group(name, [op_name(str(g.bindings[k].value.args[0].name_hint)) for k in members
-                                if k not in g.alias_of], rule, len(outs), g.group_template.get(it, ""))
+                                if k not in g.alias_of], rule, len(outs), template)
             stats.append(name)
             if len(outs) == 1:
                 new_bindings.append(C.relax.VarBinding(g.bindings[outs[0]].var, call))

@@ -143,7 +143,8 @@ class Template:
     def accepts(self, group, target: C.Target) -> str | None:
         """Asked by the fusion rules before the group's kernel exists (``analysis.GroupInfo``: the ops'
         kinds, shapes, row keys, data operands, anchor PrimFuncs): None when ``match`` will take the fused
-        kernel, else why not.  A family that does not override it gates no fusion."""
+        kernel, else why not.  A family that does not override it is not asked; on CPU the generic schedule
+        answers last for the kernels such families take (``schedules.accepting_template``)."""
         raise NotImplementedError
 
     def space(self, match: Match, target: C.Target) -> KnobSpace:
