@@ -5,8 +5,9 @@ Every dataflow block of every inference function is a DAG of bindings; each ``ca
 edges (in binding order), then between siblings that read one tensor, each merge decided by
 ``rules`` (legality, profitability, target support joined in ``_decide``).  Each group of two or more
 ops becomes a Relax function with ``Primitive=1``, ``tvmfuse.rule`` (the rules that formed it) and
-``tvmfuse.template`` (the family that accepted it, where one did), called from the block; a tensor of the group that something outside still reads is one more output of the group
-(the function returns a tuple).  TVM's FuseTIR then merges each group into one PrimFunc.
+``tvmfuse.template`` (the family that accepted it, where one did), called from the block; a tensor of
+the group that something outside still reads is one more output of the group (the function returns a
+tuple).  TVM's FuseTIR then merges each group into one PrimFunc.
 
 Every fusion that a rule considered and did not do, and every pair a rule could not cover, is recorded
 with ``explain.record_refusal``.

@@ -9,7 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ... import _compat as C
-from ...analysis import CONTRACTION, epilogue_of as own_index_consumer, nearest as nearest_choice  # noqa: F401
+from ...analysis import CONTRACTION
+from ...analysis import epilogue_of as own_index_consumer, nearest as nearest_choice  # noqa: F401 (shared helpers)
 from ...target import template_defaults
 from ..base import Template
 

@@ -19,7 +19,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ... import _compat as C
-from ...analysis import REDUCTION, epilogue_of, multiply_accumulate
+from ...analysis import CONTRACTION, REDUCTION, epilogue_of, multiply_accumulate
 from ...target import CPUInfo, cpu_info
 from ..base import Config, KnobSpace, Match, knob
 from . import common as U
@@ -92,26 +92,22 @@ def register_tile_default(m: int, n: int, k: int, lanes: int, info: CPUInfo, cho
             "k_unroll": U.nearest_choice(choices["k_unroll"], unroll if k % unroll == 0 else 1)}
 
 
-def anchor_matmul(group, static: bool) -> tuple[dict | None, str | None]:
-    """For ``accepts``: (the roles of the group's one matmul anchor, None), else (None, why not).  The roles
-    come from the anchor op's own PrimFunc (``analyze_matmul``; with ``static`` False,
-    ``symbolic_matmul.analyze_symbolic_matmul``'s job is left to the caller: the roles are None)."""
+def one_matmul_anchor(group, static: bool) -> str | None:
+    """For ``accepts``: None when the group (``analysis.GroupInfo``) has ``static`` (or, False, symbolic)
+    extents, exactly one matmul/conv anchor, a matmul, no row reduction and, when static, an anchor PrimFunc
+    that ``analyze_matmul`` reads as ``C += A * B``; else why not."""
     if group.is_static() != static:
-        return None, ("symbolic extents (cpu.symbolic_matmul and cpu.symbolic_rows take those)" if static
-                      else "static extents (cpu.matmul_epilogue takes those)")
-    anchors = U.matmul_anchors(group)
-    if len(anchors) != 1 or len(group.of_kind(U.CONTRACTION)) != 1:
-        return None, f"{len(group.of_kind(U.CONTRACTION))} matmul/conv anchors, {len(anchors)} of them " \
-                     "matmuls (this family tiles one matmul)"
+        return ("symbolic extents (cpu.symbolic_matmul and cpu.symbolic_rows take those)" if static
+                else "static extents (cpu.matmul_epilogue takes those)")
+    anchors, contractions = U.matmul_anchors(group), group.of_kind(CONTRACTION)
+    if len(anchors) != 1 or len(contractions) != 1:
+        return f"{len(contractions)} matmul/conv anchors, {len(anchors)} of them matmuls (this family tiles one matmul)"
     if group.of_kind(REDUCTION):
-        return None, "a row reduction beside the matmul"
-    if not static:
-        return {}, None
-    roles = matmul_roles(anchors[0].func)
-    if roles is None:
-        return None, f"{anchors[0].name} is not C += A * B with one i, j and k axis (a window, strided or " \
-                     "reshaped operand index)"
-    return roles, None
+        return "a row reduction beside the matmul"
+    if static and matmul_roles(anchors[0].func) is None:
+        return f"{anchors[0].name} is not C += A * B with one i, j and k axis (a window, strided or reshaped " \
+               "operand index)"
+    return None
 
 
 def lane_choices(lanes: int) -> tuple:
@@ -413,7 +409,7 @@ class MatmulEpilogue(U.CpuTemplate, family="cpu.matmul_epilogue", config=MatmulC
     def accepts(self, group, target: C.Target) -> str | None:
         """One static matmul anchor (``analyze_matmul`` on its PrimFunc), an elementwise epilogue (the
         contraction_epilogue rule's check) and no row reduction."""
-        return anchor_matmul(group, static=True)[1]
+        return one_matmul_anchor(group, static=True)
 
     # ------------------------------------------------------------------ knobs
     def space(self, match: Match, target: C.Target) -> KnobSpace:

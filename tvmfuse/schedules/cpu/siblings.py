@@ -20,7 +20,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ... import _compat as C
-from ...analysis import REDUCTION
+from ...analysis import CONTRACTION, REDUCTION
 from ...target import cpu_info
 from ..base import KnobSpace, Match, knob
 from . import common as U
@@ -136,7 +136,7 @@ class SiblingMatmuls(U.CpuTemplate, family="cpu.sibling_matmuls", config=Sibling
     def accepts(self, group, target: C.Target) -> str | None:
         """Static shapes, two or more matmul anchors (each ``analyze_matmul`` on its PrimFunc) over the same
         rows, only matmuls (no conv) and no row reduction."""
-        anchors, contractions = U.matmul_anchors(group), group.of_kind(U.CONTRACTION)
+        anchors, contractions = U.matmul_anchors(group), group.of_kind(CONTRACTION)
         if not group.is_static():
             return "symbolic extents (the sibling template tiles static rows)"
         if len(anchors) < 2 or len(anchors) != len(contractions):

@@ -16,7 +16,7 @@ import logging
 from dataclasses import dataclass
 
 from ... import _compat as C
-from ...analysis import REDUCTION
+from ...analysis import CONTRACTION, REDUCTION
 from ...target import cpu_info
 from ..base import Config, KnobSpace, Match, knob
 from . import common as U
@@ -143,7 +143,7 @@ class SymbolicRows(U.CpuTemplate, family="cpu.symbolic_rows", config=SymbolicRow
         a kernel it refuses gets the generic schedule, which is what the unfused ops would get too."""
         if group.is_static():
             return "static extents (the static templates take those)"
-        if not group.of_kind(REDUCTION, U.CONTRACTION):
+        if not group.of_kind(REDUCTION, CONTRACTION):
             return "no reduction (cpu.elementwise takes symbolic elementwise kernels)"
         return None
 

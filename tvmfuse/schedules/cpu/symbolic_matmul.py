@@ -74,7 +74,7 @@ class SymbolicMatmulEpilogue(MM.MatmulEpilogue, family="cpu.symbolic_matmul"):
     def accepts(self, group, target: C.Target) -> str | None:
         """One matmul anchor with symbolic rows, no row reduction, and (``analyze`` on its PrimFunc) static
         N and K, a weight shared by the batches and N a multiple of the vector width."""
-        roles, why = MM.anchor_matmul(group, static=False)
+        why = MM.one_matmul_anchor(group, static=False)
         if why is not None:
             return why
         anchor = U.matmul_anchors(group)[0]
