@@ -269,7 +269,8 @@ def _table(results: list[dict], engines) -> str:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--seqs", nargs="*", type=int, default=[128, 512, 2048], help="sequence lengths")
+    ap.add_argument("--seqs", nargs="*", type=int, default=None,
+                    help="sequence lengths (default 128 512 2048; with --quick, %s)" % (QUICK_SEQS,))
     ap.add_argument("--heads", type=int, default=12)
     ap.add_argument("--head-dim", type=int, default=64)
     ap.add_argument("--engines", nargs="*", default=list(ENGINES), choices=ENGINES)
@@ -280,7 +281,7 @@ def main(argv=None) -> int:
     ap.add_argument("--threads", type=int, default=None, help="threads per engine (default: each engine's own)")
     ap.add_argument("--seed", type=int, default=0, help="seed of the random inputs (same for every engine)")
     ap.add_argument("--quick", action="store_true",
-                    help=f"sequences {QUICK_SEQS}, {QUICK_HEADS} heads of {QUICK_HEAD_DIM}, 2 rounds of 0.02 s blocks")
+                    help=f"{QUICK_HEADS} heads of {QUICK_HEAD_DIM}, 2 rounds of 0.02 s blocks")
     ap.add_argument("--json", default="bench_attention.json", help="where to write the results")
     ap.add_argument("--worker", choices=ENGINES, help=argparse.SUPPRESS)
     ap.add_argument("--workload", help=argparse.SUPPRESS)
@@ -291,8 +292,9 @@ def main(argv=None) -> int:
         return worker(args.worker, json.loads(args.workload), args.seed, args.threads, args.model_path,
                       args.out_npz)
     if args.quick:
-        args.seqs, args.heads, args.head_dim = list(QUICK_SEQS), QUICK_HEADS, QUICK_HEAD_DIM
+        args.seqs, args.heads, args.head_dim = args.seqs or list(QUICK_SEQS), QUICK_HEADS, QUICK_HEAD_DIM
         args.rounds, args.block, args.pause, args.min_calls = 2, 0.02, 0.05, 1
+    args.seqs = args.seqs or [128, 512, 2048]
     if REFERENCE_ENGINE not in args.engines:
         ap.error(f"outputs are checked against {REFERENCE_ENGINE!r}: keep it in --engines")
     if any(s < 1 for s in args.seqs) or args.heads < 1 or args.head_dim < 1:

@@ -7,7 +7,8 @@ every logical batch index (batch, heads...) and query row i,
 
 with ``causal[i, j] = -inf`` where ``j > i + causal_offset`` and, with a ``guard`` operand (a bool per
 row), ``out[i, :] = 0`` where the guard is true (ONNX Attention's fully-masked rows).  A row whose logits
-are all -inf gives NaN, as softmax does (0/0).  Each operand is a buffer whose axes carry logical labels
+are all -inf gives NaN, as softmax does (0/0), or 0 with ``zero_empty_rows`` (``where(isnan(P), 0, P) @ V``,
+as PyTorch's SDPA exports write it: the softmax's sum is not positive).  Each operand is a buffer whose axes carry logical labels
 (``Operand.axes``): ``b<k>`` (batch axis k), ``i`` (query), ``j`` (key), ``d`` (q/k feature), ``e`` (value
 feature) or ``1`` (broadcast); an axis may hold several of them row-major (a composite: [seq, heads*dim]
 before the head split) or a digit of one (``("%", label, stride, extent)``: K/V heads shared by groups of
@@ -73,6 +74,7 @@ class AttentionSpec:
     guard: Operand | None = None
     scale: float = 1.0
     causal_offset: int | None = None
+    zero_empty_rows: bool = False    # a row without any positive weight (all logits -inf) gives 0, not NaN
 
     def inputs(self) -> list[tuple[str, Operand]]:
         ops = [("q", self.q), ("k", self.k), ("v", self.v)]
@@ -233,11 +235,14 @@ def reference_prim_func(spec: AttentionSpec) -> C.PrimFunc:
         bidx = [val_of[f"b{k}"] for k in range(nb)]
         i, e = val_of["i"], val_of["e"]
         val = O[(*bidx, i, e)] / L[(*bidx, i)]
+        if spec.zero_empty_rows:     # all logits -inf: L is NaN (exp(-inf - -inf)); not > 0
+            val = tir.Select(L[(*bidx, i)] > zero, val, zero)
         if spec.guard is not None:
             g = ph["guard"][tuple(_index(spec.guard, {**_batch_env(spec, bidx), "i": i}, ext))]
             val = tir.Select(g, tir.const(0.0, "float32"), val)
         return val
 
+    zero = tir.const(0.0, "float32")
     Y = te.compute(spec.out.shape, out, name="attn_out")
     func = te.create_prim_func([ph[n] for n, _ in spec.inputs()] + [Y])
     if func.attrs is not None and "global_symbol" in func.attrs:
@@ -430,6 +435,8 @@ def _flash_root(spec: AttentionSpec, params: list, qb: int, kb: int, lanes: int)
                                 inv = one / lsum[qi]
                                 with _vector_loop(T, spec.dv, lanes) as e:
                                     val = acc[qi, e] * inv
+                                    if spec.zero_empty_rows:     # no key seen: lsum stayed 0
+                                        val = tir.Select(lsum[qi] > zero, val, zero)
                                     if spec.guard is not None:
                                         g = load("guard", spec.guard, {**benv, "i": i})
                                         val = tir.Select(g, zero, val)
