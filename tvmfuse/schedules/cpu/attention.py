@@ -42,13 +42,24 @@ from ..base import Knob, KnobSpace, Match, Template
 
 ATTR = "tvmfuse.attention"          # PrimFunc attribute holding the spec (JSON)
 RULE_ATTR = "tvmfuse.rule"          # the rule that formed the kernel (for the report)
-Q_BLOCKS = (1, 2, 4, 8, 16)         # query rows per task (share each K/V tile)
+# query rows per task: they share every transposed K tile (its packing is paid once per task and key
+# block, so more rows amortize it better)
+Q_BLOCKS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 K_BLOCK_VECTORS = (1, 2, 4, 8)      # keys per block, in float32 vectors of the target
 # Fractions of the caches the default blocks aim at: the K/V tiles of one key block in L1, the query
-# block's accumulators and scores next to them.
+# block's accumulators, scores and running sums in L2 (each row group's share is in registers meanwhile).
 L1_SHARE_KV = 0.5
-L1_SHARE_ACC = 0.25
+L2_SHARE_ACC = 0.5
+# A causal kernel skips the key blocks past its query block's last row: its default query block is at most
+# this fraction of the sequence, so that most of the skippable blocks are skipped.
+CAUSAL_Q_BLOCK_SHARE = 1 / 8
 MIN_TASKS_PER_CORE = 2              # parallel tasks (batch x query blocks) per core before rows per task grow
+ROW_GROUPS = (1, 2, 4, 8)           # query rows computed together in registers (each divides q_block)
+# Vector registers of the ISA by the target's vector width: AVX-512 32 zmm, AVX/AVX2 16 ymm; 128-bit: 16
+# (SSE's count; NEON has 32, so this is safe there).
+VECTOR_REGISTERS = {512: 32, 256: 16, 128: 16}
+ACC_REGISTER_SHARE = 0.75           # accumulators of a row group may fill this share of the vector registers
+                                    # (the rest: the broadcast query/probability values and the K/V vectors)
 NEG_INF = float("-inf")
 
 
@@ -261,6 +272,19 @@ def _unravel(flat, extents):
 
 
 @contextlib.contextmanager
+def _vector_tiles(T, extent: int, lanes: int):
+    """Like ``_vector_loop`` with the loop over the vectors unrolled (register tiles: each element's
+    address is fixed in the unrolled body); yields the element index."""
+    if extent % lanes == 0 and extent > lanes:
+        with T.unroll(0, extent // lanes) as o:
+            with T.vectorized(0, lanes) as v:
+                yield o * lanes + v
+    else:
+        with _vector_loop(T, extent, lanes) as v:
+            yield v
+
+
+@contextlib.contextmanager
 def _vector_loop(T, extent: int, lanes: int):
     """A loop over ``extent`` elements, vectorized by ``lanes`` where they divide it (else one vector of
     ``extent`` lanes when it is short, else a serial loop); yields the element index."""
@@ -290,7 +314,7 @@ class Attention(Template):
             return None      # not the kernel the spec describes (another pass changed its signature)
         return Match(self.family, {"spec": spec})
 
-    # Step 0. The knob space: rows per task and keys per block.
+    # Step 0. The knob space: rows per task, keys per block, rows per register group.
     def space(self, match: Match, target: C.Target) -> KnobSpace:
         spec = match.info["spec"]
         lanes = cpu_info(target).float32_lanes
@@ -300,6 +324,8 @@ class Attention(Template):
             Knob("q_block", qb, "query rows per parallel task (they share every K/V tile)"),
             Knob("k_block", kb, "keys per online-softmax step (a multiple of the vector width)"),
             Knob("lanes", (lanes,), "float32 lanes per vector (target)"),
+            Knob("rows", ROW_GROUPS, "query rows computed together, their scores and accumulators in "
+                                     "registers (at most q_block)"),
         ))
 
     def default_config(self, match: Match, target: C.Target) -> dict:
@@ -310,30 +336,47 @@ class Attention(Template):
         for c in space["k_block"]:
             if (spec.d + spec.dv) * c * 4 <= L1_SHARE_KV * info.l1d_bytes:
                 kb = c
-        # query rows: accumulators + scores in a share of L1, and enough tasks for every core
+        # query rows: accumulators + scores in a share of L2, enough tasks for every core, and (causal)
+        # a small share of the sequence
         tasks_rows = max(1, math.prod(spec.batch))
         qb = space["q_block"][0]
         for c in space["q_block"]:
-            fits = c * (spec.dv + kb + 2) * 4 <= L1_SHARE_ACC * info.l1d_bytes
+            fits = c * (spec.dv + kb + info.float32_lanes + 2) * 4 <= L2_SHARE_ACC * info.l2_bytes
             tasks = tasks_rows * math.ceil(spec.sq / c)
-            if fits and tasks >= MIN_TASKS_PER_CORE * info.cores:
+            causal_ok = spec.causal_offset is None or c <= max(kb, CAUSAL_Q_BLOCK_SHARE * spec.sq)
+            if fits and causal_ok and tasks >= MIN_TASKS_PER_CORE * info.cores:
                 qb = c
-        return {"q_block": qb, "k_block": kb, "lanes": info.float32_lanes}
+        # rows per register group: the larger of its two tiles (scores: kb / lanes vectors per row,
+        # accumulators: dv / lanes) within the registers' accumulator share
+        lanes = info.float32_lanes
+        per_row = max(kb // lanes, -(-spec.dv // lanes))
+        budget = ACC_REGISTER_SHARE * VECTOR_REGISTERS.get(info.vector_bits, min(VECTOR_REGISTERS.values()))
+        rows = max([r for r in ROW_GROUPS if r * per_row <= budget and qb % r == 0] or [1])
+        return {"q_block": qb, "k_block": kb, "lanes": lanes, "rows": rows}
 
     def apply(self, sch: C.Schedule, match: Match, config: dict) -> None:
         spec = match.info["spec"]
         root = sch.get_sblock("root")
         func = sch.mod["main"]
         # Step 1. The online-softmax loop nest for this configuration, over the kernel's own buffers.
-        new_root = _flash_root(spec, list(func.params), config["q_block"], config["k_block"],
-                               config["lanes"])
+        qb = config["q_block"]
+        rows = math.gcd(config["rows"], qb)       # rows of a register group divide the query block
+        new_root = _flash_root(spec, list(func.params), qb, config["k_block"], config["lanes"], rows)
         # Step 2. It replaces the reference stages (scores, softmax, P @ V) wholesale.
         old = sch.get(root)
         sch.state.replace(sch.get_sref(root), new_root, {old: new_root})
 
 
-def _flash_root(spec: AttentionSpec, params: list, qb: int, kb: int, lanes: int):
-    """The root block of the online-softmax kernel (see the module docstring)."""
+def _flash_root(spec: AttentionSpec, params: list, qb: int, kb: int, lanes: int, rows: int):
+    """The root block of the online-softmax kernel (see the module docstring).
+
+    Register tiling: the query block is computed ``rows`` rows at a time; within a row group every loop
+    over the rows and over the vectors of a key block or of the head dim is unrolled, so each buffer
+    element the inner loops update has a fixed address there and LLVM keeps it in a register: the scores
+    (rows x kb/lanes vectors, summed over the head dim), the accumulators (rows x dv/lanes vectors,
+    summed over the keys; each V vector loaded once for the rows); the running max and sum are lane-wise
+    (one horizontal max per row and key block, one horizontal sum per row at the end).
+    """
     T, IRBuilder, tir = C.tir_builder, C.IRBuilder, C.tirx
     names = [n for n, _ in spec.inputs()] + ["out"]
     buf = dict(zip(names, params))
@@ -341,9 +384,9 @@ def _flash_root(spec: AttentionSpec, params: list, qb: int, kb: int, lanes: int)
     nb_total = max(1, math.prod(spec.batch))
     nqb = -(-spec.sq // qb)
     nkb = -(-spec.sk // kb)
+    nkv = kb // lanes                       # vectors per key block (kb is a multiple of lanes)
     scale = tir.const(spec.scale, f32)
-    neg_inf, zero, one = tir.const(NEG_INF, f32), tir.const(0.0, f32), tir.const(1.0, f32)
-
+    neg_inf, zero = tir.const(NEG_INF, f32), tir.const(0.0, f32)
     ext = spec.extents()
 
     def load(name, op, env):
@@ -361,17 +404,19 @@ def _flash_root(spec: AttentionSpec, params: list, qb: int, kb: int, lanes: int)
                     T.writes(buf["out"][tuple(slice(0, s) for s in spec.out.shape)])
                     m = T.sblock_alloc_buffer((qb,), f32, scope="local")
                     mn = T.sblock_alloc_buffer((qb,), f32, scope="local")
-                    lsum = T.sblock_alloc_buffer((qb,), f32, scope="local")
+                    mv = T.sblock_alloc_buffer((rows, lanes), f32, scope="local")
+                    lsum = T.sblock_alloc_buffer((qb, lanes), f32, scope="local")
                     acc = T.sblock_alloc_buffer((qb, spec.dv), f32, scope="local")
                     s = T.sblock_alloc_buffer((qb, kb), f32, scope="local")
                     kt = T.sblock_alloc_buffer((spec.d, kb), f32, scope="local")
                     bidx = _unravel(tir.floordiv(t, nqb), list(spec.batch)) if spec.batch else []
                     benv = _batch_env(spec, bidx)
                     q0 = tir.floormod(t, nqb) * qb
-                    # Step 1. Running max, running sum and accumulator of each query row.
+                    # Step 1. Running max, lane-wise running sum and accumulator of each query row.
                     with T.serial(0, qb) as qi:
                         T.buffer_store(m, neg_inf, [qi])
-                        T.buffer_store(lsum, zero, [qi])
+                        with T.vectorized(0, lanes) as ln:
+                            T.buffer_store(lsum, zero, [qi, ln])
                         with _vector_loop(T, spec.dv, lanes) as e:
                             T.buffer_store(acc, zero, [qi, e])
                     # Step 2. Key blocks; a causal kernel stops after the last block its rows can see.
@@ -386,57 +431,76 @@ def _flash_root(spec: AttentionSpec, params: list, qb: int, kb: int, lanes: int)
                             with _vector_loop(T, kb, lanes) as jj:
                                 jc = tir.min(j0 + jj, spec.sk - 1)
                                 T.buffer_store(kt, load("k", spec.k, {**benv, "j": jc, "d": dd}), [dd, jj])
-                        with T.serial(0, qb) as qi:
-                            ic = tir.min(q0 + qi, spec.sq - 1)
-                            # Step 2b. Scores of the row against the block's keys.
-                            with _vector_loop(T, kb, lanes) as jj:
-                                T.buffer_store(s, zero, [qi, jj])
+                        with T.serial(0, qb // rows) as g:
+                            # Step 2b. Scores of `rows` rows against the block's keys (registers).
+                            with T.unroll(0, rows) as r:
+                                with _vector_tiles(T, kb, lanes) as jj:
+                                    T.buffer_store(s, zero, [g * rows + r, jj])
                             with T.serial(0, spec.d) as dd:
-                                qv = load("q", spec.q, {**benv, "i": ic, "d": dd})
-                                with _vector_loop(T, kb, lanes) as jj:
-                                    T.buffer_store(s, s[qi, jj] + qv * kt[dd, jj], [qi, jj])
-                            # Step 2c. Logits: scale, mask; -inf past the last key and above the diagonal.
-                            with _vector_loop(T, kb, lanes) as jj:
-                                j = j0 + jj
-                                x = s[qi, jj] * scale
-                                if spec.mask is not None:
-                                    x = x + load("mask", spec.mask,
-                                                 {**benv, "i": ic, "j": tir.min(j, spec.sk - 1)})
-                                valid = j < spec.sk
-                                if spec.causal_offset is not None:
-                                    valid = tir.And(valid, j <= ic + spec.causal_offset)
-                                T.buffer_store(s, tir.Select(valid, x, neg_inf), [qi, jj])
-                            # Step 2d. New running max (a max of -inf only stays -inf: exp below uses 0).
-                            T.buffer_store(mn, m[qi], [qi])
-                            with T.serial(0, kb) as jj:
-                                T.buffer_store(mn, tir.max(mn[qi], s[qi, jj]), [qi])
-                            safe = tir.Select(mn[qi] == neg_inf, zero, mn[qi])
-                            # Step 2e. Probabilities of the block, their sum, the rescaled accumulator.
-                            with _vector_loop(T, kb, lanes) as jj:
-                                T.buffer_store(s, tir.exp(s[qi, jj] - safe), [qi, jj])
-                            alpha = tir.exp(m[qi] - safe)
-                            T.buffer_store(lsum, lsum[qi] * alpha, [qi])
-                            with T.serial(0, kb) as jj:
-                                T.buffer_store(lsum, lsum[qi] + s[qi, jj], [qi])
-                            with _vector_loop(T, spec.dv, lanes) as e:
-                                T.buffer_store(acc, acc[qi, e] * alpha, [qi, e])
-                            T.buffer_store(m, mn[qi], [qi])
-                            # Step 2f. acc += p @ V[block], a vector over the head dim.
+                                with T.unroll(0, rows) as r:
+                                    qi = g * rows + r
+                                    qv = load("q", spec.q, {**benv, "i": tir.min(q0 + qi, spec.sq - 1), "d": dd})
+                                    with _vector_tiles(T, kb, lanes) as jj:
+                                        T.buffer_store(s, s[qi, jj] + qv * kt[dd, jj], [qi, jj])
+                            with T.unroll(0, rows) as r:
+                                qi = g * rows + r
+                                ic = tir.min(q0 + qi, spec.sq - 1)
+                                # Step 2c. Logits: scale, mask; -inf past the last key and above the
+                                # diagonal; their lane-wise max with the running max.
+                                with T.vectorized(0, lanes) as ln:
+                                    T.buffer_store(mv, m[qi], [r, ln])
+                                with T.unroll(0, nkv) as jo:
+                                    with T.vectorized(0, lanes) as ln:
+                                        jj = jo * lanes + ln
+                                        j = j0 + jj
+                                        x = s[qi, jj] * scale
+                                        if spec.mask is not None:
+                                            x = x + load("mask", spec.mask,
+                                                         {**benv, "i": ic, "j": tir.min(j, spec.sk - 1)})
+                                        valid = j < spec.sk
+                                        if spec.causal_offset is not None:
+                                            valid = tir.And(valid, j <= ic + spec.causal_offset)
+                                        x = tir.Select(valid, x, neg_inf)
+                                        T.buffer_store(s, x, [qi, jj])     # (read back below: an
+                                        T.buffer_store(mv, tir.max(mv[r, ln], s[qi, jj]), [r, ln])  # expr recomputes)
+                                # Step 2d. The new running max (a max of -inf only stays -inf: exp uses 0).
+                                T.buffer_store(mn, mv[r, 0], [qi])
+                                with T.serial(1, lanes) as ln:
+                                    T.buffer_store(mn, tir.max(mn[qi], mv[r, ln]), [qi])
+                                safe = tir.Select(mn[qi] == neg_inf, zero, mn[qi])
+                                alpha = tir.exp(m[qi] - safe)
+                                # Step 2e. Probabilities, the rescaled lane-wise sum and accumulator.
+                                with T.vectorized(0, lanes) as ln:
+                                    T.buffer_store(lsum, lsum[qi, ln] * alpha, [qi, ln])
+                                with T.unroll(0, nkv) as jo:
+                                    with T.vectorized(0, lanes) as ln:
+                                        jj = jo * lanes + ln
+                                        T.buffer_store(s, tir.exp(s[qi, jj] - safe), [qi, jj])
+                                        T.buffer_store(lsum, lsum[qi, ln] + s[qi, jj], [qi, ln])
+                                with _vector_tiles(T, spec.dv, lanes) as e:
+                                    T.buffer_store(acc, acc[qi, e] * alpha, [qi, e])
+                                T.buffer_store(m, mn[qi], [qi])
+                            # Step 2f. acc += p @ V[block]: each V vector once for the rows (registers).
                             with T.serial(0, kb) as jj:
                                 jc = tir.min(j0 + jj, spec.sk - 1)
-                                with _vector_loop(T, spec.dv, lanes) as e:
-                                    vv = load("v", spec.v, {**benv, "j": jc, "e": e})
-                                    T.buffer_store(acc, acc[qi, e] + s[qi, jj] * vv, [qi, e])
+                                with T.unroll(0, rows) as r:
+                                    qi = g * rows + r
+                                    with _vector_tiles(T, spec.dv, lanes) as e:
+                                        vv = load("v", spec.v, {**benv, "j": jc, "e": e})
+                                        T.buffer_store(acc, acc[qi, e] + s[qi, jj] * vv, [qi, e])
                     # Step 3. Normalize and store the rows of this block that exist.
                     with T.serial(0, qb) as qi:
                         i = q0 + qi
                         with T.If(i < spec.sq):
                             with T.Then():
-                                inv = one / lsum[qi]
+                                T.buffer_store(mn, lsum[qi, 0], [qi])      # the row's sum (mn is free)
+                                with T.serial(1, lanes) as ln:
+                                    T.buffer_store(mn, mn[qi] + lsum[qi, ln], [qi])
+                                total = mn[qi]
                                 with _vector_loop(T, spec.dv, lanes) as e:
-                                    val = acc[qi, e] * inv
-                                    if spec.zero_empty_rows:     # no key seen: lsum stayed 0
-                                        val = tir.Select(lsum[qi] > zero, val, zero)
+                                    val = acc[qi, e] / total
+                                    if spec.zero_empty_rows:     # no key seen: the sum stayed 0
+                                        val = tir.Select(total > zero, val, zero)
                                     if spec.guard is not None:
                                         g = load("guard", spec.guard, {**benv, "i": i})
                                         val = tir.Select(g, zero, val)
