@@ -250,14 +250,16 @@ def test_scores_read_elsewhere_is_refused(host):
     assert any("read outside" in r["reason"] for r in cm.report.refused if r["rule"] == "attention")
 
 
-def test_gpu_target_refuses_with_reason():
+def test_gpu_target_without_template_refuses_with_reason():
+    """cuda has an attention template (tests/test_schedules_cuda_attention.py); rocm has none."""
     from tvmfuse.passes.attention import FuseAttention
 
     mod = tvmfuse.load_onnx(_chain())
     with Recorder() as rec:
-        out = FuseAttention(tvmfuse.parse_target("cuda"))(mod)
+        out = FuseAttention(tvmfuse.parse_target("rocm"))(mod)
     assert not any(isinstance(f, C.PrimFunc) for f in out.functions.values())
-    assert any("GPU" in r["reason"] for r in rec.refused)
+    assert any("no rocm template" in r["reason"] for r in rec.refused)
+    assert any(isinstance(f, C.PrimFunc) for f in FuseAttention(tvmfuse.parse_target("cuda"))(mod).functions.values())
 
 
 def test_spec_validation_names_the_operand():

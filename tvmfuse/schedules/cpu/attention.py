@@ -183,6 +183,19 @@ def _index(op: Operand, env: dict, ext: dict) -> list:
     return out
 
 
+# the operand indexing shared with the CUDA template (schedules/cuda/attention.py)
+def operand_index(op: Operand, env: dict, ext: dict) -> list:
+    return _index(op, env, ext)
+
+
+def batch_env(spec: AttentionSpec, bidx) -> dict:
+    return _batch_env(spec, bidx)
+
+
+def unravel(flat, extents):
+    return _unravel(flat, extents)
+
+
 def _as_label(x):
     return tuple(_as_label(y) for y in x) if isinstance(x, list) else x
 
