@@ -12,8 +12,8 @@ kernel, the scores never in global memory:
                 l = l * alpha + sum(p); acc = acc * alpha + p @ Vs; m = m'
             out[row] = acc / l   (0 where the guard is set, or no key was seen with zero_empty_rows)
 
-The loops over the key block and over the head dim are unrolled, so that ``s`` and ``acc`` live in
-registers; TVM's lowering puts the barriers between the shared-memory stages and their readers.  The
+The loops over the keys of a block and over the value dim are unrolled (the head-dim loop of the scores
+is not: it holds the key loop), so that ``s`` and ``acc`` live in registers; TVM's lowering puts the barriers between the shared-memory stages and their readers.  The
 knobs are the query rows per thread block (threads) and the keys per block; the defaults are per
 architecture (``CudaArch.attn_rows``, ``attn_k_block``), the space limited by the shared memory and the
 threads per block of the arch.
@@ -30,7 +30,7 @@ from ._common import arch_of
 
 ROWS = (32, 64, 128)            # query rows (= threads) per thread block: whole warps
 K_BLOCKS = (8, 16, 32, 64)      # keys staged in shared memory per online-softmax step
-MAX_UNROLLED = 64 * 128         # largest kb * max(d, dv) the unrolled loops may hold (code size / registers)
+MAX_UNROLLED = 64 * 128         # largest kb * dv the unrolled P @ V loop may hold (code size / registers)
 FLOAT_BYTES = 4
 
 
@@ -69,7 +69,7 @@ class CudaAttention(Template):
     # Step 0. The knob space: what fits the arch's shared memory and threads, and the unroll limit.
     def space(self, match: Match, target: C.Target) -> KnobSpace:
         spec, arch = match.info["spec"], arch_of(target)
-        width = max(spec.d, spec.dv)
+        width = spec.dv
         rows = [r for r in ROWS if r <= arch.max_threads_per_block]
         kbs = [k for k in K_BLOCKS if k * width <= MAX_UNROLLED and (k == K_BLOCKS[0] or k < 2 * spec.sk)
                and shared_bytes(spec, rows[0], k) <= arch.max_shared_bytes]
@@ -183,8 +183,10 @@ def _cuda_root(spec: AttentionSpec, params: list, rows: int, kb: int):
                                 # Step 3. Scores of the thread's row (registers), scaled and masked.
                                 with T.unroll(0, kb) as jj:
                                     T.buffer_store(s, zero, [jj])
-                                    with T.unroll(0, spec.d) as dd:
+                                with T.serial(0, spec.d) as dd:       # the key loop unrolled inside
+                                    with T.unroll(0, kb) as jj:
                                         T.buffer_store(s, s[jj] + qs[dd, r] * ks[jj, dd], [jj])
+                                with T.unroll(0, kb) as jj:
                                     j = j0 + jj
                                     x = s[jj] * scale
                                     if spec.mask is not None:
