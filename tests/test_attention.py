@@ -380,3 +380,33 @@ def test_grouped_query_expand_is_read_in_place(host, rng):
         spec = AttentionSpec.from_json(str(_attention_func(cm).attrs[ATTR]))
         assert spec.k.shape == (b, hk, sk, d) and spec.k.axes[1] == ("%", "b1", r, hk)
         _check(model, cm, _feeds(model, rng))
+
+
+@pytest.mark.parametrize("target,rows", [(HASWELL, 1), (SKYLAKE, 4)], ids=["avx2", "avx512"])
+def test_default_row_group_fits_the_vector_registers(target, rows):
+    """Head dim 64: a row's accumulators are 64 / lanes vectors (AVX2: 8 of 16 registers, one row per
+    group; AVX-512: 4 of 32, four rows); the row group's loops are unrolled (register tiles), and the
+    query block is a multiple of the group."""
+    model = _chain(b=1, h=2, sq=256, sk=256, d=64, dv=64)
+    cm = tvmfuse.compile(model, target)
+    func = _attention_func(cm)
+    res = schedule_prim_func(func, target)
+    assert res.config["rows"] == rows and res.config["q_block"] % rows == 0
+    _, loops = _allocs_and_loops(res.func)
+    assert int(C.ForKind.UNROLLED) in loops
+    text = res.func.script()
+    assert f"T.unroll({rows})" in text or rows == 1
+
+
+def test_causal_query_block_is_a_small_share_of_the_sequence():
+    """A causal kernel skips the key blocks past its query block: its default block is at most an eighth
+    of the sequence (the plain kernel's may be larger)."""
+    sq = 512
+    causal = np.where(np.arange(sq)[None] <= np.arange(sq)[:, None], 0, -np.inf).astype(np.float32)
+    t = Attention()
+    blocks = {}
+    for name, mask in (("plain", None), ("causal", causal.reshape(1, 1, sq, sq))):
+        cm = tvmfuse.compile(_chain(b=1, h=2, sq=sq, sk=sq, d=64, dv=64, mask=mask), SKYLAKE)
+        func = _attention_func(cm)
+        blocks[name] = t.default_config(t.match(func, SKYLAKE), SKYLAKE)["q_block"]
+    assert blocks["causal"] <= sq // 8 < blocks["plain"], blocks
