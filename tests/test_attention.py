@@ -199,7 +199,7 @@ def test_knob_space_and_every_config_match_reference(host, rng):
     t = Attention()
     match = t.match(func, host)
     space = t.space(match, host)
-    assert set(space.names) == {"q_block", "k_block", "lanes", "rows"}
+    assert set(space.names) == {"q_block", "k_block", "lanes", "rows", "tile_keys", "tile_qvecs"}
     assert space.contains(t.default_config(match, host))
     feeds = _feeds(model, rng)
     ref = M.reference_outputs(model, feeds)["y"]
@@ -410,3 +410,31 @@ def test_causal_query_block_is_a_small_share_of_the_sequence():
         func = _attention_func(cm)
         blocks[name] = t.default_config(t.match(func, SKYLAKE), SKYLAKE)["q_block"]
     assert blocks["causal"] <= sq // 8 < blocks["plain"], blocks
+
+
+def test_configs_with_several_row_vectors_match_reference(host, rng):
+    """Query blocks of several vectors and score tiles of several row vectors and keys (the space's
+    larger choices), causal and masked, rows and keys not multiples of anything: same numbers."""
+    import random
+
+    sq = sk = 45
+    causal = np.where(np.arange(sk)[None] <= np.arange(sq)[:, None], 0, -np.inf).astype(np.float32)
+    for mask in ("input", causal.reshape(1, 1, sq, sk)):
+        model = _chain(b=1, h=2, sq=sq, sk=sk, d=8, dv=8, mask=mask)
+        cm = tvmfuse.compile(model, host)
+        func = _attention_func(cm)
+        t = Attention()
+        match = t.match(func, host)
+        space = t.space(match, host)
+        lanes = t.default_config(match, host)["lanes"]
+        feeds = _feeds(model, rng)
+        ref = M.reference_outputs(model, feeds)["y"]
+        args_np = [feeds["q"], feeds["k"], feeds["v"]] + ([feeds["mask"]] if isinstance(mask, str) else [])
+        configs = [c for c in space.all_configs() if c["q_block"] > lanes and c["tile_qvecs"] > 1]
+        assert configs
+        for config in random.Random(0).sample(configs, 4):
+            scheduled = schedule_with(t, match, func, config)
+            lib = C.build_prim_module(C.IRModule({"main": scheduled.with_attr("global_symbol", "main")}), host)
+            args = [C.tensor(a) for a in args_np + [np.zeros(ref.shape, np.float32)]]
+            lib["main"](*args)
+            np.testing.assert_allclose(args[-1].numpy(), ref, rtol=RTOL, atol=ATOL, err_msg=str(config))

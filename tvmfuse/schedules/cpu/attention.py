@@ -17,15 +17,16 @@ masks are read in place.
 
 ``reference_prim_func(spec)`` is the unscheduled kernel (scores, max, exp, sum, P @ V as te stages: any
 target can lower it).  The CPU template ``Attention`` replaces its body with the online-softmax loop nest
-for a (query block, key block) configuration:
+for a (query block, key block, register tiles) configuration; the scores are held transposed, a vector
+over the query rows, so that the row statistics are vector operations:
 
     for (batch, query block) in parallel:
+        qT = Q[rows]^T                                            # [d, qb] local, once per task
         m = -inf, l = 0, acc = 0                                  # per query row, local buffers
         for key block:
-            kt = K[block]^T                                       # [d, kb] local tile
-            s  = scale * Q[rows] @ kt + mask  (-inf: past the keys, causal)    # [qb, kb], vector over kb
-            m' = max(m, rowmax(s));  p = exp(s - m');  alpha = exp(m - m')
-            l  = l * alpha + rowsum(p);  acc = acc * alpha + p @ V[block]      # vector over the head dim
+            sT = K[block] @ qT * scale + mask  (-inf: past the keys, causal)   # [kb, qb], vector over rows
+            m' = max(m, colmax(sT));  p = exp(sT - m');  alpha = exp(m - m')
+            l  = l * alpha + colsum(p);  acc = acc * alpha + p^T @ V[block]    # vector over the head dim
             m  = m'
         out[rows] = acc / l   (0 where the guard is set)
 """
@@ -44,8 +45,10 @@ ATTR = "tvmfuse.attention"          # PrimFunc attribute holding the spec (JSON)
 RULE_ATTR = "tvmfuse.rule"          # the rule that formed the kernel (for the report)
 # query rows per task: they share every transposed K tile (its packing is paid once per task and key
 # block, so more rows amortize it better)
-Q_BLOCKS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
+Q_BLOCK_VECTORS = (1, 2, 4, 8, 16)  # query rows per task, in float32 vectors of the target
 K_BLOCK_VECTORS = (1, 2, 4, 8)      # keys per block, in float32 vectors of the target
+TILE_KEYS = (2, 4, 8)               # keys of a score register tile
+TILE_QVECS = (1, 2, 4)              # row vectors of a score register tile
 # Fractions of the caches the default blocks aim at: the K/V tiles of one key block in L1, the query
 # block's accumulators, scores and running sums in L2 (each row group's share is in registers meanwhile).
 L1_SHARE_KV = 0.5
@@ -54,7 +57,7 @@ L2_SHARE_ACC = 0.5
 # this fraction of the sequence, so that most of the skippable blocks are skipped.
 CAUSAL_Q_BLOCK_SHARE = 1 / 8
 MIN_TASKS_PER_CORE = 2              # parallel tasks (batch x query blocks) per core before rows per task grow
-ROW_GROUPS = (1, 2, 4, 8)           # query rows computed together in registers (each divides q_block)
+ROW_GROUPS = (1, 2, 4, 8)           # query rows whose P @ V accumulators are in registers together
 # Vector registers of the ISA by the target's vector width: AVX-512 32 zmm, AVX/AVX2 16 ymm; 128-bit: 16
 # (SSE's count; NEON has 32, so this is safe there).
 VECTOR_REGISTERS = {512: 32, 256: 16, 128: 16}
@@ -331,14 +334,16 @@ class Attention(Template):
     def space(self, match: Match, target: C.Target) -> KnobSpace:
         spec = match.info["spec"]
         lanes = cpu_info(target).float32_lanes
-        qb = tuple(q for q in Q_BLOCKS if q == 1 or q < 2 * spec.sq)
+        qb = tuple(lanes * v for v in Q_BLOCK_VECTORS if v == 1 or lanes * v < 2 * spec.sq)
         kb = tuple(lanes * v for v in K_BLOCK_VECTORS if v == 1 or lanes * v < 2 * spec.sk)
         return KnobSpace((
-            Knob("q_block", qb, "query rows per parallel task (they share every K/V tile)"),
-            Knob("k_block", kb, "keys per online-softmax step (a multiple of the vector width)"),
+            Knob("q_block", qb, "query rows per parallel task, a multiple of the vector width (the rows "
+                                "are the vector axis of the scores)"),
+            Knob("k_block", kb, "keys per online-softmax step"),
             Knob("lanes", (lanes,), "float32 lanes per vector (target)"),
-            Knob("rows", ROW_GROUPS, "query rows computed together, their scores and accumulators in "
-                                     "registers (at most q_block)"),
+            Knob("rows", ROW_GROUPS, "query rows whose P @ V accumulators are in registers together"),
+            Knob("tile_keys", TILE_KEYS, "keys of a score register tile"),
+            Knob("tile_qvecs", TILE_QVECS, "row vectors of a score register tile (at most q_block / lanes)"),
         ))
 
     def default_config(self, match: Match, target: C.Target) -> dict:
@@ -354,41 +359,48 @@ class Attention(Template):
         tasks_rows = max(1, math.prod(spec.batch))
         qb = space["q_block"][0]
         for c in space["q_block"]:
-            fits = c * (spec.dv + kb + info.float32_lanes + 2) * 4 <= L2_SHARE_ACC * info.l2_bytes
+            fits = c * (spec.d + spec.dv + kb + 5) * 4 <= L2_SHARE_ACC * info.l2_bytes
             tasks = tasks_rows * math.ceil(spec.sq / c)
             causal_ok = spec.causal_offset is None or c <= max(kb, CAUSAL_Q_BLOCK_SHARE * spec.sq)
             if fits and causal_ok and tasks >= MIN_TASKS_PER_CORE * info.cores:
                 qb = c
-        # rows per register group: the larger of its two tiles (scores: kb / lanes vectors per row,
-        # accumulators: dv / lanes) within the registers' accumulator share
+        # register tiles within the registers' accumulator share: P @ V rows (dv / lanes vectors each),
+        # scores (keys x row vectors; two row vectors where the block has them)
         lanes = info.float32_lanes
-        per_row = max(kb // lanes, -(-spec.dv // lanes))
         budget = ACC_REGISTER_SHARE * VECTOR_REGISTERS.get(info.vector_bits, min(VECTOR_REGISTERS.values()))
+        per_row = -(-spec.dv // lanes)
         rows = max([r for r in ROW_GROUPS if r * per_row <= budget and qb % r == 0] or [1])
-        return {"q_block": qb, "k_block": kb, "lanes": lanes, "rows": rows}
+        qvecs = max(v for v in TILE_QVECS if v <= 2 and (qb // lanes) % v == 0)
+        keys = max([k for k in TILE_KEYS if k * qvecs <= budget and kb % k == 0] or [TILE_KEYS[0]])
+        return {"q_block": qb, "k_block": kb, "lanes": lanes, "rows": rows, "tile_keys": keys,
+                "tile_qvecs": qvecs}
 
     def apply(self, sch: C.Schedule, match: Match, config: dict) -> None:
         spec = match.info["spec"]
         root = sch.get_sblock("root")
         func = sch.mod["main"]
         # Step 1. The online-softmax loop nest for this configuration, over the kernel's own buffers.
-        qb = config["q_block"]
-        rows = math.gcd(config["rows"], qb)       # rows of a register group divide the query block
-        new_root = _flash_root(spec, list(func.params), qb, config["k_block"], config["lanes"], rows)
+        qb, kb, lanes = config["q_block"], config["k_block"], config["lanes"]
+        # the register tiles divide the blocks (every choice is a power of two)
+        rows = math.gcd(config["rows"], qb)
+        tile_keys, tile_qvecs = math.gcd(config["tile_keys"], kb), math.gcd(config["tile_qvecs"], qb // lanes)
+        new_root = _flash_root(spec, list(func.params), qb, kb, lanes, rows, tile_keys, tile_qvecs)
         # Step 2. It replaces the reference stages (scores, softmax, P @ V) wholesale.
         old = sch.get(root)
         sch.state.replace(sch.get_sref(root), new_root, {old: new_root})
 
 
-def _flash_root(spec: AttentionSpec, params: list, qb: int, kb: int, lanes: int, rows: int):
+def _flash_root(spec: AttentionSpec, params: list, qb: int, kb: int, lanes: int, rows: int,
+                tile_keys: int, tile_qvecs: int):
     """The root block of the online-softmax kernel (see the module docstring).
 
-    Register tiling: the query block is computed ``rows`` rows at a time; within a row group every loop
-    over the rows and over the vectors of a key block or of the head dim is unrolled, so each buffer
-    element the inner loops update has a fixed address there and LLVM keeps it in a register: the scores
-    (rows x kb/lanes vectors, summed over the head dim), the accumulators (rows x dv/lanes vectors,
-    summed over the keys; each V vector loaded once for the rows); the running max and sum are lane-wise
-    (one horizontal max per row and key block, one horizontal sum per row at the end).
+    The scores are computed transposed, ``sT[key, query row]``, a vector over the query rows: the query
+    block is transposed once per task (``qT[d, qb]``) and K is read in place (a broadcast of one element per
+    key and head-dim step), so no K tile is packed per key block; the running max, sum and rescale
+    factors are vectors over the rows (no horizontal reductions).  Register tiles: the scores of
+    ``tile_keys`` keys x ``tile_qvecs`` row vectors (summed over the head dim), the accumulators of
+    ``rows`` rows x dv / lanes vectors (summed over the keys; each V vector loaded once for the rows):
+    their loops are unrolled, so each element has a fixed address there and LLVM keeps it in a register.
     """
     T, IRBuilder, tir = C.tir_builder, C.IRBuilder, C.tirx
     names = [n for n, _ in spec.inputs()] + ["out"]
@@ -397,7 +409,7 @@ def _flash_root(spec: AttentionSpec, params: list, qb: int, kb: int, lanes: int,
     nb_total = max(1, math.prod(spec.batch))
     nqb = -(-spec.sq // qb)
     nkb = -(-spec.sk // kb)
-    nkv = kb // lanes                       # vectors per key block (kb is a multiple of lanes)
+    nqv = qb // lanes                       # row vectors per query block (qb is a multiple of lanes)
     scale = tir.const(spec.scale, f32)
     neg_inf, zero = tir.const(NEG_INF, f32), tir.const(0.0, f32)
     ext = spec.extents()
@@ -415,21 +427,26 @@ def _flash_root(spec: AttentionSpec, params: list, qb: int, kb: int, lanes: int,
                     t = T.axis.spatial(nb_total * nqb, task)
                     T.reads(*[buf[n][tuple(slice(0, s) for s in op.shape)] for n, op in spec.inputs()])
                     T.writes(buf["out"][tuple(slice(0, s) for s in spec.out.shape)])
-                    m = T.sblock_alloc_buffer((qb,), f32, scope="local")
-                    mn = T.sblock_alloc_buffer((qb,), f32, scope="local")
-                    mv = T.sblock_alloc_buffer((rows, lanes), f32, scope="local")
-                    lsum = T.sblock_alloc_buffer((qb, lanes), f32, scope="local")
+                    m = T.sblock_alloc_buffer((qb,), f32, scope="local")       # running max
+                    mn = T.sblock_alloc_buffer((qb,), f32, scope="local")      # the block's new max
+                    sf = T.sblock_alloc_buffer((qb,), f32, scope="local")      # new max, 0 for -inf
+                    al = T.sblock_alloc_buffer((qb,), f32, scope="local")      # rescale factor
+                    lsum = T.sblock_alloc_buffer((qb,), f32, scope="local")
                     acc = T.sblock_alloc_buffer((qb, spec.dv), f32, scope="local")
-                    s = T.sblock_alloc_buffer((qb, kb), f32, scope="local")
-                    kt = T.sblock_alloc_buffer((spec.d, kb), f32, scope="local")
+                    st = T.sblock_alloc_buffer((kb, qb), f32, scope="local")
+                    qt = T.sblock_alloc_buffer((spec.d, qb), f32, scope="local")
                     bidx = _unravel(tir.floordiv(t, nqb), list(spec.batch)) if spec.batch else []
                     benv = _batch_env(spec, bidx)
                     q0 = tir.floormod(t, nqb) * qb
-                    # Step 1. Running max, lane-wise running sum and accumulator of each query row.
-                    with T.serial(0, qb) as qi:
+                    # Step 1. The query block, transposed; running max, sum and accumulator per row.
+                    with T.serial(0, spec.d) as dd:
+                        with _vector_loop(T, qb, lanes) as qi:
+                            T.buffer_store(qt, load("q", spec.q, {**benv, "i": tir.min(q0 + qi, spec.sq - 1),
+                                                                   "d": dd}), [dd, qi])
+                    with _vector_loop(T, qb, lanes) as qi:
                         T.buffer_store(m, neg_inf, [qi])
-                        with T.vectorized(0, lanes) as ln:
-                            T.buffer_store(lsum, zero, [qi, ln])
+                        T.buffer_store(lsum, zero, [qi])
+                    with T.serial(0, qb) as qi:
                         with _vector_loop(T, spec.dv, lanes) as e:
                             T.buffer_store(acc, zero, [qi, e])
                     # Step 2. Key blocks; a causal kernel stops after the last block its rows can see.
@@ -439,77 +456,70 @@ def _flash_root(spec: AttentionSpec, params: list, qb: int, kb: int, lanes: int,
                         n_blocks = tir.max(tir.min(tir.floordiv(last_key, kb) + 1, nkb), 0)
                     with T.serial(0, n_blocks) as ko:
                         j0 = ko * kb
-                        # Step 2a. The K tile, transposed ([d, kb]): the score loop is a vector over keys.
-                        with T.serial(0, spec.d) as dd:
-                            with _vector_loop(T, kb, lanes) as jj:
-                                jc = tir.min(j0 + jj, spec.sk - 1)
-                                T.buffer_store(kt, load("k", spec.k, {**benv, "j": jc, "d": dd}), [dd, jj])
-                        with T.serial(0, qb // rows) as g:
-                            # Step 2b. Scores of `rows` rows against the block's keys (registers).
-                            with T.unroll(0, rows) as r:
-                                with _vector_tiles(T, kb, lanes) as jj:
-                                    T.buffer_store(s, zero, [g * rows + r, jj])
-                            with T.serial(0, spec.d) as dd:
-                                with T.unroll(0, rows) as r:
-                                    qi = g * rows + r
-                                    qv = load("q", spec.q, {**benv, "i": tir.min(q0 + qi, spec.sq - 1), "d": dd})
-                                    with _vector_tiles(T, kb, lanes) as jj:
-                                        T.buffer_store(s, s[qi, jj] + qv * kt[dd, jj], [qi, jj])
-                            with T.unroll(0, rows) as r:
-                                qi = g * rows + r
-                                ic = tir.min(q0 + qi, spec.sq - 1)
-                                # Step 2c. Logits: scale, mask; -inf past the last key and above the
-                                # diagonal; their lane-wise max with the running max.
+                        # Step 2a. Scores, tile by tile (registers): sT[key, rows] += K[key, d] * qT[d, rows].
+                        with T.serial(0, kb // tile_keys) as kg:
+                            with T.serial(0, nqv // tile_qvecs) as qg:
+                                with T.unroll(0, tile_keys) as kk:
+                                    with _vector_tiles(T, tile_qvecs * lanes, lanes) as qq:
+                                        T.buffer_store(st, zero, [kg * tile_keys + kk, qg * tile_qvecs * lanes + qq])
+                                with T.serial(0, spec.d) as dd:
+                                    with T.unroll(0, tile_keys) as kk:
+                                        jj = kg * tile_keys + kk
+                                        kv = load("k", spec.k, {**benv, "j": tir.min(j0 + jj, spec.sk - 1), "d": dd})
+                                        with _vector_tiles(T, tile_qvecs * lanes, lanes) as qq:
+                                            qi = qg * tile_qvecs * lanes + qq
+                                            T.buffer_store(st, st[jj, qi] + kv * qt[dd, qi], [jj, qi])
+                        # Step 2b. Logits (scale, mask; -inf past the last key and above the diagonal)
+                        # and the new running max, vectors over the rows.
+                        with T.serial(0, nqv) as qvec:
+                            with T.vectorized(0, lanes) as ln:
+                                T.buffer_store(mn, m[qvec * lanes + ln], [qvec * lanes + ln])
+                            with T.serial(0, kb) as jj:
                                 with T.vectorized(0, lanes) as ln:
-                                    T.buffer_store(mv, m[qi], [r, ln])
-                                with T.unroll(0, nkv) as jo:
-                                    with T.vectorized(0, lanes) as ln:
-                                        jj = jo * lanes + ln
-                                        j = j0 + jj
-                                        x = s[qi, jj] * scale
-                                        if spec.mask is not None:
-                                            x = x + load("mask", spec.mask,
-                                                         {**benv, "i": ic, "j": tir.min(j, spec.sk - 1)})
-                                        valid = j < spec.sk
-                                        if spec.causal_offset is not None:
-                                            valid = tir.And(valid, j <= ic + spec.causal_offset)
-                                        x = tir.Select(valid, x, neg_inf)
-                                        T.buffer_store(s, x, [qi, jj])     # (read back below: an
-                                        T.buffer_store(mv, tir.max(mv[r, ln], s[qi, jj]), [r, ln])  # expr recomputes)
-                                # Step 2d. The new running max (a max of -inf only stays -inf: exp uses 0).
-                                T.buffer_store(mn, mv[r, 0], [qi])
-                                with T.serial(1, lanes) as ln:
-                                    T.buffer_store(mn, tir.max(mn[qi], mv[r, ln]), [qi])
-                                safe = tir.Select(mn[qi] == neg_inf, zero, mn[qi])
-                                alpha = tir.exp(m[qi] - safe)
-                                # Step 2e. Probabilities, the rescaled lane-wise sum and accumulator.
-                                with T.vectorized(0, lanes) as ln:
-                                    T.buffer_store(lsum, lsum[qi, ln] * alpha, [qi, ln])
-                                with T.unroll(0, nkv) as jo:
-                                    with T.vectorized(0, lanes) as ln:
-                                        jj = jo * lanes + ln
-                                        T.buffer_store(s, tir.exp(s[qi, jj] - safe), [qi, jj])
-                                        T.buffer_store(lsum, lsum[qi, ln] + s[qi, jj], [qi, ln])
-                                with _vector_tiles(T, spec.dv, lanes) as e:
-                                    T.buffer_store(acc, acc[qi, e] * alpha, [qi, e])
+                                    qi = qvec * lanes + ln
+                                    ic = tir.min(q0 + qi, spec.sq - 1)
+                                    j = j0 + jj
+                                    x = st[jj, qi] * scale
+                                    if spec.mask is not None:
+                                        x = x + load("mask", spec.mask,
+                                                     {**benv, "i": ic, "j": tir.min(j, spec.sk - 1)})
+                                    valid = j < spec.sk
+                                    if spec.causal_offset is not None:
+                                        valid = tir.And(valid, j <= ic + spec.causal_offset)
+                                    T.buffer_store(st, tir.Select(valid, x, neg_inf), [jj, qi])
+                                    T.buffer_store(mn, tir.max(mn[qi], st[jj, qi]), [qi])   # (read back)
+                            # Step 2c. Rescale factors (a max of -inf stays -inf: the exps use 0), the
+                            # probabilities and the rescaled sums.
+                            with T.vectorized(0, lanes) as ln:
+                                qi = qvec * lanes + ln
+                                T.buffer_store(sf, tir.Select(mn[qi] == neg_inf, zero, mn[qi]), [qi])
+                                T.buffer_store(al, tir.exp(m[qi] - sf[qi]), [qi])
+                                T.buffer_store(lsum, lsum[qi] * al[qi], [qi])
                                 T.buffer_store(m, mn[qi], [qi])
-                            # Step 2f. acc += p @ V[block]: each V vector once for the rows (registers).
+                            with T.serial(0, kb) as jj:
+                                with T.vectorized(0, lanes) as ln:
+                                    qi = qvec * lanes + ln
+                                    T.buffer_store(st, tir.exp(st[jj, qi] - sf[qi]), [jj, qi])
+                                    T.buffer_store(lsum, lsum[qi] + st[jj, qi], [qi])
+                        # Step 2d. acc = acc * alpha + p @ V[block], `rows` rows at a time (registers).
+                        with T.serial(0, qb // rows) as g:
+                            with T.unroll(0, rows) as r:
+                                with _vector_tiles(T, spec.dv, lanes) as e:
+                                    qi = g * rows + r
+                                    T.buffer_store(acc, acc[qi, e] * al[qi], [qi, e])
                             with T.serial(0, kb) as jj:
                                 jc = tir.min(j0 + jj, spec.sk - 1)
                                 with T.unroll(0, rows) as r:
                                     qi = g * rows + r
                                     with _vector_tiles(T, spec.dv, lanes) as e:
                                         vv = load("v", spec.v, {**benv, "j": jc, "e": e})
-                                        T.buffer_store(acc, acc[qi, e] + s[qi, jj] * vv, [qi, e])
+                                        T.buffer_store(acc, acc[qi, e] + st[jj, qi] * vv, [qi, e])
                     # Step 3. Normalize and store the rows of this block that exist.
                     with T.serial(0, qb) as qi:
                         i = q0 + qi
                         with T.If(i < spec.sq):
                             with T.Then():
-                                T.buffer_store(mn, lsum[qi, 0], [qi])      # the row's sum (mn is free)
-                                with T.serial(1, lanes) as ln:
-                                    T.buffer_store(mn, mn[qi] + lsum[qi, ln], [qi])
-                                total = mn[qi]
+                                total = lsum[qi]
                                 with _vector_loop(T, spec.dv, lanes) as e:
                                     val = acc[qi, e] / total
                                     if spec.zero_empty_rows:     # no key seen: the sum stayed 0
