@@ -227,7 +227,7 @@ def bench_workload(w: dict, args) -> dict:
     ref = workers[REFERENCE_ENGINE].outputs if REFERENCE_ENGINE in workers else None
     for engine, wk in workers.items():
         r = sorted(rounds[engine])
-        q = statistics.quantiles(r, n=4) if len(r) >= 2 else [r[0]] * 3
+        q = statistics.quantiles(r, n=4, method="inclusive") if len(r) >= 2 else [r[0]] * 3
         row = {**wk.info, "rounds_ms": [x * 1e3 for x in rounds[engine]], "median_ms": statistics.median(r) * 1e3,
                "p25_ms": q[0] * 1e3, "p75_ms": q[2] * 1e3, "min_ms": r[0] * 1e3, "max_ms": r[-1] * 1e3}
         if ref is not None:
