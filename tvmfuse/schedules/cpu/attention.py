@@ -39,7 +39,7 @@ from dataclasses import asdict, dataclass
 
 from ... import _compat as C
 from ...target import cpu_info
-from ..base import Knob, KnobSpace, Match, Template
+from ..base import Config, KnobSpace, Match, Template, knob
 
 ATTR = "tvmfuse.attention"          # PrimFunc attribute holding the spec (JSON)
 RULE_ATTR = "tvmfuse.rule"          # the rule that formed the kernel (for the report)
@@ -316,9 +316,23 @@ def _vector_loop(T, extent: int, lanes: int):
             yield v
 
 
+@dataclass(frozen=True)
+class AttentionConfig(Config):
+    """The knobs of the CPU attention kernel (choices and defaults from the target: ``cpu_info``)."""
+
+    q_block: int = knob("query rows per parallel task, a multiple of the vector width (the rows are the "
+                        "vector axis of the scores)")
+    k_block: int = knob("keys per online-softmax step")
+    lanes: int = knob("float32 lanes per vector (target)")
+    rows: int = knob("query rows whose P @ V accumulators are in registers together")
+    tile_keys: int = knob("keys of a score register tile")
+    tile_qvecs: int = knob("row vectors of a score register tile (at most q_block / lanes)")
+
+
 class Attention(Template):
     family = "cpu.attention"
     target_kinds = ("llvm",)
+    config_type = AttentionConfig
 
     def match(self, func: C.PrimFunc, target: C.Target) -> Match | None:
         if func.attrs is None or ATTR not in func.attrs:
@@ -336,15 +350,8 @@ class Attention(Template):
         lanes = cpu_info(target).float32_lanes
         qb = tuple(lanes * v for v in Q_BLOCK_VECTORS if v == 1 or lanes * v < 2 * spec.sq)
         kb = tuple(lanes * v for v in K_BLOCK_VECTORS if v == 1 or lanes * v < 2 * spec.sk)
-        return KnobSpace((
-            Knob("q_block", qb, "query rows per parallel task, a multiple of the vector width (the rows "
-                                "are the vector axis of the scores)"),
-            Knob("k_block", kb, "keys per online-softmax step"),
-            Knob("lanes", (lanes,), "float32 lanes per vector (target)"),
-            Knob("rows", ROW_GROUPS, "query rows whose P @ V accumulators are in registers together"),
-            Knob("tile_keys", TILE_KEYS, "keys of a score register tile"),
-            Knob("tile_qvecs", TILE_QVECS, "row vectors of a score register tile (at most q_block / lanes)"),
-        ))
+        return AttentionConfig.space(q_block=qb, k_block=kb, lanes=(lanes,), rows=ROW_GROUPS,
+                                     tile_keys=TILE_KEYS, tile_qvecs=TILE_QVECS)
 
     def default_config(self, match: Match, target: C.Target) -> dict:
         spec, info = match.info["spec"], cpu_info(target)
@@ -372,18 +379,19 @@ class Attention(Template):
         rows = max([r for r in ROW_GROUPS if r * per_row <= budget and qb % r == 0] or [1])
         qvecs = max(v for v in TILE_QVECS if v <= 2 and (qb // lanes) % v == 0)
         keys = max([k for k in TILE_KEYS if k * qvecs <= budget and kb % k == 0] or [TILE_KEYS[0]])
-        return {"q_block": qb, "k_block": kb, "lanes": lanes, "rows": rows, "tile_keys": keys,
-                "tile_qvecs": qvecs}
+        return AttentionConfig(q_block=qb, k_block=kb, lanes=lanes, rows=rows, tile_keys=keys,
+                               tile_qvecs=qvecs).asdict()
 
     def apply(self, sch: C.Schedule, match: Match, config: dict) -> None:
         spec = match.info["spec"]
         root = sch.get_sblock("root")
         func = sch.mod["main"]
         # Step 1. The online-softmax loop nest for this configuration, over the kernel's own buffers.
-        qb, kb, lanes = config["q_block"], config["k_block"], config["lanes"]
+        cfg = AttentionConfig.from_dict(config)
+        qb, kb, lanes = cfg.q_block, cfg.k_block, cfg.lanes
         # the register tiles divide the blocks (every choice is a power of two)
-        rows = math.gcd(config["rows"], qb)
-        tile_keys, tile_qvecs = math.gcd(config["tile_keys"], kb), math.gcd(config["tile_qvecs"], qb // lanes)
+        rows = math.gcd(cfg.rows, qb)
+        tile_keys, tile_qvecs = math.gcd(cfg.tile_keys, kb), math.gcd(cfg.tile_qvecs, qb // lanes)
         new_root = _flash_root(spec, list(func.params), qb, kb, lanes, rows, tile_keys, tile_qvecs)
         # Step 2. It replaces the reference stages (scores, softmax, P @ V) wholesale.
         old = sch.get(root)
