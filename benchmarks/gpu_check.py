@@ -12,6 +12,7 @@ flops / fp32 non-tensor-core peak); the fraction printed is that bound over the 
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
 import sys
@@ -36,10 +37,25 @@ FAMILY_MODELS = {      # pattern model -> the CUDA family it exercises
     "qkv_projection": "cuda_siblings",
     "swiglu": "cuda_siblings",
     "depthwise_conv_bn_relu_residual": "cuda_depthwise_conv2d",
+    "attention": "cuda_attention",
+    "attention_causal": "cuda_attention",
 }
+
+
+def _attention_model(causal: bool):
+    """bench_attention.py's multi-head attention graph (small by default: the dry run's size)."""
+    spec = importlib.util.spec_from_file_location(
+        "bench_attention", os.path.join(os.path.dirname(os.path.abspath(__file__)), "bench_attention.py"))
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return lambda seq=40, heads=2, head_dim=16: mod.attention_model(seq, heads, head_dim, causal)
+
+
 # family models that are not in tvmfuse.models.PATTERN_MODELS under their own name
 EXTRA_MODELS = {
     "depthwise_conv_bn_relu_residual": lambda **kw: M.conv_bn_relu_residual(depthwise=True, **kw),
+    "attention": _attention_model(causal=False),
+    "attention_causal": _attention_model(causal=True),
 }
 # GPU-sized inputs (the pattern builders' defaults are CPU-test sized)
 SIZES = {
@@ -55,6 +71,8 @@ SIZES = {
     "qkv_projection": dict(seq=2048, hidden=1024),
     "swiglu": dict(seq=2048, hidden=1024, ffn=2816),
     "depthwise_conv_bn_relu_residual": dict(channels=256, size=56),
+    "attention": dict(seq=2048, heads=12, head_dim=64),          # issue 14's attention, batch 1
+    "attention_causal": dict(seq=2048, heads=12, head_dim=64),
     "transformer_block": dict(seq=512, hidden=768, heads=12, ffn=3072),
     "resnet_block": dict(channels=64, size=56, batch=8),
 }

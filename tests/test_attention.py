@@ -175,10 +175,10 @@ def _allocs_and_loops(func):
 
 @pytest.mark.parametrize("target", [HASWELL, SKYLAKE], ids=["avx2", "avx512"])
 def test_scheduled_kernel_has_no_scores_buffer(target):
-    model = _chain(b=1, h=2, sq=48, sk=40, d=16, dv=16, mask="input")
+    sq, sk = 256, 240        # longer than the largest blocks: a block-sized buffer is not S x S
+    model = _chain(b=1, h=2, sq=sq, sk=sk, d=16, dv=16, mask="input")
     cm = tvmfuse.compile(model, target)
     func = _attention_func(cm)
-    sq, sk = 48, 40
     before, _ = _allocs_and_loops(func)
     assert any(n >= sq * sk for _, n, _ in before)             # the reference stages hold S x S scores
     res = schedule_prim_func(func, target)
@@ -199,7 +199,7 @@ def test_knob_space_and_every_config_match_reference(host, rng):
     t = Attention()
     match = t.match(func, host)
     space = t.space(match, host)
-    assert set(space.names) == {"q_block", "k_block", "lanes"}
+    assert set(space.names) == {"q_block", "k_block", "lanes", "rows", "tile_keys", "tile_qvecs"}
     assert space.contains(t.default_config(match, host))
     feeds = _feeds(model, rng)
     ref = M.reference_outputs(model, feeds)["y"]
@@ -250,14 +250,16 @@ def test_scores_read_elsewhere_is_refused(host):
     assert any("read outside" in r["reason"] for r in cm.report.refused if r["rule"] == "attention")
 
 
-def test_gpu_target_refuses_with_reason():
+def test_gpu_target_without_template_refuses_with_reason():
+    """cuda has an attention template (tests/test_schedules_cuda_attention.py); rocm has none."""
     from tvmfuse.passes.attention import FuseAttention
 
     mod = tvmfuse.load_onnx(_chain())
     with Recorder() as rec:
-        out = FuseAttention(tvmfuse.parse_target("cuda"))(mod)
+        out = FuseAttention(tvmfuse.parse_target("rocm"))(mod)
     assert not any(isinstance(f, C.PrimFunc) for f in out.functions.values())
-    assert any("GPU" in r["reason"] for r in rec.refused)
+    assert any("no rocm template" in r["reason"] for r in rec.refused)
+    assert any(isinstance(f, C.PrimFunc) for f in FuseAttention(tvmfuse.parse_target("cuda"))(mod).functions.values())
 
 
 def test_spec_validation_names_the_operand():
@@ -378,3 +380,61 @@ def test_grouped_query_expand_is_read_in_place(host, rng):
         spec = AttentionSpec.from_json(str(_attention_func(cm).attrs[ATTR]))
         assert spec.k.shape == (b, hk, sk, d) and spec.k.axes[1] == ("%", "b1", r, hk)
         _check(model, cm, _feeds(model, rng))
+
+
+@pytest.mark.parametrize("target,rows", [(HASWELL, 1), (SKYLAKE, 4)], ids=["avx2", "avx512"])
+def test_default_row_group_fits_the_vector_registers(target, rows):
+    """Head dim 64: a row's accumulators are 64 / lanes vectors (AVX2: 8 of 16 registers, one row per
+    group; AVX-512: 4 of 32, four rows); the row group's loops are unrolled (register tiles), and the
+    query block is a multiple of the group."""
+    model = _chain(b=1, h=2, sq=256, sk=256, d=64, dv=64)
+    cm = tvmfuse.compile(model, target)
+    func = _attention_func(cm)
+    res = schedule_prim_func(func, target)
+    assert res.config["rows"] == rows and res.config["q_block"] % rows == 0
+    _, loops = _allocs_and_loops(res.func)
+    assert int(C.ForKind.UNROLLED) in loops
+    text = res.func.script()
+    assert f"T.unroll({rows})" in text or rows == 1
+
+
+def test_causal_query_block_is_a_small_share_of_the_sequence():
+    """A causal kernel skips the key blocks past its query block: its default block is at most an eighth
+    of the sequence (the plain kernel's may be larger)."""
+    sq = 512
+    causal = np.where(np.arange(sq)[None] <= np.arange(sq)[:, None], 0, -np.inf).astype(np.float32)
+    t = Attention()
+    blocks = {}
+    for name, mask in (("plain", None), ("causal", causal.reshape(1, 1, sq, sq))):
+        cm = tvmfuse.compile(_chain(b=1, h=2, sq=sq, sk=sq, d=64, dv=64, mask=mask), SKYLAKE)
+        func = _attention_func(cm)
+        blocks[name] = t.default_config(t.match(func, SKYLAKE), SKYLAKE)["q_block"]
+    assert blocks["causal"] <= sq // 8 < blocks["plain"], blocks
+
+
+def test_configs_with_several_row_vectors_match_reference(host, rng):
+    """Query blocks of several vectors and score tiles of several row vectors and keys (the space's
+    larger choices), causal and masked, rows and keys not multiples of anything: same numbers."""
+    import random
+
+    sq = sk = 45
+    causal = np.where(np.arange(sk)[None] <= np.arange(sq)[:, None], 0, -np.inf).astype(np.float32)
+    for mask in ("input", causal.reshape(1, 1, sq, sk)):
+        model = _chain(b=1, h=2, sq=sq, sk=sk, d=8, dv=8, mask=mask)
+        cm = tvmfuse.compile(model, host)
+        func = _attention_func(cm)
+        t = Attention()
+        match = t.match(func, host)
+        space = t.space(match, host)
+        lanes = t.default_config(match, host)["lanes"]
+        feeds = _feeds(model, rng)
+        ref = M.reference_outputs(model, feeds)["y"]
+        args_np = [feeds["q"], feeds["k"], feeds["v"]] + ([feeds["mask"]] if isinstance(mask, str) else [])
+        configs = [c for c in space.all_configs() if c["q_block"] > lanes and c["tile_qvecs"] > 1]
+        assert configs
+        for config in random.Random(0).sample(configs, 4):
+            scheduled = schedule_with(t, match, func, config)
+            lib = C.build_prim_module(C.IRModule({"main": scheduled.with_attr("global_symbol", "main")}), host)
+            args = [C.tensor(a) for a in args_np + [np.zeros(ref.shape, np.float32)]]
+            lib["main"](*args)
+            np.testing.assert_allclose(args[-1].numpy(), ref, rtol=RTOL, atol=ATOL, err_msg=str(config))

@@ -54,7 +54,7 @@ def family_kernel(family, target):
 
 
 def test_templates_gated_on_cuda_and_ordered():
-    assert [t.family for t in TEMPLATES] == ["cuda_siblings", "cuda_matmul", "cuda_depthwise_conv2d", "cuda_conv2d",
+    assert [t.family for t in TEMPLATES] == ["cuda_attention", "cuda_siblings", "cuda_matmul", "cuda_depthwise_conv2d", "cuda_conv2d",
                                              "cuda_row_reduction", "cuda_elementwise"]
     assert all(t.target_kinds == ("cuda",) for t in TEMPLATES)
     assert templates_for(cuda()) == TEMPLATES

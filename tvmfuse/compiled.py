@@ -117,7 +117,7 @@ def compile(model, target=None, tuning_log: str | None = None, *, name: str | No
     symbolic dim of the inputs); dims left symbolic compile to kernels that take any size.
     ``tuning_log``: None (every kernel gets its template's untuned default for ``target``), ``"shipped"``
     (the records shipped in ``tuning_logs/``), or the path of a tuning log.
-    ``option_overrides`` are fields of ``PipelineOptions`` (fusion, schedules, fast_math).
+    ``option_overrides`` are fields of ``PipelineOptions`` (fusion, attention, schedules, fast_math).
     """
     tgt = parse_target(target)
     if not is_gpu(tgt):

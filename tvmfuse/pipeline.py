@@ -25,6 +25,8 @@ class PipelineOptions:
     """Switches of the pipeline; every stage reads its settings from here (no environment flags)."""
 
     fusion: bool = True        # tvmfuse's graph-level fusion rules (False: TVM's FuseOps only)
+    attention: bool = True     # the attention rule (False: the chain goes through the pairwise rules, the
+                               # scores in memory: the "unfused attention" baseline of bench_attention.py)
     schedules: bool = True     # tvmfuse's schedule templates (False: TVM's defaults)
     fast_math: bool = True     # vectorizable exp/erf/tanh/sigmoid approximations in fused kernels
     tuning_log: str | None = None   # None: untuned target defaults; "shipped": the shipped records; a log path

@@ -15,11 +15,14 @@ def pre_legalize_passes(target: C.Target, options) -> list:
     from .attention import FuseAttention
     from .rewrites import FoldBatchNorm, Peephole
 
+    attention = [
+        C.relax_transform.DeadCodeElimination(),   # FuseAttention counts readers: dead ones must go first
+        FuseAttention(target),
+    ] if options.attention else []
     return [
         Peephole(),
         FoldBatchNorm(),
-        C.relax_transform.DeadCodeElimination(),   # FuseAttention counts readers: dead ones must go first
-        FuseAttention(target),
+        *attention,
         C.relax_transform.CanonicalizeBindings(),
         C.relax_transform.EliminateCommonSubexpr(),
         C.relax_transform.DeadCodeElimination(),

@@ -294,6 +294,26 @@ def _scores_chain(fn: _Function, expr, first_readers: int = 1) -> tuple:
             raise _Refused("the softmax input is not scale/mask ops over Q @ K^T")
 
 
+def _scalar_factors(fn: _Function, expr, ops: list) -> tuple:
+    """(operand, product of the constant scalars it is multiplied by): ``multiply(x, c)`` steps read only
+    by the next step are peeled (one "multiply" in ``ops`` each)."""
+    factor = 1.0
+    while fn.single_use(expr):
+        mul = fn.call(expr, "relax.multiply")
+        if mul is None:
+            break
+        a, b = mul.args
+        c, x = _scalar_const(b), a
+        if c is None:
+            c, x = _scalar_const(a), b
+        if c is None or _static_dims(x) is None or _static_dims(x) != _static_dims(expr):
+            break            # a tensor factor, or one that broadcasts the operand: not a scale
+        factor *= c
+        expr = x
+        ops.append("multiply")
+    return expr, factor
+
+
 def _leads_to_matmul(fn: _Function, expr, depth: int = 8) -> bool:
     """Whether ``expr`` is a matmul, through at most ``depth`` add/multiply/divide steps."""
     if depth == 0 or not isinstance(expr, C.relax.Var) or expr not in fn.value:
@@ -315,13 +335,20 @@ def match(fn: _Function, var, target) -> tuple | None:
     if mm is None:
         return None
     p, v = mm.args
-    guard = None
+    guard, zero_empty, p_readers = None, False, 1
     wh = fn.call(p, "relax.where")
     if wh is not None and _scalar_const(wh.args[1]) == 0.0 and \
             fn.call(wh.args[2], "relax.nn.softmax") is not None:
         if not fn.single_use(p):
             raise _Refused("the guarded probabilities are read outside the attention chain")
-        guard, p = wh.args[0], wh.args[2]
+        nan = fn.call(wh.args[0], "relax.isnan")
+        if nan is not None and nan.args[0].same_as(wh.args[2]):
+            # where(isnan(P), 0, P) (PyTorch SDPA exports): a row with no finite logit gives 0
+            if not fn.single_use(wh.args[0]):
+                raise _Refused("the NaN test of the probabilities is read outside the attention chain")
+            zero_empty, p, p_readers = True, wh.args[2], 2
+        else:
+            guard, p = wh.args[0], wh.args[2]
     found = _softmax(fn, p)
     if found is None:
         return None
@@ -331,10 +358,16 @@ def match(fn: _Function, var, target) -> tuple | None:
         raise _Refused("symbolic shapes (the kernel is built for static shapes)")
     if axis % len(dims_x) != len(dims_x) - 1:
         raise _Refused(f"softmax over axis {axis}, not the last (key) axis")
-    if not fn.single_use(p):
+    if len(fn.users.get(p, [])) != p_readers:
         raise _Refused("the probabilities are read outside the attention chain")
     qk, scale, terms = _scores_chain(fn, x, x_readers)
-    q, kt = qk.args
+    ops = ["matmul", "softmax", "matmul"] + (["isnan", "where"] if zero_empty else [])
+    peeled = []
+    for t in qk.args:      # (Q * c) @ (K^T * c'): the scale split over both operands, as SDPA exports it
+        t, c = _scalar_factors(fn, t, ops)
+        scale *= c
+        peeled.append(t)
+    q, kt = peeled
     reason = R.check_attention_operands([q, kt, v, var] + terms + ([guard] if guard is not None else []),
                                         target)
     if reason is not None:
@@ -348,7 +381,6 @@ def match(fn: _Function, var, target) -> tuple | None:
     batch = out_dims[:-2]
     if tuple(dims_x[:-2]) != tuple(batch):
         raise _Refused("the scores and the output have different batch shapes")
-    ops = ["matmul", "softmax", "matmul"]
 
     blabels = [f"b{k}" for k in range(len(batch))]
 
@@ -406,7 +438,7 @@ def match(fn: _Function, var, target) -> tuple | None:
                          v=specs["v"], out=Operand(tuple(out_labels), _static_dims(out_var), "float32"),
                          mask=mask[1] if mask is not None else None,
                          guard=Operand(tuple(glabels), gdims, "bool") if guard is not None else None,
-                         scale=float(np.float32(scale)), causal_offset=causal)
+                         scale=float(np.float32(scale)), causal_offset=causal, zero_empty_rows=zero_empty)
     try:
         spec.validate()
     except ValueError as e:

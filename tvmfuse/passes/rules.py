@@ -394,10 +394,10 @@ def check_attention_operands(exprs: list, target) -> str | None:
 
 
 def check_attention_target(target) -> str | None:
-    """Target support: the attention kernel has a CPU template only."""
+    """Target support: the attention kernel has CPU and CUDA templates (no other GPU kind)."""
     from ..target import is_gpu
 
-    if target is not None and is_gpu(target):
-        return "not supported by the target: the attention kernel has no GPU template (the chain stays " \
-               "as separate kernels)"
+    if target is not None and is_gpu(target) and target.kind.name != "cuda":
+        return f"not supported by the target: the attention kernel has no {target.kind.name} template (the " \
+               "chain stays as separate kernels)"
     return None

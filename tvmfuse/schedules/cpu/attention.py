@@ -7,7 +7,8 @@ every logical batch index (batch, heads...) and query row i,
 
 with ``causal[i, j] = -inf`` where ``j > i + causal_offset`` and, with a ``guard`` operand (a bool per
 row), ``out[i, :] = 0`` where the guard is true (ONNX Attention's fully-masked rows).  A row whose logits
-are all -inf gives NaN, as softmax does (0/0).  Each operand is a buffer whose axes carry logical labels
+are all -inf gives NaN, as softmax does (0/0), or 0 with ``zero_empty_rows`` (``where(isnan(P), 0, P) @ V``,
+as PyTorch's SDPA exports write it: the softmax's sum is not positive).  Each operand is a buffer whose axes carry logical labels
 (``Operand.axes``): ``b<k>`` (batch axis k), ``i`` (query), ``j`` (key), ``d`` (q/k feature), ``e`` (value
 feature) or ``1`` (broadcast); an axis may hold several of them row-major (a composite: [seq, heads*dim]
 before the head split) or a digit of one (``("%", label, stride, extent)``: K/V heads shared by groups of
@@ -16,15 +17,16 @@ masks are read in place.
 
 ``reference_prim_func(spec)`` is the unscheduled kernel (scores, max, exp, sum, P @ V as te stages: any
 target can lower it).  The CPU template ``Attention`` replaces its body with the online-softmax loop nest
-for a (query block, key block) configuration:
+for a (query block, key block, register tiles) configuration; the scores are held transposed, a vector
+over the query rows, so that the row statistics are vector operations:
 
     for (batch, query block) in parallel:
+        qT = Q[rows]^T                                            # [d, qb] local, once per task
         m = -inf, l = 0, acc = 0                                  # per query row, local buffers
         for key block:
-            kt = K[block]^T                                       # [d, kb] local tile
-            s  = scale * Q[rows] @ kt + mask  (-inf: past the keys, causal)    # [qb, kb], vector over kb
-            m' = max(m, rowmax(s));  p = exp(s - m');  alpha = exp(m - m')
-            l  = l * alpha + rowsum(p);  acc = acc * alpha + p @ V[block]      # vector over the head dim
+            sT = K[block] @ qT * scale + mask  (-inf: past the keys, causal)   # [kb, qb], vector over rows
+            m' = max(m, colmax(sT));  p = exp(sT - m');  alpha = exp(m - m')
+            l  = l * alpha + colsum(p);  acc = acc * alpha + p^T @ V[block]    # vector over the head dim
             m  = m'
         out[rows] = acc / l   (0 where the guard is set)
 """
@@ -37,17 +39,30 @@ from dataclasses import asdict, dataclass
 
 from ... import _compat as C
 from ...target import cpu_info
-from ..base import Knob, KnobSpace, Match, Template
+from ..base import Config, KnobSpace, Match, Template, knob
 
 ATTR = "tvmfuse.attention"          # PrimFunc attribute holding the spec (JSON)
 RULE_ATTR = "tvmfuse.rule"          # the rule that formed the kernel (for the report)
-Q_BLOCKS = (1, 2, 4, 8, 16)         # query rows per task (share each K/V tile)
+# query rows per task: they share every transposed K tile (its packing is paid once per task and key
+# block, so more rows amortize it better)
+Q_BLOCK_VECTORS = (1, 2, 4, 8, 16)  # query rows per task, in float32 vectors of the target
 K_BLOCK_VECTORS = (1, 2, 4, 8)      # keys per block, in float32 vectors of the target
+TILE_KEYS = (2, 4, 8)               # keys of a score register tile
+TILE_QVECS = (1, 2, 4)              # row vectors of a score register tile
 # Fractions of the caches the default blocks aim at: the K/V tiles of one key block in L1, the query
-# block's accumulators and scores next to them.
+# block's accumulators, scores and running sums in L2 (each row group's share is in registers meanwhile).
 L1_SHARE_KV = 0.5
-L1_SHARE_ACC = 0.25
+L2_SHARE_ACC = 0.5
+# A causal kernel skips the key blocks past its query block's last row: its default query block is at most
+# this fraction of the sequence, so that most of the skippable blocks are skipped.
+CAUSAL_Q_BLOCK_SHARE = 1 / 8
 MIN_TASKS_PER_CORE = 2              # parallel tasks (batch x query blocks) per core before rows per task grow
+ROW_GROUPS = (1, 2, 4, 8)           # query rows whose P @ V accumulators are in registers together
+# Vector registers of the ISA by the target's vector width: AVX-512 32 zmm, AVX/AVX2 16 ymm; 128-bit: 16
+# (SSE's count; NEON has 32, so this is safe there).
+VECTOR_REGISTERS = {512: 32, 256: 16, 128: 16}
+ACC_REGISTER_SHARE = 0.75           # accumulators of a row group may fill this share of the vector registers
+                                    # (the rest: the broadcast query/probability values and the K/V vectors)
 NEG_INF = float("-inf")
 
 
@@ -73,6 +88,7 @@ class AttentionSpec:
     guard: Operand | None = None
     scale: float = 1.0
     causal_offset: int | None = None
+    zero_empty_rows: bool = False    # a row without any positive weight (all logits -inf) gives 0, not NaN
 
     def inputs(self) -> list[tuple[str, Operand]]:
         ops = [("q", self.q), ("k", self.k), ("v", self.v)]
@@ -170,6 +186,19 @@ def _index(op: Operand, env: dict, ext: dict) -> list:
     return out
 
 
+# the operand indexing shared with the CUDA template (schedules/cuda/attention.py)
+def operand_index(op: Operand, env: dict, ext: dict) -> list:
+    return _index(op, env, ext)
+
+
+def batch_env(spec: AttentionSpec, bidx) -> dict:
+    return _batch_env(spec, bidx)
+
+
+def unravel(flat, extents):
+    return _unravel(flat, extents)
+
+
 def _as_label(x):
     return tuple(_as_label(y) for y in x) if isinstance(x, list) else x
 
@@ -233,11 +262,14 @@ def reference_prim_func(spec: AttentionSpec) -> C.PrimFunc:
         bidx = [val_of[f"b{k}"] for k in range(nb)]
         i, e = val_of["i"], val_of["e"]
         val = O[(*bidx, i, e)] / L[(*bidx, i)]
+        if spec.zero_empty_rows:     # all logits -inf: L is NaN (exp(-inf - -inf)); not > 0
+            val = tir.Select(L[(*bidx, i)] > zero, val, zero)
         if spec.guard is not None:
             g = ph["guard"][tuple(_index(spec.guard, {**_batch_env(spec, bidx), "i": i}, ext))]
             val = tir.Select(g, tir.const(0.0, "float32"), val)
         return val
 
+    zero = tir.const(0.0, "float32")
     Y = te.compute(spec.out.shape, out, name="attn_out")
     func = te.create_prim_func([ph[n] for n, _ in spec.inputs()] + [Y])
     if func.attrs is not None and "global_symbol" in func.attrs:
@@ -256,6 +288,19 @@ def _unravel(flat, extents):
 
 
 @contextlib.contextmanager
+def _vector_tiles(T, extent: int, lanes: int):
+    """Like ``_vector_loop`` with the loop over the vectors unrolled (register tiles: each element's
+    address is fixed in the unrolled body); yields the element index."""
+    if extent % lanes == 0 and extent > lanes:
+        with T.unroll(0, extent // lanes) as o:
+            with T.vectorized(0, lanes) as v:
+                yield o * lanes + v
+    else:
+        with _vector_loop(T, extent, lanes) as v:
+            yield v
+
+
+@contextlib.contextmanager
 def _vector_loop(T, extent: int, lanes: int):
     """A loop over ``extent`` elements, vectorized by ``lanes`` where they divide it (else one vector of
     ``extent`` lanes when it is short, else a serial loop); yields the element index."""
@@ -271,9 +316,23 @@ def _vector_loop(T, extent: int, lanes: int):
             yield v
 
 
+@dataclass(frozen=True)
+class AttentionConfig(Config):
+    """The knobs of the CPU attention kernel (choices and defaults from the target: ``cpu_info``)."""
+
+    q_block: int = knob("query rows per parallel task, a multiple of the vector width (the rows are the "
+                        "vector axis of the scores)")
+    k_block: int = knob("keys per online-softmax step")
+    lanes: int = knob("float32 lanes per vector (target)")
+    rows: int = knob("query rows whose P @ V accumulators are in registers together")
+    tile_keys: int = knob("keys of a score register tile")
+    tile_qvecs: int = knob("row vectors of a score register tile (at most q_block / lanes)")
+
+
 class Attention(Template):
     family = "cpu.attention"
     target_kinds = ("llvm",)
+    config_type = AttentionConfig
 
     def match(self, func: C.PrimFunc, target: C.Target) -> Match | None:
         if func.attrs is None or ATTR not in func.attrs:
@@ -285,17 +344,14 @@ class Attention(Template):
             return None      # not the kernel the spec describes (another pass changed its signature)
         return Match(self.family, {"spec": spec})
 
-    # Step 0. The knob space: rows per task and keys per block.
+    # Step 0. The knob space: rows per task, keys per block, rows per register group.
     def space(self, match: Match, target: C.Target) -> KnobSpace:
         spec = match.info["spec"]
         lanes = cpu_info(target).float32_lanes
-        qb = tuple(q for q in Q_BLOCKS if q == 1 or q < 2 * spec.sq)
+        qb = tuple(lanes * v for v in Q_BLOCK_VECTORS if v == 1 or lanes * v < 2 * spec.sq)
         kb = tuple(lanes * v for v in K_BLOCK_VECTORS if v == 1 or lanes * v < 2 * spec.sk)
-        return KnobSpace((
-            Knob("q_block", qb, "query rows per parallel task (they share every K/V tile)"),
-            Knob("k_block", kb, "keys per online-softmax step (a multiple of the vector width)"),
-            Knob("lanes", (lanes,), "float32 lanes per vector (target)"),
-        ))
+        return AttentionConfig.space(q_block=qb, k_block=kb, lanes=(lanes,), rows=ROW_GROUPS,
+                                     tile_keys=TILE_KEYS, tile_qvecs=TILE_QVECS)
 
     def default_config(self, match: Match, target: C.Target) -> dict:
         spec, info = match.info["spec"], cpu_info(target)
@@ -305,30 +361,55 @@ class Attention(Template):
         for c in space["k_block"]:
             if (spec.d + spec.dv) * c * 4 <= L1_SHARE_KV * info.l1d_bytes:
                 kb = c
-        # query rows: accumulators + scores in a share of L1, and enough tasks for every core
+        # query rows: accumulators + scores in a share of L2, enough tasks for every core, and (causal)
+        # a small share of the sequence
         tasks_rows = max(1, math.prod(spec.batch))
         qb = space["q_block"][0]
         for c in space["q_block"]:
-            fits = c * (spec.dv + kb + 2) * 4 <= L1_SHARE_ACC * info.l1d_bytes
+            fits = c * (spec.d + spec.dv + kb + 5) * 4 <= L2_SHARE_ACC * info.l2_bytes
             tasks = tasks_rows * math.ceil(spec.sq / c)
-            if fits and tasks >= MIN_TASKS_PER_CORE * info.cores:
+            causal_ok = spec.causal_offset is None or c <= max(kb, CAUSAL_Q_BLOCK_SHARE * spec.sq)
+            if fits and causal_ok and tasks >= MIN_TASKS_PER_CORE * info.cores:
                 qb = c
-        return {"q_block": qb, "k_block": kb, "lanes": info.float32_lanes}
+        # register tiles within the registers' accumulator share: P @ V rows (dv / lanes vectors each),
+        # scores (keys x row vectors; two row vectors where the block has them)
+        lanes = info.float32_lanes
+        budget = ACC_REGISTER_SHARE * VECTOR_REGISTERS.get(info.vector_bits, min(VECTOR_REGISTERS.values()))
+        per_row = -(-spec.dv // lanes)
+        rows = max([r for r in ROW_GROUPS if r * per_row <= budget and qb % r == 0] or [1])
+        qvecs = max(v for v in TILE_QVECS if v <= 2 and (qb // lanes) % v == 0)
+        keys = max([k for k in TILE_KEYS if k * qvecs <= budget and kb % k == 0] or [TILE_KEYS[0]])
+        return AttentionConfig(q_block=qb, k_block=kb, lanes=lanes, rows=rows, tile_keys=keys,
+                               tile_qvecs=qvecs).asdict()
 
     def apply(self, sch: C.Schedule, match: Match, config: dict) -> None:
         spec = match.info["spec"]
         root = sch.get_sblock("root")
         func = sch.mod["main"]
         # Step 1. The online-softmax loop nest for this configuration, over the kernel's own buffers.
-        new_root = _flash_root(spec, list(func.params), config["q_block"], config["k_block"],
-                               config["lanes"])
+        cfg = AttentionConfig.from_dict(config)
+        qb, kb, lanes = cfg.q_block, cfg.k_block, cfg.lanes
+        # the register tiles divide the blocks (every choice is a power of two)
+        rows = math.gcd(cfg.rows, qb)
+        tile_keys, tile_qvecs = math.gcd(cfg.tile_keys, kb), math.gcd(cfg.tile_qvecs, qb // lanes)
+        new_root = _flash_root(spec, list(func.params), qb, kb, lanes, rows, tile_keys, tile_qvecs)
         # Step 2. It replaces the reference stages (scores, softmax, P @ V) wholesale.
         old = sch.get(root)
         sch.state.replace(sch.get_sref(root), new_root, {old: new_root})
 
 
-def _flash_root(spec: AttentionSpec, params: list, qb: int, kb: int, lanes: int):
-    """The root block of the online-softmax kernel (see the module docstring)."""
+def _flash_root(spec: AttentionSpec, params: list, qb: int, kb: int, lanes: int, rows: int,
+                tile_keys: int, tile_qvecs: int):
+    """The root block of the online-softmax kernel (see the module docstring).
+
+    The scores are computed transposed, ``sT[key, query row]``, a vector over the query rows: the query
+    block is transposed once per task (``qT[d, qb]``) and K is read in place (a broadcast of one element per
+    key and head-dim step), so no K tile is packed per key block; the running max, sum and rescale
+    factors are vectors over the rows (no horizontal reductions).  Register tiles: the scores of
+    ``tile_keys`` keys x ``tile_qvecs`` row vectors (summed over the head dim), the accumulators of
+    ``rows`` rows x dv / lanes vectors (summed over the keys; each V vector loaded once for the rows):
+    their loops are unrolled, so each element has a fixed address there and LLVM keeps it in a register.
+    """
     T, IRBuilder, tir = C.tir_builder, C.IRBuilder, C.tirx
     names = [n for n, _ in spec.inputs()] + ["out"]
     buf = dict(zip(names, params))
@@ -336,9 +417,9 @@ def _flash_root(spec: AttentionSpec, params: list, qb: int, kb: int, lanes: int)
     nb_total = max(1, math.prod(spec.batch))
     nqb = -(-spec.sq // qb)
     nkb = -(-spec.sk // kb)
+    nqv = qb // lanes                       # row vectors per query block (qb is a multiple of lanes)
     scale = tir.const(spec.scale, f32)
-    neg_inf, zero, one = tir.const(NEG_INF, f32), tir.const(0.0, f32), tir.const(1.0, f32)
-
+    neg_inf, zero = tir.const(NEG_INF, f32), tir.const(0.0, f32)
     ext = spec.extents()
 
     def load(name, op, env):
@@ -354,19 +435,26 @@ def _flash_root(spec: AttentionSpec, params: list, qb: int, kb: int, lanes: int)
                     t = T.axis.spatial(nb_total * nqb, task)
                     T.reads(*[buf[n][tuple(slice(0, s) for s in op.shape)] for n, op in spec.inputs()])
                     T.writes(buf["out"][tuple(slice(0, s) for s in spec.out.shape)])
-                    m = T.sblock_alloc_buffer((qb,), f32, scope="local")
-                    mn = T.sblock_alloc_buffer((qb,), f32, scope="local")
+                    m = T.sblock_alloc_buffer((qb,), f32, scope="local")       # running max
+                    mn = T.sblock_alloc_buffer((qb,), f32, scope="local")      # the block's new max
+                    sf = T.sblock_alloc_buffer((qb,), f32, scope="local")      # new max, 0 for -inf
+                    al = T.sblock_alloc_buffer((qb,), f32, scope="local")      # rescale factor
                     lsum = T.sblock_alloc_buffer((qb,), f32, scope="local")
                     acc = T.sblock_alloc_buffer((qb, spec.dv), f32, scope="local")
-                    s = T.sblock_alloc_buffer((qb, kb), f32, scope="local")
-                    kt = T.sblock_alloc_buffer((spec.d, kb), f32, scope="local")
+                    st = T.sblock_alloc_buffer((kb, qb), f32, scope="local")
+                    qt = T.sblock_alloc_buffer((spec.d, qb), f32, scope="local")
                     bidx = _unravel(tir.floordiv(t, nqb), list(spec.batch)) if spec.batch else []
                     benv = _batch_env(spec, bidx)
                     q0 = tir.floormod(t, nqb) * qb
-                    # Step 1. Running max, running sum and accumulator of each query row.
-                    with T.serial(0, qb) as qi:
+                    # Step 1. The query block, transposed; running max, sum and accumulator per row.
+                    with T.serial(0, spec.d) as dd:
+                        with _vector_loop(T, qb, lanes) as qi:
+                            T.buffer_store(qt, load("q", spec.q, {**benv, "i": tir.min(q0 + qi, spec.sq - 1),
+                                                                   "d": dd}), [dd, qi])
+                    with _vector_loop(T, qb, lanes) as qi:
                         T.buffer_store(m, neg_inf, [qi])
                         T.buffer_store(lsum, zero, [qi])
+                    with T.serial(0, qb) as qi:
                         with _vector_loop(T, spec.dv, lanes) as e:
                             T.buffer_store(acc, zero, [qi, e])
                     # Step 2. Key blocks; a causal kernel stops after the last block its rows can see.
@@ -376,60 +464,74 @@ def _flash_root(spec: AttentionSpec, params: list, qb: int, kb: int, lanes: int)
                         n_blocks = tir.max(tir.min(tir.floordiv(last_key, kb) + 1, nkb), 0)
                     with T.serial(0, n_blocks) as ko:
                         j0 = ko * kb
-                        # Step 2a. The K tile, transposed ([d, kb]): the score loop is a vector over keys.
-                        with T.serial(0, spec.d) as dd:
-                            with _vector_loop(T, kb, lanes) as jj:
+                        # Step 2a. Scores, tile by tile (registers): sT[key, rows] += K[key, d] * qT[d, rows].
+                        with T.serial(0, kb // tile_keys) as kg:
+                            with T.serial(0, nqv // tile_qvecs) as qg:
+                                with T.unroll(0, tile_keys) as kk:
+                                    with _vector_tiles(T, tile_qvecs * lanes, lanes) as qq:
+                                        T.buffer_store(st, zero, [kg * tile_keys + kk, qg * tile_qvecs * lanes + qq])
+                                with T.serial(0, spec.d) as dd:
+                                    with T.unroll(0, tile_keys) as kk:
+                                        jj = kg * tile_keys + kk
+                                        kv = load("k", spec.k, {**benv, "j": tir.min(j0 + jj, spec.sk - 1), "d": dd})
+                                        with _vector_tiles(T, tile_qvecs * lanes, lanes) as qq:
+                                            qi = qg * tile_qvecs * lanes + qq
+                                            T.buffer_store(st, st[jj, qi] + kv * qt[dd, qi], [jj, qi])
+                        # Step 2b. Logits (scale, mask; -inf past the last key and above the diagonal)
+                        # and the new running max, vectors over the rows.
+                        with T.serial(0, nqv) as qvec:
+                            with T.vectorized(0, lanes) as ln:
+                                T.buffer_store(mn, m[qvec * lanes + ln], [qvec * lanes + ln])
+                            with T.serial(0, kb) as jj:
+                                with T.vectorized(0, lanes) as ln:
+                                    qi = qvec * lanes + ln
+                                    ic = tir.min(q0 + qi, spec.sq - 1)
+                                    j = j0 + jj
+                                    x = st[jj, qi] * scale
+                                    if spec.mask is not None:
+                                        x = x + load("mask", spec.mask,
+                                                     {**benv, "i": ic, "j": tir.min(j, spec.sk - 1)})
+                                    valid = j < spec.sk
+                                    if spec.causal_offset is not None:
+                                        valid = tir.And(valid, j <= ic + spec.causal_offset)
+                                    T.buffer_store(st, tir.Select(valid, x, neg_inf), [jj, qi])
+                                    T.buffer_store(mn, tir.max(mn[qi], st[jj, qi]), [qi])   # (read back)
+                            # Step 2c. Rescale factors (a max of -inf stays -inf: the exps use 0), the
+                            # probabilities and the rescaled sums.
+                            with T.vectorized(0, lanes) as ln:
+                                qi = qvec * lanes + ln
+                                T.buffer_store(sf, tir.Select(mn[qi] == neg_inf, zero, mn[qi]), [qi])
+                                T.buffer_store(al, tir.exp(m[qi] - sf[qi]), [qi])
+                                T.buffer_store(lsum, lsum[qi] * al[qi], [qi])
+                                T.buffer_store(m, mn[qi], [qi])
+                            with T.serial(0, kb) as jj:
+                                with T.vectorized(0, lanes) as ln:
+                                    qi = qvec * lanes + ln
+                                    T.buffer_store(st, tir.exp(st[jj, qi] - sf[qi]), [jj, qi])
+                                    T.buffer_store(lsum, lsum[qi] + st[jj, qi], [qi])
+                        # Step 2d. acc = acc * alpha + p @ V[block], `rows` rows at a time (registers).
+                        with T.serial(0, qb // rows) as g:
+                            with T.unroll(0, rows) as r:
+                                with _vector_tiles(T, spec.dv, lanes) as e:
+                                    qi = g * rows + r
+                                    T.buffer_store(acc, acc[qi, e] * al[qi], [qi, e])
+                            with T.serial(0, kb) as jj:
                                 jc = tir.min(j0 + jj, spec.sk - 1)
-                                T.buffer_store(kt, load("k", spec.k, {**benv, "j": jc, "d": dd}), [dd, jj])
-                        with T.serial(0, qb) as qi:
-                            ic = tir.min(q0 + qi, spec.sq - 1)
-                            # Step 2b. Scores of the row against the block's keys.
-                            with _vector_loop(T, kb, lanes) as jj:
-                                T.buffer_store(s, zero, [qi, jj])
-                            with T.serial(0, spec.d) as dd:
-                                qv = load("q", spec.q, {**benv, "i": ic, "d": dd})
-                                with _vector_loop(T, kb, lanes) as jj:
-                                    T.buffer_store(s, s[qi, jj] + qv * kt[dd, jj], [qi, jj])
-                            # Step 2c. Logits: scale, mask; -inf past the last key and above the diagonal.
-                            with _vector_loop(T, kb, lanes) as jj:
-                                j = j0 + jj
-                                x = s[qi, jj] * scale
-                                if spec.mask is not None:
-                                    x = x + load("mask", spec.mask,
-                                                 {**benv, "i": ic, "j": tir.min(j, spec.sk - 1)})
-                                valid = j < spec.sk
-                                if spec.causal_offset is not None:
-                                    valid = tir.And(valid, j <= ic + spec.causal_offset)
-                                T.buffer_store(s, tir.Select(valid, x, neg_inf), [qi, jj])
-                            # Step 2d. New running max (a max of -inf only stays -inf: exp below uses 0).
-                            T.buffer_store(mn, m[qi], [qi])
-                            with T.serial(0, kb) as jj:
-                                T.buffer_store(mn, tir.max(mn[qi], s[qi, jj]), [qi])
-                            safe = tir.Select(mn[qi] == neg_inf, zero, mn[qi])
-                            # Step 2e. Probabilities of the block, their sum, the rescaled accumulator.
-                            with _vector_loop(T, kb, lanes) as jj:
-                                T.buffer_store(s, tir.exp(s[qi, jj] - safe), [qi, jj])
-                            alpha = tir.exp(m[qi] - safe)
-                            T.buffer_store(lsum, lsum[qi] * alpha, [qi])
-                            with T.serial(0, kb) as jj:
-                                T.buffer_store(lsum, lsum[qi] + s[qi, jj], [qi])
-                            with _vector_loop(T, spec.dv, lanes) as e:
-                                T.buffer_store(acc, acc[qi, e] * alpha, [qi, e])
-                            T.buffer_store(m, mn[qi], [qi])
-                            # Step 2f. acc += p @ V[block], a vector over the head dim.
-                            with T.serial(0, kb) as jj:
-                                jc = tir.min(j0 + jj, spec.sk - 1)
-                                with _vector_loop(T, spec.dv, lanes) as e:
-                                    vv = load("v", spec.v, {**benv, "j": jc, "e": e})
-                                    T.buffer_store(acc, acc[qi, e] + s[qi, jj] * vv, [qi, e])
+                                with T.unroll(0, rows) as r:
+                                    qi = g * rows + r
+                                    with _vector_tiles(T, spec.dv, lanes) as e:
+                                        vv = load("v", spec.v, {**benv, "j": jc, "e": e})
+                                        T.buffer_store(acc, acc[qi, e] + st[jj, qi] * vv, [qi, e])
                     # Step 3. Normalize and store the rows of this block that exist.
                     with T.serial(0, qb) as qi:
                         i = q0 + qi
                         with T.If(i < spec.sq):
                             with T.Then():
-                                inv = one / lsum[qi]
+                                total = lsum[qi]
                                 with _vector_loop(T, spec.dv, lanes) as e:
-                                    val = acc[qi, e] * inv
+                                    val = acc[qi, e] / total
+                                    if spec.zero_empty_rows:     # no key seen: the sum stayed 0
+                                        val = tir.Select(total > zero, val, zero)
                                     if spec.guard is not None:
                                         g = load("guard", spec.guard, {**benv, "i": i})
                                         val = tir.Select(g, zero, val)

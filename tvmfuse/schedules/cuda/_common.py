@@ -39,6 +39,8 @@ class CudaArch:
     ew_vec: int                    # lanes of the elementwise loads/stores (4 x fp32 = 128-bit)
     dw_threads: int = 128          # threads per block of a depthwise conv (pixels x channel planes)
     dw_micro: int = 2              # output pixels per thread of a depthwise conv (weights reused over them)
+    attn_rows: int = 64            # query rows (one thread each) per block of the attention kernel
+    attn_k_block: int = 32         # keys per online-softmax step of the attention kernel (K/V tiles in shared)
 
 
 ARCHS = {
