@@ -63,7 +63,7 @@ def test_accepted_families_cover_every_cuda_family_on_the_pattern_models():
     target = cuda("sm_80")
     seen = set()
     for model in (M.matmul_bias_gelu(), M.conv_bn_relu_residual(), M.conv_bn_relu_residual(depthwise=True),
-                  M.layernorm_softmax(), M.elementwise_chain(), M.qkv_projection()):
+                  M.layernorm_softmax(), M.elementwise_chain(), M.qkv_projection(), M.transformer_block()):
         seen |= {g["template"] for g in _check_accepted_templates_match(model, target).groups}
     assert seen == {t.family for t in templates_for(target)}
 

@@ -25,6 +25,7 @@ import numpy as np
 
 from .. import _compat as C
 from ..explain import record_group, record_refusal
+from ..schedules import templates_for
 from ..schedules.cpu.attention import AttentionSpec, Operand, axis_parts, reference_prim_func
 from . import rules as R
 from .grouping import with_functions
@@ -446,6 +447,14 @@ def match(fn: _Function, var, target) -> tuple | None:
     return out_var, spec, args, ops
 
 
+def _scheduling_family(prim, target) -> str | None:
+    """The template family of the target that takes the attention kernel (first match), None if none does."""
+    for t in templates_for(target):
+        if t.match(prim, target) is not None:
+            return t.family
+    return None
+
+
 @C.module_pass(opt_level=0, name="tvmfuse.FuseAttention")
 class FuseAttention:
     """softmax(scale * Q @ K^T + mask) @ V chains -> one call_tir to the attention kernel."""
@@ -479,8 +488,14 @@ class FuseAttention:
                         continue
                     out_var, spec, args, ops = found
                     prim = reference_prim_func(spec).with_attr("tvmfuse.ops", json.dumps(ops))
+                    family = _scheduling_family(prim, target)
+                    if family is None:
+                        record_refusal(f"matmul({C.var_name(b.var)})", "attention",
+                                       f"no {target.kind.name} template schedules the attention kernel", RULE)
+                        continue
+                    prim = prim.with_attr("tvmfuse.template", family)
                     kernel = mbb.add_func(prim, "fused_attention")
-                    record_group(str(kernel.name_hint), ops, RULE, outputs=1)
+                    record_group(str(kernel.name_hint), ops, RULE, outputs=1, template=family)
                     call = C.relax.call_tir(kernel, C.relax.Tuple(args),
                                             C.TensorType(spec.out.shape, "float32"))
                     replace[out_var] = call

@@ -64,7 +64,7 @@ class CudaAttention(Template):
         return Match(self.family, {"spec": spec})
 
     def accepts(self, group, target: C.Target) -> str | None:
-        return None          # formed by the attention pass, not by the pairwise rules
+        return "attention kernels are formed by the attention pass, not by the pairwise rules"
 
     # Step 0. The knob space: what fits the arch's shared memory and threads, and the unroll limit.
     def space(self, match: Match, target: C.Target) -> KnobSpace:
