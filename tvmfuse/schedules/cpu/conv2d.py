@@ -167,7 +167,7 @@ def deinterleave_pad(sch: C.Schedule, info: dict) -> None:
                          lambda n, c, y, x: (n, c, y, x % s, x // s))
 
 
-def _ceil_div(a: int, b: int) -> int:
+def ceil_div(a: int, b: int) -> int:
     return -(-a // b)
 
 
@@ -263,14 +263,25 @@ def im2col(sch: C.Schedule, conv, info: dict) -> str:
     return U.block_name(sch, col)
 
 
-class Conv2DEpilogue(Template):
-    family = "cpu.conv2d_epilogue"
+class ConvTemplate(Template):
+    """What the conv templates share: the LLVM targets and the match (``find_conv``), for depthwise convs
+    or the others (``depthwise``)."""
     target_kinds = ("llvm",)
+    depthwise = False
 
-    # ------------------------------------------------------------------ match
     def match(self, func: C.PrimFunc, target: C.Target) -> Match | None:
-        info = find_conv(func, depthwise=False)
+        info = find_conv(func, depthwise=self.depthwise)
         return None if info is None else Match(self.family, info)
+
+    def target_numbers(self, match: Match, target: C.Target) -> tuple:
+        """(the target's CPU facts, its vector registers, the knob choices by name) for default_config."""
+        info = cpu_info(target)
+        return info, U.Registers.for_bits(info.vector_bits).count, \
+            {k.name: k.choices for k in self.space(match, target).knobs}
+
+
+class Conv2DEpilogue(ConvTemplate):
+    family = "cpu.conv2d_epilogue"
 
     # ------------------------------------------------------------------ knobs
     def space(self, match: Match, target: C.Target) -> KnobSpace:
@@ -293,11 +304,8 @@ class Conv2DEpilogue(Template):
         ))
 
     def default_config(self, match: Match, target: C.Target) -> dict:
-        info = cpu_info(target)
-        regs = U.Registers.for_bits(info.vector_bits).count
-        ch = {k.name: k.choices for k in self.space(match, target).knobs}
-        i = match.info
-        lanes = info.float32_lanes
+        info, regs, ch = self.target_numbers(match, target)
+        i, lanes = match.info, info.float32_lanes
 
         # register tile: accumulators that leave room for the broadcast weights and one input vector;
         # then tiles that divide the channels and rows (a tail tile is predicated); then the fewest
@@ -311,7 +319,7 @@ class Conv2DEpilogue(Template):
         def score(oc, ow, oh, fused):
             if (fused and not _fused_rows_ok(i, ow, oh)) or (not fused and oh not in direct_rows):
                 return (False, False, float("-inf"), 0, 0)
-            nv = _ceil_div(oh * ow, lanes) if fused else oh * _ceil_div(ow, lanes)    # vectors per channel
+            nv = ceil_div(oh * ow, lanes) if fused else oh * ceil_div(ow, lanes)    # vectors per channel
             width = oh * ow if fused else ow
             acc = oc * nv
             fits = acc + min(oc, nv) + 1 <= regs
@@ -324,7 +332,7 @@ class Conv2DEpilogue(Template):
         # the fewest vector instructions per useful multiply-add: oc x nv FMAs, oc broadcasts and the
         # input loads (a partial last vector is loaded by LLVM in power-of-two pieces: _load_pieces)
         def col_score(oc, oh):
-            nv = _ceil_div(oh * i["OW"], lanes)
+            nv = ceil_div(oh * i["OW"], lanes)
             acc = oc * nv
             fits = acc + min(oc, nv) + 1 <= regs
             cost = (acc + oc + _load_pieces(oh * i["OW"], lanes)) / (oc * oh * i["OW"])
@@ -340,7 +348,7 @@ class Conv2DEpilogue(Template):
         else:
             oc, ow, oh, fused = max(((a, b, c, d) for a in ch["oc_tile"] for b in ch["ow_tile"]
                                      for c in ch["oh_tile"] for d in ch["fuse_rows"]), key=lambda t: score(*t))
-        bands = i["N"] * _ceil_div(i["OH"], oh)
+        bands = i["N"] * ceil_div(i["OH"], oh)
         depth = 1 if bands >= MIN_PARALLEL_PER_CORE * info.cores else 2
         return {"oc_tile": oc, "ow_tile": ow, "lanes": lanes, "oh_tile": oh,
                 "ic_tile": U.nearest_choice(ch["ic_tile"], 1), "unroll": max(ch["unroll"]),
@@ -387,8 +395,8 @@ class Conv2DEpilogue(Template):
         sch.unroll(c_f)
         sch.unroll(c_n)
         # the reduction steps unrolled within a bound on the copies of the tile (code size, LLVM time)
-        tile_copies = oc_t * (_ceil_div(oh_t * ow_t, config["lanes"]) if fused
-                              else oh_t * _ceil_div(ow_t, config["lanes"]))
+        tile_copies = oc_t * (ceil_div(oh_t * ow_t, config["lanes"]) if fused
+                              else oh_t * ceil_div(ow_t, config["lanes"]))
         U.unroll_bounded(sch, ([rc1] if config["ic_tile"] > 1 else []) + [rx, ry][:config["unroll"]],
                          tile_copies)
 
