@@ -43,7 +43,7 @@ def _kernel(kwargs, target):
 
 
 def _config(t, match, tgt, **over):
-    cfg = {**t.default_config(match, tgt), "deinterleave": False, **over}
+    cfg = {**t.default_config(match, tgt), "deinterleave": False, "pad_width": False, **over}
     assert t.space(match, tgt).contains(cfg), cfg
     return cfg
 
@@ -112,7 +112,8 @@ def test_im2col_needs_enough_output_channels():
     assert not t.default_config(match, tgt)["im2col"]
 
 
-@pytest.mark.parametrize("kwargs", [dict(k=1, pads=[0] * 4), dict(group=4)], ids=["pointwise", "grouped"])
+@pytest.mark.parametrize("kwargs", [dict(k=1, pads=[0] * 4), dict(group=4), dict(k=1, s=2, pads=[0] * 4)],
+                         ids=["pointwise", "grouped", "1x1_stride_2"])
 def test_im2col_not_offered(kwargs):
     """A 1x1 stride-1 conv reads contiguous pixels already; a grouped conv's copy would be per output
     channel: neither offers the knob."""
@@ -126,4 +127,92 @@ def test_im2col_with_deinterleave_is_refused():
     cfg = {**t.default_config(match, tgt), "im2col": True, "deinterleave": True}
     assert t.space(match, tgt).contains(cfg)
     with pytest.raises(ValueError, match="im2col and deinterleave"):
+        schedule_with(t, match, func, cfg)
+
+
+# ----------------------------------------------------------------------------- pad_width
+# rows wider than a vector and not a multiple of it (on 16 and 8 lanes alike)
+WIDE = [
+    ("stem_31x31_s2_nopad", dict(cin=3, cout=16, h=64, w=64, s=2, pads=[0] * 4)),
+    ("3x3_ow19", dict(cin=4, cout=16, h=5, w=19)),
+    ("5x5_ow20", dict(cin=3, cout=16, h=8, w=20, k=5)),
+    ("dilation_2_ow21", dict(cin=2, cout=16, h=6, w=21, dil=2)),
+    ("asymmetric_s2_ow20", dict(cin=3, cout=16, h=9, w=40, s=2, pads=[0, 1, 1, 0])),
+    ("no_epilogue_ow17", dict(cin=3, cout=16, h=4, w=17, act=None, bias=False)),
+]
+
+
+@pytest.mark.parametrize("depth", [1, 2])
+@pytest.mark.parametrize("case,kwargs", WIDE, ids=[c[0] for c in WIDE])
+def test_pad_width_numerics_vs_unscheduled(case, kwargs, depth, rng):
+    """The padded row computed whole and its valid columns stored: the same numbers as the unscheduled
+    kernel (fresh random inputs), with the register tile over one or several rows."""
+    host = tvmfuse.host_target()
+    t, match, func, tgt = _kernel(kwargs, host)
+    assert True in t.space(match, tgt).to_dict()["pad_width"], f"{case}: pad_width not offered"
+    args = S.random_args(func, rng)
+    want = S.run_func(func, host, args)[0]
+    for oh in sorted({1, max(d for d in (1, 2, 3) if match.info["OH"] % d == 0)}):
+        cfg = _config(t, match, tgt, im2col=True, pad_width=True, fuse_rows=False, ow_tile=match.info["OW"],
+                      oh_tile=oh, oc_tile=4, parallel_depth=depth)
+        got = S.run_func(schedule_with(t, match, func, cfg), host, args)[0]
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5, err_msg=f"{case}: {cfg}")
+
+
+def _lowered(func, target):
+    """``func`` lowered as TVM's CPU pipeline does up to its vectorizer (loops canonicalized: partitioned
+    loops start at 0; simplified: a partition's provably true predicate is dropped)."""
+    st, tx = C.s_tir.transform, C.tirx.transform
+    mod = C.IRModule({"main": func.with_attr("target", target)})
+    with target:
+        return C.Sequential([st.CanonicalizeLoop(), st.LowerInitBlock(), st.PlanAndUpdateBufferAllocationLocation(),
+                             st.ConvertBlocksToOpaque(), st.CompactBufferAllocation(), st.LowerMatchBuffer(),
+                             st.StmtSimplify(), st.LowerOpaqueBlock(), tx.FlattenBuffer(),
+                             tx.VectorizeLoop(True)])(mod)["main"]
+
+
+def _store_lanes(func, buffer_prefix):
+    lanes = []
+    C.post_order_visit(func.body, lambda s: lanes.append(int(s.value.ty.dtype.lanes))
+                       if isinstance(s, C.BufferStore) and str(s.buffer.name).startswith(buffer_prefix) else None)
+    return lanes
+
+
+@pytest.mark.parametrize("target,lanes", [(S.SKYLAKE, 16), (S.HASWELL, 8)], ids=["skylake", "haswell"])
+def test_stem_31_columns_padded_to_whole_vectors(target, lanes):
+    """SqueezeNet's stem (3x3 stride 2 on 64x64: 31 output columns): by default the copied columns are
+    padded to 32 and the accumulators are whole vectors (no 31- or 15-lane vector, which LLVM splits and
+    spills); the epilogue stores the 31 valid columns as whole vectors plus one narrower vector, nothing
+    scalarized; the padding block folded into the copy; code bounded."""
+    t, match, func, tgt = _kernel(dict(cin=3, cout=64, h=64, w=64, s=2, pads=[0] * 4), target)
+    cfg = t.default_config(match, tgt)
+    assert cfg["im2col"] and cfg["pad_width"] and not cfg["fuse_rows"], cfg
+    res = schedule_with(t, match, func, cfg)
+    allocs = _allocs(res)
+    assert [s[-1] for n, s in allocs.items() if "reindex" in n] == [32], allocs
+    low = _lowered(res, tgt)
+    acc = _store_lanes(low, "conv2d_nchw_intermediate")
+    assert acc and all(n % lanes == 0 for n in acc), f"accumulator vectors of {sorted(set(acc))} lanes"
+    out = set(_store_lanes(low, "compute"))
+    assert 31 % lanes in out and all(n % lanes == 0 or n == 31 % lanes for n in out), \
+        f"output stores of {sorted(out)} lanes"
+    assert not [str(f.loop_var.name) for f in S.loops(low) if str(f.loop_var.name).endswith("_s")]
+    assert S.max_unrolled_copies(res) <= MAX_UNROLLED_COPIES
+
+
+@pytest.mark.parametrize("kwargs,why", [
+    (dict(cin=3, cout=16, h=34, w=34, pads=[0] * 4), "32 columns: whole vectors already"),
+    (dict(cin=3, cout=16, h=9, w=9), "7 columns: one (narrower) vector"),
+    (dict(cin=3, cout=16, h=8, w=100), "98 columns: wider than a register-tile row"),
+    (dict(cin=4, cout=16, h=8, w=20, group=2), "grouped: no im2col"),
+])
+def test_pad_width_not_offered(kwargs, why):
+    t, match, func, tgt = _kernel(kwargs, S.SKYLAKE)
+    assert t.space(match, tgt).to_dict()["pad_width"] == [False], why
+
+
+def test_pad_width_without_im2col_is_refused():
+    t, match, func, tgt = _kernel(dict(cin=3, cout=16, h=64, w=64, s=2, pads=[0] * 4), S.SKYLAKE)
+    cfg = {**t.default_config(match, tgt), "im2col": False, "pad_width": True}
+    with pytest.raises(ValueError, match="pad_width needs im2col"):
         schedule_with(t, match, func, cfg)

@@ -24,7 +24,11 @@ a row-wide register tile.  There the ``im2col`` knob copies the band's windows i
 [channel, ky, kx, row, column] (the padding folded into that copy): each window offset's rows are then one
 contiguous run of pixels, so the tile's full-width rows are vectorized as one loop (``fuse_rows``) as for
 a 1x1 conv (a 3x3 plane: 9 pixels in one vector instead of three 3-wide ones).  The copy costs 1/F of the
-FMAs.
+FMAs.  A row wider than a vector and not a multiple of it (31 columns: SqueezeNet's stem) makes LLVM split
+an odd-sized vector into pieces and spill its accumulators (about 1000 stack accesses in the kernel);
+``pad_width`` pads the copied columns with zeros up to whole vectors (``pad_einsum`` on the conv, which
+im2col makes an einsum), computes the padded row in the register tile and stores only the valid columns
+(whole vectors, then the rest as one narrower vector).
 """
 from __future__ import annotations
 
@@ -42,6 +46,7 @@ UNROLL = (0, 1, 2)                        # reduction loops unrolled: none, kw, 
 PARALLEL_DEPTH = (1, 2)                   # 1: parallel over (n, row band); 2: also over channel blocks
 FUSE_ROWS = (False, True)                 # pointwise or im2col conv: the tile's full-width rows as one pixel vector
 IM2COL = (False, True)                    # KxK conv: the band's windows copied into [c, ky, kx, rows, cols] first
+PAD_WIDTH = (False, True)                 # im2col: the columns padded up to whole vectors (pad_einsum)
 MAX_FUSED_ROW_VECTORS = 8                 # widest run of pixels (in vectors) of a fused-rows register tile
 # Measured slowdown of a register-tile row wider than a vector that is not a multiple of it (56x56:
 # 14 or 28 columns ran 4x slower than 8; 28x28: 14 ran 2x slower than 7).
@@ -139,8 +144,9 @@ def find_conv(func: C.PrimFunc, depthwise: bool) -> dict | None:
 def im2col_choices(info: dict) -> tuple:
     """Knob choices of ``im2col``: (False, True) for a conv with a window (not 1x1 stride 1) whose input
     channels are shared by all output channels, else (False,): a grouped conv's copy would be indexed by
-    the output channel too (one copy per group member)."""
-    return (False,) if info.get("pointwise") or info.get("grouped") else IM2COL
+    the output channel too (one copy per group member); a 1x1 strided conv has no window to copy."""
+    single = info["KH"] == info["KW"] == 1          # 1x1 strided: reindex drops the unit window axes
+    return (False,) if info.get("pointwise") or info.get("grouped") or single else IM2COL
 
 
 def deinterleave_choices(info: dict) -> tuple:
@@ -190,6 +196,18 @@ def _oh_tiles(info: dict, lanes: int) -> tuple:
     extra = [d for d in range(1, info["OH"] + 1)
              if info["OH"] % d == 0 and d * info["OW"] <= MAX_FUSED_ROW_VECTORS * lanes]
     return tuple(sorted(set(base) | set(extra)))
+
+
+def padded_width(info: dict, lanes: int) -> int | None:
+    """The row width the ``pad_width`` knob pads to (whole vectors), where it applies: a row wider than a
+    vector, not a multiple of it, whose padded row fits one register-tile row (MAX_OW_VECTORS); else None."""
+    ow = info["OW"]
+    padded = ceil_div(ow, lanes) * lanes
+    return padded if ow > lanes and ow % lanes and padded <= MAX_OW_VECTORS * lanes else None
+
+
+def pad_width_choices(info: dict, lanes: int) -> tuple:
+    return PAD_WIDTH if True in im2col_choices(info) and padded_width(info, lanes) else (False,)
 
 
 def _fused_rows_ok(info: dict, ow: int, oh: int, im2col: bool = False) -> bool:
@@ -249,6 +267,36 @@ def finish_conv(sch: C.Schedule, conv, first_reduction_loop, input_block: str | 
         U.vectorize_inner(sch, block, lanes)
 
 
+def pad_columns(sch: C.Schedule, conv, col: str, width: int) -> str:
+    """The im2col'd conv's column domain padded to ``width`` (``pad_einsum``: the copy's padded twin, the
+    accumulator padded, a crop block); the copy folded into its padded twin, the crop into its consumer.
+    Returns the padded copy's block name."""
+    before = {U.block_name(sch, b) for b in U.top_blocks(sch)}
+    padding = [1] * len(sch.get(conv).iter_vars)
+    padding[3] = width
+    sch.pad_einsum(conv, padding)
+    new = [b for b in U.top_blocks(sch) if U.block_name(sch, b) not in before]
+    conv_name = U.block_name(sch, conv)
+    crop = [b for b in new if any(U.block_name(sch, p) == conv_name for p in sch.get_producers(b))]
+    pads = [b for b in new if b not in crop]
+    if len(crop) != 1 or len(pads) != 1:
+        raise ValueError(f"pad_einsum of {conv_name} made {len(new)} blocks, expected a copy pad and a crop")
+    pad_name = U.block_name(sch, pads[0])
+    sch.compute_inline(crop[0])
+    sch.compute_inline(sch.get_sblock(col))
+    return pad_name
+
+
+def store_valid_columns(sch: C.Schedule, loop, width: int, lanes: int) -> None:
+    """The epilogue's padded row (``loop``, predicated to ``width`` columns): its whole vectors and the rest
+    as one narrower vector, each vectorized (``loop_partition``; the padding columns are not stored)."""
+    main = width // lanes * lanes
+    factors = [main, width - main, None] if main else [width - main, None]
+    parts = sch.loop_partition(loop, factors=factors)
+    for part in parts[:len(factors) - 1]:
+        sch.vectorize(part)
+
+
 def im2col(sch: C.Schedule, conv, info: dict) -> str:
     """The conv's input read through a copy ``col[n, c, ky, kx, y, x]`` (``reindex`` of the window read,
     laid out with the output pixel innermost); the padding block is folded into it.  Returns its name."""
@@ -301,6 +349,8 @@ class Conv2DEpilogue(ConvTemplate):
                  "strided conv: padded input stored by column phase (contiguous vector loads)"),
             Knob("im2col", im2col_choices(i),
                  "conv with a window: the band's windows copied as [c, ky, kx, rows, cols] (rows fusable)"),
+            Knob("pad_width", pad_width_choices(i, lanes),
+                 "im2col, a row not a multiple of the vector: columns padded to whole vectors (ow_tile = OW)"),
         ))
 
     def default_config(self, match: Match, target: C.Target) -> dict:
@@ -342,9 +392,21 @@ class Conv2DEpilogue(ConvTemplate):
                     and _fused_rows_ok(i, i["OW"], oh, True) and im2col_default(i, lanes, oh)
                     and whole_vectors(oh * i["OW"], lanes) and (oh > 1 or i["OH"] == 1)]
         col = bool(col_rows)
+        # im2col with padded rows where a row is an odd number of lanes wider than a vector
+        padded = padded_width(i, lanes) if True in ch["pad_width"] and im2col_default(i, lanes, 1) else None
+
+        def pad_score(oc, oh):
+            nv = oh * padded // lanes
+            acc = oc * nv
+            fits = acc + min(oc, nv) + 1 <= regs
+            return (fits, i["F"] % oc == 0 and i["OH"] % oh == 0, -(acc + oc + nv) / (oc * oh * i["OW"]), acc)
+
         if col:
             oc, oh = max(((a, c) for a in ch["oc_tile"] for c in col_rows), key=lambda t: col_score(*t))
             ow, fused = i["OW"], True
+        elif padded:
+            oc, oh = max(((a, c) for a in ch["oc_tile"] for c in direct_rows), key=lambda t: pad_score(*t))
+            ow, fused, col = i["OW"], False, True
         else:
             oc, ow, oh, fused = max(((a, b, c, d) for a in ch["oc_tile"] for b in ch["ow_tile"]
                                      for c in ch["oh_tile"] for d in ch["fuse_rows"]), key=lambda t: score(*t))
@@ -353,7 +415,8 @@ class Conv2DEpilogue(ConvTemplate):
         return {"oc_tile": oc, "ow_tile": ow, "lanes": lanes, "oh_tile": oh,
                 "ic_tile": U.nearest_choice(ch["ic_tile"], 1), "unroll": max(ch["unroll"]),
                 "parallel_depth": depth, "fuse_rows": fused,
-                "deinterleave": deinterleave_default(i, ch["deinterleave"]) and not col, "im2col": col}
+                "deinterleave": deinterleave_default(i, ch["deinterleave"]) and not col, "im2col": col,
+                "pad_width": bool(padded) and not fused}
 
     # ------------------------------------------------------------------ apply
     def apply(self, sch: C.Schedule, match: Match, config: dict) -> None:
@@ -361,14 +424,22 @@ class Conv2DEpilogue(ConvTemplate):
         oc_t, oh_t = config["oc_tile"], config["oh_tile"]
         ow_t = config["ow_tile"]
         col = config.get("im2col", False)
+        padded = padded_width(info, config["lanes"]) if config.get("pad_width", False) else None
         if col and config.get("deinterleave", False):
             raise ValueError("conv2d config: im2col and deinterleave both on (the copy replaces the padded "
                              "input that deinterleave would lay out)")
+        if config.get("pad_width", False) and not (col and padded and ow_t == info["OW"]
+                                                   and not config.get("fuse_rows", False)):
+            raise ValueError(f"conv2d config: pad_width needs im2col on, fuse_rows off, ow_tile = OW "
+                             f"({info['OW']}) and a row of an odd number of lanes wider than a vector: {config}")
 
         # Step 1. Fold the elementwise chain into one epilogue block (the padding block stays); without an
         # epilogue, accumulate into a cache block and write back from it; im2col: the windows' copy.
         conv, epi = prepare_conv(sch, info, config)
         input_block = im2col(sch, conv, info) if col else info["pad"]
+        if padded:
+            input_block = pad_columns(sch, conv, input_block, padded)
+            ow_t = padded          # one tile of the padded row; the epilogue stores the valid columns
 
         # Step 2. Tile the epilogue: (n, row band, channel block, column block) x register tile.
         n, f, y, x = sch.get_loops(epi)
@@ -400,11 +471,15 @@ class Conv2DEpilogue(ConvTemplate):
         U.unroll_bounded(sch, ([rc1] if config["ic_tile"] > 1 else []) + [rx, ry][:config["unroll"]],
                          tile_copies)
 
-        # Step 4. The epilogue on the accumulator tile: vectorized along the columns (the pixels).
-        sch.vectorize(sch.fuse(y1, x1) if fused else x1)
+        # Step 4. The epilogue on the accumulator tile: vectorized along the columns (the pixels); a padded
+        # row stores its valid columns only (last step: the partition replaces the epilogue block).
+        if not padded:
+            sch.vectorize(sch.fuse(y1, x1) if fused else x1)
 
         # Step 5. Accumulator in registers, initialized before the reduction; the padded input (or the
         # im2col copy) per row band (all channels, the rows its windows read), in the band; an im2col copy
         # of a band split over channel blocks (parallel_depth 2) once before the tiles, not per block.
         shared = col and config["parallel_depth"] > 1
         finish_conv(sch, conv, rc0, input_block, None if shared else band, config["lanes"])
+        if padded:
+            store_valid_columns(sch, x1, info["OW"], config["lanes"])
