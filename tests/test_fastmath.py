@@ -63,6 +63,12 @@ def test_max_error_whole_float32_range(name, host):
         assert err.max() <= bound["abs"], f"{name}: absolute error {err.max():.3g}"
 
 
+def asm(cm) -> str:
+    """The assembly of a compiled model's kernels."""
+    lib = cm.executable.mod
+    return "".join(m.inspect_source("asm") for m in lib.imports) if lib.imports else lib.inspect_source("asm")
+
+
 def test_pipeline_switch_removes_libm_calls(host):
     """fast_math=True leaves no scalar expf/erff call in a GELU kernel; False keeps TVM's calls."""
     from tvmfuse import models as M
@@ -70,10 +76,6 @@ def test_pipeline_switch_removes_libm_calls(host):
     model = M.matmul_bias_gelu(m=8, k=16, n=16)
     on = tvmfuse.compile(model, host, fusion=False, fast_math=True)
     off = tvmfuse.compile(model, host, fusion=False, fast_math=False)
-
-    def asm(cm):
-        lib = cm.executable.mod
-        return "".join(m.inspect_source("asm") for m in lib.imports) if lib.imports else lib.inspect_source("asm")
 
     assert "erff" not in asm(on)
     assert "erff" in asm(off)
@@ -398,10 +400,6 @@ def test_gelu_tanh_kernel_has_no_powf(host):
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
     on = tvmfuse.compile(model, host, fast_math=True)
     off = tvmfuse.compile(model, host, fusion=False, fast_math=False)
-
-    def asm(cm):
-        lib = cm.executable.mod
-        return "".join(m.inspect_source("asm") for m in lib.imports) if lib.imports else lib.inspect_source("asm")
 
     assert "powf" not in asm(on)
     assert "powf" in asm(off)
