@@ -121,13 +121,15 @@ def test_im2col_not_offered(kwargs):
     assert t.space(match, tgt).to_dict()["im2col"] == [False]
 
 
-def test_im2col_with_deinterleave_is_refused():
-    """Both knobs lay out the conv's input: a config asking for both is an error naming them."""
+def test_every_knob_combination_is_legal_im2col_over_deinterleave():
+    """im2col replaces the padded input that deinterleave lays out: with both on, the kernel is im2col's
+    (the same TIR), so every config of the space applies (the tuner samples them all)."""
     t, match, func, tgt = _kernel(dict(cin=3, cout=16, h=16, w=16, s=2), S.SKYLAKE)
-    cfg = {**t.default_config(match, tgt), "im2col": True, "deinterleave": True}
-    assert t.space(match, tgt).contains(cfg)
-    with pytest.raises(ValueError, match="im2col and deinterleave"):
-        schedule_with(t, match, func, cfg)
+    cfg = {**t.default_config(match, tgt), "im2col": True, "fuse_rows": False}
+    both = {**cfg, "deinterleave": True}
+    assert t.space(match, tgt).contains(both)
+    C.assert_structural_equal(schedule_with(t, match, func, both), schedule_with(t, match, func,
+                                                                                 {**cfg, "deinterleave": False}))
 
 
 # ----------------------------------------------------------------------------- pad_width
@@ -211,8 +213,31 @@ def test_pad_width_not_offered(kwargs, why):
     assert t.space(match, tgt).to_dict()["pad_width"] == [False], why
 
 
-def test_pad_width_without_im2col_is_refused():
+@pytest.mark.parametrize("other", [dict(im2col=False), dict(fuse_rows=True, oh_tile=1)],
+                         ids=["without_im2col", "with_fused_rows"])
+def test_pad_width_applies_only_with_im2col_unfused_rows(other):
+    """pad_width pads im2col's unfused rows; with im2col off or rows fused it changes nothing (the same
+    TIR as with it off): every config of the space applies."""
     t, match, func, tgt = _kernel(dict(cin=3, cout=16, h=64, w=64, s=2, pads=[0] * 4), S.SKYLAKE)
-    cfg = {**t.default_config(match, tgt), "im2col": False, "pad_width": True}
-    with pytest.raises(ValueError, match="pad_width needs im2col"):
-        schedule_with(t, match, func, cfg)
+    cfg = {**t.default_config(match, tgt), "ow_tile": match.info["OW"], **other}
+    on, off = {**cfg, "pad_width": True}, {**cfg, "pad_width": False}
+    assert t.space(match, tgt).contains(on)
+    C.assert_structural_equal(schedule_with(t, match, func, on), schedule_with(t, match, func, off))
+
+
+def test_all_layout_knob_combinations_apply_and_stay_correct(rng):
+    """Every combination of the input-layout knobs (im2col, pad_width, fuse_rows, deinterleave) on a strided
+    padded conv with a row wider than a vector (19 columns): applies and gives the unscheduled numbers."""
+    import itertools
+
+    host = tvmfuse.host_target()
+    t, match, func, tgt = _kernel(dict(cin=2, cout=16, h=9, w=38, s=2), host)
+    space = t.space(match, tgt).to_dict()
+    names = ["im2col", "pad_width", "fuse_rows", "deinterleave"]
+    args = S.random_args(func, rng)
+    want = S.run_func(func, host, args)[0]
+    base = t.default_config(match, tgt)
+    for values in itertools.product(*(space[n] for n in names)):
+        cfg = {**base, **dict(zip(names, values))}
+        got = S.run_func(schedule_with(t, match, func, cfg), host, args)[0]
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5, err_msg=str(cfg))

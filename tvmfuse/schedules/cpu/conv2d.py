@@ -236,12 +236,12 @@ def _load_pieces(width: int, lanes: int) -> int:
     return width // lanes + bin(width % lanes).count("1")
 
 
-def prepare_conv(sch: C.Schedule, info: dict, config: dict):
+def prepare_conv(sch: C.Schedule, info: dict, deinterleave: bool):
     """Steps shared by the conv templates: the elementwise chain folded into one epilogue block (the padding
     block stays), the padded input deinterleaved if asked, and without an epilogue a cache block to
     accumulate in.  Returns (conv block, epilogue block)."""
     U.inline_elementwise(sch, keep=frozenset({info["pad"]} if info["pad"] else ()))
-    if config.get("deinterleave", False):
+    if deinterleave:
         deinterleave_pad(sch, info)
     conv = sch.get_sblock(info["reduction"])
     epi = sch.cache_write(conv, 0, "global") if info["epilogue"] is None else sch.get_sblock(info["epilogue"])
@@ -346,11 +346,12 @@ class Conv2DEpilogue(ConvTemplate):
             Knob("fuse_rows", FUSE_ROWS if i.get("pointwise") or True in im2col_choices(i) else (False,),
                  "1x1 stride-1 conv or im2col: the tile's rows (ow_tile = OW) vectorized as one run of pixels"),
             Knob("deinterleave", deinterleave_choices(i),
-                 "strided conv: padded input stored by column phase (contiguous vector loads)"),
+                 "strided conv without im2col: padded input stored by column phase (contiguous vector loads)"),
             Knob("im2col", im2col_choices(i),
                  "conv with a window: the band's windows copied as [c, ky, kx, rows, cols] (rows fusable)"),
             Knob("pad_width", pad_width_choices(i, lanes),
-                 "im2col, a row not a multiple of the vector: columns padded to whole vectors (ow_tile = OW)"),
+                 "im2col, rows not fused, a row not a multiple of the vector: columns padded to whole "
+                 "vectors (the register tile is then the whole padded row, whatever ow_tile)"),
         ))
 
     def default_config(self, match: Match, target: C.Target) -> dict:
@@ -423,19 +424,17 @@ class Conv2DEpilogue(ConvTemplate):
         info = match.info
         oc_t, oh_t = config["oc_tile"], config["oh_tile"]
         ow_t = config["ow_tile"]
+        # the knobs that apply together (every combination of the space is legal; see their docs):
+        # im2col replaces the padded input deinterleave would lay out; pad_width pads im2col's unfused rows
         col = config.get("im2col", False)
-        padded = padded_width(info, config["lanes"]) if config.get("pad_width", False) else None
-        if col and config.get("deinterleave", False):
-            raise ValueError("conv2d config: im2col and deinterleave both on (the copy replaces the padded "
-                             "input that deinterleave would lay out)")
-        if config.get("pad_width", False) and not (col and padded and ow_t == info["OW"]
-                                                   and not config.get("fuse_rows", False)):
-            raise ValueError(f"conv2d config: pad_width needs im2col on, fuse_rows off, ow_tile = OW "
-                             f"({info['OW']}) and a row of an odd number of lanes wider than a vector: {config}")
+        fused = config.get("fuse_rows", False) and _fused_rows_ok(info, ow_t, oh_t, col)
+        padded = padded_width(info, config["lanes"]) if config.get("pad_width", False) and col and not fused \
+            else None
+        deinterleave = config.get("deinterleave", False) and not col
 
         # Step 1. Fold the elementwise chain into one epilogue block (the padding block stays); without an
         # epilogue, accumulate into a cache block and write back from it; im2col: the windows' copy.
-        conv, epi = prepare_conv(sch, info, config)
+        conv, epi = prepare_conv(sch, info, deinterleave)
         input_block = im2col(sch, conv, info) if col else info["pad"]
         if padded:
             input_block = pad_columns(sch, conv, input_block, padded)
@@ -446,7 +445,6 @@ class Conv2DEpilogue(ConvTemplate):
         f0, f1 = sch.split(f, factors=[None, oc_t])
         y0, y1 = sch.split(y, factors=[None, oh_t])
         x0, x1 = sch.split(x, factors=[None, ow_t])
-        fused = config.get("fuse_rows", False) and _fused_rows_ok(info, ow_t, oh_t, col)
         sch.reorder(n, y0, f0, x0, *((f1, y1) if fused else (y1, f1)), x1)
         band = sch.fuse(n, y0, f0) if config["parallel_depth"] > 1 else sch.fuse(n, y0)
         sch.parallel(band)

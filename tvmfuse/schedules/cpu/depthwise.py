@@ -76,7 +76,7 @@ class DepthwiseConv2DEpilogue(ConvTemplate):
 
         # Step 1. Fold the elementwise chain into one epilogue block (the padding block stays); without an
         # epilogue, accumulate into a cache block and write back from it.
-        conv, epi = prepare_conv(sch, info, config)
+        conv, epi = prepare_conv(sch, info, config.get("deinterleave", False))
 
         # Step 2. Tile the epilogue: (n, channel [, row band]) parallel, then (rows x columns) tiles.
         n, f, y, x = sch.get_loops(epi)
