@@ -63,6 +63,12 @@ def test_max_error_whole_float32_range(name, host):
         assert err.max() <= bound["abs"], f"{name}: absolute error {err.max():.3g}"
 
 
+def asm(cm) -> str:
+    """The assembly of a compiled model's kernels."""
+    lib = cm.executable.mod
+    return "".join(m.inspect_source("asm") for m in lib.imports) if lib.imports else lib.inspect_source("asm")
+
+
 def test_pipeline_switch_removes_libm_calls(host):
     """fast_math=True leaves no scalar expf/erff call in a GELU kernel; False keeps TVM's calls."""
     from tvmfuse import models as M
@@ -70,10 +76,6 @@ def test_pipeline_switch_removes_libm_calls(host):
     model = M.matmul_bias_gelu(m=8, k=16, n=16)
     on = tvmfuse.compile(model, host, fusion=False, fast_math=True)
     off = tvmfuse.compile(model, host, fusion=False, fast_math=False)
-
-    def asm(cm):
-        lib = cm.executable.mod
-        return "".join(m.inspect_source("asm") for m in lib.imports) if lib.imports else lib.inspect_source("asm")
 
     assert "erff" not in asm(on)
     assert "erff" in asm(off)
@@ -295,3 +297,111 @@ def test_division_by_a_lane_varying_value_is_kept(host):
     b1 = te.compute((5, 64), lambda i, j: a[i, j] / d1[i], name="B")
     plain = te.create_prim_func([a, d1, b1])
     assert F.rewrite(plain, stats) == (plain, 0) and stats["reciprocal_stores"] == 0
+
+
+# ----------------------------------------------------------------------------- integer powers
+def _pow_func(exponent, arg=lambda a, i: a[i]):
+    n = te.var("n", "int64")
+    a = te.placeholder((n,), "float32", name="A")
+    b = te.compute((n,), lambda i: C.tirx.pow(arg(a, i), exponent), name="B")
+    return te.create_prim_func([a, b])
+
+
+def _calls_named(func, name):
+    found = []
+    C.post_order_visit(func.body, lambda e: found.append(e) if isinstance(e, C.Call) and
+                       hasattr(e.op, "name") and str(e.op.name) == name else None)
+    return found
+
+
+@pytest.mark.parametrize("n", [0, 1, 2, 3, 4])
+def test_integer_power_max_error_whole_float32_range(n, host):
+    """pow(x, n) for a constant integer n becomes n - 1 multiplies: relative error within (n - 1) 2^-24
+    of the exact power where the result is normal, FLT_MIN below it; +-0, +-inf, NaN and overflow as powf."""
+    func, count = F.rewrite(_pow_func(C.tirx.const(float(n), "float32")))
+    assert count == 1 and not _calls_named(func, "tirx.pow"), "pow(x, n) was not rewritten into multiplies"
+    sch = C.Schedule(func)
+    (i,) = sch.get_loops(sch.get_sblock("B"))
+    _, v = sch.split(i, [None, 8])
+    sch.vectorize(v)
+    lib = C.build_prim_module(C.IRModule({"main": sch.mod["main"].with_attr("global_symbol", "main")}), target=host)
+    x = _inputs()
+    out = C.tensor(np.zeros_like(x))
+    lib["main"](C.tensor(x), out)
+    y = out.numpy().astype(np.float64)
+    with np.errstate(all="ignore"):
+        r = np.power(x.astype(np.float64), n)
+        r32 = np.power(x, np.float32(n))            # numpy's float32 power: the libm-like reference for limits
+        rf = r.astype(np.float32)                    # the exact power rounded to float32 (inf where it overflows)
+    np.testing.assert_array_equal(np.isnan(y), np.isnan(r32), err_msg=f"x^{n}: NaN in != NaN out")
+    inf = np.isinf(rf)
+    np.testing.assert_array_equal(y[inf], rf[inf], err_msg=f"x^{n}: infinite limits")
+    zero = r == 0
+    np.testing.assert_array_equal(np.signbit(y[zero]), np.signbit(r32[zero]), err_msg=f"x^{n}: sign of zero")
+    fin = np.isfinite(rf)
+    err = np.abs(y[fin] - r[fin])
+    normal = np.abs(r[fin]) >= np.finfo(np.float32).tiny
+    rel = err[normal] / np.abs(r[fin][normal])
+    assert rel.max(initial=0) <= max(n - 1, 0) * F.MAX_ERROR["pow"]["rel_per_multiply"] * (1 + 1e-6), \
+        f"x^{n}: relative error {rel.max():.3g}"
+    assert err[~normal].max(initial=0) <= F.MAX_ERROR["pow"]["abs_subnormal"], f"x^{n}: subnormal-range error"
+
+
+def test_integer_power_of_an_expression_is_computed_once(host):
+    """pow(a + 1, 3): the base is bound once (a Let), not recomputed per factor; numbers vs numpy."""
+    func, count = F.rewrite(_pow_func(C.tirx.const(3.0, "float32"), lambda a, i: a[i] + C.tirx.const(1.0, "float32")))
+    assert count == 1 and not _calls_named(func, "tirx.pow")
+    lets = []
+    C.post_order_visit(func.body, lambda e: lets.append(e) if isinstance(e, C.tirx.Let) else None)
+    assert len(lets) == 1, f"expected the base bound once, found {len(lets)} Lets"
+    lib = C.build_prim_module(C.IRModule({"main": func.with_attr("global_symbol", "main")}), target=host)
+    x = np.random.default_rng(1).standard_normal(1000).astype("float32") * 3
+    out = C.tensor(np.zeros_like(x))
+    lib["main"](C.tensor(x), out)
+    np.testing.assert_allclose(out.numpy(), (x.astype(np.float64) + 1) ** 3, rtol=2.5e-7, atol=1e-6)
+
+
+@pytest.mark.parametrize("exponent", [2.5, -1.0, 5.0, "load"])
+def test_other_powers_are_kept(exponent):
+    """Fractional, negative, large or data-dependent exponents keep TVM's pow call."""
+    if exponent == "load":
+        n = te.var("n", "int64")
+        a = te.placeholder((n,), "float32", name="A")
+        e = te.placeholder((n,), "float32", name="E")
+        b = te.compute((n,), lambda i: C.tirx.pow(a[i], e[i]), name="B")
+        func = te.create_prim_func([a, e, b])
+    else:
+        func = _pow_func(C.tirx.const(exponent, "float32"))
+    new, count = F.rewrite(func)
+    assert count == 0 and len(_calls_named(new, "tirx.pow")) == 1
+
+
+def test_integer_power_rejects_out_of_range_exponent():
+    with pytest.raises(ValueError, match="exponent 5 outside"):
+        F.integer_power(C.tirx.Var("x", "float32"), 5)
+
+
+def test_gelu_tanh_kernel_has_no_powf(host):
+    """GPT-2's GELU (0.5 x (1 + tanh(c (x + 0.044715 pow(x, 3))))) compiles to a kernel without a powf
+    call, and matches the unfused, fast_math=False build on fresh random inputs."""
+    from onnx import TensorProto, helper
+
+    def const(name, v):
+        return helper.make_node("Constant", [], [name], value=helper.make_tensor(name, TensorProto.FLOAT, [], [v]))
+
+    nodes = [const("three", 3.0), const("k", 0.044715), const("c", 0.7978845608), const("one", 1.0),
+             const("half", 0.5),
+             helper.make_node("Pow", ["x", "three"], ["p"]), helper.make_node("Mul", ["p", "k"], ["pk"]),
+             helper.make_node("Add", ["x", "pk"], ["s"]), helper.make_node("Mul", ["s", "c"], ["sc"]),
+             helper.make_node("Tanh", ["sc"], ["t"]), helper.make_node("Add", ["t", "one"], ["t1"]),
+             helper.make_node("Mul", ["x", "t1"], ["xt"]), helper.make_node("Mul", ["xt", "half"], ["y"])]
+    graph = helper.make_graph(nodes, "gelu_tanh", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [32, 256])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [32, 256])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    on = tvmfuse.compile(model, host, fast_math=True)
+    off = tvmfuse.compile(model, host, fusion=False, fast_math=False)
+
+    assert "powf" not in asm(on)
+    assert "powf" in asm(off)
+    x = np.random.default_rng().standard_normal((32, 256)).astype("float32") * 3
+    np.testing.assert_allclose(on.run({"x": x})["y"], off.run({"x": x})["y"], rtol=1e-5, atol=1e-5)

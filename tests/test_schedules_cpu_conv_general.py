@@ -116,8 +116,8 @@ def test_two_conv_anchors_refused_with_reason(host, rng):
 def test_pointwise_conv_fused_rows(hw, target, rng):
     """A 1x1 stride-1 conv (a matmul over pixels): with fuse_rows the tile's full-width rows are one
     vectorized run of pixels (49 pixels of a 7x7 plane in one loop, not seven 7-wide vectors); TVM keeps it
-    vector (nothing scalarized); same numbers as the unscheduled kernel (host run); a 3x3 conv does not
-    offer the knob (its padded rows are not contiguous)."""
+    vector (nothing scalarized); same numbers as the unscheduled kernel (host run); a 3x3 conv fuses rows
+    only through the im2col knob (its padded rows are not contiguous)."""
     from tvmfuse.schedules.base import schedule_with
     from tvmfuse.schedules.cpu.conv2d import Conv2DEpilogue
 
@@ -138,5 +138,7 @@ def test_pointwise_conv_fused_rows(hw, target, rng):
     args = S.random_args(func, rng)
     np.testing.assert_allclose(S.run_func(fused, host, args)[0], S.run_func(func, host, args)[0], rtol=1e-5,
                                atol=1e-6)
+    assert space.to_dict()["im2col"] == [False], "a 1x1 stride-1 conv reads contiguous pixels: no im2col"
     _, f3, _ = _conv_kernel(S.conv(cin=16, cout=24, h=hw, w=hw, k=3), tgt)
-    assert t.space(t.match(f3, tgt), tgt).to_dict()["fuse_rows"] == [False]
+    # a 3x3 conv's padded rows are not contiguous: rows fuse only through the im2col copy
+    assert t.space(t.match(f3, tgt), tgt).to_dict()["im2col"] == [False, True]

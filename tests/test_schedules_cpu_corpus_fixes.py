@@ -120,6 +120,11 @@ def test_strided_conv_reads_the_padded_input_by_column_phase(case, kwargs, famil
         # a width the stride does not divide, or windows that do not overlap (patchify): plain layout
         assert res.config["deinterleave"] is False
         return
+    if res.config.get("im2col"):
+        # the im2col copy lays each window offset's columns out contiguously instead (a row of an odd number of
+        # lanes: tests/test_schedules_cpu_conv_im2col.py)
+        assert any("reindex" in str(b.name) for b in _alloc_buffers(res.func)), res.config
+        return
     assert res.config["deinterleave"] is True
     # the padded input is 5-D, [n, c, y, column phase, column // stride], and the conv reads it so
     pads = [b for b in _alloc_buffers(res.func) if b.name == "pad_temp"]

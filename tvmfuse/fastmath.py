@@ -1,4 +1,4 @@
-"""Vectorizable float32 ``exp``, ``erf``, ``tanh`` and ``sigmoid`` for CPU kernels.
+"""Vectorizable float32 ``exp``, ``erf``, ``tanh``, ``sigmoid`` and small integer powers for CPU kernels.
 
 TVM lowers these intrinsics to scalar libm calls (``expf``, ``erff``, ``tanhf``): an epilogue that uses
 them does not vectorize and its speed depends on the data.  This module rewrites every float32 call in
@@ -24,6 +24,9 @@ exp    the same reduction and polynomial, for an argument     relative 2.0e-7 wh
 (x<=0) proved <= 0 (softmax's x - rowmax, see below): n in    (6.9e-8 measured); absolute 1.1755e-38
        [-126, 0] from the magic number's low bits in one      (FLT_MIN) below it: 0 for x < -87.33655
        shift, no clamp, no overflow, flush below FLT_MIN      (e^x < FLT_MIN); 1 at 0, 0 at -inf, NaN kept
+pow    pow(x, n) for a constant integer n in [1,             relative (n - 1) 2^-24 where the result is
+(x, n) MAX_INTEGER_POWER] (GPT-2's GELU: x^3): n - 1          normal (x^3: 1.2e-7, x^4: 1.8e-7); absolute
+       multiplies, x^4 as (x x)(x x); pow(x, 0) is 1        FLT_MIN below it; +-0, +-inf, NaN as powf
 a / b  in a vectorized block, b the same in every lane (a     relative 2^-23 (1.2e-7) against the exact
        row sum, a row scale): a * (1/b), 1/b once per row     quotient (the division: 2^-24) where the
        (LLVM hoists it), guarded by 2^-126 <= |b| <= 2^126    result is normal; outside the guard (0, inf,
@@ -97,6 +100,9 @@ RECIP_MAX = 2.0 ** 126
 # tanh(tanh(x)) on [3, 8] builds in 2-3 s, tanh(tanh(tanh(x))) did not finish in 15 min (the stall of
 # tests/test_fusion_property.py: Erf(Exp(Tanh(y))) in one fused kernel).
 MAX_NESTED_EXPANSIONS = 2
+# pow(x, n) with a constant integer exponent up to this is rewritten into multiplies (libm's powf does
+# not vectorize; each further multiply adds 2^-24 of relative error: 4 keeps it within 1.8e-7)
+MAX_INTEGER_POWER = 4
 # calls a lane-invariant divisor may contain (pure, no lane-dependent state)
 _PURE = ("tirx.sqrt", "tirx.rsqrt", "tirx.fabs")
 
@@ -107,6 +113,7 @@ MAX_ERROR = {
     "erf": {"abs": 3.5e-7},
     "tanh": {"abs": 3.0e-7},
     "sigmoid": {"rel": 4.0e-7},
+    "pow": {"rel_per_multiply": 2.0 ** -24, "abs_subnormal": 1.1755e-38},
 }
 
 
@@ -247,6 +254,36 @@ def fast_sigmoid(x):
     xv = lets.bind(x)
     e = _exp(lets, C.tirx.const(0.0, F32) - xv)
     return lets.wrap(_f(1.0) / (_f(1.0) + e))
+
+
+def integer_power(x, n: int):
+    """``x ** n`` for a constant integer ``0 <= n <= MAX_INTEGER_POWER`` as multiplies (``x`` bound once
+    when it is not a plain load or variable); ``pow(x, 0)`` is 1 for every x, NaN included, as powf."""
+    if not 0 <= n <= MAX_INTEGER_POWER:
+        raise ValueError(f"integer_power: exponent {n} outside [0, {MAX_INTEGER_POWER}]")
+    if n == 0:
+        return _f(1.0)
+    lets = _Lets()
+    xv = x if isinstance(x, C.TensorLoad) else lets.bind(x)
+    if n == 4:
+        sq = lets.bind(xv * xv)
+        return lets.wrap(sq * sq)
+    out = xv
+    for _ in range(n - 1):
+        out = out * xv
+    return lets.wrap(out)
+
+
+def _integer_exponent(e) -> int | None:
+    """The exponent of a float32 ``pow(x, c)`` whose ``c`` is a constant integer in [0, MAX_INTEGER_POWER];
+    None for any other call."""
+    if len(e.args) != 2 or str(e.args[0].ty.dtype) != F32:
+        return None
+    c = e.args[1]
+    if not isinstance(c, (C.tirx.FloatImm, C.tirx.IntImm)):
+        return None
+    v = float(c.value)
+    return int(v) if v.is_integer() and 0 <= v <= MAX_INTEGER_POWER else None
 
 
 # One row per rewritten intrinsic: op name -> builder (float32 calls only).
@@ -497,6 +534,9 @@ class _Rewriter:
         if isinstance(e, C.Call):
             args = [self.expr(a) for a in e.args]
             name = str(e.op.name) if hasattr(e.op, "name") else ""
+            if name == "tirx.pow" and _integer_exponent(e) is not None:
+                self.count += 1
+                return integer_power(args[0], _integer_exponent(e))
             if name in REWRITES and len(args) == 1 and str(args[0].ty.dtype) == F32 \
                     and _expansion_depth(args[0]) >= MAX_NESTED_EXPANSIONS:
                 self.kept_nested += 1
@@ -597,7 +637,7 @@ class _Rewriter:
 
 
 def rewrite(func: C.PrimFunc, stats: dict | None = None) -> tuple[C.PrimFunc, int]:
-    """``func`` with float32 exp/erf/tanh/sigmoid replaced; returns (new func, number of calls replaced).
+    """``func`` with float32 exp/erf/tanh/sigmoid and small integer powers replaced; returns (new func, number of calls replaced).
     ``stats``, when given, receives ``nonpositive_exp``: how many exps took the cheaper variant (their
     argument proved <= 0)."""
     rw = _Rewriter(_NonPositive(func))

@@ -18,6 +18,17 @@ row is loaded per row.  The epilogue runs on the accumulator before anything is 
 input is computed per band of output rows (all channels, the rows the band's windows touch), inside the
 parallel loop over (n, row band [, channel block]), so it stays in L1/L2 and is never materialized whole.
 Weights stay in their OIHW parameter layout (the calling convention is unchanged).
+
+Small planes (7x7, 15x15: an output row narrower than, or not a multiple of, a vector) waste most lanes of
+a row-wide register tile.  There the ``im2col`` knob copies the band's windows into a buffer laid out
+[channel, ky, kx, row, column] (the padding folded into that copy): each window offset's rows are then one
+contiguous run of pixels, so the tile's full-width rows are vectorized as one loop (``fuse_rows``) as for
+a 1x1 conv (a 3x3 plane: 9 pixels in one vector instead of three 3-wide ones).  The copy costs 1/F of the
+FMAs.  A row wider than a vector and not a multiple of it (31 columns: SqueezeNet's stem) makes LLVM split
+an odd-sized vector into pieces and spill its accumulators (about 1000 stack accesses in the kernel);
+``pad_width`` pads the copied columns with zeros up to whole vectors (``pad_einsum`` on the conv, which
+im2col makes an einsum), computes the padded row in the register tile and stores only the valid columns
+(whole vectors, then the rest as one narrower vector).
 """
 from __future__ import annotations
 
@@ -33,13 +44,20 @@ OH_TILES = (1, 2, 3, 4)                   # output rows of the register tile
 IC_TILES = (1, 2, 4)                      # input channels per innermost (unrolled) reduction step
 UNROLL = (0, 1, 2)                        # reduction loops unrolled: none, kw, kh and kw
 PARALLEL_DEPTH = (1, 2)                   # 1: parallel over (n, row band); 2: also over channel blocks
-FUSE_ROWS = (False, True)                 # pointwise conv: the tile's full-width rows as one pixel vector
+FUSE_ROWS = (False, True)                 # pointwise or im2col conv: the tile's full-width rows as one pixel vector
+IM2COL = (False, True)                    # KxK conv: the band's windows copied into [c, ky, kx, rows, cols] first
+PAD_WIDTH = (False, True)                 # im2col: the columns padded up to whole vectors (pad_einsum)
 MAX_FUSED_ROW_VECTORS = 8                 # widest run of pixels (in vectors) of a fused-rows register tile
 # Measured slowdown of a register-tile row wider than a vector that is not a multiple of it (56x56:
 # 14 or 28 columns ran 4x slower than 8; 28x28: 14 ran 2x slower than 7).
 SPLIT_ROW_PENALTY = 4
 # Fewer parallel iterations than this many per core leave cores idle on the tail: add the channel blocks.
 MIN_PARALLEL_PER_CORE = 4
+# im2col copies RC*KH*KW values per output pixel, once for all F output channels (1/F of the FMAs): by
+# default only where there are at least this many output channels to share the copy ...
+IM2COL_MIN_CHANNELS = 16
+# ... and where the copy of one band (float32) stays in L2 (bytes).
+IM2COL_MAX_BAND_BYTES = 512 * 1024
 
 
 def analyze_conv(sch: C.Schedule, block) -> dict | None:
@@ -74,6 +92,7 @@ def analyze_conv(sch: C.Schedule, block) -> dict | None:
     return {
         "N": N, "F": F, "OH": OH, "OW": OW, "RC": RC, "KH": KH, "KW": KW,
         "depthwise": f_ in d_vars[1] and RC == 1,
+        "grouped": f_ in d_vars[1],                         # the input channel follows the output channel
         "data_buffer": str(d.source.name),
         "data_hw": [int(e) if isinstance(e, C.tirx.IntImm) else -1 for e in list(d.source.shape)[2:]],
         "weight_buffer": str(w.source.name),
@@ -122,6 +141,14 @@ def find_conv(func: C.PrimFunc, depthwise: bool) -> dict | None:
     return info
 
 
+def im2col_choices(info: dict) -> tuple:
+    """Knob choices of ``im2col``: (False, True) for a conv with a window (not 1x1 stride 1) whose input
+    channels are shared by all output channels, else (False,): a grouped conv's copy would be indexed by
+    the output channel too (one copy per group member); a 1x1 strided conv has no window to copy."""
+    single = info["KH"] == info["KW"] == 1          # 1x1 strided: reindex drops the unit window axes
+    return (False,) if info.get("pointwise") or info.get("grouped") or single else IM2COL
+
+
 def deinterleave_choices(info: dict) -> tuple:
     """Knob choices of ``deinterleave``: (False, True) for a strided conv whose padded input the schedule
     computes (a padding block) with a width the stride divides, else (False,)."""
@@ -146,7 +173,7 @@ def deinterleave_pad(sch: C.Schedule, info: dict) -> None:
                          lambda n, c, y, x: (n, c, y, x % s, x // s))
 
 
-def _ceil_div(a: int, b: int) -> int:
+def ceil_div(a: int, b: int) -> int:
     return -(-a // b)
 
 
@@ -160,30 +187,149 @@ def row_tiles(width: int, lanes: int) -> tuple:
 
 
 def _oh_tiles(info: dict, lanes: int) -> tuple:
-    """Rows per register tile: OH_TILES, and for a pointwise conv the divisors of OH whose rows fit in
-    MAX_FUSED_ROW_VECTORS vectors as one run of pixels (4 rows of a 28x28 plane: 112 pixels, 7 vectors of
-    16 where a 28-wide row splits into 16 + 12)."""
+    """Rows per register tile: OH_TILES, and where rows can be fused (a pointwise conv, or any conv through
+    im2col) the divisors of OH whose rows fit in MAX_FUSED_ROW_VECTORS vectors as one run of pixels (4 rows
+    of a 28x28 plane: 112 pixels, 7 vectors of 16 where a 28-wide row splits into 16 + 12)."""
     base = U.choices_upto(OH_TILES, info["OH"])
-    if not info.get("pointwise"):
+    if not (info.get("pointwise") or True in im2col_choices(info)):
         return base
     extra = [d for d in range(1, info["OH"] + 1)
              if info["OH"] % d == 0 and d * info["OW"] <= MAX_FUSED_ROW_VECTORS * lanes]
     return tuple(sorted(set(base) | set(extra)))
 
 
-def _fused_rows_ok(info: dict, ow: int, oh: int) -> bool:
-    """The tile's rows form one contiguous run of pixels with no predicated tail."""
-    return bool(info.get("pointwise")) and ow == info["OW"] and info["OH"] % oh == 0
+def padded_width(info: dict, lanes: int) -> int | None:
+    """The row width the ``pad_width`` knob pads to (whole vectors), where it applies: a row wider than a
+    vector, not a multiple of it, whose padded row fits one register-tile row (MAX_OW_VECTORS); else None."""
+    ow = info["OW"]
+    padded = ceil_div(ow, lanes) * lanes
+    return padded if ow > lanes and ow % lanes and padded <= MAX_OW_VECTORS * lanes else None
 
 
-class Conv2DEpilogue(Template):
-    family = "cpu.conv2d_epilogue"
+def pad_width_choices(info: dict, lanes: int) -> tuple:
+    return PAD_WIDTH if True in im2col_choices(info) and padded_width(info, lanes) else (False,)
+
+
+def _fused_rows_ok(info: dict, ow: int, oh: int, im2col: bool = False) -> bool:
+    """The tile's rows form one contiguous run of pixels (a pointwise conv's input, or the im2col copy)
+    with no predicated tail."""
+    return bool(info.get("pointwise") or im2col) and ow == info["OW"] and info["OH"] % oh == 0
+
+
+def im2col_default(info: dict, lanes: int, oh: int) -> bool:
+    """im2col by default where the output row wastes lanes (not a multiple of the vector), F shares the
+    copy (IM2COL_MIN_CHANNELS) and one band's copy fits IM2COL_MAX_BAND_BYTES."""
+    band = info["RC"] * info["KH"] * info["KW"] * oh * info["OW"] * 4
+    return True in im2col_choices(info) and info["OW"] % lanes != 0 and info["F"] >= IM2COL_MIN_CHANNELS \
+        and band <= IM2COL_MAX_BAND_BYTES
+
+
+def whole_vectors(width: int, lanes: int) -> bool:
+    """A run of ``width`` pixels LLVM keeps in whole registers: one vector (a narrower one is widened) or a
+    multiple of vectors.  Other widths (49: a 7x7 plane) become odd-sized vectors whose accumulators LLVM
+    spills and reassembles lane by lane (about 750 stack accesses in a 3x3 conv kernel, 10x slower)."""
+    return width <= lanes or width % lanes == 0
+
+
+def _load_pieces(width: int, lanes: int) -> int:
+    """Loads of a run of ``width`` floats: whole vectors, and the rest in power-of-two pieces."""
+    return width // lanes + bin(width % lanes).count("1")
+
+
+def prepare_conv(sch: C.Schedule, info: dict, deinterleave: bool):
+    """Steps shared by the conv templates: the elementwise chain folded into one epilogue block (the padding
+    block stays), the padded input deinterleaved if asked, and without an epilogue a cache block to
+    accumulate in.  Returns (conv block, epilogue block)."""
+    U.inline_elementwise(sch, keep=frozenset({info["pad"]} if info["pad"] else ()))
+    if deinterleave:
+        deinterleave_pad(sch, info)
+    conv = sch.get_sblock(info["reduction"])
+    epi = sch.cache_write(conv, 0, "global") if info["epilogue"] is None else sch.get_sblock(info["epilogue"])
+    return conv, epi
+
+
+def finish_conv(sch: C.Schedule, conv, first_reduction_loop, input_block: str | None, band, lanes: int) -> None:
+    """Steps shared by the conv templates, after the register tile: the accumulator in registers,
+    initialized (vectorized) before ``first_reduction_loop``; the input block (padding or im2col copy)
+    computed per parallel iteration ``band``, vectorized along its rows, or (``band`` None) once for the
+    whole kernel before it, in its own parallel loop."""
+    sch.set_scope(conv, 0, "local")
+    init = sch.decompose_reduction(conv, first_reduction_loop)
+    sch.vectorize(sch.get_loops(init)[-1])
+    if input_block and band is None:
+        block = sch.get_sblock(input_block)
+        loops = sch.get_loops(block)
+        sch.parallel(sch.fuse(*loops[:-1]))
+        U.vectorize_inner(sch, block, lanes)
+    elif input_block:
+        block = sch.get_sblock(input_block)
+        sch.compute_at(block, band, preserve_unit_loops=True)
+        U.vectorize_inner(sch, block, lanes)
+
+
+def pad_columns(sch: C.Schedule, conv, col: str, width: int) -> str:
+    """The im2col'd conv's column domain padded to ``width`` (``pad_einsum``: the copy's padded twin, the
+    accumulator padded, a crop block); the copy folded into its padded twin, the crop into its consumer.
+    Returns the padded copy's block name."""
+    before = {U.block_name(sch, b) for b in U.top_blocks(sch)}
+    padding = [1] * len(sch.get(conv).iter_vars)
+    padding[3] = width
+    sch.pad_einsum(conv, padding)
+    new = [b for b in U.top_blocks(sch) if U.block_name(sch, b) not in before]
+    conv_name = U.block_name(sch, conv)
+    crop = [b for b in new if any(U.block_name(sch, p) == conv_name for p in sch.get_producers(b))]
+    pads = [b for b in new if b not in crop]
+    if len(crop) != 1 or len(pads) != 1:
+        raise ValueError(f"pad_einsum of {conv_name} made {len(new)} blocks, expected a copy pad and a crop")
+    pad_name = U.block_name(sch, pads[0])
+    sch.compute_inline(crop[0])
+    sch.compute_inline(sch.get_sblock(col))
+    return pad_name
+
+
+def store_valid_columns(sch: C.Schedule, loop, width: int, lanes: int) -> None:
+    """The epilogue's padded row (``loop``, predicated to ``width`` columns): its whole vectors and the rest
+    as one narrower vector, each vectorized (``loop_partition``; the padding columns are not stored)."""
+    main = width // lanes * lanes
+    factors = [main, width - main, None] if main else [width - main, None]
+    parts = sch.loop_partition(loop, factors=factors)
+    for part in parts[:len(factors) - 1]:
+        sch.vectorize(part)
+
+
+def im2col(sch: C.Schedule, conv, info: dict) -> str:
+    """The conv's input read through a copy ``col[n, c, ky, kx, y, x]`` (``reindex`` of the window read,
+    laid out with the output pixel innermost); the padding block is folded into it.  Returns its name."""
+    reads = [str(r.source.name) for r in sch.get(conv).reads]
+    col = sch.reindex(conv, ("read", reads.index(info["data_buffer"])))
+    # reindex orders the copy by the conv's iterators that index the read: (n, y, x, c, ky, kx)
+    order = lambda n, y, x, c, ky, kx: (n, c, ky, kx, y, x)  # noqa: E731
+    sch.transform_layout(col, ("write", 0), order)
+    sch.transform_block_layout(col, order)        # its loops in that order too: the columns innermost
+    if info["pad"]:
+        sch.compute_inline(sch.get_sblock(info["pad"]))
+    return U.block_name(sch, col)
+
+
+class ConvTemplate(Template):
+    """What the conv templates share: the LLVM targets and the match (``find_conv``), for depthwise convs
+    or the others (``depthwise``)."""
     target_kinds = ("llvm",)
+    depthwise = False
 
-    # ------------------------------------------------------------------ match
     def match(self, func: C.PrimFunc, target: C.Target) -> Match | None:
-        info = find_conv(func, depthwise=False)
+        info = find_conv(func, depthwise=self.depthwise)
         return None if info is None else Match(self.family, info)
+
+    def target_numbers(self, match: Match, target: C.Target) -> tuple:
+        """(the target's CPU facts, its vector registers, the knob choices by name) for default_config."""
+        info = cpu_info(target)
+        return info, U.Registers.for_bits(info.vector_bits).count, \
+            {k.name: k.choices for k in self.space(match, target).knobs}
+
+
+class Conv2DEpilogue(ConvTemplate):
+    family = "cpu.conv2d_epilogue"
 
     # ------------------------------------------------------------------ knobs
     def space(self, match: Match, target: C.Target) -> KnobSpace:
@@ -197,18 +343,20 @@ class Conv2DEpilogue(Template):
             Knob("ic_tile", U.choices_upto(IC_TILES, i["RC"]), "input channels per unrolled reduction step"),
             Knob("unroll", U.choices_upto(UNROLL, 2), "window loops unrolled (0 none, 1 kw, 2 kh+kw)"),
             Knob("parallel_depth", PARALLEL_DEPTH, "outer loops fused into the parallel loop"),
-            Knob("fuse_rows", FUSE_ROWS if i.get("pointwise") else (False,),
-                 "1x1 stride-1 conv: the tile's rows (ow_tile = OW) vectorized as one run of pixels"),
+            Knob("fuse_rows", FUSE_ROWS if i.get("pointwise") or True in im2col_choices(i) else (False,),
+                 "1x1 stride-1 conv or im2col: the tile's rows (ow_tile = OW) vectorized as one run of pixels"),
             Knob("deinterleave", deinterleave_choices(i),
-                 "strided conv: padded input stored by column phase (contiguous vector loads)"),
+                 "strided conv without im2col: padded input stored by column phase (contiguous vector loads)"),
+            Knob("im2col", im2col_choices(i),
+                 "conv with a window: the band's windows copied as [c, ky, kx, rows, cols] (rows fusable)"),
+            Knob("pad_width", pad_width_choices(i, lanes),
+                 "im2col, rows not fused, a row not a multiple of the vector: columns padded to whole "
+                 "vectors (the register tile is then the whole padded row, whatever ow_tile)"),
         ))
 
     def default_config(self, match: Match, target: C.Target) -> dict:
-        info = cpu_info(target)
-        regs = U.Registers.for_bits(info.vector_bits).count
-        ch = {k.name: k.choices for k in self.space(match, target).knobs}
-        i = match.info
-        lanes = info.float32_lanes
+        info, regs, ch = self.target_numbers(match, target)
+        i, lanes = match.info, info.float32_lanes
 
         # register tile: accumulators that leave room for the broadcast weights and one input vector;
         # then tiles that divide the channels and rows (a tail tile is predicated); then the fewest
@@ -216,10 +364,13 @@ class Conv2DEpilogue(Template):
         # loads oh_tile x vectors inputs (shared by the channels) -- oc 4 x oh 2 ran 1.4x faster than
         # oc 8 x oh 1 at the same accumulator count; a row wider than a vector that is not a multiple
         # of it is split into narrow pieces by LLVM (SPLIT_ROW_PENALTY)
+        # a windowed conv's direct tile keeps OH_TILES rows (the other row counts are for im2col's fused rows)
+        direct_rows = _oh_tiles(i, lanes) if i.get("pointwise") else U.choices_upto(OH_TILES, i["OH"])
+
         def score(oc, ow, oh, fused):
-            if fused and not _fused_rows_ok(i, ow, oh):
+            if (fused and not _fused_rows_ok(i, ow, oh)) or (not fused and oh not in direct_rows):
                 return (False, False, float("-inf"), 0, 0)
-            nv = _ceil_div(oh * ow, lanes) if fused else oh * _ceil_div(ow, lanes)    # vectors per channel
+            nv = ceil_div(oh * ow, lanes) if fused else oh * ceil_div(ow, lanes)    # vectors per channel
             width = oh * ow if fused else ow
             acc = oc * nv
             fits = acc + min(oc, nv) + 1 <= regs
@@ -227,42 +378,79 @@ class Conv2DEpilogue(Template):
             cost = (oc + nv) * split / (oc * oh * ow)
             return (fits, i["F"] % oc == 0 and i["OH"] % oh == 0, -cost, acc, -oh)
 
-        oc, ow, oh, fused = max(((a, b, c, d) for a in ch["oc_tile"] for b in ch["ow_tile"] for c in ch["oh_tile"]
-                                 for d in ch["fuse_rows"]), key=lambda t: score(*t))
-        bands = i["N"] * _ceil_div(i["OH"], oh)
+        # im2col where several full-width rows fill whole vectors (a row alone wastes lanes) and fused
+        # into one run of pixels;
+        # the fewest vector instructions per useful multiply-add: oc x nv FMAs, oc broadcasts and the
+        # input loads (a partial last vector is loaded by LLVM in power-of-two pieces: _load_pieces)
+        def col_score(oc, oh):
+            nv = ceil_div(oh * i["OW"], lanes)
+            acc = oc * nv
+            fits = acc + min(oc, nv) + 1 <= regs
+            cost = (acc + oc + _load_pieces(oh * i["OW"], lanes)) / (oc * oh * i["OW"])
+            return (fits, i["F"] % oc == 0, -cost, acc)
+
+        col_rows = [oh for oh in ch["oh_tile"] if True in ch["fuse_rows"] and True in ch["im2col"]
+                    and _fused_rows_ok(i, i["OW"], oh, True) and im2col_default(i, lanes, oh)
+                    and whole_vectors(oh * i["OW"], lanes) and (oh > 1 or i["OH"] == 1)]
+        col = bool(col_rows)
+        # im2col with padded rows where a row is an odd number of lanes wider than a vector
+        padded = padded_width(i, lanes) if True in ch["pad_width"] and im2col_default(i, lanes, 1) else None
+
+        def pad_score(oc, oh):
+            nv = oh * padded // lanes
+            acc = oc * nv
+            fits = acc + min(oc, nv) + 1 <= regs
+            return (fits, i["F"] % oc == 0 and i["OH"] % oh == 0, -(acc + oc + nv) / (oc * oh * i["OW"]), acc)
+
+        if col:
+            oc, oh = max(((a, c) for a in ch["oc_tile"] for c in col_rows), key=lambda t: col_score(*t))
+            ow, fused = i["OW"], True
+        elif padded:
+            oc, oh = max(((a, c) for a in ch["oc_tile"] for c in direct_rows), key=lambda t: pad_score(*t))
+            ow, fused, col = i["OW"], False, True
+        else:
+            oc, ow, oh, fused = max(((a, b, c, d) for a in ch["oc_tile"] for b in ch["ow_tile"]
+                                     for c in ch["oh_tile"] for d in ch["fuse_rows"]), key=lambda t: score(*t))
+        bands = i["N"] * ceil_div(i["OH"], oh)
         depth = 1 if bands >= MIN_PARALLEL_PER_CORE * info.cores else 2
         return {"oc_tile": oc, "ow_tile": ow, "lanes": lanes, "oh_tile": oh,
                 "ic_tile": U.nearest_choice(ch["ic_tile"], 1), "unroll": max(ch["unroll"]),
                 "parallel_depth": depth, "fuse_rows": fused,
-                "deinterleave": deinterleave_default(i, ch["deinterleave"])}
+                "deinterleave": deinterleave_default(i, ch["deinterleave"]) and not col, "im2col": col,
+                "pad_width": bool(padded) and not fused}
 
     # ------------------------------------------------------------------ apply
     def apply(self, sch: C.Schedule, match: Match, config: dict) -> None:
         info = match.info
         oc_t, oh_t = config["oc_tile"], config["oh_tile"]
         ow_t = config["ow_tile"]
+        # the knobs that apply together (every combination of the space is legal; see their docs):
+        # im2col replaces the padded input deinterleave would lay out; pad_width pads im2col's unfused rows
+        col = config.get("im2col", False)
+        fused = config.get("fuse_rows", False) and _fused_rows_ok(info, ow_t, oh_t, col)
+        padded = padded_width(info, config["lanes"]) if config.get("pad_width", False) and col and not fused \
+            else None
+        deinterleave = config.get("deinterleave", False) and not col
 
-        # Step 1. Fold the elementwise chain into one epilogue block; the padding block stays.
-        U.inline_elementwise(sch, keep=frozenset({info["pad"]} if info["pad"] else ()))
-        if config.get("deinterleave", False):
-            deinterleave_pad(sch, info)
-        conv = sch.get_sblock(info["reduction"])
+        # Step 1. Fold the elementwise chain into one epilogue block (the padding block stays); without an
+        # epilogue, accumulate into a cache block and write back from it; im2col: the windows' copy.
+        conv, epi = prepare_conv(sch, info, deinterleave)
+        input_block = im2col(sch, conv, info) if col else info["pad"]
+        if padded:
+            input_block = pad_columns(sch, conv, input_block, padded)
+            ow_t = padded          # one tile of the padded row; the epilogue stores the valid columns
 
-        # Step 2. Without an epilogue, accumulate into a cache block and write back from it.
-        epi = sch.cache_write(conv, 0, "global") if info["epilogue"] is None else sch.get_sblock(info["epilogue"])
-
-        # Step 3. Tile the epilogue: (n, row band, channel block, column block) x register tile.
+        # Step 2. Tile the epilogue: (n, row band, channel block, column block) x register tile.
         n, f, y, x = sch.get_loops(epi)
         f0, f1 = sch.split(f, factors=[None, oc_t])
         y0, y1 = sch.split(y, factors=[None, oh_t])
         x0, x1 = sch.split(x, factors=[None, ow_t])
-        fused = config.get("fuse_rows", False) and _fused_rows_ok(info, ow_t, oh_t)
         sch.reorder(n, y0, f0, x0, *((f1, y1) if fused else (y1, f1)), x1)
         band = sch.fuse(n, y0, f0) if config["parallel_depth"] > 1 else sch.fuse(n, y0)
         sch.parallel(band)
 
-        # Step 4. The convolution on each register tile: conv shrinks to an accumulator tile; a pointwise
-        # conv's full-width rows are one run of pixels, vectorized as one loop (fuse_rows).
+        # Step 3. The convolution on each register tile: conv shrinks to an accumulator tile; full-width
+        # rows of contiguous pixels (pointwise input or im2col copy) are vectorized as one loop (fuse_rows).
         sch.compute_at(conv, x0, preserve_unit_loops=True)
         c_n, c_f, c_y, c_x, rc, ry, rx = sch.get_loops(conv)[-7:]
         rc0, rc1 = sch.split(rc, factors=[None, config["ic_tile"]])
@@ -276,21 +464,20 @@ class Conv2DEpilogue(Template):
         sch.unroll(c_f)
         sch.unroll(c_n)
         # the reduction steps unrolled within a bound on the copies of the tile (code size, LLVM time)
-        tile_copies = oc_t * (_ceil_div(oh_t * ow_t, config["lanes"]) if fused
-                              else oh_t * _ceil_div(ow_t, config["lanes"]))
+        tile_copies = oc_t * (ceil_div(oh_t * ow_t, config["lanes"]) if fused
+                              else oh_t * ceil_div(ow_t, config["lanes"]))
         U.unroll_bounded(sch, ([rc1] if config["ic_tile"] > 1 else []) + [rx, ry][:config["unroll"]],
                          tile_copies)
-        sch.set_scope(conv, 0, "local")
 
-        # Step 5. Initialize the accumulator before the reduction, vectorized along the columns.
-        init = sch.decompose_reduction(conv, rc0)
-        sch.vectorize(sch.get_loops(init)[-1])
+        # Step 4. The epilogue on the accumulator tile: vectorized along the columns (the pixels); a padded
+        # row stores its valid columns only (last step: the partition replaces the epilogue block).
+        if not padded:
+            sch.vectorize(sch.fuse(y1, x1) if fused else x1)
 
-        # Step 6. The epilogue on the accumulator tile: vectorized along the columns (the pixels).
-        sch.vectorize(sch.fuse(y1, x1) if fused else x1)
-
-        # Step 7. The padded input per row band (all channels, the rows its windows read), in the band.
-        if info["pad"]:
-            pad = sch.get_sblock(info["pad"])
-            sch.compute_at(pad, band, preserve_unit_loops=True)
-            U.vectorize_inner(sch, pad, config["lanes"])
+        # Step 5. Accumulator in registers, initialized before the reduction; the padded input (or the
+        # im2col copy) per row band (all channels, the rows its windows read), in the band; an im2col copy
+        # of a band split over channel blocks (parallel_depth 2) once before the tiles, not per block.
+        shared = col and config["parallel_depth"] > 1
+        finish_conv(sch, conv, rc0, input_block, None if shared else band, config["lanes"])
+        if padded:
+            store_valid_columns(sch, x1, info["OW"], config["lanes"])

@@ -17,10 +17,10 @@ from __future__ import annotations
 
 from ... import _compat as C
 from ...target import cpu_info
-from ..base import Knob, KnobSpace, Match, Template
+from ..base import Knob, KnobSpace, Match
 from . import common as U
-from .conv2d import (SPLIT_ROW_PENALTY, deinterleave_choices, deinterleave_default, deinterleave_pad, find_conv,
-                     row_tiles)
+from .conv2d import (SPLIT_ROW_PENALTY, ConvTemplate, ceil_div, deinterleave_choices, deinterleave_default,
+                     finish_conv, prepare_conv, row_tiles)
 
 OH_TILES = (1, 2, 4)              # output rows per register tile
 UNROLL = (0, 1, 2)                # window loops unrolled: none, kw, kh and kw
@@ -29,18 +29,9 @@ PARALLEL_DEPTH = (1, 2)           # 1: parallel over (n, channel); 2: also over 
 MIN_PARALLEL_PER_CORE = 4
 
 
-def _ceil_div(a: int, b: int) -> int:
-    return -(-a // b)
-
-
-class DepthwiseConv2DEpilogue(Template):
+class DepthwiseConv2DEpilogue(ConvTemplate):
     family = "cpu.depthwise_conv2d_epilogue"
-    target_kinds = ("llvm",)
-
-    # ------------------------------------------------------------------ match
-    def match(self, func: C.PrimFunc, target: C.Target) -> Match | None:
-        info = find_conv(func, depthwise=True)
-        return None if info is None else Match(self.family, info)
+    depthwise = True
 
     # ------------------------------------------------------------------ knobs
     def space(self, match: Match, target: C.Target) -> KnobSpace:
@@ -57,18 +48,15 @@ class DepthwiseConv2DEpilogue(Template):
         ))
 
     def default_config(self, match: Match, target: C.Target) -> dict:
-        info = cpu_info(target)
-        regs = U.Registers.for_bits(info.vector_bits).count
-        ch = {k.name: k.choices for k in self.space(match, target).knobs}
-        i = match.info
-        lanes = info.float32_lanes
+        info, regs, ch = self.target_numbers(match, target)
+        i, lanes = match.info, info.float32_lanes
 
         # register tile: rows x vectors of accumulators, half the registers (the rest: inputs, weights);
         # tiles that divide the plane first (a tail tile is predicated), then the fewest wasted lanes
         # (a row wider than a vector that is not a multiple of it is split by LLVM: SPLIT_ROW_PENALTY),
         # then the most accumulators (independent FMA chains)
         def score(oh, ow):
-            nv = _ceil_div(ow, lanes)
+            nv = ceil_div(ow, lanes)
             acc = oh * nv
             fits = 2 * acc <= regs
             split = SPLIT_ROW_PENALTY if ow > lanes and ow % lanes else 1
@@ -86,16 +74,11 @@ class DepthwiseConv2DEpilogue(Template):
         oh_t = config["oh_tile"]
         ow_t = config["ow_tile"]
 
-        # Step 1. Fold the elementwise chain into one epilogue block; the padding block stays.
-        U.inline_elementwise(sch, keep=frozenset({info["pad"]} if info["pad"] else ()))
-        if config.get("deinterleave", False):
-            deinterleave_pad(sch, info)
-        conv = sch.get_sblock(info["reduction"])
+        # Step 1. Fold the elementwise chain into one epilogue block (the padding block stays); without an
+        # epilogue, accumulate into a cache block and write back from it.
+        conv, epi = prepare_conv(sch, info, config.get("deinterleave", False))
 
-        # Step 2. Without an epilogue, accumulate into a cache block and write back from it.
-        epi = sch.cache_write(conv, 0, "global") if info["epilogue"] is None else sch.get_sblock(info["epilogue"])
-
-        # Step 3. Tile the epilogue: (n, channel [, row band]) parallel, then (rows x columns) tiles.
+        # Step 2. Tile the epilogue: (n, channel [, row band]) parallel, then (rows x columns) tiles.
         n, f, y, x = sch.get_loops(epi)
         y0, y1 = sch.split(y, factors=[None, oh_t])
         x0, x1 = sch.split(x, factors=[None, ow_t])
@@ -103,7 +86,7 @@ class DepthwiseConv2DEpilogue(Template):
         plane = sch.fuse(n, f, y0) if config["parallel_depth"] > 1 else sch.fuse(n, f)
         sch.parallel(plane)
 
-        # Step 4. The window sum on each tile, in an accumulator tile (registers).
+        # Step 3. The window sum on each tile, in an accumulator tile (registers).
         sch.compute_at(conv, x0, preserve_unit_loops=True)
         c_n, c_f, c_y, c_x, rc, ry, rx = sch.get_loops(conv)[-7:]
         sch.reorder(rc, ry, rx, c_n, c_f, c_y, c_x)
@@ -111,18 +94,11 @@ class DepthwiseConv2DEpilogue(Template):
         for loop in (c_y, c_f, c_n):
             sch.unroll(loop)
         # the window unrolled within a bound on the copies of the tile (code size, LLVM time)
-        U.unroll_bounded(sch, [rx, ry][:config["unroll"]], oh_t * _ceil_div(ow_t, config["lanes"]))
-        sch.set_scope(conv, 0, "local")
+        U.unroll_bounded(sch, [rx, ry][:config["unroll"]], oh_t * ceil_div(ow_t, config["lanes"]))
 
-        # Step 5. Initialize the accumulator before the window loops, vectorized.
-        init = sch.decompose_reduction(conv, rc)
-        sch.vectorize(sch.get_loops(init)[-1])
-
-        # Step 6. The epilogue on the accumulator tile, vectorized along the columns.
+        # Step 4. The epilogue on the accumulator tile, vectorized along the columns.
         sch.vectorize(x1)
 
-        # Step 7. The channel's padded plane (rows of this band) inside the parallel loop.
-        if info["pad"]:
-            pad = sch.get_sblock(info["pad"])
-            sch.compute_at(pad, plane, preserve_unit_loops=True)
-            U.vectorize_inner(sch, pad, config["lanes"])
+        # Step 5. Accumulator in registers, initialized before the window loops; the channel's padded
+        # plane (rows of this band) inside the parallel loop.
+        finish_conv(sch, conv, rc, info["pad"], plane, config["lanes"])
