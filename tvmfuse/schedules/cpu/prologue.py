@@ -24,7 +24,7 @@ from .matmul import (K_UNROLL, MC_TILES, MR_CHOICES, NC_TILES, NVEC_CHOICES, PAD
                      compute_on_register_tile, lane_choices, pad_columns, pick_lanes, pick_macro_tiles,
                      pick_register_tile)
 from .reduction import rf_widths
-from .siblings import ROW_BLOCKS_PER_CORE, _chains
+from .siblings import ROW_BLOCKS_PER_CORE, output_chains
 
 FAMILY = "cpu.norm_matmul"
 VECTORIZE_STATS = (True, False)      # rfactor the statistics into vector partial sums (needs rf_width | K)
@@ -42,6 +42,23 @@ def _writer(sch: C.Schedule, buffer: str):
         if any(str(w.source.name) == buffer for w in sch.get(b).writes):
             return b
     return None
+
+
+def _fold(sch: C.Schedule, norm: str) -> list[str] | None:
+    """Fold every elementwise block but the norm block and the outputs into its consumers, the costly
+    ones too (a norm's (x - mean)^2 is computed inside the variance sum, once per element of the row as
+    the unfused kernel does): the blocks left, or None when one cannot be folded."""
+    U.inline_elementwise(sch, keep=frozenset({norm}))
+    outputs = U.output_names(sch)
+    for b in U.top_blocks(sch):
+        name = U.block_name(sch, b)
+        if name == norm or name in outputs or not U.is_spatial(sch, b):
+            continue
+        try:
+            sch.compute_inline(b)
+        except C.ScheduleError:
+            return None
+    return [U.block_name(sch, b) for b in U.top_blocks(sch)]
 
 
 def _roles(sch: C.Schedule) -> dict | None:
@@ -65,7 +82,9 @@ def _roles(sch: C.Schedule) -> dict | None:
     norm_name = U.block_name(sch, norm)
     if norm_name in U.output_names(sch):
         return None                       # the normalised tensor is an output: it must be written whole
-    left = U.inline_elementwise(sch, keep=frozenset({norm_name}))
+    left = _fold(sch, norm_name)
+    if left is None:
+        return None
     norm = sch.get_sblock(norm_name)
     if any(U.block_name(sch, c) not in matmuls for c in sch.get_consumers(norm)):
         return None
@@ -80,7 +99,7 @@ def _roles(sch: C.Schedule) -> dict | None:
         if any(U.block_name(sch, c) not in stats + [norm_name] for c in sch.get_consumers(blk)):
             return None
     reductions = [(sch.get_sblock(n), info) for n, info in matmuls.items()]
-    chains = _chains(sch, reductions)
+    chains = output_chains(sch, reductions)
     if chains is None:
         return None
     for anchor, reds in chains:
@@ -167,7 +186,7 @@ class NormMatmul(Template):
         nbatch = len(info["batch"])
 
         # Step 1. Fold the elementwise blocks (the same folding as match()): the norm block stays.
-        U.inline_elementwise(sch, keep=frozenset({info["norm"]}))
+        _fold(sch, info["norm"])
 
         # Step 2. Row statistics as vector partial sums: rfactor each over `rf_width` lanes (at the root,
         # before anything moves; the partial sums and their horizontal sum move under the row block in Step 6).
