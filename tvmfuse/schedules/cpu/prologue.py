@@ -116,6 +116,20 @@ def _roles(sch: C.Schedule) -> dict | None:
             "N": max(r["N"] for r in matmuls.values())}
 
 
+def _rf_loops(sch: C.Schedule, block) -> tuple[list, object, object]:
+    """(row loops, outer reduction loop, partial-sum lanes loop) of an rfactor block moved under the row
+    block (``compute_at`` made one loop per iterator, in iterator order: the lanes iterator is the last
+    index of the partial-sum buffer it writes)."""
+    blk = sch.get(block)
+    ivs = list(blk.iter_vars)
+    loops = list(sch.get_loops(block))[-len(ivs):]
+    lane_var = blk.body.indices[-1]
+    lanes = next(i for i, iv in enumerate(ivs) if iv.var.same_as(lane_var))
+    red = next(i for i, iv in enumerate(ivs) if int(iv.iter_type) == U.REDUCE)
+    rows = [lp for i, lp in enumerate(loops) if i not in (lanes, red)]
+    return rows, loops[red], loops[lanes]
+
+
 class NormMatmul(Template):
     family = FAMILY
     target_kinds = ("llvm",)
@@ -167,6 +181,8 @@ class NormMatmul(Template):
         mr, nvec = pick_register_tile(m, n, lanes, regs, ch["mr"], ch["nvec"])
         nr = nvec * lanes
         mc_tiles, nc_tiles = pick_macro_tiles(k, mr, nr, info.l2_bytes, ch["mc_tiles"], ch["nc_tiles"])
+        # no wider column panel than the columns (a panel past N leaves a predicate on every register tile)
+        nc_tiles = max([c for c in ch["nc_tiles"] if c <= -(-n // nr)] or [min(ch["nc_tiles"])])
         # the row-block loop is the parallel one: keep enough row blocks for every core
         batch = _prod(match.info["batch"])
         while mc_tiles > min(ch["mc_tiles"]) and batch * -(-m // (mr * mc_tiles)) < ROW_BLOCKS_PER_CORE * info.cores:
@@ -256,9 +272,8 @@ class NormMatmul(Template):
         # vector width does not divide K).
         for name in rf_blocks:
             blk = sch.get_sblock(name)
-            loops = sch.get_loops(blk)
-            ri, ro = loops[-2], loops[-1]
-            sch.reorder(ro, ri)
+            rows, ro, ri = _rf_loops(sch, blk)
+            sch.reorder(*rows, ro, ri)          # per row: the partial-sum vector over contiguous elements
             sch.vectorize(ri)
             init = sch.decompose_reduction(blk, ro)
             sch.vectorize(sch.get_loops(init)[-1])
