@@ -2,8 +2,9 @@
 
 Every dataflow block of every inference function is a DAG of bindings; each ``call_tir`` is a node that
 ``rules.classify`` gives a kind.  Nodes are merged with a union-find, first along producer -> consumer
-edges (in binding order), then between siblings that read one tensor, each merge decided by
-``rules`` (legality, profitability, target support joined in ``_decide``).  Each group of two or more
+edges (in binding order), then between siblings that read one tensor, then the norm prologues that waited
+for their sibling matmuls to be one group, each merge decided by ``rules`` (legality, profitability,
+target support joined in ``_decide``).  Each group of two or more
 ops becomes a Relax function with ``Primitive=1`` and ``tvmfuse.rule`` (the rules that formed it), called
 from the block; a tensor of the group that something outside still reads is one more output of the group
 (the function returns a tuple).  TVM's FuseTIR then merges each group into one PrimFunc.

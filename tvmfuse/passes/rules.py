@@ -15,7 +15,8 @@ Shapes may be symbolic (``[batch, 64]``): extents are kept as TIR expressions an
 ``tvm.arith.Analyzer`` can prove equal, so a model with symbolic batch/sequence gets the groups of its
 static version.
 
-A rule names the pair of kinds it fuses (``edge`` rules: producer -> consumer; ``sibling`` rules: two
+A rule names the pair of kinds it fuses (``edge`` rules: producer -> consumer, optionally only when the
+producer's group holds a kind, as ``norm_prologue`` needs a row reduction; ``sibling`` rules: two
 consumers of one tensor; ``chain`` rules: a multi-op pattern matched on Relax ops before legalization by its
 own pass, e.g. ``attention`` in passes/attention.py, whose checks are the ``check_attention_*`` functions
 below; grouping then sees its kernel as one opaque op), its own check (``check(members)``: a reason or None) and the template family that
