@@ -172,6 +172,15 @@ def test_transformer_block_in_five_kernels(host, rng):
     assert_close_to_reference(model, cm, rng, rtol=1e-4, atol=1e-5)
 
 
+@pytest.mark.parametrize("tname", ["haswell-2", "skx-2"])
+def test_demo_transformer_block_kernel_count(tname):
+    """The demo's block at its default size (what `tvmfuse demo` compiles): 42 ops -> 5 kernels."""
+    d = explain(M.transformer_block(), named_target(tname))
+    assert (d["kernels_unfused"], d["kernels_fused"]) == (42, 5), d["groups"]
+    rules = [g["rule"] for g in d["groups"] if RULE in g["rule"]]
+    assert len(rules) == 2 and any("sibling_contractions" in r for r in rules), rules
+
+
 # ------------------------------------------------------------------------------------------ refusals
 def _without_rule(monkeypatch, model, target):
     with monkeypatch.context() as mp:

@@ -93,7 +93,10 @@ def _roles(sch: C.Schedule) -> dict | None:
         return None
     for n in stats:
         blk = sch.get_sblock(n)
-        if not U.is_reduction(sch, blk) or U.iter_kinds(sch, blk).count("R") != 1:
+        kinds = U.iter_kinds(sch, blk)
+        # one reduction loop, innermost, as long as every other statistic's (one partial-sum width)
+        if not U.is_reduction(sch, blk) or kinds.count("R") != 1 or not kinds.endswith("R") or \
+                U.loop_extents(sch, blk)[-1] != U.loop_extents(sch, sch.get_sblock(stats[0]))[-1]:
             return None
         # statistics feed the norm (or another statistic) only: they live per row block
         if any(U.block_name(sch, c) not in stats + [norm_name] for c in sch.get_consumers(blk)):
