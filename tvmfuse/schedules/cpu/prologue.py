@@ -28,6 +28,11 @@ from .siblings import ROW_BLOCKS_PER_CORE, output_chains
 
 FAMILY = "cpu.norm_matmul"
 VECTORIZE_STATS = (True, False)      # rfactor the statistics into vector partial sums (needs rf_width | K)
+PACK_B = (False, True)               # copy each matmul's B strip (K x nc) contiguously once per row block
+# Pack B when one register-tile strip of every matmul of a chain (K rows of nr floats, N floats apart) takes
+# more than this fraction of L1: read in place, each k step then touches new cache lines and pages
+# (the rule cpu.sibling_matmuls uses; measured there: SwiGLU 512x768x2048 155 -> 46 ms).
+PACK_STRIP_L1_FRACTION = 0.25
 
 
 def _prod(values) -> int:
@@ -169,6 +174,8 @@ class NormMatmul(Template):
             Knob("k_unroll", U.choices_upto(K_UNROLL, k), "unroll of the reduction loop"),
             Knob("pad_n", PAD_N, "columns not a multiple of the register tile: pad j (B panel zero-padded) "
                  "instead of a per-lane predicate (scalar code) on the register tile"),
+            Knob("pack_b", PACK_B, "copy each matmul's B panel into a contiguous buffer at the panel loop, once "
+                 "per row block (weights with a long row stride)"),
             Knob("rf_width", widths or (lanes,), "partial sums per row statistic (rfactor; divides the row)"),
             Knob("vectorize_stats", VECTORIZE_STATS if widths else (False,),
                  "row statistics as vector partial sums (an rfactor) instead of one scalar chain per row"),
@@ -186,6 +193,9 @@ class NormMatmul(Template):
         mc_tiles, nc_tiles = pick_macro_tiles(k, mr, nr, info.l2_bytes, ch["mc_tiles"], ch["nc_tiles"])
         # no wider column panel than the columns (a panel past N leaves a predicate on every register tile)
         nc_tiles = max([c for c in ch["nc_tiles"] if c <= -(-n // nr)] or [min(ch["nc_tiles"])])
+        pack = match.info["chain_len"] * k * nr * 4 > PACK_STRIP_L1_FRACTION * info.l1d_bytes
+        if pack:
+            nc_tiles = min(ch["nc_tiles"])    # one register-tile strip per panel: the packed strip is contiguous
         # the row-block loop is the parallel one: keep enough row blocks for every core
         batch = _prod(match.info["batch"])
         while mc_tiles > min(ch["mc_tiles"]) and batch * -(-m // (mr * mc_tiles)) < ROW_BLOCKS_PER_CORE * info.cores:
@@ -194,6 +204,7 @@ class NormMatmul(Template):
         rf = [w for w in ch["rf_width"] if w <= 2 * info.float32_lanes]
         return {"mr": mr, "nvec": nvec, "lanes": lanes, "mc_tiles": mc_tiles, "nc_tiles": nc_tiles,
                 "k_unroll": U.nearest_choice(ch["k_unroll"], 4 if k % 4 == 0 else 1), "pad_n": True,
+                "pack_b": pack,
                 "rf_width": rf[-1] if rf else ch["rf_width"][0],
                 "vectorize_stats": True in ch["vectorize_stats"]}
 
@@ -254,11 +265,17 @@ class NormMatmul(Template):
 
         for reds, j1, j2, panel in tiles:
             # Step 5. Every matmul of the chain on the register tile (accumulators, init vectorized), its
-            # zero-padded B panel made once per column panel.
+            # zero-padded (pad_n) or packed (pack_b) B panel made once per column panel of the row block.
             for red in reds:
-                compute_on_register_tile(sch, sch.get_sblock(red), j1, lanes, config["k_unroll"])
+                blk = sch.get_sblock(red)        # after this step: the update block (the init split off)
+                compute_on_register_tile(sch, blk, j1, lanes, config["k_unroll"])
+                pack = None
                 if red in pads:
                     pack = sch.get_sblock(pads[red])
+                elif config.get("pack_b"):
+                    reads = [str(r.source.name) for r in sch.get(blk).reads]
+                    pack = sch.cache_read(blk, reads.index(info["b_buffers"][red]), "global")
+                if pack is not None:
                     sch.compute_at(pack, panel, preserve_unit_loops=True)
                     U.vectorize_inner(sch, pack, lanes)
             # The epilogue (or write-back) on the register tile, vectorized along j.
