@@ -166,6 +166,9 @@ def check_norm_prologue(members: list[NodeInfo]) -> str | None:
     if chained:
         return (f"{chained[0].name} is computed from a matmul and feeds a matmul of the same group: a kernel "
                 "tiles one set of sibling matmuls, with a norm before them and elementwise ops after them")
+    for a in anchors:
+        if a.reduce_axes != 1:
+            return f"{a.name} reduces {a.reduce_axes} axes (a conv): the norm prologue feeds matmuls only"
     normed = [m for m in prologue if m.var is not None and anchors[0].data_arg is not None
               and m.var.same_as(anchors[0].data_arg)]
     if not normed:
@@ -187,7 +190,7 @@ def check_norm_prologue(members: list[NodeInfo]) -> str | None:
             if id(r) not in before and id(r) not in anchor_ids:
                 return f"{r.name} after the matmul reads {m.name} of the norm before it"
     for a in anchors:
-        if a.reduce_axes != 1 or a.data_arg is None or not a.data_arg.same_as(normed.var):
+        if a.data_arg is None or not a.data_arg.same_as(normed.var):
             return f"{a.name} is not a matmul reading the normalised tensor {normed.name} as its A operand"
     reductions = [m for m in prologue if m.kind == REDUCTION]
     if not reductions:
