@@ -47,6 +47,7 @@ FIRES = {
     "div_const": (lambda x: [op.divide(x, _c(4.0))], lambda x: [op.multiply(x, _c(0.25))]),
     "identity_reshape": (lambda x: [op.nn.relu(op.reshape(x, (4, 8)))], lambda x: [op.nn.relu(x)]),
     "identity_transpose": (lambda x: [op.nn.relu(op.permute_dims(x, [0, 1]))], lambda x: [op.nn.relu(x)]),
+    "identity_cast": (lambda x: [op.nn.relu(op.astype(x, F32))], lambda x: [op.nn.relu(x)]),
 }
 NOT_FIRES = {
     "mul_one": lambda x: [op.multiply(op.reshape(x, (32, 1)), _c(np.ones((1, 3), np.float32)))],  # broadcasts
@@ -55,6 +56,7 @@ NOT_FIRES = {
     "div_const": lambda x: [op.divide(x, _c(0.0))],                                            # x / 0 stays
     "identity_reshape": lambda x: [op.reshape(x, (8, 4))],
     "identity_transpose": lambda x: [op.permute_dims(x, [1, 0])],
+    "identity_cast": lambda x: [op.astype(x, "float16")],
 }
 
 

@@ -15,7 +15,7 @@ Matching is by structure (iteration kinds, access patterns, who reads whom), nev
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from . import _compat as C
 
@@ -37,6 +37,10 @@ class NodeInfo:
     out_shape: tuple | None = None      # ints and symbolic TIR expressions (see rules.same_shape)
     why_opaque: str = ""
     func: object = None                 # reduction/contraction: its PrimFunc (its anchor's block roles)
+    # where it sits in its dataflow block (set by grouping): the relax var of its result, and the op of
+    # each binding that reads it (None for a reader that is no call_tir op, or the function's result)
+    var: object = field(default=None, repr=False, compare=False)
+    readers: tuple = field(default=(), repr=False, compare=False)
 
 
 @dataclass
@@ -290,6 +294,29 @@ def analyze_reductions(func) -> tuple[bool, frozenset] | None:
             contraction = True
         keys.update(reduced)
     return contraction, frozenset(keys)
+
+
+def is_sum_reduction(func) -> bool:
+    """Every reduction block of ``func`` sums (``acc = acc + f(...)`` from an init of 0): mean, variance,
+    mean square; not a max (softmax) or a product.  False when the func cannot be analyzed."""
+    blocks = reduction_blocks(func)
+    if not blocks:
+        return False
+    for blk, _ in blocks:
+        stores = [blk.body] if isinstance(blk.body, C.BufferStore) else []
+        inits = [blk.init] if isinstance(blk.init, C.BufferStore) else []
+        if not stores or not inits:
+            return False
+        store, init = stores[0], inits[0]
+        if not (isinstance(init.value, C.tirx.FloatImm) and float(init.value.value) == 0.0):
+            return False
+        val = store.value
+        if not isinstance(val, C.Add):
+            return False
+        own = [x for x in (val.a, val.b) if isinstance(x, C.TensorLoad) and x.source.same_as(store.buffer)]
+        if len(own) != 1:
+            return False
+    return True
 
 
 # --------------------------------------------------------------------------- epilogue blocks

@@ -283,6 +283,65 @@ def instancenorm_silu(channels: int = 8, size: int = 12, seed: int = 0):
     return g.model()
 
 
+NORMS = ("layernorm", "layernorm_decomposed", "rmsnorm", "rmsnorm_reciprocal")
+
+
+def _norm(g: _G, x: str, d: int, norm: str, bias: bool) -> str:
+    """One normalisation of the last axis of ``x`` (``d`` features) as a model exports it: ONNX's
+    LayerNormalization op, LayerNorm decomposed (mean, sub, pow, mean, add eps, sqrt, div, scale [+ bias]),
+    RMSNorm as x / sqrt(mean(x*x) + eps) * scale or as HF Llama's x * reciprocal(sqrt(mean(x^2) + eps))."""
+    axes = g.const(np.array([-1], np.int64))
+    scale = g.const((1 + 0.1 * g.rng.standard_normal(d)).astype(np.float32))
+    beta = g.const((0.1 * g.rng.standard_normal(d)).astype(np.float32)) if bias else None
+    if norm == "layernorm":
+        return g.op("LayerNormalization", x, scale, *([beta] if bias else []), axis=-1, epsilon=1e-5)
+    if norm == "layernorm_decomposed":
+        xc = g.op("Sub", x, g.op("ReduceMean", x, axes, keepdims=1))
+        var = g.op("ReduceMean", g.op("Pow", xc, g.const(np.float32(2.0))), axes, keepdims=1)
+        y = g.op("Mul", g.op("Div", xc, g.op("Sqrt", g.op("Add", var, g.const(np.float32(1e-5))))), scale)
+    elif norm == "rmsnorm":
+        ms = g.op("ReduceMean", g.op("Mul", x, x), axes, keepdims=1)
+        y = g.op("Mul", g.op("Div", x, g.op("Sqrt", g.op("Add", ms, g.const(np.float32(1e-6))))), scale)
+    elif norm == "rmsnorm_reciprocal":
+        ms = g.op("ReduceMean", g.op("Pow", x, g.const(np.float32(2.0))), axes, keepdims=1)
+        inv = g.op("Reciprocal", g.op("Sqrt", g.op("Add", ms, g.const(np.float32(1e-6)))))
+        y = g.op("Mul", scale, g.op("Mul", x, inv))
+    else:
+        raise ValueError(f"unknown norm {norm!r}; one of {NORMS}")
+    return g.op("Add", y, beta) if bias else y
+
+
+def norm_matmul(rows: int = 32, d: int = 96, n: int = 64, norm: str = "layernorm", batch: int | None = None,
+                heads: int = 1, bias: bool = True, matmul_bias: bool = True, act: str | None = None,
+                swiglu: bool = False, norm_output: bool = False, seed: int = 0):
+    """A LayerNorm / RMSNorm (``norm``, one of ``NORMS``) of [rows, d] (or [batch, rows, d]) activations
+    feeding ``heads`` matmuls to ``n`` columns each (1: one projection; 3: Q/K/V), optionally with a bias,
+    an activation (``act``: an ONNX op name such as "Relu", or "gelu" for erf GELU), or as SwiGLU's
+    gate/up pair (``swiglu``: silu(x W_g) * (x W_u)).  ``norm_output``: the normalised tensor is also a
+    graph output (it must then be written to memory)."""
+    g = _G(f"{norm}_matmul", seed)
+    shape = (rows, d) if batch is None else (batch, rows, d)
+    x = g.input("x", shape)
+    h = _norm(g, x, d, norm, bias)
+    if norm_output:
+        g.op("Identity", h)
+        g.rename_last("normed", shape)
+    oshape = shape[:-1] + (n,)
+    if swiglu:
+        gate = g.op("MatMul", h, g.weight((d, n)))
+        g.op("Mul", g.op("Mul", gate, g.op("Sigmoid", gate)), g.op("MatMul", h, g.weight((d, n))))
+        g.rename_last("y", oshape)
+        return g.model()
+    for i in range(heads):
+        y = _matmul_bias(g, h, d, n) if matmul_bias else g.op("MatMul", h, g.weight((d, n)))
+        if act == "gelu":
+            _gelu_erf(g, y)
+        elif act is not None:
+            g.op(act, y)
+        g.rename_last(f"y{i}", oshape)
+    return g.model()
+
+
 PATTERN_MODELS = {
     "elementwise_chain": elementwise_chain,
     "matmul_bias_gelu": matmul_bias_gelu,

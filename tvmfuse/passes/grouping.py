@@ -2,12 +2,13 @@
 
 Every dataflow block of every inference function is a DAG of bindings; each ``call_tir`` is a node that
 ``rules.classify`` gives a kind.  Nodes are merged with a union-find, first along producer -> consumer
-edges (in binding order), then between siblings that read one tensor, each merge decided by
-``rules`` (legality, profitability, target support joined in ``_decide``).  Each group of two or more
-ops becomes a Relax function with ``Primitive=1``, ``tvmfuse.rule`` (the rules that formed it) and
-``tvmfuse.template`` (the family that accepted it, where one did), called from the block; a tensor of
-the group that something outside still reads is one more output of the group (the function returns a
-tuple).  TVM's FuseTIR then merges each group into one PrimFunc.
+edges (in binding order), then between siblings that read one tensor, then the norm prologues that waited
+for their sibling matmuls to be one group, each merge decided by ``rules`` (legality, profitability,
+target support joined in ``_decide``).  Each group of two or more ops becomes a Relax function with
+``Primitive=1``, ``tvmfuse.rule`` (the rules that formed it) and ``tvmfuse.template`` (the family that
+accepted it, where one did), called from the block; a tensor of the group that something outside still
+reads is one more output of the group (the function returns a tuple).  TVM's FuseTIR then merges each
+group into one PrimFunc.
 
 Every fusion that a rule considered and did not do, and every pair a rule could not cover, is recorded
 with ``explain.record_refusal``.
@@ -102,6 +103,11 @@ class _BlockGraph:
                 continue
             if self.external[j] or any(s not in self.alias_of for s in self.succs[j]):
                 info.kind, info.why_opaque = R.OPAQUE, "its tuple result is used whole, not field by field"
+        for i, info in enumerate(self.info):
+            if info is None:
+                continue
+            info.var = self.bindings[i].var
+            info.readers = tuple(self.info[s] for s in sorted(self.succs[i])) + ((None,) if self.external[i] else ())
         self.uf = _UnionFind(n)
         self.group_rules: dict[int, list[str]] = {}
         self.group_template: dict[int, str] = {}       # root -> the template family that accepted the group
@@ -212,11 +218,15 @@ def _is_call_tir(expr) -> bool:
             and isinstance(expr.args[0], C.GlobalVar))
 
 
-def _first_rule(kind: str, a: R.NodeInfo, b: R.NodeInfo) -> R.Rule | None:
+def _first_rule(kind: str, a: R.NodeInfo, b: R.NodeInfo, a_group_kinds=None) -> R.Rule | None:
     for rule in R.RULES:
-        if rule.kind == kind and rule.matches(a, b):
+        if rule.kind == kind and rule.matches(a, b, a_group_kinds):
             return rule
     return None
+
+
+def _group_kinds(g: _BlockGraph, i: int) -> set:
+    return {m.kind for m in g.group_infos(g.uf.members[g.uf.find(i)])}
 
 
 def _no_rule_reason(producer: R.NodeInfo, consumer: R.NodeInfo) -> str:
@@ -252,7 +262,7 @@ def partition(g: _BlockGraph) -> list[tuple[str, str, str, str]]:
                 continue
             if g.uf.find(p) == g.uf.find(i):
                 continue
-            rule = _first_rule("edge", g.info[p], g.info[i])
+            rule = _first_rule("edge", g.info[p], g.info[i], _group_kinds(g, p))
             if rule is None:
                 pending.append((p, i, _no_rule_reason(g.info[p], g.info[i]), ""))
                 continue
@@ -274,6 +284,13 @@ def partition(g: _BlockGraph) -> list[tuple[str, str, str, str]]:
                 rule = _first_rule("sibling", g.info[a], g.info[b])
                 if rule is not None:
                     _fuse(g, a, b, rule, pending)
+    # Step 2b. Norm prologues refused in step 1 because the normalised tensor had readers outside the
+    # consumer's group (Q/K/V siblings, which join in step 2): asked again now that the siblings are one group.
+    retry = [x for x in pending if x[3] == "norm_prologue"]
+    pending = [x for x in pending if x[3] != "norm_prologue"]
+    for a, b, _reason, name in retry:
+        if g.uf.find(a) != g.uf.find(b):
+            _fuse(g, a, b, R.RULES_BY_NAME[name], pending)
     # Step 3. Groups the target cannot take as finished are split back into their ops.
     for root in list(g.uf.members):
         members = g.uf.members.get(root)

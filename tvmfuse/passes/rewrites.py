@@ -82,6 +82,12 @@ def _identity_transpose(m, call):
     return x if [int(a) for a in axes] == list(range(len(axes))) and _same_type(x, call) else None
 
 
+def _identity_cast(m, call):
+    x = call.args[0]
+    ty = C.type_of(x)
+    return x if isinstance(ty, C.TensorType) and str(ty.dtype) == str(call.attrs.dtype) else None
+
+
 @dataclass(frozen=True)
 class PeepholeRule:
     name: str
@@ -104,6 +110,9 @@ PEEPHOLES: tuple[PeepholeRule, ...] = (
              "reshape to its own shape -> x; test_passes_rewrites::test_peephole[identity_reshape]"),
     PeepholeRule("identity_transpose", "relax.permute_dims", _identity_transpose,
              "transpose with perm 0..n-1 -> x; test_passes_rewrites::test_peephole[identity_transpose]"),
+    PeepholeRule("identity_cast", "relax.astype", _identity_cast,
+             "cast to its own dtype -> x (HF Llama/T5 cast the residual stream to float32 before RMSNorm: "
+             "a copy the residual add and the norm prologue shared); test_passes_rewrites::test_peephole[identity_cast]"),
 )
 _PEEPHOLE_BY_OP: dict[str, list[PeepholeRule]] = {}
 for _row in PEEPHOLES:
@@ -128,7 +137,7 @@ class _PeepholeMutator(C.PyExprMutator):
 
 @C.module_pass(opt_level=0, name="tvmfuse.Peephole")
 class Peephole:
-    """x*1, x+0, x-0, identity reshape/transpose -> x; division by a constant -> multiply."""
+    """x*1, x+0, x-0, identity reshape/transpose/cast -> x; division by a constant -> multiply."""
 
     def transform_module(self, mod, _ctx):
         return _rewrite_functions(mod, _PeepholeMutator)

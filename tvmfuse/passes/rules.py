@@ -15,7 +15,8 @@ Shapes may be symbolic (``[batch, 64]``): extents are kept as TIR expressions an
 ``tvm.arith.Analyzer`` can prove equal, so a model with symbolic batch/sequence gets the groups of its
 static version.
 
-A rule names the pair of kinds it fuses (``edge`` rules: producer -> consumer; ``sibling`` rules: two
+A rule names the pair of kinds it fuses (``edge`` rules: producer -> consumer, optionally only when the
+producer's group holds a kind, as ``norm_prologue`` needs a row reduction; ``sibling`` rules: two
 consumers of one tensor; ``chain`` rules: a multi-op pattern matched on Relax ops before legalization by its
 own pass, e.g. ``attention`` in passes/attention.py, whose checks are the ``check_attention_*`` functions
 below; grouping then sees its kernel as one opaque op), its own check (``check(members)``: a reason or None) and the template family that
@@ -32,7 +33,7 @@ from dataclasses import dataclass
 
 from .. import _compat as C
 from ..analysis import (CONTRACTION, ELEMWISE, INJECTIVE, OPAQUE, REDUCTION, GroupInfo, NodeInfo,  # noqa: F401
-                        analyze_reductions, reduced_axes)
+                        analyze_reductions, is_static, is_sum_reduction, reduced_axes, reduction_blocks)
 
 _MOVABLE = (ELEMWISE, INJECTIVE)
 
@@ -55,9 +56,13 @@ class Rule:
     check: object = None   # Callable[[list[NodeInfo]], str | None]: the rule's own condition on the group
     template: str = ""     # the template family that must accept the group on the target
     same_input: bool = False   # sibling rule: both read the shared tensor as their data operand
+    producer_group: tuple = ()  # edge rule: kinds of which the producer's group must hold one (a norm's reduction)
 
-    def matches(self, a: NodeInfo, b: NodeInfo) -> bool:
+    def matches(self, a: NodeInfo, b: NodeInfo, a_group_kinds=None) -> bool:
+        """Whether the rule covers ``a`` and ``b``; ``a_group_kinds``: the kinds in ``a``'s group so far."""
         if a.kind not in self.first or b.kind not in self.second:
+            return False
+        if self.producer_group and not set(self.producer_group) & set(a_group_kinds or (a.kind,)):
             return False
         return not self.same_input or (a.data_arg is not None and a.data_arg.same_as(b.data_arg))
 
@@ -81,7 +86,8 @@ def check_anchors(members: list[NodeInfo]) -> str | None:
             return (f"two conv anchors {first.name} and {c.name} in one kernel: the conv templates "
                     "(cpu.conv2d_epilogue, cuda conv2d) take one conv, cpu.sibling_matmuls takes "
                     "matmuls only; each conv keeps its own kernel")
-    wider = check_epilogue_within_anchor(first, members)
+    before = {id(m) for m in prologue_of(members)}
+    wider = check_epilogue_within_anchor(first, [m for m in members if id(m) not in before])
     if wider:
         return wider
     injective = [m for m in members if m.kind == INJECTIVE]
@@ -106,11 +112,99 @@ def check_rows(members: list[NodeInfo]) -> str | None:
 
 
 def _no_reduction_beside_anchors(members: list[NodeInfo]) -> str | None:
+    """No row reduction in a matmul/conv group, unless every reduction is part of a norm prologue of the
+    matmuls (``check_norm_prologue`` then decides)."""
     contractions = [m for m in members if m.kind == CONTRACTION]
     reductions = [m for m in members if m.kind == REDUCTION]
     if contractions and reductions:
-        return (f"a row reduction ({reductions[0].name}) and a matmul/conv ({contractions[0].name}) would "
+        before = {id(m) for m in prologue_of(members)}
+        after = [r for r in reductions if id(r) not in before]
+        if not after:
+            return check_norm_prologue(members)
+        return (f"a row reduction ({after[0].name}) and a matmul/conv ({contractions[0].name}) would "
                 "share a kernel: the reduction needs whole rows of the tiled anchor output")
+    return None
+
+
+def prologue_of(members: list[NodeInfo]) -> list[NodeInfo]:
+    """The members from which a matmul/conv of the group is reached through members (in member order):
+    what the group computes before its anchors.  Empty when the ops do not know their readers."""
+    ids = {id(m): m for m in members}
+    up: set[int] = set()
+    changed = True
+    while changed:
+        changed = False
+        for m in members:
+            if id(m) in up or m.kind == CONTRACTION:
+                continue
+            if any(r is not None and id(r) in ids and (r.kind == CONTRACTION or id(r) in up) for r in m.readers):
+                up.add(id(m))
+                changed = True
+    return [m for m in members if id(m) in up]
+
+
+def check_norm_prologue(members: list[NodeInfo]) -> str | None:
+    """A row normalisation (LayerNorm, RMSNorm: row sums, elementwise ops) before the matmul(s) of the
+    group, computed per row block into their packed A panel (``cpu.norm_matmul``): the matmuls read the
+    normalised tensor as their data operand and nothing else reads it (it is never written to memory);
+    the norm's reductions are sums over the last axis of the normalised rows; nothing after the matmuls
+    reads the norm's intermediates; static shapes (the template's register tiles)."""
+    anchors = [m for m in members if m.kind == CONTRACTION]
+    prologue = prologue_of(members)
+    if not anchors or not prologue:
+        return None
+    inside = {id(m) for m in members}
+    before = {id(m) for m in prologue}
+    anchor_ids = {id(a) for a in anchors}
+    after, todo = set(), list(anchors)          # what the anchors' results reach inside the group
+    while todo:
+        for r in todo.pop().readers:
+            if r is not None and id(r) in inside and id(r) not in after:
+                after.add(id(r))
+                todo.append(r)
+    chained = [m for m in members if id(m) in after and (id(m) in before or id(m) in anchor_ids)]
+    if chained:
+        return (f"{chained[0].name} is computed from a matmul and feeds a matmul of the same group: a kernel "
+                "tiles one set of sibling matmuls, with a norm before them and elementwise ops after them")
+    for a in anchors:
+        if a.reduce_axes != 1:
+            return f"{a.name} reduces {a.reduce_axes} axes (a conv): the norm prologue feeds matmuls only"
+    normed = [m for m in prologue if m.var is not None and anchors[0].data_arg is not None
+              and m.var.same_as(anchors[0].data_arg)]
+    if not normed:
+        return (f"{anchors[0].name} reads the ops before it through its weight operand, not as its data "
+                "(A) operand: only the A panel is normalised while packing")
+    normed = normed[0]
+    for m in prologue:
+        if m.kind not in (REDUCTION, ELEMWISE):
+            return f"{m.name} ({m.kind}) before the matmul: the norm prologue takes row sums and elementwise ops"
+        for r in m.readers:
+            if r is None or id(r) not in inside:
+                what = "the function's result" if r is None else r.name
+                if m is normed:
+                    return (f"the normalised tensor {m.name} is also read by {what}: it would have to be written "
+                            "to memory (the prologue computes it per row block into the matmul's A panel only)")
+                return f"{m.name} (part of the norm before the matmul) is also read by {what} outside the group"
+            if id(r) in anchor_ids and m is not normed:
+                return f"{r.name} reads {m.name} besides the normalised tensor: only its A operand is normalised"
+            if id(r) not in before and id(r) not in anchor_ids:
+                return f"{r.name} after the matmul reads {m.name} of the norm before it"
+    for a in anchors:
+        if a.data_arg is None or not a.data_arg.same_as(normed.var):
+            return f"{a.name} is not a matmul reading the normalised tensor {normed.name} as its A operand"
+    reductions = [m for m in prologue if m.kind == REDUCTION]
+    if not reductions:
+        return f"{normed.name} is not a row normalisation (no row reduction before the matmul)"
+    if not all(is_static(m.out_shape) for m in members):
+        return "symbolic shapes: the norm-prologue template (cpu.norm_matmul) is built for static shapes"
+    rows = normed.out_shape
+    for r in reductions:
+        if not is_sum_reduction(r.func):
+            return (f"{r.name} is not a sum over the rows (a max: softmax?): the norm prologue takes mean, "
+                    "variance and mean-square statistics")
+        if any(shape != rows or axes != (len(rows) - 1,) for shape, axes in r.row_keys):
+            return (f"{r.name} does not reduce the last axis of the normalised rows {list(rows)}: the "
+                    "matmul's A panel holds whole rows")
     return None
 
 
@@ -122,6 +216,10 @@ RULES: tuple[Rule, ...] = (
     Rule("contraction_epilogue", "edge", (CONTRACTION,), (ELEMWISE,),
          "bias, activation and residual add computed on the matmul/conv output tile; "
          "test_fusion_patterns[matmul_bias_gelu], [conv_bn_relu_residual]", check_anchors, "matmul"),
+    Rule("norm_prologue", "edge", (REDUCTION, ELEMWISE), (CONTRACTION,),
+         "LayerNorm/RMSNorm rows normalised while packing the A panel of the matmul(s) they feed (Q/K/V, "
+         "gate/up): the normalised tensor never reaches memory; test_norm_prologue", check_norm_prologue,
+         "norm_matmul", producer_group=(REDUCTION,)),
     Rule("reduction_prologue", "edge", _MOVABLE, (REDUCTION,),
          "the producer of a reduction computed inside the reduction loop (x*x -> mean); "
          "test_fusion_patterns[rmsnorm]", check_rows, "reduction"),
@@ -157,13 +255,21 @@ class TargetLimits:
     max_ops: int                     # call_tir ops in one group
     max_outputs: int                 # outputs of one (multi-output) group
     multi_output_reductions: bool    # may a group with a row reduction have several outputs?
+    # A norm prologue computes its rows per row block, so every row block (one or more per core) reads all
+    # of its matmuls' weights; fused, they must stay in cache between row blocks.  1 MiB: half the 2 MiB L2
+    # of the CI host (Emerald Rapids).  Measured under load there: 128 rows x 768 -> Q/K/V (7 MB of
+    # weights) 1.3x slower fused than LayerNorm + sibling matmuls (each packed weight panel read once);
+    # the demo block's 196 KB Q/K/V and 256 KB FFN-up no slower.  To re-measure alone.
+    prologue_weight_bytes: int = 1 << 20
 
 
 # CPU: the schedules stage's fallback (dlight cpu.Reduction) fails with a ScheduleError on a reduction
 # kernel with several outputs (ONNX conformance node/test_unsqueeze_*: compute-at on an output block),
 # so on CPU such groups are refused until that fallback handles them.
-_LIMITS = {"cpu": TargetLimits(max_ops=64, max_outputs=8, multi_output_reductions=True),
-           "gpu": TargetLimits(max_ops=48, max_outputs=8, multi_output_reductions=True)}
+_LIMITS = {"cpu": TargetLimits(max_ops=64, max_outputs=8, multi_output_reductions=True,
+                               prologue_weight_bytes=1 << 20),
+           "gpu": TargetLimits(max_ops=48, max_outputs=8, multi_output_reductions=True,
+                               prologue_weight_bytes=0)}    # no GPU template takes a norm prologue
 
 
 def limits_for(target) -> TargetLimits:
@@ -366,7 +472,28 @@ def check_supported(members: list[NodeInfo], n_outputs: int, limits: TargetLimit
         return f"group would have {len(members)} ops, over the target's limit of {limits.max_ops}"
     if n_outputs > limits.max_outputs:
         return f"group would have {n_outputs} outputs, over the target's limit of {limits.max_outputs}"
+    if limits.prologue_weight_bytes and any(m.kind == REDUCTION for m in prologue_of(members)):
+        size = sum(weight_bytes(m) for m in members if m.kind == CONTRACTION)
+        if size > limits.prologue_weight_bytes:
+            return (f"the norm before the matmuls is computed per row block, and every row block reads all "
+                    f"their weights ({size / 2**20:.2f} MiB): over the target's limit of "
+                    f"{limits.prologue_weight_bytes / 2**20:.2f} MiB (unfused, each weight panel is read once)")
     return None
+
+
+def weight_bytes(anchor: NodeInfo) -> int:
+    """Bytes of a matmul anchor's weight operand: K x N float32 (K: its reduced extent, N: its last output
+    axis); 0 when unknown (symbolic)."""
+    blocks = reduction_blocks(anchor.func) if anchor.func is not None else None
+    if not blocks or not anchor.out_shape or not isinstance(anchor.out_shape[-1], int):
+        return 0
+    k = 1
+    for iv in blocks[0][0].iter_vars:
+        if int(iv.iter_type) == C.IterVar.CommReduce:
+            if not isinstance(iv.dom.extent, C.IntImm):
+                return 0
+            k *= int(iv.dom.extent.value)
+    return 4 * k * anchor.out_shape[-1]
 
 
 def check_final_group(members: list[NodeInfo], n_outputs: int, limits: TargetLimits) -> str | None:

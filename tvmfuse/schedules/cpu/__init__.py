@@ -7,12 +7,14 @@ from .conv2d import Conv2DEpilogue
 from .depthwise import DepthwiseConv2DEpilogue
 from .elementwise import Elementwise
 from .matmul import MatmulEpilogue
+from .prologue import NormMatmul
 from .reduction import RowReduction
 from .siblings import SiblingMatmuls
 from .symbolic import SymbolicRows
 from .symbolic_matmul import SymbolicMatmulEpilogue
 
 TEMPLATES: list = [
+    NormMatmul(),                 # the norm_prologue rule's kernels: row sums + a norm feeding matmuls
     MatmulEpilogue(),
     Attention(),                  # the attention rule's kernels (spec attribute); matmul_epilogue rejects
                                   # them (several reductions): test_attention checks which template ran

@@ -58,7 +58,7 @@ def _prod(values) -> int:
     return out
 
 
-def _chains(sch: C.Schedule, reductions: list) -> list[tuple[str | None, list[str]]] | None:
+def output_chains(sch: C.Schedule, reductions: list) -> list[tuple[str | None, list[str]]] | None:
     """[(output block or None, [matmul names])]: None as the output means the matmul is the output."""
     outputs = U.output_names(sch)
     by_anchor: dict[str, list[str]] = {}
@@ -105,7 +105,7 @@ class SiblingMatmuls(U.CpuTemplate, family="cpu.sibling_matmuls", config=Sibling
         first = reductions[0][1]
         if any(r["M"] != first["M"] or r["batch"] != first["batch"] for _, r in reductions):
             return None
-        chains = _chains(sch, reductions)
+        chains = output_chains(sch, reductions)
         if chains is None:
             return None
         infos = {U.block_name(sch, b): r for b, r in reductions}

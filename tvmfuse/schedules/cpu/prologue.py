@@ -1,0 +1,300 @@
+"""A row normalisation (LayerNorm, RMSNorm) computed while packing the A panel of the matmul(s) it feeds.
+
+Matches the kernels of the ``norm_prologue`` rule (passes/rules.py): after folding elementwise blocks, a
+*norm block* (spatial) writes the tensor that one or more matmuls (``matmul.analyze_matmul``: Q/K/V,
+gate/up) read as their A operand and nothing else reads; *statistics* (row sums: mean, variance, mean
+square; ``analysis.is_sum_reduction``) feed the norm block; each matmul belongs to one output chain as in
+``cpu.sibling_matmuls`` (an elementwise epilogue, or the matmul itself as an output).
+
+Schedule: the chains are tiled like ``cpu.sibling_matmuls`` in row order (row block ``i0`` outermost,
+then column panels, macro tiles, ``mr x nr`` register tiles with the matmuls' accumulators), their row-block
+loops merged into one parallel loop.  Under it, per row block of ``mc`` rows: the statistics of those rows
+(vector partial sums by an rfactor over ``rf_width`` lanes, then one horizontal sum per row), then the
+normalised rows written into an ``mc x K`` panel (vectorized along K), which every sibling matmul reads as
+its A panel.  The normalised tensor of full size never exists: the panel is all that is written.
+"""
+from __future__ import annotations
+
+from ... import _compat as C
+from ...analysis import is_sum_reduction
+from ...target import cpu_info
+from ..base import Knob, KnobSpace, Match, Template
+from . import common as U
+from .matmul import (K_UNROLL, MC_TILES, MR_CHOICES, NC_TILES, NVEC_CHOICES, PAD_N, analyze_matmul,
+                     compute_on_register_tile, lane_choices, pad_columns, pick_lanes, pick_macro_tiles,
+                     pick_register_tile)
+from .reduction import rf_widths
+from .siblings import ROW_BLOCKS_PER_CORE, output_chains
+
+FAMILY = "cpu.norm_matmul"
+VECTORIZE_STATS = (True, False)      # rfactor the statistics into vector partial sums (needs rf_width | K)
+PACK_B = (False, True)               # copy each matmul's B strip (K x nc) contiguously once per row block
+# Pack B when one register-tile strip of every matmul of a chain (K rows of nr floats, N floats apart) takes
+# more than this fraction of L1: read in place, each k step then touches new cache lines and pages
+# (the rule cpu.sibling_matmuls uses; measured there: SwiGLU 512x768x2048 155 -> 46 ms).
+PACK_STRIP_L1_FRACTION = 0.25
+
+
+def _prod(values) -> int:
+    out = 1
+    for v in values:
+        out *= v
+    return out
+
+
+def _writer(sch: C.Schedule, buffer: str):
+    for b in U.top_blocks(sch):
+        if any(str(w.source.name) == buffer for w in sch.get(b).writes):
+            return b
+    return None
+
+
+def _fold(sch: C.Schedule, norm: str) -> list[str] | None:
+    """Fold every elementwise block but the norm block and the outputs into its consumers, the costly
+    ones too (a norm's (x - mean)^2 is computed inside the variance sum, once per element of the row as
+    the unfused kernel does): the blocks left, or None when one cannot be folded."""
+    U.inline_elementwise(sch, keep=frozenset({norm}))
+    outputs = U.output_names(sch)
+    for b in U.top_blocks(sch):
+        name = U.block_name(sch, b)
+        if name == norm or name in outputs or not U.is_spatial(sch, b):
+            continue
+        try:
+            sch.compute_inline(b)
+        except C.ScheduleError:
+            return None
+    return [U.block_name(sch, b) for b in U.top_blocks(sch)]
+
+
+def _roles(sch: C.Schedule) -> dict | None:
+    """The blocks' roles in a norm + matmul kernel, on a fresh schedule (it folds the elementwise blocks
+    the same way on every call): None when the kernel is not one."""
+    matmuls = {}
+    for b in U.top_blocks(sch):
+        if U.is_reduction(sch, b):
+            info = analyze_matmul(sch, b)
+            if info is not None:
+                matmuls[U.block_name(sch, b)] = info
+    if not matmuls:
+        return None
+    first = next(iter(matmuls.values()))
+    if any(r["a_buffer"] != first["a_buffer"] or r["M"] != first["M"] or r["batch"] != first["batch"]
+           or r["K"] != first["K"] for r in matmuls.values()):
+        return None
+    norm = _writer(sch, first["a_buffer"])
+    if norm is None or not U.is_spatial(sch, norm):
+        return None
+    norm_name = U.block_name(sch, norm)
+    if norm_name in U.output_names(sch):
+        return None                       # the normalised tensor is an output: it must be written whole
+    left = _fold(sch, norm_name)
+    if left is None:
+        return None
+    norm = sch.get_sblock(norm_name)
+    if any(U.block_name(sch, c) not in matmuls for c in sch.get_consumers(norm)):
+        return None
+    stats = [n for n in left if n not in matmuls and not U.is_spatial(sch, sch.get_sblock(n))]
+    if not stats:
+        return None
+    for n in stats:
+        blk = sch.get_sblock(n)
+        kinds = U.iter_kinds(sch, blk)
+        # one reduction loop, innermost, as long as every other statistic's (one partial-sum width)
+        if not U.is_reduction(sch, blk) or kinds.count("R") != 1 or not kinds.endswith("R") or \
+                U.loop_extents(sch, blk)[-1] != U.loop_extents(sch, sch.get_sblock(stats[0]))[-1]:
+            return None
+        # statistics feed the norm (or another statistic) only: they live per row block
+        if any(U.block_name(sch, c) not in stats + [norm_name] for c in sch.get_consumers(blk)):
+            return None
+    reductions = [(sch.get_sblock(n), info) for n, info in matmuls.items()]
+    chains = output_chains(sch, reductions)
+    if chains is None:
+        return None
+    for anchor, reds in chains:
+        if len({matmuls[r]["N"] for r in reds}) != 1:
+            return None
+        if anchor is not None and len(U.loop_extents(sch, sch.get_sblock(anchor))) != len(first["batch"]) + 2:
+            return None
+    placed = {a for a, _ in chains if a is not None} | set(matmuls) | set(stats) | {norm_name}
+    if any(n not in placed for n in left):
+        return None
+    k_len = U.loop_extents(sch, sch.get_sblock(stats[0]))[-1]
+    return {"matmuls": matmuls, "norm": norm_name, "stats": stats, "chains": [[a, list(r)] for a, r in chains],
+            "M": first["M"], "batch": first["batch"], "K": first["K"], "stat_len": k_len,
+            "N": max(r["N"] for r in matmuls.values())}
+
+
+def _rf_loops(sch: C.Schedule, block) -> tuple[list, object, object]:
+    """(row loops, outer reduction loop, partial-sum lanes loop) of an rfactor block moved under the row
+    block (``compute_at`` made one loop per iterator, in iterator order: the lanes iterator is the last
+    index of the partial-sum buffer it writes)."""
+    blk = sch.get(block)
+    ivs = list(blk.iter_vars)
+    loops = list(sch.get_loops(block))[-len(ivs):]
+    lane_var = blk.body.indices[-1]
+    lanes = next(i for i, iv in enumerate(ivs) if iv.var.same_as(lane_var))
+    red = next(i for i, iv in enumerate(ivs) if int(iv.iter_type) == U.REDUCE)
+    rows = [lp for i, lp in enumerate(loops) if i not in (lanes, red)]
+    return rows, loops[red], loops[lanes]
+
+
+class NormMatmul(Template):
+    family = FAMILY
+    target_kinds = ("llvm",)
+
+    # ------------------------------------------------------------------ match
+    def match(self, func: C.PrimFunc, target: C.Target) -> Match | None:
+        if not is_sum_reduction(func):        # every reduction sums (the matmuls, mean, variance)
+            return None
+        roles = _roles(C.Schedule(func))
+        if roles is None:
+            return None
+        m = roles["matmuls"]
+        return Match(self.family, {
+            "M": roles["M"], "batch": roles["batch"], "N": roles["N"], "K": roles["K"],
+            "rows": roles["M"], "norm": roles["norm"], "stats": roles["stats"], "stat_len": roles["stat_len"],
+            "chains": roles["chains"], "chain_len": max(len(r) for _, r in roles["chains"]),
+            "Ns": {name: r["N"] for name, r in m.items()},
+            "b_buffers": {name: r["b_buffer"] for name, r in m.items()},
+            "infos": {name: {"j_iter": r["j_iter"], "n_iters": r["n_iters"]} for name, r in m.items()},
+        })
+
+    # ------------------------------------------------------------------ knobs
+    def space(self, match: Match, target: C.Target) -> KnobSpace:
+        m, n, k = match.info["M"], match.info["N"], match.info["K"]
+        lanes = cpu_info(target).float32_lanes
+        widths = rf_widths(lanes, match.info["stat_len"])
+        return KnobSpace((
+            Knob("mr", U.choices_upto(MR_CHOICES, m), "rows of the register tile"),
+            Knob("nvec", U.choices_upto(NVEC_CHOICES, max(1, -(-n // lanes))), "vectors per register-tile row"),
+            Knob("lanes", lane_choices(lanes), "float32 lanes per vector (the target's width, or half)"),
+            Knob("mc_tiles", U.choices_upto(MC_TILES, max(1, m)), "register tiles per row block (one normalised "
+                 "A panel of mc x K, shared by every sibling)"),
+            Knob("nc_tiles", U.choices_upto(NC_TILES, max(1, -(-n // lanes))), "register tiles per macro tile along j"),
+            Knob("k_unroll", U.choices_upto(K_UNROLL, k), "unroll of the reduction loop"),
+            Knob("pad_n", PAD_N, "columns not a multiple of the register tile: pad j (B panel zero-padded) "
+                 "instead of a per-lane predicate (scalar code) on the register tile"),
+            Knob("pack_b", PACK_B, "copy each matmul's B panel into a contiguous buffer at the panel loop, once "
+                 "per row block (weights with a long row stride)"),
+            Knob("rf_width", widths or (lanes,), "partial sums per row statistic (rfactor; divides the row)"),
+            Knob("vectorize_stats", VECTORIZE_STATS if widths else (False,),
+                 "row statistics as vector partial sums (an rfactor) instead of one scalar chain per row"),
+        ))
+
+    def default_config(self, match: Match, target: C.Target) -> dict:
+        info = cpu_info(target)
+        regs = U.Registers.for_bits(info.vector_bits).count
+        ch = {kb.name: kb.choices for kb in self.space(match, target).knobs}
+        m, n, k = match.info["M"], match.info["N"], match.info["K"]
+        ns = set(match.info["Ns"].values())
+        lanes = pick_lanes(m, ns.pop(), info.float32_lanes) if len(ns) == 1 else info.float32_lanes
+        mr, nvec = pick_register_tile(m, n, lanes, regs, ch["mr"], ch["nvec"])
+        nr = nvec * lanes
+        mc_tiles, nc_tiles = pick_macro_tiles(k, mr, nr, info.l2_bytes, ch["mc_tiles"], ch["nc_tiles"])
+        # no wider column panel than the columns (a panel past N leaves a predicate on every register tile)
+        nc_tiles = max([c for c in ch["nc_tiles"] if c <= -(-n // nr)] or [min(ch["nc_tiles"])])
+        pack = match.info["chain_len"] * k * nr * 4 > PACK_STRIP_L1_FRACTION * info.l1d_bytes
+        if pack:
+            nc_tiles = min(ch["nc_tiles"])    # one register-tile strip per panel: the packed strip is contiguous
+        # the row-block loop is the parallel one: keep enough row blocks for every core
+        batch = _prod(match.info["batch"])
+        while mc_tiles > min(ch["mc_tiles"]) and batch * -(-m // (mr * mc_tiles)) < ROW_BLOCKS_PER_CORE * info.cores:
+            mc_tiles = max(c for c in ch["mc_tiles"] if c < mc_tiles)
+        # one or two vectors of partial sums: two independent add chains per statistic hide the add latency
+        rf = [w for w in ch["rf_width"] if w <= 2 * info.float32_lanes]
+        return {"mr": mr, "nvec": nvec, "lanes": lanes, "mc_tiles": mc_tiles, "nc_tiles": nc_tiles,
+                "k_unroll": U.nearest_choice(ch["k_unroll"], 4 if k % 4 == 0 else 1), "pad_n": True,
+                "pack_b": pack,
+                "rf_width": rf[-1] if rf else ch["rf_width"][0],
+                "vectorize_stats": True in ch["vectorize_stats"]}
+
+    # ------------------------------------------------------------------ apply
+    def apply(self, sch: C.Schedule, match: Match, config: dict) -> None:
+        info = match.info
+        mr, lanes = config["mr"], config["lanes"]
+        nr = config["nvec"] * lanes
+        nbatch = len(info["batch"])
+
+        # Step 1. Fold the elementwise blocks (the same folding as match()): the norm block stays.
+        _fold(sch, info["norm"])
+
+        # Step 2. Row statistics as vector partial sums: rfactor each over `rf_width` lanes (at the root,
+        # before anything moves; the partial sums and their horizontal sum move under the row block in Step 6).
+        stat_blocks = list(info["stats"])
+        rf_blocks = []
+        if config["vectorize_stats"]:
+            for name in info["stats"]:
+                blk = sch.get_sblock(name)
+                loops = sch.get_loops(blk)
+                _, ri = sch.split(loops[-1], factors=[None, config["rf_width"]])
+                rf = sch.rfactor(ri, factor_axis=len(loops) - 1)
+                rf_blocks.append(U.block_name(sch, rf))
+        # producers before consumers: the order compute_at must take them in reverse
+        order = {U.block_name(sch, b): i for i, b in enumerate(U.top_blocks(sch))}
+        stat_blocks = sorted(stat_blocks + rf_blocks, key=order.get)
+
+        tops, tiles, pads = [], [], {}
+        for anchor, reds in info["chains"]:
+            # Step 3. Columns not a multiple of the register tile: pad each matmul's j domain (its B panel
+            # zero-padded in Step 5); a matmul that is an output accumulates into a cache block.
+            writeback = None
+            if config.get("pad_n", False) and info["Ns"][reds[0]] % nr:
+                for red in reds:
+                    wb, pads[red] = pad_columns(sch, sch.get_sblock(red), info["infos"][red], nr)
+                    writeback = writeback or wb
+            if writeback is not None:
+                epi = sch.get_sblock(writeback)
+            elif anchor is None:
+                epi = sch.cache_write(sch.get_sblock(reds[0]), 0, "global")
+            else:
+                epi = sch.get_sblock(anchor)
+
+            # Step 4. Tile the chain's output: [batch, row block i0], j0, i1, j1, register tile (i2, j2).
+            loops = sch.get_loops(epi)
+            b_loops, i_loop, j_loop = loops[:nbatch], loops[nbatch], loops[nbatch + 1]
+            i0, i1, i2 = sch.split(i_loop, factors=[None, config["mc_tiles"], mr])
+            j0, j1, j2 = sch.split(j_loop, factors=[None, config["nc_tiles"], nr])
+            sch.reorder(*b_loops, i0, j0, i1, j1, i2, j2)
+            tops.append(sch.fuse(*b_loops, i0) if b_loops else i0)
+            tiles.append((reds, j1, j2, j0))
+
+        # One parallel row-block loop for every chain: the normalised panel is made once per row block.
+        # (Before the matmuls move in: `parallel` needs complete blocks, not split-off inits.)
+        top = sch.merge(*tops) if len(tops) > 1 else tops[0]
+        sch.parallel(top)
+
+        for reds, j1, j2, panel in tiles:
+            # Step 5. Every matmul of the chain on the register tile (accumulators, init vectorized), its
+            # zero-padded (pad_n) or packed (pack_b) B panel made once per column panel of the row block.
+            for red in reds:
+                blk = sch.get_sblock(red)        # after this step: the update block (the init split off)
+                compute_on_register_tile(sch, blk, j1, lanes, config["k_unroll"])
+                pack = None
+                if red in pads:
+                    pack = sch.get_sblock(pads[red])
+                elif config.get("pack_b"):
+                    reads = [str(r.source.name) for r in sch.get(blk).reads]
+                    pack = sch.cache_read(blk, reads.index(info["b_buffers"][red]), "global")
+                if pack is not None:
+                    sch.compute_at(pack, panel, preserve_unit_loops=True)
+                    U.vectorize_inner(sch, pack, lanes)
+            # The epilogue (or write-back) on the register tile, vectorized along j.
+            _, e_jv = sch.split(j2, factors=[None, lanes])
+            sch.vectorize(e_jv)
+
+        # Step 6. Per row block: the normalised rows into the A panel (mc x K), and before them the
+        # statistics of those rows; each shrinks to the row block (no tensor of full size is left).
+        sch.compute_at(sch.get_sblock(info["norm"]), top, preserve_unit_loops=True)
+        for name in reversed(stat_blocks):
+            sch.compute_at(sch.get_sblock(name), top, preserve_unit_loops=True)
+
+        # Step 7. Vectorize: the partial sums along their lanes, the panel along K (a scalar tail when the
+        # vector width does not divide K).
+        for name in rf_blocks:
+            blk = sch.get_sblock(name)
+            rows, ro, ri = _rf_loops(sch, blk)
+            sch.reorder(*rows, ro, ri)          # per row: the partial-sum vector over contiguous elements
+            sch.vectorize(ri)
+            init = sch.decompose_reduction(blk, ro)
+            sch.vectorize(sch.get_loops(init)[-1])
+        U.vectorize_inner(sch, sch.get_sblock(info["norm"]), lanes)
