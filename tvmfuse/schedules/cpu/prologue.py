@@ -16,15 +16,15 @@ its A panel.  The normalised tensor of full size never exists: the panel is all 
 from __future__ import annotations
 
 from ... import _compat as C
-from ...analysis import is_sum_reduction
-from ...target import cpu_info
+from ...analysis import CONTRACTION, REDUCTION, is_sum_reduction
+from ...target import cpu_info, template_defaults
 from ..base import Knob, KnobSpace, Match, Template
 from . import common as U
 from .matmul import (K_UNROLL, MC_TILES, MR_CHOICES, NC_TILES, NVEC_CHOICES, PAD_N, analyze_matmul,
                      compute_on_register_tile, lane_choices, pad_columns, pick_lanes, pick_macro_tiles,
                      pick_register_tile)
 from .reduction import rf_widths
-from .siblings import ROW_BLOCKS_PER_CORE, output_chains
+from .siblings import output_chains
 
 FAMILY = "cpu.norm_matmul"
 VECTORIZE_STATS = (True, False)      # rfactor the statistics into vector partial sums (needs rf_width | K)
@@ -159,6 +159,19 @@ class NormMatmul(Template):
             "infos": {name: {"j_iter": r["j_iter"], "n_iters": r["n_iters"]} for name, r in m.items()},
         })
 
+    def accepts(self, group, target: C.Target) -> str | None:
+        """Static shapes, only matmul anchors (one or more, no conv) and row reductions before them: the
+        group the ``norm_prologue`` rule forms (its check decides the rest)."""
+        anchors, contractions = U.matmul_anchors(group), group.of_kind(CONTRACTION)
+        if not group.is_static():
+            return "symbolic extents (the norm prologue tiles static rows)"
+        if not anchors or len(anchors) != len(contractions):
+            return f"{len(contractions)} matmul/conv anchors, {len(anchors)} of them matmuls (this family " \
+                   "normalises the A panel of matmuls)"
+        if not group.of_kind(REDUCTION):
+            return "no row normalisation before the matmuls"
+        return None
+
     # ------------------------------------------------------------------ knobs
     def space(self, match: Match, target: C.Target) -> KnobSpace:
         m, n, k = match.info["M"], match.info["N"], match.info["K"]
@@ -198,7 +211,8 @@ class NormMatmul(Template):
             nc_tiles = min(ch["nc_tiles"])    # one register-tile strip per panel: the packed strip is contiguous
         # the row-block loop is the parallel one: keep enough row blocks for every core
         batch = _prod(match.info["batch"])
-        while mc_tiles > min(ch["mc_tiles"]) and batch * -(-m // (mr * mc_tiles)) < ROW_BLOCKS_PER_CORE * info.cores:
+        blocks_per_core = template_defaults(target, FAMILY)["row_blocks_per_core"]
+        while mc_tiles > min(ch["mc_tiles"]) and batch * -(-m // (mr * mc_tiles)) < blocks_per_core * info.cores:
             mc_tiles = max(c for c in ch["mc_tiles"] if c < mc_tiles)
         # one or two vectors of partial sums: two independent add chains per statistic hide the add latency
         rf = [w for w in ch["rf_width"] if w <= 2 * info.float32_lanes]
