@@ -330,7 +330,7 @@ def _row_reduction_kernel(model, target):
 @pytest.mark.parametrize("builder,kwargs", [("layernorm", dict(rows=6, decomposed=False)), ("layernorm", dict(rows=6)),
                                             ("rmsnorm", dict(rows=6)), ("softmax", dict(rows=6))],
                          ids=["layernorm-op", "layernorm-fused", "rmsnorm-fused", "softmax-fused"])
-@pytest.mark.parametrize("d", [65, 97, 3071])
+@pytest.mark.parametrize("d", [17, 65, 97, 3071])
 def test_row_reductions_no_width_divides_use_vector_partial_sums(builder, kwargs, d, tname):
     """LayerNorm, RMSNorm and fused decomposed Softmax over rows no partial-sum width divides (65, 97,
     3071): the reductions that run on vector partial sums over a row of 96 do so here too (formerly they
@@ -353,17 +353,21 @@ def test_row_reductions_no_width_divides_use_vector_partial_sums(builder, kwargs
 @pytest.mark.parametrize("builder,kwargs", [("layernorm", dict(rows=6, decomposed=False)), ("rmsnorm", dict(rows=6)),
                                             ("softmax", dict(rows=6)), ("mean_variance", dict(rows=6))],
                          ids=["layernorm-op", "rmsnorm-fused", "softmax-fused", "mean-variance"])
-@pytest.mark.parametrize("d", [65, 97, 3071])
+@pytest.mark.parametrize("d", [7, 17, 65, 97, 3071])
 def test_row_reductions_with_a_tail_numerics(builder, kwargs, d, host, rng):
-    """The same kernels on this host against the unfused reference (main part and tail both reduced)."""
+    """The same kernels on this host against the unfused reference (main part and tail both reduced; 7 and
+    17: a main part of a single partial-sum step)."""
     model = getattr(M, builder)(d=d, **kwargs)
     assert_close_to_reference(model, tvmfuse.compile(model, host), rng, rtol=2e-5, atol=2e-5)
 
 
 @pytest.mark.parametrize("tname", list(NAMED_TARGETS))
 @pytest.mark.parametrize("builder,kwargs", [("elementwise_chain", dict(n=4099)),
+                                            ("elementwise_chain", dict(n=65)), ("elementwise_chain", dict(n=97)),
+                                            ("elementwise_chain", dict(n=1000)), ("elementwise_chain", dict(n=3071)),
                                             ("layernorm", dict(rows=37, d=101, decomposed=False)),
-                                            ("rmsnorm", dict(rows=37, d=101))])
+                                            ("layernorm", dict(rows=5, d=65, decomposed=False)),
+                                            ("rmsnorm", dict(rows=37, d=101)), ("rmsnorm", dict(rows=5, d=3071))])
 def test_elementwise_and_norm_tails_keep_full_vectors(builder, kwargs, tname):
     """Elementwise kernels and normalization passes over lengths no vector width divides (4099 elements,
     rows of 101): every output is stored in full vectors of the target's lanes (times the template's
