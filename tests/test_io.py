@@ -2,9 +2,9 @@
 
 Every test runs twice: on ``tvmfuse.compile``'s CompiledModel and on ``tvmfuse.load`` of its exported
 artifact (the Runner), which share the code.  The models compile with ``element_aligned_args`` (the
-default: ordinary numpy arrays go in place); ``model64`` without it (TVM's 64-byte assumption).  "No copy" is checked on pointers: the data pointers of the
-tensors the VM's ``main`` receives and returns (recorded by a spy around it) against the numpy arrays'
-``__array_interface__`` addresses.
+default: ordinary numpy arrays go in place); ``model64`` without it (TVM's 64-byte assumption).  "No
+copy" is checked on pointers: the data pointers of the tensors the VM's ``main`` receives and returns
+(recorded by a spy around it) against the numpy arrays' ``__array_interface__`` addresses.
 """
 from __future__ import annotations
 

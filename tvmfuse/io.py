@@ -256,8 +256,8 @@ class Executes:
 
         No copies on a CPU target: an input that is C-contiguous, writeable and aligned as the kernels
         assume (any ordinary numpy array, see the module docstring) is read in place (others are copied
-        once); outputs view the result tensors of this call.  ``outputs`` ({name: array or TVM tensor of the output's shape and dtype}) receives
-        those results instead (one copy each).
+        once); outputs view the result tensors of this call.  ``outputs`` ({name: array or TVM tensor of
+        the output's shape and dtype}) receives those results instead (one copy each).
         """
         values = validate_feeds(feeds, self.inputs)
         self._validate_outputs(outputs)
