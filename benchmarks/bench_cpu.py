@@ -25,7 +25,8 @@ Engines (``--engines`` picks; ENGINES below says what each one is):
 - ``tvmfuse``: ``tvmfuse.compile(model, tuning_log=None)``: untuned target defaults.
 - ``tvmfuse_shipped``: ``tuning_log="shipped"``: the records shipped in tuning_logs/ (off by default).
 - ``--io`` adds, per workload: the VM call on device tensors, ``CompiledModel.run()`` with numpy in and
-  out (numpy inputs: one copy; ``tvmfuse.empty`` inputs: zero copy) and the same three for
+  out (ordinary numpy inputs and ``tvmfuse.empty`` (64-byte aligned) inputs: both read in place since
+  ``PipelineOptions.element_aligned_args``; before it numpy inputs were copied once) and the same three for
   ``Runner.run`` of the exported artifact (``tvmfuse.export`` + ``tvmfuse.load``).
 
 Method: each engine runs in its own worker process per workload (this file with ``--worker``): it builds

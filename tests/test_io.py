@@ -1,16 +1,20 @@
 """Zero-copy I/O of ``run()`` / ``bind()`` (tvmfuse/io.py), for a compiled model and a loaded artifact.
 
 Every test runs twice: on ``tvmfuse.compile``'s CompiledModel and on ``tvmfuse.load`` of its exported
-artifact (the Runner), which share the code.  "No copy" is checked on pointers: the data pointers of the
-tensors the VM's ``main`` receives and returns (recorded by a spy around it) against the numpy arrays'
-``__array_interface__`` addresses.
+artifact (the Runner), which share the code.  The models compile with ``element_aligned_args`` (the
+default: ordinary numpy arrays go in place); ``model64`` without it (TVM's 64-byte assumption).  "No
+copy" is checked on pointers: the data pointers of the tensors the VM's ``main`` receives and returns
+(recorded by a spy around it) against the numpy arrays' ``__array_interface__`` addresses.
 """
 from __future__ import annotations
+
+import re
 
 import numpy as np
 import pytest
 
 import tvmfuse
+from conftest import named_target
 from tvmfuse import models as M
 from tvmfuse.io import ALIGNMENT
 
@@ -35,6 +39,15 @@ def model(request, compiled, tmp_path_factory):
     if request.param == "compiled":
         return compiled
     return tvmfuse.load(tvmfuse.export(compiled, str(tmp_path_factory.mktemp("io") / "chain")))
+
+
+@pytest.fixture(scope="module", params=["compiled", "artifact"])
+def model64(request, tmp_path_factory):
+    """The chain compiled with TVM's 64-byte alignment assumption (``element_aligned_args=False``)."""
+    cm = tvmfuse.compile(M.elementwise_chain(N), element_aligned_args=False)
+    if request.param == "compiled":
+        return cm
+    return tvmfuse.load(tvmfuse.export(cm, str(tmp_path_factory.mktemp("io64") / "chain")))
 
 
 class Spy:
@@ -79,18 +92,54 @@ def test_empty_is_aligned_and_contiguous():
     assert not tvmfuse.zeros((4, 4)).any()
 
 
-def test_aligned_inputs_and_outputs_are_not_copied(model, rng, monkeypatch):
+@pytest.mark.parametrize("alloc", [np.empty, tvmfuse.empty], ids=["numpy", "tvmfuse.empty"])
+def test_numpy_inputs_and_outputs_are_not_copied(model, rng, monkeypatch, alloc):
     spy = Spy(model, monkeypatch)
-    feeds = _feeds(rng)
+    feeds = _feeds(rng, alloc)
+    assert model.element_aligned_args
     out = model.run(feeds)["y"]
     assert spy.args == [[_addr(feeds[k]) for k in "abc"]]           # the kernels read the arrays in place
     assert _addr(out) == spy.results[0]                              # the output views the VM's tensor
     np.testing.assert_allclose(out, _reference(feeds), rtol=1e-5, atol=1e-6)
+    assert model.bind(feeds).copied == {}
+
+
+@pytest.mark.parametrize("offset", [4, 8, 16, 20, 32, 60])
+def test_element_aligned_inputs_at_any_offset_go_in_place(model, rng, monkeypatch, offset):
+    # before element_aligned_args these pointers crashed the kernels (aligned vector moves; tvmfuse/io.py)
+    spy = Spy(model, monkeypatch)
+    feeds = {k: _at_offset(v, offset) for k, v in _feeds(rng).items()}
+    assert all(_addr(v) % ALIGNMENT == offset for v in feeds.values())
+    out = model.run(feeds)["y"]
+    assert spy.args[0] == [_addr(feeds[k]) for k in "abc"]
+    np.testing.assert_allclose(out, _reference(feeds), rtol=1e-5, atol=1e-6)
+    # a view one element into a larger array (np.empty(n + 1)[1:]) goes in place too
+    views = {}
+    for k, v in feeds.items():
+        big = np.empty(N + 1, np.float32)
+        big[1:] = v
+        views[k] = big[1:]
+    np.testing.assert_array_equal(model.run(views)["y"], out)
+    assert spy.args[1] == [_addr(views[k]) for k in "abc"]
+
+
+def test_input_not_element_aligned_is_copied(model, rng, monkeypatch):
+    spy = Spy(model, monkeypatch)
+    feeds = _feeds(rng)
+    odd = {**feeds, "b": _at_offset(feeds["b"], 2)}                   # float32 data 2 bytes off: not aligned
+    assert _addr(odd["b"]) % 4 == 2
+    out = model.run(odd)["y"]
+    assert spy.args[0][1] != _addr(odd["b"]) and spy.args[0][1] % ALIGNMENT == 0
+    assert spy.args[0][0] == _addr(feeds["a"]) and spy.args[0][2] == _addr(feeds["c"])
+    np.testing.assert_allclose(out, _reference(feeds), rtol=1e-5, atol=1e-6)
+    assert model.bind(odd).copied == {"b": "data not 4-byte aligned (address % 4 = 2)"}
 
 
 @pytest.mark.parametrize("offset", [4, 16, 32])
-def test_misaligned_input_is_copied_to_an_aligned_tensor(model, rng, monkeypatch, offset):
-    # given as they are, these pointers crash the kernels (aligned vector moves; see tvmfuse/io.py)
+def test_misaligned_input_is_copied_for_64_byte_kernels(model64, rng, monkeypatch, offset):
+    # given as they are, these pointers crash kernels compiled with TVM's 64-byte assumption (see tvmfuse/io.py)
+    model = model64
+    assert not model.element_aligned_args
     spy = Spy(model, monkeypatch)
     feeds = {k: _at_offset(v, offset) for k, v in _feeds(rng).items()}
     assert all(_addr(v) % ALIGNMENT == offset for v in feeds.values())
@@ -181,7 +230,7 @@ def test_bind_keeps_inputs_in_place_across_runs(model, rng, monkeypatch):
     np.testing.assert_allclose(y2, _reference(nxt), rtol=1e-5, atol=1e-6)
     assert spy.args[0] == spy.args[1] == [_addr(feeds[k]) for k in "abc"]
     # a misaligned array is copied once at bind time, and the reason is recorded
-    mis = model.bind({**feeds, "a": _at_offset(feeds["a"], 4)})
+    mis = model.bind({**feeds, "a": _at_offset(feeds["a"], 2)})
     assert set(mis.copied) == {"a"} and "aligned" in mis.copied["a"]
     np.testing.assert_allclose(mis.run()["y"], _reference(feeds), rtol=1e-5, atol=1e-6)
 
@@ -266,3 +315,46 @@ def test_malformed_models_still_fail_naming_the_cause():
         read_model(_graph_model(undefined, [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)]))
     with pytest.raises(tvmfuse.ModelLoadError, match="not a valid ONNX model"):
         read_model(b"\x08\x07garbage that is no protobuf \xff\xff")
+
+
+def _llvm_code(cm, kind: str) -> str:
+    return "".join(m.inspect_source(kind) for m in cm.executable.mod.imports if m.kind == "llvm")
+
+
+# An aligned vector move with a memory operand that is not the stack: what faults on a numpy array.
+_ALIGNED_MOVE_TO_MEMORY = re.compile(r"\bv?mov(aps|apd|dqa|dqa32|dqa64|ntps|ntpd|ntdq)\s+[^\n]*\((?!%rsp\))")
+
+
+@pytest.mark.parametrize("name", ["haswell-2", "skx-2"])
+def test_kernels_do_not_assume_64_byte_aligned_arguments(name):
+    target = named_target(name)
+    cm = tvmfuse.compile(M.elementwise_chain(4099), target)
+    ll, asm = _llvm_code(cm, "ll"), _llvm_code(cm, "asm")
+    vector_access = re.compile(r"(?:load <\d+ x float>, ptr|store <\d+ x float> [^,]+, ptr) [^,]+, align (\d+)")
+    aligns = {int(a) for a in vector_access.findall(ll)}
+    assert aligns == {4}, aligns                                 # float32 arguments: element alignment only
+    assert not _ALIGNED_MOVE_TO_MEMORY.search(asm), _ALIGNED_MOVE_TO_MEMORY.search(asm).group(0)
+    # the same kernel with TVM's assumption: 64-byte vector accesses and aligned moves (what the check sees)
+    cm64 = tvmfuse.compile(M.elementwise_chain(4099), target, element_aligned_args=False)
+    assert 64 in {int(a) for a in vector_access.findall(_llvm_code(cm64, "ll"))}
+    assert _ALIGNED_MOVE_TO_MEMORY.search(_llvm_code(cm64, "asm"))
+
+
+@pytest.mark.parametrize("make", [lambda: M.softmax(rows=8, d=1000), lambda: M.layernorm(rows=8, d=97),
+                                  lambda: M.matmul_bias_gelu(m=16, k=40, n=72), lambda: M.conv_bn_relu_residual(),
+                                  lambda: M.transformer_block(seq=16, hidden=64, heads=2, ffn=128)],
+                         ids=["softmax", "layernorm", "matmul", "conv", "transformer"])
+def test_models_read_element_aligned_inputs_in_place(make, host, rng, monkeypatch):
+    # every input 4 bytes past a 64-byte boundary (float32 element alignment): in place, right results
+    model = make()
+    cm = tvmfuse.compile(model, host)
+    spy = Spy(cm, monkeypatch) if len(cm.outputs) == 1 else None
+    feeds = {k: _at_offset(rng.standard_normal(v.shape).astype(v.dtype), 4)
+             for k, v in M.random_feeds(model).items()}
+    out = cm.run(feeds)
+    ref = M.reference_outputs(model, feeds)
+    for spec in cm.outputs:
+        np.testing.assert_allclose(out[spec.name], ref[spec.name], rtol=1e-4, atol=1e-4)
+    if spy is not None:
+        assert spy.args[0] == [_addr(feeds[s.name]) for s in cm.inputs]
+    assert cm.bind(feeds).copied == {}

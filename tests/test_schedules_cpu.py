@@ -283,13 +283,15 @@ def test_softmax_uses_nonpositive_exp_and_stays_vectorized(kwargs, fusion, tname
 
 
 @pytest.mark.parametrize("tname", list(NAMED_TARGETS))
-@pytest.mark.parametrize("d", [104, 1000, 3071])
+@pytest.mark.parametrize("d", [65, 97, 104, 1000, 3071])
 def test_softmax_rows_not_a_multiple_of_the_vector_keep_full_vectors(d, tname):
-    """Rows of 104, 1000 and 3071 floats (104 and 1000: no multiple of 16; 3071: prime to every width):
-    the elementwise passes store full vectors of the target in their main loop and finish the row with a
-    scalar tail of d % lanes elements; the row max and sum run on vector partial sums whenever a width of
-    whole, half or quarter vectors divides the row (104 = 13 x 8, 1000 = 125 x 8), else scalar."""
-    from tvmfuse.schedules.cpu.reduction import rf_widths
+    """Rows of 65 (a ViT's softmax over 65 keys), 97, 104, 1000 and 3071 floats (none a multiple of 16;
+    65, 97 and 3071 of no vector width): the elementwise passes store full vectors of the target in their
+    main loop and finish the row with a scalar tail of d % lanes elements; the row max and sum run on
+    vector partial sums, of a width that divides the row when one does (whole, half or quarter vectors:
+    104 = 13 x 8, 1000 = 125 x 8), else of full vectors over the row's first d - d % width elements and a
+    scalar tail of the rest."""
+    from tvmfuse.schedules.cpu.reduction import rf_tail_widths, rf_widths
 
     target = named_target(tname)
     lanes = cpu_info(target).float32_lanes
@@ -298,21 +300,74 @@ def test_softmax_rows_not_a_multiple_of_the_vector_keep_full_vectors(d, tname):
     want = {lanes} if d % lanes == 0 else {lanes, 1}
     for buf in (str(func.params[-1].name), exp_buf):
         assert got[buf] == want, f"{buf}: stores of {got[buf]} lanes, want {want}"
-    tail = _scalar_tail_extents(func)
-    assert tail == ({d % lanes} if d % lanes else set()), f"scalar tails of {tail} iterations"
+    widths = rf_widths(lanes, d) or rf_tail_widths(lanes, d)
+    width = max(w for w in widths if w <= 2 * lanes)     # the target table's max_rf_vectors: 2
     partial = {b: v for b, v in got.items() if b.endswith(".rf")}
-    widths = rf_widths(lanes, d)
-    if widths:
-        assert len(partial) == 2 and all(v == {max(w for w in widths if w <= 2 * lanes)} for v in partial.values()), \
-            f"partial sums {partial}, dividing widths {widths}"
-    else:
-        assert not partial, f"partial sums {partial} over a width that does not divide {d}"
+    assert len(partial) == 2 and all(v == {width} for v in partial.values()), \
+        f"partial sums {partial}, want {width} lanes (candidates {widths})"
+    if not rf_widths(lanes, d):
+        assert width % lanes == 0, f"a row no width divides gets partial sums of full vectors, not {width}"
+    tail = _scalar_tail_extents(func)
+    assert tail == {d % lanes, d % width} - {0}, f"scalar tails of {tail} iterations"
+
+
+def _row_reduction_kernel(model, target):
+    """The scheduled row-reduction kernel of ``model`` (tvmfuse's graph stage; exactly one)."""
+    mod = tvmfuse.load_onnx(model)
+    with target:
+        mod = C.Sequential(graph_stage(target, PipelineOptions()))(mod)
+    found = []
+    for gv, func in mod.functions.items():
+        if isinstance(func, C.PrimFunc):
+            res = schedule_prim_func(func, target, {}, str(gv.name_hint))
+            if res is not None and res.template == "cpu.row_reduction":
+                found.append(res.func)
+    assert len(found) == 1, f"{len(found)} row-reduction kernels"
+    return found[0]
+
+
+@pytest.mark.parametrize("tname", ["haswell-2", "skx-2"])
+@pytest.mark.parametrize("builder,kwargs", [("layernorm", dict(rows=6, decomposed=False)), ("layernorm", dict(rows=6)),
+                                            ("rmsnorm", dict(rows=6)), ("softmax", dict(rows=6))],
+                         ids=["layernorm-op", "layernorm-fused", "rmsnorm-fused", "softmax-fused"])
+@pytest.mark.parametrize("d", [17, 65, 97, 3071])
+def test_row_reductions_no_width_divides_use_vector_partial_sums(builder, kwargs, d, tname):
+    """LayerNorm, RMSNorm and fused decomposed Softmax over rows no partial-sum width divides (65, 97,
+    3071): the reductions that run on vector partial sums over a row of 96 do so here too (formerly they
+    ran scalar), on full vectors over the row's first d - d % width elements and a scalar tail."""
+    from tvmfuse.schedules.cpu.reduction import rf_tail_widths
+
+    target = named_target(tname)
+    lanes = cpu_info(target).float32_lanes
+    width = max(w for w in rf_tail_widths(lanes, d) if w <= 2 * lanes)   # max_rf_vectors: 2
+    func = _row_reduction_kernel(getattr(M, builder)(d=d, **kwargs), target)
+    got = _store_lanes(func, target)
+    partial = {b: v for b, v in got.items() if b.endswith(".rf")}
+    dividing = {b for b in _store_lanes(_row_reduction_kernel(getattr(M, builder)(d=96, **kwargs), target),
+                                        target) if b.endswith(".rf")}
+    assert len(partial) == len(dividing) >= 1, (partial, dividing)
+    assert all(v == {width} for v in partial.values()), f"partial sums {partial}, want {width} lanes"
+    assert _scalar_tail_extents(func) == {d % lanes, d % width} - {0}
+
+
+@pytest.mark.parametrize("builder,kwargs", [("layernorm", dict(rows=6, decomposed=False)), ("rmsnorm", dict(rows=6)),
+                                            ("softmax", dict(rows=6)), ("mean_variance", dict(rows=6))],
+                         ids=["layernorm-op", "rmsnorm-fused", "softmax-fused", "mean-variance"])
+@pytest.mark.parametrize("d", [7, 17, 65, 97, 3071])
+def test_row_reductions_with_a_tail_numerics(builder, kwargs, d, host, rng):
+    """The same kernels on this host against the unfused reference (main part and tail both reduced; 7 and
+    17: a main part of a single partial-sum step)."""
+    model = getattr(M, builder)(d=d, **kwargs)
+    assert_close_to_reference(model, tvmfuse.compile(model, host), rng, rtol=2e-5, atol=2e-5)
 
 
 @pytest.mark.parametrize("tname", list(NAMED_TARGETS))
 @pytest.mark.parametrize("builder,kwargs", [("elementwise_chain", dict(n=4099)),
+                                            ("elementwise_chain", dict(n=65)), ("elementwise_chain", dict(n=97)),
+                                            ("elementwise_chain", dict(n=1000)), ("elementwise_chain", dict(n=3071)),
                                             ("layernorm", dict(rows=37, d=101, decomposed=False)),
-                                            ("rmsnorm", dict(rows=37, d=101))])
+                                            ("layernorm", dict(rows=5, d=65, decomposed=False)),
+                                            ("rmsnorm", dict(rows=37, d=101)), ("rmsnorm", dict(rows=5, d=3071))])
 def test_elementwise_and_norm_tails_keep_full_vectors(builder, kwargs, tname):
     """Elementwise kernels and normalization passes over lengths no vector width divides (4099 elements,
     rows of 101): every output is stored in full vectors of the target's lanes (times the template's
@@ -330,7 +385,7 @@ def test_elementwise_and_norm_tails_keep_full_vectors(builder, kwargs, tname):
         assert got[str(out.name)] == want, f"{name} ({res.template}): stores of {got[str(out.name)]} lanes"
 
 
-@pytest.mark.parametrize("d", [104, 1000, 3071])
+@pytest.mark.parametrize("d", [65, 97, 104, 1000, 3071])
 def test_softmax_rows_not_a_multiple_of_the_vector_numerics(d, host, rng):
     """The same softmax rows on this host against float64 numpy (the vector main loop and the scalar tail
     both computed right, every row summing to 1)."""

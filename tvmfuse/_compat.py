@@ -206,6 +206,31 @@ def from_dlpack(array):
     return _tvm_ffi.from_dlpack(array)
 
 
+def with_element_aligned_params(func):
+    """``func`` with each buffer parameter declared aligned to its element size only.
+
+    TVM declares a PrimFunc's buffer parameters ``data_alignment`` 64 (kAllocAlignment); MakePackedAPI marks
+    each argument's data pointer with that ``storage_alignment`` and the LLVM code generator gives every
+    vector load and store the alignment that follows (``align 64``), so LLVM may emit aligned moves that
+    fault on a numpy array (16-byte aligned).  Declared with the element size, the loads say ``align 4``
+    (float32) and compile to unaligned moves, which cost the same on aligned data.
+    """
+    from tvm.tirx.buffer import BufferType, decl_buffer, is_buffer_var
+    from tvm.tirx.transform.common import BufferReplacer
+
+    new = {}
+    for p in func.params:
+        if not is_buffer_var(p) or not isinstance(p.ty, BufferType):
+            continue
+        t = p.ty
+        element = max(1, _tvm_ffi.dtype(str(t.dtype)).bits * _tvm_ffi.dtype(str(t.dtype)).lanes // 8)
+        if t.data_alignment == element:
+            continue
+        new[p] = decl_buffer(t.shape, t.dtype, p.name, None, t.strides, t.elem_offset, t.storage_scope,
+                             element, t.offset_factor, layout=t.layout)
+    return BufferReplacer(new)(func) if new else func
+
+
 def strong_ref_count(obj) -> int:
     """Strong references to a TVM FFI object: the low 32 bits of ``combined_ref_count``, the first field of
     the TVMFFIObject header (tvm-ffi's stable C ABI, include/tvm/ffi/c_api.h)."""

@@ -12,7 +12,7 @@ from . import _compat as C
 from .io import Executes, validate_feeds  # noqa: F401  (validate_feeds: imported from here before)
 from .errors import InputError
 from .explain import Recorder
-from .pipeline import PipelineOptions, Stages
+from .pipeline import PipelineOptions, Stages, takes_element_aligned_args
 from .report import FusionReport, fused_groups, graph_stats
 from .target import configure_threads, is_gpu, parse_target
 
@@ -72,6 +72,9 @@ class CompiledModel(Executes):
         self.options = options
         self.source_model = source_model
         self.device = C.device_for(target)
+        # the kernels assume element-size alignment of their arguments: numpy inputs are read in place
+        self.element_aligned_args = bool(getattr(options, "element_aligned_args", False)) \
+            and takes_element_aligned_args(target)
         self._vm = None
         self._main_fn = None
 

@@ -482,6 +482,10 @@ class Runner(Executes):
         else:
             configure_threads(num_threads)
             self.device = C.cpu(0)
+        # kernels compiled with element_aligned_args read numpy inputs in place; an artifact written before
+        # the option existed assumes TVM's 64-byte alignment (its inputs are copied unless aligned so)
+        self.element_aligned_args = kind != "cuda" and bool(
+            (self.manifest.get("pipeline_options") or {}).get("element_aligned_args", False))
         try:
             self.module = C.load_module(library)
             self._vm = C.VirtualMachine(self.module, self.device)

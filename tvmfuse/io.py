@@ -1,20 +1,27 @@
 """Inputs and outputs of a compiled model without copies: what ``run()`` and ``bind()`` share.
 
 ``CompiledModel`` (tvmfuse.compile) and ``Runner`` (tvmfuse.load of an exported artifact) both take this
-class's ``run`` / ``bind``; each provides ``inputs``, ``outputs``, ``device`` and ``_main()``.
+class's ``run`` / ``bind``; each provides ``inputs``, ``outputs``, ``device``, ``element_aligned_args`` and
+``_main()``.
 
 On a CPU target an input array goes to the kernels as it is (a DLPack view, no copy) when it is
-C-contiguous, writeable and its data starts on a 64-byte boundary (``ALIGNMENT``); otherwise it is copied
-once into a tensor TVM allocates (64-byte aligned).  Outputs come back as numpy arrays that view the
-tensors the VM allocated for this call (no copy); each call gets new ones, so an earlier result is never
-overwritten.  ``tvmfuse.empty`` allocates arrays that take the no-copy path.
+C-contiguous, writeable and its data is aligned as the kernels assume (``arg_alignment``); otherwise it is
+copied once into a tensor TVM allocates (64-byte aligned), and ``Binding.copied`` says why.  Outputs come
+back as numpy arrays that view the tensors the VM allocated for this call (no copy); each call gets new
+ones, so an earlier result is never overwritten.
 
-Why 64 bytes: TVM binds every buffer argument of a kernel with ``storage_alignment = data_alignment``
-(64, TVM's kAllocAlignment; MakePackedAPI's ArgBinder), and its LLVM code generator gives each vector
-load and store the alignment that follows from it (``align 64`` for 16 float32 lanes), so LLVM may emit
-aligned moves (vmovaps): a kernel given a pointer 4, 16 or 32 bytes past a 64-byte boundary crashes
-(SIGSEGV, measured on AVX-512 with the elementwise chain; no check in the generated code catches it).
-numpy's allocator guarantees 16 bytes only, so most numpy arrays are copied unless made with ``empty``.
+Which alignment: by default (``PipelineOptions.element_aligned_args``) tvmfuse compiles CPU kernels that
+assume their tensor arguments aligned to the element size only (4 bytes for float32), as every numpy array
+is (numpy's allocator gives 16 bytes; a view such as ``a[1:]`` keeps the element alignment): ordinary numpy
+inputs are read in place.  Without it (``element_aligned_args=False``, or an artifact exported before the
+option existed) the kernels keep TVM's assumption of 64 bytes (``ALIGNMENT``): TVM binds every buffer
+argument with ``storage_alignment = data_alignment`` (64, kAllocAlignment; MakePackedAPI's ArgBinder) and
+its LLVM code generator gives each vector load and store ``align 64``, so LLVM may emit aligned moves
+(vmovaps) that crash (SIGSEGV, no check in the generated code) on a pointer 4, 16 or 32 bytes past a
+64-byte boundary; such a model copies every input not made with ``tvmfuse.empty``.
+
+Copies that remain: an input that is not C-contiguous, is read-only (DLPack cannot mark it so), is not
+aligned as above (e.g. a float32 view starting at an odd byte), or goes to a GPU.
 """
 from __future__ import annotations
 
@@ -23,7 +30,8 @@ import numpy as np
 from . import _compat as C
 from .errors import InputError, TvmfuseError
 
-# Bytes: the alignment TVM's generated CPU kernels assume of every tensor argument (see the docstring).
+# Bytes: the alignment TVM's generated CPU kernels assume of every tensor argument unless compiled with
+# ``element_aligned_args`` (see the docstring); ``tvmfuse.empty`` allocates on it.
 ALIGNMENT = 64
 
 
@@ -45,18 +53,26 @@ def zeros(shape, dtype="float32") -> np.ndarray:
     return a
 
 
-def is_aligned(array: np.ndarray) -> bool:
-    return array.ctypes.data % ALIGNMENT == 0
+def arg_alignment(dtype, element_aligned: bool) -> int:
+    """Bytes: the alignment a CPU kernel assumes of a tensor argument of ``dtype``: the element size when
+    compiled with ``element_aligned_args``, else TVM's ``ALIGNMENT``."""
+    return np.dtype(dtype).itemsize if element_aligned else ALIGNMENT
 
 
-def no_copy_reason(array: np.ndarray) -> str | None:
-    """Why ``array`` cannot be given to the kernels as it is (None: it can)."""
+def is_aligned(array: np.ndarray, alignment: int = ALIGNMENT) -> bool:
+    return array.ctypes.data % alignment == 0
+
+
+def no_copy_reason(array: np.ndarray, alignment: int = ALIGNMENT) -> str | None:
+    """Why ``array`` cannot be given to kernels that assume ``alignment``-byte aligned arguments as it is
+    (None: it can)."""
     if not array.flags.c_contiguous:
         return "not C-contiguous"
     if not array.flags.writeable:
         return "read-only (DLPack cannot signal it)"
-    if array.size and not is_aligned(array):
-        return f"data not {ALIGNMENT}-byte aligned (address % {ALIGNMENT} = {array.ctypes.data % ALIGNMENT})"
+    if array.size and not is_aligned(array, alignment):
+        return (f"data not {alignment}-byte aligned (address % {alignment} = "
+                f"{array.ctypes.data % alignment})")
     return None
 
 
@@ -154,11 +170,13 @@ class Binding:
 
 class Executes:
     """``run`` and ``bind`` of a compiled model or a loaded artifact (needs ``inputs``, ``outputs``,
-    ``device`` and ``_main()``)."""
+    ``device``, ``element_aligned_args`` and ``_main()``)."""
 
     inputs: list
     outputs: list
     device: object
+    # True: the CPU kernels assume element-size alignment of their arguments (see the module docstring)
+    element_aligned_args: bool = False
 
     def _main(self):
         raise NotImplementedError
@@ -176,7 +194,7 @@ class Executes:
             return value, None
         if not self._on_cpu():
             return C.tensor(np.array(value, order="C", copy=True), self.device), "host to device"
-        why = no_copy_reason(value)
+        why = no_copy_reason(value, arg_alignment(value.dtype, self.element_aligned_args))
         if why is None:
             return C.from_dlpack(value), None
         return C.tensor(np.array(value, order="C", copy=True), self.device), why
@@ -236,10 +254,10 @@ class Executes:
     def run(self, feeds: dict, outputs: dict | None = None) -> dict[str, np.ndarray]:
         """Run on ``feeds`` ({input name: numpy array or TVM tensor}); returns {output name: numpy array}.
 
-        No copies on a CPU target: an input that is C-contiguous, writeable and 64-byte aligned (see
-        ``tvmfuse.empty``) is read in place (others are copied once); outputs view the result tensors of
-        this call.  ``outputs`` ({name: array or TVM tensor of the output's shape and dtype}) receives
-        those results instead (one copy each).
+        No copies on a CPU target: an input that is C-contiguous, writeable and aligned as the kernels
+        assume (any ordinary numpy array, see the module docstring) is read in place (others are copied
+        once); outputs view the result tensors of this call.  ``outputs`` ({name: array or TVM tensor of
+        the output's shape and dtype}) receives those results instead (one copy each).
         """
         values = validate_feeds(feeds, self.inputs)
         self._validate_outputs(outputs)

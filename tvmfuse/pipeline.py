@@ -30,6 +30,9 @@ class PipelineOptions:
     schedules: bool = True     # tvmfuse's schedule templates (False: TVM's defaults)
     fast_math: bool = True     # vectorizable exp/erf/tanh/sigmoid approximations in fused kernels
     tuning_log: str | None = None   # None: untuned target defaults; "shipped": the shipped records; a log path
+    # CPU kernels assume their tensor arguments aligned to the element size only (as numpy's arrays are), not
+    # to TVM's 64 bytes, so run() reads numpy inputs in place (tvmfuse.io); False: TVM's 64-byte assumption
+    element_aligned_args: bool = True
     extra: dict = field(default_factory=dict)
 
 
@@ -70,9 +73,30 @@ def schedule_passes(target: C.Target, options: PipelineOptions) -> list:
     return sched(target, options)
 
 
-def lowering_passes(target: C.Target) -> list:
-    """TVM's own dataflow lowering and VM finalization for the target."""
-    return C.backend_passes(target, "dataflow_lower") + C.backend_passes(target, "finalize")
+def lowering_passes(target: C.Target, options: PipelineOptions | None = None) -> list:
+    """TVM's own dataflow lowering and VM finalization for the target, then (``element_aligned_args``, CPU
+    targets) every kernel's tensor arguments declared element-aligned."""
+    passes = C.backend_passes(target, "dataflow_lower") + C.backend_passes(target, "finalize")
+    if (options or PipelineOptions()).element_aligned_args and takes_element_aligned_args(target):
+        passes.append(_element_aligned_args)
+    return passes
+
+
+def takes_element_aligned_args(target: C.Target) -> bool:
+    """Whether ``element_aligned_args`` applies to ``target``: CPU code (a GPU's inputs are copied to the
+    device anyway, and its vector loads keep TVM's alignment)."""
+    return parse_target(target).kind.name in ("llvm", "c")
+
+
+@C.module_pass(opt_level=0, name="tvmfuse.element_aligned_args")
+def _element_aligned_args(mod, _ctx):
+    """Each PrimFunc's buffer parameters aligned to their element size (C.with_element_aligned_params)."""
+    for gv, func in list(mod.functions.items()):
+        if isinstance(func, C.PrimFunc):
+            new = C.with_element_aligned_params(func)
+            if new is not func:
+                mod[gv] = new
+    return mod
 
 
 def guarded(tvm_passes: list, name: str, own_passes: list = ()) -> C.ir_transform.Pass:
@@ -145,7 +169,7 @@ class Stages:
 
     def lower(self) -> list:
         """TVM's own dataflow lowering and VM finalization."""
-        return lowering_passes(self.target)
+        return lowering_passes(self.target, self.options)
 
     def all(self) -> list:
         return self.graph() + self.schedule() + self.lower()
@@ -179,12 +203,12 @@ def pipeline(target=None, tuning_log: str | None = None, **option_overrides) -> 
 
 def stock_pipeline(target=None) -> C.ir_transform.Pass:
     """TVM's own fusion (LegalizeOps + FuseOps + FuseTIR) and defaults: the baseline tvmfuse is compared to."""
-    return pipeline(target, fusion=False, schedules=False, fast_math=False)
+    return pipeline(target, fusion=False, schedules=False, fast_math=False, element_aligned_args=False)
 
 
 def unfused_pipeline(target=None) -> C.ir_transform.Pass:
     """No fusion at all: each op its own kernel (TVM's 'default' CPU build; dlight defaults on GPU)."""
-    options = PipelineOptions(fusion=False, schedules=False, fast_math=False)
+    options = PipelineOptions(fusion=False, schedules=False, fast_math=False, element_aligned_args=False)
     return _stages_pass(target, options, "tvmfuse.unfused_pipeline",
                         lambda st: st.unfused() + st.schedule() + st.lower())
 

@@ -252,6 +252,22 @@ def partition_tail(sch: C.Schedule, loop, lanes: int) -> list[tuple[str, object]
     return [("main", main), ("scalar", tail)]
 
 
+def drop_init(sch: C.Schedule, block) -> None:
+    """Replace reduction ``block`` by a copy without its init: an update that accumulates onto what the
+    blocks before it left in its output.
+
+    For the tail of a reduction cut by ``loop_partition``: the partition copies the block with its init
+    into every part, and TVM 0.27 lowers each copy's init at that part's own first iteration (``v_k ==
+    64`` for the part [64, 65)), which would reset what the main part reduced.
+    """
+    old = sch.get(block)
+    if old.init is None:
+        return
+    new = C.SBlock(old.iter_vars, old.reads, old.writes, old.name_hint, old.body, None, old.alloc_buffers,
+                   old.match_buffers, old.annotations)
+    sch.state.replace(sch.get_sref(block), new, {old: new})
+
+
 def vectorize_parts(sch: C.Schedule, parts, lanes: int, unroll: int = 1, parallel: bool = False) -> None:
     """Schedule the parts of :func:`partition_tail`: the main part [parallel outer][unrolled][vector
     lanes], the scalar tail as it is.  The main part is split by ``lanes`` first (it divides) and its

@@ -9,9 +9,11 @@ are vectorized by an rfactor over ``rf_width`` partial sums (independent accumul
 length the vector width does not divide keeps full vectors in its main loops: the elementwise passes run
 on whole vectors and a short scalar tail finishes the row (common.partition_tail); the partial sums take a
 width that divides the row (whole, half or quarter vectors: 104 floats on AVX-512 are 13 x 8).  A row with
-no such divisor (a prime length) keeps its reductions scalar: rfactor over a width that does not divide
-the row has a predicate in its vector loop (stored lane by lane), and a tail cut off the partial sums
-(loop_partition of the rf block) loses that predicate in TVM 0.27 and reads past the row.
+no such divisor (65 keys of a ViT softmax, 97, a prime length) reduces its main part on vector partial
+sums and the last ``row_len % rf_width`` elements in a scalar tail (_rfactor_with_tail: the reduction loop
+is cut first, the tail's init dropped, then the main part rfactored): an rfactor over a width that does
+not divide the row would put a predicate in its vector loop (stored lane by lane), and a tail cut off the
+rf block afterwards (loop_partition) loses that predicate in TVM 0.27 and reads past the row.
 Default knob values come from the target (``template_defaults`` in schedules/cpu_targets.json).
 """
 from __future__ import annotations
@@ -228,11 +230,11 @@ class RowReduction(Template):
         lanes = cpu_info(target).float32_lanes
         # partial sums at most one row wide (a row that does not fill them has no vector step at all);
         # a width that does not divide the row leaves a scalar tail (_vectorize_rf)
-        n = match.info["row_len"]
-        widths = rf_widths(lanes, match.info["row_len"])
+        widths = rf_widths(lanes, match.info["row_len"]) or rf_tail_widths(lanes, match.info["row_len"])
         return KnobSpace((
             Knob("lanes", (lanes,), "float32 lanes per vector (target)"),
-            Knob("rf_width", widths or (lanes,), "partial sums per reduction (rfactor; divides the row)"),
+            Knob("rf_width", widths or (lanes,),
+                 "partial sums per reduction (rfactor; divides the row, else a main part and a scalar tail)"),
             Knob("vectorize_reductions", (True, False) if match.info["rfactor"] and widths else (False,),
                  "rfactor the reductions into vector partial sums"),
             Knob("unroll", UNROLL, "unroll of the vectorized elementwise passes"),
@@ -258,9 +260,11 @@ class RowReduction(Template):
         # reduction and by another block stays, computed once per element into a row buffer (Step 3).
         _fold(sch)
 
-        # Step 2. Vector partial sums: rfactor each reduction over `width` lanes.
+        # Step 2. Vector partial sums: rfactor each reduction over `width` lanes (a width that does not
+        # divide the row: Step 5).
         rf_blocks = []
-        if config["vectorize_reductions"]:
+        with_tail = config["vectorize_reductions"] and info["row_len"] % width != 0
+        if config["vectorize_reductions"] and not with_tail:
             for name in info["rfactor"]:
                 rf_blocks.append(U.block_name(sch, _rfactor(sch, sch.get_sblock(name), nrow, width)))
 
@@ -310,6 +314,12 @@ class RowReduction(Template):
                 if len(loops) > 1:
                     U.vectorize_inner(sch, blk, lanes, config["unroll"])
 
+        # Step 5. A row no partial-sum width divides: each reduction's main part on vector partial sums,
+        # the rest in a scalar tail (last: loop_partition replaces the block).
+        if with_tail:
+            for name in info["rfactor"]:
+                _rfactor_with_tail(sch, sch.get_sblock(name), nrow, info["row_len"], width)
+
 
 def _unit_outer_dropped(sch: C.Schedule, loops, row_len: int, width: int) -> bool:
     """Whether the rf block's outer reduction loop (extent row_len / width) is gone: it had extent 1 and a
@@ -320,9 +330,52 @@ def _unit_outer_dropped(sch: C.Schedule, loops, row_len: int, width: int) -> boo
     return isinstance(last, C.tirx.IntImm) and int(last) == width != 1
 
 
+def _rfactor_with_tail(sch: C.Schedule, block, nrow: int, row_len: int, width: int) -> bool:
+    """Reduce the first ``row_len // width * width`` elements of each row of ``block`` (under its row
+    loop, after compute_at) on ``width`` vector partial sums and the rest in a scalar tail; False (block
+    unchanged, its reduction stays scalar) when the row is shorter than ``width`` or is not the block's
+    one innermost loop (a reduction over several axes, InstanceNorm's H x W: their fused loop cut short of
+    a whole number of rows has bindings rfactor refuses).
+
+    The reduction loop is cut in two (loop_partition) before the rfactor, so the vector loop has no
+    predicate; the tail's copy of the block loses its init (common.drop_init) and accumulates onto the
+    result of the main part's write-back, which runs before it.
+    """
+    main_len = row_len // width * width
+    r = sch.get_loops(block)[-1]
+    if main_len == 0 or U.static_extent(sch, r) != row_len:
+        return False
+    main, tail = sch.loop_partition(r, factors=[main_len, None])
+    U.drop_init(sch, sch.get_child_blocks(tail)[0])
+    _, ri = sch.split(main, factors=[None, width])
+    rf = sch.rfactor(ri, factor_axis=nrow)
+    # the rf block's loops: the one bound to its new spatial (lanes) iterator is vectorized, innermost
+    loops = sch.get_loops(rf)
+    realize = sch.get(loops[-1]).body
+    lane_vars = [v for iv, v in zip(realize.block.iter_vars, realize.iter_values)
+                 if int(iv.iter_type) == int(C.IterVar.DataPar) and isinstance(v, C.Var)
+                 and isinstance(iv.dom.extent, C.IntImm) and int(iv.dom.extent) == width]
+    ri = next(lp for lp in loops[-2:] if any(sch.get(lp).loop_var.same_as(v) for v in lane_vars))
+    ro = next(lp for lp in loops[-2:] if not sch.get(lp).loop_var.same_as(sch.get(ri).loop_var))
+    sch.reorder(ro, ri)
+    sch.vectorize(ri)
+    init = sch.decompose_reduction(rf, ro)
+    sch.vectorize(sch.get_loops(init)[-1])
+    return True
+
+
+def rf_tail_widths(lanes: int, row_len: int) -> tuple:
+    """Partial-sum widths for a row none of ``rf_widths`` divides: the same candidates, at most one row
+    long (the main part takes whole partial-sum steps, a scalar tail the rest), ascending."""
+    return tuple(w for w in _rf_candidates(lanes) if w <= row_len)
+
+
+def _rf_candidates(lanes: int) -> list:
+    vectors = [lanes // d for d in RF_LANE_DIVISORS if lanes % d == 0 and lanes // d >= MIN_RF_LANES]
+    return sorted({w * v for w in vectors for v in RF_VECTORS if w * v <= lanes * max(RF_VECTORS)})
+
+
 def rf_widths(lanes: int, row_len: int) -> tuple:
     """Partial-sum widths that divide the row, ascending: 1, 2 or 4 vectors of the target's lanes, or a
     half or quarter vector (at least MIN_RF_LANES lanes); empty when none divides (a prime row length)."""
-    vectors = [lanes // d for d in RF_LANE_DIVISORS if lanes % d == 0 and lanes // d >= MIN_RF_LANES]
-    widths = {w * v for w in vectors for v in RF_VECTORS if w * v <= lanes * max(RF_VECTORS)}
-    return tuple(sorted(w for w in widths if row_len % w == 0))
+    return tuple(w for w in _rf_candidates(lanes) if row_len % w == 0)
