@@ -149,7 +149,8 @@ class Template:
 
     def buckets(self, match: Match, target: C.Target) -> tuple:
         """Size buckets (``schedules.buckets.Bucket``) of a template that dispatches at run time on a
-        symbolic extent; then it also defines ``bucket_match(match, bucket)`` and ``dispatch_extent(match)``.
+        symbolic extent; then it also defines ``bucket_match(match, bucket)``, ``dispatch_extent(match)``
+        and ``bucket_sizes(match, bucket, target)`` (shape variable -> size the tuner measures it at).
         Empty (the default): one nest for every size."""
         return ()
 

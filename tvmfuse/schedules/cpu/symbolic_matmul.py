@@ -128,6 +128,21 @@ class SymbolicMatmulEpilogue(MM.MatmulEpilogue, family="cpu.symbolic_matmul"):
             rows = b * rows
         return rows
 
+    def bucket_sizes(self, match: Match, bucket: Bucket, target: C.Target) -> dict[str, int]:
+        """The symbolic shape variables a tuner binds to measure ``bucket``'s nest: a row count inside the
+        bucket (its bound; the open bucket: the table's ``nominal_rows``, or one more than the last bound),
+        all of it on the innermost symbolic row extent, the others 1."""
+        buckets = self.buckets(match, target)
+        if bucket.max_extent is not None:
+            rows = bucket.max_extent
+        else:
+            last = max(b.max_extent for b in buckets if b.max_extent is not None)
+            rows = max(int(self.table_defaults(target)["nominal_rows"]), last + 1)
+        symbolic = [e for e in [*match.info["batch"], match.info["M"]] if not _is_static(e)]
+        if not all(isinstance(e, C.tirx.Var) for e in symbolic):
+            raise ValueError(f"row extents {symbolic}: a bucket's measured size needs plain shape variables")
+        return {str(v.name): (rows if i == len(symbolic) - 1 else 1) for i, v in enumerate(symbolic)}
+
     def space(self, match: Match, target: C.Target) -> KnobSpace:
         n, k = match.info["N"], match.info["K"]
         lanes = cpu_info(target).float32_lanes
