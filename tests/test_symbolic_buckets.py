@@ -124,6 +124,7 @@ def test_one_compiled_model_is_right_on_both_sides_of_the_bucket_bound(name, bui
     assert [s["template"] for s in scheds] == [FAMILY]
     assert len(scheds[0]["knobs"]["buckets"]) == 2
     small = _small_rows(host)
+    assert f"[rows<={small}: default, rows>{small}: default]" in cm.report.table()
     rows_seen = set()
     for lead in shapes:
         shape = (*lead, 64)
