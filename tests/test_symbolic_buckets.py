@@ -101,14 +101,16 @@ def test_one_kernel_holds_a_gemv_nest_and_a_row_tiled_nest(name, build, target):
     assert preds
 
 
-def test_bucket_bound_comes_from_the_target_table(monkeypatch):
+def test_bucket_bound_and_small_order_come_from_the_target_table(monkeypatch):
     tgt = parse_target(NAMED_TARGETS["skx-2"])
     (kname, func), = _kernels(_mlp(), tgt).items()
     table = json.loads(json.dumps(TG.cpu_table()))
     table["template_defaults"][FAMILY]["small_rows"] = 4
+    table["template_defaults"][FAMILY]["small_order"] = "ij"
     monkeypatch.setattr(TG, "cpu_table", lambda: table)
     res = schedule_prim_func(func, tgt, {}, kname)
     assert [b["bucket"] for b in res.config["buckets"]] == ["rows<=4", "rows>4"]
+    assert res.config["buckets"][0]["config"]["order"] == "ij"
     cond, _, _ = _nests(res.func)
     assert int(cond.b) == 4
 

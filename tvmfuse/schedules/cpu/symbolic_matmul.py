@@ -149,7 +149,8 @@ class SymbolicMatmulEpilogue(MM.MatmulEpilogue, family="cpu.symbolic_matmul"):
         small = match.info.get("small", False)
         return MM.MatmulConfig.space(
             # few rows: one row per register tile and per macro tile (no row tiling, no wasted rows)
-            **({"mr": (1,), "mc_tiles": (1,)} if small else {"mr": SYM_MR_CHOICES, "mc_tiles": MM.MC_TILES}), nvec=tuple(v for v in MM.NVEC_CHOICES if n % (v * lanes) == 0), lanes=(lanes,),
+            **({"mr": (1,), "mc_tiles": (1,)} if small else {"mr": SYM_MR_CHOICES, "mc_tiles": MM.MC_TILES}),
+            nvec=tuple(v for v in MM.NVEC_CHOICES if n % (v * lanes) == 0), lanes=(lanes,),
             nc_tiles=U.choices_upto(MM.NC_TILES, max(1, n // lanes)),
             k_unroll=U.choices_upto(MM.K_UNROLL, k),   # order, parallel_depth: MatmulConfig's candidates
             pack_b=(False,),          # B is shared by every row tile; no packing over symbolic rows
@@ -174,15 +175,16 @@ class SymbolicMatmulEpilogue(MM.MatmulEpilogue, family="cpu.symbolic_matmul"):
 
     def _small_default(self, match: Match, target: C.Target, ch: dict) -> dict:
         """GEMV-like: one row per tile, rows looped inside the column macro tiles, which are the parallel
-        loop (j outer): as many macro tiles as cores where N allows, each no larger than L2 allows."""
+        loop (the table's ``small_order``, "ji": j outer): as many macro tiles as cores where N allows, each
+        no larger than L2 allows."""
         info, d = cpu_info(target), self.table_defaults(target)
         n, k, lanes = match.info["N"], match.info["K"], info.float32_lanes
         tile = MM.register_tile_default(1, n, k, lanes, info, ch, d)
         nr = tile["nvec"] * lanes
         enough = [c for c in ch["nc_tiles"] if c <= tile["nc_tiles"] and n // (nr * c) >= info.cores]
         nc_tiles = max(enough) if enough else min(ch["nc_tiles"])
-        return MM.MatmulConfig(**{**tile, "nc_tiles": nc_tiles}, order="ji", parallel_depth=1, pack_b=False,
-                               pad_n=False, flatten_batch=True).asdict()
+        return MM.MatmulConfig(**{**tile, "nc_tiles": nc_tiles}, order=d["small_order"], parallel_depth=1,
+                               pack_b=False, pad_n=False, flatten_batch=True).asdict()
 
     def apply(self, sch: C.Schedule, match: Match, config: dict) -> None:
         # cpu.matmul_epilogue's steps; flattenable(info) holds (shared weight, ordered iterators), so its
