@@ -314,6 +314,13 @@ def ms_internals():
     return _ffi_api, ArgInfo, get_logger, get_logging_func
 
 
+def ms_tensor_info(dtype: str, shape):
+    """MetaSchedule's TensorInfo (an argument's dtype and static shape)."""
+    from tvm.s_tir.meta_schedule.arg_info import TensorInfo
+
+    return TensorInfo(dtype, shape)
+
+
 def ms_py_measure_callback():
     """(derived_object, PyMeasureCallback): what a Python MetaSchedule measure callback is built from."""
     from tvm.ir.utils import derived_object

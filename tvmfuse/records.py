@@ -37,6 +37,17 @@ def target_key(target: C.Target) -> str:
     return ",".join(parts)
 
 
+def bucket_key(workload_key: str, bucket: str | None = None) -> str:
+    """The key a record applies under: the workload's, and for one size bucket of a kernel that dispatches
+    on a symbolic extent (``schedules.buckets``), the bucket's name after an ``@`` (``<hash>@rows<=16``)."""
+    return f"{workload_key}@{bucket}" if bucket else workload_key
+
+
+def record_key(rec: dict) -> str:
+    """``bucket_key`` of a measure record (its optional ``bucket`` field)."""
+    return bucket_key(rec["workload_key"], rec.get("bucket"))
+
+
 def median_cost(rec: dict) -> float | None:
     """The cost of a successful measure record (median of its repeats), None for an error record."""
     costs = rec.get("costs")
@@ -60,20 +71,22 @@ class TuningLog:
     other_targets: int = 0                                     # measure records ignored (other target)
     other_tvm: int = 0                                         # ignored: made with another TVM version
 
-    def measured(self, workload_key: str) -> dict[str, dict]:
-        """config_id -> record of every configuration already measured for a workload."""
-        return {config_id(r["config"]): r for r in self.measures if r["workload_key"] == workload_key}
+    def measured(self, workload_key: str, bucket: str | None = None) -> dict[str, dict]:
+        """config_id -> record of every configuration already measured for a workload (and size bucket)."""
+        key = bucket_key(workload_key, bucket)
+        return {config_id(r["config"]): r for r in self.measures if record_key(r) == key}
 
     def best(self) -> dict[str, dict]:
-        """workload_key -> the successful record of least median cost."""
+        """``record_key`` (workload key, ``@bucket`` for a size bucket) -> the successful record of least
+        median cost."""
         out: dict[str, dict] = {}
         for r in self.measures:
             c = median_cost(r)
             if c is None:
                 continue
-            cur = out.get(r["workload_key"])
+            cur = out.get(record_key(r))
             if cur is None or c < median_cost(cur):
-                out[r["workload_key"]] = r
+                out[record_key(r)] = r
         return out
 
 
@@ -89,6 +102,8 @@ def _check_record(rec) -> str | None:
         if not missing:
             if not isinstance(rec["config"], dict):
                 return "config is not an object"
+            if rec.get("bucket") is not None and not (isinstance(rec["bucket"], str) and rec["bucket"]):
+                return "bucket is not a non-empty string"
             if rec.get("error") is None and not (isinstance(rec.get("costs"), list) and rec["costs"]
                                                  and all(isinstance(c, (int, float)) for c in rec["costs"])):
                 return "neither costs nor an error"
@@ -171,7 +186,7 @@ def shipped_logs() -> list[Path]:
 
 
 def best_configs(tuning_log, target) -> dict[str, dict]:
-    """``{workload_key: {"template": family, "config": {...}, "cost": s, "source": file}}`` for ``target``.
+    """``{record_key: {"template": family, "config": {...}, "cost": s, "source": file}}`` for ``target``.
 
     ``tuning_log``: None (no records: every kernel gets its template's untuned target default),
     ``"shipped"`` (:data:`SHIPPED`: the records shipped in ``tuning_logs/``, applied only when asked for),

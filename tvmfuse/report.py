@@ -237,7 +237,9 @@ class FusionReport:
             counts = schedule_source_counts(self.schedules)
             rows.append("schedules: " + ", ".join(f"{k} {v}" for k, v in counts.items()))
             for s in self.schedules:
-                rows.append(f"  {s.get('kernel')}: {s.get('template')} ({s.get('source', '')})")
+                buckets = (s.get("knobs") or {}).get("buckets")    # one nest per size bucket (schedules.buckets)
+                per = " [" + ", ".join(f"{b['bucket']}: {b['source']}" for b in buckets) + "]" if buckets else ""
+                rows.append(f"  {s.get('kernel')}: {s.get('template')} ({s.get('source', '')}){per}")
         if self.refused:
             rows.append(f"refused fusions ({len(self.refused)}):")
             for r in self.refused:

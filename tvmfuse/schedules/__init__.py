@@ -6,9 +6,10 @@ import logging
 
 from .. import _compat as C
 from ..explain import record_schedule
-from ..records import best_configs, workload_key
+from ..records import best_configs, bucket_key, workload_key
 from ..target import is_gpu
 from .base import Scheduled, Template, find_template, schedule_with
+from .buckets import join_buckets
 
 log = logging.getLogger("tvmfuse.schedule")
 
@@ -56,7 +57,10 @@ def accepting_template(group, target: C.Target, prefer: str = "") -> tuple[str |
 
 def schedule_prim_func(func: C.PrimFunc, target: C.Target, records: dict | None = None,
                        name: str = "") -> Scheduled | None:
-    """Schedule one PrimFunc: its tuned record if any, else its template's target default.
+    """Schedule one PrimFunc: its tuned record if any, else its template's target default.  A template
+    with size buckets gets one nest per bucket (each its tuned record or default), joined in one kernel
+    that branches on the extent at run time (``schedules.buckets``); the config is then
+    ``{"buckets": [{"bucket", "source", "config"}, ...]}`` and the source "tuned" when any nest is.
 
     Returns None when no template matches (the caller applies the safe fallback and says so).
     """
@@ -65,7 +69,27 @@ def schedule_prim_func(func: C.PrimFunc, target: C.Target, records: dict | None 
         return None
     template, match = found
     key = workload_key(func)
-    rec = (records or {}).get(key)
+    buckets = template.buckets(match, target)
+    if not buckets:
+        return _schedule_one(template, match, func, target, (records or {}).get(key), name, key)
+    # one nest per size bucket (each with its own record), joined under a run-time branch on the extent
+    done = []
+    for bucket in buckets:
+        bkey = bucket_key(key, bucket.name)
+        done.append(_schedule_one(template, template.bucket_match(match, bucket), func, target,
+                                  (records or {}).get(bkey), name, bkey))
+    joined = join_buckets([d.func for d in done], buckets, template.dispatch_extent(match))
+    sources = {d.source for d in done}
+    return Scheduled(joined, template.family,
+                     {"buckets": [{"bucket": b.name, "source": d.source, "config": d.config}
+                                  for b, d in zip(buckets, done)]},
+                     sources.pop() if len(sources) == 1 else "tuned")
+
+
+def _schedule_one(template, match, func: C.PrimFunc, target: C.Target, rec: dict | None, name: str,
+                  key: str) -> Scheduled:
+    """``func`` under ``template``: with the tuned record ``rec`` (of ``key``) when it applies, else the
+    template's target default."""
     if rec is not None and rec.get("template") == template.family:
         rec = {**rec, "config": _with_new_knobs(template, match, target, rec["config"])}
     if rec is not None and rec.get("template") == template.family and \

@@ -147,6 +147,13 @@ class Template:
         answers last for the kernels such families take (``schedules.accepting_template``)."""
         raise NotImplementedError
 
+    def buckets(self, match: Match, target: C.Target) -> tuple:
+        """Size buckets (``schedules.buckets.Bucket``) of a template that dispatches at run time on a
+        symbolic extent; then it also defines ``bucket_match(match, bucket)``, ``dispatch_extent(match)``
+        and ``bucket_sizes(match, bucket, target)`` (shape variable -> size the tuner measures it at).
+        Empty (the default): one nest for every size."""
+        return ()
+
     def space(self, match: Match, target: C.Target) -> KnobSpace:
         raise NotImplementedError
 

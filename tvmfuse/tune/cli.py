@@ -97,7 +97,8 @@ def cmd_tune(args) -> int:
     print(f"{len(tasks)} task(s) for {target.kind.name}"
           + (f" ({target.attrs['mcpu']})" if "mcpu" in target.attrs else "") + ":")
     for t in tasks:
-        print(f"  {t.name}  [{t.family}]  x{t.weight}  space {t.space.size()}  workload {t.workload_key}")
+        bucket = f"  bucket {t.bucket}" if t.bucket else ""
+        print(f"  {t.name}  [{t.family}]{bucket}  x{t.weight}  space {t.space.size()}  workload {t.workload_key}")
     mo = MeasureOptions(tracker=args.tracker, key=args.key, build_timeout=args.build_timeout,
                         run_timeout=args.run_timeout)
     inputs = _kernel_inputs(args, model, tasks, target) if args.inputs else None

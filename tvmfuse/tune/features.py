@@ -79,12 +79,41 @@ def _feature_context(target):
     return _FEATURE_CONTEXTS[key]
 
 
-def per_store_features(mod, target) -> np.ndarray:
-    """MetaSchedule's PerStoreFeature of a scheduled module: a (stores x 164) numpy array."""
+def concrete_shapes(func, sizes: dict | None = None) -> list[tuple[list[int], str]]:
+    """(shape, dtype) of each PrimFunc parameter, symbolic dimensions evaluated with ``sizes`` (shape
+    variable name -> size); a symbolic dimension with a variable ``sizes`` does not give is an error."""
+    from .. import _compat as C
+
+    sizes = sizes or {}
+    found: dict[str, object] = {}
+
+    def visit(node):
+        if isinstance(node, C.tirx.Var):
+            found.setdefault(str(node.name), node)
+
+    for p in func.params:
+        for d in p.shape:
+            C.post_order_visit(d, visit)
+    missing = sorted(n for n in found if n not in sizes)
+    if missing:
+        raise ValueError(f"symbolic dimension(s) {missing} of the kernel have no size to measure it at")
+    ana = C.Analyzer()
+    for name, var in found.items():
+        ana.bind(var, int(sizes[name]))
+    return [([int(ana.simplify(d)) for d in p.shape], str(p.dtype)) for p in func.params]
+
+
+def per_store_features(mod, target, sizes: dict | None = None) -> np.ndarray:
+    """MetaSchedule's PerStoreFeature of a scheduled module: a (stores x 164) numpy array.  A kernel over
+    symbolic shapes (a size bucket's nest) describes its arguments at ``sizes`` (``concrete_shapes``)."""
     from .. import _compat as C
 
     _, arg_info, _, _ = C.ms_internals()
     sch = C.Schedule(mod)
-    cand = C.meta_schedule.MeasureCandidate(sch, arg_info.from_prim_func(mod["main"]))
+    if sizes:
+        args = [C.ms_tensor_info(dtype, shape) for shape, dtype in concrete_shapes(mod["main"], sizes)]
+    else:
+        args = arg_info.from_prim_func(mod["main"])
+    cand = C.meta_schedule.MeasureCandidate(sch, args)
     fx = C.meta_schedule.feature_extractor.PerStoreFeature()
     return fx.extract_from(_feature_context(target), [cand])[0].numpy()

@@ -11,6 +11,9 @@ Two kinds of line (field ``type``):
      "costs": [seconds, ...] | null, "error": null | {"kind": "build|run|crash|timeout|wrong_result", "message": "..."},
      "device": "local" | "rpc:KEY@HOST:PORT", "time": unix seconds}
 
+  A kernel with size buckets (``schedules.buckets``) adds ``"bucket": "rows<=16"``: the record applies to
+  that bucket's nest only (``records.bucket_key``: ``<workload_key>@<bucket>``).
+
 - ``"workload"``: the PrimFunc of a workload (``tvm.ir.save_json``), written once before its first
   measurement, so that the cost model can featurize the records of other workloads (warm start, transfer)
   and a workload can be re-tuned without its model.  Target independent.

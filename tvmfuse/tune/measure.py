@@ -27,6 +27,7 @@ import numpy as np
 
 from .. import _compat as C
 from ..target import physical_cores
+from .features import concrete_shapes
 
 log = logging.getLogger("tvmfuse.tune")
 
@@ -242,11 +243,12 @@ def compare_outputs(ref: list[np.ndarray], out: list[np.ndarray], rtol: float, a
     return None
 
 
-def normal_inputs(func, seed: int = 0) -> list[np.ndarray]:
-    """One array per PrimFunc parameter: floats standard normal, integers zero (a safe index)."""
+def normal_inputs(func, seed: int = 0, sizes: dict | None = None) -> list[np.ndarray]:
+    """One array per PrimFunc parameter (symbolic dimensions sized by ``sizes``): floats standard normal,
+    integers zero (a safe index)."""
     rng = np.random.default_rng(seed)
     out = []
-    for shape, dtype in C.prim_func_params(func):
+    for shape, dtype in concrete_shapes(func, sizes):
         if dtype.startswith("float") or dtype.startswith("bfloat"):
             out.append(rng.standard_normal(shape).astype(dtype))
         else:
@@ -267,7 +269,13 @@ class TaskFiles:
 
 
 def _task_key(task) -> str:
-    return f"{task.workload_key}.{task.family}"
+    bucket = getattr(task, "bucket", None)
+    return f"{task.workload_key}.{task.family}" + (f".{_safe(bucket)}" if bucket else "")
+
+
+def _safe(name: str) -> str:
+    """A bucket name as a file name ("rows<=16" -> "rows_le_16")."""
+    return name.replace("<=", "_le_").replace(">", "_gt_").replace("<", "_lt_")
 
 
 class Measurer:
@@ -310,10 +318,12 @@ class Measurer:
         d.mkdir(exist_ok=True)
         func_path = d / "func.json"
         func_path.write_text(C.save_json(task.func))
-        arrays = inputs if inputs is not None else normal_inputs(task.func, seed=0)
+        arrays = inputs if inputs is not None else normal_inputs(task.func, seed=0,
+                                                                 sizes=getattr(task, "sizes", None))
         inputs_path = d / "inputs.npz"
         np.savez(inputs_path, **{f"arg{i}": a for i, a in enumerate(arrays)})
-        spec = {"func": str(func_path), "template": template_ref(task.template), "target": str(self.target)}
+        spec = {"func": str(func_path), "template": template_ref(task.template), "target": str(self.target),
+                "bucket": getattr(task, "bucket", None), "sizes": getattr(task, "sizes", None) or {}}
         tf = TaskFiles(spec, str(inputs_path))
         self._files[key] = tf
         return tf

@@ -25,6 +25,7 @@ import numpy as np
 
 from .. import _compat as C
 from .cost_model import CostModel, Sample
+from ..records import record_key
 from .log import LogWriter, TuningLog, config_id, load, make_measure_record, make_workload_record, median_cost
 from .measure import MeasureOptions, Measurer
 from .tasks import Task, task_for
@@ -120,34 +121,35 @@ class Tuner:
                 c = median_cost(rec)
                 f = st.features.get(cid)
                 if c is not None and f is not None:
-                    out.append(Sample(st.task.workload_key, f, rec["config"], c))
+                    out.append(Sample(st.task.key, f, rec["config"], c))
         return out
 
     def _warm_start(self, measurer: Measurer, tl: TuningLog, states) -> None:
         """Samples from the log's other workloads of the same template families (transfer)."""
         families = {s.task.family for s in states}
-        own = {s.task.workload_key for s in states}
+        own = {s.task.key for s in states}
         logs = [tl] + [load(p, self.target) for p in self.options.transfer_logs]
         by_wk: dict[str, list[dict]] = {}
         workloads: dict[str, dict] = {}
         for t in logs:
             workloads.update(t.workloads)
             for r in t.measures:
-                if r["workload_key"] not in own and r["template"] in families and median_cost(r) is not None:
-                    by_wk.setdefault(r["workload_key"], []).append(r)
-        for wk, recs in by_wk.items():
+                if record_key(r) not in own and r["template"] in families and median_cost(r) is not None:
+                    by_wk.setdefault(record_key(r), []).append(r)
+        for key, recs in by_wk.items():
+            wk = recs[0]["workload_key"]
             if wk not in workloads or len(recs) < 2:
                 continue
             func = C.load_json(workloads[wk]["func"])
             task = task_for(func, self.target, workloads[wk].get("workload", {}).get("name", wk),
-                            templates=self.templates)
+                            templates=self.templates, bucket=recs[0].get("bucket"))
             if task is None or task.family != recs[0]["template"]:
                 continue
             measurer.register(task)
             feats = measurer.features(task, [r["config"] for r in recs])
             for r, f in zip(recs, feats):
                 if f.get("ok"):
-                    self.warm.append(Sample(wk, np.asarray(f["features"]), r["config"], median_cost(r)))
+                    self.warm.append(Sample(key, np.asarray(f["features"]), r["config"], median_cost(r)))
         if self.warm:
             log.info("warm start: %d records of %d other workloads", len(self.warm), len(by_wk))
 
@@ -231,7 +233,7 @@ class Tuner:
         states = []
         for t in self.tasks:
             st = TaskState(t)
-            for cid, rec in tl.measured(t.workload_key).items():
+            for cid, rec in tl.measured(t.workload_key, t.bucket).items():
                 if rec["template"] == t.family:
                     st.measured[cid] = rec
             states.append(st)
@@ -241,15 +243,19 @@ class Tuner:
         measurer = self.measurer or Measurer(self.target, self.measure_options)
         writer = LogWriter(self.log_path)
         try:
+            written = set(tl.workloads)      # the size buckets of one kernel share its workload record
             for s in states:
-                if s.task.workload_key not in tl.workloads:
+                if s.task.workload_key not in written:
                     writer.write(make_workload_record(s.task.workload_key, s.task.func, s.task.workload))
+                    written.add(s.task.workload_key)
             if done >= opts.trials:
                 self.progress({"event": "done", "done": done, "total": opts.trials, "resumed": resumed})
                 return self._result(states, 0, done, t_start, curve)
             for s in states:
                 try:
-                    measurer.prepare(s.task, self.inputs.get(s.task.workload_key))
+                    # a size bucket is measured at its own sizes (Task.sizes), not the samples' size
+                    measurer.prepare(s.task, self.inputs.get(s.task.workload_key) if s.task.bucket is None
+                                     else None)
                 except RuntimeError as e:   # no reference output: candidates cannot be checked
                     log.warning("%s: not tuned: %s", s.task.name, e)
                     s.exhausted = True
@@ -299,7 +305,8 @@ class Tuner:
     def _record(self, writer, st: TaskState, config, costs, error, device) -> None:
         rec = make_measure_record(target=self.target, workload_key=st.task.workload_key,
                                   workload=st.task.workload, template=st.task.family, config=config,
-                                  costs=costs, error=error, device=device)
+                                  costs=costs, error=error, device=device,
+                                  extra={"bucket": st.task.bucket} if st.task.bucket else None)
         writer.write(rec)
         st.measured[config_id(config)] = rec
         if error is not None:
@@ -327,7 +334,8 @@ class Tuner:
             for r in s.measured.values():
                 if r.get("error"):
                     errors[r["error"]["kind"]] = errors.get(r["error"]["kind"], 0) + 1
-            rows.append({"name": s.task.name, "workload_key": s.task.workload_key, "template": s.task.family,
+            rows.append({"name": s.task.name, "workload_key": s.task.workload_key, "bucket": s.task.bucket,
+                         "template": s.task.family,
                          "weight": s.task.weight, "trials": len(s.measured), "errors": errors,
                          "best": best, "default": default, "best_config": cfg,
                          "space_size": s.task.space.size()})

@@ -1,7 +1,9 @@
 """Task extraction: the distinct fused PrimFuncs of a model that a schedule template matches.
 
 A task is one workload (structural hash of the PrimFunc, ``workload_key``) on one target
-(``target_key``), weighted by how many times an inference calls it.  Kernels no template matches are
+(``target_key``), weighted by how many times an inference calls it; a kernel whose template dispatches on a
+symbolic extent gives one task per size bucket (``Task.bucket``; its records carry the bucket, measured
+with the symbolic sizes of ``Task.sizes``).  Kernels no template matches are
 left to the fallback schedule and are not tuned (``extract_tasks`` says which, on the ``tvmfuse.tune``
 logger).
 """
@@ -15,7 +17,7 @@ from .. import _compat as C
 from ..pipeline import PipelineOptions, Stages
 from ..report import graph_stats
 from ..schedules import templates_for
-from ..records import target_key, workload_key
+from ..records import bucket_key, target_key, workload_key
 from ..schedules.base import KnobSpace, Match, Template, find_template
 from ..target import parse_target
 
@@ -36,27 +38,53 @@ class Task:
     workload: dict = field(default_factory=dict)    # name and parameter shapes, for the log
     reference_costs: list | None = None             # the default schedule's costs (set by the measurer)
     reference_error: dict | None = None             # ... or why the default failed
+    bucket: str | None = None      # the size bucket of a kernel that dispatches on a symbolic extent
+    sizes: dict = field(default_factory=dict)       # symbolic shape variable -> size it is measured at
 
     @property
     def family(self) -> str:
         return self.template.family
 
+    @property
+    def key(self) -> str:
+        """The key its records apply under (``records.bucket_key``: the workload, and its bucket)."""
+        return bucket_key(self.workload_key, self.bucket)
+
 
 def workload_info(name: str, func: C.PrimFunc) -> dict:
-    return {"name": name, "params": [[shape, dtype] for shape, dtype in C.prim_func_params(func)]}
+    """Name and parameter shapes of a workload, for the log (a symbolic dimension as its expression's text)."""
+    return {"name": name, "params": [[[int(d) if isinstance(d, C.IntImm) else str(d) for d in p.shape],
+                                      str(p.dtype)] for p in func.params]}
 
 
-def task_for(func: C.PrimFunc, target, name: str = "main", weight: int = 1, templates=None) -> Task | None:
-    """The task of one PrimFunc, or None when no template of the target matches it."""
+def tasks_for(func: C.PrimFunc, target, name: str = "main", weight: int = 1, templates=None) -> list[Task]:
+    """The tasks of one PrimFunc: none when no template of the target matches it, one per size bucket
+    when its template dispatches on a symbolic extent (``schedules.buckets``), else one."""
     target = parse_target(target)
     found = find_template(func, target, templates if templates is not None else templates_for(target))
     if found is None:
-        return None
+        return []
     template, match = found
-    return Task(name=name, workload_key=workload_key(func), target_key=target_key(target), func=func,
-                template=template, match=match, space=template.space(match, target),
-                default_config=template.default_config(match, target), weight=weight,
-                workload=workload_info(name, func))
+    common = dict(name=name, workload_key=workload_key(func), target_key=target_key(target), func=func,
+                  template=template, weight=weight, workload=workload_info(name, func))
+    buckets = template.buckets(match, target)
+    if not buckets:
+        return [Task(**common, match=match, space=template.space(match, target),
+                     default_config=template.default_config(match, target))]
+    out = []
+    for b in buckets:
+        bm = template.bucket_match(match, b)
+        out.append(Task(**common, match=bm, space=template.space(bm, target),
+                        default_config=template.default_config(bm, target), bucket=b.name,
+                        sizes=template.bucket_sizes(match, b, target)))
+    return out
+
+
+def task_for(func: C.PrimFunc, target, name: str = "main", weight: int = 1, templates=None,
+             bucket: str | None = None) -> Task | None:
+    """The task of one PrimFunc (of its size ``bucket`` when its template has buckets), or None when no
+    template of the target matches it (or it has no such bucket)."""
+    return next((t for t in tasks_for(func, target, name, weight, templates) if t.bucket == bucket), None)
 
 
 def fused_module(model, target, options: PipelineOptions | None = None):
@@ -74,7 +102,7 @@ def extract_tasks(model, target=None, templates=None, options: PipelineOptions |
     target = parse_target(target)
     mod = fused_module(model, target, options)
     calls = Counter(graph_stats(mod).kernel_names)
-    by_key: dict[str, Task] = {}
+    by_wk: dict[str, list[Task]] = {}
     for gv, func in mod.functions.items():
         if not isinstance(func, C.PrimFunc):
             continue
@@ -83,15 +111,16 @@ def extract_tasks(model, target=None, templates=None, options: PipelineOptions |
         if n == 0:
             continue
         wk = workload_key(func)
-        if wk in by_key:
-            by_key[wk].weight += n
+        if wk in by_wk:
+            for t in by_wk[wk]:
+                t.weight += n
             continue
-        task = task_for(func, target, name, n, templates)
-        if task is None:
+        tasks = tasks_for(func, target, name, n, templates)
+        if not tasks:
             log.info("%s: no schedule template matches; not tuned (fallback schedule)", name)
             continue
-        by_key[wk] = task
-    return sorted(by_key.values(), key=lambda t: (-t.weight, t.name))
+        by_wk[wk] = tasks
+    return sorted((t for ts in by_wk.values() for t in ts), key=lambda t: (-t.weight, t.name, t.bucket or ""))
 
 
 def kernel_inputs_from_samples(model, target, feeds: dict, tasks: list[Task],

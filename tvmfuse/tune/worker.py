@@ -10,7 +10,9 @@ Requests (``cmd``):
 - ``features``: ``{task, configs}`` -> ``{results: [{ok, features} | {ok: false, kind, message}]}``
 - ``build``: ``{task, config (null: the unscheduled PrimFunc), out}`` -> ``{ok}`` or an error
 - ``run``: ``{lib, inputs, outputs, number, repeat, warmup, min_repeat_ms, rpc}`` -> ``{ok, costs}``
-where ``task`` is ``{func: path of the PrimFunc JSON, template: {module, qualname, file}, target: JSON}``.
+where ``task`` is ``{func: path of the PrimFunc JSON, template: {module, qualname, file}, target: JSON,
+bucket: a size bucket's name or null, sizes: {shape variable: size}}``: a bucket's nest is built over the
+symbolic shapes (what the model runs), its arguments described at ``sizes`` for the features.
 """
 from __future__ import annotations
 
@@ -55,6 +57,12 @@ def _task(spec: dict):
         match = template.match(func, target)
         if match is None:
             raise RuntimeError(f"template {template.family} no longer matches the workload")
+        if spec.get("bucket"):      # one size bucket's nest (schedules.buckets)
+            buckets = {b.name: b for b in template.buckets(match, target)}
+            if spec["bucket"] not in buckets:
+                raise RuntimeError(f"template {template.family} has no size bucket {spec['bucket']!r} "
+                                   f"(it has {sorted(buckets)})")
+            match = template.bucket_match(match, buckets[spec["bucket"]])
         _TASKS[key] = (func, template, match, target)
     return _TASKS[key]
 
@@ -84,7 +92,7 @@ def cmd_features(req: dict) -> dict:
     for config in req["configs"]:
         try:
             mod, target = _scheduled(req["task"], config)
-            feats = program_features(per_store_features(mod, target))
+            feats = program_features(per_store_features(mod, target, req["task"].get("sizes")))
             results.append({"ok": True, "features": np.round(feats, 5).tolist()})
         except Exception as e:  # an illegal config: reported per config, the batch goes on
             results.append(_err("build", e))
@@ -99,7 +107,8 @@ def cmd_build(req: dict) -> dict:
     t0 = time.perf_counter()
     try:
         mod, target = _scheduled(req["task"], req.get("config"))
-        feats = np.round(program_features(per_store_features(mod, target)), 5).tolist()
+        feats = np.round(program_features(per_store_features(mod, target, req["task"].get("sizes"))),
+                         5).tolist()
         lib = C.build_prim_module(mod, target)
         lib.export_library(req["out"])
     except Exception as e:

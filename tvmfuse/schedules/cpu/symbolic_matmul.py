@@ -15,12 +15,18 @@ Schedule: the batch axes and i flattened into one row axis (``b * M + i``, symbo
 register tile ``mr`` (the last tile predicated: rows past the end are skipped, whole vectors at a time), the
 columns by macro and register tiles as in ``cpu.matmul_epilogue`` (same steps, its ``apply``), the row
 tiles parallel.
+
+Size buckets (``schedules.buckets``): the kernel holds two nests and picks one at run time by the row
+count: up to ``small_rows`` rows (the family's template_defaults in schedules/cpu_targets.json) a GEMV-like
+nest (one row per register tile, no row tiling and so no predicated rows wasted, the column macro tiles
+parallel), above it the row-tiled nest.  Each bucket has its own knob space, default and tuning record.
 """
 from __future__ import annotations
 
 from ... import _compat as C
 from ...target import cpu_info
 from ..base import KnobSpace, Match
+from ..buckets import Bucket
 from . import common as U
 from . import matmul as MM
 
@@ -96,17 +102,56 @@ class SymbolicMatmulEpilogue(MM.MatmulEpilogue, family="cpu.symbolic_matmul"):
         # the match must schedule: try the default on a copy (symbolic layouts can refuse)
         match = Match(self.family, info)
         try:
-            self.apply(C.Schedule(func), match, self.default_config(match, target))
+            for bucket in self.buckets(match, target):
+                bm = self.bucket_match(match, bucket)
+                self.apply(C.Schedule(func), bm, self.default_config(bm, target))
         except (ValueError,) + C.TVMError:
             return None
         return match
 
+    # ------------------------------------------------------------------ size buckets
+    def buckets(self, match: Match, target: C.Target) -> tuple[Bucket, ...]:
+        """Few rows (at most the table's ``small_rows``): the GEMV-like nest; more: the row-tiled one."""
+        small = int(self.table_defaults(target)["small_rows"])
+        return Bucket(f"rows<={small}", small), Bucket(f"rows>{small}", None)
+
+    def bucket_match(self, match: Match, bucket: Bucket) -> Match:
+        """The match a bucket's space, default and apply read: ``small`` for a bounded bucket."""
+        return Match(self.family, {**match.info, "bucket": bucket.name, "small": bucket.max_extent is not None,
+                                   **({"rows": bucket.max_extent} if bucket.max_extent is not None else {})})
+
+    def dispatch_extent(self, match: Match):
+        """The run-time row count the buckets split: batch extents x M (an expression of the kernel's
+        symbolic shape variables)."""
+        rows = match.info["M"]
+        for b in match.info["batch"]:
+            rows = b * rows
+        return rows
+
+    def bucket_sizes(self, match: Match, bucket: Bucket, target: C.Target) -> dict[str, int]:
+        """The symbolic shape variables a tuner binds to measure ``bucket``'s nest: a row count inside the
+        bucket (its bound; the open bucket: the table's ``nominal_rows``, or one more than the last bound),
+        all of it on the innermost symbolic row extent, the others 1."""
+        buckets = self.buckets(match, target)
+        if bucket.max_extent is not None:
+            rows = bucket.max_extent
+        else:
+            last = max(b.max_extent for b in buckets if b.max_extent is not None)
+            rows = max(int(self.table_defaults(target)["nominal_rows"]), last + 1)
+        symbolic = [e for e in [*match.info["batch"], match.info["M"]] if not _is_static(e)]
+        if not all(isinstance(e, C.tirx.Var) for e in symbolic):
+            raise ValueError(f"row extents {symbolic}: a bucket's measured size needs plain shape variables")
+        return {str(v.name): (rows if i == len(symbolic) - 1 else 1) for i, v in enumerate(symbolic)}
+
     def space(self, match: Match, target: C.Target) -> KnobSpace:
         n, k = match.info["N"], match.info["K"]
         lanes = cpu_info(target).float32_lanes
+        small = match.info.get("small", False)
         return MM.MatmulConfig.space(
-            mr=SYM_MR_CHOICES, nvec=tuple(v for v in MM.NVEC_CHOICES if n % (v * lanes) == 0), lanes=(lanes,),
-            mc_tiles=MM.MC_TILES, nc_tiles=U.choices_upto(MM.NC_TILES, max(1, n // lanes)),
+            # few rows: one row per register tile and per macro tile (no row tiling, no wasted rows)
+            **({"mr": (1,), "mc_tiles": (1,)} if small else {"mr": SYM_MR_CHOICES, "mc_tiles": MM.MC_TILES}),
+            nvec=tuple(v for v in MM.NVEC_CHOICES if n % (v * lanes) == 0), lanes=(lanes,),
+            nc_tiles=U.choices_upto(MM.NC_TILES, max(1, n // lanes)),
             k_unroll=U.choices_upto(MM.K_UNROLL, k),   # order, parallel_depth: MatmulConfig's candidates
             pack_b=(False,),          # B is shared by every row tile; no packing over symbolic rows
             pad_n=(False,),           # N is a multiple of the vector width (match)
@@ -116,6 +161,8 @@ class SymbolicMatmulEpilogue(MM.MatmulEpilogue, family="cpu.symbolic_matmul"):
         info, d = cpu_info(target), self.table_defaults(target)
         ch = {kb.name: kb.choices for kb in self.space(match, target).knobs}
         n, k, lanes, rows = match.info["N"], match.info["K"], info.float32_lanes, d["nominal_rows"]
+        if match.info.get("small", False):
+            return self._small_default(match, target, ch)
         tile = MM.register_tile_default(rows, n, k, lanes, info, ch, d)
         mr, nr = tile["mr"], tile["nvec"] * lanes
         # a macro tile no wider than N (wider ones only add always-false column predicates)
@@ -125,6 +172,19 @@ class SymbolicMatmulEpilogue(MM.MatmulEpilogue, family="cpu.symbolic_matmul"):
         mc_tiles = max(c for c in ch["mc_tiles"] if c <= mc_tiles)
         return MM.MatmulConfig(**{**tile, "mc_tiles": mc_tiles, "nc_tiles": nc_tiles}, order=d["order"],
                                parallel_depth=1, pack_b=False, pad_n=False, flatten_batch=True).asdict()
+
+    def _small_default(self, match: Match, target: C.Target, ch: dict) -> dict:
+        """GEMV-like: one row per tile, rows looped inside the column macro tiles, which are the parallel
+        loop (the table's ``small_order``, "ji": j outer): as many macro tiles as cores where N allows, each
+        no larger than L2 allows."""
+        info, d = cpu_info(target), self.table_defaults(target)
+        n, k, lanes = match.info["N"], match.info["K"], info.float32_lanes
+        tile = MM.register_tile_default(1, n, k, lanes, info, ch, d)
+        nr = tile["nvec"] * lanes
+        enough = [c for c in ch["nc_tiles"] if c <= tile["nc_tiles"] and n // (nr * c) >= info.cores]
+        nc_tiles = max(enough) if enough else min(ch["nc_tiles"])
+        return MM.MatmulConfig(**{**tile, "nc_tiles": nc_tiles}, order=d["small_order"], parallel_depth=1,
+                               pack_b=False, pad_n=False, flatten_batch=True).asdict()
 
     def apply(self, sch: C.Schedule, match: Match, config: dict) -> None:
         # cpu.matmul_epilogue's steps; flattenable(info) holds (shared weight, ordered iterators), so its

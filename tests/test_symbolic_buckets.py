@@ -1,0 +1,181 @@
+"""Size-bucket dispatch (tvmfuse/schedules/buckets.py, ``cpu.symbolic_matmul``'s buckets): one compiled
+kernel holds a GEMV-like nest for few rows and a row-tiled nest for many, picked at run time by the row
+count; each bucket has its own tuning record (``records.bucket_key``).  Numbers vs the ONNX reference at
+row counts on both sides of the bucket bound, through one compiled model; structure on named targets."""
+import json
+
+import numpy as np
+import pytest
+
+import tvmfuse
+from tvmfuse import _compat as C
+from tvmfuse import models as M
+from tvmfuse import records as R
+from tvmfuse import target as TG
+from tvmfuse.schedules import schedule_prim_func
+from tvmfuse.schedules.buckets import Bucket, join_buckets
+from tvmfuse.schedules.cpu.symbolic_matmul import SymbolicMatmulEpilogue
+from tvmfuse.target import parse_target
+
+from conftest import NAMED_TARGETS
+from test_symbolic_matmul import _kernels, _mlp, _proj3d
+
+FAMILY = SymbolicMatmulEpilogue.family
+
+
+def _gelu_proj(batch="batch", seq="sequence"):
+    """gelu(x @ W + b) over x [batch, seq, 64] (erf GELU, as BERT exports it)."""
+    g = M._G("gelu_proj_sym")
+    x = g.input("x", (batch, seq, 64))
+    M._gelu_erf(g, g.op("Add", g.op("MatMul", x, g.weight((64, 64))), g.weight((64,), 0.1)))
+    g.rename_last("y", (batch, seq, 64))
+    return g.model()
+
+
+def _small_rows(target) -> int:
+    return int(TG.template_defaults(target, FAMILY)["small_rows"])
+
+
+def _nests(func):
+    """(condition, small nest, large nest) of a bucketed kernel: its root block's body is the branch."""
+    root = func.body
+    assert isinstance(root, C.SBlockRealize), type(root)
+    branch = root.block.body
+    assert isinstance(branch, C.tirx.IfThenElse), type(branch)
+    return branch.condition, branch.then_case, branch.else_case
+
+
+def _loops_and_predicates(stmt):
+    loops, preds = [], []
+
+    def visit(node):
+        if isinstance(node, C.tirx.For):
+            loops.append((int(node.kind), node.extent))
+        elif isinstance(node, C.SBlockRealize) and not (isinstance(node.predicate, C.IntImm)
+                                                         and int(node.predicate) == 1):
+            preds.append(node.predicate)
+
+    C.post_order_visit(stmt, visit)
+    return loops[::-1], preds
+
+
+@pytest.mark.parametrize("target", ["haswell-2", "skx-2"])
+@pytest.mark.parametrize("name, build", [("mlp", _mlp), ("proj3d", _proj3d), ("gelu", _gelu_proj)])
+def test_one_kernel_holds_a_gemv_nest_and_a_row_tiled_nest(name, build, target):
+    tgt = parse_target(NAMED_TARGETS[target])
+    (kname, func), = _kernels(build(), tgt).items()
+    res = schedule_prim_func(func, tgt, {}, kname)
+    assert res is not None and res.template == FAMILY, res and res.template
+    small = _small_rows(tgt)
+    buckets = res.config["buckets"]
+    assert [b["bucket"] for b in buckets] == [f"rows<={small}", f"rows>{small}"]
+    assert [b["source"] for b in buckets] == ["default", "default"]
+    small_cfg, large_cfg = buckets[0]["config"], buckets[1]["config"]
+    assert small_cfg["mr"] == 1 and small_cfg["mc_tiles"] == 1 and small_cfg["order"] == "ji"
+    assert large_cfg["mr"] > 1
+
+    t = SymbolicMatmulEpilogue()
+    rows = t.dispatch_extent(t.match(func, tgt))
+    cond, small_nest, large_nest = _nests(res.func)
+    ana = C.Analyzer()
+    assert isinstance(cond, C.tirx.LE) and ana.can_prove_equal(cond.a, rows) and int(cond.b) == small
+    lanes = 16 if target.startswith("skx") else 8
+    for nest in (small_nest, large_nest):
+        loops, _ = _loops_and_predicates(nest)
+        assert int(C.ForKind.PARALLEL) in [k for k, _ in loops]
+        assert [int(e) for k, e in loops if k == int(C.ForKind.VECTORIZED)] and \
+            all(int(e) == lanes for k, e in loops if k == int(C.ForKind.VECTORIZED))
+    # small: not row-tiled: rows looped one at a time (one loop over exactly the row count), no predicate,
+    # the parallel loop over columns (static)
+    loops, preds = _loops_and_predicates(small_nest)
+    sym = [e for _, e in loops if not isinstance(e, C.IntImm)]
+    assert len(sym) == 1 and ana.can_prove_equal(sym[0], rows), sym
+    assert not preds, preds
+    assert all(isinstance(e, C.IntImm) for k, e in loops if k == int(C.ForKind.PARALLEL))
+    # large: rows in register tiles of mr (a loop over ceil(rows / tile), the last tile predicated)
+    loops, preds = _loops_and_predicates(large_nest)
+    kind, extent = loops[0]
+    assert kind == int(C.ForKind.PARALLEL) and not isinstance(extent, C.IntImm)
+    assert not ana.can_prove_equal(extent, rows)
+    assert large_cfg["mr"] in [int(e) for k, e in loops if k == int(C.ForKind.UNROLLED)]
+    assert preds
+
+
+def test_bucket_bound_and_small_order_come_from_the_target_table(monkeypatch):
+    tgt = parse_target(NAMED_TARGETS["skx-2"])
+    (kname, func), = _kernels(_mlp(), tgt).items()
+    table = json.loads(json.dumps(TG.cpu_table()))
+    table["template_defaults"][FAMILY]["small_rows"] = 4
+    table["template_defaults"][FAMILY]["small_order"] = "ij"
+    monkeypatch.setattr(TG, "cpu_table", lambda: table)
+    res = schedule_prim_func(func, tgt, {}, kname)
+    assert [b["bucket"] for b in res.config["buckets"]] == ["rows<=4", "rows>4"]
+    assert res.config["buckets"][0]["config"]["order"] == "ij"
+    cond, _, _ = _nests(res.func)
+    assert int(cond.b) == 4
+
+
+@pytest.mark.parametrize("name, build, shapes", [
+    ("mlp", _mlp, [(1,), (3,), (16,), (17,), (128,)]),
+    ("gelu", _gelu_proj, [(1, 1), (1, 3), (2, 8), (1, 17), (4, 32)]),     # rows 1, 3, 16, 17, 128
+])
+def test_one_compiled_model_is_right_on_both_sides_of_the_bucket_bound(name, build, shapes, host, rng):
+    model = build()
+    cm = tvmfuse.compile(model, target=host)
+    scheds = cm.report.schedules
+    assert [s["template"] for s in scheds] == [FAMILY]
+    assert len(scheds[0]["knobs"]["buckets"]) == 2
+    small = _small_rows(host)
+    assert f"[rows<={small}: default, rows>{small}: default]" in cm.report.table()
+    rows_seen = set()
+    for lead in shapes:
+        shape = (*lead, 64)
+        rows_seen.add(int(np.prod(lead)) <= small)
+        feeds = {"x": rng.standard_normal(shape).astype(np.float32)}
+        ref = M.reference_outputs(model, feeds)
+        np.testing.assert_allclose(cm.run(feeds)["y"], ref["y"], rtol=1e-4, atol=1e-4, err_msg=f"{shape}")
+    assert rows_seen == {True, False}      # both nests ran
+
+
+def test_records_are_keyed_by_bucket_and_applied_per_bucket(tmp_path):
+    tgt = parse_target(NAMED_TARGETS["skx-2"])
+    (kname, func), = _kernels(_mlp(), tgt).items()
+    wk = R.workload_key(func)
+    small = _small_rows(tgt)
+    assert R.bucket_key(wk, f"rows<={small}") == f"{wk}@rows<={small}" and R.bucket_key(wk) == wk
+    default = schedule_prim_func(func, tgt, {}, kname).config["buckets"]
+    small_cfg = {**default[0]["config"], "k_unroll": 2 if default[0]["config"]["k_unroll"] != 2 else 1}
+    base = {"type": "measure", "target_key": R.target_key(tgt), "workload_key": wk, "template": FAMILY,
+            "tvm": C.TVM_VERSION}
+    log = tmp_path / "log.jsonl"
+    lines = [
+        {**base, "bucket": f"rows<={small}", "config": small_cfg, "costs": [1e-6]},
+        {**base, "bucket": f"rows<={small}", "config": default[0]["config"], "costs": [2e-6]},
+        {**base, "config": default[1]["config"], "costs": [9e-7]},       # no bucket: the whole kernel's key
+        {**base, "bucket": 3, "config": small_cfg, "costs": [1e-7]},      # corrupt: skipped
+    ]
+    log.write_text("\n".join(json.dumps(x) for x in lines) + "\n")
+    tl = R.load(log, tgt)
+    assert len(tl.skipped) == 1 and "bucket" in tl.skipped[0]
+    assert set(tl.best()) == {wk, f"{wk}@rows<={small}"}
+    assert len(tl.measured(wk, f"rows<={small}")) == 2 and len(tl.measured(wk)) == 1
+    best = R.best_configs(str(log), tgt)
+    assert best[f"{wk}@rows<={small}"]["config"] == small_cfg
+    res = schedule_prim_func(func, tgt, best, kname)
+    got = res.config["buckets"]
+    # the small bucket's record applies to the small nest only; the large one has no record of its key
+    assert (got[0]["source"], got[0]["config"]) == ("tuned", small_cfg)
+    assert (got[1]["source"], got[1]["config"]) == ("default", default[1]["config"])
+    assert res.source == "tuned"
+
+
+def test_join_buckets_refuses_bad_buckets():
+    tgt = parse_target(NAMED_TARGETS["skx-2"])
+    (_, func), = _kernels(_mlp(), tgt).items()
+    rows = func.params[0].shape[0]
+    with pytest.raises(ValueError, match="one last open bucket"):
+        join_buckets([func, func], [Bucket("a", 4), Bucket("b", 8)], rows)
+    with pytest.raises(ValueError, match="names must differ"):
+        join_buckets([func, func], [Bucket("a", 4), Bucket("a", None)], rows)
+    with pytest.raises(ValueError, match="2 size buckets"):
+        join_buckets([func], [Bucket("a", 4), Bucket("b", None)], rows)

@@ -1,0 +1,58 @@
+"""Size-bucket dispatch: one compiled kernel holding a specialised loop nest per range of a symbolic
+extent, the choice made at run time inside the kernel.
+
+A template whose schedule needs a known size (``cpu.symbolic_matmul``: a GEMV-like nest for a few rows, a
+row-tiled one for many) declares ``buckets(match, target)``: ordered ``Bucket``s, each "extent <= max"
+(the last one: every larger extent), and ``bucket_match(match, bucket)``: the match its space, default and
+``apply`` read for that bucket.  ``join_buckets`` puts the nests under one root block:
+``if rows <= max0: nest0 elif ...: else: nestN``, same parameters, so the kernel count of the model does not
+change.  Each bucket has its own tuning record (``records.bucket_key``).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .. import _compat as C
+
+
+@dataclass(frozen=True)
+class Bucket:
+    """A range of a symbolic extent: ``extent <= max_extent`` (None: any extent the earlier buckets leave)."""
+
+    name: str                 # part of the record key: "rows<=16", "rows>16"
+    max_extent: int | None
+
+
+def check_buckets(buckets) -> None:
+    """Buckets must be ordered by bound with exactly one open (last) bucket."""
+    bounds = [b.max_extent for b in buckets]
+    if len(buckets) < 2 or bounds[-1] is not None or None in bounds[:-1] or bounds[:-1] != sorted(bounds[:-1]):
+        raise ValueError(f"size buckets {[b.name for b in buckets]}: need increasing bounds and one last "
+                         "open bucket")
+    if len({b.name for b in buckets}) != len(buckets):
+        raise ValueError(f"size buckets {[b.name for b in buckets]}: names must differ (they key records)")
+
+
+def join_buckets(funcs: list, buckets, extent) -> C.PrimFunc:
+    """One PrimFunc running ``funcs[i]``'s loop nest when ``extent`` (an expression of the parameters'
+    symbolic shapes) falls in ``buckets[i]``.  The funcs are schedules of one PrimFunc (same parameters);
+    their root blocks' allocations move to the joined root block."""
+    check_buckets(buckets)
+    if len(funcs) != len(buckets):
+        raise ValueError(f"{len(funcs)} loop nests for {len(buckets)} size buckets")
+    first = funcs[0]
+    allocs, bodies = [], []
+    for f in funcs:
+        if len(f.params) != len(first.params) or not all(p.same_as(q) for p, q in zip(f.params, first.params)):
+            raise ValueError("size buckets: the loop nests do not share the kernel's parameters")
+        root = f.body
+        if not isinstance(root, C.SBlockRealize) or root.block.iter_vars or root.block.match_buffers:
+            raise ValueError("size buckets: a scheduled nest without a plain root block")
+        for buf in root.block.alloc_buffers:
+            if not any(buf.same_as(a) for a in allocs):
+                allocs.append(buf)
+        bodies.append(root.block.body)
+    body = bodies[-1]
+    for b, nest in zip(reversed(buckets[:-1]), reversed(bodies[:-1])):
+        body = C.tirx.IfThenElse(extent <= b.max_extent, nest, body)
+    return first.with_body(C.SBlockRealize([], True, C.SBlock([], [], [], "root", body, alloc_buffers=allocs)))
