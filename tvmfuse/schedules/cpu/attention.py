@@ -33,7 +33,7 @@ from __future__ import annotations
 import contextlib
 import json
 import math
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 
 from ... import _compat as C
 from ...target import cpu_info
@@ -48,21 +48,29 @@ K_BLOCK_VECTORS = (1, 2, 4, 8)      # keys per block, in float32 vectors of the 
 L1_SHARE_KV = 0.5
 L1_SHARE_ACC = 0.25
 MIN_TASKS_PER_CORE = 2              # parallel tasks (batch x query blocks) per core before rows per task grow
+# The size the default blocks assume for a symbolic extent (the kernel is correct at every size): a
+# symbolic batch axis may be 1 at run time, so it adds no tasks; a symbolic sequence is taken as a
+# typical encoder length.
+SYMBOLIC_BATCH_HINT = 1
+SYMBOLIC_SEQ_HINT = 128
 NEG_INF = float("-inf")
 
 
 @dataclass(frozen=True)
 class Operand:
     axes: tuple          # logical label per buffer axis
-    shape: tuple         # the buffer's static shape
+    shape: tuple         # the buffer's shape: ints, a symbolic extent as a TIR var (its name in JSON)
     dtype: str = "float32"
 
 
 @dataclass(frozen=True)
 class AttentionSpec:
+    """What the kernel computes.  Extents are ints or, for symbolic batch/sequence axes, TIR vars (one
+    symbol per extent: ``batch``, ``sequence``); the JSON form holds a var's name, and ``bind`` puts the
+    kernel's own vars back (``Attention.match``).  The head dims ``d``/``dv`` are static."""
     batch: tuple         # logical batch extents (b0, b1, ...)
-    sq: int
-    sk: int
+    sq: object           # int or a TIR var
+    sk: object
     d: int
     dv: int
     q: Operand
@@ -88,10 +96,11 @@ class AttentionSpec:
         return ext
 
     def to_json(self) -> str:
-        return json.dumps(asdict(self), sort_keys=True)
+        return json.dumps(asdict(self.map_dims(_dim_json)), sort_keys=True)
 
     @staticmethod
     def from_json(text: str) -> "AttentionSpec":
+        """The spec of a kernel's attribute; symbolic extents are var names until ``bind``."""
         d = json.loads(text)
         ops = {k: (Operand(tuple(_as_label(a) for a in v["axes"]), tuple(v["shape"]), v["dtype"])
                    if v is not None else None)
@@ -100,8 +109,44 @@ class AttentionSpec:
         rest["batch"] = tuple(rest["batch"])
         return AttentionSpec(**rest, **ops)
 
+    def map_dims(self, f) -> "AttentionSpec":
+        """The spec with ``f`` applied to every extent (batch, sq, sk, d, dv, operand shapes)."""
+        def op(o):
+            return None if o is None else Operand(o.axes, tuple(f(n) for n in o.shape), o.dtype)
+        return replace(self, batch=tuple(f(n) for n in self.batch), sq=f(self.sq), sk=f(self.sk),
+                       d=f(self.d), dv=f(self.dv), q=op(self.q), k=op(self.k), v=op(self.v), out=op(self.out),
+                       mask=op(self.mask), guard=op(self.guard))
+
+    def symbols(self) -> dict:
+        """Name -> TIR var of every symbolic extent."""
+        found = {}
+        self.map_dims(lambda n: found.setdefault(str(n.name), n) if isinstance(n, C.tirx.Var) else n)
+        return found
+
+    def bind(self, symbols: dict) -> "AttentionSpec":
+        """The spec with each symbol (a var name, as ``from_json`` reads it, or a var) replaced by
+        ``symbols[name]`` (a TIR var); KeyError names a symbol ``symbols`` lacks."""
+        def sub(n):
+            if isinstance(n, str):
+                return symbols[n]
+            return symbols[str(n.name)] if isinstance(n, C.tirx.Var) else n
+        return self.map_dims(sub)
+
     def validate(self) -> None:
         """Raise ValueError naming the first inconsistency between labels and extents."""
+        for what, n in (("head dim d", self.d), ("value head dim dv", self.dv)):
+            if not isinstance(n, int):
+                raise ValueError(f"attention {what} is symbolic ({n}): the kernel tiles it, it must be static")
+        plain = [n for n in (*self.batch, self.sq, self.sk) if not isinstance(n, int)]
+        for o in [o for _, o in self.inputs()] + [self.out]:
+            plain += [n for n in o.shape if not isinstance(n, int)]
+            for lab in o.axes:
+                for part in axis_parts(lab):
+                    if isinstance(part, tuple) and not all(isinstance(x, int) for x in part[2:]):
+                        raise ValueError(f"attention: a split axis {part} has a symbolic stride or extent")
+        for n in plain:
+            if not isinstance(n, (str, C.tirx.Var)):
+                raise ValueError(f"attention: symbolic extent {n} is not a plain symbol (batch, sequence)")
         ext = self.extents()
         allowed = {"q": "id", "k": "jd", "v": "je", "out": "ie", "mask": "ij", "guard": "i"}
         for name, op in self.inputs() + [("out", self.out)]:
@@ -120,7 +165,7 @@ class AttentionSpec:
                     if not isinstance(part, tuple):
                         plain.append(sub)
                 want = math.prod(_part_extent(part, ext) for part in parts)
-                if want != n:
+                if not same_extent(want, n):
                     raise ValueError(f"attention operand {name}: axis {lab} has extent {n}, expected {want}")
             real = [x for x in plain if x != "1"]
             if len(real) != len(set(real)):
@@ -133,6 +178,39 @@ class AttentionSpec:
         out_flat = {_part_base(x) for lab in self.out.axes for x in axis_parts(lab) if x != "1"}
         if out_flat != {f"b{k}" for k in range(len(self.batch))} | {"i", "e"}:
             raise ValueError(f"attention output axes {self.out.axes} must hold every batch axis, i and e")
+
+
+def _dim_json(n):
+    """An extent as JSON: an int, or the name of its symbol."""
+    if isinstance(n, (int, str)):
+        return n
+    if isinstance(n, C.IntImm):
+        return int(n.value)
+    if isinstance(n, C.tirx.Var):
+        return str(n.name)
+    raise ValueError(f"attention: symbolic extent {n} is not a plain symbol (batch, sequence)")
+
+
+def static(n) -> int | None:
+    """An extent's value when it is static, else None."""
+    return n if isinstance(n, int) else (int(n.value) if isinstance(n, C.IntImm) else None)
+
+
+def same_extent(a, b) -> bool:
+    """Are two extents (ints, TIR expressions or symbol names) provably equal?"""
+    if isinstance(a, (int, str)) and isinstance(b, (int, str)):
+        return a == b
+    if isinstance(a, str) or isinstance(b, str):
+        return False
+    return bool(C.Analyzer().can_prove_equal(a, b))
+
+
+def _ceil_div(n, b: int):
+    return -(-n // b) if isinstance(n, int) else C.tirx.floordiv(n + (b - 1), b)
+
+
+def _hint(n, default: int) -> int:
+    return n if isinstance(n, int) else default
 
 
 def axis_parts(lab) -> list:
@@ -250,9 +328,15 @@ def _unravel(flat, extents):
     """Indices of ``flat`` in a row-major index space of ``extents`` (outermost first)."""
     out, rest = [], flat
     for n in reversed(extents):
-        out.append(C.tirx.floormod(rest, n) if n > 1 else 0)
-        rest = C.tirx.floordiv(rest, n) if n > 1 else rest
+        unit = static(n) == 1
+        out.append(0 if unit else C.tirx.floormod(rest, n))
+        rest = rest if unit else C.tirx.floordiv(rest, n)
     return list(reversed(out))
+
+
+def _param_shapes(func: C.PrimFunc) -> list[tuple]:
+    """Each parameter's shape: ints, TIR expressions for symbolic extents."""
+    return [tuple(int(d.value) if isinstance(d, C.IntImm) else d for d in C.tensor_shape(p)) for p in func.params]
 
 
 @contextlib.contextmanager
@@ -279,9 +363,15 @@ class Attention(Template):
         if func.attrs is None or ATTR not in func.attrs:
             return None
         spec = AttentionSpec.from_json(str(func.attrs[ATTR]))
-        shapes = [tuple(s) for s, _ in C.prim_func_params(func)]
+        shapes = _param_shapes(func)
+        symbols = {str(d.name): d for shape in shapes for d in shape if isinstance(d, C.tirx.Var)}
+        try:
+            spec = spec.bind(symbols)
+        except KeyError:
+            return None      # a symbol of the spec is no extent of the kernel's buffers
         want = [op.shape for _, op in spec.inputs()] + [spec.out.shape]
-        if shapes != [tuple(s) for s in want]:
+        if len(shapes) != len(want) or not all(
+                len(a) == len(b) and all(same_extent(x, y) for x, y in zip(a, b)) for a, b in zip(shapes, want)):
             return None      # not the kernel the spec describes (another pass changed its signature)
         return Match(self.family, {"spec": spec})
 
@@ -289,8 +379,9 @@ class Attention(Template):
     def space(self, match: Match, target: C.Target) -> KnobSpace:
         spec = match.info["spec"]
         lanes = cpu_info(target).float32_lanes
-        qb = tuple(q for q in Q_BLOCKS if q == 1 or q < 2 * spec.sq)
-        kb = tuple(lanes * v for v in K_BLOCK_VECTORS if v == 1 or lanes * v < 2 * spec.sk)
+        sq, sk = static(spec.sq), static(spec.sk)      # None: symbolic, every block may serve
+        qb = tuple(q for q in Q_BLOCKS if q == 1 or sq is None or q < 2 * sq)
+        kb = tuple(lanes * v for v in K_BLOCK_VECTORS if v == 1 or sk is None or lanes * v < 2 * sk)
         return KnobSpace((
             Knob("q_block", qb, "query rows per parallel task (they share every K/V tile)"),
             Knob("k_block", kb, "keys per online-softmax step (a multiple of the vector width)"),
@@ -306,11 +397,11 @@ class Attention(Template):
             if (spec.d + spec.dv) * c * 4 <= L1_SHARE_KV * info.l1d_bytes:
                 kb = c
         # query rows: accumulators + scores in a share of L1, and enough tasks for every core
-        tasks_rows = max(1, math.prod(spec.batch))
+        tasks_rows = max(1, math.prod(_hint(n, SYMBOLIC_BATCH_HINT) for n in spec.batch))
         qb = space["q_block"][0]
         for c in space["q_block"]:
             fits = c * (spec.dv + kb + 2) * 4 <= L1_SHARE_ACC * info.l1d_bytes
-            tasks = tasks_rows * math.ceil(spec.sq / c)
+            tasks = tasks_rows * math.ceil(_hint(spec.sq, SYMBOLIC_SEQ_HINT) / c)
             if fits and tasks >= MIN_TASKS_PER_CORE * info.cores:
                 qb = c
         return {"q_block": qb, "k_block": kb, "lanes": info.float32_lanes}
@@ -333,9 +424,11 @@ def _flash_root(spec: AttentionSpec, params: list, qb: int, kb: int, lanes: int)
     names = [n for n, _ in spec.inputs()] + ["out"]
     buf = dict(zip(names, params))
     f32 = "float32"
-    nb_total = max(1, math.prod(spec.batch))
-    nqb = -(-spec.sq // qb)
-    nkb = -(-spec.sk // kb)
+    nb_total = math.prod(spec.batch) if spec.batch else 1
+    nqb = _ceil_div(spec.sq, qb)
+    nkb = _ceil_div(spec.sk, kb)
+    # a symbolic sequence: the last query block runs only the rows that exist (a static one clamps them)
+    q_tail = static(spec.sq) is None
     scale = tir.const(spec.scale, f32)
     neg_inf, zero, one = tir.const(NEG_INF, f32), tir.const(0.0, f32), tir.const(1.0, f32)
 
@@ -363,6 +456,7 @@ def _flash_root(spec: AttentionSpec, params: list, qb: int, kb: int, lanes: int)
                     bidx = _unravel(tir.floordiv(t, nqb), list(spec.batch)) if spec.batch else []
                     benv = _batch_env(spec, bidx)
                     q0 = tir.floormod(t, nqb) * qb
+                    rows = tir.min(qb, spec.sq - q0) if q_tail else qb
                     # Step 1. Running max, running sum and accumulator of each query row.
                     with T.serial(0, qb) as qi:
                         T.buffer_store(m, neg_inf, [qi])
@@ -381,7 +475,7 @@ def _flash_root(spec: AttentionSpec, params: list, qb: int, kb: int, lanes: int)
                             with _vector_loop(T, kb, lanes) as jj:
                                 jc = tir.min(j0 + jj, spec.sk - 1)
                                 T.buffer_store(kt, load("k", spec.k, {**benv, "j": jc, "d": dd}), [dd, jj])
-                        with T.serial(0, qb) as qi:
+                        with T.serial(0, rows) as qi:
                             ic = tir.min(q0 + qi, spec.sq - 1)
                             # Step 2b. Scores of the row against the block's keys.
                             with _vector_loop(T, kb, lanes) as jj:
