@@ -39,8 +39,6 @@ DEFAULT_SUBSET = ("mobilenet_v3_small", "bert")
 _SHAPELESS = ("FuseTIR leaves a fused call's result shape unknown (a group of constants only, arange over "
               "sequence + causal mask broadcast over batch: no argument carries the symbols): ")
 KNOWN_FAILURES: dict[str, str] = {
-    "bert": "the fused attention kernel (passes/attention.py) is built for static shapes: bert_dyn keeps its "
-            "attention unfused (27 kernels) where the static build has one attention kernel (18)",
     "llama": _SHAPELESS + "InternalError: call_tir expects all TensorType has shape, but got "
              "R.Tensor(dtype=\"float32\", ndim=3)",
     "gpt2": _SHAPELESS + "InternalError: call_tir expects all TensorType has shape, but got "
