@@ -408,7 +408,25 @@ def _converter_overrides() -> dict:
                 shape = F._tensor_to_shape_expr(bb, shape, int(length), "const_of_shape")
             return C.relax.op.full(shape, C.relax.const(arr, str(arr.dtype)), str(arr.dtype))
 
-    return {"Range": SymbolicRange, "ConstantOfShape": ScalarSafeConstantOfShape}
+    class StaticShapeGather(F.OnnxOpConverter):
+        """Gather from a shape with constant indices that pick static dims only (``x.chunk(2, dim=1)`` on
+        [batch, c, h, w] exports Shape -> Gather([1]) -> Div -> Slice) as a constant: TVM's converter
+        gathers a 1-element index at run time, so the Slice and everything after it lose their shapes."""
+
+        @classmethod
+        def _impl_v13(cls, bb, inputs, attr, params):
+            data, indices = inputs[0], inputs[1]
+            if isinstance(data, C.relax.ShapeExpr) and isinstance(indices, C.GenericConst) \
+                    and int(attr.get("axis", 0)) == 0:
+                idx = indices.value.numpy().astype(np.int64)
+                dims = list(data.values)
+                picked = [dims[int(i)] for i in idx.reshape(-1) if -len(dims) <= int(i) < len(dims)]
+                if idx.ndim > 0 and len(picked) == idx.size and all(isinstance(d, C.IntImm) for d in picked):
+                    return C.relax.const(np.array([int(d.value) for d in picked], np.int64).reshape(idx.shape),
+                                         "int64")
+            return F.Gather.get_converter(13)(bb, inputs, attr, params)
+
+    return {"Range": SymbolicRange, "ConstantOfShape": ScalarSafeConstantOfShape, "Gather": StaticShapeGather}
 
 
 def _unsupported_ops(model: onnx.ModelProto) -> dict[str, list[str]]:
