@@ -63,6 +63,7 @@ TensorLoad = _tvm.ir.expr.TensorLoad  # what tirx.BufferLoad builds in 0.27 (buf
 Call = _tvm.ir.expr.Call
 Range = _tvm.ir.Range
 Analyzer = _sym.Analyzer
+ConstIntBound = _sym.ConstIntBound
 detect_iter_map = _sym.detect_iter_map
 detect_linear_equation = _sym.detect_linear_equation
 
