@@ -318,7 +318,34 @@ def trilu_causal():
     return g.model()
 
 
-DYNAMIC_EXPORTS = {"reshape_heads": reshape_heads, "expand_minus_one": expand_minus_one,
+def chunk_channels():
+    """ShuffleNet's channel split: x.chunk(2, dim=1) exports Shape -> Gather([1]) -> Div -> Slice, the
+    static channel count gathered from a shape whose batch is symbolic."""
+    g = M._G("chunk_channels")
+    x = g.input("x", ("batch", 8, 6))
+    c = g.op("Gather", g.op("Shape", x), g.const(I64([1])), axis=0)
+    half = g.op("Div", c, g.const(I64([2])))
+    a = g.op("Slice", x, g.const(I64([0])), half, g.const(I64([1])))
+    b = g.op("Slice", x, half, g.op("Mul", half, g.const(I64([2]))), g.const(I64([1])))
+    g.op("Add", g.op("Relu", a), b)
+    g.rename_last("y", ("batch", 4, 6))
+    return g.model()
+
+
+def slice_from_end():
+    """T5's position bias[:, :, -seq:, :]: a Slice whose start is minus the symbolic sequence length."""
+    g = M._G("slice_from_end")
+    x = g.input("x", ("batch", "seq", 8))
+    start = g.op("Unsqueeze", g.op("Neg", g.op("Gather", g.op("Shape", x), g.const(I64(1)), axis=0)),
+                 g.const(I64([0])))
+    tail = g.op("Slice", g.op("Relu", x), start, g.const(I64([np.iinfo(np.int64).max])), g.const(I64([1])))
+    g.op("Mul", tail, x)
+    g.rename_last("y", ("batch", "seq", 8))
+    return g.model()
+
+
+DYNAMIC_EXPORTS = {"chunk_channels": chunk_channels, "slice_from_end": slice_from_end,
+                   "reshape_heads": reshape_heads, "expand_minus_one": expand_minus_one,
                    "slice_cache": slice_cache, "trilu_causal": trilu_causal,
                    "constant_of_shape_mask": constant_of_shape_mask,
                    "expand_to_computed_shape": expand_to_computed_shape, "range_positions": range_positions,

@@ -456,8 +456,8 @@ def _symbolic_slice_bounds(F, inputs, params) -> tuple | None:
     if not isinstance(ty, C.TensorType) or not isinstance(ty.shape, C.relax.ShapeExpr):
         return None
     dims = list(ty.shape.values)
-    parts = [F.get_constant(x, params) if i < len(inputs) and x is not None else None
-             for i, x in enumerate(list(inputs[1:5]) + [None] * (5 - len(inputs)))]
+    raw = [inputs[i] if i < len(inputs) else None for i in range(1, 5)]     # starts, ends, axes, steps
+    parts = [F.get_constant(x, params) if x is not None else None for x in raw]
     lists = []
     for part in parts:
         if part is None:
