@@ -157,6 +157,71 @@ def test_sibling_matmuls_with_symbolic_rows_fuse(host):
     assert [grp["rule"] for grp in d["groups"]] == ["sibling_contractions"] and d["kernels_fused"] == 1
 
 
+def _flattened_rows_module():
+    """x [b, s, 16] flattened to [b * s, 16] for the matmul, its result reshaped back to [b, s, 32]
+    (a transformer's projections as PyTorch exports them): the group after the matmul reads only the
+    [b * s, 32] tensor, whose shape defines neither b nor s."""
+    from tvm.script import ir as I
+    from tvm.script import relax as RS
+    from tvm.script import tirx as T
+
+    @I.ir_module
+    class Flattened:
+        @RS.function
+        def main(x: RS.Tensor(("b", "s", 16), "float32"), w: RS.Tensor((16, 32), "float32")):
+            b = T.int64()
+            s = T.int64()
+            with RS.dataflow():
+                x2 = RS.reshape(x, RS.shape([b * s, 16]))
+                y = RS.matmul(x2, w)
+                z = RS.multiply(RS.nn.relu(RS.reshape(y, RS.shape([b, s, 32]))), RS.const(2.0, "float32"))
+                RS.output(z)
+            return z
+
+    return Flattened
+
+
+def test_group_gets_the_symbols_its_tensors_do_not_define(host, rng):
+    """gpt2_dyn/llama_dyn: FuseTIR left such a group's result shape unknown (call_tir then failed); the
+    group takes the symbols as one more parameter and its result keeps [b, s, 32]."""
+    from tvmfuse.passes.grouping import FuseGroups
+
+    with host:
+        legal = C.Sequential(legalize_passes(host))(_flattened_rows_module())
+        grouped = FuseGroups(host)(legal)
+    fused = {str(gv.name_hint): f for gv, f in grouped.functions.items()
+             if isinstance(f, C.relax.Function) and f.attrs is not None and "Primitive" in f.attrs}
+    with_shape = [n for n, f in fused.items() if isinstance(C.type_of(f.params[-1]), C.relax.ShapeType)]
+    assert with_shape, {n: [str(C.type_of(p)) for p in f.params] for n, f in fused.items()}
+    for name in with_shape:
+        assert sorted(str(v.name) for v in C.type_of(fused[name].params[-1]).values) == ["b", "s"]
+        assert C.type_of(fused[name]).ret.shape is not None      # the result shape is known
+    cm = tvmfuse.compile(_flattened_rows_module(), target=host)
+    assert cm.outputs[0].shape == ("b", "s", 32)
+    assert any(g["ops"][:2] == ["reshape", "relu"] for g in cm.report.groups), cm.report.groups
+    w = rng.standard_normal((16, 32)).astype(np.float32)
+    for b, s in ((1, 5), (3, 17)):
+        x = rng.standard_normal((b, s, 16)).astype(np.float32)
+        out = cm.run({"x": x, "w": w})["output0"]
+        np.testing.assert_allclose(out, 2 * np.maximum(x @ w, 0), rtol=1e-5, atol=1e-5, err_msg=f"{b}x{s}")
+
+
+def test_group_whose_tensors_define_its_symbols_gets_no_shape_parameter(host):
+    """Must not fire: a group reading [b, s, 16] itself needs no extra parameter."""
+    from tvmfuse.passes.grouping import FuseGroups
+
+    g = M._G("defined")
+    x = g.input("x", ("b", "s", 16))
+    g.op("Mul", g.op("Relu", x), g.const(np.float32(2.0)))
+    g.rename_last("y", ("b", "s", 16))
+    with host:
+        grouped = FuseGroups(host)(_legalized(g.model(), host))
+    fused = [f for f in grouped.functions.values()
+             if isinstance(f, C.relax.Function) and f.attrs is not None and "Primitive" in f.attrs]
+    assert len(fused) == 1
+    assert not any(isinstance(C.type_of(p), C.relax.ShapeType) for p in fused[0].params)
+
+
 def _legalized(model, host):
     mod = tvmfuse.load_onnx(model)
     with host:
