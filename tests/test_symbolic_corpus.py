@@ -113,3 +113,24 @@ def test_symbolic_matmul_runs_in_the_symbolic_corpus(host):
     # attention output projection + residual, FFN in + GELU, FFN out + residual (the layers share these
     # kernels; Q/K/V are cpu.symbolic_rows siblings)
     assert fams.get("cpu.symbolic_matmul", 0) == 3, fams
+
+
+def test_latency_table_has_a_row_per_model_and_size():
+    """The README table (benchmarks/symbolic_check.py --latency): every size of every model, the ratio
+    checked against the issue's target, failures named.  Synthetic records: no timing here."""
+    ok = {"model": "bert", "static_kernels": 18, "dyn_kernels": 16, "sizes": [
+        {"dims": {"batch": 1, "sequence": 17}, "dyn_ms": 1.1, "static_ms": 1.0, "ratio": 1.1, "pinned_kernels": 18},
+        {"dims": {"batch": 8, "sequence": 17}, "dyn_ms": 3.0, "static_ms": 2.0, "ratio": 1.5, "pinned_kernels": 18},
+        {"dims": {"batch": 1, "sequence": 1}, "error": "InputError: boom", "ok": False}]}
+    failed = {"model": "t5_encoder", "static_kernels": 30, "error": "ModelLoadError: no import"}
+    lines = symbolic_check.latency_table([ok, failed]).splitlines()
+    assert len(lines) == 2 + 3 + 1
+    assert "| bert | batch=1, sequence=17 | 16 / 18 | 1.100 | 1.000 | 1.10 | yes |" in lines
+    assert lines[3].endswith("| 1.50 | no |")
+    assert "InputError: boom" in lines[4] and "ModelLoadError" in lines[5]
+    assert f"within {symbolic_check.TARGET_RATIO}x" in lines[0]
+
+
+def test_symbolic_check_table_needs_latency():
+    with pytest.raises(SystemExit):
+        symbolic_check.main(["bert", "--table", "out.md"])
