@@ -353,8 +353,8 @@ def _undefined_symbols(g: _BlockGraph, members: list[int], params: list) -> list
     for k in members:
         b = g.bindings[k]
         tys = [C.type_of(b.var)]
-        if k not in g.alias_of:
-            tys += [C.type_of(a) for a in b.value.args[1].fields]
+        if k not in g.alias_of:      # the tensors it reads, and the symbols a call_tir passes (tir_vars)
+            tys += [C.type_of(a) for a in b.value.args[1].fields] + [C.type_of(a) for a in b.value.args[2:]]
         for ty in tys:
             for v in C.relax.analysis.tir_vars_in_type(ty):
                 if str(v.name) not in defined:
