@@ -161,9 +161,7 @@ def _flattened_rows_module():
     """x [b, s, 16] flattened to [b * s, 16] for the matmul, its result reshaped back to [b, s, 32]
     (a transformer's projections as PyTorch exports them): the group after the matmul reads only the
     [b * s, 32] tensor, whose shape defines neither b nor s."""
-    from tvm.script import ir as I
-    from tvm.script import relax as RS
-    from tvm.script import tirx as T
+    I, RS, T = C.script_ir, C.script_relax, C.script_tir
 
     @I.ir_module
     class Flattened:
