@@ -532,3 +532,67 @@ def test_symbolic_head_dim_is_refused_with_reason(host):
     assert not _attention_groups(cm)
     reasons = [r["reason"] for r in cm.report.refused if r["rule"] == "attention"]
     assert reasons and "head dim d is symbolic" in reasons[0], reasons
+
+
+def _loop_extents(func):
+    """(kind, extent) of every loop of a scheduled kernel."""
+    out = []
+
+    def visit(s):
+        if isinstance(s, C.tirx.For):
+            out.append((int(s.kind), s.extent))
+
+    _walk(func.body, visit)
+    return out
+
+
+def _symbols_of(expr) -> set:
+    names = set()
+    C.post_order_visit(expr, lambda n: names.add(str(n.name)) if isinstance(n, C.tirx.Var) else None)
+    return names
+
+
+@pytest.mark.parametrize("target", [HASWELL, SKYLAKE], ids=["avx2", "avx512"])
+def test_symbolic_kernel_keeps_the_register_tiles_and_runs_only_live_row_groups(target):
+    """The symbolic kernel is the static one's loop nest (same knobs, the same unrolled register tiles)
+    with the query block's row-group loops (score tiles, row vectors, P @ V row groups) and the key-block
+    loop over the symbolic sequence; the static kernel's loops are all static (no causal mask here)."""
+    sym = _attention_func(tvmfuse.compile(_chain(b="batch", sq="sequence", sk="sequence", d=64, dv=64), target))
+    stat = _attention_func(tvmfuse.compile(_chain(b=1, sq=128, sk=128, d=64, dv=64), target))
+    res_sym, res_stat = schedule_prim_func(sym, target), schedule_prim_func(stat, target)
+    assert res_sym.template == res_stat.template == "cpu.attention"
+    unrolled = int(C.ForKind.UNROLLED)
+    loops_sym, loops_stat = _loop_extents(res_sym.func), _loop_extents(res_stat.func)
+    # the register tiles: same number of unrolled loops, each of a static extent
+    assert sum(k == unrolled for k, _ in loops_sym) == sum(k == unrolled for k, _ in loops_stat) > 0
+    assert all(isinstance(e, C.IntImm) for k, e in loops_sym if k == unrolled)
+    assert all(isinstance(e, C.IntImm) for k, e in loops_stat if k != int(C.ForKind.PARALLEL))
+    serial = [_symbols_of(e) for k, e in loops_sym if k == int(C.ForKind.SERIAL) and not isinstance(e, C.IntImm)]
+    # key blocks + score-tile groups + row vectors + P @ V row groups follow the sequence (the last three
+    # also the task's query block: its live rows)
+    assert len(serial) == 4 and all("sequence" in s and "batch" not in s for s in serial), serial
+
+
+def test_symbolic_register_tile_configs_match_reference(host, rng):
+    """Symbolic batch/sequence with the space's larger choices (several row vectors per block and per
+    score tile, row groups of several rows) at sequences shorter than a vector, inside one block and over
+    several blocks with a tail: the built kernel gives the unfused reference's numbers at every size."""
+    import random
+
+    model = _chain(b="batch", sq="sequence", sk="sequence", d=8, dv=8, mask="input")
+    func = _attention_func(tvmfuse.compile(model, host))
+    t = Attention()
+    match = t.match(func, host)
+    lanes = t.default_config(match, host)["lanes"]
+    configs = [c for c in t.space(match, host).all_configs()
+               if c["q_block"] > lanes and c["tile_qvecs"] > 1 and c["rows"] > 1]
+    assert configs
+    for config in random.Random(1).sample(configs, 3):
+        scheduled = schedule_with(t, match, func, config)
+        lib = C.build_prim_module(C.IRModule({"main": scheduled.with_attr("global_symbol", "main")}), host)
+        for b, s in ((1, 1), (2, 3 * lanes + 1), (1, 2 * config["q_block"] + 5)):
+            feeds = _sym_feeds(rng, b, s, d=8, mask=True)
+            ref = _ort_outputs(model, feeds)["y"]
+            args = [C.tensor(feeds[n]) for n in ("q", "k", "v", "mask")] + [C.tensor(np.zeros(ref.shape, np.float32))]
+            lib["main"](*args)
+            np.testing.assert_allclose(args[-1].numpy(), ref, rtol=RTOL, atol=ATOL, err_msg=f"{config}, {b}x{s}")
