@@ -4,11 +4,16 @@ static variant's, and its outputs against onnxruntime at several sizes of its sy
     PYTHONPATH=. python benchmarks/symbolic_check.py                 # every corpus model
     PYTHONPATH=. python benchmarks/symbolic_check.py bert gpt2 --json out.json
     PYTHONPATH=. python benchmarks/symbolic_check.py bert --latency  # + symbolic vs static latency per size
+    PYTHONPATH=. python benchmarks/symbolic_check.py --latency --table table.md   # the README table
+    PYTHONPATH=. python benchmarks/symbolic_check.py --quick --latency            # smoke run (minutes)
 
 A model is OK when its symbolic build has no more kernels than the static one, none unscheduled, and
 every size within ``REL_TOL`` of onnxruntime.  Numerics only by default; ``--latency`` times the symbolic build against a build pinned to each size
 (``input_shapes``), medians of ``--repeat`` calls: on a shared machine report them as measured under load.
-Writes JSON (``--json``) with one record per model.
+Writes JSON (``--json``) with one record per model; with ``--latency`` prints (and ``--table`` writes) the
+markdown table of symbolic vs static latency per size for ``benchmarks/README.md``.  ``--quick`` is a smoke
+run of the whole path: ``QUICK_MODELS`` (unless models are named), ``QUICK_SIZES``, 2 timed calls; its
+timings are no measurement.
 """
 from __future__ import annotations
 
@@ -30,6 +35,10 @@ _spec.loader.exec_module(corpus_io)
 BATCHES = (1, 3, 8)          # the issue's sizes of `batch`
 SEQUENCES = (1, 17, 128)     # ... and of `sequence` (token models)
 REL_TOL = 1e-4               # the corpus target (tests/test_corpus.py)
+TARGET_RATIO = 1.2           # issue 13: symbolic within 1.2x of a static build for the same size
+QUICK_MODELS = ("mobilenet_v3_small", "bert")      # --quick: one CNN, one token model
+QUICK_SIZES = {"batch": (1, 3), "sequence": (17,)}  # --quick: sizes per symbolic dim
+QUICK_REPEAT = 2
 
 
 def size_points(entry: dict, batches=BATCHES, sequences=SEQUENCES) -> list[dict]:
@@ -115,27 +124,68 @@ def _line(rec: dict) -> str:
             f"unsched {len(rec['unscheduled'])}  {'OK ' if rec['ok'] else 'BAD'}  {sizes}")
 
 
+def _dims_text(dims: dict) -> str:
+    return ", ".join(f"{k}={v}" for k, v in dims.items())
+
+
+def latency_table(records: list[dict]) -> str:
+    """Markdown: one row per model and size with the symbolic and the pinned (static) build's latency,
+    their ratio and whether it meets ``TARGET_RATIO``; a model that failed or has no timings gets one row
+    saying so."""
+    lines = ["| model | size | kernels (symbolic / static) | symbolic ms | static ms | ratio | "
+             f"within {TARGET_RATIO}x |",
+             "|---|---|---|---|---|---|---|"]
+    for rec in records:
+        if "error" in rec:
+            lines.append(f"| {rec['model']} | - | - / {rec.get('static_kernels', '-')} | - | - | - | "
+                         f"error: {rec['error'][:80]} |")
+            continue
+        for row in rec.get("sizes", []):
+            if "ratio" not in row:
+                why = row.get("error", "not timed (run with --latency)")
+                lines.append(f"| {rec['model']} | {_dims_text(row['dims'])} | {rec['dyn_kernels']} / "
+                             f"{rec['static_kernels']} | - | - | - | {why[:80]} |")
+                continue
+            lines.append(f"| {rec['model']} | {_dims_text(row['dims'])} | {rec['dyn_kernels']} / "
+                         f"{row['pinned_kernels']} | {row['dyn_ms']:.3f} | {row['static_ms']:.3f} | "
+                         f"{row['ratio']:.2f} | {'yes' if row['ratio'] <= TARGET_RATIO else 'no'} |")
+    return "\n".join(lines) + "\n"
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("models", nargs="*", help="corpus model names (default: all)")
     ap.add_argument("--json", help="write the records here")
     ap.add_argument("--latency", action="store_true", help="also time symbolic vs a build pinned to each size")
-    ap.add_argument("--repeat", type=int, default=10)
+    ap.add_argument("--repeat", type=int, default=None, help="timed calls per size (default 10; --quick 2)")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--table", help="with --latency: write the markdown latency table here")
+    ap.add_argument("--quick", action="store_true",
+                    help=f"smoke run: {', '.join(QUICK_MODELS)} unless models are named, sizes {QUICK_SIZES}")
     args = ap.parse_args(argv)
+    if args.table and not args.latency:
+        ap.error("--table needs --latency (the table holds the timings)")
+    repeat = args.repeat if args.repeat is not None else (QUICK_REPEAT if args.quick else 10)
     entries = {e["name"]: e for e in corpus_io.load_manifest()["models"]}
-    names = args.models or list(entries)
+    names = args.models or (list(QUICK_MODELS) if args.quick else list(entries))
     unknown = sorted(set(names) - set(entries))
     if unknown:
         ap.error(f"unknown model(s) {unknown}; the corpus has {sorted(entries)}")
     records = []
     for n in names:
-        rec = check_model(entries[n], latency=args.latency, repeat=args.repeat, seed=args.seed)
+        points = size_points(entries[n], QUICK_SIZES["batch"], QUICK_SIZES["sequence"]) if args.quick else None
+        rec = check_model(entries[n], latency=args.latency, repeat=repeat, seed=args.seed, points=points)
         print(_line(rec), flush=True)
         records.append(rec)
     if args.json:
         with open(args.json, "w", encoding="utf-8") as f:
-            json.dump({"records": records}, f, indent=1)
+            json.dump({"records": records, "quick": args.quick, "repeat": repeat}, f, indent=1)
+    if args.latency:
+        table = latency_table(records)
+        print(table)
+        if args.table:
+            with open(args.table, "w", encoding="utf-8") as f:
+                f.write(table)
     return 0 if all(r.get("ok") for r in records) else 1
 
 

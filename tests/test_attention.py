@@ -439,3 +439,160 @@ def test_configs_with_several_row_vectors_match_reference(host, rng):
             args = [C.tensor(a) for a in args_np + [np.zeros(ref.shape, np.float32)]]
             lib["main"](*args)
             np.testing.assert_allclose(args[-1].numpy(), ref, rtol=RTOL, atol=ATOL, err_msg=str(config))
+
+
+# ------------------------------------------------------------------------------------------ symbolic shapes
+def _ort_outputs(model, feeds):
+    ort = pytest.importorskip("onnxruntime")
+    sess = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    return dict(zip([o.name for o in sess.get_outputs()], sess.run(None, feeds)))
+
+
+def _sym_feeds(rng, batch, seq, h=3, d=16, dv=8, sk=None, mask=False):
+    sk = seq if sk is None else sk
+    feeds = {"q": rng.standard_normal((batch, h, seq, d)), "k": rng.standard_normal((batch, h, sk, d)),
+             "v": rng.standard_normal((batch, h, sk, dv))}
+    if mask:
+        feeds["mask"] = rng.standard_normal((batch, 1, seq, sk))
+    return {k: v.astype(np.float32) for k, v in feeds.items()}
+
+
+@pytest.mark.parametrize("kw, sizes", [
+    # self-attention: one symbol for queries and keys; the issue's sizes (batch 1, 3, 8; sequence 1, 17, 128)
+    (dict(b="batch", sq="sequence", sk="sequence"),
+     [(b, s, s) for b in (1, 3, 8) for s in (1, 17, 128)]),
+    # cross-attention with an additive mask: two symbols, key tails and query tails apart
+    (dict(b="batch", sq="q_len", sk="k_len", mask="input"), [(1, 1, 17), (3, 17, 1), (2, 128, 33)]),
+], ids=["self", "cross_mask"])
+def test_symbolic_chain_is_one_kernel_and_matches_onnxruntime(kw, sizes, host, rng):
+    model = _chain(**kw)
+    static = _chain(**{**kw, "b": 2, "sq": 13, "sk": 13 if kw["sk"] == kw["sq"] else 21})
+    cm = tvmfuse.compile(model, host)
+    assert cm.kernel_count == tvmfuse.compile(static, host).kernel_count == 1, cm.report.refused
+    assert [s["template"] for s in cm.report.schedules] == ["cpu.attention"]
+    spec = AttentionSpec.from_json(str(_attention_func(cm).attrs[ATTR]))
+    assert (spec.batch[0], spec.sq, spec.sk) == (kw["b"], kw["sq"], kw["sk"])    # the symbols, by name
+    for b, sq, sk in sizes:
+        feeds = _sym_feeds(rng, b, sq, sk=sk, mask="mask" in kw)
+        out, ref = cm.run(feeds)["y"], _ort_outputs(model, feeds)["y"]
+        assert out.shape == ref.shape == (b, 3, sq, 8)
+        np.testing.assert_allclose(out, ref, rtol=RTOL, atol=ATOL, err_msg=f"batch {b}, q {sq}, k {sk}")
+
+
+@pytest.mark.parametrize("target", [HASWELL, SKYLAKE], ids=["avx2", "avx512"])
+def test_symbolic_kernel_keeps_scores_out_of_memory(target):
+    """Over a symbolic sequence: every buffer the kernel allocates has a static size (no S x S scores),
+    one parallel loop whose extent holds the symbols (batch x heads x query blocks), vectorized loops."""
+    model = _chain(b="batch", sq="sequence", sk="sequence", mask="input")
+    cm = tvmfuse.compile(model, target)
+    func = _attention_func(cm)
+    res = schedule_prim_func(func, target)
+    assert res.template == "cpu.attention"
+    allocs, loops = _allocs_and_loops(res.func)     # int() of every alloc extent: a symbolic one raises
+    kb = res.config["k_block"]
+    assert allocs and all(scope == "local" for _, _, scope in allocs), allocs
+    assert max(n for _, n, _ in allocs) <= max(res.config["q_block"], 16) * max(kb, 16)
+    assert int(C.ForKind.PARALLEL) in loops and loops.count(int(C.ForKind.PARALLEL)) == 1
+    assert int(C.ForKind.VECTORIZED) in loops
+    par = []
+
+    def visit(s):
+        if isinstance(s, C.tirx.For) and s.kind == C.ForKind.PARALLEL:
+            par.append(s.extent)
+
+    _walk(res.func.body, visit)
+    names = set()
+    C.post_order_visit(par[0], lambda n: names.add(str(n.name)) if isinstance(n, C.tirx.Var) else None)
+    assert names == {"batch", "sequence"}, par[0]
+
+
+def test_symbolic_spec_round_trips_and_binds_the_kernel_vars(host):
+    """The spec's JSON names the symbols; ``Attention.match`` binds them to the kernel's own vars (not the
+    Relax function's), and a spec whose symbol is not among the kernel's extents does not match."""
+    cm = tvmfuse.compile(_chain(b="batch", sq="sequence", sk="sequence"), host)
+    func = _attention_func(cm)
+    m = Attention().match(func, host)
+    assert m is not None
+    spec = m.info["spec"]
+    kernel_vars = {str(d.name): d for p in func.params for d in C.tensor_shape(p) if isinstance(d, C.tirx.Var)}
+    assert spec.sq.same_as(kernel_vars["sequence"]) and spec.batch[0].same_as(kernel_vars["batch"])
+    assert AttentionSpec.from_json(spec.to_json()) == AttentionSpec.from_json(str(func.attrs[ATTR]))
+    renamed = func.with_attr(ATTR, str(func.attrs[ATTR]).replace('"sequence"', '"seq"'))
+    assert Attention().match(renamed, host) is None
+
+
+def test_symbolic_head_dim_is_refused_with_reason(host):
+    """The kernel tiles the head dims: a symbolic head dim keeps the chain apart, with the reason."""
+    model = _chain(b=1, h=2, sq=5, sk=5, d=16, dv=16)
+    for vi in list(model.graph.input) + list(model.graph.output):
+        last = vi.type.tensor_type.shape.dim[3]
+        last.Clear()
+        last.dim_param = "dim"
+    cm = tvmfuse.compile(model, host)
+    assert not _attention_groups(cm)
+    reasons = [r["reason"] for r in cm.report.refused if r["rule"] == "attention"]
+    assert reasons and "head dim d is symbolic" in reasons[0], reasons
+
+
+def _loop_extents(func):
+    """(kind, extent) of every loop of a scheduled kernel."""
+    out = []
+
+    def visit(s):
+        if isinstance(s, C.tirx.For):
+            out.append((int(s.kind), s.extent))
+
+    _walk(func.body, visit)
+    return out
+
+
+def _symbols_of(expr) -> set:
+    names = set()
+    C.post_order_visit(expr, lambda n: names.add(str(n.name)) if isinstance(n, C.tirx.Var) else None)
+    return names
+
+
+@pytest.mark.parametrize("target", [HASWELL, SKYLAKE], ids=["avx2", "avx512"])
+def test_symbolic_kernel_keeps_the_register_tiles_and_runs_only_live_row_groups(target):
+    """The symbolic kernel is the static one's loop nest (same knobs, the same unrolled register tiles)
+    with the query block's row-group loops (score tiles, row vectors, P @ V row groups) and the key-block
+    loop over the symbolic sequence; the static kernel's loops are all static (no causal mask here)."""
+    sym = _attention_func(tvmfuse.compile(_chain(b="batch", sq="sequence", sk="sequence", d=64, dv=64), target))
+    stat = _attention_func(tvmfuse.compile(_chain(b=1, sq=128, sk=128, d=64, dv=64), target))
+    res_sym, res_stat = schedule_prim_func(sym, target), schedule_prim_func(stat, target)
+    assert res_sym.template == res_stat.template == "cpu.attention"
+    unrolled = int(C.ForKind.UNROLLED)
+    loops_sym, loops_stat = _loop_extents(res_sym.func), _loop_extents(res_stat.func)
+    # the register tiles: same number of unrolled loops, each of a static extent
+    assert sum(k == unrolled for k, _ in loops_sym) == sum(k == unrolled for k, _ in loops_stat) > 0
+    assert all(isinstance(e, C.IntImm) for k, e in loops_sym if k == unrolled)
+    assert all(isinstance(e, C.IntImm) for k, e in loops_stat if k != int(C.ForKind.PARALLEL))
+    serial = [_symbols_of(e) for k, e in loops_sym if k == int(C.ForKind.SERIAL) and not isinstance(e, C.IntImm)]
+    # key blocks + score-tile groups + row vectors + P @ V row groups follow the sequence (the last three
+    # also the task's query block: its live rows)
+    assert len(serial) == 4 and all("sequence" in s and "batch" not in s for s in serial), serial
+
+
+def test_symbolic_register_tile_configs_match_reference(host, rng):
+    """Symbolic batch/sequence with the space's larger choices (several row vectors per block and per
+    score tile, row groups of several rows) at sequences shorter than a vector, inside one block and over
+    several blocks with a tail: the built kernel gives the unfused reference's numbers at every size."""
+    import random
+
+    model = _chain(b="batch", sq="sequence", sk="sequence", d=8, dv=8, mask="input")
+    func = _attention_func(tvmfuse.compile(model, host))
+    t = Attention()
+    match = t.match(func, host)
+    lanes = t.default_config(match, host)["lanes"]
+    configs = [c for c in t.space(match, host).all_configs()
+               if c["q_block"] > lanes and c["tile_qvecs"] > 1 and c["rows"] > 1]
+    assert configs
+    for config in random.Random(1).sample(configs, 3):
+        scheduled = schedule_with(t, match, func, config)
+        lib = C.build_prim_module(C.IRModule({"main": scheduled.with_attr("global_symbol", "main")}), host)
+        for b, s in ((1, 1), (2, 3 * lanes + 1), (1, 2 * config["q_block"] + 5)):
+            feeds = _sym_feeds(rng, b, s, d=8, mask=True)
+            ref = _ort_outputs(model, feeds)["y"]
+            args = [C.tensor(feeds[n]) for n in ("q", "k", "v", "mask")] + [C.tensor(np.zeros(ref.shape, np.float32))]
+            lib["main"](*args)
+            np.testing.assert_allclose(args[-1].numpy(), ref, rtol=RTOL, atol=ATOL, err_msg=f"{config}, {b}x{s}")

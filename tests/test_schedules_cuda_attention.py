@@ -155,3 +155,21 @@ def test_transformer_block_builds_with_one_attention_kernel_and_nvcc_compiles(ar
     src = C.cuda_device_source(cm.executable)
     assert "__shared__" in src and "__syncthreads" in src
     assert C.nvcc_compile(src, target)
+
+
+def test_symbolic_kernel_is_refused_with_reason():
+    """cuda_attention is built for static extents: over a symbolic batch/sequence the attention pass forms no
+    kernel for cuda and says why (the same chain, static, is one kernel: test above)."""
+    from tvmfuse.explain import Recorder
+    from tvmfuse.passes.attention import FuseAttention
+
+    target = cuda()
+    mod = tvmfuse.load_onnx(_chain(b="batch", s="sequence", mask=True))
+    with Recorder() as rec:
+        out = FuseAttention(target)(mod)
+    assert not any(isinstance(f, C.PrimFunc) for f in out.functions.values())
+    reasons = [r["reason"] for r in rec.refused if r["rule"] == "attention"]
+    assert any("no cuda template" in r and "symbolic extents (batch, sequence)" in r for r in reasons), reasons
+    cpu = FuseAttention(tvmfuse.host_target())(mod)
+    kernels = [f for f in cpu.functions.values() if isinstance(f, C.PrimFunc)]
+    assert [str(f.attrs["tvmfuse.template"]) for f in kernels] == ["cpu.attention"]

@@ -39,6 +39,8 @@ save_json = _tvm.ir.save_json
 load_json = _tvm.ir.load_json
 register_global_func = _tvm_ffi.register_global_func
 script_tir = _tvm.script.tirx   # TVMScript's TIR parser (``T.prim_func``)
+script_ir = _tvm.script.ir   # TVMScript's IRModule parser (``I.ir_module``)
+script_relax = _tvm.script.relax   # TVMScript's Relax parser (``R.function``)
 
 # --- Relax types (0.27 renamed StructInfo -> Type, ``.struct_info`` -> ``.ty``) -----------------------------
 TensorType = relax.TensorType
@@ -63,6 +65,7 @@ TensorLoad = _tvm.ir.expr.TensorLoad  # what tirx.BufferLoad builds in 0.27 (buf
 Call = _tvm.ir.expr.Call
 Range = _tvm.ir.Range
 Analyzer = _sym.Analyzer
+ConstIntBound = _sym.ConstIntBound
 detect_iter_map = _sym.detect_iter_map
 detect_linear_equation = _sym.detect_linear_equation
 

@@ -21,6 +21,9 @@ _NEVER_FOLD = {"RandomNormal", "RandomUniform", "RandomNormalLike", "RandomUnifo
 # A folded tensor larger than this many elements stays a computation (ConstantOfShape of an activation
 # size would otherwise bloat the model with a constant).
 MAX_FOLDED_ELEMENTS = 1 << 20
+# The range the frontend assumes for a symbolic dim when it normalizes slice bounds over it: an empty batch
+# or sequence is no size a model is compiled for, and one axis of 2**31 elements or more is none either.
+SYMBOLIC_DIM_MAX = (1 << 31) - 1
 
 
 def read_model(path_or_model) -> onnx.ModelProto:
@@ -408,7 +411,98 @@ def _converter_overrides() -> dict:
                 shape = F._tensor_to_shape_expr(bb, shape, int(length), "const_of_shape")
             return C.relax.op.full(shape, C.relax.const(arr, str(arr.dtype)), str(arr.dtype))
 
-    return {"Range": SymbolicRange, "ConstantOfShape": ScalarSafeConstantOfShape}
+    class StaticShapeGather(F.OnnxOpConverter):
+        """Gather from a shape with constant indices that pick static dims only (``x.chunk(2, dim=1)`` on
+        [batch, c, h, w] exports Shape -> Gather([1]) -> Div -> Slice) as a constant: TVM's converter
+        gathers a 1-element index at run time, so the Slice and everything after it lose their shapes."""
+
+        @classmethod
+        def _impl_v13(cls, bb, inputs, attr, params):
+            data, indices = inputs[0], inputs[1]
+            if isinstance(data, C.relax.ShapeExpr) and isinstance(indices, C.GenericConst) \
+                    and int(attr.get("axis", 0)) == 0:
+                idx = indices.value.numpy().astype(np.int64)
+                dims = list(data.values)
+                picked = [dims[int(i)] for i in idx.reshape(-1) if -len(dims) <= int(i) < len(dims)]
+                if idx.ndim > 0 and len(picked) == idx.size and all(isinstance(d, C.IntImm) for d in picked):
+                    return C.relax.const(np.array([int(d.value) for d in picked], np.int64).reshape(idx.shape),
+                                         "int64")
+            return F.Gather.get_converter(13)(bb, inputs, attr, params)
+
+    class SymbolicBoundSlice(F.OnnxOpConverter):
+        """Slice with a symbolic start or end (T5's ``bias[:, :, -seq:, :]``: start ``-sequence``) made
+        non-negative and clamped against the axis extent the ONNX way; TVM's converter takes the symbolic
+        bound as in range, so the result's extent becomes ``sequence + 2**63 - 1``."""
+
+        @classmethod
+        def _impl_v13(cls, bb, inputs, attr, params):
+            bounds = _symbolic_slice_bounds(F, inputs, params)
+            if bounds is None:
+                return F.Slice.get_converter(13)(bb, inputs, attr, params)
+            axes, begin, end = bounds
+            return C.relax.op.strided_slice(inputs[0], axes, [C.relax.prim_value(b) for b in begin],
+                                            [C.relax.prim_value(e) for e in end], assume_inbound=True)
+
+    return {"Range": SymbolicRange, "ConstantOfShape": ScalarSafeConstantOfShape, "Gather": StaticShapeGather,
+            "Slice": SymbolicBoundSlice}
+
+
+def _symbolic_slice_bounds(F, inputs, params) -> tuple | None:
+    """(axes, begins, ends) of a unit-step Slice of a tensor of known shape whose start or end is symbolic,
+    each bound in [0, extent] (a negative bound counts from the end); None when the Slice has no symbolic
+    bound, a step other than 1, or a bound whose sign the analyzer cannot prove."""
+    data = inputs[0]
+    ty = C.type_of(data)
+    if not isinstance(ty, C.TensorType) or not isinstance(ty.shape, C.relax.ShapeExpr):
+        return None
+    dims = list(ty.shape.values)
+    raw = [inputs[i] if i < len(inputs) else None for i in range(1, 5)]     # starts, ends, axes, steps
+    parts = [F.get_constant(x, params) if x is not None else None for x in raw]
+    lists = []
+    for part in parts:
+        if part is None:
+            lists.append(None)
+        elif isinstance(part, C.relax.ShapeExpr):
+            lists.append(list(part.values))
+        elif isinstance(part, C.GenericConst):
+            lists.append([int(v) for v in part.value.numpy().reshape(-1)])
+        else:
+            return None
+    starts, ends, axes, steps = lists
+    if starts is None or ends is None or len(starts) != len(ends):
+        return None
+    if not any(not isinstance(v, (int, C.IntImm)) for v in starts + ends):
+        return None
+    if steps is not None and any(not isinstance(v, (int, C.IntImm)) or int(v) != 1 for v in steps):
+        return None
+    axes = [int(a) % len(dims) for a in (axes if axes is not None else range(len(starts)))]
+    ana = C.Analyzer()
+    # a symbolic dim is in [1, SYMBOLIC_DIM_MAX]: the sign of ``-sequence`` is then known, and an end of
+    # INT32_MAX / INT64_MAX ("to the end") is past every extent
+    for v in starts + ends + dims:
+        if not isinstance(v, (int, C.IntImm)):
+            C.post_order_visit(v, lambda x: ana.update(x, C.ConstIntBound(1, SYMBOLIC_DIM_MAX), True)
+                               if isinstance(x, C.tirx.Var) else None)
+
+    def bound(v, n):
+        v = C.tirx.IntImm("int64", v) if isinstance(v, int) else v
+        n = C.tirx.IntImm("int64", int(n)) if isinstance(n, int) else n
+        if ana.can_prove(v < 0):
+            v = ana.simplify(v + n)
+            if not ana.can_prove(v >= 0):
+                return None       # -v may exceed the extent: the clamp to 0 is not provable
+        elif not ana.can_prove(v >= 0):
+            return None
+        return n if ana.can_prove(v >= n) else ana.simplify(v)
+
+    begin, end = [], []
+    for a, s0, e0 in zip(axes, starts, ends):
+        b, e = bound(s0, dims[a]), bound(e0, dims[a])
+        if b is None or e is None:
+            return None
+        begin.append(b)
+        end.append(e)
+    return axes, begin, end
 
 
 def _unsupported_ops(model: onnx.ModelProto) -> dict[str, list[str]]:

@@ -26,7 +26,7 @@ import numpy as np
 from .. import _compat as C
 from ..explain import record_group, record_refusal
 from ..schedules import templates_for
-from ..schedules.cpu.attention import AttentionSpec, Operand, axis_parts, reference_prim_func
+from ..schedules.cpu.attention import AttentionSpec, Operand, axis_parts, reference_prim_func, same_extent
 from . import rules as R
 from .grouping import with_functions
 
@@ -34,13 +34,16 @@ log = logging.getLogger("tvmfuse.fusion")
 RULE = "attention"
 
 
-def _static_dims(expr) -> tuple | None:
+def _dims(expr) -> tuple | None:
+    """The shape of a tensor: ints, TIR expressions for symbolic extents; None when unknown."""
     ty = C.type_of(expr)
     if not isinstance(ty, C.TensorType) or not isinstance(ty.shape, C.relax.ShapeExpr):
         return None
-    if not all(isinstance(d, C.IntImm) for d in ty.shape.values):
-        return None
-    return tuple(int(d.value) for d in ty.shape.values)
+    return tuple(int(d.value) if isinstance(d, C.IntImm) else d for d in ty.shape.values)
+
+
+def _is1(n) -> bool:
+    return isinstance(n, int) and n == 1
 
 
 def _dtype(expr) -> str:
@@ -84,9 +87,9 @@ def _scalar_const(expr) -> float | None:
     return float(arr.reshape(-1)[0]) if arr.size == 1 else None
 
 
-def _causal_offset(expr, sq: int, sk: int) -> int | None:
+def _causal_offset(expr, sq, sk) -> int | None:
     """k if ``expr`` is a constant 0/-inf mask that allows exactly j <= i + k, else None."""
-    if not isinstance(expr, C.Constant):
+    if not isinstance(expr, C.Constant) or not isinstance(sq, int) or not isinstance(sk, int):
         return None
     arr = C.const_value(expr)
     if arr.ndim < 2 or tuple(arr.shape[-2:]) != (sq, sk) or any(n != 1 for n in arr.shape[:-2]):
@@ -108,9 +111,9 @@ def _aligned_labels(shape: tuple, full: tuple, labels: list, what: str) -> list[
     out = []
     for t, n in enumerate(shape):
         k = off + t
-        if n == full[k]:
+        if same_extent(n, full[k]):
             out.append(labels[k])
-        elif n == 1:
+        elif _is1(n):
             out.append("1")
         else:
             raise _Refused(f"{what} axis {t} ({n}) does not broadcast to {full[k]}")
@@ -119,19 +122,20 @@ def _aligned_labels(shape: tuple, full: tuple, labels: list, what: str) -> list[
 
 def _runs(fine: tuple, coarse: tuple) -> list[list[int]] | None:
     """Each axis of ``coarse`` as a run of consecutive axes of ``fine`` (a reshape that only splits or
-    merges neighbouring axes, row-major); None for any other reshape."""
+    merges neighbouring axes, row-major); None for any other reshape.  Symbolic extents compare by
+    provable equality (``[batch, sequence, 64]`` -> ``[batch, sequence, 4, 16]``)."""
     runs, f = [], 0
     for c in coarse:
         run, prod = [], 1
-        while f < len(fine) and (prod < c or (not run and c == 1 and fine[f] == 1)):
+        while f < len(fine) and (not same_extent(prod, c) or (not run and _is1(c) and _is1(fine[f]))):
             run.append(f)
-            prod *= fine[f]
+            prod = prod * fine[f]
             f += 1
-        if prod != c:
+        if not same_extent(prod, c):
             return None
         runs.append(run)
     while f < len(fine):
-        if fine[f] != 1 or not runs:
+        if not _is1(fine[f]) or not runs:
             return None
         runs[-1].append(f)
         f += 1
@@ -169,23 +173,24 @@ def _peel_layout(fn: _Function, expr, labels: list, ops: list) -> tuple:
             continue
         r = fn.call(expr, "relax.reshape")
         if r is not None:
-            src, cur = _static_dims(r.args[0]), _static_dims(expr)
-            runs = _runs(cur, src) if src is not None else None
+            src, cur = _dims(r.args[0]), _dims(expr)
+            runs = _runs(cur, src) if src is not None and cur is not None else None
             if runs is not None:          # the source's axes merge the operand's (head split)
                 expr, labels = r.args[0], _merge(labels, runs)
                 ops.append("reshape")
                 continue
-            split = _split(labels, src, cur) if src is not None else None
+            split = _split(labels, src, cur) if src is not None and cur is not None else None
             if split is not None:         # the source's axes split the operand's (grouped heads)
                 expr, labels = r.args[0], split
                 ops.append("reshape")
                 continue
         b = fn.call(expr, "relax.broadcast_to")
-        if b is not None and _static_dims(b.args[0]) is not None:
-            src, cur = _static_dims(b.args[0]), _static_dims(expr)
+        if b is not None and _dims(b.args[0]) is not None and _dims(expr) is not None:
+            src, cur = _dims(b.args[0]), _dims(expr)
             off = len(cur) - len(src)
             expr = b.args[0]
-            labels = ["1" if src[t] == 1 and cur[off + t] != 1 else labels[off + t] for t in range(len(src))]
+            labels = ["1" if _is1(src[t]) and not _is1(cur[off + t]) else labels[off + t]
+                      for t in range(len(src))]
             ops.append("broadcast_to")
             continue
         e = fn.call(expr, "relax.expand_dims")
@@ -214,8 +219,8 @@ def _split(labels: list, src: tuple, cur: tuple) -> list | None:
         for m, t in enumerate(run):
             stride = 1
             for u in run[m + 1:]:
-                stride *= src[u]
-            out.append("1" if src[t] == 1 or lab == "1" else ("%", lab, stride, src[t]))
+                stride = stride * src[u]
+            out.append("1" if _is1(src[t]) or lab == "1" else ("%", lab, stride, src[t]))
     return out
 
 
@@ -307,7 +312,7 @@ def _scalar_factors(fn: _Function, expr, ops: list) -> tuple:
         c, x = _scalar_const(b), a
         if c is None:
             c, x = _scalar_const(a), b
-        if c is None or _static_dims(x) is None or _static_dims(x) != _static_dims(expr):
+        if c is None or _dims(x) is None or _dims(expr) is None or not R.same_shape(_dims(x), _dims(expr)):
             break            # a tensor factor, or one that broadcasts the operand: not a scale
         factor *= c
         expr = x
@@ -354,9 +359,9 @@ def match(fn: _Function, var, target) -> tuple | None:
     if found is None:
         return None
     x, axis, x_readers = found
-    dims_x = _static_dims(x)
+    dims_x = _dims(x)
     if dims_x is None:
-        raise _Refused("symbolic shapes (the kernel is built for static shapes)")
+        raise _Refused("unknown shape of the scores")
     if axis % len(dims_x) != len(dims_x) - 1:
         raise _Refused(f"softmax over axis {axis}, not the last (key) axis")
     if len(fn.users.get(p, [])) != p_readers:
@@ -373,23 +378,23 @@ def match(fn: _Function, var, target) -> tuple | None:
                                         target)
     if reason is not None:
         raise _Refused(reason)
-    if min(len(_static_dims(t)) for t in (q, kt, v)) < 2:
+    if min(len(_dims(t)) for t in (q, kt, v)) < 2:
         raise _Refused("a matmul operand is a vector (the kernel takes [..., rows, features] operands)")
-    sq, d = _static_dims(q)[-2:]
-    sk = _static_dims(kt)[-1]
-    dv = _static_dims(v)[-1]
-    out_dims = _static_dims(var)
+    sq, d = _dims(q)[-2:]
+    sk = _dims(kt)[-1]
+    dv = _dims(v)[-1]
+    out_dims = _dims(var)
     batch = out_dims[:-2]
-    if tuple(dims_x[:-2]) != tuple(batch):
+    if not R.same_shape(tuple(dims_x[:-2]), tuple(batch)):
         raise _Refused("the scores and the output have different batch shapes")
 
     blabels = [f"b{k}" for k in range(len(batch))]
 
     def operand(expr, tail, what):
-        dims = _static_dims(expr)
+        dims = _dims(expr)
         labels = _aligned_labels(dims[:-2], batch, blabels, what) + list(tail)
         src, labels = _peel_layout(fn, expr, labels, ops)
-        return src, Operand(tuple(labels), _static_dims(src), _dtype(src))
+        return src, Operand(tuple(labels), _dims(src), _dtype(src))
 
     args, specs = [], {}
     for name, expr, tail in (("q", q, "id"), ("k", kt, "dj"), ("v", v, "je")):
@@ -405,7 +410,7 @@ def match(fn: _Function, var, target) -> tuple | None:
             continue
         if mask is not None:
             raise _Refused("more than one additive mask")
-        tdims = _static_dims(t)
+        tdims = _dims(t)
         labels = _aligned_labels(tdims, (*batch, sq, sk), blabels + ["i", "j"], "mask")
         mask = (t, Operand(tuple(labels), tdims, _dtype(t)))
         ops.append("add mask")
@@ -413,8 +418,8 @@ def match(fn: _Function, var, target) -> tuple | None:
         args.append(mask[0])
     glabels = None
     if guard is not None:
-        gdims = _static_dims(guard)
-        if _dtype(guard) != "bool" or not gdims or gdims[-1] != 1:
+        gdims = _dims(guard)
+        if _dtype(guard) != "bool" or not gdims or not _is1(gdims[-1]):
             raise _Refused("the row guard is not a bool tensor with one value per query row")
         glabels = _aligned_labels(gdims, (*batch, sq, 1), blabels + ["i", "1"], "row guard")
         args.append(guard)
@@ -430,13 +435,13 @@ def match(fn: _Function, var, target) -> tuple | None:
             ops.append("permute_dims")
             continue
         rs = fn.call(user, "relax.reshape") if user is not None else None
-        runs = _runs(_static_dims(out_var), _static_dims(user)) if rs is not None else None
+        runs = _runs(_dims(out_var), _dims(user)) if rs is not None and _dims(user) is not None else None
         if runs is None:
             break
         out_labels, out_var = _merge(out_labels, runs), user
         ops.append("reshape")
     spec = AttentionSpec(batch=tuple(batch), sq=sq, sk=sk, d=d, dv=dv, q=specs["q"], k=specs["k"],
-                         v=specs["v"], out=Operand(tuple(out_labels), _static_dims(out_var), "float32"),
+                         v=specs["v"], out=Operand(tuple(out_labels), _dims(out_var), "float32"),
                          mask=mask[1] if mask is not None else None,
                          guard=Operand(tuple(glabels), gdims, "bool") if guard is not None else None,
                          scale=float(np.float32(scale)), causal_offset=causal, zero_empty_rows=zero_empty)
@@ -487,11 +492,15 @@ class FuseAttention:
                         record_refusal(f"matmul({C.var_name(b.var)})", "attention", reason, RULE)
                         continue
                     out_var, spec, args, ops = found
-                    prim = reference_prim_func(spec).with_attr("tvmfuse.ops", json.dumps(ops))
+                    # the kernel gets vars of its own for the symbolic extents (call_tir binds them)
+                    own = {name: C.tirx.Var(name, var.ty) for name, var in spec.symbols().items()}
+                    prim = reference_prim_func(spec.bind(own) if own else spec)
+                    prim = prim.with_attr("tvmfuse.ops", json.dumps(ops))
                     family = _scheduling_family(prim, target)
                     if family is None:
                         record_refusal(f"matmul({C.var_name(b.var)})", "attention",
-                                       f"no {target.kind.name} template schedules the attention kernel", RULE)
+                                       f"no {target.kind.name} template schedules the attention kernel"
+                                       + (f" over symbolic extents ({', '.join(own)})" if own else ""), RULE)
                         continue
                     prim = prim.with_attr("tvmfuse.template", family)
                     kernel = mbb.add_func(prim, "fused_attention")

@@ -332,6 +332,13 @@ def _group_function(g: _BlockGraph, members: list[int], name: str, rule: str, te
             params.append(p)
             pmap[a] = p
     outs = g.outputs(member_set)
+    symbols = _undefined_symbols(g, members, params)
+    if symbols:
+        # the tensors it reads do not define every symbol its ops are sized by (a matmul's [batch * sequence,
+        # N] reshaped to [batch, sequence, ...]): the symbols come in as one shape parameter, or FuseTIR
+        # leaves the fused call's result shape unknown
+        outer_args.append(C.relax.ShapeExpr(symbols))
+        params.append(C.relax.Var(f"p{len(params)}", C.relax.ShapeType(symbols)))
     bb = C.BlockBuilder()
     attrs = {"Primitive": 1, "tvmfuse.rule": rule, **({"tvmfuse.template": template} if template else {})}
     with bb.function(name, params, attrs=attrs, private=True):
@@ -352,6 +359,26 @@ def _group_function(g: _BlockGraph, members: list[int], name: str, rule: str, te
             result = bb.emit_output(ret[0] if len(ret) == 1 else C.relax.Tuple(ret))
         bb.emit_func_output(result)
     return bb.get()[name], outer_args, outs
+
+
+def _undefined_symbols(g: _BlockGraph, members: list[int], params: list) -> list:
+    """The symbolic vars that the group's ops use and no parameter's shape defines (a parameter defines
+    the vars that are whole extents of its shape: ``batch`` in ``[batch, 64]``, not in ``[batch * 64]``),
+    in order of first use."""
+    defined = set()
+    for p in params:
+        defined |= {str(v.name) for v in C.relax.analysis.definable_tir_vars_in_type(C.type_of(p))}
+    used = {}
+    for k in members:
+        b = g.bindings[k]
+        tys = [C.type_of(b.var)]
+        if k not in g.alias_of:      # the tensors it reads, and the symbols a call_tir passes (tir_vars)
+            tys += [C.type_of(a) for a in b.value.args[1].fields] + [C.type_of(a) for a in b.value.args[2:]]
+        for ty in tys:
+            for v in C.relax.analysis.tir_vars_in_type(ty):
+                if str(v.name) not in defined:
+                    used.setdefault(str(v.name), v)
+    return list(used.values())
 
 
 def _group_name(g: _BlockGraph, members: list[int], taken: set) -> str:

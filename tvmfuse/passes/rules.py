@@ -508,12 +508,13 @@ ATTENTION_DTYPES = ("float32",)     # the kernel's arithmetic (and its template)
 
 
 def check_attention_operands(exprs: list, target) -> str | None:
-    """Legality of an attention chain's tensors: static shapes and float32 (a bool row guard)."""
+    """Legality of an attention chain's tensors: known shapes (symbolic batch/sequence extents are
+    checked by the kernel spec: plain symbols, static head dims) and float32 (a bool row guard)."""
     for e in exprs:
         ty = C.type_of(e)
         shape = _shape_of(ty)
-        if shape is None or is_symbolic(shape):
-            return "symbolic or unknown shape (the attention kernel is built for static shapes)"
+        if shape is None:
+            return "unknown shape (the attention kernel needs every operand's rank and extents)"
         dtype = str(ty.dtype)
         if dtype not in ATTENTION_DTYPES and dtype != "bool":
             return f"dtype {dtype}: the attention kernel computes in {', '.join(ATTENTION_DTYPES)}"

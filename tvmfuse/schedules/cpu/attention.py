@@ -29,13 +29,17 @@ over the query rows, so that the row statistics are vector operations:
             l  = l * alpha + colsum(p);  acc = acc * alpha + p^T @ V[block]    # vector over the head dim
             m  = m'
         out[rows] = acc / l   (0 where the guard is set)
+
+Batch and sequence extents may be symbolic (TIR vars: one kernel for every size); the blocks then loop
+over the symbolic sequence with a tail, and the last query block computes only the row groups that hold
+existing rows.
 """
 from __future__ import annotations
 
 import contextlib
 import json
 import math
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 
 from ... import _compat as C
 from ...target import cpu_info
@@ -63,21 +67,29 @@ ROW_GROUPS = (1, 2, 4, 8)           # query rows whose P @ V accumulators are in
 VECTOR_REGISTERS = {512: 32, 256: 16, 128: 16}
 ACC_REGISTER_SHARE = 0.75           # accumulators of a row group may fill this share of the vector registers
                                     # (the rest: the broadcast query/probability values and the K/V vectors)
+# The size the default blocks assume for a symbolic extent (the kernel is correct at every size): a
+# symbolic batch axis may be 1 at run time, so it adds no tasks; a symbolic sequence is taken as a
+# typical encoder length.
+SYMBOLIC_BATCH_HINT = 1
+SYMBOLIC_SEQ_HINT = 128
 NEG_INF = float("-inf")
 
 
 @dataclass(frozen=True)
 class Operand:
     axes: tuple          # logical label per buffer axis
-    shape: tuple         # the buffer's static shape
+    shape: tuple         # the buffer's shape: ints, a symbolic extent as a TIR var (its name in JSON)
     dtype: str = "float32"
 
 
 @dataclass(frozen=True)
 class AttentionSpec:
+    """What the kernel computes.  Extents are ints or, for symbolic batch/sequence axes, TIR vars (one
+    symbol per extent: ``batch``, ``sequence``); the JSON form holds a var's name, and ``bind`` puts the
+    kernel's own vars back (``Attention.match``).  The head dims ``d``/``dv`` are static."""
     batch: tuple         # logical batch extents (b0, b1, ...)
-    sq: int
-    sk: int
+    sq: object           # int or a TIR var
+    sk: object
     d: int
     dv: int
     q: Operand
@@ -104,10 +116,11 @@ class AttentionSpec:
         return ext
 
     def to_json(self) -> str:
-        return json.dumps(asdict(self), sort_keys=True)
+        return json.dumps(asdict(self.map_dims(_dim_json)), sort_keys=True)
 
     @staticmethod
     def from_json(text: str) -> "AttentionSpec":
+        """The spec of a kernel's attribute; symbolic extents are var names until ``bind``."""
         d = json.loads(text)
         ops = {k: (Operand(tuple(_as_label(a) for a in v["axes"]), tuple(v["shape"]), v["dtype"])
                    if v is not None else None)
@@ -116,8 +129,50 @@ class AttentionSpec:
         rest["batch"] = tuple(rest["batch"])
         return AttentionSpec(**rest, **ops)
 
+    def map_dims(self, f) -> "AttentionSpec":
+        """The spec with ``f`` applied to every extent (batch, sq, sk, d, dv, operand shapes)."""
+        def op(o):
+            return None if o is None else Operand(o.axes, tuple(f(n) for n in o.shape), o.dtype)
+        return replace(self, batch=tuple(f(n) for n in self.batch), sq=f(self.sq), sk=f(self.sk),
+                       d=f(self.d), dv=f(self.dv), q=op(self.q), k=op(self.k), v=op(self.v), out=op(self.out),
+                       mask=op(self.mask), guard=op(self.guard))
+
+    def symbols(self) -> dict:
+        """Name -> TIR var of every symbolic extent."""
+        found = {}
+        self.map_dims(lambda n: found.setdefault(str(n.name), n) if isinstance(n, C.tirx.Var) else n)
+        return found
+
+    def is_static(self) -> bool:
+        """Whether every extent is an int (no symbol: a TIR var, or its name as ``from_json`` reads it)."""
+        found = []
+        self.map_dims(lambda n: n if isinstance(n, int) else found.append(n))
+        return not found
+
+    def bind(self, symbols: dict) -> "AttentionSpec":
+        """The spec with each symbol (a var name, as ``from_json`` reads it, or a var) replaced by
+        ``symbols[name]`` (a TIR var); KeyError names a symbol ``symbols`` lacks."""
+        def sub(n):
+            if isinstance(n, str):
+                return symbols[n]
+            return symbols[str(n.name)] if isinstance(n, C.tirx.Var) else n
+        return self.map_dims(sub)
+
     def validate(self) -> None:
         """Raise ValueError naming the first inconsistency between labels and extents."""
+        for what, n in (("head dim d", self.d), ("value head dim dv", self.dv)):
+            if not isinstance(n, int):
+                raise ValueError(f"attention {what} is symbolic ({n}): the kernel tiles it, it must be static")
+        plain = [n for n in (*self.batch, self.sq, self.sk) if not isinstance(n, int)]
+        for o in [o for _, o in self.inputs()] + [self.out]:
+            plain += [n for n in o.shape if not isinstance(n, int)]
+            for lab in o.axes:
+                for part in axis_parts(lab):
+                    if isinstance(part, tuple) and not all(isinstance(x, int) for x in part[2:]):
+                        raise ValueError(f"attention: a split axis {part} has a symbolic stride or extent")
+        for n in plain:
+            if not isinstance(n, (str, C.tirx.Var)):
+                raise ValueError(f"attention: symbolic extent {n} is not a plain symbol (batch, sequence)")
         ext = self.extents()
         allowed = {"q": "id", "k": "jd", "v": "je", "out": "ie", "mask": "ij", "guard": "i"}
         for name, op in self.inputs() + [("out", self.out)]:
@@ -136,7 +191,7 @@ class AttentionSpec:
                     if not isinstance(part, tuple):
                         plain.append(sub)
                 want = math.prod(_part_extent(part, ext) for part in parts)
-                if want != n:
+                if not same_extent(want, n):
                     raise ValueError(f"attention operand {name}: axis {lab} has extent {n}, expected {want}")
             real = [x for x in plain if x != "1"]
             if len(real) != len(set(real)):
@@ -149,6 +204,39 @@ class AttentionSpec:
         out_flat = {_part_base(x) for lab in self.out.axes for x in axis_parts(lab) if x != "1"}
         if out_flat != {f"b{k}" for k in range(len(self.batch))} | {"i", "e"}:
             raise ValueError(f"attention output axes {self.out.axes} must hold every batch axis, i and e")
+
+
+def _dim_json(n):
+    """An extent as JSON: an int, or the name of its symbol."""
+    if isinstance(n, (int, str)):
+        return n
+    if isinstance(n, C.IntImm):
+        return int(n.value)
+    if isinstance(n, C.tirx.Var):
+        return str(n.name)
+    raise ValueError(f"attention: symbolic extent {n} is not a plain symbol (batch, sequence)")
+
+
+def static(n) -> int | None:
+    """An extent's value when it is static, else None."""
+    return n if isinstance(n, int) else (int(n.value) if isinstance(n, C.IntImm) else None)
+
+
+def same_extent(a, b) -> bool:
+    """Are two extents (ints, TIR expressions or symbol names) provably equal?"""
+    if isinstance(a, (int, str)) and isinstance(b, (int, str)):
+        return a == b
+    if isinstance(a, str) or isinstance(b, str):
+        return False
+    return bool(C.Analyzer().can_prove_equal(a, b))
+
+
+def _ceil_div(n, b: int):
+    return -(-n // b) if isinstance(n, int) else C.tirx.floordiv(n + (b - 1), b)
+
+
+def _hint(n, default: int) -> int:
+    return n if isinstance(n, int) else default
 
 
 def axis_parts(lab) -> list:
@@ -282,9 +370,15 @@ def _unravel(flat, extents):
     """Indices of ``flat`` in a row-major index space of ``extents`` (outermost first)."""
     out, rest = [], flat
     for n in reversed(extents):
-        out.append(C.tirx.floormod(rest, n) if n > 1 else 0)
-        rest = C.tirx.floordiv(rest, n) if n > 1 else rest
+        unit = static(n) == 1
+        out.append(0 if unit else C.tirx.floormod(rest, n))
+        rest = rest if unit else C.tirx.floordiv(rest, n)
     return list(reversed(out))
+
+
+def _param_shapes(func: C.PrimFunc) -> list[tuple]:
+    """Each parameter's shape: ints, TIR expressions for symbolic extents."""
+    return [tuple(int(d.value) if isinstance(d, C.IntImm) else d for d in C.tensor_shape(p)) for p in func.params]
 
 
 @contextlib.contextmanager
@@ -338,9 +432,15 @@ class Attention(Template):
         if func.attrs is None or ATTR not in func.attrs:
             return None
         spec = AttentionSpec.from_json(str(func.attrs[ATTR]))
-        shapes = [tuple(s) for s, _ in C.prim_func_params(func)]
+        shapes = _param_shapes(func)
+        symbols = {str(d.name): d for shape in shapes for d in shape if isinstance(d, C.tirx.Var)}
+        try:
+            spec = spec.bind(symbols)
+        except KeyError:
+            return None      # a symbol of the spec is no extent of the kernel's buffers
         want = [op.shape for _, op in spec.inputs()] + [spec.out.shape]
-        if shapes != [tuple(s) for s in want]:
+        if len(shapes) != len(want) or not all(
+                len(a) == len(b) and all(same_extent(x, y) for x, y in zip(a, b)) for a, b in zip(shapes, want)):
             return None      # not the kernel the spec describes (another pass changed its signature)
         return Match(self.family, {"spec": spec})
 
@@ -348,8 +448,9 @@ class Attention(Template):
     def space(self, match: Match, target: C.Target) -> KnobSpace:
         spec = match.info["spec"]
         lanes = cpu_info(target).float32_lanes
-        qb = tuple(lanes * v for v in Q_BLOCK_VECTORS if v == 1 or lanes * v < 2 * spec.sq)
-        kb = tuple(lanes * v for v in K_BLOCK_VECTORS if v == 1 or lanes * v < 2 * spec.sk)
+        sq, sk = static(spec.sq), static(spec.sk)      # None: symbolic, every block may serve
+        qb = tuple(lanes * v for v in Q_BLOCK_VECTORS if v == 1 or sq is None or lanes * v < 2 * sq)
+        kb = tuple(lanes * v for v in K_BLOCK_VECTORS if v == 1 or sk is None or lanes * v < 2 * sk)
         return AttentionConfig.space(q_block=qb, k_block=kb, lanes=(lanes,), rows=ROW_GROUPS,
                                      tile_keys=TILE_KEYS, tile_qvecs=TILE_QVECS)
 
@@ -362,13 +463,14 @@ class Attention(Template):
             if (spec.d + spec.dv) * c * 4 <= L1_SHARE_KV * info.l1d_bytes:
                 kb = c
         # query rows: accumulators + scores in a share of L2, enough tasks for every core, and (causal)
-        # a small share of the sequence
-        tasks_rows = max(1, math.prod(spec.batch))
+        # a small share of the sequence; a symbolic extent is taken at its hint
+        tasks_rows = max(1, math.prod(_hint(n, SYMBOLIC_BATCH_HINT) for n in spec.batch))
+        sq = _hint(spec.sq, SYMBOLIC_SEQ_HINT)
         qb = space["q_block"][0]
         for c in space["q_block"]:
             fits = c * (spec.d + spec.dv + kb + 5) * 4 <= L2_SHARE_ACC * info.l2_bytes
-            tasks = tasks_rows * math.ceil(spec.sq / c)
-            causal_ok = spec.causal_offset is None or c <= max(kb, CAUSAL_Q_BLOCK_SHARE * spec.sq)
+            tasks = tasks_rows * math.ceil(sq / c)
+            causal_ok = spec.causal_offset is None or c <= max(kb, CAUSAL_Q_BLOCK_SHARE * sq)
             if fits and causal_ok and tasks >= MIN_TASKS_PER_CORE * info.cores:
                 qb = c
         # register tiles within the registers' accumulator share: P @ V rows (dv / lanes vectors each),
@@ -414,10 +516,14 @@ def _flash_root(spec: AttentionSpec, params: list, qb: int, kb: int, lanes: int,
     names = [n for n, _ in spec.inputs()] + ["out"]
     buf = dict(zip(names, params))
     f32 = "float32"
-    nb_total = max(1, math.prod(spec.batch))
-    nqb = -(-spec.sq // qb)
-    nkb = -(-spec.sk // kb)
-    nqv = qb // lanes                       # row vectors per query block (qb is a multiple of lanes)
+    nb_total = math.prod(spec.batch) if spec.batch else 1
+    nqb = _ceil_div(spec.sq, qb)
+    nkb = _ceil_div(spec.sk, kb)
+    # A symbolic sequence: the last query block computes only the row groups that hold existing rows (a
+    # static one clamps its rows past the end to the last row).  The unit: the larger of a score tile's
+    # rows and a P @ V row group (powers of two that divide qb), so every loop below covers whole units.
+    q_tail = static(spec.sq) is None
+    unit = max(tile_qvecs * lanes, rows)
     scale = tir.const(spec.scale, f32)
     neg_inf, zero = tir.const(NEG_INF, f32), tir.const(0.0, f32)
     ext = spec.extents()
@@ -446,6 +552,14 @@ def _flash_root(spec: AttentionSpec, params: list, qb: int, kb: int, lanes: int,
                     bidx = _unravel(tir.floordiv(t, nqb), list(spec.batch)) if spec.batch else []
                     benv = _batch_env(spec, bidx)
                     q0 = tir.floormod(t, nqb) * qb
+                    if q_tail:
+                        live = tir.floordiv(tir.min(qb, spec.sq - q0) + (unit - 1), unit) * unit
+
+                        def n_groups(size):      # groups of `size` rows that hold existing rows
+                            return tir.floordiv(live, size)
+                    else:
+                        def n_groups(size):
+                            return qb // size
                     # Step 1. The query block, transposed; running max, sum and accumulator per row.
                     with T.serial(0, spec.d) as dd:
                         with _vector_loop(T, qb, lanes) as qi:
@@ -466,7 +580,7 @@ def _flash_root(spec: AttentionSpec, params: list, qb: int, kb: int, lanes: int,
                         j0 = ko * kb
                         # Step 2a. Scores, tile by tile (registers): sT[key, rows] += K[key, d] * qT[d, rows].
                         with T.serial(0, kb // tile_keys) as kg:
-                            with T.serial(0, nqv // tile_qvecs) as qg:
+                            with T.serial(0, n_groups(tile_qvecs * lanes)) as qg:
                                 with T.unroll(0, tile_keys) as kk:
                                     with _vector_tiles(T, tile_qvecs * lanes, lanes) as qq:
                                         T.buffer_store(st, zero, [kg * tile_keys + kk, qg * tile_qvecs * lanes + qq])
@@ -479,7 +593,7 @@ def _flash_root(spec: AttentionSpec, params: list, qb: int, kb: int, lanes: int,
                                             T.buffer_store(st, st[jj, qi] + kv * qt[dd, qi], [jj, qi])
                         # Step 2b. Logits (scale, mask; -inf past the last key and above the diagonal)
                         # and the new running max, vectors over the rows.
-                        with T.serial(0, nqv) as qvec:
+                        with T.serial(0, n_groups(lanes)) as qvec:
                             with T.vectorized(0, lanes) as ln:
                                 T.buffer_store(mn, m[qvec * lanes + ln], [qvec * lanes + ln])
                             with T.serial(0, kb) as jj:
@@ -510,7 +624,7 @@ def _flash_root(spec: AttentionSpec, params: list, qb: int, kb: int, lanes: int,
                                     T.buffer_store(st, tir.exp(st[jj, qi] - sf[qi]), [jj, qi])
                                     T.buffer_store(lsum, lsum[qi] + st[jj, qi], [qi])
                         # Step 2d. acc = acc * alpha + p @ V[block], `rows` rows at a time (registers).
-                        with T.serial(0, qb // rows) as g:
+                        with T.serial(0, n_groups(rows)) as g:
                             with T.unroll(0, rows) as r:
                                 with _vector_tiles(T, spec.dv, lanes) as e:
                                     qi = g * rows + r

@@ -56,6 +56,8 @@ class CudaAttention(Template):
         if func.attrs is None or ATTR not in func.attrs:
             return None
         spec = AttentionSpec.from_json(str(func.attrs[ATTR]))
+        if not spec.is_static():
+            return None      # symbolic batch/sequence: this kernel is built for static extents
         shapes = [tuple(s) for s, _ in C.prim_func_params(func)]
         if shapes != [tuple(op.shape) for _, op in spec.inputs()] + [tuple(spec.out.shape)]:
             return None      # not the kernel the spec describes (another pass changed its signature)
