@@ -47,19 +47,26 @@ def pixels(info: dict) -> int:
     return info["OH"] * info["OW"]
 
 
+def plane_why(plane: int, out_channels: int, target: C.Target) -> str | None:
+    """None when a pointwise conv with ``plane`` output pixels and ``out_channels`` is one this family takes
+    on ``target``, else why not.  Also asked by the graph rewrite that stores such a conv's constant weights
+    [ci, 1, 1, co] (``passes.rewrites.TransposePointwiseWeights``)."""
+    limit = template_defaults(target, FAMILY)["plane_pixels_below"]
+    if plane >= limit:
+        return f"plane of {plane} pixels (vectorized along the pixels from {limit} on)"
+    lanes = cpu_info(target).float32_lanes
+    if not any(out_channels % w == 0 for w in lane_choices(lanes)):
+        return f"{out_channels} output channels: no vector width of {lane_choices(lanes)} divides them"
+    return None
+
+
 def small_plane_why(info: dict, target: C.Target) -> str | None:
-    """None when the conv is one this family takes, else why not."""
+    """None when the conv (``conv2d.find_conv``'s info) is one this family takes, else why not."""
     if not info.get("pointwise"):
         return "not a 1x1 stride-1 conv without padding"
     if info.get("grouped"):
         return "a grouped conv"
-    limit = template_defaults(target, FAMILY)["plane_pixels_below"]
-    if pixels(info) >= limit:
-        return f"plane of {pixels(info)} pixels (vectorized along the pixels from {limit} on)"
-    lanes = cpu_info(target).float32_lanes
-    if not any(info["F"] % w == 0 for w in lane_choices(lanes)):
-        return f"{info['F']} output channels: no vector width of {lane_choices(lanes)} divides them"
-    return None
+    return plane_why(pixels(info), info["F"], target)
 
 
 class Conv1x1(U.CpuTemplate, family=FAMILY, config=Conv1x1Config):
@@ -103,19 +110,24 @@ class Conv1x1(U.CpuTemplate, family=FAMILY, config=Conv1x1Config):
         conv = sch.get_sblock(info["reduction"])
         epi = sch.cache_write(conv, 0, "global") if info["epilogue"] is None else sch.get_sblock(info["epilogue"])
 
-        # Step 2. The weights packed transposed, [ci, 1, 1, co] (co contiguous), in their own parallel loop
-        # over vectors of output channels.
-        reads = [str(r.source.name) for r in sch.get(conv).reads]
-        pack = sch.cache_read(conv, reads.index(info["weight_buffer"]), "global")
-        sch.transform_layout(pack, ("write", 0), lambda f, c, ky, kx: (c, ky, kx, f))
-        pf, pc, pky, pkx = sch.get_loops(pack)
-        pf0, pf1 = sch.split(pf, factors=[None, lanes])
-        sch.reorder(pf0, pc, pky, pkx, pf1)
-        sch.parallel(pf0)
-        sch.vectorize(pf1)
+        # Step 2. Weights read [ci, 1, 1, co] (co contiguous): constant weights come so from the graph
+        # (TransposePointwiseWeights); others (OIHW) are packed transposed per call, in their own parallel
+        # loop over vectors of output channels (CO x CI gathers: slower than the pixel-vectorized conv on the
+        # 2x2 planes, measured under load; the rewrite avoids it).
+        if info["weight_layout"] == "OIHW":
+            reads = [str(r.source.name) for r in sch.get(conv).reads]
+            pack = sch.cache_read(conv, reads.index(info["weight_buffer"]), "global")
+            sch.transform_layout(pack, ("write", 0), lambda f, c, ky, kx: (c, ky, kx, f))
+            pf, pc, pky, pkx = sch.get_loops(pack)
+            pf0, pf1 = sch.split(pf, factors=[None, lanes])
+            sch.reorder(pf0, pc, pky, pkx, pf1)
+            sch.parallel(pf0)
+            sch.vectorize(pf1)
 
-        # Step 3. The conv and the epilogue over the flattened pixel index p = y * W + x.
-        sch.transform_layout(conv, ("write", 0), lambda n, f, y, x: (n, f, y * ow + x))
+        # Step 3. The conv and the epilogue over the flattened pixel index p = y * W + x; the conv's output
+        # (the accumulator) stored [n, p, co]: a vector of channels is contiguous in it (laid out [co, p], each
+        # accumulator vector would be loaded and stored lane by lane: 15x slower measured).
+        sch.transform_layout(conv, ("write", 0), lambda n, f, y, x: (n, y * ow + x, f))
         sch.transform_block_layout(conv, lambda n, f, y, x, c, ky, kx: (n, f, y * ow + x, c, ky, kx))
         sch.transform_block_layout(epi, lambda n, f, y, x: (n, f, y * ow + x))
 
