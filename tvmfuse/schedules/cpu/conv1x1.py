@@ -83,7 +83,7 @@ class Conv1x1(U.CpuTemplate, family=FAMILY, config=Conv1x1Config):
         lanes = [w for w in lane_choices(cpu_info(target).float32_lanes) if i["F"] % w == 0]
         vectors = i["F"] // min(lanes)
         return Conv1x1Config.space(mr=U.choices_upto(MR_CHOICES, pixels(i)),
-                                   nvec=tuple(v for v in U.choices_upto(NVEC_CHOICES, vectors)),
+                                   nvec=U.choices_upto(NVEC_CHOICES, vectors),
                                    lanes=tuple(lanes), k_unroll=U.choices_upto(K_UNROLL, i["RC"]))
 
     def default_config(self, match: Match, target: C.Target) -> dict:
