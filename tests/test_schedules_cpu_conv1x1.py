@@ -172,3 +172,26 @@ def test_plane_threshold_comes_from_the_target_table(monkeypatch):
     name, func = _kernel(model, tgt)
     assert [int(d) for d in func.params[1].shape] == [96, 24, 1, 1]
     assert schedule_prim_func(func, tgt, {}, name).template == CONV
+
+
+def test_weights_as_graph_input_are_packed_by_the_kernel(host, rng):
+    """Weights that are no constant (a graph input) are not rewritten: the kernel reads them OIHW through its
+    packed copy, and the numbers match the reference."""
+    import onnx
+    from onnx import TensorProto, helper
+
+    cin, cout, hw = 24, 96, 7
+    nodes = [helper.make_node("Conv", ["x", "w"], ["c"], kernel_shape=[1, 1]),
+             helper.make_node("Relu", ["c"], ["y"])]
+    g = helper.make_graph(nodes, "conv_w_input",
+                          [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, cin, hw, hw]),
+                           helper.make_tensor_value_info("w", TensorProto.FLOAT, [cout, cin, 1, 1])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, cout, hw, hw])])
+    model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 18)])
+    model.ir_version = 8
+    onnx.checker.check_model(model)
+    name, func = _kernel(model, host)
+    assert [int(d) for d in func.params[1].shape] == [cout, cin, 1, 1]
+    cm = tvmfuse.compile(model, host)
+    assert [s["template"] for s in cm.report.schedules] == [FAMILY], cm.report.schedules
+    assert_close_to_reference(model, cm, rng, rtol=1e-4, atol=1e-4)
