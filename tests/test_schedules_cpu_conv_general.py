@@ -19,13 +19,13 @@ from tvmfuse.schedules.cpu.common import MAX_UNROLLED_COPIES
 
 import schedule_cases as S
 
-CONV, DEPTHWISE = "cpu.conv2d_epilogue", "cpu.depthwise_conv2d_epilogue"
+CONV, DEPTHWISE, CONV1X1 = "cpu.conv2d_epilogue", "cpu.depthwise_conv2d_epilogue", "cpu.conv1x1"
 
 # (name, conv kwargs, family)
 CASES = [
     ("3x3", dict(), CONV),
     ("3x3_s2", dict(s=2), CONV),
-    ("1x1", dict(k=1, pads=[0] * 4), CONV),
+    ("1x1", dict(k=1, pads=[0] * 4), CONV1X1),              # 15x17 plane: under plane_pixels_below
     ("1x1_s2", dict(k=1, s=2, pads=[0] * 4), CONV),
     ("5x5", dict(k=5), CONV),
     ("stem_7x7_s2", dict(cin=3, cout=16, h=32, w=32, k=7, s=2, pads=[3] * 4), CONV),
@@ -117,13 +117,14 @@ def test_pointwise_conv_fused_rows(hw, target, rng):
     """A 1x1 stride-1 conv (a matmul over pixels): with fuse_rows the tile's full-width rows are one
     vectorized run of pixels (49 pixels of a 7x7 plane in one loop, not seven 7-wide vectors); TVM keeps it
     vector (nothing scalarized); same numbers as the unscheduled kernel (host run); a 3x3 conv fuses rows
-    only through the im2col knob (its padded rows are not contiguous)."""
+    only through the im2col knob (its padded rows are not contiguous).  26 output channels: no vector width
+    divides them, so cpu.conv1x1 (tests/test_schedules_cpu_conv1x1.py) leaves the 7x7 plane to this template."""
     from tvmfuse.schedules.base import schedule_with
     from tvmfuse.schedules.cpu.conv2d import Conv2DEpilogue
 
     tgt = tvmfuse.parse_target(target)
     t = Conv2DEpilogue()
-    name, func, res = _conv_kernel(S.conv(cin=16, cout=24, h=hw, w=hw, k=1, pads=[0] * 4), tgt)
+    name, func, res = _conv_kernel(S.conv(cin=16, cout=26, h=hw, w=hw, k=1, pads=[0] * 4), tgt)
     match = t.match(func, tgt)
     space = t.space(match, tgt)
     assert match.info["pointwise"] and True in space.to_dict()["fuse_rows"]

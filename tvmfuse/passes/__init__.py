@@ -13,7 +13,7 @@ def pre_legalize_passes(target: C.Target, options) -> list:
     batch-norm folding computes its constants itself.
     """
     from .attention import FuseAttention
-    from .rewrites import FoldBatchNorm, Peephole
+    from .rewrites import FoldBatchNorm, Peephole, TransposePointwiseWeights
 
     attention = [
         C.relax_transform.DeadCodeElimination(),   # FuseAttention counts readers: dead ones must go first
@@ -22,6 +22,8 @@ def pre_legalize_passes(target: C.Target, options) -> list:
     return [
         Peephole(),
         FoldBatchNorm(),
+        # after FoldBatchNorm (OIHW weights); CPU schedules only (cpu.conv1x1 reads the weights [ci, co])
+        *([TransposePointwiseWeights(target)] if options.schedules and target.kind.name == "llvm" else []),
         *attention,
         C.relax_transform.CanonicalizeBindings(),
         C.relax_transform.EliminateCommonSubexpr(),

@@ -244,3 +244,59 @@ class FoldBatchNorm:
 
     def transform_module(self, mod, _ctx):
         return _rewrite_functions(mod, _FoldBatchNormMutator, _use_counts(mod))
+
+
+# --------------------------------------------------------------------------- pointwise conv weights
+def _ints_all(values, want: int) -> bool:
+    return all(int(v) == want for v in values)
+
+
+def _transposed_pointwise(call, target):
+    """``conv2d(x, W)`` (NCHW/OIHW, 1x1, stride 1, no padding, groups 1, constant float W) whose plane
+    ``cpu.conv1x1`` takes on ``target`` (``conv1x1.plane_why``) -> the same conv with W stored [ci, 1, 1, co]
+    (kernel layout IHWO): that template puts the output channels on the vector lanes and reads a vector of
+    weights contiguously, instead of packing W transposed on every call; else None."""
+    if not (isinstance(call, C.relax.Call) and isinstance(call.op, C.Op) and call.op.name == "relax.nn.conv2d"):
+        return None
+    a = call.attrs
+    if (str(a.data_layout), str(a.kernel_layout), str(a.out_layout)) != ("NCHW", "OIHW", "NCHW") \
+            or int(a.groups) != 1 or not _ints_all(a.strides, 1) or not _ints_all(a.padding, 0) \
+            or not _ints_all(a.dilation, 1):
+        return None
+    x, w = call.args
+    w_arr = _const_array(w)
+    out = _static_dims(call)
+    if w_arr is None or not _is_float(w) or w_arr.ndim != 4 or list(w_arr.shape[2:]) != [1, 1] or out is None:
+        return None
+    from ..schedules.cpu.conv1x1 import plane_why
+
+    if plane_why(out[2] * out[3], out[1], target) is not None:
+        return None
+    out_dtype = str(C.type_of(call).dtype)      # the conv's own output type
+    return C.relax.op.nn.conv2d(x, C.relax.const(np.ascontiguousarray(w_arr.transpose(1, 2, 3, 0))),
+                                strides=a.strides, padding=a.padding, dilation=a.dilation, groups=1,
+                                data_layout="NCHW", kernel_layout="IHWO", out_layout="NCHW", out_dtype=out_dtype)
+
+
+@C.mutator
+class _TransposePointwiseMutator(C.PyExprMutator):
+    def __init__(self, mod, target):
+        super().__init__(mod)
+        self.target = target
+
+    def visit_call_(self, call):
+        call = self.visit_expr_post_order(call)
+        new = _transposed_pointwise(call, self.target)
+        return call if new is None else new
+
+
+@C.module_pass(opt_level=0, name="tvmfuse.TransposePointwiseWeights")
+class TransposePointwiseWeights:
+    """CPU: the constant weights of a 1x1 stride-1 conv on a small plane stored [ci, 1, 1, co] (see
+    ``_transposed_pointwise``); run after FoldBatchNorm, which folds into OIHW weights."""
+
+    def __init__(self, target):
+        self.target = target
+
+    def transform_module(self, mod, _ctx):
+        return _rewrite_functions(mod, _TransposePointwiseMutator, self.target)

@@ -3,6 +3,7 @@
 Each file holds one family; the order puts the most specific structure first.
 """
 from .attention import Attention
+from .conv1x1 import Conv1x1
 from .conv2d import Conv2DEpilogue
 from .depthwise import DepthwiseConv2DEpilogue
 from .elementwise import Elementwise
@@ -18,6 +19,7 @@ TEMPLATES: list = [
     MatmulEpilogue(),
     Attention(),                  # the attention rule's kernels (spec attribute); matmul_epilogue rejects
                                   # them (several reductions): test_attention checks which template ran
+    Conv1x1(),                    # before Conv2DEpilogue: 1x1 convs on small planes, channels on the lanes
     Conv2DEpilogue(),             # before RowReduction: a conv is also a trailing reduction
     DepthwiseConv2DEpilogue(),
     SiblingMatmuls(),             # several matmuls of one input: before RowReduction

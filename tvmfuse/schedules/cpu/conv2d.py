@@ -73,11 +73,13 @@ def analyze_conv(sch: C.Schedule, block) -> dict | None:
     names = [str(v.name) for v in (n, f, y, x, rc, ry, rx)]
     if [getattr(i, "name", None) for i in store.indices] != names[:4]:
         return None
-    weight_idx = names[1], names[4], names[5], names[6]
-    weights = [o for o in ops if tuple(getattr(i, "name", None) for i in o.indices) == weight_idx]
+    # OIHW weights, or IHWO (constant 1x1 weights stored [ci, 1, 1, co]: passes.rewrites.TransposePointwiseWeights)
+    layouts = {(names[1], names[4], names[5], names[6]): "OIHW", (names[4], names[5], names[6], names[1]): "IHWO"}
+    weights = [o for o in ops if tuple(getattr(i, "name", None) for i in o.indices) in layouts]
     if len(weights) != 1:
         return None
     w = weights[0]
+    weight_layout = layouts[tuple(getattr(i, "name", None) for i in w.indices)]
     d = ops[1] if ops[0] is w else ops[0]
     d_vars = [var_names(i) for i in d.indices]
     n_, f_, y_, x_, rc_, ry_, rx_ = names
@@ -96,6 +98,7 @@ def analyze_conv(sch: C.Schedule, block) -> dict | None:
         "data_buffer": str(d.source.name),
         "data_hw": [int(e) if isinstance(e, C.tirx.IntImm) else -1 for e in list(d.source.shape)[2:]],
         "weight_buffer": str(w.source.name),
+        "weight_layout": weight_layout,
         "conv_buffer": str(store.buffer.name),
         "stride_w": int(coef[0]) if len(coef) == 2 and isinstance(coef[0], C.tirx.IntImm) else 0,
     }

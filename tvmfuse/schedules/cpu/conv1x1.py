@@ -1,0 +1,163 @@
+"""1x1 stride-1 Conv2D (NCHW, groups 1) on a small plane, with its epilogue, scheduled as a matmul with the
+output channels on the vector lanes.
+
+Matches what ``conv2d.find_conv`` matches (one conv block, its identity padding block, at most one
+elementwise epilogue: bias / folded BatchNorm, ReLU, residual add) when the conv is pointwise (1x1, stride 1,
+no padding), not grouped, its plane has fewer pixels than the target table's ``plane_pixels_below``
+(``template_defaults["cpu.conv1x1"]``) and a register-tile width (a vector or half of one) divides the
+output channels.
+
+Why: ``out[co, p] = sum_ci W[co, ci] * x[ci, p]`` is a matmul over the P = H x W pixels.  The direct conv
+template vectorizes along the pixels, which wastes lanes on a small plane (2x2: 4 of 16 lanes) or leaves an
+odd-sized vector (7x7: 49 pixels, 15x15: 225).  Here the register tile is ``mr`` pixels x ``nvec`` vectors of
+output channels: per input channel, ``mr`` pixels are broadcast and ``nvec`` vectors of weights loaded.
+
+Schedule: the conv and its epilogue iterate over the flattened pixel index p = y * W + x
+(``transform_block_layout``); the epilogue is tiled [co block x pixel block] x register tile and the conv is
+computed on each tile (its output shrinks to an accumulator in registers); the epilogue runs on the
+accumulator and stores each vector of channels P floats apart.  The weights are read [ci, co] with co
+contiguous: a packed, transposed copy of W made once per call in its own parallel loop (CO x CI copies,
+amortized over the P pixels each weight multiplies).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ... import _compat as C
+from ...target import cpu_info, template_defaults
+from ..base import Config, KnobSpace, Match, knob
+from . import common as U
+from .conv2d import find_conv
+from .matmul import K_UNROLL, MR_CHOICES, NVEC_CHOICES, lane_choices, pick_register_tile
+
+FAMILY = "cpu.conv1x1"
+
+
+@dataclass(frozen=True)
+class Conv1x1Config(Config):
+    """The knobs of ``cpu.conv1x1``: a register tile of ``mr`` pixels x ``nvec`` vectors of output channels."""
+
+    mr: int = knob("pixels of the register tile (broadcast inputs)", MR_CHOICES)
+    nvec: int = knob("vectors of output channels per register-tile row", NVEC_CHOICES)
+    lanes: int = knob("float32 lanes per vector (the target's width, or half)")
+    k_unroll: int = knob("unroll of the input-channel (reduction) loop", K_UNROLL)
+
+
+def pixels(info: dict) -> int:
+    return info["OH"] * info["OW"]
+
+
+def plane_why(plane: int, out_channels: int, target: C.Target) -> str | None:
+    """None when a pointwise conv with ``plane`` output pixels and ``out_channels`` is one this family takes
+    on ``target``, else why not.  Also asked by the graph rewrite that stores such a conv's constant weights
+    [ci, 1, 1, co] (``passes.rewrites.TransposePointwiseWeights``)."""
+    limit = template_defaults(target, FAMILY)["plane_pixels_below"]
+    if plane >= limit:
+        return f"plane of {plane} pixels (vectorized along the pixels from {limit} on)"
+    lanes = cpu_info(target).float32_lanes
+    if not any(out_channels % w == 0 for w in lane_choices(lanes)):
+        return f"{out_channels} output channels: no vector width of {lane_choices(lanes)} divides them"
+    return None
+
+
+def small_plane_why(info: dict, target: C.Target) -> str | None:
+    """None when the conv (``conv2d.find_conv``'s info) is one this family takes, else why not."""
+    if not info.get("pointwise"):
+        return "not a 1x1 stride-1 conv without padding"
+    if info.get("grouped"):
+        return "a grouped conv"
+    return plane_why(pixels(info), info["F"], target)
+
+
+class Conv1x1(U.CpuTemplate, family=FAMILY, config=Conv1x1Config):
+    # ------------------------------------------------------------------ match
+    def match(self, func: C.PrimFunc, target: C.Target) -> Match | None:
+        info = find_conv(func, depthwise=False)
+        if info is None or small_plane_why(info, target) is not None:
+            return None
+        return Match(self.family, info)
+
+    # ------------------------------------------------------------------ knobs
+    def space(self, match: Match, target: C.Target) -> KnobSpace:
+        i = match.info
+        lanes = [w for w in lane_choices(cpu_info(target).float32_lanes) if i["F"] % w == 0]
+        vectors = i["F"] // min(lanes)
+        return Conv1x1Config.space(mr=U.choices_upto(MR_CHOICES, pixels(i)),
+                                   nvec=U.choices_upto(NVEC_CHOICES, vectors),
+                                   lanes=tuple(lanes), k_unroll=U.choices_upto(K_UNROLL, i["RC"]))
+
+    def default_config(self, match: Match, target: C.Target) -> dict:
+        info, d, i = cpu_info(target), self.table_defaults(target), match.info
+        ch = {kb.name: kb.choices for kb in self.space(match, target).knobs}
+        lanes = max(ch["lanes"])
+        regs = U.Registers.for_bits(info.vector_bits).count
+        nvecs = [v for v in ch["nvec"] if i["F"] % (v * lanes) == 0]
+        mr, nvec = pick_register_tile(pixels(i), i["F"], lanes, regs, ch["mr"], nvecs)
+        unroll = d["k_unroll"]
+        return Conv1x1Config(mr=mr, nvec=nvec, lanes=lanes,
+                             k_unroll=U.nearest_choice(ch["k_unroll"], unroll if i["RC"] % unroll == 0 else 1)
+                             ).asdict()
+
+    # ------------------------------------------------------------------ apply
+    def apply(self, sch: C.Schedule, match: Match, config: dict) -> None:
+        info, cfg = match.info, Conv1x1Config.from_dict(config)
+        lanes, nr, ow = cfg.lanes, cfg.nvec * cfg.lanes, info["OW"]
+        # Step 1. Fold the elementwise chain into one epilogue block and the identity padding into the conv;
+        # without an epilogue, accumulate into a cache block and write back from it.
+        U.inline_elementwise(sch, keep=frozenset({info["pad"]} if info["pad"] else ()))
+        if info["pad"]:
+            sch.compute_inline(sch.get_sblock(info["pad"]))
+        conv = sch.get_sblock(info["reduction"])
+        epi = sch.cache_write(conv, 0, "global") if info["epilogue"] is None else sch.get_sblock(info["epilogue"])
+
+        # Step 2. Weights read [ci, 1, 1, co] (co contiguous): constant weights come so from the graph
+        # (TransposePointwiseWeights); others (OIHW) are packed transposed per call, in their own parallel
+        # loop over vectors of output channels (CO x CI gathers: slower than the pixel-vectorized conv on the
+        # 2x2 planes, measured under load; the rewrite avoids it).
+        if info["weight_layout"] == "OIHW":
+            reads = [str(r.source.name) for r in sch.get(conv).reads]
+            pack = sch.cache_read(conv, reads.index(info["weight_buffer"]), "global")
+            sch.transform_layout(pack, ("write", 0), lambda f, c, ky, kx: (c, ky, kx, f))
+            pf, pc, pky, pkx = sch.get_loops(pack)
+            pf0, pf1 = sch.split(pf, factors=[None, lanes])
+            sch.reorder(pf0, pc, pky, pkx, pf1)
+            sch.parallel(pf0)
+            sch.vectorize(pf1)
+
+        # Step 3. The conv and the epilogue over the flattened pixel index p = y * W + x; the conv's output
+        # (the accumulator) stored [n, p, co]: a vector of channels is contiguous in it (laid out [co, p], each
+        # accumulator vector would be loaded and stored lane by lane: 15x slower measured).
+        sch.transform_layout(conv, ("write", 0), lambda n, f, y, x: (n, y * ow + x, f))
+        sch.transform_block_layout(conv, lambda n, f, y, x, c, ky, kx: (n, f, y * ow + x, c, ky, kx))
+        sch.transform_block_layout(epi, lambda n, f, y, x: (n, f, y * ow + x))
+
+        # Step 4. Tile the epilogue: (n, channel block, pixel block) in one parallel loop x register tile
+        # [mr pixels x nr channels].
+        n, f, p = sch.get_loops(epi)
+        f0, f1 = sch.split(f, factors=[None, nr])
+        p0, p1 = sch.split(p, factors=[None, cfg.mr])
+        sch.reorder(n, f0, p0, p1, f1)
+        band = sch.fuse(n, f0, p0)
+        sch.parallel(band)
+
+        # Step 5. The conv on each register tile: input channels outermost (unrolled by k_unroll), then the
+        # pixels (unrolled, broadcast) and the channel vectors (unrolled, lanes); the accumulator in
+        # registers, initialized (vectorized) before the reduction.
+        sch.compute_at(conv, band, preserve_unit_loops=True)
+        c_n, c_f, c_p, rc, ry, rx = sch.get_loops(conv)[-6:]
+        k0, k1 = sch.split(rc, factors=[None, cfg.k_unroll])
+        fo, fv = sch.split(c_f, factors=[None, lanes])
+        sch.reorder(k0, k1, ry, rx, c_n, c_p, fo, fv)
+        sch.vectorize(fv)
+        sch.unroll(fo)
+        sch.unroll(c_p)
+        sch.unroll(c_n)
+        if cfg.k_unroll > 1:
+            sch.unroll(k1)
+        sch.set_scope(conv, 0, "local")
+        init = sch.decompose_reduction(conv, k0)
+        sch.vectorize(sch.get_loops(init)[-1])
+
+        # Step 6. The epilogue on the accumulator tile, vectorized along the channels (stores P floats apart).
+        e_fo, e_fv = sch.split(f1, factors=[None, lanes])
+        sch.vectorize(e_fv)
