@@ -241,3 +241,14 @@ def test_all_layout_knob_combinations_apply_and_stay_correct(rng):
         cfg = {**base, **dict(zip(names, values))}
         got = S.run_func(schedule_with(t, match, func, cfg), host, args)[0]
         np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5, err_msg=str(cfg))
+
+
+@pytest.mark.parametrize("target", [S.SKYLAKE, S.HASWELL], ids=["skylake", "haswell"])
+@pytest.mark.parametrize("cin,hw", [(32, 28), (64, 56)], ids=["32ch_28x28", "64ch_56x56"])
+def test_no_im2col_on_large_planes(target, cin, hw):
+    """ResNet-sized planes keep the direct tile: rows as wide as a vector or wider are not fused through the
+    window copy, and a row's copy larger than a quarter of L1 is not padded (measured alone on skx: both
+    were 4-6x slower with the copy; benchmarks/bench_cpu_io.json conv3x3_bn_relu_res before the fix)."""
+    t, match, func, tgt = _kernel(dict(cin=cin, cout=cin, h=hw, w=hw), target)
+    cfg = t.default_config(match, tgt)
+    assert not cfg["im2col"] and not cfg["pad_width"], cfg

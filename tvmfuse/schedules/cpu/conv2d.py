@@ -394,10 +394,17 @@ class Conv2DEpilogue(ConvTemplate):
 
         col_rows = [oh for oh in ch["oh_tile"] if True in ch["fuse_rows"] and True in ch["im2col"]
                     and _fused_rows_ok(i, i["OW"], oh, True) and im2col_default(i, lanes, oh)
-                    and whole_vectors(oh * i["OW"], lanes) and (oh > 1 or i["OH"] == 1)]
+                    and whole_vectors(oh * i["OW"], lanes) and (oh > 1 or i["OH"] == 1)
+                    and i["OW"] < lanes]   # rows narrower than a vector only: measured alone (skx, 2 cores),
+        # 3x3 conv+BN+ReLU+residual, im2col'd fused rows vs direct: 32ch@28x28 0.88 vs 0.22 ms, 64ch@56x56
+        # 6.4 vs 1.15 ms (the copy dominates), 128ch@7x7 0.147 vs 0.205 ms (im2col wins)
         col = bool(col_rows)
         # im2col with padded rows where a row is an odd number of lanes wider than a vector
-        padded = padded_width(i, lanes) if True in ch["pad_width"] and im2col_default(i, lanes, 1) else None
+        # and one row's window copy fits a quarter of L1 (skx, 2 cores: the 31x31 stem of 3 channels 746 -> 225 us
+        # with it, measured under load; alone: 64ch@56x56, a 144 kB row copy, 1.1 -> 2.0 ms with it; 32ch@28x28,
+        # 32 kB, 0.23 -> 0.31 ms)
+        padded = padded_width(i, lanes) if True in ch["pad_width"] and im2col_default(i, lanes, 1) \
+            and i["RC"] * i["KH"] * i["KW"] * i["OW"] * 4 <= info.l1d_bytes // 4 else None
 
         def pad_score(oc, oh):
             nv = oh * padded // lanes
