@@ -32,11 +32,11 @@ from __future__ import annotations
 
 import argparse
 import collections
+import importlib.util
 import json
 import os
 import platform
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -44,12 +44,14 @@ import time
 import numpy as np
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+_spec = importlib.util.spec_from_file_location("bench_models", os.path.join(ROOT, "benchmarks", "bench_models.py"))
+bench_models = importlib.util.module_from_spec(_spec)     # the worker protocol and the corpus helpers
+_spec.loader.exec_module(bench_models)
 ENGINES = ("tvmfuse", "tvmfuse_unfused", "ort")
 REFERENCE_ENGINE = "ort"
 REL_TOL = 1e-4               # issue 14's numerics bound (max relative error vs onnxruntime)
 QUICK_SEQS = (16, 40)        # --quick: small shapes (40: not a multiple of the vector width)
 QUICK_HEADS, QUICK_HEAD_DIM = 2, 16
-WORKER_START_TIMEOUT_S = 900
 
 
 # ---- the workload ----
@@ -134,66 +136,9 @@ def _engine_runner(engine: str, path: str, threads: int | None):
 
 def worker(engine: str, w: dict, seed: int, threads: int | None, model_path: str, out_npz: str) -> int:
     run, info = _engine_runner(engine, model_path, threads)
-    feeds = feeds_for(w, seed)
-    np.savez(out_npz, **run(feeds))
-    print(json.dumps({"ready": True, **info}), flush=True)
-    for line in sys.stdin:
-        cmd = json.loads(line)
-        if cmd["op"] == "quit":
-            break
-        run(feeds)   # warm the caches after the other engines' blocks
-        n, t0 = 0, time.perf_counter()
-        while True:
-            run(feeds)
-            n += 1
-            elapsed = time.perf_counter() - t0
-            if elapsed >= cmd["block_s"] and n >= cmd["min_calls"]:
-                break
-        print(json.dumps({"per_call_s": elapsed / n, "calls": n}), flush=True)
-    return 0
-
+    return bench_models.serve(run, feeds_for(w, seed), info, out_npz)
 
 # ---- driver ----
-
-class _Worker:
-    def __init__(self, engine: str, w: dict, args, model_path: str, out_npz: str):
-        cmd = [sys.executable, os.path.abspath(__file__), "--worker", engine, "--workload", json.dumps(w),
-               "--seed", str(args.seed), "--model-path", model_path, "--out-npz", out_npz]
-        cmd += ["--threads", str(args.threads)] if args.threads else []
-        self.engine = engine
-        env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [ROOT, os.environ.get("PYTHONPATH")]))}
-        self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env)
-        self.info = self._reply()
-        self.info.pop("ready", None)
-
-    def _reply(self) -> dict:
-        line = self.proc.stdout.readline()
-        if not line:
-            rc = self.proc.wait(timeout=WORKER_START_TIMEOUT_S)
-            raise RuntimeError(f"engine {self.engine} exited (status {rc}) without a result; its error is above")
-        return json.loads(line)
-
-    def block(self, block_s: float, min_calls: int) -> dict:
-        self.proc.stdin.write(json.dumps({"op": "time", "block_s": block_s, "min_calls": min_calls}) + "\n")
-        self.proc.stdin.flush()
-        return self._reply()
-
-    def close(self):
-        if self.proc.poll() is None:
-            self.proc.stdin.write(json.dumps({"op": "quit"}) + "\n")
-            self.proc.stdin.flush()
-            self.proc.wait(timeout=60)
-
-
-def relative_error(got: np.ndarray, want: np.ndarray) -> float:
-    """max |got - want| / max |want| (inf where shapes differ or got has a NaN the reference lacks)."""
-    if got.shape != want.shape:
-        return float("inf")
-    diff = np.abs(got.astype(np.float64) - want.astype(np.float64))
-    if np.isnan(diff).any():
-        return float("inf")
-    return float(diff.max() / max(float(np.abs(want).max()), np.finfo(np.float32).tiny))
-
 
 def bench_workload(w: dict, args) -> dict:
     import onnx
@@ -207,7 +152,10 @@ def bench_workload(w: dict, args) -> dict:
             for engine in args.engines:       # one at a time while they compile
                 npz = os.path.join(tmp, f"{engine}.npz")
                 try:
-                    workers[engine] = _Worker(engine, w, args, model_path, npz)
+                    workers[engine] = bench_models.Worker(
+                        os.path.abspath(__file__), engine,
+                        ["--workload", json.dumps(w), "--seed", str(args.seed), "--model-path", model_path,
+                         "--out-npz", npz] + (["--threads", str(args.threads)] if args.threads else []))
                 except (RuntimeError, OSError, ValueError) as e:   # reported in the JSON; others go on
                     res["engines"][engine] = {"error": f"{type(e).__name__}: {e}"}
                     print(f"  {w['name']}: {engine} failed: {e}", file=sys.stderr, flush=True)
@@ -231,7 +179,8 @@ def bench_workload(w: dict, args) -> dict:
         row = {**wk.info, "rounds_ms": [x * 1e3 for x in rounds[engine]], "median_ms": statistics.median(r) * 1e3,
                "p25_ms": q[0] * 1e3, "p75_ms": q[2] * 1e3, "min_ms": r[0] * 1e3, "max_ms": r[-1] * 1e3}
         if ref is not None:
-            row["rel_err_vs_ort"] = {k: relative_error(v, ref[k]) for k, v in wk.outputs.items()}
+            row["rel_err_vs_ort"] = {k: bench_models.corpus_io.relative_error(v, ref[k])
+                                     for k, v in wk.outputs.items()}
             row["correct"] = max(row["rel_err_vs_ort"].values()) <= REL_TOL
         res["engines"][engine] = row
     eng = res["engines"]

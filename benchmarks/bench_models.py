@@ -82,6 +82,12 @@ def worker(engine: str, model: str, seed: int, threads: int | None, out_npz: str
     path = corpus_io.model_path(entry, "static")
     run, info = _engine_runner(engine, path, threads)
     feeds = corpus_io.random_feeds(entry, np.random.default_rng(seed))
+    return serve(run, feeds, info, out_npz)
+
+
+def serve(run, feeds: dict, info: dict, out_npz: str) -> int:
+    """The worker's side of the protocol (shared with bench_attention.py): write the first run's outputs
+    to ``out_npz``, say ready with ``info``, then time one block of back-to-back calls per "time" command."""
     np.savez(out_npz, **run(feeds))
     print(json.dumps({"ready": True, **info}), flush=True)
     for line in sys.stdin:
@@ -102,10 +108,12 @@ def worker(engine: str, model: str, seed: int, threads: int | None, out_npz: str
 
 # ---- driver ----
 
-class _Worker:
-    def __init__(self, engine, model, seed, threads, out_npz):
-        cmd = [sys.executable, os.path.abspath(__file__), "--worker", engine, "--models", model,
-               "--seed", str(seed), "--out-npz", out_npz] + (["--threads", str(threads)] if threads else [])
+class Worker:
+    """The driver's side: one engine's worker process, ``script --worker ENGINE *argv`` (shared with
+    bench_attention.py), driven over stdin/stdout with one JSON object per line."""
+
+    def __init__(self, script: str, engine: str, argv: list[str]):
+        cmd = [sys.executable, script, "--worker", engine, *argv]
         self.engine = engine
         env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [ROOT, os.environ.get("PYTHONPATH")]))}
         self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env)
@@ -150,7 +158,9 @@ def bench_model(entry: dict, args) -> dict:
             for engine in args.engines:
                 npz = os.path.join(tmp, f"{engine}.npz")
                 try:
-                    workers[engine] = _Worker(engine, name, args.seed, args.threads, npz)
+                    workers[engine] = Worker(os.path.abspath(__file__), engine,
+                                             ["--models", name, "--seed", str(args.seed), "--out-npz", npz]
+                                             + (["--threads", str(args.threads)] if args.threads else []))
                 except Exception as e:  # an engine that cannot compile this model: reported, others go on
                     res["engines"][engine] = {"error": f"{type(e).__name__}: {e}"}
                     print(f"  {name}: {engine} failed: {e}", file=sys.stderr, flush=True)
