@@ -21,10 +21,10 @@ from ...target import cpu_info, template_defaults
 from ..base import Knob, KnobSpace, Match, Template
 from . import common as U
 from .matmul import (K_UNROLL, MC_TILES, MR_CHOICES, NC_TILES, NVEC_CHOICES, PAD_N, analyze_matmul,
-                     compute_on_register_tile, lane_choices, pad_columns, pick_lanes, pick_macro_tiles,
+                     compute_on_register_tile, lane_choices, pick_lanes, pick_macro_tiles,
                      pick_register_tile)
 from .reduction import rf_widths
-from .siblings import output_chains
+from .siblings import chain_output_block, output_chains
 
 FAMILY = "cpu.norm_matmul"
 VECTORIZE_STATS = (True, False)      # rfactor the statistics into vector partial sums (needs rf_width | K)
@@ -251,17 +251,7 @@ class NormMatmul(Template):
         for anchor, reds in info["chains"]:
             # Step 3. Columns not a multiple of the register tile: pad each matmul's j domain (its B panel
             # zero-padded in Step 5); a matmul that is an output accumulates into a cache block.
-            writeback = None
-            if config.get("pad_n", False) and info["Ns"][reds[0]] % nr:
-                for red in reds:
-                    wb, pads[red] = pad_columns(sch, sch.get_sblock(red), info["infos"][red], nr)
-                    writeback = writeback or wb
-            if writeback is not None:
-                epi = sch.get_sblock(writeback)
-            elif anchor is None:
-                epi = sch.cache_write(sch.get_sblock(reds[0]), 0, "global")
-            else:
-                epi = sch.get_sblock(anchor)
+            epi = chain_output_block(sch, info, anchor, reds, nr, config.get("pad_n", False), pads)
 
             # Step 4. Tile the chain's output: [batch, row block i0], j0, i1, j1, register tile (i2, j2).
             loops = sch.get_loops(epi)

@@ -201,17 +201,7 @@ class SiblingMatmuls(U.CpuTemplate, family="cpu.sibling_matmuls", config=Sibling
             # Step 2. Columns not a multiple of the register tile: pad each matmul's j domain (its B
             # panel zero-padded in Step 5), so the register tile has no per-lane predicate.
             # Step 2b. A matmul that is an output accumulates into a cache block written back from it.
-            writeback = None
-            if cfg.pad_n and info["Ns"][reds[0]] % nr:
-                for red in reds:
-                    wb, pads[red] = pad_columns(sch, sch.get_sblock(red), info["infos"][red], nr)
-                    writeback = writeback or wb
-            if writeback is not None:
-                epi = sch.get_sblock(writeback)
-            elif anchor is None:
-                epi = sch.cache_write(sch.get_sblock(reds[0]), 0, "global")
-            else:
-                epi = sch.get_sblock(anchor)
+            epi = chain_output_block(sch, info, anchor, reds, nr, cfg.pad_n, pads)
 
             # Step 2c. Weights shared by the batches: the batch rows flattened into M (2-D from here on).
             if flat:
@@ -265,6 +255,23 @@ class SiblingMatmuls(U.CpuTemplate, family="cpu.sibling_matmuls", config=Sibling
         # Step 7. Leftover elementwise producers: fused, parallel, vectorized on their own.
         for name in info["others"]:
             U.schedule_injective(sch, sch.get_sblock(name), lanes)
+
+
+def chain_output_block(sch: C.Schedule, info: dict, anchor, reds: list, nr: int, pad_n: bool, pads: dict):
+    """The block a matmul chain's register tile is computed at (shared with cpu.norm_matmul): with
+    ``pad_n`` and N not a multiple of ``nr``, each matmul's j domain padded (``pads[red]`` gets its padded
+    B buffer) and the padded accumulator's write-back; else a cache block for a chain with no epilogue
+    (the matmul is an output), else the epilogue ``anchor``."""
+    writeback = None
+    if pad_n and info["Ns"][reds[0]] % nr:
+        for red in reds:
+            wb, pads[red] = pad_columns(sch, sch.get_sblock(red), info["infos"][red], nr)
+            writeback = writeback or wb
+    if writeback is not None:
+        return sch.get_sblock(writeback)
+    if anchor is None:
+        return sch.cache_write(sch.get_sblock(reds[0]), 0, "global")
+    return sch.get_sblock(anchor)
 
 
 def _default_order_pack(match: Match, info, k: int, n: int, nr: int, row_blocks_per_core: int) -> tuple[str, bool]:
