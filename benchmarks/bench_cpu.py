@@ -51,6 +51,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import types
 
 import numpy as np
 import onnx
@@ -196,10 +197,46 @@ def _metaschedule(model, target, trials, work_dir):
     return C.compile_module(mod, target, "default")
 
 
+class _TorchvisionPlaceholder(types.ModuleType):
+    """Stands in for a torchvision whose compiled ops do not load (PyPI's CPU torch with its torchvision
+    wheel: ``RuntimeError: operator torchvision::nms does not exist``). onnx2torch imports torchvision only
+    for NonMaxSuppression and RoiAlign, which no benchmark workload contains; calling any of its functions
+    raises the cause."""
+
+    def __init__(self, cause):
+        super().__init__("torchvision")
+        self.cause = cause
+
+    def __getattr__(self, name):
+        if name.startswith("__"):
+            raise AttributeError(name)
+        cause = self.cause
+
+        def unusable(*args, **kwargs):
+            raise RuntimeError(f"torchvision is unusable here ({cause}); torchvision {name} was called")
+
+        return unusable
+
+
+def _import_onnx2torch():
+    try:
+        import torchvision  # noqa: F401
+    except RuntimeError as e:
+        for name in [m for m in sys.modules if m == "torchvision" or m.startswith("torchvision.")]:
+            del sys.modules[name]
+        placeholder = _TorchvisionPlaceholder(e)
+        sys.modules["torchvision"] = placeholder
+        sys.modules["torchvision.ops"] = placeholder
+    import onnx2torch
+
+    return onnx2torch
+
+
 def _torch(model, feeds, threads):
     try:
-        import onnx2torch
         import torch
+
+        onnx2torch = _import_onnx2torch()
     except ImportError as e:
         raise Skipped(f"torch.compile skipped: {e}") from e
     torch.set_num_threads(threads)
