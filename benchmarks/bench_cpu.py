@@ -3,7 +3,7 @@
     python benchmarks/bench_cpu.py                      # table 1: engines x workloads -> benchmarks/bench_cpu.json
     python benchmarks/bench_cpu.py --ms-trials 64       # table 2: + TVM MetaSchedule -> benchmarks/bench_cpu_ms.json
     python benchmarks/bench_cpu.py --io                 # table 3: tvmfuse I/O paths  -> benchmarks/bench_cpu_io.json
-    python benchmarks/bench_cpu.py --tails              # softmax rows with a tail vs padded rows -> bench_cpu_tails.json
+    python benchmarks/bench_cpu.py --tails              # softmax rows with a tail vs padded -> bench_cpu_tails.json
     python benchmarks/bench_cpu.py --quick --repeat 3 --no-models    # smoke run (quarter-size workloads)
 
 Engines (``--engines`` picks; ENGINES below says what each one is):
@@ -257,7 +257,7 @@ def _tail(kind, model, feeds):
     """A ``--tails`` engine: softmax over the workload's rows (``tail_*``) or over the rows padded to a
     multiple of TAIL_PAD (``tail_padded_*``); the callable's ``check_outputs`` gives the outputs to check
     (the padded engine's first d columns)."""
-    (name, x), = feeds.items()
+    (_, x), = feeds.items()
     rows, d = x.shape
     if "padded" in kind:
         width = -(-d // TAIL_PAD) * TAIL_PAD
