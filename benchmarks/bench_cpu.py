@@ -3,6 +3,7 @@
     python benchmarks/bench_cpu.py                      # table 1: engines x workloads -> benchmarks/bench_cpu.json
     python benchmarks/bench_cpu.py --ms-trials 64       # table 2: + TVM MetaSchedule -> benchmarks/bench_cpu_ms.json
     python benchmarks/bench_cpu.py --io                 # table 3: tvmfuse I/O paths  -> benchmarks/bench_cpu_io.json
+    python benchmarks/bench_cpu.py --tails              # softmax rows with a tail vs padded -> bench_cpu_tails.json
     python benchmarks/bench_cpu.py --quick --repeat 3 --no-models    # smoke run (quarter-size workloads)
 
 Engines (``--engines`` picks; ENGINES below says what each one is):
@@ -28,6 +29,12 @@ Engines (``--engines`` picks; ENGINES below says what each one is):
   out (ordinary numpy inputs and ``tvmfuse.empty`` (64-byte aligned) inputs: both read in place since
   ``PipelineOptions.element_aligned_args``; before it numpy inputs were copied once) and the same three for
   ``Runner.run`` of the exported artifact (``tvmfuse.export`` + ``tvmfuse.load``).
+- ``--tails`` (issue 11: a row the vector does not divide within 10% of a padded row): Softmax over rows
+  of TAIL_ROWS elements (104, 1000, 3071: a scalar tail after the vector main loop on AVX-512, and on AVX2
+  for 3071) against the same softmax over rows padded to a multiple of TAIL_PAD (112, 1008, 3072), each
+  through ``run()`` on numpy and as the VM call on device tensors.  The padded engines feed the row
+  padded with TAIL_PAD_VALUE (exp of it is 0, so the first d outputs are the unpadded softmax and are
+  checked against the workload's reference like every engine's).
 
 Method: each engine runs in its own worker process per workload (this file with ``--worker``): it builds
 the engine, runs it once on the workload's inputs (an .npz written by this process) and writes its
@@ -88,6 +95,23 @@ IO_ENGINES = {f"io_{p}{e}": f"{'artifact ' if p else ''}{d}"
               for p in ("", "artifact_")
               for e, d in (("vm", "VM call, device tensors"), ("run_numpy", "run(), numpy in/out"),
                            ("run_aligned", "run(), tvmfuse.empty inputs"))}
+
+
+# --tails: softmax row lengths with a tail on some vector width, and the padding that removes it
+TAIL_ROWS = (104, 1000, 3071)
+TAIL_PAD = 16                  # float32 lanes of AVX-512 (a multiple of AVX2's and NEON's)
+TAIL_PAD_VALUE = -1e30         # padding input: its exp underflows to 0 and the row's softmax is unchanged
+TAIL_ENGINES = {"tail_vm": "VM call, device tensors, rows of d",
+                "tail_run": "run(), numpy in/out, rows of d",
+                "tail_padded_vm": f"VM call, device tensors, rows padded to a multiple of {TAIL_PAD}",
+                "tail_padded_run": f"run(), numpy in/out, rows padded to a multiple of {TAIL_PAD}"}
+
+
+def tail_workloads(quick: bool):
+    """Softmax [rows, d] for each d in TAIL_ROWS (rows: as the softmax workload of ``workloads``)."""
+    rows = 512 // (4 if quick else 1)
+    return [(f"softmax_tail_{d}", M.softmax(rows=rows, d=d, decomposed=False), "memory", 2 * 4 * rows * d)
+            for d in TAIL_ROWS]
 
 
 def workloads(quick: bool, models: bool):
@@ -266,6 +290,28 @@ def _io(kind, model, feeds, work_dir):
     return lambda: m.run(aligned)
 
 
+def _tail(kind, model, feeds):
+    """A ``--tails`` engine: softmax over the workload's rows (``tail_*``) or over the rows padded to a
+    multiple of TAIL_PAD (``tail_padded_*``); the callable's ``check_outputs`` gives the outputs to check
+    (the padded engine's first d columns)."""
+    (_, x), = feeds.items()
+    rows, d = x.shape
+    if "padded" in kind:
+        width = -(-d // TAIL_PAD) * TAIL_PAD
+        model = M.softmax(rows=rows, d=width, decomposed=False)
+        x = np.concatenate([x, np.full((rows, width - d), TAIL_PAD_VALUE, x.dtype)], axis=1)
+    cm = tvmfuse.compile(model, tuning_log=None)
+    feeds = {cm.inputs[0].name: np.ascontiguousarray(x)}
+    if kind.endswith("_vm"):
+        args = [C.tensor(feeds[cm.inputs[0].name])]
+        f = cm._main()
+        fn = lambda: f(*args)                                  # noqa: E731
+    else:
+        fn = lambda: cm.run(feeds)                             # noqa: E731
+    fn.check_outputs = lambda res: [a[:, :d] for a in _as_arrays(res)]
+    return fn
+
+
 def build_engine(engine, model, feeds, threads, ms_trials, work_dir):
     """The callable that runs ``engine`` once on ``feeds`` (inputs prepared outside the call)."""
     target = tvmfuse.host_target()
@@ -294,7 +340,9 @@ def build_engine(engine, model, feeds, threads, ms_trials, work_dir):
         return lambda: f(*args)
     if engine in IO_ENGINES:
         return _io(engine, model, feeds, work_dir)
-    raise ValueError(f"unknown engine {engine!r}; known: {sorted(ENGINES) + sorted(IO_ENGINES)}")
+    if engine in TAIL_ENGINES:
+        return _tail(engine, model, feeds)
+    raise ValueError(f"unknown engine {engine!r}; known: {sorted(ENGINES) + sorted(IO_ENGINES) + sorted(TAIL_ENGINES)}")
 
 
 def worker(spec_path: str) -> int:
@@ -317,7 +365,7 @@ def worker(spec_path: str) -> int:
         reply({"ok": False, "skipped": str(e)})
         return 0
     build_s = time.perf_counter() - t0
-    outs = _as_arrays(fn())
+    outs = getattr(fn, "check_outputs", _as_arrays)(fn())
     np.savez(spec["outputs"], **{f"out{i}": a for i, a in enumerate(outs)})
     reply({"ok": True, "build_s": build_s, "n_outputs": len(outs)})
     for line in sys.stdin:
@@ -460,11 +508,17 @@ def main(argv=None):
     ap.add_argument("--no-models", action="store_true", help="skip the demo models end to end")
     ap.add_argument("--io", action="store_true", help="time tvmfuse's I/O paths (VM call, run() numpy, run() "
                     "aligned; compiled and exported) instead of the engines")
+    ap.add_argument("--tails", action="store_true", help=f"time softmax over rows of {TAIL_ROWS} elements "
+                    f"against rows padded to a multiple of {TAIL_PAD} (VM call and run()) instead of the engines")
     args = ap.parse_args(argv)
     if args.worker:
         return worker(args.worker)
+    if args.io and args.tails:
+        ap.error("--io and --tails are two separate tables: give one")
     if args.io:
         engines = list(IO_ENGINES)
+    elif args.tails:
+        engines = list(TAIL_ENGINES)
     else:
         engines = list(args.engines or DEFAULT_ENGINES)
         if args.ms_trials > 0 and "tvm_metaschedule" not in engines:
@@ -472,10 +526,11 @@ def main(argv=None):
                            "tvm_metaschedule")
         if "tvm_metaschedule" in engines and args.ms_trials <= 0:
             ap.error("tvm_metaschedule needs --ms-trials N (N > 0)")
-    out_json = args.json or os.path.join(HERE, "bench_cpu_io.json" if args.io else
-                                         "bench_cpu_ms.json" if args.ms_trials > 0 else "bench_cpu.json")
+    out_json = args.json or os.path.join(HERE, "bench_cpu_io.json" if args.io else "bench_cpu_tails.json"
+                                         if args.tails else "bench_cpu_ms.json" if args.ms_trials > 0
+                                         else "bench_cpu.json")
     fl = floors()
-    wl = workloads(args.quick, not args.no_models)
+    wl = tail_workloads(args.quick) if args.tails else workloads(args.quick, not args.no_models)
     if args.workloads:
         unknown = set(args.workloads) - {w[0] for w in wl}
         if unknown:
@@ -491,7 +546,7 @@ def main(argv=None):
                     work / (fl["copy_GBps"] * 1e9) if kind == "memory" else float("nan")) * 1e3
         rows.append({"workload": name, "kind": kind, "floor_ms": floor_ms if floor_ms == floor_ms else None,
                      "engines": res})
-    desc = {**ENGINES, **IO_ENGINES}
+    desc = {**ENGINES, **IO_ENGINES, **TAIL_ENGINES}
     out = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
            "machine": platform.processor() or platform.machine(), "cpu": C.llvm_system_cpu(),
            "cpus": os.cpu_count(), "threads": args.threads, "load_avg_start": load_start,
@@ -500,11 +555,29 @@ def main(argv=None):
            "check": {"rtol": CHECK_RTOL, "atol": CHECK_ATOL, "reference": "onnx.reference.ReferenceEvaluator"},
            "command": " ".join(["python", os.path.relpath(__file__)] + (argv if argv is not None else sys.argv[1:])),
            "engines": {e: desc[e] for e in engines}, "floors": fl, "rows": rows}
+    if args.tails:
+        out["tail_ratios"] = tail_ratios(rows)
     with open(out_json, "w") as f:
         json.dump(out, f, indent=1)
     print_table(out)
+    if args.tails:
+        print("\n| workload | VM call: rows of d / padded rows | run(): rows of d / padded rows |\n|---|---:|---:|")
+        for name, r in out["tail_ratios"].items():
+            print(f"| {name} | " + " | ".join("-" if r[k] is None else f"{r[k]:.2f}" for k in ("vm", "run")) + " |")
     print(f"wrote {out_json}")
     return 0
+
+
+def tail_ratios(rows: list) -> dict:
+    """--tails: per workload, median time over rows of d / median time over the padded rows, for the VM
+    call and run() (None where an engine did not run)."""
+    out = {}
+    for r in rows:
+        ms = {e: d["ms"]["median"] for e, d in r["engines"].items() if "ms" in d}
+        out[r["workload"]] = {k: (ms[f"tail_{k}"] / ms[f"tail_padded_{k}"]
+                                  if f"tail_{k}" in ms and f"tail_padded_{k}" in ms else None)
+                              for k in ("vm", "run")}
+    return out
 
 
 def print_table(out) -> None:

@@ -175,6 +175,51 @@ def test_wrong_inputs_are_a_clear_error(model, rng):
         model.run({"a": good["a"]})
 
 
+def test_ordinary_feeds_skip_the_full_checks_and_others_still_get_them(model, rng, monkeypatch):
+    # run() checks ordinary numpy feeds against a plan made once per model (issue 11: the full checks
+    # cost 30-40 us a call); anything else (a dict subclass, a wrong name, a TVM tensor) takes the full
+    # path, which gives the same results or the same errors
+    import collections
+
+    import tvmfuse.io as io
+
+    feeds = _feeds(rng, np.empty)
+    full = []
+    real = io.validate_feeds
+    monkeypatch.setattr(io, "validate_feeds", lambda f, i: full.append(1) or real(f, i))
+    np.testing.assert_allclose(model.run(feeds)["y"], _reference(feeds), rtol=1e-5, atol=1e-6)
+    assert full == []
+    ordered = collections.OrderedDict(feeds)
+    np.testing.assert_allclose(model.run(ordered)["y"], _reference(feeds), rtol=1e-5, atol=1e-6)
+    assert full == [1]
+    with pytest.raises(tvmfuse.InputError, match=r"unknown input name\(s\) \['z'\]"):
+        model.run({"a": feeds["a"], "b": feeds["b"], "z": feeds["c"]})      # right count, wrong name
+    with pytest.raises(tvmfuse.InputError, match=r"input 'c' has shape \[1, 4096\]"):
+        model.run({**feeds, "c": feeds["c"][None]})
+    with pytest.raises(tvmfuse.InputError, match="input 'b' has dtype int32"):
+        model.run({**feeds, "b": feeds["b"].astype(np.int32)})
+
+
+def test_symbolic_dims_are_checked_on_every_call(host, rng):
+    # x: [batch, seq, 16] and m: [batch, seq] share both dims: sizes that agree run (twice, with other
+    # sizes the second time), sizes that disagree are an InputError naming the dim and both inputs
+    g = M._G("two_inputs")
+    x = g.input("x", ("batch", "seq", 16))
+    m = g.input("m", ("batch", "seq"))
+    g.op("Mul", x, g.op("Unsqueeze", m, g.const(np.array([-1], np.int64))))
+    g.rename_last("y", ("batch", "seq", 16))
+    cm = tvmfuse.compile(g.model(), host)
+    for b, t in [(2, 5), (3, 7)]:
+        f = {"x": rng.standard_normal((b, t, 16)).astype(np.float32),
+             "m": rng.standard_normal((b, t)).astype(np.float32)}
+        np.testing.assert_allclose(cm.run(f)["y"], f["x"] * f["m"][..., None], rtol=1e-6, atol=1e-6)
+    bad = {"x": np.zeros((2, 5, 16), np.float32), "m": np.zeros((2, 6), np.float32)}
+    with pytest.raises(tvmfuse.InputError, match=r"symbolic dim 'seq' is 5 in input 'x' \(axis 1\) but 6 in input 'm'"):
+        cm.run(bad)
+    with pytest.raises(tvmfuse.InputError, match=r"input 'x' has shape \[2, 5, 8\]"):
+        cm.run({"x": np.zeros((2, 5, 8), np.float32), "m": np.zeros((2, 5), np.float32)})
+
+
 def test_results_stay_valid_after_the_next_call(model, rng):
     f1, f2 = _feeds(rng), _feeds(rng)
     y1 = model.run(f1)["y"]
@@ -255,6 +300,20 @@ def test_an_output_that_views_an_input_is_copied(host):
     assert not np.shares_memory(out["y"], out["z"])
     xa[...] = 0
     np.testing.assert_array_equal(out["y"], np.arange(32, dtype=np.float32).reshape(4, 8))
+
+
+def test_a_single_output_that_is_the_input_is_copied(host):
+    # one output (the VM returns a tensor, not a tuple): Identity hands back the caller's own memory
+    g = M._G("identity")
+    x = g.input("x", (16,))
+    g.op("Identity", x)
+    g.rename_last("y", (16,))
+    cm = tvmfuse.compile(g.model(), host)
+    xa = np.arange(16, dtype=np.float32)
+    y = cm.run({"x": xa})["y"]
+    assert not np.shares_memory(y, xa)
+    xa[...] = 0
+    np.testing.assert_array_equal(y, np.arange(16, dtype=np.float32))
 
 
 def test_a_constant_output_is_copied(host):

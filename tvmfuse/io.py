@@ -8,7 +8,13 @@ On a CPU target an input array goes to the kernels as it is (a DLPack view, no c
 C-contiguous, writeable and its data is aligned as the kernels assume (``arg_alignment``); otherwise it is
 copied once into a tensor TVM allocates (64-byte aligned), and ``Binding.copied`` says why.  Outputs come
 back as numpy arrays that view the tensors the VM allocated for this call (no copy); each call gets new
-ones, so an earlier result is never overwritten.
+ones, so an earlier result is never overwritten.  The VM's pooled allocator hands those tensors out
+again once nothing holds them (a loop that drops each result reuses two buffers: no page faults).
+
+Cost per call: ``run()`` checks ordinary numpy feeds against a plan made at the first call (``_Plan``:
+dtype and shape compares, contiguity and alignment, one DLPack import per input), a few microseconds over
+the VM call; only feeds that fail it (a wrong name, dtype or shape, a TVM tensor, an array to copy) go
+through the full checks (``validate_feeds``), which name what is wrong.
 
 Which alignment: by default (``PipelineOptions.element_aligned_args``) tvmfuse compiles CPU kernels that
 assume their tensor arguments aligned to the element size only (4 bytes for float32), as every numpy array
@@ -223,32 +229,36 @@ class Executes:
     def _finish(self, result, outputs: dict | None, args: list) -> dict[str, np.ndarray]:
         """The VM's result as {output name: numpy array}: views of the result tensors on a CPU, written
         into ``outputs[name]`` where given."""
-        flat = _flatten(result)
-        tensors = [t for t, _ in flat]
-        if len(tensors) != len(self.outputs):
-            raise self._output_count_error(len(tensors))
+        plan = self._io_plan()
+        if type(result) is C.Tensor:                  # one output: no tuple to walk
+            flat = [(result, 0)]
+        else:
+            flat = _flatten(result)
+        if len(flat) != len(plan.output_names):
+            raise self._output_count_error(len(flat))
         given = outputs or {}
-        on_cpu = self._on_cpu()
         taken = [a.data_ptr() for a in args]
         out = {}
-        for spec, (t, holders) in zip(self.outputs, flat):
-            if spec.name in given:
-                out[spec.name] = _write_into(given[spec.name], t, spec)
+        for spec, name, (t, holders) in zip(self.outputs, plan.output_names, flat):
+            if name in given:
+                out[name] = _write_into(given[name], t, spec)
                 continue
-            if not on_cpu:
-                out[spec.name] = t.numpy()
+            if not plan.on_cpu:
+                out[name] = t.numpy()
                 continue
             # A view only of a tensor nobody else holds: not of the caller's input (Identity returns it),
             # another output's memory, or one of the VM's constants (a constant output: writing into the
             # view would change the model).  A fresh result is held by our wrapper, each tuple it sits in
             # and, for the top-level value, the VM (it keeps its last return value until the next call);
             # a constant also by the executable's constant pool and the VM's registers.
-            shared = t.data_ptr() in taken or C.strong_ref_count(t) > 2 + holders
+            # (counted before the view is made: the view holds a reference too)
+            ptr = t.data_ptr()
+            shared = ptr in taken or C.strong_ref_count(t) > 2 + holders
             view = np.from_dlpack(t)
             if shared and view.size:
                 view = view.copy()
-            taken.append(t.data_ptr())
-            out[spec.name] = view
+            taken.append(ptr)
+            out[name] = view
         return out
 
     def run(self, feeds: dict, outputs: dict | None = None) -> dict[str, np.ndarray]:
@@ -259,14 +269,96 @@ class Executes:
         once); outputs view the result tensors of this call.  ``outputs`` ({name: array or TVM tensor of
         the output's shape and dtype}) receives those results instead (one copy each).
         """
-        values = validate_feeds(feeds, self.inputs)
-        self._validate_outputs(outputs)
-        args = [self._to_device(v)[0] for v in values]
+        args = self._io_plan().in_place_args(feeds)
+        if args is None:                  # not the common case: the full checks (and their clear errors)
+            args = [self._to_device(v)[0] for v in validate_feeds(feeds, self.inputs)]
+        if outputs:
+            self._validate_outputs(outputs)
         return self._finish(self._main()(*args), outputs, args)
+
+    def _io_plan(self) -> _Plan:
+        """What every call checks, worked out at the first call (the specs, device and alignment of a
+        model do not change after it is built)."""
+        plan = self.__dict__.get("_plan")
+        if plan is None:
+            plan = self.__dict__["_plan"] = _Plan(self)
+        return plan
 
     def bind(self, feeds: dict) -> Binding:
         """Place ``feeds`` on the device once for many ``Binding.run()`` calls (see ``Binding``)."""
         return Binding(self, feeds)
+
+
+class _Plan:
+    """The per-model part of ``run()``'s checks, computed once (``Executes._io_plan``) so that a call with
+    ordinary inputs costs a few dict lookups and comparisons per input (issue 11: ``run()`` within 5% of
+    the VM call; the checks per call were 30-40 us before, most of it ``str(array.dtype)``, ``ctypes``
+    addresses and building the error-message data every call).
+
+    ``in_place_args(feeds)`` gives the VM's arguments when every feed is a numpy array of the declared
+    dtype and shape that the kernels can read in place (CPU, C-contiguous, writeable, aligned as they
+    assume), else None: then ``run()`` takes the full path (``validate_feeds`` + ``_to_device``), which
+    copies what must be copied and raises the InputError that names what is wrong."""
+
+    __slots__ = ("on_cpu", "checks", "output_names", "fast")
+
+    def __init__(self, model: "Executes"):
+        self.on_cpu = model._on_cpu()
+        self.output_names = [s.name for s in model.outputs]
+        # per input: (name, numpy dtype, static shape or None, dims when symbolic, alignment in bytes)
+        self.checks = []
+        self.fast = self.on_cpu
+        for spec in model.inputs:
+            dtype = _numpy_dtype(spec.dtype)
+            if dtype is None:                       # numpy has no such dtype (bfloat16): the full path
+                self.fast = False
+                continue
+            static = all(isinstance(d, int) for d in spec.shape)
+            self.checks.append((spec.name, dtype, tuple(spec.shape) if static else None,
+                                None if static else tuple(spec.shape),
+                                arg_alignment(dtype, model.element_aligned_args)))
+
+    def in_place_args(self, feeds) -> list | None:
+        if not self.fast or type(feeds) is not dict or len(feeds) != len(self.checks):
+            return None
+        args = []
+        sizes: dict = {}
+        for name, dtype, shape, dims, alignment in self.checks:
+            v = feeds.get(name)
+            if type(v) is not np.ndarray or v.dtype != dtype:
+                return None
+            if shape is not None:
+                if v.shape != shape:
+                    return None
+            elif not _symbolic_shape_fits(v.shape, dims, sizes):
+                return None
+            flags = v.flags
+            if not (flags.c_contiguous and flags.writeable):
+                return None
+            t = C.from_dlpack(v)
+            if t.data_ptr() % alignment:
+                return None
+            args.append(t)
+        return args
+
+
+def _numpy_dtype(name: str):
+    """numpy's dtype for a model's dtype name, or None where numpy has none (``bfloat16``)."""
+    return np.dtype(name) if name in np.sctypeDict else None
+
+
+def _symbolic_shape_fits(shape: tuple, dims: tuple, sizes: dict) -> bool:
+    """Whether ``shape`` matches ``dims`` (ints and symbolic names) with the sizes already seen in
+    ``sizes`` (filled here); an expression (``n + 1``) is the VM's to check."""
+    if len(shape) != len(dims):
+        return False
+    for d, n in zip(dims, shape):
+        if isinstance(d, int):
+            if d != n:
+                return False
+        elif d.isidentifier() and sizes.setdefault(d, n) != n:
+            return False
+    return True
 
 
 def _flatten(value, depth: int = 0) -> list:
