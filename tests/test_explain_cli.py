@@ -148,3 +148,50 @@ def _explain_json_args(path, *args):
     r = _cli(path, "--json", *args)
     assert r.returncode == 0, r.stderr
     return json.loads(r.stdout)
+
+
+HASWELL = '{"kind": "llvm", "mtriple": "x86_64-linux-gnu", "mcpu": "haswell", "num-cores": 2}'
+
+
+def _channel_layernorm():
+    """A LayerNorm over the channels of NCHW [1, 8, 5, 7]: means over axis 1, not the innermost."""
+    g = M._G("chln")
+    x = g.input("x", (1, 8, 5, 7))
+    ax = g.const(np.array([1], np.int64))
+    d = g.op("Sub", x, g.op("ReduceMean", x, ax, keepdims=1))
+    var = g.op("ReduceMean", g.op("Mul", d, d), ax, keepdims=1)
+    g.op("Div", d, g.op("Sqrt", g.op("Add", var, g.const(np.array(1e-5, np.float32)))))
+    g.rename_last("y", (1, 8, 5, 7))
+    return g.model()
+
+
+@pytest.mark.parametrize("model,family", [
+    (lambda: M.layernorm(rows=8, d=40), "cpu.row_reduction"),
+    (lambda: M.elementwise_chain(n=256), "cpu.elementwise"),
+    (lambda: M.norm_matmul(norm="rmsnorm", rows=8, d=40, n=24), "cpu.norm_matmul"),
+])
+def test_cpu_groups_name_the_family_that_accepted_them(tmp_path, model, family):
+    """The CPU row-reduction, elementwise and norm + matmul families accept their rules' groups at graph
+    level; explain prints the family after the rule."""
+    path = _save(tmp_path, model(), "m")
+    r = _cli(path, "--target", HASWELL)
+    assert r.returncode == 0, r.stderr
+    groups = [ln for ln in r.stdout.splitlines() if ln.startswith("  fused_")]
+    assert len(groups) == 1 and groups[0].endswith(f"] -> {family}"), r.stdout
+    d = _explain_json_args(path, "--target", HASWELL)
+    assert [g.get("template") for g in d["groups"]] == [family]
+
+
+def test_cpu_family_that_declined_a_group_is_named_with_its_reason(tmp_path):
+    """A LayerNorm over the channels of NCHW: cpu.row_reduction declines the group (its means do not reduce the
+    innermost axes); the generic schedule takes it, so the fusion stands, and explain says which families
+    declined and why."""
+    path = _save(tmp_path, _channel_layernorm(), "chln")
+    r = _cli(path, "--target", HASWELL)
+    assert r.returncode == 0, r.stderr
+    (line,) = [ln for ln in r.stdout.splitlines() if ln.startswith("  fused_")]
+    assert " -> no family accepted it (cpu.row_reduction: mean(" in line, line
+    assert "reduces axes [1] of [1, 8, 5, 7], not the innermost ones" in line, line
+    d = _explain_json_args(path, "--target", HASWELL)
+    (g,) = d["groups"]
+    assert "template" not in g and g["declined"].startswith("cpu.row_reduction: mean(") and d["refused"] == []

@@ -2,9 +2,10 @@
 is formed only when a family said it will schedule the fused kernel, and that answer is honest: for every
 kernel the rules formed in the demo models and in corpus models (static shapes), the family that
 accepted the group really matches the fused PrimFunc.  A refusal names the families that declined and why.
-On CPU the matmul families (cpu.matmul_epilogue, cpu.sibling_matmuls, cpu.symbolic_matmul) and
-cpu.symbolic_rows declare ``accepts``; a group none of them takes passes when the generic schedule (asked
-last) takes it, i.e. unless it holds a matmul anchor: such groups record no template."""
+On CPU the matmul families (cpu.matmul_epilogue, cpu.sibling_matmuls, cpu.symbolic_matmul, cpu.norm_matmul),
+cpu.row_reduction, cpu.elementwise and cpu.symbolic_rows declare ``accepts``; a group none of them takes passes
+when the generic schedule (asked last) takes it, i.e. unless it holds a matmul anchor: such groups record no
+template, and why the families of the rules that formed them declined."""
 import re
 from pathlib import Path
 
@@ -130,13 +131,81 @@ def test_cpu_gate_refuses_a_matmul_group_no_matmul_family_takes_and_names_them()
         assert part in why, why
     assert accepting_template(R.GroupInfo([a, add], [add]), target, prefer="matmul") == \
         ("cpu.matmul_epilogue", None)
-    assert accepting_template(R.GroupInfo([add, add], [add]), target) == (None, None)
+    assert accepting_template(R.GroupInfo([add, add], [add]), target) == ("cpu.elementwise", None)
+    for part in ("cpu.row_reduction: a matmul/conv anchor", f"cpu.elementwise: {a.name} is a contraction"):
+        assert part in why, why
 
 
-def test_cpu_groups_record_no_template_and_keep_their_fusions():
+def test_cpu_groups_no_family_accepts_keep_their_fusions_and_say_why():
+    """A LayerNorm over the channels of NCHW: cpu.row_reduction declines (not the innermost axes), the
+    generic schedule takes the group: it keeps its fusions, records no template and why the families of
+    its rules declined."""
     _, rec = _graph(S.channel_layernorm(), C.Target(S.HASWELL))
-    assert rec.groups and all("template" not in g for g in rec.groups)
-    assert any(any("mean" in op for op in g["ops"]) for g in rec.groups)
+    means = [g for g in rec.groups if any("mean" in op for op in g["ops"])]
+    assert means and all("template" not in g for g in means), rec.groups
+    for g in means:
+        assert "cpu.row_reduction: mean(" in g["declined"] and "not the innermost ones" in g["declined"], g
+
+
+# --------------------------------------------------------------------------- CPU row reduction, elementwise
+def _red(name, shape, axes, out, readers=()):
+    return R.NodeInfo(name, R.REDUCTION, 4, row_keys=frozenset({(shape, axes)}), out_shape=out, readers=readers)
+
+
+def _ew(name, out, kind=R.ELEMWISE, func=None):
+    return R.NodeInfo(name, kind, 0 if kind == R.ELEMWISE else 2, out_shape=out, func=func)
+
+
+def test_cpu_row_reduction_accepts_rows_and_says_why_not():
+    """cpu.row_reduction accepts static row reductions over the innermost axes with the ops over the same rows
+    (a LayerNorm's mean -> subtract); each refusal names its cause."""
+    from tvmfuse.schedules.cpu.reduction import RowReduction
+
+    t, fam = C.Target(S.HASWELL), RowReduction()
+    sub = _ew("subtract", (2, 19, 40))
+    mean = _red("mean", (2, 19, 40), (2,), (2, 19, 1), readers=(sub,))
+    assert fam.accepts(R.GroupInfo([mean, sub], [sub]), t) is None
+    fused = _red("layer_norm", (2, 19, 40), (2,), (2, 19, 40))       # a layer_norm op writes its rows
+    assert fam.accepts(R.GroupInfo([_ew("add", (2, 19, 40)), fused], [fused]), t) is None
+    cases = [
+        ([_red("mean", (1, 24, 9, 11), (1,), (1, 1, 9, 11))], "reduces axes [1] of [1, 24, 9, 11], not the innermost"),
+        ([_red("pool", (1, 8, 20, 20), (2, 3), (1, 8, 9, 9))], "a window reduction"),
+        ([_red("sum", (40,), (0,), (1,))], "reduces every axis"),
+        ([_red("a", (4, 40), (1,), (4, 1)), _red("b", (5, 40), (1,), (5, 1))], "reductions over different rows"),
+        ([_red("m", (4, 40), (1,), (4, 1)), _ew("reshape", (40, 4), R.INJECTIVE)], "does not run over the rows"),
+        ([_red("m", (4, 4, 8), (2,), (4, 4, 1), readers=(_t := _ew("transpose", (4, 4, 8), R.INJECTIVE),)), _t],
+         "transpose [4, 4, 8] after the reductions"),
+        ([_ew("add", (4, 40))], "no row reduction"),
+        ([_red("m", (4, 40), (1,), (4, 1)), R.NodeInfo("matmul", R.CONTRACTION, 4, reduce_axes=1, out_shape=(4, 8))],
+         "a matmul/conv anchor"),
+    ]
+    for members, why in cases:
+        got = fam.accepts(R.GroupInfo(members, members[-1:]), t)
+        assert got is not None and why in got, (why, got)
+    n = C.tirx.Var("n", "int64")
+    sym = _red("mean", (n, 40), (1,), (n, 1))
+    assert "symbolic extents" in fam.accepts(R.GroupInfo([sym], [sym]), t)
+
+
+def test_cpu_elementwise_accepts_elementwise_ops_but_not_shifts():
+    """cpu.elementwise accepts elementwise and layout ops (static or symbolic); a reduction or an integer shift
+    (which its match leaves to the generic schedule) is refused by name."""
+    from onnx import TensorProto
+
+    from tvmfuse.schedules.cpu.elementwise import Elementwise
+
+    t, fam = C.Target(S.HASWELL), Elementwise()
+    n = C.tirx.Var("n", "int64")
+    ok = [_ew("add", (4, 40)), _ew("transpose", (40, 4), R.INJECTIVE), _ew("sigmoid", (n, 8))]
+    assert fam.accepts(R.GroupInfo(ok, ok[-1:]), t) is None
+    red = _red("mean", (4, 40), (1,), (4, 1))
+    assert "mean is a reduction, not an elementwise" in fam.accepts(R.GroupInfo([ok[0], red], [red]), t)
+    g = M._G("shift")
+    g.op("BitShift", g.input("x", [64], TensorProto.UINT8), g.input("s", [64], TensorProto.UINT8), direction="LEFT")
+    (name, func), = S.graph_funcs(S.finish(g), S.HASWELL).items()
+    shift = _ew(name, (64,), func=func)
+    assert "shifts integers" in fam.accepts(R.GroupInfo([shift], [shift]), t)
+    assert fam.match(func, t) is None                    # what accepts foresees: the template refuses it
 
 
 def test_rule_rows_carry_their_check_and_template():

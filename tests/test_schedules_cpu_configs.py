@@ -1,4 +1,5 @@
-"""Typed configs of the CPU families (matmul, siblings, symbolic matmul, symbolic rows, generic).
+"""Typed configs of the CPU families (matmul, siblings, symbolic matmul, symbolic rows, elementwise, row
+reduction, norm + matmul, generic).
 
 Each family declares a frozen ``Config`` dataclass: its knob space is derived from the fields (in field
 order), its untuned default is one point of that space built from the *target* (``cpu_info``) and the
@@ -47,6 +48,9 @@ CASES = {
     "cpu.sibling_matmuls": lambda: S.qkv_3d(),
     "cpu.symbolic_matmul": _mlp_symbolic_rows,
     "cpu.symbolic_rows": _softmax_symbolic_rows,
+    "cpu.elementwise": lambda: M.elementwise_chain(n=4096),
+    "cpu.row_reduction": lambda: M.layernorm(rows=32, d=96),
+    "cpu.norm_matmul": lambda: M.norm_matmul(norm="layernorm", rows=21, d=64, n=24),
 }
 
 
@@ -80,23 +84,32 @@ def test_default_is_a_typed_point_of_the_space(family, tname):
         cfg_type.from_dict({**default, "bogus": 1})
 
 
-@pytest.mark.parametrize("family,key,value,knob", [
-    ("cpu.matmul_epilogue", "order", "ij", "order"),
-    ("cpu.matmul_epilogue", "k_unroll", 8, "k_unroll"),
-    ("cpu.sibling_matmuls", "k_unroll", 8, "k_unroll"),
-    ("cpu.symbolic_matmul", "order", "ji", "order"),
-    ("cpu.symbolic_rows", "vector_mult", 2, "vector_mult"),
+@pytest.mark.parametrize("family,key,value,knob,expected", [
+    ("cpu.matmul_epilogue", "order", "ij", "order", "ij"),
+    ("cpu.matmul_epilogue", "k_unroll", 8, "k_unroll", 8),
+    ("cpu.sibling_matmuls", "k_unroll", 8, "k_unroll", 8),
+    ("cpu.symbolic_matmul", "order", "ji", "order", "ji"),
+    ("cpu.symbolic_rows", "vector_mult", 2, "vector_mult", 2),
+    ("cpu.elementwise", "unroll", 4, "unroll", 4),
+    ("cpu.elementwise", "vector_mult", 2, "vector_mult", 2),
+    ("cpu.elementwise", "min_vectors_per_core", 10 ** 6, "parallel", False),
+    ("cpu.row_reduction", "unroll", 2, "unroll", 2),
+    ("cpu.row_reduction", "max_rf_vectors", 1, "rf_width", 8),          # haswell: 8 lanes
+    ("cpu.row_reduction", "min_rows_per_core", 10 ** 6, "parallel", False),
+    ("cpu.norm_matmul", "k_unroll", 8, "k_unroll", 8),
+    ("cpu.norm_matmul", "pad_n", False, "pad_n", False),
+    ("cpu.norm_matmul", "max_rf_vectors", 1, "rf_width", 8),
 ])
-def test_default_reads_the_target_table(family, key, value, knob, monkeypatch):
+def test_default_reads_the_target_table(family, key, value, knob, expected, monkeypatch):
     """Editing the family's template_defaults row changes the default (nothing is hard-wired)."""
     target = C.Target(S.HASWELL)
     template, match, _ = _matched(family, target)
     before = template.default_config(match, target)
-    assert before[knob] != value
+    assert before[knob] != expected
     table = json.loads(json.dumps(TG.cpu_table()))
     table["template_defaults"][family][key] = value
     monkeypatch.setattr(TG, "cpu_table", lambda: table)
-    assert template.default_config(match, target)[knob] == value
+    assert template.default_config(match, target)[knob] == expected
 
 
 def test_sibling_row_blocks_per_core_from_the_table(monkeypatch):

@@ -36,7 +36,7 @@ class NodeInfo:
     reduce_axes: int = 0                # contraction: reduced axes (1: a matmul; 3: a conv's rc, ry, rx)
     out_shape: tuple | None = None      # ints and symbolic TIR expressions (see rules.same_shape)
     why_opaque: str = ""
-    func: object = None                 # reduction/contraction: its PrimFunc (its anchor's block roles)
+    func: object = None                 # its PrimFunc (not for an opaque op): block roles, calls
     # where it sits in its dataflow block (set by grouping): the relax var of its result, and the op of
     # each binding that reads it (None for a reader that is no call_tir op, or the function's result)
     var: object = field(default=None, repr=False, compare=False)

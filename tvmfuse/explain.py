@@ -44,13 +44,17 @@ def record_refusal(producer: str, consumer: str, reason: str, rule: str = "") ->
         r.refused.append(entry)
 
 
-def record_group(kernel: str, ops: list[str], rule: str, outputs: int = 1, template: str = "") -> None:
+def record_group(kernel: str, ops: list[str], rule: str, outputs: int = 1, template: str = "",
+                 declined: str = "") -> None:
     """A fusion group formed by a pass: its kernel's name, its ops (in order), the rule(s), its outputs,
-    and the template family that accepted it (empty where the target's families gate no fusion)."""
+    and the template family that accepted it (empty where the target's families gate no fusion); a group
+    no family accepted that the CPU generic schedule takes: why the rule's family declined (``declined``)."""
     fusion_log.debug("group %s: %s [%s]%s", kernel, " + ".join(ops), rule, f" -> {template}" if template else "")
     entry = {"kernel": kernel, "ops": list(ops), "rule": rule, "outputs": int(outputs)}
     if template:
         entry["template"] = template
+    if declined:
+        entry["declined"] = declined
     for r in _recorders():
         r.groups.append(entry)
 

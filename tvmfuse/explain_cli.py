@@ -49,6 +49,8 @@ def format_explain(name: str, d: dict) -> str:
     for g in d["groups"]:
         outs = f", {g['outputs']} outputs" if g.get("outputs", 1) > 1 else ""
         by = f" -> {g['template']}" if g.get("template") else ""      # the family that accepted the group
+        if g.get("declined"):          # none did: the kernel gets the first template matching it, or the fallback
+            by = f" -> no family accepted it ({g['declined']})"
         rows.append(f"  {g['kernel']}: {' + '.join(g['ops'])}  [{g['rule']}{outs}]{by}")
     if not d["groups"]:
         rows.append("  (none)")

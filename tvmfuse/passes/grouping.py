@@ -111,6 +111,7 @@ class _BlockGraph:
         self.uf = _UnionFind(n)
         self.group_rules: dict[int, list[str]] = {}
         self.group_template: dict[int, str] = {}       # root -> the template family that accepted the group
+        self.group_declined: dict[int, str] = {}       # root -> why the rule's family declined (generic took it)
         for i, j in self.alias_of.items():
             if self.info[j].kind != R.OPAQUE:
                 self.uf.union(i, j)
@@ -162,40 +163,45 @@ class _BlockGraph:
         return None
 
     # ----------------------------------------------------------------------------------- decision
-    def decide(self, a: int, b: int, rule: R.Rule) -> tuple[str | None, str | None]:
+    def decide(self, a: int, b: int, rule: R.Rule) -> tuple[str | None, str | None, str]:
         """Legality, the checks of the rules that formed both groups and of ``rule``, and target support
         (size limits, then a template family that accepts the merged group), joined: (None, the family
-        that will schedule it; None where the target's families gate nothing) if the groups of a and b
-        may, should and can fuse; else (the reason they do not, None)."""
+        that will schedule it; None where the target's families gate nothing, why the rule's family
+        declined where the CPU generic schedule takes the group) if the groups of a and b may, should and
+        can fuse; else (the reason they do not, None, "")."""
         ga, gb = self.uf.find(a), self.uf.find(b)
         members = set(self.uf.members[ga]) | set(self.uf.members[gb])
         blocker = self.creates_cycle(members)
         if blocker is not None:
             return (f"illegal: the path through {self._name(blocker)} leaves the group and comes back "
-                    "(the fused kernel would depend on itself)"), None
+                    "(the fused kernel would depend on itself)"), None, ""
         infos = self.group_infos(members)
         formed = [R.RULES_BY_NAME[n] for n in self.group_rules.get(ga, []) + self.group_rules.get(gb, [])]
         reason = R.check_rules(formed + [rule], infos)
         if reason is not None:
-            return "not profitable: " + reason, None
+            return "not profitable: " + reason, None, ""
         outs = self.outputs(members)
         reason = R.check_supported(infos, len(outs), self.limits)
         if reason is not None:
-            return "not supported by the target: " + reason, None
+            return "not supported by the target: " + reason, None, ""
         group = R.GroupInfo(infos, [self.info[k] for k in outs if self.info[k] is not None])
-        family, reason = R.check_template(rule, group, self.target)
+        family, reason, declined = R.check_template(rule, group, self.target, tuple(formed))
         if reason is not None:
-            return "not supported by the target: " + reason, None
-        return None, family
+            return "not supported by the target: " + reason, None, ""
+        return None, family, declined
 
-    def merge(self, a: int, b: int, rule: str, template: str | None = None) -> None:
+    def merge(self, a: int, b: int, rule: str, template: str | None = None, declined: str = "") -> None:
         rules = self.group_rules.pop(self.uf.find(a), []) + self.group_rules.pop(self.uf.find(b), [])
         self.group_template.pop(self.uf.find(a), None)
         self.group_template.pop(self.uf.find(b), None)
+        self.group_declined.pop(self.uf.find(a), None)
+        self.group_declined.pop(self.uf.find(b), None)
         root = self.uf.union(a, b)
         self.group_rules[root] = list(dict.fromkeys(rules + [rule]))
         if template is not None:
             self.group_template[root] = template
+        elif declined:
+            self.group_declined[root] = declined
 
     def dissolve(self, root: int) -> None:
         """Split a group back into single ops (a call_tir keeps the tuple fields it owns)."""
@@ -238,9 +244,9 @@ def _no_rule_reason(producer: R.NodeInfo, consumer: R.NodeInfo) -> str:
 
 def _fuse(g: _BlockGraph, a: int, b: int, rule: R.Rule, pending: list) -> None:
     """Merge the groups of a and b under ``rule`` when ``decide`` agrees, else keep its refusal."""
-    reason, template = g.decide(a, b, rule)
+    reason, template, declined = g.decide(a, b, rule)
     if reason is None:
-        g.merge(a, b, rule.name, template)
+        g.merge(a, b, rule.name, template, declined)
     else:
         pending.append((a, b, reason, rule.name))
 
@@ -300,6 +306,7 @@ def partition(g: _BlockGraph) -> list[tuple[str, str, str, str]]:
         if reason is not None:
             rules = "+".join(g.group_rules.pop(root, []))
             g.group_template.pop(root, None)
+            g.group_declined.pop(root, None)
             ops = [g._name(k) for k in sorted(members) if k not in g.alias_of]
             out_refused.append((ops[0], ops[-1], "not supported by the target: " + reason, rules))
             g.dissolve(root)
@@ -430,7 +437,8 @@ def _rewrite_block(g: _BlockGraph, mbb, taken: set, stats: list):
             gv = mbb.add_func(func, name)
             call = mbb.normalize(C.relax.Call(gv, outer_args))
             record_group(name, [op_name(str(g.bindings[k].value.args[0].name_hint)) for k in members
-                                if k not in g.alias_of], rule, len(outs), template)
+                                if k not in g.alias_of], rule, len(outs), template,
+                         g.group_declined.get(it, ""))
             stats.append(name)
             if len(outs) == 1:
                 new_bindings.append(C.relax.VarBinding(g.bindings[outs[0]].var, call))

@@ -391,9 +391,9 @@ def classify(func, call, var_ty) -> NodeInfo:
         info.why_opaque = "unknown shape or rank (no shape expression to check a fusion against)"
         return info
     if pattern <= 1:
-        info.kind = ELEMWISE
+        info.kind, info.func = ELEMWISE, func
     elif pattern == 2:
-        info.kind = INJECTIVE
+        info.kind, info.func = INJECTIVE, func
     elif pattern in (3, 4):
         found = analyze_reductions(func)
         if found is None:
@@ -422,14 +422,17 @@ def check_rules(rules: list[Rule], members: list[NodeInfo]) -> str | None:
     return None
 
 
-def check_template(rule: Rule, group: GroupInfo, target) -> tuple[str | None, str | None]:
-    """Target support by a schedule: (the family that accepts the group, None) or (None, why not), the
-    family the rule names asked first and named in the refusal."""
+def check_template(rule: Rule, group: GroupInfo, target, formed: tuple = ()) -> tuple[str | None, str | None, str]:
+    """Target support by a schedule: (the family that accepts the group, None, "") or (None, why not, ""),
+    the family the rule names asked first and named in the refusal; a group no family accepts but the CPU
+    generic schedule takes: (None, None, why the families of ``rule`` and of the rules that ``formed`` the
+    group declined) for the report."""
     if target is None:
-        return None, None
-    from ..schedules import accepting_template
+        return None, None, ""
+    from ..schedules import template_gate
 
-    return accepting_template(group, target, prefer=rule.template)
+    named = tuple(dict.fromkeys(r.template for r in (*formed, rule)))
+    return template_gate(group, target, prefer=rule.template, named=named)
 
 
 def _static_numel(shape) -> int | None:

@@ -35,24 +35,33 @@ def accepting_template(group, target: C.Target, prefer: str = "") -> tuple[str |
     (None, None) unless the generic schedule declines too (``cpu.generic.accepts``: a matmul group that no
     matmul family took); else (None, the reason of each family that declined, those whose name contains
     ``prefer`` first).  A target none of whose families declares ``accepts`` gates nothing: (None, None)."""
+    family, refusal, _ = template_gate(group, target, prefer)
+    return family, refusal
+
+
+def template_gate(group, target: C.Target, prefer: str = "", named: tuple = ()) -> tuple[str | None, str | None, str]:
+    """``accepting_template`` and, for a group it lets pass without a family (the generic schedule takes
+    it), why the families named by ``named`` (default: ``prefer``; the templates of the rules that formed
+    the group) declined: ``"cpu.row_reduction: ..."``, for the report ("" when none of them declined)."""
+    named = tuple(n for n in (named or (prefer,)) if n)
     templates = [t for t in templates_for(target) if declares_accepts(t)]
     if not templates:
-        return None, None
+        return None, None, ""
     reasons = []
     for t in templates:
         why = t.accepts(group, target)
         if why is None:
-            return t.family, None
+            return t.family, None, ""
         reasons.append((t.family, why))
     if not is_gpu(target):
         from .cpu import generic
 
         why = generic.accepts(group, target)
         if why is None:
-            return None, None
+            return None, None, "; ".join(f"{f}: {w}" for f, w in reasons if any(n in f for n in named))
         reasons.append((generic.FAMILY, why))
     declined = sorted(reasons, key=lambda r: prefer not in r[0] if prefer else False)    # the rule's family first
-    return None, "no template schedules the group (" + "; ".join(f"{f}: {why}" for f, why in declined) + ")"
+    return None, "no template schedules the group (" + "; ".join(f"{f}: {why}" for f, why in declined) + ")", ""
 
 
 def schedule_prim_func(func: C.PrimFunc, target: C.Target, records: dict | None = None,

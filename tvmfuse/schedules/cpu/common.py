@@ -202,14 +202,25 @@ def _calls(expr, out: set) -> set:
     return out
 
 
+SHIFT_CALLS = frozenset({"tirx.shift_left", "tirx.shift_right"})
+
+
 def has_shift(sch: C.Schedule, block) -> bool:
     """Integer shifts: LLVM leaves a shift by >= the bit width undefined, and any loop transformation
     changes what it yields (TVM's plain loop happens to give the 0 ONNX expects). Not scheduled."""
     value = store_value(sch, block)
     if value is None:
         return False
-    return bool(_calls(value, set()) & {"tirx.shift_left", "tirx.shift_right"}) or "<<" in str(value) \
-        or ">>" in str(value)
+    return bool(_calls(value, set()) & SHIFT_CALLS) or "<<" in str(value) or ">>" in str(value)
+
+
+def func_shifts(func: C.PrimFunc) -> bool:
+    """Whether any block of ``func`` computes an integer shift (see :func:`has_shift`): for ``accepts``,
+    on an op's PrimFunc before its group's kernel exists."""
+    found = []
+    C.post_order_visit(func.body, lambda n: found.append(n) if isinstance(n, (C.tirx.LShift, C.tirx.RShift)) or (
+        isinstance(n, C.Call) and str(getattr(n.op, "name", "")) in SHIFT_CALLS) else None)
+    return bool(found)
 
 
 def vectorizable(sch: C.Schedule, block) -> bool:

@@ -4,13 +4,17 @@ Matches a PrimFunc whose blocks are all spatial.  The chain is folded into its o
 pass over memory, no intermediate), each output's loops are fused into one, split into
 [parallel outer][unrolled][vector lanes]; what does not fill a group of vectors runs as a short tail
 (scalars: common.partition_tail), so the main loop never stores a partial vector.
-Default knob values come from the target (``template_defaults`` in schedules/cpu_targets.json).
+Knobs: a typed ``ElementwiseConfig``; default values come from the target (``cpu_info``) and the family's
+``template_defaults`` in schedules/cpu_targets.json.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from ... import _compat as C
-from ...target import cpu_info, template_defaults
-from ..base import Knob, KnobSpace, Match, Template
+from ...analysis import ELEMWISE, INJECTIVE
+from ...target import cpu_info
+from ..base import Config, KnobSpace, Match, knob
 from . import common as U
 
 UNROLL = (1, 2, 4, 8)          # vectors per iteration of the innermost scalar loop
@@ -19,10 +23,17 @@ PARALLEL = (True, False)       # parallel outer loop (False: small kernels where
 FAMILY = "cpu.elementwise"     # its defaults (vector_mult, unroll, min_vectors_per_core, ...): the target table
 
 
-class Elementwise(Template):
-    family = FAMILY
-    target_kinds = ("llvm",)
+@dataclass(frozen=True)
+class ElementwiseConfig(Config):
+    """The knobs of ``cpu.elementwise``: [parallel outer][unrolled steps][vector lanes x vector_mult]."""
 
+    lanes: int = knob("float32 lanes per vector (target)")
+    vector_mult: int = knob("vector registers per step", VECTOR_MULT)
+    unroll: int = knob("steps unrolled per loop iteration", UNROLL)
+    parallel: bool = knob("parallel outer loop", PARALLEL)
+
+
+class Elementwise(U.CpuTemplate, family=FAMILY, config=ElementwiseConfig):
     def match(self, func: C.PrimFunc, target: C.Target) -> Match | None:
         sch = C.Schedule(func)
         left = U.inline_elementwise(sch)
@@ -40,31 +51,39 @@ class Elementwise(Template):
             sizes.append(-1 if -1 in extents else total)   # -1: a symbolic extent (batch, seq)
         return Match(self.family, {"blocks": left, "elements": -1 if -1 in sizes else max(sizes)})
 
+    def accepts(self, group, target: C.Target) -> str | None:
+        """Elementwise, broadcast and layout ops only (static or symbolic extents), none computing an integer
+        shift (``common.has_shift``: left to the generic schedule)."""
+        other = [m for m in group.members if m.kind not in (ELEMWISE, INJECTIVE)]
+        if other:
+            return f"{other[0].name} is a {other[0].kind}, not an elementwise or layout op"
+        shifts = [m for m in group.members if m.func is not None and U.func_shifts(m.func)]
+        if shifts:
+            return f"{shifts[0].name} shifts integers (not scheduled: a shift by the bit width is undefined)"
+        return None
+
     def space(self, match: Match, target: C.Target) -> KnobSpace:
-        return KnobSpace((
-            Knob("lanes", (cpu_info(target).float32_lanes,), "float32 lanes per vector (target)"),
-            Knob("vector_mult", VECTOR_MULT, "vector registers per step"),
-            Knob("unroll", UNROLL, "steps unrolled per loop iteration"),
-            Knob("parallel", PARALLEL, "parallel outer loop"),
-        ))
+        return ElementwiseConfig.space(lanes=(cpu_info(target).float32_lanes,))
 
     def default_config(self, match: Match, target: C.Target) -> dict:
-        info = cpu_info(target)
-        d = template_defaults(target, FAMILY)
+        info, d = cpu_info(target), self.table_defaults(target)
         lanes = info.float32_lanes
-        if match.info["elements"] < 0:   # symbolic size: any batch/sequence, so split it over the cores
-            return {"lanes": lanes, "vector_mult": 1, "unroll": 1, "parallel": True}
+        if match.info["elements"] < 0:
+            # symbolic size: any batch/sequence, so split it over the cores; a split of an unknown extent is
+            # predicated, one vector per step (nothing to unroll into whole vectors)
+            return ElementwiseConfig(lanes=lanes, vector_mult=1, unroll=1, parallel=True).asdict()
         vectors = match.info["elements"] // lanes
         unroll = d["unroll"] if vectors >= d["unroll_min_vectors_per_core"] * info.cores else 1
         # Below min_vectors_per_core vector iterations per core a parallel fork costs more than it saves.
-        return {"lanes": lanes, "vector_mult": U.nearest_choice(VECTOR_MULT, d["vector_mult"]),
-                "unroll": U.nearest_choice(UNROLL, unroll),
-                "parallel": vectors >= d["min_vectors_per_core"] * info.cores}
+        return ElementwiseConfig(lanes=lanes, vector_mult=U.nearest_choice(VECTOR_MULT, d["vector_mult"]),
+                                 unroll=U.nearest_choice(UNROLL, unroll),
+                                 parallel=vectors >= d["min_vectors_per_core"] * info.cores).asdict()
 
     def apply(self, sch: C.Schedule, match: Match, config: dict) -> None:
+        cfg = ElementwiseConfig.from_dict(config)
         # Step 1. Fold the chain into its outputs.
         U.inline_elementwise(sch)
         # Step 2. Each remaining block: fused loops, [parallel][unroll][vector].
         for name in match.info["blocks"]:
-            U.schedule_injective(sch, sch.get_sblock(name), config["lanes"] * config["vector_mult"],
-                                 unroll=config["unroll"], parallel=config["parallel"])
+            U.schedule_injective(sch, sch.get_sblock(name), cfg.lanes * cfg.vector_mult, unroll=cfg.unroll,
+                                 parallel=cfg.parallel)

@@ -15,14 +15,15 @@ its A panel.  The normalised tensor of full size never exists: the panel is all 
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from ... import _compat as C
 from ...analysis import CONTRACTION, REDUCTION, is_sum_reduction
-from ...target import cpu_info, template_defaults
-from ..base import Knob, KnobSpace, Match, Template
+from ...target import cpu_info
+from ..base import KnobSpace, Match, knob
 from . import common as U
-from .matmul import (K_UNROLL, MC_TILES, MR_CHOICES, NC_TILES, NVEC_CHOICES, PAD_N, analyze_matmul,
-                     compute_on_register_tile, lane_choices, pick_lanes, pick_macro_tiles,
-                     pick_register_tile)
+from .matmul import (PAD_N, RegisterTileConfig, analyze_matmul, compute_on_register_tile, matmul_roles,
+                     pick_lanes, register_tile_choices, register_tile_default)
 from .reduction import rf_widths
 from .siblings import chain_output_block, output_chains
 
@@ -33,6 +34,21 @@ PACK_B = (False, True)               # copy each matmul's B strip (K x nc) conti
 # more than this fraction of L1: read in place, each k step then touches new cache lines and pages
 # (the rule cpu.sibling_matmuls uses; measured there: SwiGLU 512x768x2048 155 -> 46 ms).
 PACK_STRIP_L1_FRACTION = 0.25
+
+
+@dataclass(frozen=True)
+class NormMatmulConfig(RegisterTileConfig):
+    """The knobs of ``cpu.norm_matmul``: the register tile of the sibling matmuls (``mc_tiles``: register
+    tiles per row block, one normalised A panel of mc x K shared by every sibling), how their B panels are
+    read, and the row statistics' partial sums."""
+
+    pad_n: bool = knob("columns not a multiple of the register tile: pad j (B panel zero-padded) instead of "
+                       "a per-lane predicate (scalar code) on the register tile", PAD_N)
+    pack_b: bool = knob("copy each matmul's B panel into a contiguous buffer at the panel loop, once per row "
+                        "block (weights with a long row stride)", PACK_B)
+    rf_width: int = knob("partial sums per row statistic (rfactor; divides the row)")
+    vectorize_stats: bool = knob("row statistics as vector partial sums (an rfactor) instead of one scalar "
+                                 "chain per row")
 
 
 def _prod(values) -> int:
@@ -138,9 +154,7 @@ def _rf_loops(sch: C.Schedule, block) -> tuple[list, object, object]:
     return rows, loops[red], loops[lanes]
 
 
-class NormMatmul(Template):
-    family = FAMILY
-    target_kinds = ("llvm",)
+class NormMatmul(U.CpuTemplate, family=FAMILY, config=NormMatmulConfig):
 
     # ------------------------------------------------------------------ match
     def match(self, func: C.PrimFunc, target: C.Target) -> Match | None:
@@ -160,8 +174,9 @@ class NormMatmul(Template):
         })
 
     def accepts(self, group, target: C.Target) -> str | None:
-        """Static shapes, only matmul anchors (one or more, no conv) and row reductions before them: the
-        group the ``norm_prologue`` rule forms (its check decides the rest)."""
+        """Static shapes, only matmul anchors (one or more, no conv; each ``C += A * B`` by
+        ``matmul.matmul_roles`` on its PrimFunc) and row reductions before them: the group the
+        ``norm_prologue`` rule forms (its check decides the rest)."""
         anchors, contractions = U.matmul_anchors(group), group.of_kind(CONTRACTION)
         if not group.is_static():
             return "symbolic extents (the norm prologue tiles static rows)"
@@ -170,6 +185,9 @@ class NormMatmul(Template):
                    "normalises the A panel of matmuls)"
         if not group.of_kind(REDUCTION):
             return "no row normalisation before the matmuls"
+        bad = [m.name for m in anchors if matmul_roles(m.func) is None]
+        if bad:
+            return f"{bad[0]} is not C += A * B with one i, j and k axis"
         return None
 
     # ------------------------------------------------------------------ knobs
@@ -177,33 +195,17 @@ class NormMatmul(Template):
         m, n, k = match.info["M"], match.info["N"], match.info["K"]
         lanes = cpu_info(target).float32_lanes
         widths = rf_widths(lanes, match.info["stat_len"])
-        return KnobSpace((
-            Knob("mr", U.choices_upto(MR_CHOICES, m), "rows of the register tile"),
-            Knob("nvec", U.choices_upto(NVEC_CHOICES, max(1, -(-n // lanes))), "vectors per register-tile row"),
-            Knob("lanes", lane_choices(lanes), "float32 lanes per vector (the target's width, or half)"),
-            Knob("mc_tiles", U.choices_upto(MC_TILES, max(1, m)), "register tiles per row block (one normalised "
-                 "A panel of mc x K, shared by every sibling)"),
-            Knob("nc_tiles", U.choices_upto(NC_TILES, max(1, -(-n // lanes))), "register tiles per macro tile along j"),
-            Knob("k_unroll", U.choices_upto(K_UNROLL, k), "unroll of the reduction loop"),
-            Knob("pad_n", PAD_N, "columns not a multiple of the register tile: pad j (B panel zero-padded) "
-                 "instead of a per-lane predicate (scalar code) on the register tile"),
-            Knob("pack_b", PACK_B, "copy each matmul's B panel into a contiguous buffer at the panel loop, once "
-                 "per row block (weights with a long row stride)"),
-            Knob("rf_width", widths or (lanes,), "partial sums per row statistic (rfactor; divides the row)"),
-            Knob("vectorize_stats", VECTORIZE_STATS if widths else (False,),
-                 "row statistics as vector partial sums (an rfactor) instead of one scalar chain per row"),
-        ))
+        return NormMatmulConfig.space(**register_tile_choices(m, n, k, lanes), rf_width=widths or (lanes,),
+                                      vectorize_stats=VECTORIZE_STATS if widths else (False,))
 
     def default_config(self, match: Match, target: C.Target) -> dict:
-        info = cpu_info(target)
-        regs = U.Registers.for_bits(info.vector_bits).count
-        ch = {kb.name: kb.choices for kb in self.space(match, target).knobs}
+        info, d = cpu_info(target), self.table_defaults(target)
+        ch = self.space(match, target).to_dict()
         m, n, k = match.info["M"], match.info["N"], match.info["K"]
         ns = set(match.info["Ns"].values())
         lanes = pick_lanes(m, ns.pop(), info.float32_lanes) if len(ns) == 1 else info.float32_lanes
-        mr, nvec = pick_register_tile(m, n, lanes, regs, ch["mr"], ch["nvec"])
-        nr = nvec * lanes
-        mc_tiles, nc_tiles = pick_macro_tiles(k, mr, nr, info.l2_bytes, ch["mc_tiles"], ch["nc_tiles"])
+        tile = register_tile_default(m, n, k, lanes, info, ch, d)
+        mr, nr, mc_tiles = tile["mr"], tile["nvec"] * lanes, tile["mc_tiles"]
         # no wider column panel than the columns (a panel past N leaves a predicate on every register tile)
         nc_tiles = max([c for c in ch["nc_tiles"] if c <= -(-n // nr)] or [min(ch["nc_tiles"])])
         pack = match.info["chain_len"] * k * nr * 4 > PACK_STRIP_L1_FRACTION * info.l1d_bytes
@@ -211,22 +213,21 @@ class NormMatmul(Template):
             nc_tiles = min(ch["nc_tiles"])    # one register-tile strip per panel: the packed strip is contiguous
         # the row-block loop is the parallel one: keep enough row blocks for every core
         batch = _prod(match.info["batch"])
-        blocks_per_core = template_defaults(target, FAMILY)["row_blocks_per_core"]
-        while mc_tiles > min(ch["mc_tiles"]) and batch * -(-m // (mr * mc_tiles)) < blocks_per_core * info.cores:
+        while mc_tiles > min(ch["mc_tiles"]) and \
+                batch * -(-m // (mr * mc_tiles)) < d["row_blocks_per_core"] * info.cores:
             mc_tiles = max(c for c in ch["mc_tiles"] if c < mc_tiles)
-        # one or two vectors of partial sums: two independent add chains per statistic hide the add latency
-        rf = [w for w in ch["rf_width"] if w <= 2 * info.float32_lanes]
-        return {"mr": mr, "nvec": nvec, "lanes": lanes, "mc_tiles": mc_tiles, "nc_tiles": nc_tiles,
-                "k_unroll": U.nearest_choice(ch["k_unroll"], 4 if k % 4 == 0 else 1), "pad_n": True,
-                "pack_b": pack,
-                "rf_width": rf[-1] if rf else ch["rf_width"][0],
-                "vectorize_stats": True in ch["vectorize_stats"]}
+        # a few vectors of partial sums (the table's max_rf_vectors): independent add chains per statistic
+        # hide the add latency
+        rf = [w for w in ch["rf_width"] if w <= d["max_rf_vectors"] * info.float32_lanes]
+        return NormMatmulConfig(**{**tile, "mc_tiles": mc_tiles, "nc_tiles": nc_tiles}, pad_n=d["pad_n"],
+                                pack_b=pack, rf_width=rf[-1] if rf else ch["rf_width"][0],
+                                vectorize_stats=True in ch["vectorize_stats"]).asdict()
 
     # ------------------------------------------------------------------ apply
     def apply(self, sch: C.Schedule, match: Match, config: dict) -> None:
-        info = match.info
-        mr, lanes = config["mr"], config["lanes"]
-        nr = config["nvec"] * lanes
+        info, cfg = match.info, NormMatmulConfig.from_dict(config)
+        mr, lanes = cfg.mr, cfg.lanes
+        nr = cfg.nvec * lanes
         nbatch = len(info["batch"])
 
         # Step 1. Fold the elementwise blocks (the same folding as match()): the norm block stays.
@@ -236,11 +237,11 @@ class NormMatmul(Template):
         # before anything moves; the partial sums and their horizontal sum move under the row block in Step 6).
         stat_blocks = list(info["stats"])
         rf_blocks = []
-        if config["vectorize_stats"]:
+        if cfg.vectorize_stats:
             for name in info["stats"]:
                 blk = sch.get_sblock(name)
                 loops = sch.get_loops(blk)
-                _, ri = sch.split(loops[-1], factors=[None, config["rf_width"]])
+                _, ri = sch.split(loops[-1], factors=[None, cfg.rf_width])
                 rf = sch.rfactor(ri, factor_axis=len(loops) - 1)
                 rf_blocks.append(U.block_name(sch, rf))
         # producers before consumers: the order compute_at must take them in reverse
@@ -251,13 +252,13 @@ class NormMatmul(Template):
         for anchor, reds in info["chains"]:
             # Step 3. Columns not a multiple of the register tile: pad each matmul's j domain (its B panel
             # zero-padded in Step 5); a matmul that is an output accumulates into a cache block.
-            epi = chain_output_block(sch, info, anchor, reds, nr, config.get("pad_n", False), pads)
+            epi = chain_output_block(sch, info, anchor, reds, nr, cfg.pad_n, pads)
 
             # Step 4. Tile the chain's output: [batch, row block i0], j0, i1, j1, register tile (i2, j2).
             loops = sch.get_loops(epi)
             b_loops, i_loop, j_loop = loops[:nbatch], loops[nbatch], loops[nbatch + 1]
-            i0, i1, i2 = sch.split(i_loop, factors=[None, config["mc_tiles"], mr])
-            j0, j1, j2 = sch.split(j_loop, factors=[None, config["nc_tiles"], nr])
+            i0, i1, i2 = sch.split(i_loop, factors=[None, cfg.mc_tiles, mr])
+            j0, j1, j2 = sch.split(j_loop, factors=[None, cfg.nc_tiles, nr])
             sch.reorder(*b_loops, i0, j0, i1, j1, i2, j2)
             tops.append(sch.fuse(*b_loops, i0) if b_loops else i0)
             tiles.append((reds, j1, j2, j0))
@@ -272,11 +273,11 @@ class NormMatmul(Template):
             # zero-padded (pad_n) or packed (pack_b) B panel made once per column panel of the row block.
             for red in reds:
                 blk = sch.get_sblock(red)        # after this step: the update block (the init split off)
-                compute_on_register_tile(sch, blk, j1, lanes, config["k_unroll"])
+                compute_on_register_tile(sch, blk, j1, lanes, cfg.k_unroll)
                 pack = None
                 if red in pads:
                     pack = sch.get_sblock(pads[red])
-                elif config.get("pack_b"):
+                elif cfg.pack_b:
                     reads = [str(r.source.name) for r in sch.get(blk).reads]
                     pack = sch.cache_read(blk, reads.index(info["b_buffers"][red]), "global")
                 if pack is not None:

@@ -14,13 +14,17 @@ sums and the last ``row_len % rf_width`` elements in a scalar tail (_rfactor_wit
 is cut first, the tail's init dropped, then the main part rfactored): an rfactor over a width that does
 not divide the row would put a predicate in its vector loop (stored lane by lane), and a tail cut off the
 rf block afterwards (loop_partition) loses that predicate in TVM 0.27 and reads past the row.
-Default knob values come from the target (``template_defaults`` in schedules/cpu_targets.json).
+Knobs: a typed ``RowReductionConfig``; default values come from the target (``cpu_info``) and the family's
+``template_defaults`` in schedules/cpu_targets.json.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from ... import _compat as C
-from ...target import cpu_info, template_defaults
-from ..base import Knob, KnobSpace, Match, Template
+from ...analysis import CONTRACTION, INJECTIVE, REDUCTION
+from ...target import cpu_info
+from ..base import Config, KnobSpace, Match, knob
 from . import common as U
 from .matmul import is_contraction
 
@@ -33,6 +37,20 @@ FAMILY = "cpu.row_reduction"     # its defaults (min_rows_per_core, max_rf_vecto
 # and read by a reduction and another consumer (softmax's exp, read by the sum and by the division) is
 # computed once into a row buffer instead of being recomputed in each consumer.
 EXPENSIVE_CALLS = ("exp", "erf", "tanh", "sigmoid", "log")
+PARALLEL = (True, False)         # parallel row loop (False: few rows, a fork costs more)
+
+
+@dataclass(frozen=True)
+class RowReductionConfig(Config):
+    """The knobs of ``cpu.row_reduction``: the partial sums of each reduction, the elementwise passes' unroll
+    and whether the row loop is parallel."""
+
+    lanes: int = knob("float32 lanes per vector (target)")
+    rf_width: int = knob("partial sums per reduction (rfactor; divides the row, else a main part and a scalar "
+                         "tail)")
+    vectorize_reductions: bool = knob("rfactor the reductions into vector partial sums")
+    unroll: int = knob("unroll of the vectorized elementwise passes", UNROLL)
+    parallel: bool = knob("parallel row loop", PARALLEL)
 
 
 def _expensive(sch: C.Schedule, block) -> bool:
@@ -197,9 +215,7 @@ def _rfactor(sch: C.Schedule, block, nrow: int, width: int):
     return sch.rfactor(ri, factor_axis=nrow)
 
 
-class RowReduction(Template):
-    family = FAMILY
-    target_kinds = ("llvm",)
+class RowReduction(U.CpuTemplate, family=FAMILY, config=RowReductionConfig):
 
     def match(self, func: C.PrimFunc, target: C.Target) -> Match | None:
         sch = C.Schedule(func)
@@ -226,35 +242,66 @@ class RowReduction(Template):
                                    "row_axes": nrow, "rows": rows, "row_len": row_len,
                                    "outputs": sorted(U.output_names(sch))})
 
+    def accepts(self, group, target: C.Target) -> str | None:
+        """Static shapes; row reductions only (no matmul/conv), each over the innermost axes of the same
+        leading rows and writing one value per row (a mean) or the rows themselves (a fused layer_norm or
+        softmax); every op of the group over those rows first (its output
+        starts with their extents): the kernel ``match`` computes row by row (``_row_axes``)."""
+        if not group.is_static():
+            return "symbolic extents (cpu.symbolic_rows takes those)"
+        if group.of_kind(CONTRACTION):
+            return "a matmul/conv anchor (the matmul and conv families' kernel)"
+        rows, rank = None, 0
+        for r in group.of_kind(REDUCTION):
+            for shape, axes in sorted(r.row_keys):
+                lead, rank = len(shape) - len(axes), len(shape)
+                if axes != tuple(range(lead, len(shape))):
+                    return f"{r.name} reduces axes {list(axes)} of {list(shape)}, not the innermost ones"
+                if lead == 0:
+                    return f"{r.name} reduces every axis of {list(shape)}: no rows"
+                if rows is not None and tuple(shape[:lead]) != rows:
+                    return f"reductions over different rows ({list(rows)} and {list(shape[:lead])})"
+                rows = tuple(shape[:lead])
+                if r.out_shape not in (rows, rows + (1,) * len(axes), tuple(shape)):
+                    return f"{r.name} writes {r.out_shape}: neither one value per row of {list(rows)} nor the " \
+                           "rows it reads (a window reduction: pooling)"
+        if rows is None:
+            return "no row reduction (cpu.elementwise takes elementwise kernels)"
+        for m in group.members:
+            if not isinstance(m.out_shape, tuple) or tuple(m.out_shape[:len(rows)]) != rows:
+                return f"{m.name} {m.out_shape} does not run over the rows {list(rows)} first"
+        # after the reductions, an op must read their results at its own row indices: a layout op may move
+        # the rows (ConvNeXt's transpose back to NCHW, whose extents can equal the rows' by chance) and an
+        # op of another rank broadcasts them along other axes
+        for m in _after_reductions(group):
+            if m.kind == INJECTIVE or len(m.out_shape) != rank:
+                return f"{m.name} {list(m.out_shape)} after the reductions may read them off its own rows " \
+                       f"{list(rows)} (a layout op, or another rank than the rows read)"
+        return None
+
     def space(self, match: Match, target: C.Target) -> KnobSpace:
         lanes = cpu_info(target).float32_lanes
         # partial sums at most one row wide (a row that does not fill them has no vector step at all);
         # a width that does not divide the row leaves a scalar tail (_vectorize_rf)
         widths = rf_widths(lanes, match.info["row_len"]) or rf_tail_widths(lanes, match.info["row_len"])
-        return KnobSpace((
-            Knob("lanes", (lanes,), "float32 lanes per vector (target)"),
-            Knob("rf_width", widths or (lanes,),
-                 "partial sums per reduction (rfactor; divides the row, else a main part and a scalar tail)"),
-            Knob("vectorize_reductions", (True, False) if match.info["rfactor"] and widths else (False,),
-                 "rfactor the reductions into vector partial sums"),
-            Knob("unroll", UNROLL, "unroll of the vectorized elementwise passes"),
-            Knob("parallel", (True, False), "parallel row loop"),
-        ))
+        return RowReductionConfig.space(lanes=(lanes,), rf_width=widths or (lanes,),
+                                        vectorize_reductions=(True, False) if match.info["rfactor"] and widths
+                                        else (False,))
 
     def default_config(self, match: Match, target: C.Target) -> dict:
-        info = cpu_info(target)
-        d = template_defaults(target, FAMILY)
-        space = {k.name: k.choices for k in self.space(match, target).knobs}
-        return {"lanes": info.float32_lanes,
-                "rf_width": U.choices_upto(space["rf_width"], info.float32_lanes * d["max_rf_vectors"])[-1],
-                "vectorize_reductions": True in space["vectorize_reductions"],
-                "unroll": U.nearest_choice(UNROLL, d["unroll"]),
-                "parallel": match.info["rows"] >= d["min_rows_per_core"] * info.cores}
+        info, d = cpu_info(target), self.table_defaults(target)
+        space = self.space(match, target).to_dict()
+        return RowReductionConfig(
+            lanes=info.float32_lanes,
+            rf_width=U.choices_upto(space["rf_width"], info.float32_lanes * d["max_rf_vectors"])[-1],
+            vectorize_reductions=True in space["vectorize_reductions"],
+            unroll=U.nearest_choice(UNROLL, d["unroll"]),
+            parallel=match.info["rows"] >= d["min_rows_per_core"] * info.cores).asdict()
 
     def apply(self, sch: C.Schedule, match: Match, config: dict) -> None:
-        info = match.info
-        lanes, nrow = config["lanes"], info["row_axes"]
-        width = config["rf_width"]
+        info, cfg = match.info, RowReductionConfig.from_dict(config)
+        lanes, nrow = cfg.lanes, info["row_axes"]
+        width = cfg.rf_width
 
         # Step 1. Fold the elementwise blocks (the same folding as match()); an expensive block read by a
         # reduction and by another block stays, computed once per element into a row buffer (Step 3).
@@ -263,8 +310,8 @@ class RowReduction(Template):
         # Step 2. Vector partial sums: rfactor each reduction over `width` lanes (a width that does not
         # divide the row: Step 5).
         rf_blocks = []
-        with_tail = config["vectorize_reductions"] and info["row_len"] % width != 0
-        if config["vectorize_reductions"] and not with_tail:
+        with_tail = cfg.vectorize_reductions and info["row_len"] % width != 0
+        if cfg.vectorize_reductions and not with_tail:
             for name in info["rfactor"]:
                 rf_blocks.append(U.block_name(sch, _rfactor(sch, sch.get_sblock(name), nrow, width)))
 
@@ -276,7 +323,7 @@ class RowReduction(Template):
             a = sch.get_sblock(anchor)
             loops = sch.get_loops(a)
             row = sch.fuse(*loops[:nrow]) if nrow > 1 else loops[0]
-            if config["parallel"]:
+            if cfg.parallel:
                 sch.parallel(row)
             placed.add(anchor)
             for n in reversed(names):
@@ -312,13 +359,26 @@ class RowReduction(Template):
                 # only the block's own inner loops: the row loop holds the whole chain (vectorizing it
                 # gave wrong results, conformance node/test_globalaveragepool, test_mean_*, test_argmax_*)
                 if len(loops) > 1:
-                    U.vectorize_inner(sch, blk, lanes, config["unroll"])
+                    U.vectorize_inner(sch, blk, lanes, cfg.unroll)
 
         # Step 5. A row no partial-sum width divides: each reduction's main part on vector partial sums,
         # the rest in a scalar tail (last: loop_partition replaces the block).
         if with_tail:
             for name in info["rfactor"]:
                 _rfactor_with_tail(sch, sch.get_sblock(name), nrow, info["row_len"], width)
+
+
+def _after_reductions(group) -> list:
+    """The ops of a graph-level group (``analysis.GroupInfo``) that read a reduction's result, directly or
+    through other ops of the group (``NodeInfo.readers``), in member order."""
+    inside = {id(m) for m in group.members}
+    after, todo = set(), list(group.of_kind(REDUCTION))
+    while todo:
+        for r in todo.pop().readers:
+            if r is not None and id(r) in inside and id(r) not in after:
+                after.add(id(r))
+                todo.append(r)
+    return [m for m in group.members if id(m) in after and m.kind != REDUCTION]
 
 
 def _unit_outer_dropped(sch: C.Schedule, loops, row_len: int, width: int) -> bool:
