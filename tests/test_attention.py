@@ -451,6 +451,24 @@ def test_default_query_block_fits_l1(target, l1, q_block):
     assert cfg["q_block"] * (64 + 64 + cfg["k_block"]) * 4 <= l1 < 2 * cfg["q_block"] * (64 + 64 + cfg["k_block"]) * 4
 
 
+def test_default_blocks_follow_the_target_table(monkeypatch):
+    """The default blocks' thresholds are the target's row of schedules/cpu_targets.json: a CPU entry that
+    doubles its query block's share of L1 gets a query block twice as large."""
+    import json
+
+    from tvmfuse import target as TG
+
+    cm = tvmfuse.compile(_chain(b=1, h=12, sq=512, sk=512, d=64, dv=64), SKYLAKE, schedules=False)
+    func, t = _attention_func(cm), Attention()
+    base = t.default_config(t.match(func, SKYLAKE), SKYLAKE)
+    table = json.loads(json.dumps(TG.cpu_table()))
+    share = table["template_defaults"]["cpu.attention"]["l1_share_query_block"]
+    table["cpus"]["skylake-avx512"]["template_defaults"] = {"cpu.attention": {"l1_share_query_block": 2 * share}}
+    monkeypatch.setattr(TG, "cpu_table", lambda: table)
+    wider = t.default_config(t.match(func, SKYLAKE), SKYLAKE)
+    assert wider["q_block"] == 2 * base["q_block"] and wider["k_block"] == base["k_block"], (base, wider)
+
+
 def test_configs_with_several_row_vectors_match_reference(host, rng):
     """Query blocks of several vectors and score tiles of several row vectors and keys (the space's
     larger choices), causal and masked, rows and keys not multiples of anything: same numbers."""

@@ -42,7 +42,7 @@ import math
 from dataclasses import asdict, dataclass, replace
 
 from ... import _compat as C
-from ...target import cpu_info
+from ...target import cpu_info, template_defaults
 from ..base import Config, KnobSpace, Match, Template, knob
 
 ATTR = "tvmfuse.attention"          # PrimFunc attribute holding the spec (JSON)
@@ -53,22 +53,19 @@ Q_BLOCK_VECTORS = (1, 2, 4, 8, 16)  # query rows per task, in float32 vectors of
 K_BLOCK_VECTORS = (1, 2, 4, 8)      # keys per block, in float32 vectors of the target
 TILE_KEYS = (2, 4, 8)               # keys of a score register tile
 TILE_QVECS = (1, 2, 4)              # row vectors of a score register tile
-# Fractions of the caches the default blocks aim at: the K/V tiles of one key block in a share of L1, and
-# the query block's transposed queries, accumulators, scores and running sums in L1 as well (each row
-# group's share is in registers meanwhile; measured under load on Emerald Rapids, S=128..2048, head dim 64:
-# 64 rows per task 1.1-1.3x faster than the 128-256 rows an L2-sized block gave).
-L1_SHARE_KV = 0.5
-L1_SHARE_QUERY_BLOCK = 1.0
-# A causal kernel skips the key blocks past its query block's last row: its default query block is at most
-# this fraction of the sequence, so that most of the skippable blocks are skipped.
-CAUSAL_Q_BLOCK_SHARE = 1 / 8
-MIN_TASKS_PER_CORE = 2              # parallel tasks (batch x query blocks) per core before rows per task grow
+# The default blocks' thresholds are the target's (``template_defaults["cpu.attention"]`` in
+# schedules/cpu_targets.json): l1_share_kv, the share of L1 for the K/V rows of one key block;
+# l1_share_query_block, for the query block's transposed queries, accumulators, scores and running sums
+# (each row group's share is in registers meanwhile; measured under load on Emerald Rapids, S=128..2048, head
+# dim 64: 64 rows per task 1.1-1.3x faster than the 128-256 rows an L2-sized block gave); a causal kernel
+# skips the key blocks past its query block's last row, so its block is at most causal_q_block_share of the
+# sequence; min_tasks_per_core parallel tasks (batch x query blocks) per core before rows per task grow.
 ROW_GROUPS = (1, 2, 4, 8)           # query rows whose P @ V accumulators are in registers together
 # Vector registers of the ISA by the target's vector width: AVX-512 32 zmm, AVX/AVX2 16 ymm; 128-bit: 16
 # (SSE's count; NEON has 32, so this is safe there).
 VECTOR_REGISTERS = {512: 32, 256: 16, 128: 16}
-ACC_REGISTER_SHARE = 0.75           # accumulators of a row group may fill this share of the vector registers
-                                    # (the rest: the broadcast query/probability values and the K/V vectors)
+# acc_register_share (cpu_targets.json): the accumulators of a row group and a score tile may fill this
+# share of the vector registers (the rest: the broadcast query/probability values and the K/V vectors).
 # The size the default blocks assume for a symbolic extent (the kernel is correct at every size): a
 # symbolic batch axis may be 1 at run time, so it adds no tasks; a symbolic sequence is taken as a
 # typical encoder length.
@@ -458,11 +455,12 @@ class Attention(Template):
 
     def default_config(self, match: Match, target: C.Target) -> dict:
         spec, info = match.info["spec"], cpu_info(target)
+        table = template_defaults(target, self.family)
         space = {k.name: k.choices for k in self.space(match, target).knobs}
         # the K tile and the V rows of one key block in a share of L1
         kb = space["k_block"][0]
         for c in space["k_block"]:
-            if (spec.d + spec.dv) * c * 4 <= L1_SHARE_KV * info.l1d_bytes:
+            if (spec.d + spec.dv) * c * 4 <= table["l1_share_kv"] * info.l1d_bytes:
                 kb = c
         # query rows: transposed queries + accumulators + scores in a share of L1, enough tasks for every
         # core, and (causal) a small share of the sequence; a symbolic extent is taken at its hint
@@ -470,15 +468,16 @@ class Attention(Template):
         sq = _hint(spec.sq, SYMBOLIC_SEQ_HINT)
         qb = space["q_block"][0]
         for c in space["q_block"]:
-            fits = c * (spec.d + spec.dv + kb + 5) * 4 <= L1_SHARE_QUERY_BLOCK * info.l1d_bytes
+            fits = c * (spec.d + spec.dv + kb + 5) * 4 <= table["l1_share_query_block"] * info.l1d_bytes
             tasks = tasks_rows * math.ceil(sq / c)
-            causal_ok = spec.causal_offset is None or c <= max(kb, CAUSAL_Q_BLOCK_SHARE * sq)
-            if fits and causal_ok and tasks >= MIN_TASKS_PER_CORE * info.cores:
+            causal_ok = spec.causal_offset is None or c <= max(kb, table["causal_q_block_share"] * sq)
+            if fits and causal_ok and tasks >= table["min_tasks_per_core"] * info.cores:
                 qb = c
         # register tiles within the registers' accumulator share: P @ V rows (dv / lanes vectors each),
         # scores (keys x row vectors; two row vectors where the block has them)
         lanes = info.float32_lanes
-        budget = ACC_REGISTER_SHARE * VECTOR_REGISTERS.get(info.vector_bits, min(VECTOR_REGISTERS.values()))
+        registers = VECTOR_REGISTERS.get(info.vector_bits, min(VECTOR_REGISTERS.values()))
+        budget = table["acc_register_share"] * registers
         per_row = -(-spec.dv // lanes)
         rows = max([r for r in ROW_GROUPS if r * per_row <= budget and qb % r == 0] or [1])
         qvecs = max(v for v in TILE_QVECS if v <= 2 and (qb // lanes) % v == 0)
