@@ -21,14 +21,18 @@ for a (query block, key block, register tiles) configuration; the scores are hel
 over the query rows, so that the row statistics are vector operations:
 
     for (batch, query block) in parallel:
-        qT = Q[rows]^T                                            # [d, qb] local, once per task
+        qT = (Q[rows] * scale)^T                                  # [d, qb] local, once per task
         m = -inf, l = 0, acc = 0                                  # per query row, local buffers
         for key block:
-            sT = K[block] @ qT * scale + mask  (-inf: past the keys, causal)   # [kb, qb], vector over rows
-            m' = max(m, colmax(sT));  p = exp(sT - m');  alpha = exp(m - m')
+            sT = K[block] @ qT + mask  (-inf: past the keys, causal)   # [kb, qb], vector over rows;
+            m' = max(m, colmax(sT))                                    # both in the score tile's registers
+            p = exp(min(sT - m', 0));  alpha = exp(min(m - m', 0))     # args <= 0: fastmath's cheap exp
             l  = l * alpha + colsum(p);  acc = acc * alpha + p^T @ V[block]    # vector over the head dim
             m  = m'
         out[rows] = acc / l   (0 where the guard is set)
+
+The query block is sized so that its transposed queries, scores and accumulators fit L1 (the target's
+``l1_share_query_block``): the K/V rows of a key block are then re-read from L2 by each query block.
 
 Batch and sequence extents may be symbolic (TIR vars: one kernel for every size); the blocks then loop
 over the symbolic sequence with a tail, and the last query block computes only the row groups that hold
@@ -47,8 +51,8 @@ from ..base import Config, KnobSpace, Match, Template, knob
 
 ATTR = "tvmfuse.attention"          # PrimFunc attribute holding the spec (JSON)
 RULE_ATTR = "tvmfuse.rule"          # the rule that formed the kernel (for the report)
-# query rows per task: they share every transposed K tile (its packing is paid once per task and key
-# block, so more rows amortize it better)
+# query rows per task: they share each K/V row a key block loads (more rows amortize those loads; fewer keep
+# the block's transposed queries, scores and accumulators in L1)
 Q_BLOCK_VECTORS = (1, 2, 4, 8, 16)  # query rows per task, in float32 vectors of the target
 K_BLOCK_VECTORS = (1, 2, 4, 8)      # keys per block, in float32 vectors of the target
 TILE_KEYS = (2, 4, 8)               # keys of a score register tile
