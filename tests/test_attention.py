@@ -376,6 +376,18 @@ def test_kernel_exps_take_the_nonpositive_variant(target, mask):
     assert stats["nonpositive_exp"] == 2 and "T.exp(" not in new.script()
 
 
+@pytest.mark.parametrize("target,lanes", [(HASWELL, 8), (SKYLAKE, 16)], ids=["avx2", "avx512"])
+def test_query_block_is_transposed_by_shuffles_where_rows_are_vectors(target, lanes):
+    """Head dim a multiple of the vector width and contiguous in Q: the query block is transposed in
+    lanes x lanes blocks (row vectors in, log2(lanes) stages of two-vector shuffles); head dim 8 on
+    AVX-512 (half a vector) keeps the element-wise transposition."""
+    for d, shuffled in ((64, True), (8, lanes == 8)):
+        cm = tvmfuse.compile(_chain(b=1, h=2, sq=40, sk=40, d=d, dv=d), target, schedules=False)
+        res = schedule_prim_func(_attention_func(cm), target)
+        text = res.func.script()
+        assert ("T.Shuffle(" in text) == shuffled, (d, lanes)
+
+
 def test_grouped_query_expand_is_read_in_place(host, rng):
     """PyTorch's repeat_kv (Unsqueeze -> Expand -> Reshape of K and V to the query heads) is read through:
     query head h reads key/value head h // r, and no expanded K/V copy is made."""

@@ -384,6 +384,33 @@ def _param_shapes(func: C.PrimFunc) -> list[tuple]:
     return [tuple(int(d.value) if isinstance(d, C.IntImm) else d for d in C.tensor_shape(p)) for p in func.params]
 
 
+def _rows_are_vectors(op: Operand, label: str, extent: int, lanes: int) -> bool:
+    """Whether ``lanes`` consecutive values of ``label`` are consecutive elements of ``op`` (its last axis
+    ends with the plain label) and the label's extent is a whole number of such vectors (> 1 lane)."""
+    last = axis_parts(op.axes[-1])[-1]
+    return lanes > 1 and last == label and extent % lanes == 0
+
+
+def _transpose_vectors(rows: list, lanes: int) -> list:
+    """The columns of a lanes x lanes block given as its row vectors, by log2(lanes) stages of two-vector
+    shuffles: stage b swaps bit b of the row index with bit b of the lane index (for rows r0 < r1 = r0 | b,
+    r0 takes the lanes of r1 whose index has bit b set and gives it its own such lanes)."""
+    t = C.tirx
+    vecs, b = list(rows), 1
+    while b < lanes:
+        nxt = list(vecs)
+        for r0 in range(lanes):
+            if r0 & b:
+                continue
+            r1 = r0 | b
+            lo = [c if not c & b else lanes + c - b for c in range(lanes)]
+            hi = [c + b if not c & b else lanes + c for c in range(lanes)]
+            nxt[r0] = t.Shuffle([vecs[r0], vecs[r1]], [t.const(x, "int32") for x in lo])
+            nxt[r1] = t.Shuffle([vecs[r0], vecs[r1]], [t.const(x, "int32") for x in hi])
+        vecs, b = nxt, b * 2
+    return vecs
+
+
 @contextlib.contextmanager
 def _vector_tiles(T, extent: int, lanes: int):
     """Like ``_vector_loop`` with the loop over the vectors unrolled (register tiles: each element's
@@ -569,10 +596,24 @@ def _flash_root(spec: AttentionSpec, params: list, qb: int, kb: int, lanes: int,
                             return qb // size
                     # Step 1. The query block, transposed and scaled (the logits' scale folded into Q);
                     # running max, sum and accumulator per row.
-                    with T.serial(0, spec.d) as dd:
-                        with _vector_loop(T, qb, lanes) as qi:
-                            T.buffer_store(qt, load("q", spec.q, {**benv, "i": tir.min(q0 + qi, spec.sq - 1),
-                                                                   "d": dd}) * scale, [dd, qi])
+                    if _rows_are_vectors(spec.q, "d", spec.d, lanes):
+                        # lanes x lanes blocks: row vectors of Q in, transposed by shuffles in registers
+                        with T.serial(0, qb // lanes) as qo:
+                            with T.serial(0, spec.d // lanes) as do:
+                                rows_in = []
+                                for r in range(lanes):
+                                    idx = _index(spec.q, {**benv, "i": tir.min(q0 + qo * lanes + r, spec.sq - 1),
+                                                          "d": do * lanes}, ext)
+                                    idx[-1] = tir.Ramp(idx[-1], 1, lanes)
+                                    rows_in.append(tir.BufferLoad(buf["q"], idx))
+                                for c, col in enumerate(_transpose_vectors(rows_in, lanes)):
+                                    T.buffer_store(qt, col * tir.Broadcast(scale, lanes),
+                                                   [do * lanes + c, tir.Ramp(qo * lanes, 1, lanes)])
+                    else:
+                        with T.serial(0, spec.d) as dd:
+                            with _vector_loop(T, qb, lanes) as qi:
+                                T.buffer_store(qt, load("q", spec.q, {**benv, "i": tir.min(q0 + qi, spec.sq - 1),
+                                                                       "d": dd}) * scale, [dd, qi])
                     with _vector_loop(T, qb, lanes) as qi:
                         T.buffer_store(m, neg_inf, [qi])
                         T.buffer_store(lsum, zero, [qi])
