@@ -356,6 +356,38 @@ def test_kernel_exp_is_fast_math_after_scheduling():
     assert "T.exp(" in texts[1][0]
 
 
+@pytest.mark.parametrize("target", [HASWELL, SKYLAKE], ids=["avx2", "avx512"])
+@pytest.mark.parametrize("mask", [None, "input", "causal"])
+def test_kernel_exps_take_the_nonpositive_variant(target, mask):
+    """Both exps of the kernel (the probabilities and the rescale factor) have arguments <= 0 by
+    construction, written min(x, 0): tvmfuse.fastmath takes its cheaper exp for each, and none stays."""
+    from tvmfuse.fastmath import rewrite
+
+    sq = 40
+    if mask == "causal":
+        mask = np.where(np.arange(sq)[None] <= np.arange(sq)[:, None], 0, -np.inf).astype(np.float32)
+        mask = mask.reshape(1, 1, sq, sq)
+    cm = tvmfuse.compile(_chain(b=1, h=2, sq=sq, sk=sq, d=16, dv=16, mask=mask), target, schedules=False)
+    res = schedule_prim_func(_attention_func(cm), target)
+    assert res.template == "cpu.attention"
+    assert res.func.script().count("T.exp(") == 2
+    stats = {}
+    new, _ = rewrite(res.func, stats)
+    assert stats["nonpositive_exp"] == 2 and "T.exp(" not in new.script()
+
+
+@pytest.mark.parametrize("target,lanes", [(HASWELL, 8), (SKYLAKE, 16)], ids=["avx2", "avx512"])
+def test_query_block_is_transposed_by_shuffles_where_rows_are_vectors(target, lanes):
+    """Head dim a multiple of the vector width and contiguous in Q: the query block is transposed in
+    lanes x lanes blocks (row vectors in, log2(lanes) stages of two-vector shuffles); head dim 8 on
+    AVX-512 (half a vector) keeps the element-wise transposition."""
+    for d, shuffled in ((64, True), (8, lanes == 8)):
+        cm = tvmfuse.compile(_chain(b=1, h=2, sq=40, sk=40, d=d, dv=d), target, schedules=False)
+        res = schedule_prim_func(_attention_func(cm), target)
+        text = res.func.script()
+        assert ("T.Shuffle(" in text) == shuffled, (d, lanes)
+
+
 def test_grouped_query_expand_is_read_in_place(host, rng):
     """PyTorch's repeat_kv (Unsqueeze -> Expand -> Reshape of K and V to the query heads) is read through:
     query head h reads key/value head h // r, and no expanded K/V copy is made."""
@@ -401,16 +433,52 @@ def test_default_row_group_fits_the_vector_registers(target, rows):
 
 def test_causal_query_block_is_a_small_share_of_the_sequence():
     """A causal kernel skips the key blocks past its query block: its default block is at most an eighth
-    of the sequence (the plain kernel's may be larger)."""
-    sq = 512
+    of the sequence, here where the plain kernel's (sized by L1 alone: Neoverse N1's 64 KiB) is larger."""
+    sq = 256
     causal = np.where(np.arange(sq)[None] <= np.arange(sq)[:, None], 0, -np.inf).astype(np.float32)
+    n1 = tvmfuse.parse_target({"kind": "llvm", "mcpu": "neoverse-n1", "mtriple": "aarch64-linux-gnu",
+                               "num-cores": 2})
     t = Attention()
     blocks = {}
     for name, mask in (("plain", None), ("causal", causal.reshape(1, 1, sq, sq))):
-        cm = tvmfuse.compile(_chain(b=1, h=2, sq=sq, sk=sq, d=64, dv=64, mask=mask), SKYLAKE)
+        cm = tvmfuse.compile(_chain(b=1, h=2, sq=sq, sk=sq, d=16, dv=16, mask=mask), SKYLAKE, schedules=False)
         func = _attention_func(cm)
-        blocks[name] = t.default_config(t.match(func, SKYLAKE), SKYLAKE)["q_block"]
+        blocks[name] = t.default_config(t.match(func, n1), n1)["q_block"]
     assert blocks["causal"] <= sq // 8 < blocks["plain"], blocks
+
+
+@pytest.mark.parametrize("target,l1,q_block", [(HASWELL, 32 * 1024, 32), (SKYLAKE, 32 * 1024, 32),
+                                                (tvmfuse.parse_target({"kind": "llvm", "mcpu": "sapphirerapids",
+                                                                       "mtriple": "x86_64-linux-gnu",
+                                                                       "num-cores": 2}), 48 * 1024, 64)],
+                         ids=["avx2", "avx512", "avx512-l1-48k"])
+def test_default_query_block_fits_l1(target, l1, q_block):
+    """Head dim 64, S=512: the query block's transposed queries, accumulators and scores (q_block x
+    (d + dv + k_block) floats) fit the target's L1 data cache, with the largest block that does."""
+    cm = tvmfuse.compile(_chain(b=1, h=12, sq=512, sk=512, d=64, dv=64), target)
+    t = Attention()
+    func = _attention_func(cm)
+    cfg = t.default_config(t.match(func, target), target)
+    assert cfg["q_block"] == q_block, cfg
+    assert cfg["q_block"] * (64 + 64 + cfg["k_block"]) * 4 <= l1 < 2 * cfg["q_block"] * (64 + 64 + cfg["k_block"]) * 4
+
+
+def test_default_blocks_follow_the_target_table(monkeypatch):
+    """The default blocks' thresholds are the target's row of schedules/cpu_targets.json: a CPU entry that
+    doubles its query block's share of L1 gets a query block twice as large."""
+    import json
+
+    from tvmfuse import target as TG
+
+    cm = tvmfuse.compile(_chain(b=1, h=12, sq=512, sk=512, d=64, dv=64), SKYLAKE, schedules=False)
+    func, t = _attention_func(cm), Attention()
+    base = t.default_config(t.match(func, SKYLAKE), SKYLAKE)
+    table = json.loads(json.dumps(TG.cpu_table()))
+    share = table["template_defaults"]["cpu.attention"]["l1_share_query_block"]
+    table["cpus"]["skylake-avx512"]["template_defaults"] = {"cpu.attention": {"l1_share_query_block": 2 * share}}
+    monkeypatch.setattr(TG, "cpu_table", lambda: table)
+    wider = t.default_config(t.match(func, SKYLAKE), SKYLAKE)
+    assert wider["q_block"] == 2 * base["q_block"] and wider["k_block"] == base["k_block"], (base, wider)
 
 
 def test_configs_with_several_row_vectors_match_reference(host, rng):

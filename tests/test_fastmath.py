@@ -177,6 +177,26 @@ def test_nonpositive_exp_max_error_whole_range(host):
     assert (y[fin] >= 0).all() and (y[fin] <= 1).all()
 
 
+def test_nonpositive_exp_of_a_min_with_a_nonpositive_constant(host):
+    """exp(min(x, c)) with a constant c <= 0 takes the cheaper exp (the argument is <= 0 whatever x is) and
+    computes e^min(x, c) on both sides of c; min(x, c) with c > 0 keeps the full exp."""
+    t = C.tirx
+    a = te.placeholder((64,), "float32", name="A")
+    funcs = {c: te.create_prim_func([a, te.compute((64,), lambda i: t.exp(t.min(a[i], t.const(c, "float32"))),
+                                                  name="B")]) for c in (0.0, -0.5, 0.5)}
+    assert _cheap_count(funcs[0.0]) == 1 and _cheap_count(funcs[-0.5]) == 1
+    assert _cheap_count(funcs[0.5]) == 0
+    x = np.random.default_rng(3).uniform(-100, 3, 64).astype(np.float32)
+    x[:3] = (-np.inf, 0.0, 2.0)
+    for c in (0.0, -0.5):
+        new, _ = F.rewrite(funcs[c])
+        lib = C.build_prim_module(C.IRModule({"main": new.with_attr("global_symbol", "main")}), host)
+        out = C.tensor(np.zeros_like(x))
+        lib["main"](C.tensor(x), out)
+        np.testing.assert_allclose(out.numpy(), np.exp(np.minimum(x, np.float32(c)).astype(np.float64)),
+                                   rtol=F.MAX_ERROR["exp_nonpositive"]["rel"], atol=1.2e-38)
+
+
 def _row_exp_func(make_m, exp_arg=None):
     """B[i, j] = exp(A[i, j] - M[i]) with M built by ``make_m(a)`` (a te tensor or a placeholder)."""
     a = te.placeholder((5, 64), "float32", name="A")

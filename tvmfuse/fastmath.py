@@ -41,7 +41,8 @@ tests use for whole models (rtol 1e-5, atol 1e-5), so ``PipelineOptions.fast_mat
 ``fast_math=False`` keeps TVM's libm calls.
 
 The cheaper exp (15 vector instructions per 8 values instead of 24) is used only where the rewriter can
-prove the argument <= 0 (or NaN) from the TIR itself (``_NonPositive``): ``X[e] - M[g]`` where M is
+prove the argument <= 0 (or NaN) from the TIR itself (``_NonPositive``): ``min(x, c)`` with a constant
+c <= 0 (a kernel that knows the sign writes it so), or ``X[e] - M[g]`` where M is
 written by exactly one max-reduction (plus constant initial values), possibly through rfactor's partial
 buffers, whose reduced elements of X, by the blocks' iteration domains, cover the whole of X's reduced
 axes for the row ``g`` that equals X's other indices ``e``: then ``M[g] >= X[e]`` and ``X[e] - M[g]`` rounds
@@ -368,6 +369,11 @@ class _NonPositive:
         return update
 
     def proves(self, arg) -> bool:
+        # min(x, c) with a constant c <= 0 is <= 0 (or NaN) whatever x is: the form a kernel writes where it
+        # knows the sign of x by construction (cpu.attention's score minus its running max)
+        if isinstance(arg, C.tirx.Min) and any(isinstance(o, C.tirx.FloatImm) and o.value <= 0
+                                               for o in (arg.a, arg.b)):
+            return True
         if not (isinstance(arg, C.tirx.Sub) and isinstance(arg.a, C.TensorLoad)
                 and isinstance(arg.b, C.TensorLoad)):
             return False

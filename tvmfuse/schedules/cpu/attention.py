@@ -21,14 +21,18 @@ for a (query block, key block, register tiles) configuration; the scores are hel
 over the query rows, so that the row statistics are vector operations:
 
     for (batch, query block) in parallel:
-        qT = Q[rows]^T                                            # [d, qb] local, once per task
+        qT = (Q[rows] * scale)^T                                  # [d, qb] local, once per task
         m = -inf, l = 0, acc = 0                                  # per query row, local buffers
         for key block:
-            sT = K[block] @ qT * scale + mask  (-inf: past the keys, causal)   # [kb, qb], vector over rows
-            m' = max(m, colmax(sT));  p = exp(sT - m');  alpha = exp(m - m')
+            sT = K[block] @ qT + mask  (-inf: past the keys, causal)   # [kb, qb], vector over rows;
+            m' = max(m, colmax(sT))                                    # both in the score tile's registers
+            p = exp(min(sT - m', 0));  alpha = exp(min(m - m', 0))     # args <= 0: fastmath's cheap exp
             l  = l * alpha + colsum(p);  acc = acc * alpha + p^T @ V[block]    # vector over the head dim
             m  = m'
         out[rows] = acc / l   (0 where the guard is set)
+
+The query block is sized so that its transposed queries, scores and accumulators fit L1 (the target's
+``l1_share_query_block``): the K/V rows of a key block are then re-read from L2 by each query block.
 
 Batch and sequence extents may be symbolic (TIR vars: one kernel for every size); the blocks then loop
 over the symbolic sequence with a tail, and the last query block computes only the row groups that hold
@@ -42,31 +46,30 @@ import math
 from dataclasses import asdict, dataclass, replace
 
 from ... import _compat as C
-from ...target import cpu_info
+from ...target import cpu_info, template_defaults
 from ..base import Config, KnobSpace, Match, Template, knob
 
 ATTR = "tvmfuse.attention"          # PrimFunc attribute holding the spec (JSON)
 RULE_ATTR = "tvmfuse.rule"          # the rule that formed the kernel (for the report)
-# query rows per task: they share every transposed K tile (its packing is paid once per task and key
-# block, so more rows amortize it better)
+# query rows per task: they share each K/V row a key block loads (more rows amortize those loads; fewer keep
+# the block's transposed queries, scores and accumulators in L1)
 Q_BLOCK_VECTORS = (1, 2, 4, 8, 16)  # query rows per task, in float32 vectors of the target
 K_BLOCK_VECTORS = (1, 2, 4, 8)      # keys per block, in float32 vectors of the target
 TILE_KEYS = (2, 4, 8)               # keys of a score register tile
 TILE_QVECS = (1, 2, 4)              # row vectors of a score register tile
-# Fractions of the caches the default blocks aim at: the K/V tiles of one key block in L1, the query
-# block's accumulators, scores and running sums in L2 (each row group's share is in registers meanwhile).
-L1_SHARE_KV = 0.5
-L2_SHARE_ACC = 0.5
-# A causal kernel skips the key blocks past its query block's last row: its default query block is at most
-# this fraction of the sequence, so that most of the skippable blocks are skipped.
-CAUSAL_Q_BLOCK_SHARE = 1 / 8
-MIN_TASKS_PER_CORE = 2              # parallel tasks (batch x query blocks) per core before rows per task grow
+# The default blocks' thresholds are the target's (``template_defaults["cpu.attention"]`` in
+# schedules/cpu_targets.json): l1_share_kv, the share of L1 for the K/V rows of one key block;
+# l1_share_query_block, for the query block's transposed queries, accumulators, scores and running sums
+# (each row group's share is in registers meanwhile; measured under load on Emerald Rapids, S=128..2048, head
+# dim 64: 64 rows per task 1.1-1.3x faster than the 128-256 rows an L2-sized block gave); a causal kernel
+# skips the key blocks past its query block's last row, so its block is at most causal_q_block_share of the
+# sequence; min_tasks_per_core parallel tasks (batch x query blocks) per core before rows per task grow.
 ROW_GROUPS = (1, 2, 4, 8)           # query rows whose P @ V accumulators are in registers together
 # Vector registers of the ISA by the target's vector width: AVX-512 32 zmm, AVX/AVX2 16 ymm; 128-bit: 16
 # (SSE's count; NEON has 32, so this is safe there).
 VECTOR_REGISTERS = {512: 32, 256: 16, 128: 16}
-ACC_REGISTER_SHARE = 0.75           # accumulators of a row group may fill this share of the vector registers
-                                    # (the rest: the broadcast query/probability values and the K/V vectors)
+# acc_register_share (cpu_targets.json): the accumulators of a row group and a score tile may fill this
+# share of the vector registers (the rest: the broadcast query/probability values and the K/V vectors).
 # The size the default blocks assume for a symbolic extent (the kernel is correct at every size): a
 # symbolic batch axis may be 1 at run time, so it adds no tasks; a symbolic sequence is taken as a
 # typical encoder length.
@@ -381,6 +384,33 @@ def _param_shapes(func: C.PrimFunc) -> list[tuple]:
     return [tuple(int(d.value) if isinstance(d, C.IntImm) else d for d in C.tensor_shape(p)) for p in func.params]
 
 
+def _rows_are_vectors(op: Operand, label: str, extent: int, lanes: int) -> bool:
+    """Whether ``lanes`` consecutive values of ``label`` are consecutive elements of ``op`` (its last axis
+    ends with the plain label) and the label's extent is a whole number of such vectors (> 1 lane)."""
+    last = axis_parts(op.axes[-1])[-1]
+    return lanes > 1 and last == label and extent % lanes == 0
+
+
+def _transpose_vectors(rows: list, lanes: int) -> list:
+    """The columns of a lanes x lanes block given as its row vectors, by log2(lanes) stages of two-vector
+    shuffles: stage b swaps bit b of the row index with bit b of the lane index (for rows r0 < r1 = r0 | b,
+    r0 takes the lanes of r1 whose index has bit b set and gives it its own such lanes)."""
+    t = C.tirx
+    vecs, b = list(rows), 1
+    while b < lanes:
+        nxt = list(vecs)
+        for r0 in range(lanes):
+            if r0 & b:
+                continue
+            r1 = r0 | b
+            lo = [c if not c & b else lanes + c - b for c in range(lanes)]
+            hi = [c + b if not c & b else lanes + c for c in range(lanes)]
+            nxt[r0] = t.Shuffle([vecs[r0], vecs[r1]], [t.const(x, "int32") for x in lo])
+            nxt[r1] = t.Shuffle([vecs[r0], vecs[r1]], [t.const(x, "int32") for x in hi])
+        vecs, b = nxt, b * 2
+    return vecs
+
+
 @contextlib.contextmanager
 def _vector_tiles(T, extent: int, lanes: int):
     """Like ``_vector_loop`` with the loop over the vectors unrolled (register tiles: each element's
@@ -456,27 +486,29 @@ class Attention(Template):
 
     def default_config(self, match: Match, target: C.Target) -> dict:
         spec, info = match.info["spec"], cpu_info(target)
+        table = template_defaults(target, self.family)
         space = {k.name: k.choices for k in self.space(match, target).knobs}
         # the K tile and the V rows of one key block in a share of L1
         kb = space["k_block"][0]
         for c in space["k_block"]:
-            if (spec.d + spec.dv) * c * 4 <= L1_SHARE_KV * info.l1d_bytes:
+            if (spec.d + spec.dv) * c * 4 <= table["l1_share_kv"] * info.l1d_bytes:
                 kb = c
-        # query rows: accumulators + scores in a share of L2, enough tasks for every core, and (causal)
-        # a small share of the sequence; a symbolic extent is taken at its hint
+        # query rows: transposed queries + accumulators + scores in a share of L1, enough tasks for every
+        # core, and (causal) a small share of the sequence; a symbolic extent is taken at its hint
         tasks_rows = max(1, math.prod(_hint(n, SYMBOLIC_BATCH_HINT) for n in spec.batch))
         sq = _hint(spec.sq, SYMBOLIC_SEQ_HINT)
         qb = space["q_block"][0]
         for c in space["q_block"]:
-            fits = c * (spec.d + spec.dv + kb + 5) * 4 <= L2_SHARE_ACC * info.l2_bytes
+            fits = c * (spec.d + spec.dv + kb + 5) * 4 <= table["l1_share_query_block"] * info.l1d_bytes
             tasks = tasks_rows * math.ceil(sq / c)
-            causal_ok = spec.causal_offset is None or c <= max(kb, CAUSAL_Q_BLOCK_SHARE * sq)
-            if fits and causal_ok and tasks >= MIN_TASKS_PER_CORE * info.cores:
+            causal_ok = spec.causal_offset is None or c <= max(kb, table["causal_q_block_share"] * sq)
+            if fits and causal_ok and tasks >= table["min_tasks_per_core"] * info.cores:
                 qb = c
         # register tiles within the registers' accumulator share: P @ V rows (dv / lanes vectors each),
         # scores (keys x row vectors; two row vectors where the block has them)
         lanes = info.float32_lanes
-        budget = ACC_REGISTER_SHARE * VECTOR_REGISTERS.get(info.vector_bits, min(VECTOR_REGISTERS.values()))
+        registers = VECTOR_REGISTERS.get(info.vector_bits, min(VECTOR_REGISTERS.values()))
+        budget = table["acc_register_share"] * registers
         per_row = -(-spec.dv // lanes)
         rows = max([r for r in ROW_GROUPS if r * per_row <= budget and qb % r == 0] or [1])
         qvecs = max(v for v in TILE_QVECS if v <= 2 and (qb // lanes) % v == 0)
@@ -523,6 +555,8 @@ def _flash_root(spec: AttentionSpec, params: list, qb: int, kb: int, lanes: int,
     # static one clamps its rows past the end to the last row).  The unit: the larger of a score tile's
     # rows and a P @ V row group (powers of two that divide qb), so every loop below covers whole units.
     q_tail = static(spec.sq) is None
+    # keys past the end exist in the last key block only where the block does not divide the keys
+    key_tail = static(spec.sk) is None or static(spec.sk) % kb != 0
     unit = max(tile_qvecs * lanes, rows)
     scale = tir.const(spec.scale, f32)
     neg_inf, zero = tir.const(NEG_INF, f32), tir.const(0.0, f32)
@@ -560,11 +594,26 @@ def _flash_root(spec: AttentionSpec, params: list, qb: int, kb: int, lanes: int,
                     else:
                         def n_groups(size):
                             return qb // size
-                    # Step 1. The query block, transposed; running max, sum and accumulator per row.
-                    with T.serial(0, spec.d) as dd:
-                        with _vector_loop(T, qb, lanes) as qi:
-                            T.buffer_store(qt, load("q", spec.q, {**benv, "i": tir.min(q0 + qi, spec.sq - 1),
-                                                                   "d": dd}), [dd, qi])
+                    # Step 1. The query block, transposed and scaled (the logits' scale folded into Q);
+                    # running max, sum and accumulator per row.
+                    if _rows_are_vectors(spec.q, "d", spec.d, lanes):
+                        # lanes x lanes blocks: row vectors of Q in, transposed by shuffles in registers
+                        with T.serial(0, qb // lanes) as qo:
+                            with T.serial(0, spec.d // lanes) as do:
+                                rows_in = []
+                                for r in range(lanes):
+                                    idx = _index(spec.q, {**benv, "i": tir.min(q0 + qo * lanes + r, spec.sq - 1),
+                                                          "d": do * lanes}, ext)
+                                    idx[-1] = tir.Ramp(idx[-1], 1, lanes)
+                                    rows_in.append(tir.BufferLoad(buf["q"], idx))
+                                for c, col in enumerate(_transpose_vectors(rows_in, lanes)):
+                                    T.buffer_store(qt, col * tir.Broadcast(scale, lanes),
+                                                   [do * lanes + c, tir.Ramp(qo * lanes, 1, lanes)])
+                    else:
+                        with T.serial(0, spec.d) as dd:
+                            with _vector_loop(T, qb, lanes) as qi:
+                                T.buffer_store(qt, load("q", spec.q, {**benv, "i": tir.min(q0 + qi, spec.sq - 1),
+                                                                       "d": dd}) * scale, [dd, qi])
                     with _vector_loop(T, qb, lanes) as qi:
                         T.buffer_store(m, neg_inf, [qi])
                         T.buffer_store(lsum, zero, [qi])
@@ -578,50 +627,60 @@ def _flash_root(spec: AttentionSpec, params: list, qb: int, kb: int, lanes: int,
                         n_blocks = tir.max(tir.min(tir.floordiv(last_key, kb) + 1, nkb), 0)
                     with T.serial(0, n_blocks) as ko:
                         j0 = ko * kb
-                        # Step 2a. Scores, tile by tile (registers): sT[key, rows] += K[key, d] * qT[d, rows].
+                        # Step 2a. Scores, tile by tile (registers): sT[key, rows] += K[key, d] * qT[d, rows];
+                        # then, still in registers, the logits (mask; -inf past the last key and above the
+                        # diagonal) and the block's running max, vectors over the rows.
+                        with _vector_loop(T, qb, lanes) as qi:
+                            T.buffer_store(mn, m[qi], [qi])
                         with T.serial(0, kb // tile_keys) as kg:
                             with T.serial(0, n_groups(tile_qvecs * lanes)) as qg:
-                                with T.unroll(0, tile_keys) as kk:
-                                    with _vector_tiles(T, tile_qvecs * lanes, lanes) as qq:
-                                        T.buffer_store(st, zero, [kg * tile_keys + kk, qg * tile_qvecs * lanes + qq])
-                                with T.serial(0, spec.d) as dd:
+                                # the first head-dim step stores the products (no zero-fill of the tile)
+                                def tile_step(dd, first):
                                     with T.unroll(0, tile_keys) as kk:
                                         jj = kg * tile_keys + kk
                                         kv = load("k", spec.k, {**benv, "j": tir.min(j0 + jj, spec.sk - 1), "d": dd})
                                         with _vector_tiles(T, tile_qvecs * lanes, lanes) as qq:
                                             qi = qg * tile_qvecs * lanes + qq
-                                            T.buffer_store(st, st[jj, qi] + kv * qt[dd, qi], [jj, qi])
-                        # Step 2b. Logits (scale, mask; -inf past the last key and above the diagonal)
-                        # and the new running max, vectors over the rows.
+                                            prod = kv * qt[dd, qi]
+                                            T.buffer_store(st, prod if first else st[jj, qi] + prod, [jj, qi])
+
+                                tile_step(0, True)
+                                if spec.d > 1:
+                                    with T.serial(1, spec.d) as dd:
+                                        tile_step(dd, False)
+                                with T.unroll(0, tile_keys) as kk:
+                                    with _vector_tiles(T, tile_qvecs * lanes, lanes) as qq:
+                                        jj = kg * tile_keys + kk
+                                        qi = qg * tile_qvecs * lanes + qq
+                                        x = st[jj, qi]
+                                        j = j0 + jj
+                                        ic = tir.min(q0 + qi, spec.sq - 1)
+                                        if spec.mask is not None:
+                                            x = x + load("mask", spec.mask,
+                                                         {**benv, "i": ic, "j": tir.min(j, spec.sk - 1)})
+                                        valid = j < spec.sk if key_tail else None
+                                        if spec.causal_offset is not None:
+                                            below = j <= ic + spec.causal_offset
+                                            valid = below if valid is None else tir.And(valid, below)
+                                        if valid is not None:
+                                            x = tir.Select(valid, x, neg_inf)
+                                        T.buffer_store(st, x, [jj, qi])
+                                        T.buffer_store(mn, tir.max(mn[qi], st[jj, qi]), [qi])   # (read back)
                         with T.serial(0, n_groups(lanes)) as qvec:
-                            with T.vectorized(0, lanes) as ln:
-                                T.buffer_store(mn, m[qvec * lanes + ln], [qvec * lanes + ln])
-                            with T.serial(0, kb) as jj:
-                                with T.vectorized(0, lanes) as ln:
-                                    qi = qvec * lanes + ln
-                                    ic = tir.min(q0 + qi, spec.sq - 1)
-                                    j = j0 + jj
-                                    x = st[jj, qi] * scale
-                                    if spec.mask is not None:
-                                        x = x + load("mask", spec.mask,
-                                                     {**benv, "i": ic, "j": tir.min(j, spec.sk - 1)})
-                                    valid = j < spec.sk
-                                    if spec.causal_offset is not None:
-                                        valid = tir.And(valid, j <= ic + spec.causal_offset)
-                                    T.buffer_store(st, tir.Select(valid, x, neg_inf), [jj, qi])
-                                    T.buffer_store(mn, tir.max(mn[qi], st[jj, qi]), [qi])   # (read back)
                             # Step 2c. Rescale factors (a max of -inf stays -inf: the exps use 0), the
-                            # probabilities and the rescaled sums.
+                            # probabilities and the rescaled sums.  Every exp's argument is <= 0 (a score or
+                            # the old max minus the new max); min(., 0) says so to tvmfuse.fastmath, which
+                            # then takes its cheaper exp.
                             with T.vectorized(0, lanes) as ln:
                                 qi = qvec * lanes + ln
                                 T.buffer_store(sf, tir.Select(mn[qi] == neg_inf, zero, mn[qi]), [qi])
-                                T.buffer_store(al, tir.exp(m[qi] - sf[qi]), [qi])
+                                T.buffer_store(al, tir.exp(tir.min(m[qi] - sf[qi], zero)), [qi])
                                 T.buffer_store(lsum, lsum[qi] * al[qi], [qi])
                                 T.buffer_store(m, mn[qi], [qi])
                             with T.serial(0, kb) as jj:
                                 with T.vectorized(0, lanes) as ln:
                                     qi = qvec * lanes + ln
-                                    T.buffer_store(st, tir.exp(st[jj, qi] - sf[qi]), [jj, qi])
+                                    T.buffer_store(st, tir.exp(tir.min(st[jj, qi] - sf[qi], zero)), [jj, qi])
                                     T.buffer_store(lsum, lsum[qi] + st[jj, qi], [qi])
                         # Step 2d. acc = acc * alpha + p @ V[block], `rows` rows at a time (registers).
                         with T.serial(0, n_groups(rows)) as g:
