@@ -273,9 +273,13 @@ def _transposed_pointwise(call, target):
     # a pointwise conv for cpu.conv1x1, any other (a window, a stride) for cpu.conv2d_lanes
     if pointwise:
         from ..schedules.cpu.conv1x1 import plane_why
+
+        why = plane_why(out[2] * out[3], out[1], target)
     else:
         from ..schedules.cpu.conv_lanes import plane_why
-    if plane_why(out[2] * out[3], out[1], target) is not None:
+
+        why = plane_why(out[2], out[3], out[1], int(w_arr.shape[1]), target)
+    if why is not None:
         return None
     out_dtype = str(C.type_of(call).dtype)      # the conv's own output type
     return C.relax.op.nn.conv2d(x, C.relax.const(np.ascontiguousarray(w_arr.transpose(1, 2, 3, 0))),

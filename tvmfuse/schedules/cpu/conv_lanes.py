@@ -48,16 +48,27 @@ class ConvLanesConfig(Config):
     lanes: int = knob("float32 lanes per vector (the target's width, or half)")
 
 
-def plane_why(plane: int, out_channels: int, target: C.Target) -> str | None:
-    """None when a KxK conv with ``plane`` output pixels and ``out_channels`` is one this family takes on
-    ``target`` (given IHWO weights), else why not.  Also asked by the graph rewrite that stores such a
-    conv's constant weights [ci, ky, kx, co] (``passes.rewrites.TransposePointwiseWeights``)."""
-    limit = template_defaults(target, FAMILY)["plane_pixels_below"]
-    if plane >= limit:
-        return f"plane of {plane} pixels (vectorized along the pixels from {limit} on)"
-    lanes = cpu_info(target).float32_lanes
-    if not any(out_channels % w == 0 for w in lane_choices(lanes)):
-        return f"{out_channels} output channels: no vector width of {lane_choices(lanes)} divides them"
+def plane_why(oh: int, ow: int, out_channels: int, in_channels: int, target: C.Target) -> str | None:
+    """None when a KxK conv with an ``oh x ow`` output plane, ``out_channels`` and ``in_channels`` is one this
+    family takes on ``target`` (given IHWO weights), else why not.  Also asked by the graph rewrite that
+    stores such a conv's constant weights [ci, ky, kx, co] (``passes.rewrites.TransposePointwiseWeights``)."""
+    d = template_defaults(target, FAMILY)
+    if oh * ow >= d["plane_pixels_below"]:
+        return f"plane of {oh * ow} pixels (vectorized along the pixels from {d['plane_pixels_below']} on)"
+    if in_channels < d["min_in_channels"]:
+        return (f"{in_channels} input channels (a stem: fewer than {d['min_in_channels']}, the direct template "
+                f"with deinterleaved rows)")
+    info = cpu_info(target)
+    widths = [w for w in lane_choices(info.float32_lanes) if out_channels % w == 0]
+    if not widths:
+        return f"{out_channels} output channels: no vector width of {lane_choices(info.float32_lanes)} divides them"
+    lanes = max(widths)
+    regs = U.Registers.for_bits(info.vector_bits).count
+    nvecs = [v for v in U.choices_upto(NVEC_CHOICES, out_channels // lanes) if out_channels % (v * lanes) == 0]
+    a, b, v = pick_tile(oh, ow, out_channels, lanes, regs, nvecs)
+    if a * b * v < d["min_accumulators"]:
+        return (f"a register tile of {a * b * v} accumulators on the {oh}x{ow} plane (fewer than "
+                f"{d['min_accumulators']}: one FMA chain waits on the last)")
     return None
 
 
@@ -69,7 +80,7 @@ def small_plane_why(info: dict, target: C.Target) -> str | None:
         return "a grouped conv"
     if info["weight_layout"] != "IHWO":
         return "weights not stored [ci, ky, kx, co] (only constant weights are rewritten so)"
-    return plane_why(info["OH"] * info["OW"], info["F"], target)
+    return plane_why(info["OH"], info["OW"], info["F"], info["RC"], target)
 
 
 def pixel_tiles(oh: int, ow: int) -> list[tuple[int, int]]:
