@@ -41,7 +41,7 @@ CASES = [
     ("resnet_8x8_residual", dict(cin=16, cout=16, h=8, w=8)),
     ("resnet_2x2_residual", dict(cin=64, cout=64, h=2, w=2)),
     ("stride2_4x4", dict(cin=32, cout=64, h=4, w=4, stride=2, residual=False)),
-    ("k5_pad2_plain", dict(cin=8, cout=24, h=9, w=11, k=5, pads=(2, 2, 2, 2), residual=False, bn=False,
+    ("k5_pad2_plain", dict(cin=8, cout=24, h=9, w=10, k=5, pads=(2, 2, 2, 2), residual=False, bn=False,
                            relu=False)),
     ("asym_pad_5x6", dict(cin=12, cout=40, h=5, w=6, pads=(0, 1, 1, 0), residual=False)),
 ]
@@ -139,7 +139,9 @@ def _plane(func) -> tuple[int, int]:
     (dict(cin=32, cout=32, h=7, w=7, group=32), "cpu.depthwise_conv2d_epilogue"),
     (dict(cin=32, cout=32, h=7, w=7, group=2), CONV),                 # grouped
     (dict(cin=3, cout=64, h=64, w=64, stride=2, pads=(0, 0, 0, 0)), CONV),    # squeezenet's stem (31x31)
-], ids=["large_plane", "10_channels", "depthwise", "grouped", "stem_31x31"])
+    (dict(cin=3, cout=32, h=8, w=8), CONV),                           # 3 input channels (min_in_channels)
+    (dict(cin=8, cout=16, h=15, w=17), CONV),                         # 17 columns: a 1-pixel tile
+], ids=["large_plane", "10_channels", "depthwise", "grouped", "stem_31x31", "3_in_channels", "17_columns"])
 def test_declined_convs_keep_oihw_weights_and_their_template(kwargs, template, target):
     """Convs this family declines stay as they were: OIHW weights, the direct (or depthwise) template."""
     tgt = tvmfuse.parse_target(target)
