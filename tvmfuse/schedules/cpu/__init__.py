@@ -9,6 +9,7 @@ from .conv_lanes import ConvLanes
 from .depthwise import DepthwiseConv2DEpilogue
 from .elementwise import Elementwise
 from .matmul import MatmulEpilogue
+from .pooling import WindowPool
 from .prologue import NormMatmul
 from .reduction import RowReduction
 from .siblings import SiblingMatmuls
@@ -25,6 +26,7 @@ TEMPLATES: list = [
     Conv2DEpilogue(),             # before RowReduction: a conv is also a trailing reduction
     DepthwiseConv2DEpilogue(),
     SiblingMatmuls(),             # several matmuls of one input: before RowReduction
+    WindowPool(),                 # before RowReduction: a strided max pool is also a trailing reduction
     RowReduction(),
     Elementwise(),
     SymbolicMatmulEpilogue(),     # a matmul over symbolic rows (batch x seq) with static N/K
