@@ -117,7 +117,8 @@ def main(argv=None) -> int:
     print(f"== tvmfuse {a.model}: {tv['kernel_count']} kernels, sum of kernels {tv['sum_us']:.1f} us, run min "
           f"{tv['run_min_us']:.1f} us (run min - sum of kernels {tv['run_min_us'] - tv['sum_us']:.1f} us)")
     for r in tv["kernels"]:
-        print(f"{r['us']:8.1f} us  {r['us_per_call']:7.1f} x{r['calls']}  {r['kernel']} [{r['template']}] {r['shapes']}")
+        print(f"{r['us']:8.1f} us  {r['us_per_call']:7.1f} x{r['calls']}  {r['kernel']} [{r['template']}] "
+              f"{r['shapes']}")
     on = ort_nodes(path, feeds, a.ort_runs)
     print(f"== onnxruntime {a.model}: {len(on['nodes'])} nodes, sum of node mins {on['sum_us']:.1f} us")
     for r in on["nodes"]:

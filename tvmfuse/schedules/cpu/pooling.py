@@ -6,9 +6,9 @@ reduction block
     pool[n, c, y, x] = max over (ry, rx) of data[n, c, y*sh + ry, x*sw + rx]          (sw >= 2)
 
 whose ``data`` is a padding block (``pad_temp``: explicit pads or ceil_mode) or a parameter, of a width
-the column stride divides, and nothing else.  ``cpu.row_reduction`` took it as a row of KH x KW elements (a 9-long reduction on partial-sum
-vectors) and the generic schedule vectorizes the output columns, whose window reads are stride-``sw``
-gathers: SqueezeNet's 3x3/2 ceil_mode pool on 64x31x31 ran 4x slower than onnxruntime (benchmarks/
+the column stride divides, and nothing else.  ``cpu.row_reduction`` took it as a row of KH x KW elements
+(a 9-long reduction on partial-sum vectors) and the generic schedule vectorizes the output columns, whose
+window reads are stride-``sw`` gathers: SqueezeNet's 3x3/2 ceil_mode pool on 64x31x31 ran 4x slower than onnxruntime (benchmarks/
 gaps_cnn.md, measured under load).
 
 Schedule: one parallel loop over the (n, c) planes; in it the plane's padded input is written by column
