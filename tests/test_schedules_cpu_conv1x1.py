@@ -137,22 +137,27 @@ def test_packed_weights_without_the_rewrite(target):
     assert not S.scalarized_loops(sched)
 
 
+LANES = "cpu.conv2d_lanes"
+
+
 @pytest.mark.parametrize("target", S.NAMED_TARGETS, ids=["haswell", "skylake"])
-@pytest.mark.parametrize("kwargs,why", [
-    (dict(cin=16, cout=48, h=16, w=16, k=1, pads=(0, 0, 0, 0)), "plane of 256 pixels"),
-    (dict(cin=16, cout=10, h=7, w=7, k=1, pads=(0, 0, 0, 0)), "no vector width"),
-    (dict(cin=16, cout=32, h=7, w=7, k=3), None),
-    (dict(cin=16, cout=32, h=7, w=7, k=1, pads=(0, 0, 0, 0), group=2), None),
-    (dict(cin=16, cout=32, h=14, w=14, k=1, stride=2, pads=(0, 0, 0, 0)), None),
+@pytest.mark.parametrize("kwargs,why,template", [
+    (dict(cin=16, cout=48, h=16, w=16, k=1, pads=(0, 0, 0, 0)), "plane of 256 pixels", CONV),
+    (dict(cin=16, cout=10, h=7, w=7, k=1, pads=(0, 0, 0, 0)), "no vector width", CONV),
+    (dict(cin=16, cout=32, h=7, w=7, k=3), None, LANES),
+    (dict(cin=16, cout=32, h=7, w=7, k=1, pads=(0, 0, 0, 0), group=2), None, CONV),
+    (dict(cin=16, cout=32, h=14, w=14, k=1, stride=2, pads=(0, 0, 0, 0)), None, LANES),
 ], ids=["large_plane", "10_channels", "3x3", "grouped", "stride_2"])
-def test_declined_convs_keep_oihw_weights_and_the_conv_template(kwargs, why, target):
+def test_declined_convs_keep_oihw_weights_and_the_conv_template(kwargs, why, template, target):
+    """Convs this family declines: the direct conv template with OIHW weights, or (a window or a stride on a
+    small plane) cpu.conv2d_lanes with weights stored [ci, ky, kx, co] (tests/test_schedules_cpu_conv_lanes.py)."""
     tgt = tvmfuse.parse_target(target)
     name, func = _kernel(conv_block(**kwargs), tgt)
     w = [int(d) for d in func.params[1].shape]
-    assert w[0] == kwargs["cout"], f"weights transposed: {w}"
+    assert w[0 if template == CONV else -1] == kwargs["cout"], f"weights: {w}"
     assert Conv1x1().match(func, tgt) is None
     res = schedule_prim_func(func, tgt, {}, name)
-    assert res.template == CONV, res.template
+    assert res.template == template, res.template
     if why:
         from tvmfuse.schedules.cpu.conv1x1 import plane_why
 

@@ -20,22 +20,23 @@ from tvmfuse.schedules.cpu.common import MAX_UNROLLED_COPIES
 import schedule_cases as S
 
 CONV, DEPTHWISE, CONV1X1 = "cpu.conv2d_epilogue", "cpu.depthwise_conv2d_epilogue", "cpu.conv1x1"
+LANES = "cpu.conv2d_lanes"        # a window or stride on a plane under 256 pixels (conv_lanes.plane_why)
 
 # (name, conv kwargs, family)
 CASES = [
     ("3x3", dict(), CONV),
-    ("3x3_s2", dict(s=2), CONV),
+    ("3x3_s2", dict(s=2), LANES),
     ("1x1", dict(k=1, pads=[0] * 4), CONV1X1),              # 15x17 plane: under plane_pixels_below
-    ("1x1_s2", dict(k=1, s=2, pads=[0] * 4), CONV),
+    ("1x1_s2", dict(k=1, s=2, pads=[0] * 4), LANES),
     ("5x5", dict(k=5), CONV),
     ("stem_7x7_s2", dict(cin=3, cout=16, h=32, w=32, k=7, s=2, pads=[3] * 4), CONV),
-    ("asymmetric_pads", dict(pads=[0, 1, 1, 0], s=2), CONV),
+    ("asymmetric_pads", dict(pads=[0, 1, 1, 0], s=2), LANES),
     ("dilation_2", dict(dil=2), CONV),
     ("grouped", dict(cin=8, cout=16, group=4), CONV),
     ("depthwise", dict(cin=16, cout=16, group=16), DEPTHWISE),
     ("depthwise_s2", dict(cin=16, cout=16, group=16, s=2), DEPTHWISE),
     ("depthwise_5x5_s2", dict(cin=16, cout=16, group=16, s=2, k=5), DEPTHWISE),
-    ("small_plane_many_channels", dict(cin=64, cout=64, h=7, w=7), CONV),
+    ("small_plane_many_channels", dict(cin=64, cout=64, h=7, w=7), LANES),
     ("patch_16x16", dict(cin=3, cout=32, h=32, w=32, k=16, s=16, pads=[0] * 4, act=None), CONV),
 ]
 IDS = [c[0] for c in CASES]
@@ -44,7 +45,7 @@ LARGE = [
     ("stem_224", dict(cin=3, cout=64, h=224, w=224, k=7, s=2, pads=[3] * 4), CONV),
     ("vit_patch_224", dict(cin=3, cout=192, h=224, w=224, k=16, s=16, pads=[0] * 4, act=None), CONV),
     ("convnext_dw_7x7", dict(cin=96, cout=96, h=56, w=56, k=7, group=96, act=None), DEPTHWISE),
-    ("7x7x512", dict(cin=512, cout=512, h=7, w=7), CONV),
+    ("7x7x512", dict(cin=512, cout=512, h=7, w=7), LANES),
     ("efficientnet_dw_5x5_s2", dict(cin=144, cout=144, h=56, w=56, k=5, s=2, group=144, act=None), DEPTHWISE),
 ]
 
@@ -98,14 +99,15 @@ def test_unroll_bound_can_fail(monkeypatch):
 
 def test_two_conv_anchors_refused_with_reason(host, rng):
     """conv 3x3/2 + shortcut conv 1x1/2 + add: the rules refuse one kernel of two convs (the reason names
-    the templates); each conv is scheduled by the conv template, the add and ReLU on the residual conv's
-    tile; the numbers match the reference."""
+    the templates); each conv is scheduled by a conv template (cpu.conv2d_lanes: a small plane), the add and
+    ReLU on the residual conv's tile; the numbers match the reference."""
     model = S.conv_with_shortcut_conv()
     with Recorder() as rec:
         cm = tvmfuse.compile(model, host)
     reasons = [r["reason"] for r in rec.refused if "two conv anchors" in r["reason"]]
     assert reasons and "cpu.conv2d_epilogue" in reasons[0], rec.refused
-    assert sorted(s["template"] for s in rec.schedules) == [CONV, CONV], rec.schedules
+    # each conv on its 7x7 output plane (16 channels: a vector of AVX-512, two of AVX2) by cpu.conv2d_lanes
+    assert sorted(s["template"] for s in rec.schedules) == [LANES, LANES], rec.schedules
     feeds = {"x": rng.standard_normal([1, 8, 14, 14]).astype(np.float32)}
     np.testing.assert_allclose(cm.run(feeds)["out"], M.reference_outputs(model, feeds)["out"], rtol=1e-4,
                                atol=2e-5)

@@ -252,25 +252,34 @@ def _ints_all(values, want: int) -> bool:
 
 
 def _transposed_pointwise(call, target):
-    """``conv2d(x, W)`` (NCHW/OIHW, 1x1, stride 1, no padding, groups 1, constant float W) whose plane
-    ``cpu.conv1x1`` takes on ``target`` (``conv1x1.plane_why``) -> the same conv with W stored [ci, 1, 1, co]
-    (kernel layout IHWO): that template puts the output channels on the vector lanes and reads a vector of
-    weights contiguously, instead of packing W transposed on every call; else None."""
+    """``conv2d(x, W)`` (NCHW/OIHW, groups 1, constant float W) whose plane ``cpu.conv1x1`` (1x1, stride 1, no
+    padding: ``conv1x1.plane_why``) or ``cpu.conv2d_lanes`` (any other: ``conv_lanes.plane_why``) takes on
+    ``target`` -> the same conv with W stored [ci, ky, kx, co] (kernel layout IHWO): those templates put the
+    output channels on the vector lanes and read a vector of weights contiguously, instead of packing W
+    transposed on every call; else None."""
     if not (isinstance(call, C.relax.Call) and isinstance(call.op, C.Op) and call.op.name == "relax.nn.conv2d"):
         return None
     a = call.attrs
     if (str(a.data_layout), str(a.kernel_layout), str(a.out_layout)) != ("NCHW", "OIHW", "NCHW") \
-            or int(a.groups) != 1 or not _ints_all(a.strides, 1) or not _ints_all(a.padding, 0) \
-            or not _ints_all(a.dilation, 1):
+            or int(a.groups) != 1:
         return None
     x, w = call.args
     w_arr = _const_array(w)
     out = _static_dims(call)
-    if w_arr is None or not _is_float(w) or w_arr.ndim != 4 or list(w_arr.shape[2:]) != [1, 1] or out is None:
+    if w_arr is None or not _is_float(w) or w_arr.ndim != 4 or out is None:
         return None
-    from ..schedules.cpu.conv1x1 import plane_why
+    pointwise = list(w_arr.shape[2:]) == [1, 1] and _ints_all(a.strides, 1) and _ints_all(a.padding, 0) \
+        and _ints_all(a.dilation, 1)
+    # a pointwise conv for cpu.conv1x1, any other (a window, a stride) for cpu.conv2d_lanes
+    if pointwise:
+        from ..schedules.cpu.conv1x1 import plane_why
 
-    if plane_why(out[2] * out[3], out[1], target) is not None:
+        why = plane_why(out[2] * out[3], out[1], target)
+    else:
+        from ..schedules.cpu.conv_lanes import plane_why
+
+        why = plane_why(out[2], out[3], out[1], int(w_arr.shape[1]), target)
+    if why is not None:
         return None
     out_dtype = str(C.type_of(call).dtype)      # the conv's own output type
     return C.relax.op.nn.conv2d(x, C.relax.const(np.ascontiguousarray(w_arr.transpose(1, 2, 3, 0))),

@@ -5,9 +5,11 @@ Each file holds one family; the order puts the most specific structure first.
 from .attention import Attention
 from .conv1x1 import Conv1x1
 from .conv2d import Conv2DEpilogue
+from .conv_lanes import ConvLanes
 from .depthwise import DepthwiseConv2DEpilogue
 from .elementwise import Elementwise
 from .matmul import MatmulEpilogue
+from .pooling import WindowPool
 from .prologue import NormMatmul
 from .reduction import RowReduction
 from .siblings import SiblingMatmuls
@@ -20,9 +22,11 @@ TEMPLATES: list = [
     Attention(),                  # the attention rule's kernels (spec attribute); matmul_epilogue rejects
                                   # them (several reductions): test_attention checks which template ran
     Conv1x1(),                    # before Conv2DEpilogue: 1x1 convs on small planes, channels on the lanes
+    ConvLanes(),                  # before Conv2DEpilogue: KxK convs on small planes (IHWO weights)
     Conv2DEpilogue(),             # before RowReduction: a conv is also a trailing reduction
     DepthwiseConv2DEpilogue(),
     SiblingMatmuls(),             # several matmuls of one input: before RowReduction
+    WindowPool(),                 # before RowReduction: a strided max pool is also a trailing reduction
     RowReduction(),
     Elementwise(),
     SymbolicMatmulEpilogue(),     # a matmul over symbolic rows (batch x seq) with static N/K

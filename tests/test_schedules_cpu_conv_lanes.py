@@ -1,0 +1,187 @@
+"""cpu.conv2d_lanes (tvmfuse/schedules/cpu/conv_lanes.py) and the graph rewrite that feeds it
+(passes/rewrites.py: TransposePointwiseWeights stores the constant weights of a KxK or strided conv on a small
+plane [ci, ky, kx, co]): convs with a window on small planes with the output channels on the vector lanes.
+
+Numerics: tvmfuse.compile on the host vs onnx's reference evaluator (SqueezeNet's 3x3 fire convs on 15x15,
+7x7 and 3x3 planes, ResNet's 3x3 convs on 8x8 / 4x4 / 2x2 planes with the residual add, a strided 3x3 conv,
+a 5x5 window, dilation), and sampled knob configurations vs the unscheduled kernel, on fresh random inputs.
+Structure on named AVX2 / AVX-512 targets: the template and the weight layout, vectors of output channels
+only, one parallel loop for the tiles (and one for the small padded input), the conv's output only as a
+register tile, nothing scalarized, bounded unrolling; where the family declines (a plane of 256 pixels or
+more, channels no vector divides, a depthwise or grouped conv, weights that are no constants) the conv keeps
+its OIHW weights and the template it had before.
+"""
+import json
+import random
+
+import numpy as np
+import pytest
+
+import tvmfuse
+from tvmfuse import target as TG
+from tvmfuse import _compat as C
+from tvmfuse.schedules import schedule_prim_func
+from tvmfuse.schedules.base import schedule_with
+from tvmfuse.schedules.cpu.common import MAX_UNROLLED_COPIES
+from tvmfuse.schedules.cpu.conv_lanes import FAMILY, ConvLanes, pixel_tiles
+
+import schedule_cases as S
+from conftest import assert_close_to_reference
+from test_schedules_cpu import _structure
+from test_schedules_cpu_conv import conv_block
+from test_schedules_cpu_conv1x1 import _kernel
+
+CONV = "cpu.conv2d_epilogue"
+# (name, conv_block kwargs): squeezenet1_1's fire-module 3x3 expand convs, resnet18's (1/8 width) late
+# stages with their residual add, a strided conv, a 5x5 window, a dilated window, odd channel counts
+CASES = [
+    ("fire_15x15", dict(cin=16, cout=64, h=15, w=15, residual=False, bn=False)),
+    ("fire_7x7", dict(cin=32, cout=128, h=7, w=7, residual=False, bn=False)),
+    ("fire_3x3", dict(cin=48, cout=192, h=3, w=3, residual=False, bn=False)),
+    ("resnet_8x8_residual", dict(cin=16, cout=16, h=8, w=8)),
+    ("resnet_2x2_residual", dict(cin=64, cout=64, h=2, w=2)),
+    ("stride2_4x4", dict(cin=32, cout=64, h=4, w=4, stride=2, residual=False)),
+    ("k5_pad2_plain", dict(cin=8, cout=24, h=9, w=10, k=5, pads=(2, 2, 2, 2), residual=False, bn=False,
+                           relu=False)),
+    ("asym_pad_5x6", dict(cin=12, cout=40, h=5, w=6, pads=(0, 1, 1, 0), residual=False)),
+]
+IDS = [c[0] for c in CASES]
+
+
+@pytest.mark.parametrize("name,kwargs", CASES, ids=IDS)
+def test_numerics_vs_reference(name, kwargs, host, rng):
+    model = conv_block(**kwargs)
+    cm = tvmfuse.compile(model, host)
+    used = [s["template"] for s in cm.report.schedules]
+    assert used == [FAMILY], cm.report.schedules
+    assert_close_to_reference(model, cm, rng, rtol=1e-4, atol=1e-4)
+
+
+def test_dilated_window_numerics(host, rng):
+    """A dilated 3x3 window (pads 2, dilation 2) on a 6x6 plane: the broadcast input index carries the
+    dilation."""
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    w = numpy_helper.from_array((rng.standard_normal((32, 8, 3, 3)) * 0.2).astype(np.float32), "W")
+    node = helper.make_node("Conv", ["x", "W"], ["y"], kernel_shape=[3, 3], pads=[2, 2, 2, 2], dilations=[2, 2])
+    g = helper.make_graph([node], "dilated", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 8, 6, 6])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 32, 6, 6])], [w])
+    model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 18)])
+    model.ir_version = 8
+    onnx.checker.check_model(model)
+    cm = tvmfuse.compile(model, host)
+    assert [s["template"] for s in cm.report.schedules] == [FAMILY], cm.report.schedules
+    assert_close_to_reference(model, cm, rng, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("name,kwargs", [CASES[1], CASES[5], CASES[7]], ids=[CASES[1][0], CASES[5][0], CASES[7][0]])
+def test_sampled_configs_vs_unscheduled(name, kwargs, host, rng):
+    """Every sampled knob combination applies (oh_tile with a partial-row ow_tile falls back to one row) and
+    computes what the unscheduled kernel does."""
+    kname, func = _kernel(conv_block(**kwargs), host)
+    t = ConvLanes()
+    match = t.match(func, host)
+    assert match is not None and match.info["weight_layout"] == "IHWO"
+    space = t.space(match, host)
+    sampler = random.Random(int(rng.integers(1 << 30)))
+    configs = [t.default_config(match, host)] + [space.sample(sampler) for _ in range(3)]
+    args = S.random_args(func, rng)
+    want = S.run_func(func, host, args)[0]
+    for cfg in configs:
+        assert space.contains(cfg), cfg
+        got = S.run_func(schedule_with(t, match, func, cfg), host, args)[0]
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5, err_msg=str(cfg))
+
+
+def _vector_lanes(func) -> set[int]:
+    return {int(f.extent) for f in S.loops(func) if int(f.kind) == int(C.ForKind.VECTORIZED)}
+
+
+@pytest.mark.parametrize("target,lanes", [(S.HASWELL, 8), (S.SKYLAKE, 16)], ids=["haswell", "skylake"])
+@pytest.mark.parametrize("name,kwargs", CASES[:6], ids=IDS[:6])
+def test_structure(name, kwargs, target, lanes):
+    tgt = tvmfuse.parse_target(target)
+    kname, func = _kernel(conv_block(**kwargs), tgt)
+    k = kwargs.get("k", 3)
+    assert [int(d) for d in func.params[1].shape] == [kwargs["cin"], k, k, kwargs["cout"]], \
+        "weights not stored [ci, ky, kx, co] by the graph"
+    res = schedule_prim_func(func, tgt, {}, kname)
+    assert res is not None and res.template == FAMILY, res and res.template
+    cfg = res.config
+    oh, ow = _plane(func)
+    assert (cfg["oh_tile"], cfg["ow_tile"]) in pixel_tiles(oh, ow), cfg
+    assert kwargs["cout"] % (cfg["nvec"] * cfg["lanes"]) == 0 and cfg["lanes"] in (lanes, lanes // 2), cfg
+    tile = cfg["oh_tile"] * cfg["ow_tile"] * cfg["nvec"]
+    assert tile + cfg["nvec"] + 1 <= (32 if lanes == 16 else 16), f"register tile {cfg} spills"
+    # vectors of output channels only (the padding copy is vectorized along its rows: that loop's extent
+    # is a padded row, not a vector of channels)
+    assert cfg["lanes"] in _vector_lanes(res.func)
+    assert not S.scalarized_loops(res.func), "a vectorized loop was scalarized"
+    parallel = [f for f in S.loops(res.func) if int(f.kind) == int(C.ForKind.PARALLEL)]
+    assert len(parallel) == (2 if kwargs.get("pads", (1,)) != (0, 0, 0, 0) else 1), len(parallel)
+    allocs, _ = _structure(res.func)
+    padded = kwargs["cin"] * (kwargs["h"] + 2) * (kwargs["w"] + 2)        # pads 1: the small padded input
+    assert sorted(n for _, n in allocs) == sorted([padded, tile * cfg["lanes"]]), \
+        f"buffers other than the padded input and one register tile of the conv's output: {allocs}"
+    assert S.max_unrolled_copies(res.func) <= MAX_UNROLLED_COPIES
+
+
+def _plane(func) -> tuple[int, int]:
+    out = [int(d) for d in func.params[-1].shape]
+    return out[2], out[3]
+
+
+@pytest.mark.parametrize("target", S.NAMED_TARGETS, ids=["haswell", "skylake"])
+@pytest.mark.parametrize("kwargs,template", [
+    (dict(cin=16, cout=32, h=16, w=16), CONV),                        # a 256-pixel plane: along the pixels
+    (dict(cin=16, cout=10, h=7, w=7), CONV),                          # 10 channels: no vector divides them
+    (dict(cin=32, cout=32, h=7, w=7, group=32), "cpu.depthwise_conv2d_epilogue"),
+    (dict(cin=32, cout=32, h=7, w=7, group=2), CONV),                 # grouped
+    (dict(cin=3, cout=64, h=64, w=64, stride=2, pads=(0, 0, 0, 0)), CONV),    # squeezenet's stem (31x31)
+    (dict(cin=3, cout=32, h=8, w=8), CONV),                           # 3 input channels (min_in_channels)
+    (dict(cin=8, cout=16, h=15, w=17), CONV),                         # 17 columns: a 1-pixel tile
+], ids=["large_plane", "10_channels", "depthwise", "grouped", "stem_31x31", "3_in_channels", "17_columns"])
+def test_declined_convs_keep_oihw_weights_and_their_template(kwargs, template, target):
+    """Convs this family declines stay as they were: OIHW weights, the direct (or depthwise) template."""
+    tgt = tvmfuse.parse_target(target)
+    kname, func = _kernel(conv_block(**kwargs), tgt)
+    w = [int(d) for d in func.params[1].shape]
+    assert w[0] == kwargs["cout"], f"weights transposed: {w}"
+    assert ConvLanes().match(func, tgt) is None
+    assert schedule_prim_func(func, tgt, {}, kname).template == template
+
+
+def test_weights_as_graph_input_stay_with_the_direct_template(host, rng):
+    """Weights that are no constant (a graph input) are not rewritten, and this family (which reads IHWO
+    weights only) declines: the direct template reads them OIHW, and the numbers match the reference."""
+    import onnx
+    from onnx import TensorProto, helper
+
+    cin, cout, hw = 32, 128, 7
+    nodes = [helper.make_node("Conv", ["x", "w"], ["c"], kernel_shape=[3, 3], pads=[1, 1, 1, 1]),
+             helper.make_node("Relu", ["c"], ["y"])]
+    g = helper.make_graph(nodes, "conv_w_input",
+                          [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, cin, hw, hw]),
+                           helper.make_tensor_value_info("w", TensorProto.FLOAT, [cout, cin, 3, 3])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, cout, hw, hw])])
+    model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 18)])
+    model.ir_version = 8
+    onnx.checker.check_model(model)
+    cm = tvmfuse.compile(model, host)
+    assert [s["template"] for s in cm.report.schedules] == [CONV], cm.report.schedules
+    assert_close_to_reference(model, cm, rng, rtol=1e-4, atol=1e-4)
+
+
+def test_plane_threshold_comes_from_the_target_table(monkeypatch):
+    """plane_pixels_below (template_defaults["cpu.conv2d_lanes"]) decides: lowered to 49, the 7x7 fire conv
+    keeps its OIHW weights and the direct conv template."""
+    tgt = tvmfuse.parse_target(S.SKYLAKE)
+    model = conv_block(**CASES[1][1])
+    assert schedule_prim_func(_kernel(model, tgt)[1], tgt, {}).template == FAMILY
+    table = json.loads(json.dumps(TG.cpu_table()))
+    table["template_defaults"][FAMILY]["plane_pixels_below"] = 49
+    monkeypatch.setattr(TG, "cpu_table", lambda: table)
+    kname, func = _kernel(model, tgt)
+    assert [int(d) for d in func.params[1].shape] == [128, 32, 3, 3]
+    assert schedule_prim_func(func, tgt, {}, kname).template == CONV

@@ -1,0 +1,125 @@
+"""cpu.window_pool (tvmfuse/schedules/cpu/pooling.py): strided max pooling with the padded input stored by
+column phase and the max on vectors of output columns.
+
+Numerics: tvmfuse.compile on the host vs onnx's reference evaluator (SqueezeNet's 3x3/2 ceil_mode pools on
+31x31 / 15x15 / 7x7 planes, the same fed by a concat, ResNet's padded 3x3/2 pool on an odd plane, a 2x2/2
+pool without padding: the input copied), and every knob combination vs the unscheduled kernel, on fresh
+random inputs.  Structure on named AVX2 / AVX-512 targets: the template, one parallel loop, the padded input
+5-D (deinterleaved) and computed per plane, the output columns vectorized, nothing scalarized.  Pools this
+family declines (stride 1, average pooling) keep the schedule they had.
+"""
+import itertools
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper
+
+import tvmfuse
+from tvmfuse import _compat as C
+from tvmfuse.schedules import schedule_prim_func
+from tvmfuse.schedules.base import schedule_with
+from tvmfuse.schedules.cpu.pooling import FAMILY, WindowPool
+
+import schedule_cases as S
+from conftest import assert_close_to_reference
+from test_schedules_cpu import _structure
+
+
+def _pool_model(c, h, w, k=3, s=2, pads=(0, 0, 0, 0), ceil=0, op="MaxPool", concat=False):
+    """[Concat of two inputs ->] a pooling node (ONNX NCHW)."""
+    cin = c // 2 if concat else c
+    inputs = [helper.make_tensor_value_info(n, TensorProto.FLOAT, [1, cin, h, w])
+              for n in (("a", "b") if concat else ("x",))]
+    nodes = [helper.make_node("Concat", ["a", "b"], ["x"], axis=1)] if concat else []
+    attrs = dict(kernel_shape=[k, k], strides=[s, s], pads=list(pads), ceil_mode=ceil)
+    nodes.append(helper.make_node(op, ["x"], ["y"], **attrs))
+    g = helper.make_graph(nodes, "pool", inputs, [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 18)])
+    m.ir_version = 8
+    m = onnx.shape_inference.infer_shapes(m)
+    onnx.checker.check_model(m)
+    return m
+
+
+CASES = [
+    ("squeezenet_31x31_ceil", dict(c=64, h=31, w=31, ceil=1)),
+    ("squeezenet_15x15_ceil_concat", dict(c=128, h=15, w=15, ceil=1, concat=True)),
+    ("squeezenet_7x7_ceil_concat", dict(c=256, h=7, w=7, ceil=1, concat=True)),
+    ("resnet_pad1", dict(c=8, h=33, w=32, pads=(1, 1, 1, 1))),
+    ("k2s2_no_pad", dict(c=5, h=16, w=18, k=2)),
+    ("k3s3_asym_pad", dict(c=6, h=13, w=17, s=3, pads=(0, 1, 2, 0))),      # 17 + 1 columns: 3 phases of 6
+]
+IDS = [c[0] for c in CASES]
+
+
+def _kernel(model, target):
+    funcs = S.graph_funcs(model, target)
+    assert len(funcs) == 1, list(funcs)
+    return next(iter(funcs.items()))
+
+
+@pytest.mark.parametrize("name,kwargs", CASES, ids=IDS)
+def test_numerics_vs_reference(name, kwargs, host, rng):
+    model = _pool_model(**kwargs)
+    cm = tvmfuse.compile(model, host)
+    assert [s["template"] for s in cm.report.schedules] == [FAMILY], cm.report.schedules
+    assert_close_to_reference(model, cm, rng, rtol=0, atol=0)      # max pooling is exact
+
+
+@pytest.mark.parametrize("name,kwargs", [CASES[0], CASES[3], CASES[4]], ids=[IDS[0], IDS[3], IDS[4]])
+def test_every_config_vs_unscheduled(name, kwargs, host, rng):
+    kname, func = _kernel(_pool_model(**kwargs), host)
+    t = WindowPool()
+    match = t.match(func, host)
+    assert match is not None
+    space = t.space(match, host).to_dict()
+    args = S.random_args(func, rng)
+    want = S.run_func(func, host, args)[0]
+    for values in itertools.product(*space.values()):
+        cfg = dict(zip(space, values))
+        got = S.run_func(schedule_with(t, match, func, cfg), host, args)[0]
+        np.testing.assert_array_equal(got, want, err_msg=str(cfg))
+
+
+@pytest.mark.parametrize("target", S.NAMED_TARGETS, ids=["haswell", "skylake"])
+@pytest.mark.parametrize("name,kwargs", CASES, ids=IDS)
+def test_structure(name, kwargs, target):
+    tgt = tvmfuse.parse_target(target)
+    kname, func = _kernel(_pool_model(**kwargs), tgt)
+    res = schedule_prim_func(func, tgt, {}, kname)
+    assert res is not None and res.template == FAMILY, res and res.template
+    parallel = [f for f in S.loops(res.func) if int(f.kind) == int(C.ForKind.PARALLEL)]
+    assert len(parallel) == 1, f"{len(parallel)} parallel loops"
+    # the padded input (or the input's copy) is computed inside the parallel loop over the planes
+    inner = []
+    C.post_order_visit(parallel[0].body, lambda n: inner.append(n) if isinstance(n, C.tirx.For) else None)
+    assert len(inner) >= 5, "the input copy and the pool are not both inside the plane loop"
+    vec = [int(f.extent) for f in S.loops(res.func) if int(f.kind) == int(C.ForKind.VECTORIZED)]
+    out_w = [int(d) for d in func.params[-1].shape][3]
+    assert out_w in vec, f"output columns ({out_w}) not vectorized: {vec}"
+    assert not S.scalarized_loops(res.func), "a vectorized loop was scalarized"
+    allocs, _ = _structure(res.func)
+    assert len(allocs) == 1, allocs        # one input buffer, deinterleaved: [n, c, y, phase, column]
+    assert any(len(b.shape) == 5 for b in _alloc_buffers(res.func)), "input copy not stored by column phase"
+
+
+def _alloc_buffers(func) -> list:
+    found = []
+    C.post_order_visit(func.body, lambda n: found.extend(n.alloc_buffers) if hasattr(n, "alloc_buffers") else None)
+    return found
+
+
+@pytest.mark.parametrize("target", S.NAMED_TARGETS, ids=["haswell", "skylake"])
+@pytest.mark.parametrize("kwargs", [dict(c=8, h=15, w=15, s=1, pads=(1, 1, 1, 1)),
+                                    dict(c=8, h=15, w=15, op="AveragePool", pads=(1, 1, 1, 1)),
+                                    dict(c=8, h=15, w=15, pads=(1, 1, 1, 1))],
+                         ids=["stride_1", "average", "odd_padded_width"])
+def test_declined_pools_keep_their_schedule(kwargs, target):
+    """Stride 1 (contiguous windows), average pooling and a padded width the stride does not divide (17
+    columns, stride 2) are not this family's: whatever scheduled them before still does."""
+    tgt = tvmfuse.parse_target(target)
+    kname, func = _kernel(_pool_model(**kwargs), tgt)
+    assert WindowPool().match(func, tgt) is None
+    res = schedule_prim_func(func, tgt, {}, kname)
+    assert res is None or res.template != FAMILY

@@ -1,0 +1,189 @@
+"""KxK Conv2D (NCHW, groups 1, any stride/padding/dilation) on a small plane, with its epilogue, scheduled
+with the output channels on the vector lanes: ``cpu.conv1x1``'s register tile for convs with a window.
+
+Matches what ``conv2d.find_conv`` matches (one conv block, its padding block, at most one elementwise
+epilogue: bias / folded BatchNorm, ReLU, residual add) when the conv has a window (not 1x1 stride 1: that
+is ``cpu.conv1x1``), is not grouped, its output plane has fewer pixels than the target table's
+``plane_pixels_below`` (``template_defaults["cpu.conv2d_lanes"]``), a vector width (the target's or half)
+divides the output channels, and its weights are stored [ci, ky, kx, co] (kernel layout IHWO): constant
+weights come so from the graph rewrite (``passes.rewrites.TransposePointwiseWeights`` asks ``plane_why``).
+
+Why: on a 7x7, 3x3 or 2x2 plane the direct template vectorizes along an output row of 7, 3 or 2 pixels
+(most lanes idle, or odd-sized vectors), while these convs have 64-512 output channels.  SqueezeNet's fire
+modules (3x3 expand convs on 15x15 / 7x7 / 3x3 planes) and ResNet's late stages ran 1.5-2.5x slower than
+onnxruntime per kernel (benchmarks/gaps_cnn.md, measured under load).
+
+Schedule: the epilogue is tiled [channel block x row band x column block] in one parallel loop x a register
+tile of ``oh_tile x ow_tile`` pixels x ``nvec`` vectors of output channels (``ow_tile`` divides the row;
+several rows only as whole rows, so a pixel's row and column are loop variables, never a division); the
+conv is computed on each tile (its output shrinks to an accumulator in registers, laid out [n, y, x, co]
+so that a vector of channels is contiguous), with the reduction (ci, ky, kx) outside the tile: per step one
+input value per pixel is broadcast and ``nvec`` vectors of weights are loaded.  The padded input (small on
+these planes) is computed once per call in its own parallel loop before the tiles.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ... import _compat as C
+from ...target import cpu_info, template_defaults
+from ..base import Config, KnobSpace, Match, knob
+from . import common as U
+from .conv2d import find_conv
+from .matmul import NVEC_CHOICES, lane_choices
+
+FAMILY = "cpu.conv2d_lanes"
+# Pixels of a register tile (broadcast input values, unrolled): a whole 3x3 plane at most.
+MAX_TILE_PIXELS = 9
+
+
+@dataclass(frozen=True)
+class ConvLanesConfig(Config):
+    """The knobs of ``cpu.conv2d_lanes``: a register tile of ``oh_tile x ow_tile`` pixels x ``nvec`` vectors
+    of output channels."""
+
+    oh_tile: int = knob("output rows of the register tile (applies where ow_tile spans the row, else 1)")
+    ow_tile: int = knob("output columns of the register tile (a divisor of the row)")
+    nvec: int = knob("vectors of output channels per register-tile pixel", NVEC_CHOICES)
+    lanes: int = knob("float32 lanes per vector (the target's width, or half)")
+
+
+def plane_why(oh: int, ow: int, out_channels: int, in_channels: int, target: C.Target) -> str | None:
+    """None when a KxK conv with an ``oh x ow`` output plane, ``out_channels`` and ``in_channels`` is one this
+    family takes on ``target`` (given IHWO weights), else why not.  Also asked by the graph rewrite that
+    stores such a conv's constant weights [ci, ky, kx, co] (``passes.rewrites.TransposePointwiseWeights``)."""
+    d = template_defaults(target, FAMILY)
+    if oh * ow >= d["plane_pixels_below"]:
+        return f"plane of {oh * ow} pixels (vectorized along the pixels from {d['plane_pixels_below']} on)"
+    if in_channels < d["min_in_channels"]:
+        return (f"{in_channels} input channels (a stem: fewer than {d['min_in_channels']}, the direct template "
+                f"with deinterleaved rows)")
+    info = cpu_info(target)
+    widths = [w for w in lane_choices(info.float32_lanes) if out_channels % w == 0]
+    if not widths:
+        return f"{out_channels} output channels: no vector width of {lane_choices(info.float32_lanes)} divides them"
+    lanes = max(widths)
+    regs = U.Registers.for_bits(info.vector_bits).count
+    nvecs = [v for v in U.choices_upto(NVEC_CHOICES, out_channels // lanes) if out_channels % (v * lanes) == 0]
+    a, b, v = pick_tile(oh, ow, out_channels, lanes, regs, nvecs)
+    if a * b * v < d["min_accumulators"]:
+        return (f"a register tile of {a * b * v} accumulators on the {oh}x{ow} plane (fewer than "
+                f"{d['min_accumulators']}: one FMA chain waits on the last)")
+    return None
+
+
+def small_plane_why(info: dict, target: C.Target) -> str | None:
+    """None when the conv (``conv2d.find_conv``'s info) is one this family takes, else why not."""
+    if info.get("pointwise"):
+        return "a 1x1 stride-1 conv without padding (cpu.conv1x1)"
+    if info.get("grouped"):
+        return "a grouped conv"
+    if info["weight_layout"] != "IHWO":
+        return "weights not stored [ci, ky, kx, co] (only constant weights are rewritten so)"
+    return plane_why(info["OH"], info["OW"], info["F"], info["RC"], target)
+
+
+def pixel_tiles(oh: int, ow: int) -> list[tuple[int, int]]:
+    """(oh_tile, ow_tile) pairs: a divisor of the row, or several whole rows (a divisor of OH), at most
+    MAX_TILE_PIXELS pixels."""
+    tiles = [(1, d) for d in range(1, ow + 1) if ow % d == 0 and d <= MAX_TILE_PIXELS]
+    tiles += [(r, ow) for r in range(2, oh + 1) if oh % r == 0 and r * ow <= MAX_TILE_PIXELS]
+    return tiles
+
+
+def pick_tile(oh: int, ow: int, f: int, lanes: int, regs: int, nvecs) -> tuple[int, int, int]:
+    """(oh_tile, ow_tile, nvec): accumulators + weight vectors + one broadcast fit in the registers; the
+    channel block divides F; most accumulators; fewest loads per FMA (pixels + nvec per reduction step)."""
+    cands = [(a, b, v) for a, b in pixel_tiles(oh, ow) for v in nvecs]
+    fitting = [c for c in cands if c[0] * c[1] * c[2] + c[2] + 1 <= regs] \
+        or [min(cands, key=lambda c: c[0] * c[1] * c[2])]
+
+    def score(c):
+        a, b, v = c
+        return (f % (v * lanes) == 0, a * b * v, -(a * b + v), b)
+
+    return max(fitting, key=score)
+
+
+class ConvLanes(U.CpuTemplate, family=FAMILY, config=ConvLanesConfig):
+    # ------------------------------------------------------------------ match
+    def match(self, func: C.PrimFunc, target: C.Target) -> Match | None:
+        info = find_conv(func, depthwise=False)
+        if info is None or small_plane_why(info, target) is not None:
+            return None
+        return Match(self.family, info)
+
+    # ------------------------------------------------------------------ knobs
+    def space(self, match: Match, target: C.Target) -> KnobSpace:
+        i = match.info
+        lanes = [w for w in lane_choices(cpu_info(target).float32_lanes) if i["F"] % w == 0]
+        tiles = pixel_tiles(i["OH"], i["OW"])
+        return ConvLanesConfig.space(oh_tile=tuple(sorted({a for a, _ in tiles})),
+                                     ow_tile=tuple(sorted({b for _, b in tiles})),
+                                     nvec=U.choices_upto(NVEC_CHOICES, i["F"] // min(lanes)),
+                                     lanes=tuple(lanes))
+
+    def default_config(self, match: Match, target: C.Target) -> dict:
+        info, i = cpu_info(target), match.info
+        ch = {kb.name: kb.choices for kb in self.space(match, target).knobs}
+        lanes = max(ch["lanes"])
+        regs = U.Registers.for_bits(info.vector_bits).count
+        nvecs = [v for v in ch["nvec"] if i["F"] % (v * lanes) == 0]
+        oh_t, ow_t, nvec = pick_tile(i["OH"], i["OW"], i["F"], lanes, regs, nvecs)
+        return ConvLanesConfig(oh_tile=oh_t, ow_tile=ow_t, nvec=nvec, lanes=lanes).asdict()
+
+    # ------------------------------------------------------------------ apply
+    def apply(self, sch: C.Schedule, match: Match, config: dict) -> None:
+        info, cfg = match.info, ConvLanesConfig.from_dict(config)
+        lanes, nr = cfg.lanes, cfg.nvec * cfg.lanes
+        # every combination of the space is legal: several rows only where the tile spans the row (a pixel's
+        # row and column stay loop variables); a tile that does not divide the plane (a record of another
+        # shape) would put a predicate on every pixel of the register tile
+        oh_t = cfg.oh_tile if cfg.ow_tile == info["OW"] else 1
+        if info["OW"] % cfg.ow_tile or info["OH"] % oh_t:
+            raise ValueError(f"{FAMILY}: tile {oh_t}x{cfg.ow_tile} does not divide the "
+                             f"{info['OH']}x{info['OW']} plane (see pixel_tiles)")
+
+        # Step 1. Fold the elementwise chain into one epilogue block (the padding block stays); without an
+        # epilogue, accumulate into a cache block and write back from it.
+        U.inline_elementwise(sch, keep=frozenset({info["pad"]} if info["pad"] else ()))
+        conv = sch.get_sblock(info["reduction"])
+        epi = sch.cache_write(conv, 0, "global") if info["epilogue"] is None else sch.get_sblock(info["epilogue"])
+
+        # Step 2. The accumulator stored [n, y, x, co]: a vector of channels contiguous in it.
+        sch.transform_layout(conv, ("write", 0), lambda n, f, y, x: (n, y, x, f))
+
+        # Step 3. Tile the epilogue: (n, channel block, row band, column block) in one parallel loop x
+        # register tile [oh_tile x ow_tile pixels x nr channels].
+        n, f, y, x = sch.get_loops(epi)
+        f0, f1 = sch.split(f, factors=[None, nr])
+        y0, y1 = sch.split(y, factors=[None, oh_t])
+        x0, x1 = sch.split(x, factors=[None, cfg.ow_tile])
+        sch.reorder(n, f0, y0, x0, y1, x1, f1)
+        band = sch.fuse(n, f0, y0, x0)
+        sch.parallel(band)
+
+        # Step 4. The conv on each register tile: the reduction (ci, ky, kx) outermost, kx unrolled, then
+        # the pixels (unrolled, broadcast inputs) and the channel vectors (unrolled, lanes); the accumulator
+        # in registers, initialized (vectorized) before the reduction.
+        sch.compute_at(conv, band, preserve_unit_loops=True)
+        c_n, c_f, c_y, c_x, rc, ry, rx = sch.get_loops(conv)[-7:]
+        fo, fv = sch.split(c_f, factors=[None, lanes])
+        sch.reorder(rc, ry, rx, c_n, c_y, c_x, fo, fv)
+        sch.vectorize(fv)
+        for loop in (fo, c_x, c_y, c_n):
+            sch.unroll(loop)
+        U.unroll_bounded(sch, [rx], oh_t * cfg.ow_tile * cfg.nvec)
+        sch.set_scope(conv, 0, "local")
+        init = sch.decompose_reduction(conv, rc)
+        sch.vectorize(sch.get_loops(init)[-1])
+
+        # Step 5. The epilogue on the accumulator tile, vectorized along the channels (stores a plane apart).
+        _, e_fv = sch.split(f1, factors=[None, lanes])
+        sch.vectorize(e_fv)
+
+        # Step 6. The padded input once per call, before the tiles, in its own parallel loop.
+        if info["pad"]:
+            block = sch.get_sblock(info["pad"])
+            sch.parallel(sch.fuse(*sch.get_loops(block)[:-1]))
+            U.vectorize_inner(sch, block, lanes)
