@@ -17,7 +17,9 @@ inside; per reduction step one weight per output channel is broadcast and one ve
 row is loaded per row.  The epilogue runs on the accumulator before anything is stored.  The padded
 input is computed per band of output rows (all channels, the rows the band's windows touch), inside the
 parallel loop over (n, row band [, channel block]), so it stays in L1/L2 and is never materialized whole.
-Weights stay in their OIHW parameter layout (the calling convention is unchanged).
+Weights stay in their OIHW parameter layout (the calling convention is unchanged).  The batch may be
+symbolic (a model exported with a dynamic batch): it is never split, only fused into the parallel loop,
+so the kernel has the static tiles and vector loops at every batch (``analyze_conv``).
 
 Small planes (7x7, 15x15: an output row narrower than, or not a multiple of, a vector) waste most lanes of
 a row-wide register tile.  There the ``im2col`` knob copies the band's windows into a buffer laid out
@@ -60,8 +62,17 @@ IM2COL_MIN_CHANNELS = 16
 IM2COL_MAX_BAND_BYTES = 512 * 1024
 
 
+def batch_size(info: dict) -> int:
+    """The batch a conv's defaults assume: its N, or over a symbolic batch (``info["N"]`` None)
+    ``common.SYMBOLIC_BATCH_NOMINAL``."""
+    return U.SYMBOLIC_BATCH_NOMINAL if info["N"] is None else info["N"]
+
+
 def analyze_conv(sch: C.Schedule, block) -> dict | None:
-    """The roles of a reduction block if it is a direct NCHW conv2d; None otherwise (raises nothing)."""
+    """The roles of a reduction block if it is a direct NCHW conv2d; None otherwise (raises nothing).
+
+    The batch extent may be symbolic (``N`` None): the schedules only fuse the batch loop into their
+    parallel loop, never split it; every other extent must be static."""
     blk = sch.get(block)
     store = blk.body
     if U.iter_kinds(sch, block) != "SSSSRRR" or not isinstance(store, C.BufferStore):
@@ -87,9 +98,10 @@ def analyze_conv(sch: C.Schedule, block) -> dict | None:
             or d_vars[2] != {y_, ry_} or d_vars[3] != {x_, rx_}:
         return None
     ext = [iv.dom.extent for iv in blk.iter_vars]
-    if not all(isinstance(e, C.tirx.IntImm) for e in ext):
-        return None
-    N, F, OH, OW, RC, KH, KW = [int(e) for e in ext]
+    if not all(isinstance(e, C.tirx.IntImm) for e in ext[1:]):
+        return None      # only the batch may be symbolic: the tiles split the channels, rows and columns
+    F, OH, OW, RC, KH, KW = [int(e) for e in ext[1:]]
+    N = int(ext[0]) if isinstance(ext[0], C.tirx.IntImm) else None     # None: a symbolic batch
     coef = C.detect_linear_equation(d.indices[3], [x])      # [stride along x, rest]
     return {
         "N": N, "F": F, "OH": OH, "OW": OW, "RC": RC, "KH": KH, "KW": KW,
@@ -421,7 +433,7 @@ class Conv2DEpilogue(ConvTemplate):
         else:
             oc, ow, oh, fused = max(((a, b, c, d) for a in ch["oc_tile"] for b in ch["ow_tile"]
                                      for c in ch["oh_tile"] for d in ch["fuse_rows"]), key=lambda t: score(*t))
-        bands = i["N"] * ceil_div(i["OH"], oh)
+        bands = batch_size(i) * ceil_div(i["OH"], oh)
         depth = 1 if bands >= MIN_PARALLEL_PER_CORE * info.cores else 2
         return {"oc_tile": oc, "ow_tile": ow, "lanes": lanes, "oh_tile": oh,
                 "ic_tile": U.nearest_choice(ch["ic_tile"], 1), "unroll": max(ch["unroll"]),

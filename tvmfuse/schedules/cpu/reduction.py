@@ -15,6 +15,9 @@ is cut first, the tail's init dropped, then the main part rfactored): an rfactor
 not divide the row would put a predicate in its vector loop (stored lane by lane), and a tail cut off the
 rf block afterwards (loop_partition) loses that predicate in TVM 0.27 and reads past the row.
 Default knob values come from the target (``template_defaults`` in schedules/cpu_targets.json).
+The outermost row loop may be a symbolic batch (pooling and global pooling of a model exported with a
+dynamic batch): it is only fused into the parallel row loop; the defaults count it as
+``common.SYMBOLIC_BATCH_NOMINAL`` rows.  Rows or row lengths symbolic otherwise go to ``cpu.symbolic_rows``.
 """
 from __future__ import annotations
 
@@ -121,8 +124,24 @@ def _leading_spatial(kinds: str) -> int:
     return len(kinds) - len(kinds.lstrip("S"))
 
 
+def _row_extents(sch: C.Schedule, block, lead: int) -> list | None:
+    """The extents of the block's ``lead`` leading loops: ints, and a symbolic batch as its expression
+    (only the outermost loop may be symbolic); None when another one is symbolic."""
+    ext = [sch.get(lp).extent for lp in sch.get_loops(block)[:lead]]
+    if any(not isinstance(e, C.tirx.IntImm) for e in ext[1:]):
+        return None
+    return [int(e) if isinstance(e, C.tirx.IntImm) else e for e in ext]
+
+
+def _same_extent(a, b) -> bool:
+    if isinstance(a, int) or isinstance(b, int):
+        return a == b
+    return C.Analyzer().can_prove_equal(a, b)
+
+
 def _row_axes(sch: C.Schedule, names: list[str]) -> int | None:
-    """Number of leading spatial loops shared (same extents) by all blocks, or None."""
+    """Number of leading spatial loops shared (same extents) by all blocks, or None.  The outermost may be
+    a symbolic batch (the same one in every block); any other symbolic extent: None."""
     nrow, extents = None, None
     for n in names:
         b = sch.get_sblock(n)
@@ -132,15 +151,15 @@ def _row_axes(sch: C.Schedule, names: list[str]) -> int | None:
         lead = _leading_spatial(kinds)
         if "R" in kinds and "S" in kinds[lead:]:
             return None          # a reduction followed by spatial axes: not a trailing reduction
-        ext = U.loop_extents(sch, b)[:lead]
-        if lead == 0 or any(e < 0 for e in ext):
+        ext = _row_extents(sch, b, lead)
+        if lead == 0 or ext is None or any(e < 0 for e in U.loop_extents(sch, b)[lead:]):
             return None
         if extents is None:
             nrow, extents = lead, ext
         else:
             nrow = min(nrow, lead)
             k = 0
-            while k < nrow and ext[k] == extents[k]:
+            while k < nrow and _same_extent(ext[k], extents[k]):
                 k += 1
             nrow = k
         if not nrow:
@@ -167,7 +186,7 @@ def _reads_rows_in_place(sch: C.Schedule, names: list[str], reductions: list[str
             nonlocal ok
             if not (isinstance(node, C.TensorLoad) and str(node.source.name) in results):
                 return
-            idx = [ana.simplify(i) for i in list(node.indices)[:nrow]]
+            idx = [_in_range(ana, ana.simplify(i)) for i in list(node.indices)[:nrow]]
             for i, iv in zip(idx, ivs):
                 unit = isinstance(iv.dom.extent, C.tirx.IntImm) and int(iv.dom.extent) == 1
                 if not (i.same_as(iv.var) or (unit and isinstance(i, C.tirx.IntImm) and int(i) == 0)):
@@ -175,6 +194,15 @@ def _reads_rows_in_place(sch: C.Schedule, names: list[str], reductions: list[str
 
         C.post_order_visit(blk.body, visit)
     return ok
+
+
+def _in_range(ana: C.Analyzer, index):
+    """``a % m`` as ``a`` where ``0 <= a < m`` is provable: a reshape over a symbolic batch reads
+    ``(i // 64 + n) % batch``, which the simplifier leaves as ``n % batch`` (it folds a modulus by a
+    constant only)."""
+    if isinstance(index, C.tirx.FloorMod) and ana.can_prove(index.a >= 0) and ana.can_prove(index.a < index.b):
+        return index.a
+    return index
 
 
 def _rfactor_ok(func: C.PrimFunc, name: str, nrow: int, lanes: int) -> bool:
@@ -214,9 +242,9 @@ class RowReduction(Template):
         nrow = _row_axes(sch, left)
         if nrow is None or not _reads_rows_in_place(sch, left, reductions, nrow):
             return None
-        rows = 1
-        for e in U.loop_extents(sch, blocks[-1])[:nrow]:
-            rows *= e
+        rows = 1        # a symbolic batch counts as common.SYMBOLIC_BATCH_NOMINAL rows (the defaults)
+        for lp in sch.get_loops(blocks[-1])[:nrow]:
+            rows *= U.batch_extent(sch.get(lp).extent)
         row_len = 1
         for e in U.loop_extents(sch, sch.get_sblock(reductions[0]))[nrow:]:
             row_len *= e
