@@ -3,8 +3,8 @@ conv, depthwise, pointwise and pooling templates (tvmfuse/schedules/cpu/conv2d.p
 depthwise.py, reduction.py), not the one-row-at-a-time ``cpu.symbolic_rows``.
 
 Conv + BatchNorm + ReLU (+ residual add) graphs, pooling graphs: the symbolic build has the kernels of the
-static one, each scheduled by the same family, and matches onnx's reference evaluator at batch 1 and 3
-(fresh random inputs); on named targets the symbolic kernel's loop nest is the static batch-1 kernel's
+static one, each scheduled by the same family, and matches onnx's reference evaluator at batch 1, 3
+and 8 (fresh random inputs); on named targets the symbolic kernel's loop nest is the static batch-1 kernel's
 with the batch folded into the parallel loop (same register tile, same vector loops, same knobs); knob
 choices of the space apply to the symbolic kernel and stay correct.
 """
@@ -111,7 +111,7 @@ def test_symbolic_batch_cnn_gets_the_static_kernels_and_numbers(name, kwargs, fa
     static = tvmfuse.compile(cnn_block(1, **kwargs), target=host)
     assert cm.kernel_count == static.kernel_count, (cm.report.schedules, static.report.schedules)
     assert _families(cm) == _families(static) == sorted(families), (_families(cm), _families(static))
-    for batch in (1, 3):
+    for batch in (1, 3, 8):
         feeds = _feeds(model, batch, rng)
         got, want = cm.run(feeds), M.reference_outputs(model, feeds)
         for out, ref in want.items():
@@ -119,12 +119,12 @@ def test_symbolic_batch_cnn_gets_the_static_kernels_and_numbers(name, kwargs, fa
             np.testing.assert_allclose(got[out], ref, rtol=1e-4, atol=1e-4, err_msg=f"{name} at batch {batch}")
 
 
-def _loop_nest(func, batch=None):
-    """Every loop of ``func`` (children first): (kind, extent), the extent with ``batch`` (a shape var) set
-    to 1, so a symbolic kernel's nest compares with the static batch-1 kernel's."""
+def _loop_nest(func, batch=None, size=1):
+    """Every loop of ``func`` (a PrimFunc or a statement; children first): (kind, extent), the extent with
+    ``batch`` (a shape var) set to ``size``, so a symbolic kernel's nest compares with the static one's."""
     ana = C.Analyzer()
     if batch is not None:
-        ana.bind(batch, C.tirx.const(1, "int64"))      # relax shape vars are int64
+        ana.bind(batch, C.tirx.const(size, "int64"))      # relax shape vars are int64
     loops = []
 
     def visit(node):
@@ -132,7 +132,8 @@ def _loop_nest(func, batch=None):
             ext = ana.simplify(node.extent)
             loops.append((int(node.kind), int(ext) if isinstance(ext, C.tirx.IntImm) else str(ext)))
 
-    C.post_order_visit(func.body, visit)
+    root = func.body if isinstance(func, C.PrimFunc) else func
+    C.post_order_visit(root, visit)
     return loops
 
 
@@ -151,6 +152,9 @@ def test_symbolic_batch_kernel_has_the_static_loop_nest(name, kwargs, families, 
         assert res is not None and ref is not None, kname
         seen.append(res.template)
         assert res.template == ref.template, f"{kname}: {res.template} over a symbolic batch, {ref.template} static"
+        if "buckets" in res.config:
+            _check_buckets(res, kname, kwargs, target, batch)
+            continue
         assert res.config == ref.config, f"{kname}: knobs differ from the static batch-1 kernel's"
         nest, want = _loop_nest(res.func, batch), _loop_nest(ref.func)
         assert nest == want, f"{kname} ({res.template}): loop nest differs from the static one"
@@ -162,6 +166,30 @@ def test_symbolic_batch_kernel_has_the_static_loop_nest(name, kwargs, families, 
         assert symbolic and all(k in (int(C.ForKind.PARALLEL), int(C.ForKind.SERIAL)) for k, _ in symbolic), raw
         assert all(str(batch.name) in e for _, e in symbolic), raw
     assert sorted(seen) == sorted(families)
+
+
+# the knob that differs between a kernel's size buckets over the batch: its values in the small batches'
+# bucket and in the others (the static default at those batches)
+BUCKET_KNOB = {ROWS: ("parallel", [False, True]), CONV: ("parallel_depth", [2, 1]),
+               DEPTHWISE: ("parallel_depth", [2, 1])}
+
+
+def _check_buckets(res, kname, kwargs, target, batch_var):
+    """A kernel with size buckets over the batch (the small batches' parallel loop needs another level, or
+    is not worth it): each bucket's knobs and loop nest are the static kernel's at a batch inside it (its
+    bound, or the open bucket's smallest), under one branch on the batch."""
+    buckets = res.config["buckets"]
+    assert len(buckets) == 2 and buckets[0]["bucket"].startswith("batch<="), buckets
+    small = int(buckets[0]["bucket"].split("<=")[1])
+    assert buckets[1]["bucket"] == f"batch>{small}"
+    branch = res.func.body.block.body
+    assert isinstance(branch, C.tirx.IfThenElse), f"{kname}: the buckets are not one branch on the batch"
+    for b, nest, batch in zip(buckets, (branch.then_case, branch.else_case), (small, small + 1)):
+        static = schedule_prim_func(_fused_prim_funcs(cnn_block(batch, **kwargs), target)[kname], target, {}, kname)
+        assert b["config"] == static.config, f"{kname} at batch {batch}"
+        assert _loop_nest(nest, batch_var, batch) == _loop_nest(static.func), f"{kname} at batch {batch}"
+    knob, values = BUCKET_KNOB[res.template]
+    assert [b["config"][knob] for b in buckets] == values, buckets
 
 
 # a few knob choices per family that change the loop structure most, on a symbolic batch

@@ -38,6 +38,7 @@ from ... import _compat as C
 from ...analysis import multiply_accumulate, var_names
 from ...target import cpu_info
 from ..base import Knob, KnobSpace, Match, Template
+from ..buckets import Bucket
 from . import common as U
 
 OC_TILES = (1, 2, 3, 4, 6, 8, 12, 16)     # output channels of the register tile (broadcast weights)
@@ -63,9 +64,9 @@ IM2COL_MAX_BAND_BYTES = 512 * 1024
 
 
 def batch_size(info: dict) -> int:
-    """The batch a conv's defaults assume: its N, or over a symbolic batch (``info["N"]`` None)
-    ``common.SYMBOLIC_BATCH_NOMINAL``."""
-    return U.SYMBOLIC_BATCH_NOMINAL if info["N"] is None else info["N"]
+    """The batch a conv's defaults assume: its N, or over a symbolic batch (``info["N"]`` None) the size
+    bucket's (``ConvTemplate.bucket_match``), else ``common.SYMBOLIC_BATCH_NOMINAL``."""
+    return info.get("bucket_batch", U.SYMBOLIC_BATCH_NOMINAL) if info["N"] is None else info["N"]
 
 
 def analyze_conv(sch: C.Schedule, block) -> dict | None:
@@ -103,7 +104,8 @@ def analyze_conv(sch: C.Schedule, block) -> dict | None:
     F, OH, OW, RC, KH, KW = [int(e) for e in ext[1:]]
     N = int(ext[0]) if isinstance(ext[0], C.tirx.IntImm) else None     # None: a symbolic batch
     coef = C.detect_linear_equation(d.indices[3], [x])      # [stride along x, rest]
-    return {
+    batch = {} if N is not None else {"batch": ext[0]}      # the symbolic batch extent (size buckets)
+    return {**batch,
         "N": N, "F": F, "OH": OH, "OW": OW, "RC": RC, "KH": KH, "KW": KW,
         "depthwise": f_ in d_vars[1] and RC == 1,
         "grouped": f_ in d_vars[1],                         # the input channel follows the output channel
@@ -334,7 +336,47 @@ class ConvTemplate(Template):
 
     def match(self, func: C.PrimFunc, target: C.Target) -> Match | None:
         info = find_conv(func, depthwise=self.depthwise)
-        return None if info is None else Match(self.family, info)
+        if info is None:
+            return None
+        match = Match(self.family, info)
+        if info["N"] is None:
+            # a symbolic batch: the largest batch whose parallel loop (batch x the default's parallel units
+            # per batch) is too short for the cores without the second parallel level (parallel_depth 2)
+            need = self.min_parallel_per_core * cpu_info(target).cores
+            info["small_batches"] = (need - 1) // self.parallel_units(match, self.default_config(match, target))
+        return match
+
+    # ------------------------------------------------------------------ size buckets
+    min_parallel_per_core = 0      # a family's MIN_PARALLEL_PER_CORE
+
+    def parallel_units(self, match: Match, config: dict) -> int:
+        """Parallel iterations per batch at ``parallel_depth`` 1."""
+        raise NotImplementedError
+
+    def buckets(self, match: Match, target: C.Target) -> tuple:
+        """Over a symbolic batch, where the smallest batches need the second parallel level and larger ones
+        do not: one nest each (the static default's ``parallel_depth`` at every batch; the depth-2 nest
+        recomputes the padded input per channel block, or copies the im2col windows of the whole batch
+        before the tiles).  Else one nest."""
+        small = match.info.get("small_batches", 0)
+        if small < 1:
+            return ()
+        return Bucket(f"batch<={small}", small), Bucket(f"batch>{small}", None)
+
+    def bucket_match(self, match: Match, bucket: Bucket) -> Match:
+        """The batch the bucket's defaults assume: its largest, or the open bucket's smallest."""
+        batch = bucket.max_extent if bucket.max_extent is not None else match.info["small_batches"] + 1
+        return Match(self.family, {**match.info, "bucket": bucket.name, "bucket_batch": batch})
+
+    def dispatch_extent(self, match: Match):
+        return match.info["batch"]
+
+    def bucket_sizes(self, match: Match, bucket: Bucket, target: C.Target) -> dict[str, int]:
+        """The batch a tuner measures ``bucket``'s nest at (the one ``bucket_match`` assumes)."""
+        batch = match.info["batch"]
+        if not isinstance(batch, C.tirx.Var):
+            raise ValueError(f"batch extent {batch}: a bucket's measured size needs a plain shape variable")
+        return {str(batch.name): self.bucket_match(match, bucket).info["bucket_batch"]}
 
     def target_numbers(self, match: Match, target: C.Target) -> tuple:
         """(the target's CPU facts, its vector registers, the knob choices by name) for default_config."""
@@ -345,6 +387,10 @@ class ConvTemplate(Template):
 
 class Conv2DEpilogue(ConvTemplate):
     family = "cpu.conv2d_epilogue"
+    min_parallel_per_core = MIN_PARALLEL_PER_CORE
+
+    def parallel_units(self, match: Match, config: dict) -> int:
+        return ceil_div(match.info["OH"], config["oh_tile"])       # row bands
 
     # ------------------------------------------------------------------ knobs
     def space(self, match: Match, target: C.Target) -> KnobSpace:

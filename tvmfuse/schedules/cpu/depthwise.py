@@ -32,6 +32,10 @@ MIN_PARALLEL_PER_CORE = 4
 class DepthwiseConv2DEpilogue(ConvTemplate):
     family = "cpu.depthwise_conv2d_epilogue"
     depthwise = True
+    min_parallel_per_core = MIN_PARALLEL_PER_CORE
+
+    def parallel_units(self, match: Match, config: dict) -> int:
+        return match.info["F"]          # channel planes
 
     # ------------------------------------------------------------------ knobs
     def space(self, match: Match, target: C.Target) -> KnobSpace:

@@ -16,14 +16,16 @@ not divide the row would put a predicate in its vector loop (stored lane by lane
 rf block afterwards (loop_partition) loses that predicate in TVM 0.27 and reads past the row.
 Default knob values come from the target (``template_defaults`` in schedules/cpu_targets.json).
 The outermost row loop may be a symbolic batch (pooling and global pooling of a model exported with a
-dynamic batch): it is only fused into the parallel row loop; the defaults count it as
-``common.SYMBOLIC_BATCH_NOMINAL`` rows.  Rows or row lengths symbolic otherwise go to ``cpu.symbolic_rows``.
+dynamic batch): it is only fused into the row loop, which is parallel as the static default would make it
+at each batch (a serial nest for the batches with too few rows, a parallel one for the others: size
+buckets, ``schedules.buckets``).  Rows or row lengths symbolic otherwise go to ``cpu.symbolic_rows``.
 """
 from __future__ import annotations
 
 from ... import _compat as C
 from ...target import cpu_info, template_defaults
 from ..base import Knob, KnobSpace, Match, Template
+from ..buckets import Bucket
 from . import common as U
 from .matmul import is_contraction
 
@@ -242,17 +244,50 @@ class RowReduction(Template):
         nrow = _row_axes(sch, left)
         if nrow is None or not _reads_rows_in_place(sch, left, reductions, nrow):
             return None
+        row_extents = [sch.get(lp).extent for lp in sch.get_loops(blocks[-1])[:nrow]]
         rows = 1        # a symbolic batch counts as common.SYMBOLIC_BATCH_NOMINAL rows (the defaults)
-        for lp in sch.get_loops(blocks[-1])[:nrow]:
-            rows *= U.batch_extent(sch.get(lp).extent)
+        for e in row_extents:
+            rows *= U.batch_extent(e)
         row_len = 1
         for e in U.loop_extents(sch, sch.get_sblock(reductions[0]))[nrow:]:
             row_len *= e
         lanes = cpu_info(target).float32_lanes
         rfactorable = [n for n in reductions if _rfactor_ok(func, n, nrow, lanes)]
-        return Match(self.family, {"blocks": left, "reductions": reductions, "rfactor": rfactorable,
-                                   "row_axes": nrow, "rows": rows, "row_len": row_len,
-                                   "outputs": sorted(U.output_names(sch))})
+        info = {"blocks": left, "reductions": reductions, "rfactor": rfactorable,
+                "row_axes": nrow, "rows": rows, "row_len": row_len, "outputs": sorted(U.output_names(sch))}
+        if not isinstance(row_extents[0], C.tirx.IntImm):
+            # a symbolic batch: the batches with too few rows for a parallel loop get a serial nest
+            per_batch = rows // U.SYMBOLIC_BATCH_NOMINAL
+            need = template_defaults(target, FAMILY)["min_rows_per_core"] * cpu_info(target).cores
+            info.update(batch=row_extents[0], rows_per_batch=per_batch, serial_batches=(need - 1) // per_batch)
+        return Match(self.family, info)
+
+    # ------------------------------------------------------------------ size buckets
+    def buckets(self, match: Match, target: C.Target) -> tuple:
+        """Over a symbolic batch whose smallest sizes have fewer rows than a parallel loop needs (the
+        table's ``min_rows_per_core`` per core): a serial nest for those batches, a parallel one for the
+        others, as the static default decides at each batch.  Else one nest."""
+        serial = match.info.get("serial_batches", 0)
+        if serial < 1:
+            return ()
+        return Bucket(f"batch<={serial}", serial), Bucket(f"batch>{serial}", None)
+
+    def bucket_match(self, match: Match, bucket: Bucket) -> Match:
+        """The bucket's row count for the defaults: its largest batch, or the open bucket's smallest."""
+        batch = bucket.max_extent if bucket.max_extent is not None else match.info["serial_batches"] + 1
+        return Match(self.family, {**match.info, "bucket": bucket.name,
+                                   "rows": match.info["rows_per_batch"] * batch})
+
+    def dispatch_extent(self, match: Match):
+        return match.info["batch"]
+
+    def bucket_sizes(self, match: Match, bucket: Bucket, target: C.Target) -> dict[str, int]:
+        """The batch a tuner measures ``bucket``'s nest at (the rows ``bucket_match`` assumes)."""
+        batch = match.info["batch"]
+        if not isinstance(batch, C.tirx.Var):
+            raise ValueError(f"batch extent {batch}: a bucket's measured size needs a plain shape variable")
+        size = bucket.max_extent if bucket.max_extent is not None else match.info["serial_batches"] + 1
+        return {str(batch.name): size}
 
     def space(self, match: Match, target: C.Target) -> KnobSpace:
         lanes = cpu_info(target).float32_lanes
