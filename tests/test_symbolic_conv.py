@@ -5,8 +5,10 @@ depthwise.py, reduction.py), not the one-row-at-a-time ``cpu.symbolic_rows``.
 Conv + BatchNorm + ReLU (+ residual add) graphs, pooling graphs: the symbolic build has the kernels of the
 static one, each scheduled by the same family, and matches onnx's reference evaluator at batch 1, 3
 and 8 (fresh random inputs); on named targets the symbolic kernel's loop nest is the static batch-1 kernel's
-with the batch folded into the parallel loop (same register tile, same vector loops, same knobs); knob
-choices of the space apply to the symbolic kernel and stay correct.
+with the batch folded into the parallel loop (same register tile, same vector loops, same knobs), or, where
+the static default's parallel loop changes with the batch, one nest per size bucket, each the static
+kernel's at a batch inside the bucket; knob choices of the space apply to the symbolic kernel and stay
+correct.
 """
 import numpy as np
 import onnx
