@@ -252,3 +252,15 @@ def test_only_the_batch_may_be_symbolic(host):
     assert all(Conv2DEpilogue().match(f, host) is None for f in convs)
     res = [schedule_prim_func(f, host, {}, "k") for f in convs]
     assert all(r is not None and r.template == SYMBOLIC_ROWS for r in res), [r and r.template for r in res]
+
+
+def test_row_reduction_takes_a_symbolic_batch_not_a_symbolic_row_count(host):
+    """cpu.row_reduction takes a pooling kernel whose outermost row axis is a symbolic batch, not a [rows, d]
+    norm whose only row axis is symbolic (a token model's: cpu.symbolic_rows keeps those)."""
+    from tvmfuse.schedules.cpu.reduction import RowReduction
+
+    norm = _fused_prim_funcs(M.layernorm(rows="rows", d=32), host)
+    assert norm and all(RowReduction().match(f, host) is None for f in norm.values())
+    pool = _fused_prim_funcs(cnn_block("batch", **dict(CASES[-1][1])), host)
+    taken = [n for n, f in pool.items() if RowReduction().match(f, host) is not None]
+    assert len(taken) == 1 and "mean" in taken[0], taken

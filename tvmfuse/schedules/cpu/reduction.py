@@ -15,8 +15,8 @@ is cut first, the tail's init dropped, then the main part rfactored): an rfactor
 not divide the row would put a predicate in its vector loop (stored lane by lane), and a tail cut off the
 rf block afterwards (loop_partition) loses that predicate in TVM 0.27 and reads past the row.
 Default knob values come from the target (``template_defaults`` in schedules/cpu_targets.json).
-The outermost row loop may be a symbolic batch (pooling and global pooling of a model exported with a
-dynamic batch): it is only fused into the row loop, which is parallel as the static default would make it
+The outermost of several row loops may be a symbolic batch (pooling and global pooling of a model
+exported with a dynamic batch): it is only fused into the row loop, which is parallel as the static default would make it
 at each batch (a serial nest for the batches with too few rows, a parallel one for the others: size
 buckets, ``schedules.buckets``).  Rows or row lengths symbolic otherwise go to ``cpu.symbolic_rows``.
 """
@@ -245,6 +245,10 @@ class RowReduction(Template):
         if nrow is None or not _reads_rows_in_place(sch, left, reductions, nrow):
             return None
         row_extents = [sch.get(lp).extent for lp in sch.get_loops(blocks[-1])[:nrow]]
+        if not isinstance(row_extents[0], C.tirx.IntImm) and nrow < 2:
+            # a symbolic row count alone ([seq, d] norms of token models) is cpu.symbolic_rows'; a batch is
+            # the outermost of several row axes (its row loop a fuse: each size bucket's nest its own loop)
+            return None
         rows = 1        # a symbolic batch counts as common.SYMBOLIC_BATCH_NOMINAL rows (the defaults)
         for e in row_extents:
             rows *= U.batch_extent(e)
