@@ -16,9 +16,10 @@ not divide the row would put a predicate in its vector loop (stored lane by lane
 rf block afterwards (loop_partition) loses that predicate in TVM 0.27 and reads past the row.
 Default knob values come from the target (``template_defaults`` in schedules/cpu_targets.json).
 The outermost of several row loops may be a symbolic batch (pooling and global pooling of a model
-exported with a dynamic batch): it is only fused into the row loop, which is parallel as the static default would make it
-at each batch (a serial nest for the batches with too few rows, a parallel one for the others: size
-buckets, ``schedules.buckets``).  Rows or row lengths symbolic otherwise go to ``cpu.symbolic_rows``.
+exported with a dynamic batch): it is only fused into the row loop, which is parallel where the static
+default would make it so at that batch (a serial nest for the batches with too few rows, a parallel one
+for the others: size buckets, ``schedules.buckets``).  Rows or row lengths symbolic otherwise go to
+``cpu.symbolic_rows``.
 """
 from __future__ import annotations
 
