@@ -131,3 +131,26 @@ def test_latency_table_has_a_row_per_model_and_size():
 def test_symbolic_check_table_needs_latency():
     with pytest.raises(SystemExit):
         symbolic_check.main(["bert", "--table", "out.md"])
+
+
+# CNN families whose kernels over a symbolic batch are the static ones (tests/test_symbolic_conv.py)
+CNN_FAMILIES = ("cpu.conv2d_epilogue", "cpu.conv1x1", "cpu.depthwise_conv2d_epilogue", "cpu.row_reduction")
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(COMPILE_TIMEOUT_S)
+@pytest.mark.parametrize("name", [n for n in ("resnet18", "mobilenet_v2") if n in ENTRIES])
+def test_symbolic_cnn_gets_the_static_conv_kernels(name, rng):
+    """A CNN exported with a dynamic batch: its convs, depthwise convs and pooling get the families the
+    static build gives them (none left to cpu.symbolic_rows), the same kernel count, and outputs equal to
+    onnxruntime's at batch 1, 3 and 8."""
+    pytest.importorskip("onnxruntime")
+    seed = int(rng.integers(2**31))
+    rec = symbolic_check.check_model(ENTRIES[name], seed=seed, points=[{"batch": b} for b in symbolic_check.BATCHES])
+    assert "error" not in rec, f"{name}_dyn: {rec['error']}\n{rec.get('traceback', '')}"
+    assert rec["dyn_kernels"] == rec["static_kernels"]
+    dyn = {f: n for f, n in rec["dyn_templates"].items() if f in CNN_FAMILIES}
+    static = {f: n for f, n in rec["static_templates"].items() if f in CNN_FAMILIES}
+    assert dyn == static, f"{name}: symbolic {rec['dyn_templates']} vs static {rec['static_templates']}"
+    for row in rec["sizes"]:
+        assert row.get("ok"), f"{name}_dyn at {row['dims']}: {row} (seed {seed})"

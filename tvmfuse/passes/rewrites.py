@@ -28,13 +28,16 @@ def _is_float(expr) -> bool:
     return isinstance(ty, C.TensorType) and str(ty.dtype).startswith(("float", "bfloat"))
 
 
-def _static_dims(expr) -> list[int] | None:
+def _static_dims(expr, symbolic_batch: bool = False) -> list[int | None] | None:
+    """The static dims of ``expr``'s shape, or None; with ``symbolic_batch`` the first dim may be symbolic
+    (given as None)."""
     ty = C.type_of(expr)
     if not isinstance(ty, C.TensorType) or not isinstance(ty.shape, C.relax.ShapeExpr):
         return None
-    if not all(isinstance(d, C.IntImm) for d in ty.shape.values):
+    dims = list(ty.shape.values)
+    if not all(isinstance(d, C.IntImm) for d in dims[1 if symbolic_batch else 0:]):
         return None
-    return [int(d.value) for d in ty.shape.values]
+    return [int(d.value) if isinstance(d, C.IntImm) else None for d in dims]
 
 
 # --------------------------------------------------------------------------- peephole rows
@@ -265,7 +268,7 @@ def _transposed_pointwise(call, target):
         return None
     x, w = call.args
     w_arr = _const_array(w)
-    out = _static_dims(call)
+    out = _static_dims(call, symbolic_batch=True)      # cpu.conv1x1 takes a symbolic batch
     if w_arr is None or not _is_float(w) or w_arr.ndim != 4 or out is None:
         return None
     pointwise = list(w_arr.shape[2:]) == [1, 1] and _ints_all(a.strides, 1) and _ints_all(a.padding, 0) \
@@ -275,6 +278,8 @@ def _transposed_pointwise(call, target):
         from ..schedules.cpu.conv1x1 import plane_why
 
         why = plane_why(out[2] * out[3], out[1], target)
+    elif out[0] is None:
+        return None        # cpu.conv2d_lanes takes static shapes only; the symbolic-batch conv2d reads OIHW
     else:
         from ..schedules.cpu.conv_lanes import plane_why
 

@@ -22,6 +22,17 @@ REDUCE = 2    # IterVar.iter_type of a reduction block iterator (kCommReduce)
 CHEAP_PRODUCER_OPS = 4
 
 
+# A kernel over a symbolic batch (the outermost axis of its data and output; every other extent static)
+# takes the defaults of a batch of this size: the smallest one, whose parallel loop must find its
+# iterations in the other axes; a larger batch only adds iterations to the parallel loop.
+SYMBOLIC_BATCH_NOMINAL = 1
+
+
+def batch_extent(extent) -> int:
+    """A static extent, or ``SYMBOLIC_BATCH_NOMINAL`` for a symbolic (batch) extent."""
+    return int(extent) if isinstance(extent, C.tirx.IntImm) else SYMBOLIC_BATCH_NOMINAL
+
+
 class CpuTemplate(Template):
     """A CPU (llvm) family.  A subclass names itself and its typed config in the class line:
     ``class MatmulEpilogue(CpuTemplate, family="cpu.matmul_epilogue", config=MatmulConfig)``; a subclass of

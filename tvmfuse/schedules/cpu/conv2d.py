@@ -17,7 +17,9 @@ inside; per reduction step one weight per output channel is broadcast and one ve
 row is loaded per row.  The epilogue runs on the accumulator before anything is stored.  The padded
 input is computed per band of output rows (all channels, the rows the band's windows touch), inside the
 parallel loop over (n, row band [, channel block]), so it stays in L1/L2 and is never materialized whole.
-Weights stay in their OIHW parameter layout (the calling convention is unchanged).
+Weights stay in their OIHW parameter layout (the calling convention is unchanged).  The batch may be
+symbolic (a model exported with a dynamic batch): it is never split, only fused into the parallel loop,
+so the kernel has the static tiles and vector loops at every batch (``analyze_conv``).
 
 Small planes (7x7, 15x15: an output row narrower than, or not a multiple of, a vector) waste most lanes of
 a row-wide register tile.  There the ``im2col`` knob copies the band's windows into a buffer laid out
@@ -36,6 +38,7 @@ from ... import _compat as C
 from ...analysis import multiply_accumulate, var_names
 from ...target import cpu_info
 from ..base import Knob, KnobSpace, Match, Template
+from ..buckets import Bucket
 from . import common as U
 
 OC_TILES = (1, 2, 3, 4, 6, 8, 12, 16)     # output channels of the register tile (broadcast weights)
@@ -60,8 +63,17 @@ IM2COL_MIN_CHANNELS = 16
 IM2COL_MAX_BAND_BYTES = 512 * 1024
 
 
+def batch_size(info: dict) -> int:
+    """The batch a conv's defaults assume: its N, or over a symbolic batch (``info["N"]`` None) the size
+    bucket's (``ConvTemplate.bucket_match``), else ``common.SYMBOLIC_BATCH_NOMINAL``."""
+    return info.get("bucket_batch", U.SYMBOLIC_BATCH_NOMINAL) if info["N"] is None else info["N"]
+
+
 def analyze_conv(sch: C.Schedule, block) -> dict | None:
-    """The roles of a reduction block if it is a direct NCHW conv2d; None otherwise (raises nothing)."""
+    """The roles of a reduction block if it is a direct NCHW conv2d; None otherwise (raises nothing).
+
+    The batch extent may be symbolic (``N`` None): the schedules only fuse the batch loop into their
+    parallel loop, never split it; every other extent must be static."""
     blk = sch.get(block)
     store = blk.body
     if U.iter_kinds(sch, block) != "SSSSRRR" or not isinstance(store, C.BufferStore):
@@ -87,11 +99,13 @@ def analyze_conv(sch: C.Schedule, block) -> dict | None:
             or d_vars[2] != {y_, ry_} or d_vars[3] != {x_, rx_}:
         return None
     ext = [iv.dom.extent for iv in blk.iter_vars]
-    if not all(isinstance(e, C.tirx.IntImm) for e in ext):
-        return None
-    N, F, OH, OW, RC, KH, KW = [int(e) for e in ext]
+    if not all(isinstance(e, C.tirx.IntImm) for e in ext[1:]):
+        return None      # only the batch may be symbolic: the tiles split the channels, rows and columns
+    F, OH, OW, RC, KH, KW = [int(e) for e in ext[1:]]
+    N = int(ext[0]) if isinstance(ext[0], C.tirx.IntImm) else None     # None: a symbolic batch
     coef = C.detect_linear_equation(d.indices[3], [x])      # [stride along x, rest]
-    return {
+    batch = {} if N is not None else {"batch": ext[0]}      # the symbolic batch extent (size buckets)
+    return {**batch,
         "N": N, "F": F, "OH": OH, "OW": OW, "RC": RC, "KH": KH, "KW": KW,
         "depthwise": f_ in d_vars[1] and RC == 1,
         "grouped": f_ in d_vars[1],                         # the input channel follows the output channel
@@ -322,7 +336,47 @@ class ConvTemplate(Template):
 
     def match(self, func: C.PrimFunc, target: C.Target) -> Match | None:
         info = find_conv(func, depthwise=self.depthwise)
-        return None if info is None else Match(self.family, info)
+        if info is None:
+            return None
+        match = Match(self.family, info)
+        if info["N"] is None:
+            # a symbolic batch: the largest batch whose parallel loop (batch x the default's parallel units
+            # per batch) is too short for the cores without the second parallel level (parallel_depth 2)
+            need = self.min_parallel_per_core * cpu_info(target).cores
+            info["small_batches"] = (need - 1) // self.parallel_units(match, self.default_config(match, target))
+        return match
+
+    # ------------------------------------------------------------------ size buckets
+    min_parallel_per_core = 0      # a family's MIN_PARALLEL_PER_CORE
+
+    def parallel_units(self, match: Match, config: dict) -> int:
+        """Parallel iterations per batch at ``parallel_depth`` 1."""
+        raise NotImplementedError
+
+    def buckets(self, match: Match, target: C.Target) -> tuple:
+        """Over a symbolic batch, where the smallest batches need the second parallel level and larger ones
+        do not: one nest each (the static default's ``parallel_depth`` at every batch; the depth-2 nest
+        recomputes the padded input per channel block, or copies the im2col windows of the whole batch
+        before the tiles).  Else one nest."""
+        small = match.info.get("small_batches", 0)
+        if small < 1:
+            return ()
+        return Bucket(f"batch<={small}", small), Bucket(f"batch>{small}", None)
+
+    def bucket_match(self, match: Match, bucket: Bucket) -> Match:
+        """The batch the bucket's defaults assume: its largest, or the open bucket's smallest."""
+        batch = bucket.max_extent if bucket.max_extent is not None else match.info["small_batches"] + 1
+        return Match(self.family, {**match.info, "bucket": bucket.name, "bucket_batch": batch})
+
+    def dispatch_extent(self, match: Match):
+        return match.info["batch"]
+
+    def bucket_sizes(self, match: Match, bucket: Bucket, target: C.Target) -> dict[str, int]:
+        """The batch a tuner measures ``bucket``'s nest at (the one ``bucket_match`` assumes)."""
+        batch = match.info["batch"]
+        if not isinstance(batch, C.tirx.Var):
+            raise ValueError(f"batch extent {batch}: a bucket's measured size needs a plain shape variable")
+        return {str(batch.name): self.bucket_match(match, bucket).info["bucket_batch"]}
 
     def target_numbers(self, match: Match, target: C.Target) -> tuple:
         """(the target's CPU facts, its vector registers, the knob choices by name) for default_config."""
@@ -333,6 +387,10 @@ class ConvTemplate(Template):
 
 class Conv2DEpilogue(ConvTemplate):
     family = "cpu.conv2d_epilogue"
+    min_parallel_per_core = MIN_PARALLEL_PER_CORE
+
+    def parallel_units(self, match: Match, config: dict) -> int:
+        return ceil_div(match.info["OH"], config["oh_tile"])       # row bands
 
     # ------------------------------------------------------------------ knobs
     def space(self, match: Match, target: C.Target) -> KnobSpace:
@@ -421,7 +479,7 @@ class Conv2DEpilogue(ConvTemplate):
         else:
             oc, ow, oh, fused = max(((a, b, c, d) for a in ch["oc_tile"] for b in ch["ow_tile"]
                                      for c in ch["oh_tile"] for d in ch["fuse_rows"]), key=lambda t: score(*t))
-        bands = i["N"] * ceil_div(i["OH"], oh)
+        bands = batch_size(i) * ceil_div(i["OH"], oh)
         depth = 1 if bands >= MIN_PARALLEL_PER_CORE * info.cores else 2
         return {"oc_tile": oc, "ow_tile": ow, "lanes": lanes, "oh_tile": oh,
                 "ic_tile": U.nearest_choice(ch["ic_tile"], 1), "unroll": max(ch["unroll"]),

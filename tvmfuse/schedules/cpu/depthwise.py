@@ -19,8 +19,8 @@ from ... import _compat as C
 from ...target import cpu_info
 from ..base import Knob, KnobSpace, Match
 from . import common as U
-from .conv2d import (SPLIT_ROW_PENALTY, ConvTemplate, ceil_div, deinterleave_choices, deinterleave_default,
-                     finish_conv, prepare_conv, row_tiles)
+from .conv2d import (SPLIT_ROW_PENALTY, ConvTemplate, batch_size, ceil_div, deinterleave_choices,
+                     deinterleave_default, finish_conv, prepare_conv, row_tiles)
 
 OH_TILES = (1, 2, 4)              # output rows per register tile
 UNROLL = (0, 1, 2)                # window loops unrolled: none, kw, kh and kw
@@ -32,6 +32,10 @@ MIN_PARALLEL_PER_CORE = 4
 class DepthwiseConv2DEpilogue(ConvTemplate):
     family = "cpu.depthwise_conv2d_epilogue"
     depthwise = True
+    min_parallel_per_core = MIN_PARALLEL_PER_CORE
+
+    def parallel_units(self, match: Match, config: dict) -> int:
+        return match.info["F"]          # channel planes
 
     # ------------------------------------------------------------------ knobs
     def space(self, match: Match, target: C.Target) -> KnobSpace:
@@ -63,7 +67,7 @@ class DepthwiseConv2DEpilogue(ConvTemplate):
             return (fits, i["OH"] % oh == 0, -split * nv * lanes / ow, acc)
 
         oh, ow = max(((a, b) for a in ch["oh_tile"] for b in ch["ow_tile"]), key=lambda t: score(*t))
-        planes = i["N"] * i["F"]
+        planes = batch_size(i) * i["F"]
         depth = 1 if planes >= MIN_PARALLEL_PER_CORE * info.cores else 2
         return {"ow_tile": ow, "lanes": lanes, "oh_tile": oh, "unroll": max(ch["unroll"]),
                 "parallel_depth": depth, "deinterleave": deinterleave_default(i, ch["deinterleave"])}

@@ -16,6 +16,11 @@ not divide the row would put a predicate in its vector loop (stored lane by lane
 rf block afterwards (loop_partition) loses that predicate in TVM 0.27 and reads past the row.
 Knobs: a typed ``RowReductionConfig``; default values come from the target (``cpu_info``) and the family's
 ``template_defaults`` in schedules/cpu_targets.json.
+The outermost of several row loops may be a symbolic batch (pooling and global pooling of a model
+exported with a dynamic batch): it is only fused into the row loop, which is parallel where the static
+default would make it so at that batch (a serial nest for the batches with too few rows, a parallel one
+for the others: size buckets, ``schedules.buckets``).  Rows or row lengths symbolic otherwise go to
+``cpu.symbolic_rows``.
 """
 from __future__ import annotations
 
@@ -23,8 +28,9 @@ from dataclasses import dataclass
 
 from ... import _compat as C
 from ...analysis import CONTRACTION, INJECTIVE, REDUCTION
-from ...target import cpu_info
+from ...target import cpu_info, template_defaults
 from ..base import Config, KnobSpace, Match, knob
+from ..buckets import Bucket
 from . import common as U
 from .matmul import is_contraction
 
@@ -139,8 +145,24 @@ def _leading_spatial(kinds: str) -> int:
     return len(kinds) - len(kinds.lstrip("S"))
 
 
+def _row_extents(sch: C.Schedule, block, lead: int) -> list | None:
+    """The extents of the block's ``lead`` leading loops: ints, and a symbolic batch as its expression
+    (only the outermost loop may be symbolic); None when another one is symbolic."""
+    ext = [sch.get(lp).extent for lp in sch.get_loops(block)[:lead]]
+    if any(not isinstance(e, C.tirx.IntImm) for e in ext[1:]):
+        return None
+    return [int(e) if isinstance(e, C.tirx.IntImm) else e for e in ext]
+
+
+def _same_extent(a, b) -> bool:
+    if isinstance(a, int) or isinstance(b, int):
+        return a == b
+    return C.Analyzer().can_prove_equal(a, b)
+
+
 def _row_axes(sch: C.Schedule, names: list[str]) -> int | None:
-    """Number of leading spatial loops shared (same extents) by all blocks, or None."""
+    """Number of leading spatial loops shared (same extents) by all blocks, or None.  The outermost may be
+    a symbolic batch (the same one in every block); any other symbolic extent: None."""
     nrow, extents = None, None
     for n in names:
         b = sch.get_sblock(n)
@@ -150,15 +172,15 @@ def _row_axes(sch: C.Schedule, names: list[str]) -> int | None:
         lead = _leading_spatial(kinds)
         if "R" in kinds and "S" in kinds[lead:]:
             return None          # a reduction followed by spatial axes: not a trailing reduction
-        ext = U.loop_extents(sch, b)[:lead]
-        if lead == 0 or any(e < 0 for e in ext):
+        ext = _row_extents(sch, b, lead)
+        if lead == 0 or ext is None or any(e < 0 for e in U.loop_extents(sch, b)[lead:]):
             return None
         if extents is None:
             nrow, extents = lead, ext
         else:
             nrow = min(nrow, lead)
             k = 0
-            while k < nrow and ext[k] == extents[k]:
+            while k < nrow and _same_extent(ext[k], extents[k]):
                 k += 1
             nrow = k
         if not nrow:
@@ -185,7 +207,7 @@ def _reads_rows_in_place(sch: C.Schedule, names: list[str], reductions: list[str
             nonlocal ok
             if not (isinstance(node, C.TensorLoad) and str(node.source.name) in results):
                 return
-            idx = [ana.simplify(i) for i in list(node.indices)[:nrow]]
+            idx = [_in_range(ana, ana.simplify(i)) for i in list(node.indices)[:nrow]]
             for i, iv in zip(idx, ivs):
                 unit = isinstance(iv.dom.extent, C.tirx.IntImm) and int(iv.dom.extent) == 1
                 if not (i.same_as(iv.var) or (unit and isinstance(i, C.tirx.IntImm) and int(i) == 0)):
@@ -193,6 +215,15 @@ def _reads_rows_in_place(sch: C.Schedule, names: list[str], reductions: list[str
 
         C.post_order_visit(blk.body, visit)
     return ok
+
+
+def _in_range(ana: C.Analyzer, index):
+    """``a % m`` as ``a`` where ``0 <= a < m`` is provable: a reshape over a symbolic batch reads
+    ``(i // 64 + n) % batch``, which the simplifier leaves as ``n % batch`` (it folds a modulus by a
+    constant only)."""
+    if isinstance(index, C.tirx.FloorMod) and ana.can_prove(index.a >= 0) and ana.can_prove(index.a < index.b):
+        return index.a
+    return index
 
 
 def _rfactor_ok(func: C.PrimFunc, name: str, nrow: int, lanes: int) -> bool:
@@ -230,17 +261,54 @@ class RowReduction(U.CpuTemplate, family=FAMILY, config=RowReductionConfig):
         nrow = _row_axes(sch, left)
         if nrow is None or not _reads_rows_in_place(sch, left, reductions, nrow):
             return None
-        rows = 1
-        for e in U.loop_extents(sch, blocks[-1])[:nrow]:
-            rows *= e
+        row_extents = [sch.get(lp).extent for lp in sch.get_loops(blocks[-1])[:nrow]]
+        if not isinstance(row_extents[0], C.tirx.IntImm) and nrow < 2:
+            # a symbolic row count alone ([seq, d] norms of token models) is cpu.symbolic_rows'; a batch is
+            # the outermost of several row axes (its row loop a fuse: each size bucket's nest its own loop)
+            return None
+        rows = 1        # a symbolic batch counts as common.SYMBOLIC_BATCH_NOMINAL rows (the defaults)
+        for e in row_extents:
+            rows *= U.batch_extent(e)
         row_len = 1
         for e in U.loop_extents(sch, sch.get_sblock(reductions[0]))[nrow:]:
             row_len *= e
         lanes = cpu_info(target).float32_lanes
         rfactorable = [n for n in reductions if _rfactor_ok(func, n, nrow, lanes)]
-        return Match(self.family, {"blocks": left, "reductions": reductions, "rfactor": rfactorable,
-                                   "row_axes": nrow, "rows": rows, "row_len": row_len,
-                                   "outputs": sorted(U.output_names(sch))})
+        info = {"blocks": left, "reductions": reductions, "rfactor": rfactorable,
+                "row_axes": nrow, "rows": rows, "row_len": row_len, "outputs": sorted(U.output_names(sch))}
+        if not isinstance(row_extents[0], C.tirx.IntImm):
+            # a symbolic batch: the batches with too few rows for a parallel loop get a serial nest
+            per_batch = rows // U.SYMBOLIC_BATCH_NOMINAL
+            need = template_defaults(target, FAMILY)["min_rows_per_core"] * cpu_info(target).cores
+            info.update(batch=row_extents[0], rows_per_batch=per_batch, serial_batches=(need - 1) // per_batch)
+        return Match(self.family, info)
+
+    # ------------------------------------------------------------------ size buckets
+    def buckets(self, match: Match, target: C.Target) -> tuple:
+        """Over a symbolic batch whose smallest sizes have fewer rows than a parallel loop needs (the
+        table's ``min_rows_per_core`` per core): a serial nest for those batches, a parallel one for the
+        others, as the static default decides at each batch.  Else one nest."""
+        serial = match.info.get("serial_batches", 0)
+        if serial < 1:
+            return ()
+        return Bucket(f"batch<={serial}", serial), Bucket(f"batch>{serial}", None)
+
+    def bucket_match(self, match: Match, bucket: Bucket) -> Match:
+        """The bucket's row count for the defaults: its largest batch, or the open bucket's smallest."""
+        batch = bucket.max_extent if bucket.max_extent is not None else match.info["serial_batches"] + 1
+        return Match(self.family, {**match.info, "bucket": bucket.name,
+                                   "rows": match.info["rows_per_batch"] * batch})
+
+    def dispatch_extent(self, match: Match):
+        return match.info["batch"]
+
+    def bucket_sizes(self, match: Match, bucket: Bucket, target: C.Target) -> dict[str, int]:
+        """The batch a tuner measures ``bucket``'s nest at (the rows ``bucket_match`` assumes)."""
+        batch = match.info["batch"]
+        if not isinstance(batch, C.tirx.Var):
+            raise ValueError(f"batch extent {batch}: a bucket's measured size needs a plain shape variable")
+        size = bucket.max_extent if bucket.max_extent is not None else match.info["serial_batches"] + 1
+        return {str(batch.name): size}
 
     def accepts(self, group, target: C.Target) -> str | None:
         """Static shapes; row reductions only (no matmul/conv), each over the innermost axes of the same
