@@ -28,6 +28,8 @@ CONV = "cpu.conv2d_epilogue"
 POINTWISE = "cpu.conv1x1"
 DEPTHWISE = "cpu.depthwise_conv2d_epilogue"
 ROWS = "cpu.row_reduction"
+LANES = "cpu.conv2d_lanes"       # KxK convs on planes under the table's plane_pixels_below (static: 256)
+POOL = "cpu.window_pool"
 SYMBOLIC_ROWS = "cpu.symbolic_rows"
 
 
@@ -74,15 +76,18 @@ def cnn_block(batch, cin, cout, h, w, k=3, stride=1, group=1, residual=True, poo
 # large one (the direct template's fused rows), depthwise with a residual, a 7x7 plane (im2col on AVX-512),
 # pooling and global pooling after a conv
 CASES = [
-    ("conv3x3_residual", dict(cin=16, cout=16, h=14, w=14), [CONV]),
-    ("conv3x3_stride2", dict(cin=8, cout=16, h=15, w=15, stride=2, residual=False), [CONV]),
+    ("conv3x3_residual", dict(cin=16, cout=16, h=16, w=16), [CONV]),
+    ("conv3x3_stride2", dict(cin=8, cout=16, h=33, w=33, stride=2, residual=False), [CONV]),
+    ("conv3x3_small_plane", dict(cin=16, cout=16, h=14, w=14), [LANES]),
+    ("conv3x3_small_plane_stride2", dict(cin=8, cout=16, h=15, w=15, stride=2, residual=False), [LANES]),
     ("pointwise_small_plane", dict(cin=32, cout=32, h=7, w=7, k=1), [POINTWISE]),
     ("pointwise_large_plane", dict(cin=8, cout=24, h=28, w=28, k=1), [CONV]),
     ("depthwise_residual", dict(cin=24, cout=24, h=14, w=14, group=24), [DEPTHWISE]),
     ("depthwise_stride2", dict(cin=16, cout=16, h=15, w=15, group=16, stride=2, residual=False), [DEPTHWISE]),
-    ("conv3x3_7x7_plane", dict(cin=32, cout=32, h=7, w=7), [CONV]),
-    ("conv_maxpool", dict(cin=3, cout=16, h=16, w=16, residual=False, pool="max"), [CONV, ROWS]),
-    ("conv_global_pool", dict(cin=8, cout=32, h=8, w=8, residual=False, pool="global"), [CONV, ROWS]),
+    ("conv3x3_7x7_plane", dict(cin=32, cout=32, h=7, w=7), [LANES]),
+    ("stem_7x7_plane", dict(cin=3, cout=32, h=7, w=7), [CONV]),      # a stem: cpu.conv2d_lanes declines it
+    ("conv_maxpool", dict(cin=3, cout=16, h=16, w=16, residual=False, pool="max"), [CONV, POOL]),
+    ("conv_global_pool", dict(cin=8, cout=32, h=8, w=8, residual=False, pool="global"), [LANES, ROWS]),
 ]
 IDS = [c[0] for c in CASES]
 

@@ -268,7 +268,7 @@ def _transposed_pointwise(call, target):
         return None
     x, w = call.args
     w_arr = _const_array(w)
-    out = _static_dims(call, symbolic_batch=True)      # cpu.conv1x1 takes a symbolic batch
+    out = _static_dims(call, symbolic_batch=True)      # both families take a symbolic batch
     if w_arr is None or not _is_float(w) or w_arr.ndim != 4 or out is None:
         return None
     pointwise = list(w_arr.shape[2:]) == [1, 1] and _ints_all(a.strides, 1) and _ints_all(a.padding, 0) \
@@ -278,8 +278,6 @@ def _transposed_pointwise(call, target):
         from ..schedules.cpu.conv1x1 import plane_why
 
         why = plane_why(out[2] * out[3], out[1], target)
-    elif out[0] is None:
-        return None        # cpu.conv2d_lanes takes static shapes only; the symbolic-batch conv2d reads OIHW
     else:
         from ..schedules.cpu.conv_lanes import plane_why
 
