@@ -274,6 +274,50 @@ def test_symbolic_injective_must_not_fire(host):
     assert not any(R.symbolic_injective(f) for f in static.functions.values() if isinstance(f, C.PrimFunc))
 
 
+def _embedding(batch, seq, vocab=50, hidden=64):
+    """An encoder's embedding: token lookup (Gather) + position embedding (Add) + LayerNorm."""
+    g = M._G("emb")
+    ids = g.input("ids", (batch, seq), C_INT64)
+    tok = g.op("Gather", g.weight((vocab, hidden), 1.0), ids, axis=0)
+    x = g.op("Add", tok, g.weight((hidden,), 1.0))
+    g.op("LayerNormalization", x, g.const(np.ones(hidden, np.float32)), g.const(np.zeros(hidden, np.float32)),
+         axis=-1, epsilon=1e-5)
+    g.rename_last("y", (batch, seq, hidden))
+    return g.model()
+
+
+C_INT64 = 7     # onnx TensorProto.INT64
+
+
+@pytest.mark.parametrize("batch, seq", [(2, 9), ("batch", "sequence")], ids=["static", "symbolic"])
+def test_gather_fuses_into_the_norm_over_static_and_symbolic_extents(batch, seq, host, rng):
+    """TVM annotates a gather opaque (its index is loaded); tvmfuse sees it is injective, so the lookup,
+    the add and the LayerNorm are one kernel in the static build as in the symbolic one (bert_dyn and
+    bert: the same kernel count), with the unfused reference's numbers."""
+    model = _embedding(batch, seq)
+    mod = _legalized(model, host)
+    take = [f for n, f in mod.functions.items() if str(n.name_hint).startswith("take")]
+    assert any(int(f.attrs["op_pattern"]) == 8 and R.gather_injective(f) for f in take)
+    d = explain(model, target=host)
+    assert d["kernels_fused"] == 1 and d["refused"] == [], d["refused"]
+    cm = tvmfuse.compile(model, target=host)
+    sizes = [(2, 9)] if batch == 2 else [(1, 1), (3, 17), (2, 128)]
+    for b, s in sizes:
+        feeds = {"ids": rng.integers(0, 50, (b, s)).astype(np.int64)}
+        out, ref = cm.run(feeds)["y"], M.reference_outputs(model, feeds)["y"]
+        np.testing.assert_allclose(out, ref, rtol=1e-4, atol=1e-4, err_msg=f"{b}x{s}")
+
+
+def test_gather_injective_must_not_fire(host):
+    """Not a gather: a static reshape (indices of iterators only), a softmax (a reduction)."""
+    g = M._G("nf3")
+    x = g.input("x", (8, 64))
+    g.op("Softmax", g.op("Reshape", x, g.const(np.array([8, 4, 16], np.int64))), axis=-1)
+    g.rename_last("y", (8, 4, 16))
+    funcs = [f for f in _legalized(g.model(), host).functions.values() if isinstance(f, C.PrimFunc)]
+    assert funcs and not any(R.gather_injective(f) for f in funcs)
+
+
 # ----------------------------------------------------------------------------------- PyTorch's shape subgraphs
 # Graphs reproducing what torch.onnx.export emits for symbolic batch/sequence (built with onnx.helper via
 # models._G): each imports as symbolic Relax shape computations, fuses, and runs at several sizes.
