@@ -696,3 +696,51 @@ def test_symbolic_rows_must_not_fire_on_static_kernels(host):
         mod = C.Sequential(graph_stage(host, PipelineOptions()))(mod)
     static = [f for f in mod.functions.values() if isinstance(f, C.PrimFunc)]
     assert static and all(SymbolicRows().match(f, host) is None for f in static)
+
+
+def _layer_norm(rows=("batch", "sequence"), hidden=64):
+    g = M._G("ln_dyn")
+    x = g.input("x", (*rows, hidden))
+    g.op("LayerNormalization", x, g.weight((hidden,), 1.0), g.weight((hidden,), 1.0), axis=-1, epsilon=1e-5)
+    g.rename_last("y", (*rows, hidden))
+    return g.model()
+
+
+@pytest.mark.parametrize("target", NAMED_TARGETS, ids=["haswell", "skylake-avx512"])
+def test_symbolic_norm_is_serial_for_few_rows_and_vectorized(target):
+    """cpu.symbolic_rows over symbolic rows: one nest per size bucket, serial up to min_rows_per_core x
+    cores - 1 rows (a thread-pool fork costs more than a few rows of a norm), parallel above; in both the
+    mean and variance sums are vector partial sums (rfactor by the lanes: vectorized reduction loops) and
+    the normalization is vectorized along the static row; no intermediate is left at full size."""
+    from tvmfuse.schedules import schedule_prim_func
+    from tvmfuse.schedules.cpu.symbolic import SymbolicRows
+    from tvmfuse.target import cpu_info, template_defaults
+
+    tgt = parse_target(target)
+    (kname, func), = _symbolic_kernels(_layer_norm(), tgt).items()
+    res = schedule_prim_func(func, tgt, {}, kname)
+    assert res.template == "cpu.symbolic_rows"
+    bound = template_defaults(tgt, "cpu.symbolic_rows")["min_rows_per_core"] * cpu_info(tgt).cores - 1
+    assert [b["bucket"] for b in res.config["buckets"]] == [f"rows<={bound}", f"rows>{bound}"]
+    t = SymbolicRows()
+    match = t.match(func, tgt)
+    lanes = cpu_info(tgt).float32_lanes
+    for bucket, parallel in zip(t.buckets(match, tgt), (False, True)):
+        bm = t.bucket_match(match, bucket)
+        nest = C.Schedule(func)
+        t.apply(nest, bm, t.default_config(bm, tgt))
+        kinds, allocs = _loops_and_allocs(nest.mod["main"])
+        assert kinds.count(int(C.ForKind.PARALLEL)) == int(parallel), bucket.name
+        vec = []
+        C.post_order_visit(nest.mod["main"].body, lambda n: vec.append(n) if isinstance(n, C.tirx.For)
+                           and n.kind == C.ForKind.VECTORIZED and int(n.extent) == lanes else None)
+        assert len(vec) >= 5, bucket.name       # 2 rf inits, 2 rf sums, the normalization
+        assert all(isinstance(a, C.IntImm) or isinstance(a, int) for a in allocs), allocs   # per row
+
+
+@pytest.mark.parametrize("rows", [(1, 1), (1, 3), (2, 2), (3, 17), (2, 128)])
+def test_symbolic_norm_matches_the_reference_on_both_sides_of_the_bucket(rows, host, rng):
+    model = _layer_norm()
+    cm = tvmfuse.compile(model, target=host)
+    assert cm.kernel_count == 1
+    _check(model, cm, rng, {"x": (*rows, 64)})
