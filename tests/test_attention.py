@@ -528,7 +528,9 @@ def _sym_feeds(rng, batch, seq, h=3, d=16, dv=8, sk=None, mask=False):
 @pytest.mark.parametrize("kw, sizes", [
     # self-attention: one symbol for queries and keys; the issue's sizes (batch 1, 3, 8; sequence 1, 17, 128)
     (dict(b="batch", sq="sequence", sk="sequence"),
-     [(b, s, s) for b in (1, 3, 8) for s in (1, 17, 128)]),
+     [(b, s, s) for b in (1, 3, 8) for s in (1, 17, 128)]
+     # both sides of every size bucket's bound (SEQ_BUCKETS: 16, 32, 64, 128)
+     + [(2, s, s) for s in (16, 32, 33, 64, 65, 129)]),
     # cross-attention with an additive mask: two symbols, key tails and query tails apart
     (dict(b="batch", sq="q_len", sk="k_len", mask="input"), [(1, 1, 17), (3, 17, 1), (2, 128, 33)]),
 ], ids=["self", "cross_mask"])
@@ -557,10 +559,11 @@ def test_symbolic_kernel_keeps_scores_out_of_memory(target):
     res = schedule_prim_func(func, target)
     assert res.template == "cpu.attention"
     allocs, loops = _allocs_and_loops(res.func)     # int() of every alloc extent: a symbolic one raises
-    kb = res.config["k_block"]
+    configs = [b["config"] for b in res.config["buckets"]]      # one nest per size bucket
+    kb, qb = max(c["k_block"] for c in configs), max(c["q_block"] for c in configs)
     assert allocs and all(scope == "local" for _, _, scope in allocs), allocs
-    assert max(n for _, n, _ in allocs) <= max(res.config["q_block"], 16) * max(kb, 16)
-    assert int(C.ForKind.PARALLEL) in loops and loops.count(int(C.ForKind.PARALLEL)) == 1
+    assert max(n for _, n, _ in allocs) <= max(qb, 16) * max(kb, 16)
+    assert loops.count(int(C.ForKind.PARALLEL)) == len(configs)     # one parallel loop per nest
     assert int(C.ForKind.VECTORIZED) in loops
     par = []
 
@@ -569,9 +572,35 @@ def test_symbolic_kernel_keeps_scores_out_of_memory(target):
             par.append(s.extent)
 
     _walk(res.func.body, visit)
-    names = set()
-    C.post_order_visit(par[0], lambda n: names.add(str(n.name)) if isinstance(n, C.tirx.Var) else None)
-    assert names == {"batch", "sequence"}, par[0]
+    for extent in par:
+        names = set()
+        C.post_order_visit(extent, lambda n: names.add(str(n.name)) if isinstance(n, C.tirx.Var) else None)
+        assert names == {"batch", "sequence"}, extent
+
+
+@pytest.mark.parametrize("target", [HASWELL, SKYLAKE], ids=["avx2", "avx512"])
+def test_symbolic_kernel_holds_the_static_blocks_of_each_sequence_bucket(target):
+    """Over a symbolic sequence the kernel holds one nest per size bucket (SEQ_BUCKETS and an open one),
+    picked at run time by the sequence; a bounded bucket's nest has the knobs a static build of that
+    length gets (at sequence 1 a 128-row query block computed 128x the scores), the open one those of
+    SYMBOLIC_OPEN_HINT; a static kernel has no buckets."""
+    from tvmfuse.schedules.cpu import attention as A
+
+    kw = dict(b=1, h=4, d=64, dv=64)
+    func = _attention_func(tvmfuse.compile(_chain(**{**kw, "sq": "sequence", "sk": "sequence"}), target))
+    res = schedule_prim_func(func, target)
+    got = {b["bucket"]: b["config"] for b in res.config["buckets"]}
+    assert list(got) == [f"seq<={n}" for n in A.SEQ_BUCKETS] + [f"seq>{A.SEQ_BUCKETS[-1]}"]
+    for n, config in zip([*A.SEQ_BUCKETS, A.SYMBOLIC_OPEN_HINT], got.values()):
+        static = schedule_prim_func(_attention_func(tvmfuse.compile(_chain(**{**kw, "sq": n, "sk": n}), target)),
+                                    target)
+        assert "buckets" not in static.config
+        assert config == static.config, f"sequence {n}"
+    # the dispatch: one branch per bounded bucket on the sequence
+    conds = []
+    _walk(res.func.body, lambda s: conds.append(s.condition) if isinstance(s, C.tirx.IfThenElse) else None)
+    bounds = sorted(int(c.b) for c in conds if isinstance(c, C.tirx.LE) and _symbols_of(c.a) == {"sequence"})
+    assert bounds == list(A.SEQ_BUCKETS), conds
 
 
 def test_symbolic_spec_round_trips_and_binds_the_kernel_vars(host):
@@ -622,15 +651,21 @@ def _symbols_of(expr) -> set:
 
 @pytest.mark.parametrize("target", [HASWELL, SKYLAKE], ids=["avx2", "avx512"])
 def test_symbolic_kernel_keeps_the_register_tiles_and_runs_only_live_row_groups(target):
-    """The symbolic kernel is the static one's loop nest (same knobs, the same unrolled register tiles)
-    with the query block's row-group loops (score tiles, row vectors, P @ V row groups) and the key-block
+    """The symbolic kernel's nest for sequences up to 128 is the static 128 kernel's loop nest (same knobs,
+    the same unrolled register tiles) with the query block's row-group loops (score tiles, row vectors, P @ V row groups) and the key-block
     loop over the symbolic sequence; the static kernel's loops are all static (no causal mask here)."""
     sym = _attention_func(tvmfuse.compile(_chain(b="batch", sq="sequence", sk="sequence", d=64, dv=64), target))
     stat = _attention_func(tvmfuse.compile(_chain(b=1, sq=128, sk=128, d=64, dv=64), target))
-    res_sym, res_stat = schedule_prim_func(sym, target), schedule_prim_func(stat, target)
-    assert res_sym.template == res_stat.template == "cpu.attention"
+    res_stat = schedule_prim_func(stat, target)
+    t = Attention()
+    match = t.match(sym, target)
+    bucket = [b for b in t.buckets(match, target) if b.max_extent == 128][0]      # the nest for 65..128
+    bm = t.bucket_match(match, bucket)
+    config = t.default_config(bm, target)
+    assert config == res_stat.config and res_stat.template == "cpu.attention"
+    sym_nest = schedule_with(t, bm, sym, config)
     unrolled = int(C.ForKind.UNROLLED)
-    loops_sym, loops_stat = _loop_extents(res_sym.func), _loop_extents(res_stat.func)
+    loops_sym, loops_stat = _loop_extents(sym_nest), _loop_extents(res_stat.func)
     # the register tiles: same number of unrolled loops, each of a static extent
     assert sum(k == unrolled for k, _ in loops_sym) == sum(k == unrolled for k, _ in loops_stat) > 0
     assert all(isinstance(e, C.IntImm) for k, e in loops_sym if k == unrolled)

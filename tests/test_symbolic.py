@@ -274,6 +274,50 @@ def test_symbolic_injective_must_not_fire(host):
     assert not any(R.symbolic_injective(f) for f in static.functions.values() if isinstance(f, C.PrimFunc))
 
 
+def _embedding(batch, seq, vocab=50, hidden=64):
+    """An encoder's embedding: token lookup (Gather) + position embedding (Add) + LayerNorm."""
+    g = M._G("emb")
+    ids = g.input("ids", (batch, seq), C_INT64)
+    tok = g.op("Gather", g.weight((vocab, hidden), 1.0), ids, axis=0)
+    x = g.op("Add", tok, g.weight((hidden,), 1.0))
+    g.op("LayerNormalization", x, g.const(np.ones(hidden, np.float32)), g.const(np.zeros(hidden, np.float32)),
+         axis=-1, epsilon=1e-5)
+    g.rename_last("y", (batch, seq, hidden))
+    return g.model()
+
+
+C_INT64 = 7     # onnx TensorProto.INT64
+
+
+@pytest.mark.parametrize("batch, seq", [(2, 9), ("batch", "sequence")], ids=["static", "symbolic"])
+def test_gather_fuses_into_the_norm_over_static_and_symbolic_extents(batch, seq, host, rng):
+    """TVM annotates a gather opaque (its index is loaded); tvmfuse sees it is injective, so the lookup,
+    the add and the LayerNorm are one kernel in the static build as in the symbolic one (bert_dyn and
+    bert: the same kernel count), with the unfused reference's numbers."""
+    model = _embedding(batch, seq)
+    mod = _legalized(model, host)
+    take = [f for n, f in mod.functions.items() if str(n.name_hint).startswith("take")]
+    assert any(int(f.attrs["op_pattern"]) == 8 and R.gather_injective(f) for f in take)
+    d = explain(model, target=host)
+    assert d["kernels_fused"] == 1 and d["refused"] == [], d["refused"]
+    cm = tvmfuse.compile(model, target=host)
+    sizes = [(2, 9)] if batch == 2 else [(1, 1), (3, 17), (2, 128)]
+    for b, s in sizes:
+        feeds = {"ids": rng.integers(0, 50, (b, s)).astype(np.int64)}
+        out, ref = cm.run(feeds)["y"], M.reference_outputs(model, feeds)["y"]
+        np.testing.assert_allclose(out, ref, rtol=1e-4, atol=1e-4, err_msg=f"{b}x{s}")
+
+
+def test_gather_injective_must_not_fire(host):
+    """Not a gather: a static reshape (indices of iterators only), a softmax (a reduction)."""
+    g = M._G("nf3")
+    x = g.input("x", (8, 64))
+    g.op("Softmax", g.op("Reshape", x, g.const(np.array([8, 4, 16], np.int64))), axis=-1)
+    g.rename_last("y", (8, 4, 16))
+    funcs = [f for f in _legalized(g.model(), host).functions.values() if isinstance(f, C.PrimFunc)]
+    assert funcs and not any(R.gather_injective(f) for f in funcs)
+
+
 # ----------------------------------------------------------------------------------- PyTorch's shape subgraphs
 # Graphs reproducing what torch.onnx.export emits for symbolic batch/sequence (built with onnx.helper via
 # models._G): each imports as symbolic Relax shape computations, fuses, and runs at several sizes.
@@ -652,3 +696,51 @@ def test_symbolic_rows_must_not_fire_on_static_kernels(host):
         mod = C.Sequential(graph_stage(host, PipelineOptions()))(mod)
     static = [f for f in mod.functions.values() if isinstance(f, C.PrimFunc)]
     assert static and all(SymbolicRows().match(f, host) is None for f in static)
+
+
+def _layer_norm(rows=("batch", "sequence"), hidden=64):
+    g = M._G("ln_dyn")
+    x = g.input("x", (*rows, hidden))
+    g.op("LayerNormalization", x, g.weight((hidden,), 1.0), g.weight((hidden,), 1.0), axis=-1, epsilon=1e-5)
+    g.rename_last("y", (*rows, hidden))
+    return g.model()
+
+
+@pytest.mark.parametrize("target", NAMED_TARGETS, ids=["haswell", "skylake-avx512"])
+def test_symbolic_norm_is_serial_for_few_rows_and_vectorized(target):
+    """cpu.symbolic_rows over symbolic rows: one nest per size bucket, serial up to min_rows_per_core x
+    cores - 1 rows (a thread-pool fork costs more than a few rows of a norm), parallel above; in both the
+    mean and variance sums are vector partial sums (rfactor by the lanes: vectorized reduction loops) and
+    the normalization is vectorized along the static row; no intermediate is left at full size."""
+    from tvmfuse.schedules import schedule_prim_func
+    from tvmfuse.schedules.cpu.symbolic import SymbolicRows
+    from tvmfuse.target import cpu_info, template_defaults
+
+    tgt = parse_target(target)
+    (kname, func), = _symbolic_kernels(_layer_norm(), tgt).items()
+    res = schedule_prim_func(func, tgt, {}, kname)
+    assert res.template == "cpu.symbolic_rows"
+    bound = template_defaults(tgt, "cpu.symbolic_rows")["min_rows_per_core"] * cpu_info(tgt).cores - 1
+    assert [b["bucket"] for b in res.config["buckets"]] == [f"rows<={bound}", f"rows>{bound}"]
+    t = SymbolicRows()
+    match = t.match(func, tgt)
+    lanes = cpu_info(tgt).float32_lanes
+    for bucket, parallel in zip(t.buckets(match, tgt), (False, True)):
+        bm = t.bucket_match(match, bucket)
+        nest = C.Schedule(func)
+        t.apply(nest, bm, t.default_config(bm, tgt))
+        kinds, allocs = _loops_and_allocs(nest.mod["main"])
+        assert kinds.count(int(C.ForKind.PARALLEL)) == int(parallel), bucket.name
+        vec = []
+        C.post_order_visit(nest.mod["main"].body, lambda n: vec.append(n) if isinstance(n, C.tirx.For)
+                           and n.kind == C.ForKind.VECTORIZED and int(n.extent) == lanes else None)
+        assert len(vec) >= 5, bucket.name       # 2 rf inits, 2 rf sums, the normalization
+        assert all(isinstance(a, C.IntImm) or isinstance(a, int) for a in allocs), allocs   # per row
+
+
+@pytest.mark.parametrize("rows", [(1, 1), (1, 3), (2, 2), (3, 17), (2, 128)])
+def test_symbolic_norm_matches_the_reference_on_both_sides_of_the_bucket(rows, host, rng):
+    model = _layer_norm()
+    cm = tvmfuse.compile(model, target=host)
+    assert cm.kernel_count == 1
+    _check(model, cm, rng, {"x": (*rows, 64)})

@@ -106,15 +106,39 @@ def test_must_not_fire_on_static_kernels_batched_weights_or_column_tails(host):
     assert res is not None and res.template == SymbolicRows.family
 
 
-@pytest.mark.parametrize("rows", [(1, 5, 37)])
+@pytest.mark.parametrize("rows", [(1, 5, 37, 64, 67, 136)])
 def test_symbolic_matmul_matches_the_reference_at_any_row_count(rows, host, rng):
     model = _mlp()
     cm = tvmfuse.compile(model, target=host)
     assert [s["template"] for s in cm.report.schedules] == [FAMILY]
-    for n in rows:          # 1 and 5: fewer rows than one register tile; 37: a partial last tile
+    # 1 and 5: fewer rows than one register tile; 37, 67: a partial last tile after whole ones (the loop
+    # partition splits them); 64, 136: whole tiles only
+    for n in rows:
         feeds = {"x": rng.standard_normal((n, 64)).astype(np.float32)}
         ref = M.reference_outputs(model, feeds)
         np.testing.assert_allclose(cm.run(feeds)["y"], ref["y"], rtol=1e-4, atol=1e-4, err_msg=f"rows={n}")
+
+
+@pytest.mark.parametrize("target", ["haswell-2", "skx-32", "neon-4"])
+def test_row_tiled_nest_partitions_whole_tiles_from_the_last(target):
+    """The row-tiled bucket's matmul loops carry TVM's loop-partition hint (the tiles whose rows all
+    exist lose the per-row predicate inside the k loop, so their accumulators stay in registers); the
+    GEMV-like bucket has no row predicate and no hint."""
+    tgt = parse_target(NAMED_TARGETS[target])
+    (kname, func), = _kernels(_proj3d(), tgt).items()
+    t = SymbolicMatmulEpilogue()
+    match = t.match(func, tgt)
+    hints = {}
+    for bucket in t.buckets(match, tgt):
+        bm = t.bucket_match(match, bucket)
+        sch = C.Schedule(func)
+        t.apply(sch, bm, t.default_config(bm, tgt))
+        found = []
+        C.post_order_visit(sch.mod["main"].body, lambda n: found.append(n) if isinstance(n, C.tirx.For)
+                           and "pragma_loop_partition_hint" in n.annotations else None)
+        hints[bucket.max_extent is None] = found
+    assert not hints[False] and hints[True]
+    assert all(f.kind in (C.ForKind.SERIAL, C.ForKind.PARALLEL) for f in hints[True])
 
 
 def test_symbolic_matmul_over_batch_and_sequence_matches_the_reference(host, rng):

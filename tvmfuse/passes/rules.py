@@ -345,23 +345,48 @@ def symbolic_injective(func) -> bool:
     and arithmetic (no calls).  Such a func is injective; FuseTIR merges it like any other."""
     if not any(not isinstance(d, C.IntImm) for p in func.params for d in getattr(p, "shape", ())):
         return False
+    return _one_store_of_loads(func) is not None
+
+
+def gather_injective(func) -> bool:
+    """A gather (``take``: an embedding lookup ``table[ids[i], j]``) that AnnotateTIROpPattern calls opaque
+    because an index is loaded from a buffer: otherwise ``symbolic_injective``'s shape (one spatial block
+    storing loads and arithmetic at its iterators).  Each output element reads one table element, so it
+    fuses as an injective op, over static or symbolic extents alike: the static and symbolic builds of a
+    model then get the same groups (bert's embedding gather, lookups and norm: one kernel in both)."""
+    value = _one_store_of_loads(func)
+    if value is None:
+        return False
+    gathered = []
+
+    def visit(n):
+        if isinstance(n, C.TensorLoad):
+            for i in n.indices:
+                C.post_order_visit(i, lambda m: gathered.append(m) if isinstance(m, C.TensorLoad) else None)
+    C.post_order_visit(value, visit)
+    return bool(gathered)
+
+
+def _one_store_of_loads(func):
+    """The stored value of a PrimFunc that is one spatial block storing, at exactly its iterators, loads
+    and arithmetic (no calls); None for any other PrimFunc."""
     try:
         sch = C.Schedule(func)
         blocks = list(sch.get_child_blocks(sch.get_sblock("root")))
     except C.TVMError:  # no root block: not analyzable
-        return False
+        return None
     if len(blocks) != 1 or sch.get_child_blocks(blocks[0]):
-        return False
+        return None
     blk = sch.get(blocks[0])
     if any(int(iv.iter_type) != C.IterVar.DataPar for iv in blk.iter_vars) or blk.init is not None:
-        return False
+        return None
     body = blk.body
     if not isinstance(body, C.BufferStore) or len(body.indices) != len(blk.iter_vars) or not all(
             isinstance(i, C.tirx.Var) and i.same_as(iv.var) for i, iv in zip(body.indices, blk.iter_vars)):
-        return False
+        return None
     calls = []
     C.post_order_visit(body.value, lambda n: calls.append(n) if isinstance(n, C.Call) else None)
-    return not calls
+    return None if calls else body.value
 
 
 def classify(func, call, var_ty) -> NodeInfo:
@@ -383,7 +408,7 @@ def classify(func, call, var_ty) -> NodeInfo:
         info.why_opaque = "PrimFunc has no op_pattern"
         return info
     pattern = int(attrs["op_pattern"])
-    if pattern == 8 and symbolic_injective(func):
+    if pattern == 8 and (symbolic_injective(func) or gather_injective(func)):
         pattern = 2
     info.pattern = pattern
     if out_shape is None or any(_shape_of(C.type_of(a)) is None for a in call.args[1].fields):

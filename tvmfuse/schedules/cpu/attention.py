@@ -48,6 +48,7 @@ from dataclasses import asdict, dataclass, replace
 from ... import _compat as C
 from ...target import cpu_info, template_defaults
 from ..base import Config, KnobSpace, Match, Template, knob
+from ..buckets import Bucket
 
 ATTR = "tvmfuse.attention"          # PrimFunc attribute holding the spec (JSON)
 RULE_ATTR = "tvmfuse.rule"          # the rule that formed the kernel (for the report)
@@ -75,6 +76,12 @@ VECTOR_REGISTERS = {512: 32, 256: 16, 128: 16}
 # typical encoder length.
 SYMBOLIC_BATCH_HINT = 1
 SYMBOLIC_SEQ_HINT = 128
+# Size buckets over a symbolic sequence (``schedules.buckets``): one nest per bound, each with the blocks a
+# static build of that length gets (a 128-row query block and 128-key blocks at sequence 1 compute 128x
+# the scores: measured 30-70x slower than static at sequence 1, bert_dyn, under load); the last, open
+# bucket takes the blocks for SYMBOLIC_OPEN_HINT rows.
+SEQ_BUCKETS = (16, 32, 64, 128)
+SYMBOLIC_OPEN_HINT = 256
 NEG_INF = float("-inf")
 
 
@@ -240,6 +247,27 @@ def _ceil_div(n, b: int):
 
 def _hint(n, default: int) -> int:
     return n if isinstance(n, int) else default
+
+
+def _seq_symbol(spec: AttentionSpec):
+    """The symbolic sequence extent size buckets dispatch on: the query length, else the key length;
+    None when both are static."""
+    for n in (spec.sq, spec.sk):
+        if static(n) is None:
+            return n
+    return None
+
+
+def _size(n, match: Match, default):
+    """The size the blocks are chosen for: a static extent's value; the bucket's size for the extent the
+    buckets dispatch on (its bound, or the open bucket's hint: ``default`` then in the knob space, where
+    only a bound limits the choices); ``default`` for any other symbolic extent."""
+    if static(n) is not None:
+        return static(n)
+    if "seq_size" in match.info and same_extent(n, _seq_symbol(match.info["spec"])):
+        if match.info["seq_bounded"] or default is not None:
+            return match.info["seq_size"]
+    return default
 
 
 def axis_parts(lab) -> list:
@@ -478,7 +506,7 @@ class Attention(Template):
     def space(self, match: Match, target: C.Target) -> KnobSpace:
         spec = match.info["spec"]
         lanes = cpu_info(target).float32_lanes
-        sq, sk = static(spec.sq), static(spec.sk)      # None: symbolic, every block may serve
+        sq, sk = _size(spec.sq, match, None), _size(spec.sk, match, None)   # None: any block may serve
         qb = tuple(lanes * v for v in Q_BLOCK_VECTORS if v == 1 or sq is None or lanes * v < 2 * sq)
         kb = tuple(lanes * v for v in K_BLOCK_VECTORS if v == 1 or sk is None or lanes * v < 2 * sk)
         return AttentionConfig.space(q_block=qb, k_block=kb, lanes=(lanes,), rows=ROW_GROUPS,
@@ -496,7 +524,7 @@ class Attention(Template):
         # query rows: transposed queries + accumulators + scores in a share of L1, enough tasks for every
         # core, and (causal) a small share of the sequence; a symbolic extent is taken at its hint
         tasks_rows = max(1, math.prod(_hint(n, SYMBOLIC_BATCH_HINT) for n in spec.batch))
-        sq = _hint(spec.sq, SYMBOLIC_SEQ_HINT)
+        sq = _size(spec.sq, match, SYMBOLIC_SEQ_HINT)
         qb = space["q_block"][0]
         for c in space["q_block"]:
             fits = c * (spec.d + spec.dv + kb + 5) * 4 <= table["l1_share_query_block"] * info.l1d_bytes
@@ -515,6 +543,31 @@ class Attention(Template):
         keys = max([k for k in TILE_KEYS if k * qvecs <= budget and kb % k == 0] or [TILE_KEYS[0]])
         return AttentionConfig(q_block=qb, k_block=kb, lanes=lanes, rows=rows, tile_keys=keys,
                                tile_qvecs=qvecs).asdict()
+
+    # ------------------------------------------------------------------ size buckets (symbolic sequence)
+    def buckets(self, match: Match, target: C.Target) -> tuple[Bucket, ...]:
+        """A symbolic query (else key) sequence: one nest per ``SEQ_BUCKETS`` bound and one open nest;
+        a static sequence: none (one nest)."""
+        if _seq_symbol(match.info["spec"]) is None:
+            return ()
+        return (*(Bucket(f"seq<={b}", b) for b in SEQ_BUCKETS), Bucket(f"seq>{SEQ_BUCKETS[-1]}", None))
+
+    def bucket_match(self, match: Match, bucket: Bucket) -> Match:
+        """The bucket's sequence size: its bound, or ``SYMBOLIC_OPEN_HINT`` for the open one (``_size``)."""
+        size = bucket.max_extent if bucket.max_extent is not None else SYMBOLIC_OPEN_HINT
+        return Match(self.family, {**match.info, "bucket": bucket.name, "seq_size": size,
+                                   "seq_bounded": bucket.max_extent is not None})
+
+    def dispatch_extent(self, match: Match):
+        return _seq_symbol(match.info["spec"])
+
+    def bucket_sizes(self, match: Match, bucket: Bucket, target: C.Target) -> dict[str, int]:
+        """The shape variables a tuner binds to measure ``bucket``'s nest: the sequence at the bucket's
+        size, every other symbol (batch) at 1."""
+        spec, bm = match.info["spec"], self.bucket_match(match, bucket)
+        seq = _seq_symbol(spec)
+        return {name: (bm.info["seq_size"] if same_extent(var, seq) else 1)
+                for name, var in spec.symbols().items()}
 
     def apply(self, sch: C.Schedule, match: Match, config: dict) -> None:
         spec = match.info["spec"]

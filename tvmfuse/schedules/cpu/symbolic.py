@@ -9,6 +9,16 @@ when a producer would otherwise be recomputed) are fused into one parallel row l
 (the matmul, the reduction) is computed inside it, on one row; inside a row the reduction loops go
 outside the spatial ones and the innermost spatial loop is vectorized (split by the vector lanes; over a
 symbolic extent, such as a softmax over ``seq``, the last vector is predicated).
+
+A row reduction over a static row (a norm's mean and variance) is computed on vector partial sums
+(rfactor by the lanes), as ``cpu.row_reduction`` does for static rows.
+
+Size buckets (``schedules.buckets``): a fork of the thread pool costs more than a few rows of a norm or a
+softmax (``cpu.row_reduction`` keeps a static kernel serial below ``min_rows_per_core`` rows per core), so
+a kernel whose row count is symbolic holds two nests, picked at run time by the rows: below
+``min_rows_per_core`` x cores (the family's template_defaults in schedules/cpu_targets.json) the row loop
+is serial, above it parallel.  Each nest's intermediates are its own buffers (``local`` scope, see
+``_own_intermediates``): a buffer of both nests would be allocated whole at the kernel's root.
 """
 from __future__ import annotations
 
@@ -19,7 +29,9 @@ from ... import _compat as C
 from ...analysis import CONTRACTION, REDUCTION
 from ...target import cpu_info
 from ..base import Config, KnobSpace, Match, knob
+from ..buckets import Bucket
 from . import common as U
+from .matmul import is_contraction
 
 VECTOR_MULT = (1, 2)       # vector registers per step of the innermost loop
 
@@ -70,7 +82,30 @@ def _row_loop(sch: C.Schedule, out_block, drop: int):
     n = max(1, spatial_lead - 1 - drop)          # the innermost spatial loop stays for the vector lanes
     if n > spatial_lead:
         raise ValueError("the output block has no leading spatial loop")
-    return sch.fuse(*loops[:n]) if n > 1 else loops[0]
+    if n == 1:
+        # a fresh loop variable even for one loop: the size buckets' nests (schedules of one func) must not
+        # share a loop variable bound differently in each (TVM's simplifier refuses a rebinding)
+        return sch.fuse(sch.add_unit_loop(loops[0]), loops[0])
+    return sch.fuse(*loops[:n])
+
+
+def _own_intermediates(sch: C.Schedule) -> None:
+    """Every intermediate buffer replaced by a ``local`` one of this schedule (``set_scope`` makes a new
+    buffer): the size buckets' nests are schedules of one func, and a buffer both of them used could not
+    shrink to one row (the common ancestor of its accesses would be the kernel's root)."""
+    func = sch.mod["main"]
+    params = {str(p.name) for p in func.params}
+    names = []
+    C.post_order_visit(func.body, lambda n: names.append(str(n.name_hint))
+                       if isinstance(n, C.SBlock) and str(n.name_hint) != "root" else None)
+    done = set()
+    for name in names:
+        block = sch.get_sblock(name)
+        for i, region in enumerate(sch.get(block).writes):
+            buf = str(region.source.name)
+            if buf not in params and buf not in done:
+                sch.set_scope(block, i, "local")
+                done.add(buf)
 
 
 def _schedule_row(sch: C.Schedule, block, lanes: int) -> None:
@@ -106,16 +141,60 @@ def _is_unit(sch: C.Schedule, loop) -> bool:
     return isinstance(ext, C.tirx.IntImm) and int(ext) == 1
 
 
-def _apply(sch: C.Schedule, lanes: int, drop: int) -> None:
-    # Step 1. Fold elementwise blocks into their consumers.
+def _row_rfactor(sch: C.Schedule, lanes: int) -> list[str]:
+    """Vector partial sums for every plain row reduction (leading spatial iterators, then one static
+    reduction axis longer than and a multiple of ``lanes``; a norm's mean and variance, not a matmul, not
+    a softmax over symbolic keys): its reduction split by ``lanes`` and rfactored, so each row is reduced
+    in ``lanes`` independent accumulators (vector FMAs) and then across them (as ``cpu.row_reduction`` does
+    for static rows).  Returns the rf blocks' names."""
+    out = []
+    for block in U.top_blocks(sch):
+        if not U.is_reduction(sch, block) or is_contraction(sch, block):
+            continue
+        kinds = U.iter_kinds(sch, block)
+        lead = len(kinds) - len(kinds.lstrip("S"))
+        loops = sch.get_loops(block)
+        if kinds[lead:] != "R" or len(loops) != len(kinds):
+            continue
+        ext = sch.get(loops[-1]).extent
+        if not isinstance(ext, C.tirx.IntImm) or int(ext) % lanes or int(ext) <= lanes:
+            continue
+        _, ri = sch.split(loops[-1], factors=[None, lanes])
+        try:
+            out.append(U.block_name(sch, sch.rfactor(ri, factor_axis=lead)))
+        except C.ScheduleError:    # a reducer rfactor does not know: the scalar reduction stays
+            continue
+    return out
+
+
+def _vectorize_rf(sch: C.Schedule, block) -> None:
+    """An rf block computed at its row: the lanes loop innermost and vectorized, the init split off."""
+    blk = sch.get(block)
+    ivs = list(blk.iter_vars)
+    loops = sch.get_loops(block)[-len(ivs):]       # compute_at kept one loop per iterator (unit loops too)
+    lanes_var = blk.body.indices[-1]               # the rf buffer's last axis: the partial sum's lane
+    lanes_loop = loops[next(i for i, iv in enumerate(ivs) if iv.var.same_as(lanes_var))]
+    outer = loops[next(i for i, iv in enumerate(ivs) if int(iv.iter_type) == U.REDUCE)]
+    sch.reorder(outer, lanes_loop)
+    sch.vectorize(lanes_loop)
+    init = sch.decompose_reduction(block, outer)
+    sch.vectorize(sch.get_loops(init)[-1])
+
+
+def _apply(sch: C.Schedule, lanes: int, drop: int, parallel: bool = True):
+    """The schedule; returns the extent of the first output's row loop (what the size buckets split)."""
+    # Step 1. Fold elementwise blocks into their consumers; row reductions on vector partial sums.
     U.inline_elementwise(sch)
+    rf_blocks = _row_rfactor(sch, lanes)
     chains = _chains(sch)
     if chains is None:
         raise ValueError("a block feeds several outputs")
+    rows = []
     for out_name, producers in chains.items():
         out_block = sch.get_sblock(out_name)
-        # Step 2. The output's row loop, parallel.
+        # Step 2. The output's row loop (parallel in Step 4 unless the bucket is serial).
         row = _row_loop(sch, out_block, drop)
+        rows.append(sch.get(row).extent)
         # Step 3. Every producer computed per row (last first); a reduction computes each element once (the
         # rows times its iterations per row are its whole domain); a spatial one (a pad) may redo a halo.
         for name in reversed(producers):
@@ -128,12 +207,18 @@ def _apply(sch: C.Schedule, lanes: int, drop: int) -> None:
                                                 * sch.get(row).extent,
                                                 _product([iv.dom.extent for iv in sch.get(block).iter_vars])):
                 raise ValueError(f"{name} computed per row would recompute elements")
-        # Step 4. Inside a row: reductions outside, vector lanes inside; the row loop parallel.
+        # Step 4. The row loop parallel (before any init is split off: `parallel` needs complete blocks);
+        # inside a row: reductions outside, vector lanes inside.
+        if parallel:
+            sch.parallel(sch.get_loops(sch.get_sblock(out_name))[0])
         for name in producers + [out_name]:
             block = sch.get_sblock(name)
-            if U.is_reduction(sch, block) or len(sch.get_loops(block)) > 1:
+            if name in rf_blocks:
+                _vectorize_rf(sch, block)
+            elif U.is_reduction(sch, block) or len(sch.get_loops(block)) > 1:
                 _schedule_row(sch, block, lanes)
-        sch.parallel(sch.get_loops(sch.get_sblock(out_name))[0])
+    _own_intermediates(sch)
+    return rows[0]
 
 
 class SymbolicRows(U.CpuTemplate, family="cpu.symbolic_rows", config=SymbolicRowsConfig):
@@ -161,13 +246,41 @@ class SymbolicRows(U.CpuTemplate, family="cpu.symbolic_rows", config=SymbolicRow
         depth = max(len(sch.get_loops(b)) for b in blocks)
         for drop in range(depth):
             try:
-                _apply(C.Schedule(func), cpu_info(target).float32_lanes, drop)
+                rows = _apply(C.Schedule(func), cpu_info(target).float32_lanes, drop)
             except (ValueError,) + C.TVMError as e:
                 log.debug("%s, row loop less %d: %s", self.family, drop,
                           (str(e).strip().splitlines() or [""])[-1])
                 continue
-            return Match(self.family, {"drop": drop})
+            return Match(self.family, {"drop": drop, "rows": rows})
         return None
+
+    # ------------------------------------------------------------------ size buckets
+    def buckets(self, match: Match, target: C.Target) -> tuple[Bucket, ...]:
+        """Symbolic rows: a serial nest up to ``min_rows_per_core`` x cores - 1 rows, a parallel one above
+        (static rows, or a target with one core and one row per core: one parallel nest)."""
+        serial = int(self.table_defaults(target)["min_rows_per_core"]) * cpu_info(target).cores - 1
+        if isinstance(match.info["rows"], C.tirx.IntImm) or serial < 1:
+            return ()
+        return Bucket(f"rows<={serial}", serial), Bucket(f"rows>{serial}", None)
+
+    def bucket_match(self, match: Match, bucket: Bucket) -> Match:
+        """A bounded bucket's nest is serial."""
+        return Match(self.family, {**match.info, "bucket": bucket.name, "parallel": bucket.max_extent is None})
+
+    def dispatch_extent(self, match: Match):
+        return match.info["rows"]
+
+    def bucket_sizes(self, match: Match, bucket: Bucket, target: C.Target) -> dict[str, int]:
+        """The shape variables a tuner binds to measure ``bucket``'s nest: the rows at the bucket's bound
+        (the open one: one more than the bound) on one symbol of the row count, the others 1."""
+        bound = max(b.max_extent for b in self.buckets(match, target) if b.max_extent is not None)
+        rows = bucket.max_extent if bucket.max_extent is not None else bound + 1
+        names = []
+        C.post_order_visit(match.info["rows"], lambda n: names.append(str(n.name))
+                           if isinstance(n, C.tirx.Var) and str(n.name) not in names else None)
+        if not names:
+            raise ValueError(f"row extent {match.info['rows']}: no shape variable to bind")
+        return {n: (rows if i == len(names) - 1 else 1) for i, n in enumerate(names)}
 
     def space(self, match: Match, target: C.Target) -> KnobSpace:
         return SymbolicRowsConfig.space(lanes=(cpu_info(target).float32_lanes,), vector_mult=VECTOR_MULT)
@@ -179,4 +292,4 @@ class SymbolicRows(U.CpuTemplate, family="cpu.symbolic_rows", config=SymbolicRow
 
     def apply(self, sch: C.Schedule, match: Match, config: dict) -> None:
         cfg = SymbolicRowsConfig.from_dict(config)
-        _apply(sch, cfg.lanes * cfg.vector_mult, match.info["drop"])
+        _apply(sch, cfg.lanes * cfg.vector_mult, match.info["drop"], match.info.get("parallel", True))
