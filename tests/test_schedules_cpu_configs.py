@@ -1,5 +1,5 @@
 """Typed configs of the CPU families (matmul, siblings, symbolic matmul, symbolic rows, elementwise, row
-reduction, norm + matmul, generic).
+reduction, norm + matmul, conv2d, depthwise conv2d, generic).
 
 Each family declares a frozen ``Config`` dataclass: its knob space is derived from the fields (in field
 order), its untuned default is one point of that space built from the *target* (``cpu_info``) and the
@@ -51,6 +51,8 @@ CASES = {
     "cpu.elementwise": lambda: M.elementwise_chain(n=4096),
     "cpu.row_reduction": lambda: M.layernorm(rows=32, d=96),
     "cpu.norm_matmul": lambda: M.norm_matmul(norm="layernorm", rows=21, d=64, n=24),
+    "cpu.conv2d_epilogue": lambda: S.conv(s=2),
+    "cpu.depthwise_conv2d_epilogue": lambda: S.conv(cin=8, cout=8, group=8),
 }
 
 

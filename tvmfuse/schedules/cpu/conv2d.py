@@ -34,10 +34,12 @@ im2col makes an einsum), computes the padded row in the register tile and stores
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from ... import _compat as C
 from ...analysis import multiply_accumulate, var_names
 from ...target import cpu_info
-from ..base import Knob, KnobSpace, Match, Template
+from ..base import Config, KnobSpace, Match, Template, knob
 from ..buckets import Bucket
 from . import common as U
 
@@ -67,6 +69,27 @@ def batch_size(info: dict) -> int:
     """The batch a conv's defaults assume: its N, or over a symbolic batch (``info["N"]`` None) the size
     bucket's (``ConvTemplate.bucket_match``), else ``common.SYMBOLIC_BATCH_NOMINAL``."""
     return info.get("bucket_batch", U.SYMBOLIC_BATCH_NOMINAL) if info["N"] is None else info["N"]
+
+
+@dataclass(frozen=True)
+class Conv2DConfig(Config):
+    """The knobs of ``cpu.conv2d_epilogue``: the register tile, the reduction's unrolling, the parallel loop
+    and the input layouts (every combination legal: see the knob docs)."""
+
+    oc_tile: int = knob("output channels per register tile")
+    ow_tile: int = knob("output columns per register tile (vectorized)")
+    lanes: int = knob("float32 lanes per vector (the target's vector width)")
+    oh_tile: int = knob("output rows per register tile")
+    ic_tile: int = knob("input channels per unrolled reduction step")
+    unroll: int = knob("window loops unrolled (0 none, 1 kw, 2 kh+kw)")
+    parallel_depth: int = knob("outer loops fused into the parallel loop", PARALLEL_DEPTH)
+    fuse_rows: bool = knob("1x1 stride-1 conv or im2col: the tile's rows (ow_tile = OW) vectorized as one run of "
+                           "pixels")
+    deinterleave: bool = knob("strided conv without im2col: padded input stored by column phase (contiguous "
+                              "vector loads)")
+    im2col: bool = knob("conv with a window: the band's windows copied as [c, ky, kx, rows, cols] (rows fusable)")
+    pad_width: bool = knob("im2col, rows not fused, a row not a multiple of the vector: columns padded to whole "
+                           "vectors (the register tile is then the whole padded row, whatever ow_tile)")
 
 
 def analyze_conv(sch: C.Schedule, block) -> dict | None:
@@ -387,6 +410,7 @@ class ConvTemplate(Template):
 
 class Conv2DEpilogue(ConvTemplate):
     family = "cpu.conv2d_epilogue"
+    config_type = Conv2DConfig
     min_parallel_per_core = MIN_PARALLEL_PER_CORE
 
     def parallel_units(self, match: Match, config: dict) -> int:
@@ -396,24 +420,11 @@ class Conv2DEpilogue(ConvTemplate):
     def space(self, match: Match, target: C.Target) -> KnobSpace:
         i = match.info
         lanes = cpu_info(target).float32_lanes
-        return KnobSpace((
-            Knob("oc_tile", U.choices_upto(OC_TILES, i["F"]), "output channels per register tile"),
-            Knob("ow_tile", row_tiles(i["OW"], lanes), "output columns per register tile (vectorized)"),
-            Knob("lanes", (lanes,), "float32 lanes per vector (the target's vector width)"),
-            Knob("oh_tile", _oh_tiles(i, lanes), "output rows per register tile"),
-            Knob("ic_tile", U.choices_upto(IC_TILES, i["RC"]), "input channels per unrolled reduction step"),
-            Knob("unroll", U.choices_upto(UNROLL, 2), "window loops unrolled (0 none, 1 kw, 2 kh+kw)"),
-            Knob("parallel_depth", PARALLEL_DEPTH, "outer loops fused into the parallel loop"),
-            Knob("fuse_rows", FUSE_ROWS if i.get("pointwise") or True in im2col_choices(i) else (False,),
-                 "1x1 stride-1 conv or im2col: the tile's rows (ow_tile = OW) vectorized as one run of pixels"),
-            Knob("deinterleave", deinterleave_choices(i),
-                 "strided conv without im2col: padded input stored by column phase (contiguous vector loads)"),
-            Knob("im2col", im2col_choices(i),
-                 "conv with a window: the band's windows copied as [c, ky, kx, rows, cols] (rows fusable)"),
-            Knob("pad_width", pad_width_choices(i, lanes),
-                 "im2col, rows not fused, a row not a multiple of the vector: columns padded to whole "
-                 "vectors (the register tile is then the whole padded row, whatever ow_tile)"),
-        ))
+        return Conv2DConfig.space(
+            oc_tile=U.choices_upto(OC_TILES, i["F"]), ow_tile=row_tiles(i["OW"], lanes), lanes=(lanes,),
+            oh_tile=_oh_tiles(i, lanes), ic_tile=U.choices_upto(IC_TILES, i["RC"]), unroll=U.choices_upto(UNROLL, 2),
+            fuse_rows=FUSE_ROWS if i.get("pointwise") or True in im2col_choices(i) else (False,),
+            deinterleave=deinterleave_choices(i), im2col=im2col_choices(i), pad_width=pad_width_choices(i, lanes))
 
     def default_config(self, match: Match, target: C.Target) -> dict:
         info, regs, ch = self.target_numbers(match, target)
@@ -481,24 +492,24 @@ class Conv2DEpilogue(ConvTemplate):
                                      for c in ch["oh_tile"] for d in ch["fuse_rows"]), key=lambda t: score(*t))
         bands = batch_size(i) * ceil_div(i["OH"], oh)
         depth = 1 if bands >= MIN_PARALLEL_PER_CORE * info.cores else 2
-        return {"oc_tile": oc, "ow_tile": ow, "lanes": lanes, "oh_tile": oh,
-                "ic_tile": U.nearest_choice(ch["ic_tile"], 1), "unroll": max(ch["unroll"]),
-                "parallel_depth": depth, "fuse_rows": fused,
-                "deinterleave": deinterleave_default(i, ch["deinterleave"]) and not col, "im2col": col,
-                "pad_width": bool(padded) and not fused}
+        return Conv2DConfig(oc_tile=oc, ow_tile=ow, lanes=lanes, oh_tile=oh,
+                            ic_tile=U.nearest_choice(ch["ic_tile"], 1), unroll=max(ch["unroll"]),
+                            parallel_depth=depth, fuse_rows=fused,
+                            deinterleave=deinterleave_default(i, ch["deinterleave"]) and not col, im2col=col,
+                            pad_width=bool(padded) and not fused).asdict()
 
     # ------------------------------------------------------------------ apply
     def apply(self, sch: C.Schedule, match: Match, config: dict) -> None:
-        info = match.info
-        oc_t, oh_t = config["oc_tile"], config["oh_tile"]
-        ow_t = config["ow_tile"]
+        info, cfg = match.info, Conv2DConfig.from_dict(config)
+        oc_t, oh_t = cfg.oc_tile, cfg.oh_tile
+        ow_t = cfg.ow_tile
         # the knobs that apply together (every combination of the space is legal; see their docs):
         # im2col replaces the padded input deinterleave would lay out; pad_width pads im2col's unfused rows
-        col = config.get("im2col", False)
-        fused = config.get("fuse_rows", False) and _fused_rows_ok(info, ow_t, oh_t, col)
-        padded = padded_width(info, config["lanes"]) if config.get("pad_width", False) and col and not fused \
+        col = cfg.im2col
+        fused = cfg.fuse_rows and _fused_rows_ok(info, ow_t, oh_t, col)
+        padded = padded_width(info, cfg.lanes) if cfg.pad_width and col and not fused \
             else None
-        deinterleave = config.get("deinterleave", False) and not col
+        deinterleave = cfg.deinterleave and not col
 
         # Step 1. Fold the elementwise chain into one epilogue block (the padding block stays); without an
         # epilogue, accumulate into a cache block and write back from it; im2col: the windows' copy.
@@ -514,14 +525,14 @@ class Conv2DEpilogue(ConvTemplate):
         y0, y1 = sch.split(y, factors=[None, oh_t])
         x0, x1 = sch.split(x, factors=[None, ow_t])
         sch.reorder(n, y0, f0, x0, *((f1, y1) if fused else (y1, f1)), x1)
-        band = sch.fuse(n, y0, f0) if config["parallel_depth"] > 1 else sch.fuse(n, y0)
+        band = sch.fuse(n, y0, f0) if cfg.parallel_depth > 1 else sch.fuse(n, y0)
         sch.parallel(band)
 
         # Step 3. The convolution on each register tile: conv shrinks to an accumulator tile; full-width
         # rows of contiguous pixels (pointwise input or im2col copy) are vectorized as one loop (fuse_rows).
         sch.compute_at(conv, x0, preserve_unit_loops=True)
         c_n, c_f, c_y, c_x, rc, ry, rx = sch.get_loops(conv)[-7:]
-        rc0, rc1 = sch.split(rc, factors=[None, config["ic_tile"]])
+        rc0, rc1 = sch.split(rc, factors=[None, cfg.ic_tile])
         if fused:
             sch.reorder(rc0, ry, rx, rc1, c_n, c_f, c_y, c_x)
             sch.vectorize(sch.fuse(c_y, c_x))
@@ -532,9 +543,9 @@ class Conv2DEpilogue(ConvTemplate):
         sch.unroll(c_f)
         sch.unroll(c_n)
         # the reduction steps unrolled within a bound on the copies of the tile (code size, LLVM time)
-        tile_copies = oc_t * (ceil_div(oh_t * ow_t, config["lanes"]) if fused
-                              else oh_t * ceil_div(ow_t, config["lanes"]))
-        U.unroll_bounded(sch, ([rc1] if config["ic_tile"] > 1 else []) + [rx, ry][:config["unroll"]],
+        tile_copies = oc_t * (ceil_div(oh_t * ow_t, cfg.lanes) if fused
+                              else oh_t * ceil_div(ow_t, cfg.lanes))
+        U.unroll_bounded(sch, ([rc1] if cfg.ic_tile > 1 else []) + [rx, ry][:cfg.unroll],
                          tile_copies)
 
         # Step 4. The epilogue on the accumulator tile: vectorized along the columns (the pixels); a padded
@@ -545,7 +556,7 @@ class Conv2DEpilogue(ConvTemplate):
         # Step 5. Accumulator in registers, initialized before the reduction; the padded input (or the
         # im2col copy) per row band (all channels, the rows its windows read), in the band; an im2col copy
         # of a band split over channel blocks (parallel_depth 2) once before the tiles, not per block.
-        shared = col and config["parallel_depth"] > 1
-        finish_conv(sch, conv, rc0, input_block, None if shared else band, config["lanes"])
+        shared = col and cfg.parallel_depth > 1
+        finish_conv(sch, conv, rc0, input_block, None if shared else band, cfg.lanes)
         if padded:
-            store_valid_columns(sch, x1, info["OW"], config["lanes"])
+            store_valid_columns(sch, x1, info["OW"], cfg.lanes)

@@ -15,9 +15,11 @@ the accumulator before it is stored.  The full-size conv result is never materia
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from ... import _compat as C
 from ...target import cpu_info
-from ..base import Knob, KnobSpace, Match
+from ..base import Config, KnobSpace, Match, knob
 from . import common as U
 from .conv2d import (SPLIT_ROW_PENALTY, ConvTemplate, batch_size, ceil_div, deinterleave_choices,
                      deinterleave_default, finish_conv, prepare_conv, row_tiles)
@@ -29,8 +31,22 @@ PARALLEL_DEPTH = (1, 2)           # 1: parallel over (n, channel); 2: also over 
 MIN_PARALLEL_PER_CORE = 4
 
 
+@dataclass(frozen=True)
+class DepthwiseConfig(Config):
+    """The knobs of ``cpu.depthwise_conv2d_epilogue``: the register tile, the window's unrolling, the parallel
+    loop and the strided input's layout."""
+
+    ow_tile: int = knob("output columns per register tile (vectorized)")
+    lanes: int = knob("float32 lanes per vector (the target's vector width)")
+    oh_tile: int = knob("output rows per register tile")
+    unroll: int = knob("window loops unrolled (0 none, 1 kw, 2 kh+kw)", UNROLL)
+    parallel_depth: int = knob("outer loops fused into the parallel loop", PARALLEL_DEPTH)
+    deinterleave: bool = knob("strided conv: padded input stored by column phase (contiguous vector loads)")
+
+
 class DepthwiseConv2DEpilogue(ConvTemplate):
     family = "cpu.depthwise_conv2d_epilogue"
+    config_type = DepthwiseConfig
     depthwise = True
     min_parallel_per_core = MIN_PARALLEL_PER_CORE
 
@@ -41,15 +57,8 @@ class DepthwiseConv2DEpilogue(ConvTemplate):
     def space(self, match: Match, target: C.Target) -> KnobSpace:
         i = match.info
         lanes = cpu_info(target).float32_lanes
-        return KnobSpace((
-            Knob("ow_tile", row_tiles(i["OW"], lanes), "output columns per register tile (vectorized)"),
-            Knob("lanes", (lanes,), "float32 lanes per vector (the target's vector width)"),
-            Knob("oh_tile", U.choices_upto(OH_TILES, i["OH"]), "output rows per register tile"),
-            Knob("unroll", UNROLL, "window loops unrolled (0 none, 1 kw, 2 kh+kw)"),
-            Knob("parallel_depth", PARALLEL_DEPTH, "outer loops fused into the parallel loop"),
-            Knob("deinterleave", deinterleave_choices(i),
-                 "strided conv: padded input stored by column phase (contiguous vector loads)"),
-        ))
+        return DepthwiseConfig.space(ow_tile=row_tiles(i["OW"], lanes), lanes=(lanes,),
+                                     oh_tile=U.choices_upto(OH_TILES, i["OH"]), deinterleave=deinterleave_choices(i))
 
     def default_config(self, match: Match, target: C.Target) -> dict:
         info, regs, ch = self.target_numbers(match, target)
@@ -69,25 +78,25 @@ class DepthwiseConv2DEpilogue(ConvTemplate):
         oh, ow = max(((a, b) for a in ch["oh_tile"] for b in ch["ow_tile"]), key=lambda t: score(*t))
         planes = batch_size(i) * i["F"]
         depth = 1 if planes >= MIN_PARALLEL_PER_CORE * info.cores else 2
-        return {"ow_tile": ow, "lanes": lanes, "oh_tile": oh, "unroll": max(ch["unroll"]),
-                "parallel_depth": depth, "deinterleave": deinterleave_default(i, ch["deinterleave"])}
+        return DepthwiseConfig(ow_tile=ow, lanes=lanes, oh_tile=oh, unroll=max(ch["unroll"]), parallel_depth=depth,
+                               deinterleave=deinterleave_default(i, ch["deinterleave"])).asdict()
 
     # ------------------------------------------------------------------ apply
     def apply(self, sch: C.Schedule, match: Match, config: dict) -> None:
-        info = match.info
-        oh_t = config["oh_tile"]
-        ow_t = config["ow_tile"]
+        info, cfg = match.info, DepthwiseConfig.from_dict(config)
+        oh_t = cfg.oh_tile
+        ow_t = cfg.ow_tile
 
         # Step 1. Fold the elementwise chain into one epilogue block (the padding block stays); without an
         # epilogue, accumulate into a cache block and write back from it.
-        conv, epi = prepare_conv(sch, info, config.get("deinterleave", False))
+        conv, epi = prepare_conv(sch, info, cfg.deinterleave)
 
         # Step 2. Tile the epilogue: (n, channel [, row band]) parallel, then (rows x columns) tiles.
         n, f, y, x = sch.get_loops(epi)
         y0, y1 = sch.split(y, factors=[None, oh_t])
         x0, x1 = sch.split(x, factors=[None, ow_t])
         sch.reorder(n, f, y0, x0, y1, x1)
-        plane = sch.fuse(n, f, y0) if config["parallel_depth"] > 1 else sch.fuse(n, f)
+        plane = sch.fuse(n, f, y0) if cfg.parallel_depth > 1 else sch.fuse(n, f)
         sch.parallel(plane)
 
         # Step 3. The window sum on each tile, in an accumulator tile (registers).
@@ -98,11 +107,11 @@ class DepthwiseConv2DEpilogue(ConvTemplate):
         for loop in (c_y, c_f, c_n):
             sch.unroll(loop)
         # the window unrolled within a bound on the copies of the tile (code size, LLVM time)
-        U.unroll_bounded(sch, [rx, ry][:config["unroll"]], oh_t * ceil_div(ow_t, config["lanes"]))
+        U.unroll_bounded(sch, [rx, ry][:cfg.unroll], oh_t * ceil_div(ow_t, cfg.lanes))
 
         # Step 4. The epilogue on the accumulator tile, vectorized along the columns.
         sch.vectorize(x1)
 
         # Step 5. Accumulator in registers, initialized before the window loops; the channel's padded
         # plane (rows of this band) inside the parallel loop.
-        finish_conv(sch, conv, rc, info["pad"], plane, config["lanes"])
+        finish_conv(sch, conv, rc, info["pad"], plane, cfg.lanes)
