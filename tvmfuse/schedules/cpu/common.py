@@ -303,38 +303,6 @@ def vectorize_inner(sch: C.Schedule, block, lanes: int, unroll: int = 1) -> None
     vectorize_parts(sch, partition_tail(sch, inner, lanes), lanes, unroll)
 
 
-def _schedule_symbolic_rows(sch: C.Schedule, loops, lanes: int, unroll: int, parallel: bool) -> bool:
-    """Loops with a symbolic extent whose trailing static loops fill whole vectors: the vector lanes (and
-    the unrolled steps) come from those static loops only and the symbolic loops in front are fused into
-    the parallel outer loop.  Fusing every loop and splitting off the lanes instead puts the lane inside
-    divisions by the symbolic extents (``(f * 16 + lane) // (sequence * 32)``): VectorizeLoop cannot
-    vectorize such indices and LLVM then spends minutes on the scalarized lanes (issue 13, Llama's rotary
-    kernel).  Returns False (nothing changed) where the trailing static loops do not fill a vector."""
-    if lanes <= 1:
-        return False
-    n_static, inner = 0, 1
-    for lp in reversed(loops):
-        ext = static_extent(sch, lp)
-        if ext is None:
-            break
-        n_static, inner = n_static + 1, inner * ext
-    if n_static == 0 or n_static == len(loops) or inner % lanes:
-        return False
-    if inner % (unroll * lanes):
-        unroll = 1
-    head = loops[:len(loops) - n_static]
-    tail = loops[len(loops) - n_static:]
-    inner_loop = sch.fuse(*tail) if len(tail) > 1 else tail[0]
-    rest, mid, vec = sch.split(inner_loop, factors=[None, unroll, lanes])
-    outer = sch.fuse(*head, rest)
-    sch.vectorize(vec)
-    if unroll > 1:
-        sch.unroll(mid)
-    if parallel:
-        sch.parallel(outer)
-    return True
-
-
 def schedule_injective(sch: C.Schedule, block, lanes: int, unroll: int = 1, parallel: bool = True,
                        min_parallel: int = 1) -> None:
     """An elementwise block on its own: fuse all loops, [parallel outer][unrolled][vector lanes], and the
@@ -344,9 +312,6 @@ def schedule_injective(sch: C.Schedule, block, lanes: int, unroll: int = 1, para
         return
     if not vectorizable(sch, block):
         lanes = 1
-    if any(static_extent(sch, lp) is None for lp in loops):
-        if _schedule_symbolic_rows(sch, loops, lanes, unroll, parallel):
-            return
     fused = sch.fuse(*loops) if len(loops) > 1 else loops[0]
     total = static_extent(sch, fused)
     if total is not None and total <= lanes and lanes > 1:
