@@ -100,7 +100,10 @@ def test_symbolic_model_gets_the_static_groups(name, static, symbolic, host):
         assert any(ops[k:] in sym_ops and (ops[:k] in sym_ops or k == 1) for k in range(1, len(ops))), (ops, sym_ops)
     refused = [r["reason"] for r in d_sym["refused"]
                if r["rule"] == "norm_prologue" and "symbolic shapes" in r["reason"]]
-    assert bool(refused) == bool(split), refused
+    # every split group says why; a symbolic-only refusal without a split is allowed: a reshape keeping
+    # its symbolic batch ((batch, 16, 1, 1) -> (batch, 16), passes/legalize.py) is a broadcast to TVM, where
+    # the static reshape is injective, so the norm prologue considers (and refuses) mean+reshape -> matmul
+    assert bool(refused) or not split, refused
 
 
 def _norm_prologue_groups(d):
