@@ -33,17 +33,12 @@ COMPILE_TIMEOUT_S = 900      # a hard stop per model for a compile that hangs; n
 # mask, gathers, erf GELU, the attention kernel over symbolic batch/sequence).  gpt2_dyn, shufflenet_v2_dyn
 # and t5_encoder_dyn pass with TVMFUSE_SYMBOLIC_CORPUS=all (2026-12-01); their import/grouping fixes have unit
 # tests in tests/test_symbolic.py (chunk_channels, slice_from_end, the group's symbol parameter), so the
-# default subset stays two models (CI time: gpt2_dyn alone compiles for minutes on 2 cores).
+# default subset stays two models (CI time: gpt2_dyn alone compiles for minutes on 2 cores).  llama_dyn
+# passes too (its rotary kernel: tests/test_symbolic_rotary.py).
 DEFAULT_SUBSET = ("mobilenet_v3_small", "bert")
 # Symbolic models that fail today, with the error seen (benchmarks/symbolic_check.py, 2026-12-01).
 # strict=True: a fix makes the test XPASS, which fails the run until the entry is removed.
-KNOWN_FAILURES: dict[str, str] = {
-    "llama": "compiles past FuseTIR now (the group's symbol parameter), but the rotary-embedding kernel "
-             "(fused_transpose_concatenate_tir_cos_tir_sin_reshape1_..._32ops: symbolic reshapes, slices and a "
-             "concat fused into one elementwise kernel, indices nested % sequence // sequence % batch) takes "
-             "more than 25 minutes in TIR lowering/LLVM codegen (2 cores, shared: measured under load), past "
-             "COMPILE_TIMEOUT_S",
-}
+KNOWN_FAILURES: dict[str, str] = {}
 # sizes per model in the default run (fewer than the full grid: CI time); "all" uses the grid
 # of symbolic_check.size_points
 QUICK_SIZES = {"batch": (1, 3), "sequence": (17, 128)}

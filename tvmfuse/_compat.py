@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import tvm as _tvm
 import tvm_ffi as _tvm_ffi
-from tvm import IRModule, relax, rpc, s_tir, te, tirx
+from tvm import IRModule, relax, rpc, s_tir, te, tirx, topi
 from tvm import sym as _sym  # 0.27: tvm.arith -> tvm.sym
 from tvm.ir import transform as ir_transform
 from tvm.relax import transform as relax_transform
