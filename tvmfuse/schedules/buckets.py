@@ -56,3 +56,40 @@ def join_buckets(funcs: list, buckets, extent) -> C.PrimFunc:
     for b, nest in zip(reversed(buckets[:-1]), reversed(bodies[:-1])):
         body = C.tirx.IfThenElse(extent <= b.max_extent, nest, body)
     return first.with_body(C.SBlockRealize([], True, C.SBlock([], [], [], "root", body, alloc_buffers=allocs)))
+
+
+class BatchBuckets:
+    """Size buckets over a symbolic batch, mixed into a template whose static default changes with the batch
+    (the conv families' ``parallel_depth``, ``cpu.row_reduction``'s parallel row loop): a nest for the
+    batches up to ``match.info[small_key]`` and one for the others, each with the static default at a batch
+    inside its range.  The template's ``match`` sets ``info["batch"]`` (the batch expression) and
+    ``info[small_key]``; ``batch_info(match, batch)`` is what the defaults of a nest at ``batch`` read."""
+
+    small_key = "small_batches"
+
+    def batch_info(self, match, batch: int) -> dict:
+        raise NotImplementedError
+
+    def bucket_batch(self, match, bucket: Bucket) -> int:
+        """The batch a bucket's defaults assume: its largest, or the open bucket's smallest."""
+        return bucket.max_extent if bucket.max_extent is not None else match.info[self.small_key] + 1
+
+    def buckets(self, match, target: C.Target) -> tuple:
+        small = match.info.get(self.small_key, 0)
+        if small < 1:
+            return ()
+        return Bucket(f"batch<={small}", small), Bucket(f"batch>{small}", None)
+
+    def bucket_match(self, match, bucket: Bucket):
+        return type(match)(match.family, {**match.info, "bucket": bucket.name,
+                                          **self.batch_info(match, self.bucket_batch(match, bucket))})
+
+    def dispatch_extent(self, match):
+        return match.info["batch"]
+
+    def bucket_sizes(self, match, bucket: Bucket, target: C.Target) -> dict[str, int]:
+        """The batch a tuner measures ``bucket``'s nest at (the one ``bucket_match`` assumes)."""
+        batch = match.info["batch"]
+        if not isinstance(batch, C.tirx.Var):
+            raise ValueError(f"batch extent {batch}: a bucket's measured size needs a plain shape variable")
+        return {str(batch.name): self.bucket_batch(match, bucket)}

@@ -350,3 +350,24 @@ def schedule_injective(sch: C.Schedule, block, lanes: int, unroll: int = 1, para
             sch.parallel(outer)
         return
     vectorize_parts(sch, partition_tail(sch, fused, lanes), lanes, unroll, parallel=go_parallel)
+
+
+def window_reduction(func: C.PrimFunc, analyze):
+    """The shared start of the window families' match (conv, pooling): a schedule of ``func`` with one
+    top-level reduction block, analysed by ``analyze(sch, block)`` (its info, holding the ``data_buffer``
+    it reads, or None); the spatial block producing that data (padding) kept, every other elementwise block
+    folded.  Returns (sch, the reduction's name, info, the padding block's name or None, the blocks left)
+    or None."""
+    sch = C.Schedule(func)
+    reductions = [b for b in top_blocks(sch) if not is_spatial(sch, b)]
+    if len(reductions) != 1:
+        return None
+    info = analyze(sch, reductions[0])
+    if info is None:
+        return None
+    name = block_name(sch, reductions[0])
+    producers = [b for b in sch.get_producers(reductions[0])
+                 if str(sch.get(b).writes[0].source.name) == info["data_buffer"]]
+    pad = block_name(sch, producers[0]) if producers and is_spatial(sch, producers[0]) else None
+    left = inline_elementwise(sch, keep=frozenset({pad} if pad else ()))
+    return sch, name, info, pad, left

@@ -69,18 +69,34 @@ def small_plane_why(info: dict, target: C.Target) -> str | None:
     return plane_why(pixels(info), info["F"], target)
 
 
-class Conv1x1(U.CpuTemplate, family=FAMILY, config=Conv1x1Config):
-    # ------------------------------------------------------------------ match
+def channel_lanes(out_channels: int, target: C.Target) -> list[int]:
+    """The vector widths (the target's, or narrower) that divide ``out_channels``: the lanes knob of the
+    families that put the output channels on the vector lanes."""
+    return [w for w in lane_choices(cpu_info(target).float32_lanes) if out_channels % w == 0]
+
+
+class ChannelLanesConv(U.CpuTemplate):
+    """A conv family with the output channels on the vector lanes (``cpu.conv1x1``, ``cpu.conv2d_lanes``):
+    it matches what ``conv2d.find_conv`` matches where the family's ``why_not`` finds nothing against it."""
+
+    def why_not(self, info: dict, target: C.Target) -> str | None:
+        raise NotImplementedError
+
     def match(self, func: C.PrimFunc, target: C.Target) -> Match | None:
         info = find_conv(func, depthwise=False)
-        if info is None or small_plane_why(info, target) is not None:
+        if info is None or self.why_not(info, target) is not None:
             return None
         return Match(self.family, info)
+
+
+class Conv1x1(ChannelLanesConv, family=FAMILY, config=Conv1x1Config):
+    def why_not(self, info: dict, target: C.Target) -> str | None:
+        return small_plane_why(info, target)
 
     # ------------------------------------------------------------------ knobs
     def space(self, match: Match, target: C.Target) -> KnobSpace:
         i = match.info
-        lanes = [w for w in lane_choices(cpu_info(target).float32_lanes) if i["F"] % w == 0]
+        lanes = channel_lanes(i["F"], target)
         vectors = i["F"] // min(lanes)
         return Conv1x1Config.space(mr=U.choices_upto(MR_CHOICES, pixels(i)),
                                    nvec=U.choices_upto(NVEC_CHOICES, vectors),

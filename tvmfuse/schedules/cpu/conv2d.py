@@ -40,7 +40,7 @@ from ... import _compat as C
 from ...analysis import multiply_accumulate, var_names
 from ...target import cpu_info
 from ..base import Config, KnobSpace, Match, Template, knob
-from ..buckets import Bucket
+from ..buckets import BatchBuckets
 from . import common as U
 
 OC_TILES = (1, 2, 3, 4, 6, 8, 12, 16)     # output channels of the register tile (broadcast weights)
@@ -147,19 +147,14 @@ def find_conv(func: C.PrimFunc, depthwise: bool) -> dict | None:
     The padding block is kept out of the elementwise folding (it is computed per tile by the schedule);
     every other spatial block folds into the epilogue.  Returns the template's match info or None.
     """
-    sch = C.Schedule(func)
-    blocks = U.top_blocks(sch)
-    reductions = [b for b in blocks if not U.is_spatial(sch, b)]
-    if len(reductions) != 1:
+    def analyze(sch, block):
+        info = analyze_conv(sch, block)
+        return info if info is not None and info["depthwise"] == depthwise else None
+
+    found = U.window_reduction(func, analyze)
+    if found is None:
         return None
-    info = analyze_conv(sch, reductions[0])
-    if info is None or info["depthwise"] != depthwise:
-        return None
-    conv_name = U.block_name(sch, reductions[0])
-    producers = [b for b in sch.get_producers(reductions[0])
-                 if str(sch.get(b).writes[0].source.name) == info["data_buffer"]]
-    pad = U.block_name(sch, producers[0]) if producers and U.is_spatial(sch, producers[0]) else None
-    left = U.inline_elementwise(sch, keep=frozenset({pad} if pad else ()))
+    sch, conv_name, info, pad, left = found
     conv = sch.get_sblock(conv_name)
     epi = U.own_index_consumer(sch, conv, info["conv_buffer"])
     if epi is None:
@@ -351,7 +346,7 @@ def im2col(sch: C.Schedule, conv, info: dict) -> str:
     return U.block_name(sch, col)
 
 
-class ConvTemplate(Template):
+class ConvTemplate(BatchBuckets, Template):
     """What the conv templates share: the LLVM targets and the match (``find_conv``), for depthwise convs
     or the others (``depthwise``)."""
     target_kinds = ("llvm",)
@@ -376,30 +371,12 @@ class ConvTemplate(Template):
         """Parallel iterations per batch at ``parallel_depth`` 1."""
         raise NotImplementedError
 
-    def buckets(self, match: Match, target: C.Target) -> tuple:
-        """Over a symbolic batch, where the smallest batches need the second parallel level and larger ones
-        do not: one nest each (the static default's ``parallel_depth`` at every batch; the depth-2 nest
-        recomputes the padded input per channel block, or copies the im2col windows of the whole batch
-        before the tiles).  Else one nest."""
-        small = match.info.get("small_batches", 0)
-        if small < 1:
-            return ()
-        return Bucket(f"batch<={small}", small), Bucket(f"batch>{small}", None)
-
-    def bucket_match(self, match: Match, bucket: Bucket) -> Match:
-        """The batch the bucket's defaults assume: its largest, or the open bucket's smallest."""
-        batch = bucket.max_extent if bucket.max_extent is not None else match.info["small_batches"] + 1
-        return Match(self.family, {**match.info, "bucket": bucket.name, "bucket_batch": batch})
-
-    def dispatch_extent(self, match: Match):
-        return match.info["batch"]
-
-    def bucket_sizes(self, match: Match, bucket: Bucket, target: C.Target) -> dict[str, int]:
-        """The batch a tuner measures ``bucket``'s nest at (the one ``bucket_match`` assumes)."""
-        batch = match.info["batch"]
-        if not isinstance(batch, C.tirx.Var):
-            raise ValueError(f"batch extent {batch}: a bucket's measured size needs a plain shape variable")
-        return {str(batch.name): self.bucket_match(match, bucket).info["bucket_batch"]}
+    # buckets (BatchBuckets): over a symbolic batch, where the smallest batches need the second parallel
+    # level and larger ones do not, one nest each (the static default's ``parallel_depth`` at every batch;
+    # the depth-2 nest recomputes the padded input per channel block, or copies the im2col windows of the
+    # whole batch before the tiles)
+    def batch_info(self, match: Match, batch: int) -> dict:
+        return {"bucket_batch": batch}
 
     def target_numbers(self, match: Match, target: C.Target) -> tuple:
         """(the target's CPU facts, its vector registers, the knob choices by name) for default_config."""

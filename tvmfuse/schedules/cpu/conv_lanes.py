@@ -29,7 +29,7 @@ from ... import _compat as C
 from ...target import cpu_info, template_defaults
 from ..base import Config, KnobSpace, Match, knob
 from . import common as U
-from .conv2d import find_conv
+from .conv1x1 import ChannelLanesConv, channel_lanes
 from .matmul import NVEC_CHOICES, lane_choices
 
 FAMILY = "cpu.conv2d_lanes"
@@ -59,7 +59,7 @@ def plane_why(oh: int, ow: int, out_channels: int, in_channels: int, target: C.T
         return (f"{in_channels} input channels (a stem: fewer than {d['min_in_channels']}, the direct template "
                 f"with deinterleaved rows)")
     info = cpu_info(target)
-    widths = [w for w in lane_choices(info.float32_lanes) if out_channels % w == 0]
+    widths = channel_lanes(out_channels, target)
     if not widths:
         return f"{out_channels} output channels: no vector width of {lane_choices(info.float32_lanes)} divides them"
     lanes = max(widths)
@@ -105,18 +105,14 @@ def pick_tile(oh: int, ow: int, f: int, lanes: int, regs: int, nvecs) -> tuple[i
     return max(fitting, key=score)
 
 
-class ConvLanes(U.CpuTemplate, family=FAMILY, config=ConvLanesConfig):
-    # ------------------------------------------------------------------ match
-    def match(self, func: C.PrimFunc, target: C.Target) -> Match | None:
-        info = find_conv(func, depthwise=False)
-        if info is None or small_plane_why(info, target) is not None:
-            return None
-        return Match(self.family, info)
+class ConvLanes(ChannelLanesConv, family=FAMILY, config=ConvLanesConfig):
+    def why_not(self, info: dict, target: C.Target) -> str | None:
+        return small_plane_why(info, target)
 
     # ------------------------------------------------------------------ knobs
     def space(self, match: Match, target: C.Target) -> KnobSpace:
         i = match.info
-        lanes = [w for w in lane_choices(cpu_info(target).float32_lanes) if i["F"] % w == 0]
+        lanes = channel_lanes(i["F"], target)
         tiles = pixel_tiles(i["OH"], i["OW"])
         return ConvLanesConfig.space(oh_tile=tuple(sorted({a for a, _ in tiles})),
                                      ow_tile=tuple(sorted({b for _, b in tiles})),

@@ -76,18 +76,10 @@ def analyze_pool(sch: C.Schedule, block) -> dict | None:
 
 def find_pool(func: C.PrimFunc) -> dict | None:
     """The pool block and its padding block (None: the pool reads a parameter), or None."""
-    sch = C.Schedule(func)
-    blocks = U.top_blocks(sch)
-    reductions = [b for b in blocks if not U.is_spatial(sch, b)]
-    if len(reductions) != 1:
+    found = U.window_reduction(func, analyze_pool)
+    if found is None:
         return None
-    info = analyze_pool(sch, reductions[0])
-    if info is None:
-        return None
-    producers = [b for b in sch.get_producers(reductions[0])
-                 if str(sch.get(b).writes[0].source.name) == info["data_buffer"]]
-    pad = U.block_name(sch, producers[0]) if producers and U.is_spatial(sch, producers[0]) else None
-    left = U.inline_elementwise(sch, keep=frozenset({pad} if pad else ()))
+    sch, _, info, pad, left = found
     if any(b not in (info["pool"], pad) for b in left) or info["pool"] not in U.output_names(sch):
         return None                 # an epilogue or another kernel in the group: not this family's structure
     info["pad"] = pad

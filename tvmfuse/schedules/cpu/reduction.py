@@ -30,7 +30,7 @@ from ... import _compat as C
 from ...analysis import CONTRACTION, INJECTIVE, REDUCTION
 from ...target import cpu_info, template_defaults
 from ..base import Config, KnobSpace, Match, knob
-from ..buckets import Bucket
+from ..buckets import BatchBuckets
 from . import common as U
 from .matmul import is_contraction
 
@@ -246,7 +246,7 @@ def _rfactor(sch: C.Schedule, block, nrow: int, width: int):
     return sch.rfactor(ri, factor_axis=nrow)
 
 
-class RowReduction(U.CpuTemplate, family=FAMILY, config=RowReductionConfig):
+class RowReduction(BatchBuckets, U.CpuTemplate, family=FAMILY, config=RowReductionConfig):
 
     def match(self, func: C.PrimFunc, target: C.Target) -> Match | None:
         sch = C.Schedule(func)
@@ -283,32 +283,14 @@ class RowReduction(U.CpuTemplate, family=FAMILY, config=RowReductionConfig):
             info.update(batch=row_extents[0], rows_per_batch=per_batch, serial_batches=(need - 1) // per_batch)
         return Match(self.family, info)
 
-    # ------------------------------------------------------------------ size buckets
-    def buckets(self, match: Match, target: C.Target) -> tuple:
-        """Over a symbolic batch whose smallest sizes have fewer rows than a parallel loop needs (the
-        table's ``min_rows_per_core`` per core): a serial nest for those batches, a parallel one for the
-        others, as the static default decides at each batch.  Else one nest."""
-        serial = match.info.get("serial_batches", 0)
-        if serial < 1:
-            return ()
-        return Bucket(f"batch<={serial}", serial), Bucket(f"batch>{serial}", None)
+    # ------------------------------------------------------------------ size buckets (BatchBuckets)
+    # over a symbolic batch whose smallest sizes have fewer rows than a parallel loop needs (the table's
+    # ``min_rows_per_core`` per core): a serial nest for those batches, a parallel one for the others, as the
+    # static default decides at each batch
+    small_key = "serial_batches"
 
-    def bucket_match(self, match: Match, bucket: Bucket) -> Match:
-        """The bucket's row count for the defaults: its largest batch, or the open bucket's smallest."""
-        batch = bucket.max_extent if bucket.max_extent is not None else match.info["serial_batches"] + 1
-        return Match(self.family, {**match.info, "bucket": bucket.name,
-                                   "rows": match.info["rows_per_batch"] * batch})
-
-    def dispatch_extent(self, match: Match):
-        return match.info["batch"]
-
-    def bucket_sizes(self, match: Match, bucket: Bucket, target: C.Target) -> dict[str, int]:
-        """The batch a tuner measures ``bucket``'s nest at (the rows ``bucket_match`` assumes)."""
-        batch = match.info["batch"]
-        if not isinstance(batch, C.tirx.Var):
-            raise ValueError(f"batch extent {batch}: a bucket's measured size needs a plain shape variable")
-        size = bucket.max_extent if bucket.max_extent is not None else match.info["serial_batches"] + 1
-        return {str(batch.name): size}
+    def batch_info(self, match: Match, batch: int) -> dict:
+        return {"rows": match.info["rows_per_batch"] * batch}
 
     def accepts(self, group, target: C.Target) -> str | None:
         """Static shapes; row reductions only (no matmul/conv), each over the innermost axes of the same
