@@ -27,7 +27,7 @@ from ... import _compat as C
 from ...target import cpu_info, template_defaults
 from ..base import Config, KnobSpace, Match, knob
 from . import common as U
-from .conv2d import find_conv
+from .conv2d import batch_size, find_conv
 from .matmul import K_UNROLL, MR_CHOICES, NVEC_CHOICES, lane_choices, pick_register_tile
 
 FAMILY = "cpu.conv1x1"
@@ -69,13 +69,28 @@ def small_plane_why(info: dict, target: C.Target) -> str | None:
     return plane_why(pixels(info), info["F"], target)
 
 
+def macs(info: dict) -> int:
+    """Multiply-adds of the conv (a symbolic batch counted as its nominal size)."""
+    return batch_size(info) * pixels(info) * info["F"] * info["RC"]
+
+
+def parallel_why_not(info: dict, target: C.Target) -> str | None:
+    """None when the conv is worth a parallel loop on ``target``, else why it runs serial: under
+    ``min_parallel_macs`` multiply-adds the thread pool's fork/join (2-3 us per launch measured under load,
+    benchmarks/launch_cost.py) costs more than splitting the work saves (issues 11/12)."""
+    limit = template_defaults(target, FAMILY)["min_parallel_macs"]
+    if macs(info) < limit:
+        return f"{macs(info)} multiply-adds, under min_parallel_macs {limit}"
+    return None
+
+
 class Conv1x1(U.CpuTemplate, family=FAMILY, config=Conv1x1Config):
     # ------------------------------------------------------------------ match
     def match(self, func: C.PrimFunc, target: C.Target) -> Match | None:
         info = find_conv(func, depthwise=False)
         if info is None or small_plane_why(info, target) is not None:
             return None
-        return Match(self.family, info)
+        return Match(self.family, {**info, "parallel": parallel_why_not(info, target) is None})
 
     # ------------------------------------------------------------------ knobs
     def space(self, match: Match, target: C.Target) -> KnobSpace:
@@ -121,7 +136,8 @@ class Conv1x1(U.CpuTemplate, family=FAMILY, config=Conv1x1Config):
             pf, pc, pky, pkx = sch.get_loops(pack)
             pf0, pf1 = sch.split(pf, factors=[None, lanes])
             sch.reorder(pf0, pc, pky, pkx, pf1)
-            sch.parallel(pf0)
+            if info["parallel"]:
+                sch.parallel(pf0)
             sch.vectorize(pf1)
 
         # Step 3. The conv and the epilogue over the flattened pixel index p = y * W + x; the conv's output
@@ -138,7 +154,8 @@ class Conv1x1(U.CpuTemplate, family=FAMILY, config=Conv1x1Config):
         p0, p1 = sch.split(p, factors=[None, cfg.mr])
         sch.reorder(n, f0, p0, p1, f1)
         band = sch.fuse(n, f0, p0)
-        sch.parallel(band)
+        if info["parallel"]:              # a tiny conv stays serial: parallel_why_not
+            sch.parallel(band)
 
         # Step 5. The conv on each register tile: input channels outermost (unrolled by k_unroll), then the
         # pixels (unrolled, broadcast) and the channel vectors (unrolled, lanes); the accumulator in
