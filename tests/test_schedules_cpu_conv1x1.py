@@ -107,7 +107,7 @@ def test_structure(cout, cin, hw, epi, target, lanes):
     assert _vector_lanes(res.func) == {cfg["lanes"]}, (_vector_lanes(res.func), cfg)
     assert not S.scalarized_loops(res.func), "a vectorized loop was scalarized"
     parallel = [f for f in S.loops(res.func) if int(f.kind) == int(C.ForKind.PARALLEL)]
-    # one parallel loop (the weights need no copy); none under min_parallel_macs (64x16 on 2x2: 4096)
+    # one parallel loop (the weights need no copy); none under min_parallel_macs (64x16 on 2x2, 96x24 on 7x7)
     wanted = int(cout * cin * hw * hw >= TG.template_defaults(tgt, FAMILY)["min_parallel_macs"])
     assert len(parallel) == wanted, f"{len(parallel)} parallel loops, expected {wanted}"
     allocs, _ = _structure(res.func)
@@ -210,17 +210,17 @@ def _parallel_loops(func) -> int:
 
 @pytest.mark.parametrize("target", S.NAMED_TARGETS, ids=["haswell", "skylake"])
 def test_parallel_threshold_comes_from_the_target_table(monkeypatch, target):
-    """min_parallel_macs (template_defaults["cpu.conv1x1"]) decides: a 96x24 conv on 7x7 (112896
+    """min_parallel_macs (template_defaults["cpu.conv1x1"]) decides: a 64x16 conv on 15x15 (230400
     multiply-adds) has one parallel loop; with the threshold raised above it, none (a fork/join would cost
     more than the work), with the same template, tile and vectors."""
     tgt = tvmfuse.parse_target(target)
-    model = _model(96, 24, 7, "bias_relu")
+    model = _model(64, 16, 15, "bias_relu")
     name, func = _kernel(model, tgt)
     before = schedule_prim_func(func, tgt, {}, name)
     assert before.template == FAMILY and _parallel_loops(before.func) == 1
     assert Conv1x1().match(func, tgt).info["parallel"]
     table = json.loads(json.dumps(TG.cpu_table()))
-    table["template_defaults"][FAMILY]["min_parallel_macs"] = 96 * 24 * 49 + 1
+    table["template_defaults"][FAMILY]["min_parallel_macs"] = 64 * 16 * 225 + 1
     monkeypatch.setattr(TG, "cpu_table", lambda: table)
     assert "under min_parallel_macs" in parallel_why_not(Conv1x1().match(func, tgt).info, tgt)
     after = schedule_prim_func(func, tgt, {}, name)

@@ -77,7 +77,10 @@ def macs(info: dict) -> int:
 def parallel_why_not(info: dict, target: C.Target) -> str | None:
     """None when the conv is worth a parallel loop on ``target``, else why it runs serial: under
     ``min_parallel_macs`` multiply-adds the thread pool's fork/join (2-3 us per launch measured under load,
-    benchmarks/launch_cost.py) costs more than splitting the work saves (issues 11/12)."""
+    benchmarks/launch_cost.py) costs more than splitting the work saves (issues 11/12).  Over a symbolic
+    batch the work grows with the batch: always parallel (the batch is in the parallel loop)."""
+    if info["N"] is None:
+        return None
     limit = template_defaults(target, FAMILY)["min_parallel_macs"]
     if macs(info) < limit:
         return f"{macs(info)} multiply-adds, under min_parallel_macs {limit}"
