@@ -23,7 +23,7 @@ from tvmfuse.pipeline import PipelineOptions, graph_stage
 from tvmfuse.schedules import schedule_prim_func
 from tvmfuse.schedules.base import schedule_with
 from tvmfuse.schedules.cpu.common import MAX_UNROLLED_COPIES
-from tvmfuse.schedules.cpu.conv1x1 import FAMILY, Conv1x1
+from tvmfuse.schedules.cpu.conv1x1 import FAMILY, Conv1x1, parallel_why_not
 
 import schedule_cases as S
 from conftest import assert_close_to_reference
@@ -107,7 +107,9 @@ def test_structure(cout, cin, hw, epi, target, lanes):
     assert _vector_lanes(res.func) == {cfg["lanes"]}, (_vector_lanes(res.func), cfg)
     assert not S.scalarized_loops(res.func), "a vectorized loop was scalarized"
     parallel = [f for f in S.loops(res.func) if int(f.kind) == int(C.ForKind.PARALLEL)]
-    assert len(parallel) == 1, f"{len(parallel)} parallel loops (the weights need no copy)"
+    # one parallel loop (the weights need no copy); none under min_parallel_macs (64x16 on 2x2, 96x24 on 7x7)
+    wanted = int(cout * cin * hw * hw >= TG.template_defaults(tgt, FAMILY)["min_parallel_macs"])
+    assert len(parallel) == wanted, f"{len(parallel)} parallel loops, expected {wanted}"
     allocs, _ = _structure(res.func)
     out_elems = cout * hw * hw
     assert all(n < out_elems or n == cfg["mr"] * cfg["nvec"] * cfg["lanes"] for _, n in allocs), allocs
@@ -199,4 +201,45 @@ def test_weights_as_graph_input_are_packed_by_the_kernel(host, rng):
     assert [int(d) for d in func.params[1].shape] == [cout, cin, 1, 1]
     cm = tvmfuse.compile(model, host)
     assert [s["template"] for s in cm.report.schedules] == [FAMILY], cm.report.schedules
+    assert_close_to_reference(model, cm, rng, rtol=1e-4, atol=1e-4)
+
+
+def _parallel_loops(func) -> int:
+    return sum(int(f.kind) == int(C.ForKind.PARALLEL) for f in S.loops(func))
+
+
+@pytest.mark.parametrize("target", S.NAMED_TARGETS, ids=["haswell", "skylake"])
+def test_parallel_threshold_comes_from_the_target_table(monkeypatch, target):
+    """min_parallel_macs (template_defaults["cpu.conv1x1"]) decides: a 64x16 conv on 15x15 (230400
+    multiply-adds) has one parallel loop; with the threshold raised above it, none (a fork/join would cost
+    more than the work), with the same template, tile and vectors."""
+    tgt = tvmfuse.parse_target(target)
+    model = _model(64, 16, 15, "bias_relu")
+    name, func = _kernel(model, tgt)
+    before = schedule_prim_func(func, tgt, {}, name)
+    assert before.template == FAMILY and _parallel_loops(before.func) == 1
+    assert Conv1x1().match(func, tgt).info["parallel"]
+    table = json.loads(json.dumps(TG.cpu_table()))
+    table["template_defaults"][FAMILY]["min_parallel_macs"] = 64 * 16 * 225 + 1
+    monkeypatch.setattr(TG, "cpu_table", lambda: table)
+    assert "under min_parallel_macs" in parallel_why_not(Conv1x1().match(func, tgt).info, tgt)
+    after = schedule_prim_func(func, tgt, {}, name)
+    assert after.template == FAMILY and after.config == before.config
+    assert _parallel_loops(after.func) == 0, "a parallel loop under min_parallel_macs"
+    assert _vector_lanes(after.func) == _vector_lanes(before.func)
+    assert not S.scalarized_loops(after.func)
+
+
+def test_serial_conv_numerics_vs_reference(monkeypatch, host, rng):
+    """The same conv made serial by the threshold (on the host) matches onnx's reference on fresh inputs."""
+    table = json.loads(json.dumps(TG.cpu_table()))
+    table["template_defaults"][FAMILY]["min_parallel_macs"] = 1 << 40
+    monkeypatch.setattr(TG, "cpu_table", lambda: table)
+    model = _model(96, 24, 7, "bn_relu_residual")
+    tgt = tvmfuse.parse_target(host)
+    name, func = _kernel(model, tgt)
+    assert _parallel_loops(schedule_prim_func(func, tgt, {}, name).func) == 0
+    cm = tvmfuse.compile(model, host)
+    assert cm.kernel_count == 1
+    assert [s["template"] for s in cm.report.schedules] == [FAMILY]
     assert_close_to_reference(model, cm, rng, rtol=1e-4, atol=1e-4)

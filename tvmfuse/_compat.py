@@ -178,6 +178,12 @@ def compile_module(mod: IRModule, target: Target, relax_pipeline, tir_pipeline="
     return _tvm.compile(mod, target=target, relax_pipeline=relax_pipeline, tir_pipeline=tir_pipeline)
 
 
+def build_vm(mod: IRModule, target: Target, exec_mode: str = "bytecode"):
+    """``relax.build`` with TVM's default pipeline and the VM's ``exec_mode`` ("bytecode": interpreted
+    instructions, "compiled": the VM functions compiled to machine code); tvm.compile has no exec_mode."""
+    return relax.build(mod, target, exec_mode=exec_mode)
+
+
 def build_prim_module(mod: IRModule, target: Target):
     """Compile an IRModule of PrimFuncs (TVM's default TIR pipeline); ``.export_library(path)``."""
     return _tvm.compile(mod, target=target)

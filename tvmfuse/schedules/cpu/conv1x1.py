@@ -27,7 +27,7 @@ from ... import _compat as C
 from ...target import cpu_info, template_defaults
 from ..base import Config, KnobSpace, Match, knob
 from . import common as U
-from .conv2d import find_conv
+from .conv2d import batch_size, find_conv
 from .matmul import K_UNROLL, MR_CHOICES, NVEC_CHOICES, lane_choices, pick_register_tile
 
 FAMILY = "cpu.conv1x1"
@@ -69,6 +69,24 @@ def small_plane_why(info: dict, target: C.Target) -> str | None:
     return plane_why(pixels(info), info["F"], target)
 
 
+def macs(info: dict) -> int:
+    """Multiply-adds of the conv (a symbolic batch counted as its nominal size)."""
+    return batch_size(info) * pixels(info) * info["F"] * info["RC"]
+
+
+def parallel_why_not(info: dict, target: C.Target) -> str | None:
+    """None when the conv is worth a parallel loop on ``target``, else why it runs serial: under
+    ``min_parallel_macs`` multiply-adds the thread pool's fork/join (2-3 us per launch measured under load,
+    benchmarks/launch_cost.py) costs more than splitting the work saves (issues 11/12).  Over a symbolic
+    batch the work grows with the batch: always parallel (the batch is in the parallel loop)."""
+    if info["N"] is None:
+        return None
+    limit = template_defaults(target, FAMILY)["min_parallel_macs"]
+    if macs(info) < limit:
+        return f"{macs(info)} multiply-adds, under min_parallel_macs {limit}"
+    return None
+
+
 def channel_lanes(out_channels: int, target: C.Target) -> list[int]:
     """The vector widths (the target's, or narrower) that divide ``out_channels``: the lanes knob of the
     families that put the output channels on the vector lanes."""
@@ -92,6 +110,12 @@ class ChannelLanesConv(U.CpuTemplate):
 class Conv1x1(ChannelLanesConv, family=FAMILY, config=Conv1x1Config):
     def why_not(self, info: dict, target: C.Target) -> str | None:
         return small_plane_why(info, target)
+
+    def match(self, func: C.PrimFunc, target: C.Target) -> Match | None:
+        m = super().match(func, target)
+        if m is not None:
+            m.info["parallel"] = parallel_why_not(m.info, target) is None
+        return m
 
     # ------------------------------------------------------------------ knobs
     def space(self, match: Match, target: C.Target) -> KnobSpace:
@@ -137,7 +161,8 @@ class Conv1x1(ChannelLanesConv, family=FAMILY, config=Conv1x1Config):
             pf, pc, pky, pkx = sch.get_loops(pack)
             pf0, pf1 = sch.split(pf, factors=[None, lanes])
             sch.reorder(pf0, pc, pky, pkx, pf1)
-            sch.parallel(pf0)
+            if info["parallel"]:
+                sch.parallel(pf0)
             sch.vectorize(pf1)
 
         # Step 3. The conv and the epilogue over the flattened pixel index p = y * W + x; the conv's output
@@ -154,7 +179,8 @@ class Conv1x1(ChannelLanesConv, family=FAMILY, config=Conv1x1Config):
         p0, p1 = sch.split(p, factors=[None, cfg.mr])
         sch.reorder(n, f0, p0, p1, f1)
         band = sch.fuse(n, f0, p0)
-        sch.parallel(band)
+        if info["parallel"]:              # a tiny conv stays serial: parallel_why_not
+            sch.parallel(band)
 
         # Step 5. The conv on each register tile: input channels outermost (unrolled by k_unroll), then the
         # pixels (unrolled, broadcast) and the channel vectors (unrolled, lanes); the accumulator in
