@@ -93,7 +93,8 @@ def _strided_conv(cin: int, cout: int, size: int, k: int, stride: int, depthwise
 
 STRIDED = [
     ("stem7x7", dict(cin=3, cout=8, size=64, k=7, stride=2), "cpu.conv2d_epilogue"),
-    ("conv3x3", dict(cin=8, cout=16, size=30, k=3, stride=2), "cpu.conv2d_epilogue"),
+    # a 17x17 output plane: smaller ones (squeezenet's 15x15) are cpu.conv2d_lanes' (test_schedules_cpu_conv_lanes)
+    ("conv3x3", dict(cin=8, cout=16, size=34, k=3, stride=2), "cpu.conv2d_epilogue"),
     ("dw3x3", dict(cin=16, cout=16, size=32, k=3, stride=2, depthwise=True), "cpu.depthwise_conv2d_epilogue"),
     ("dw5x5s3", dict(cin=8, cout=8, size=25, k=5, stride=3, depthwise=True), "cpu.depthwise_conv2d_epilogue"),
     ("patch8", dict(cin=3, cout=16, size=32, k=8, stride=8), "cpu.conv2d_epilogue"),   # ViT: no overlap
