@@ -90,6 +90,8 @@ def test_symbolic_siblings_get_a_register_tiled_nest_per_bucket(name, build, tar
         if cfg is small_cfg:
             # one row per tile, the column panels parallel (static extent), no row predicate to partition
             assert cfg["mr"] == 1 and cfg["mc_tiles"] == 1 and cfg["order"] == "cols"
+            # as many column panels per sibling as cores (N = 64 allows two on both targets)
+            assert 64 // (cfg["nvec"] * lanes * cfg["nc_tiles"]) >= 2
             assert not hinted
         else:
             # row tiles: the parallel loop runs over a symbolic number of row blocks (one for all chains
@@ -99,6 +101,22 @@ def test_symbolic_siblings_get_a_register_tiled_nest_per_bucket(name, build, tar
             assert par and (cfg["order"] == "cols" or not _is_static(par[0]))
             if cfg["order"] == "rows" and name == "qkv3d":
                 assert cfg["share_rows"] and len(par) == 1
+
+
+def test_every_sampled_config_of_each_bucket_schedules(host):
+    """The knob space per bucket is legal: sampled points of it apply to the kernel."""
+    import random
+    tgt = parse_target(NAMED_TARGETS["skx-2"])
+    t = SymbolicSiblings()
+    (kname, func), = _kernels(_qkv(), tgt).items()
+    match = t.match(func, tgt)
+    pick = random.Random(0)
+    for bucket in t.buckets(match, tgt):
+        bm = t.bucket_match(match, bucket)
+        space = t.space(bm, tgt)
+        for _ in range(6):
+            cfg = {kb.name: pick.choice(kb.choices) for kb in space.knobs}
+            t.apply(C.Schedule(func), bm, cfg)
 
 
 def test_qkv_over_symbolic_rows_leaves_no_full_size_matmul_buffer():

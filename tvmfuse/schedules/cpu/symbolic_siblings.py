@@ -59,13 +59,15 @@ class SymbolicSiblings(RowBuckets, SiblingMatmuls, family="cpu.symbolic_siblings
         if not match.info.get("small", False):
             return cfg
         # GEMV-like: the chains' column panels are the parallel loop (rows run inside them), unpacked
-        # (a packed panel would cost as much as the few rows using it), as many panels as cores where N allows
+        # (a packed panel would cost as much as the few rows using it), as many panels as cores where N
+        # allows: register tiles narrow enough for that (one row: B's loads bound it, not the tile's FMAs)
         info = cpu_info(target)
-        nr = cfg["nvec"] * cfg["lanes"]
         ch = {kb.name: kb.choices for kb in self.space(match, target).knobs}
-        n = min(match.info["Ns"].values())
-        enough = [c for c in ch["nc_tiles"] if c <= cfg["nc_tiles"] and n // (nr * c) >= info.cores]
-        return {**cfg, "order": "cols", "share_rows": False, "pack_b": False,
+        n, lanes = min(match.info["Ns"].values()), cfg["lanes"]
+        wide = [v for v in ch["nvec"] if v <= cfg["nvec"] and n // (v * lanes) >= info.cores]
+        nvec = max(wide) if wide else cfg["nvec"]
+        enough = [c for c in ch["nc_tiles"] if n // (nvec * lanes * c) >= info.cores]
+        return {**cfg, "nvec": nvec, "order": "cols", "share_rows": False, "pack_b": False,
                 "nc_tiles": max(enough) if enough else min(ch["nc_tiles"])}
 
     # ------------------------------------------------------------------ apply
