@@ -2,19 +2,21 @@
 (Q/K/V, gate/up) over a symbolic row count (batch, batch x sequence) with static N/K get
 ``cpu.sibling_matmuls``'s register-tiled schedule in two size buckets, not ``cpu.symbolic_rows``.
 Structural tests on named targets, numbers vs the ONNX reference at row counts with partial last tiles."""
+import random
+
 import numpy as np
 import pytest
 
 import tvmfuse
 from tvmfuse import _compat as C
 from tvmfuse import models as M
-from tvmfuse.pipeline import PipelineOptions, graph_stage
 from tvmfuse.schedules import schedule_prim_func
 from tvmfuse.schedules.cpu.siblings import SiblingMatmuls
 from tvmfuse.schedules.cpu.symbolic import SymbolicRows
 from tvmfuse.schedules.cpu.symbolic_siblings import SymbolicSiblings
 from tvmfuse.target import parse_target
 
+import schedule_cases as S
 from conftest import NAMED_TARGETS
 
 FAMILY = SymbolicSiblings.family
@@ -43,13 +45,6 @@ def _swiglu(rows="rows", hidden=48, ffn=64):
     return g.model()
 
 
-def _kernels(model, target):
-    mod = tvmfuse.load_onnx(model)
-    with target:
-        mod = C.Sequential(graph_stage(target, PipelineOptions()))(mod)
-    return {str(gv.name_hint): f for gv, f in mod.functions.items() if isinstance(f, C.PrimFunc)}
-
-
 def _loops(stmt):
     """(kind, extent, annotations) of every loop of a loop nest, outermost first."""
     out = []
@@ -67,7 +62,7 @@ def _is_static(e) -> bool:
 def test_symbolic_siblings_get_a_register_tiled_nest_per_bucket(name, build, target):
     tgt = parse_target(NAMED_TARGETS[target])
     lanes = 16 if target.startswith("skx") else 8
-    (kname, func), = _kernels(build(), tgt).items()
+    (kname, func), = S.graph_funcs(build(), tgt).items()
     res = schedule_prim_func(func, tgt, {}, kname)
     assert res is not None and res.template == FAMILY, res and res.template
     # one kernel branching on the row count: the GEMV-like nest, else the row-tiled one
@@ -105,10 +100,9 @@ def test_symbolic_siblings_get_a_register_tiled_nest_per_bucket(name, build, tar
 
 def test_every_sampled_config_of_each_bucket_schedules(host):
     """The knob space per bucket is legal: sampled points of it apply to the kernel."""
-    import random
     tgt = parse_target(NAMED_TARGETS["skx-2"])
     t = SymbolicSiblings()
-    (kname, func), = _kernels(_qkv(), tgt).items()
+    (kname, func), = S.graph_funcs(_qkv(), tgt).items()
     match = t.match(func, tgt)
     pick = random.Random(0)
     for bucket in t.buckets(match, tgt):
@@ -123,7 +117,7 @@ def test_qkv_over_symbolic_rows_leaves_no_full_size_matmul_buffer():
     """The matmuls accumulate on register tiles: after lowering, every buffer the kernel allocates has
     a static size (no rows x N intermediate)."""
     tgt = parse_target(NAMED_TARGETS["skx-2"])
-    (kname, func), = _kernels(_qkv(), tgt).items()
+    (kname, func), = S.graph_funcs(_qkv(), tgt).items()
     res = schedule_prim_func(func, tgt, {}, kname)
     assert res.template == FAMILY
     mod = C.Sequential([C.s_tir.transform.LowerInitBlock(),
@@ -140,11 +134,11 @@ def test_qkv_over_symbolic_rows_leaves_no_full_size_matmul_buffer():
 def test_must_not_fire_on_static_kernels_or_column_tails():
     tgt = parse_target(NAMED_TARGETS["skx-2"])
     t = SymbolicSiblings()
-    static = _kernels(_qkv(rows=(2, 8)), tgt)
+    static = S.graph_funcs(_qkv(rows=(2, 8)), tgt)
     assert static and all(t.match(f, tgt) is None for f in static.values())
     assert any(SiblingMatmuls().match(f, tgt) is not None for f in static.values())
     # N = 40: no multiple of the 16 lanes; cpu.symbolic_rows keeps it
-    (kname, func), = _kernels(_qkv(hidden=40), tgt).items()
+    (kname, func), = S.graph_funcs(_qkv(hidden=40), tgt).items()
     assert t.match(func, tgt) is None
     res = schedule_prim_func(func, tgt, {}, kname)
     assert res is not None and res.template == SymbolicRows.family
