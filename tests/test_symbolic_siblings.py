@@ -83,11 +83,12 @@ def test_symbolic_siblings_get_a_register_tiled_nest_per_bucket(name, build, tar
                                                                int(C.ForKind.VECTORIZED)))
         hinted = [a for _, _, a in loops if "pragma_loop_partition_hint" in a]
         if cfg is small_cfg:
-            # one row per tile, the column panels parallel (static extent), no row predicate to partition
-            assert cfg["mr"] == 1 and cfg["mc_tiles"] == 1 and cfg["order"] == "cols"
-            # as many column panels per sibling as cores (N = 64 allows two on both targets)
-            assert 64 // (cfg["nvec"] * lanes * cfg["nc_tiles"]) >= 2
+            # one row per tile, no row predicate to partition; one parallel loop (one thread-pool launch)
+            # over the rows with every chain inside it
+            assert cfg["mr"] == 1 and cfg["mc_tiles"] == 1 and cfg["order"] == "rows"
             assert not hinted
+            par = [e for k, e, _ in loops if k == int(C.ForKind.PARALLEL)]
+            assert len(par) == 1 and not _is_static(par[0])
         else:
             # row tiles: the parallel loop runs over a symbolic number of row blocks (one for all chains
             # when the rows are shared); whole tiles partitioned from the last one
