@@ -65,12 +65,17 @@ def test_symbolic_siblings_get_a_register_tiled_nest_per_bucket(name, build, tar
     (kname, func), = S.graph_funcs(build(), tgt).items()
     res = schedule_prim_func(func, tgt, {}, kname)
     assert res is not None and res.template == FAMILY, res and res.template
-    # one kernel branching on the row count: the GEMV-like nest, else the row-tiled one
-    body = res.func.body.block.body
-    assert isinstance(body, C.tirx.IfThenElse)
-    small_cfg, big_cfg = (b["config"] for b in res.config["buckets"])
-    assert [b["bucket"] for b in res.config["buckets"]] == ["rows<=16", "rows>16"]
-    for cfg, nest in ((small_cfg, body.then_case), (big_cfg, body.else_case)):
+    # one kernel branching on the row count: a serial GEMV-like nest for fewer rows than two per core
+    # (serial_rows_per_core), the parallel GEMV-like nest up to small_rows, else the row-tiled one
+    assert [b["bucket"] for b in res.config["buckets"]] == ["rows<=3", "rows<=16", "rows>16"]
+    nests, body = [], res.func.body.block.body
+    while isinstance(body, C.tirx.IfThenElse):
+        nests.append(body.then_case)
+        body = body.else_case
+    nests.append(body)
+    assert len(nests) == 3
+    serial_cfg, small_cfg, big_cfg = (b["config"] for b in res.config["buckets"])
+    for cfg, nest in zip((serial_cfg, small_cfg, big_cfg), nests):
         loops = _loops(nest)
         assert cfg["lanes"] == lanes and not cfg["pad_n"]
         # the register tile: nvec vectors (and mr rows) unrolled, lanes vectorized, static extents
@@ -81,22 +86,29 @@ def test_symbolic_siblings_get_a_register_tiled_nest_per_bucket(name, build, tar
         assert vec and all(v == lanes for v in vec)
         assert all(_is_static(e) for k, e, _ in loops if k in (int(C.ForKind.UNROLLED),
                                                                int(C.ForKind.VECTORIZED)))
+        par = [e for k, e, _ in loops if k == int(C.ForKind.PARALLEL)]
         hinted = [a for _, _, a in loops if "pragma_loop_partition_hint" in a]
-        if cfg is small_cfg:
+        if cfg is not big_cfg:
             # one row per tile, no row predicate to partition; one parallel loop (one thread-pool launch)
-            # over the rows with every chain inside it
+            # over the rows with every chain inside it, none in the serial nest
             assert cfg["mr"] == 1 and cfg["mc_tiles"] == 1 and cfg["order"] == "rows"
             assert not hinted
-            par = [e for k, e, _ in loops if k == int(C.ForKind.PARALLEL)]
-            assert len(par) == 1 and not _is_static(par[0])
+            assert (not par) if cfg is serial_cfg else (len(par) == 1 and not _is_static(par[0]))
         else:
             # row tiles: the parallel loop runs over a symbolic number of row blocks (one for all chains
             # when the rows are shared); whole tiles partitioned from the last one
             assert cfg["mr"] > 1 and hinted
-            par = [e for k, e, _ in loops if k == int(C.ForKind.PARALLEL)]
             assert par and (cfg["order"] == "cols" or not _is_static(par[0]))
             if cfg["order"] == "rows" and name == "qkv3d":
                 assert cfg["share_rows"] and len(par) == 1
+
+
+def test_many_cores_have_no_serial_bucket():
+    """Two rows per core on 32 cores is past small_rows: the parallel GEMV-like nest takes every few rows."""
+    tgt = parse_target(NAMED_TARGETS["skx-32"])
+    t = SymbolicSiblings()
+    (kname, func), = S.graph_funcs(_qkv(), tgt).items()
+    assert [b.name for b in t.buckets(t.match(func, tgt), tgt)] == ["rows<=16", "rows>16"]
 
 
 def test_every_sampled_config_of_each_bucket_schedules(host):

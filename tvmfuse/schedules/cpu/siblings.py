@@ -244,11 +244,11 @@ class SiblingMatmuls(U.CpuTemplate, family="cpu.sibling_matmuls", config=Sibling
 
         # Step 4. One parallel row-block loop for all siblings (A's row block shared), or one each.
         # (Before the matmuls move in: `parallel` needs complete blocks, not split-off inits.)
+        # A subclass's match may mark a nest serial (a few rows: a fork of the thread pool costs more).
         if cfg.share_rows and len(tops) > 1 and not cols:
-            sch.parallel(sch.merge(*tops))
-        else:
-            for top in tops:
-                sch.parallel(top)
+            tops = [sch.merge(*tops)]
+        for top in ([] if info.get("serial", False) else tops):
+            sch.parallel(top)
 
         for reds, j1, j2, panel in tiles:
             # Step 5. Every matmul of the chain on the register tile (accumulators, init vectorized);

@@ -87,6 +87,13 @@ class RowBuckets:
     ``M`` and ``batch``, the row extents, and whose family's template_defaults have ``small_rows`` and
     ``nominal_rows``): this module's ``cpu.symbolic_matmul`` and ``cpu.symbolic_siblings``."""
 
+    def match_rows(self, match: Match, target: C.Target) -> Match:
+        """``match`` with the row counts its buckets read: ``rows`` (the table's ``nominal_rows``: what the
+        open bucket's register tiles are sized for) and ``small_rows``."""
+        d = self.table_defaults(target)
+        match.info.update(rows=int(d["nominal_rows"]), small_rows=int(d["small_rows"]))
+        return match
+
     def if_every_bucket_schedules(self, func: C.PrimFunc, match: Match, target: C.Target) -> Match | None:
         """``match`` if every bucket's default config schedules ``func`` (tried on copies: symbolic layouts
         can refuse), else None."""
@@ -100,14 +107,22 @@ class RowBuckets:
 
     # ------------------------------------------------------------------ size buckets
     def buckets(self, match: Match, target: C.Target) -> tuple[Bucket, ...]:
-        """Few rows (at most the table's ``small_rows``): the GEMV-like nest; more: the row-tiled one."""
-        small = int(self.table_defaults(target)["small_rows"])
-        return Bucket(f"rows<={small}", small), Bucket(f"rows>{small}", None)
+        """Few rows (at most the table's ``small_rows``): the GEMV-like nest; more: the row-tiled one.  With
+        ``serial_rows_per_core`` in the table: below that many rows per core (when fewer than
+        ``small_rows``) a serial GEMV-like nest first (a fork of the thread pool costs more than its work)."""
+        d = self.table_defaults(target)
+        small = int(d["small_rows"])
+        serial = int(d.get("serial_rows_per_core", 0)) * cpu_info(target).cores - 1
+        first = (Bucket(f"rows<={serial}", serial),) if 0 < serial < small else ()
+        return (*first, Bucket(f"rows<={small}", small), Bucket(f"rows>{small}", None))
 
     def bucket_match(self, match: Match, bucket: Bucket) -> Match:
-        """The match a bucket's space, default and apply read: ``small`` for a bounded bucket."""
-        return Match(self.family, {**match.info, "bucket": bucket.name, "small": bucket.max_extent is not None,
-                                   **({"rows": bucket.max_extent} if bucket.max_extent is not None else {})})
+        """The match a bucket's space, default and apply read: ``small`` for a bounded bucket, ``serial``
+        for a bound below the table's ``small_rows`` (``match_rows`` put it in the match)."""
+        bounded = bucket.max_extent is not None
+        serial = bounded and bucket.max_extent < match.info["small_rows"]
+        return Match(self.family, {**match.info, "bucket": bucket.name, "small": bounded, "serial": serial,
+                                   **({"rows": bucket.max_extent} if bounded else {})})
 
     def dispatch_extent(self, match: Match):
         """The run-time row count the buckets split: batch extents x M (an expression of the kernel's
@@ -155,8 +170,7 @@ class SymbolicMatmulEpilogue(RowBuckets, MM.MatmulEpilogue, family="cpu.symbolic
         return analyze_symbolic_rows_matmul(sch, red, target)
 
     def finish(self, func: C.PrimFunc, info: dict, target: C.Target) -> Match | None:
-        info["rows"] = self.table_defaults(target)["nominal_rows"]
-        return self.if_every_bucket_schedules(func, Match(self.family, info), target)
+        return self.if_every_bucket_schedules(func, self.match_rows(Match(self.family, info), target), target)
 
     def space(self, match: Match, target: C.Target) -> KnobSpace:
         n, k = match.info["N"], match.info["K"]

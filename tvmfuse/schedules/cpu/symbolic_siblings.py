@@ -8,7 +8,9 @@ chains merged so the shared input's row block is read once) runs over the symbol
 ``cpu.symbolic_matmul`` runs ``cpu.matmul_epilogue``'s: batch and sequence flattened into one row axis,
 the last row tile predicated, and the same size buckets (``symbolic_matmul.RowBuckets``): up to
 ``small_rows`` a GEMV-like nest (one row per register tile, one parallel loop over the rows), above it
-the row-tiled nest with the loop-partition hint (whole row tiles lose the per-row predicate).
+the row-tiled nest with the loop-partition hint (whole row tiles lose the per-row predicate); below
+``serial_rows_per_core`` rows per core the GEMV-like nest is serial (``RowBuckets.buckets``: a fork of the
+thread pool costs more than the work of a row or two).
 
 Matches what ``cpu.sibling_matmuls`` matches when every matmul is ``analyze_symbolic_matmul``'s (symbolic
 rows, static N and K, a weight shared by the batches) with N a multiple of the vector width.
@@ -31,8 +33,7 @@ class SymbolicSiblings(RowBuckets, SiblingMatmuls, family="cpu.symbolic_siblings
 
     def finish(self, func: C.PrimFunc, match: Match, target: C.Target) -> Match | None:
         # the register tiles are sized for the table's nominal row count (rows are known at run time only)
-        match.info["rows"] = self.table_defaults(target)["nominal_rows"]
-        return self.if_every_bucket_schedules(func, match, target)
+        return self.if_every_bucket_schedules(func, self.match_rows(match, target), target)
 
     def wrong_extents(self, group) -> str | None:
         return "static extents (cpu.sibling_matmuls takes those)" if group.is_static() else None
