@@ -234,13 +234,12 @@ def partition_row_tiles(sch: C.Schedule) -> None:
     names = []
     C.post_order_visit(func.body, lambda n: names.append(str(n.name_hint))
                        if isinstance(n, C.SBlock) and str(n.name_hint) != "root" else None)
-    hinted = set()
+    # every matmul's loops (sibling matmuls' loops have the same names: none is skipped by name; a loop
+    # that several blocks share is annotated again, which changes nothing)
     for name in names:
         block = sch.get_sblock(name)
         if not U.is_reduction(sch, block):
             continue
         for loop in sch.get_loops(block):
-            node = sch.get(loop)
-            if node.kind in (C.ForKind.SERIAL, C.ForKind.PARALLEL) and str(node.loop_var.name) not in hinted:
+            if sch.get(loop).kind in (C.ForKind.SERIAL, C.ForKind.PARALLEL):
                 sch.annotate(loop, "pragma_loop_partition_hint", 1)
-                hinted.add(str(node.loop_var.name))

@@ -57,6 +57,11 @@ class SymbolicSiblings(RowBuckets, SiblingMatmuls, family="cpu.symbolic_siblings
 
     def default_config(self, match: Match, target: C.Target) -> dict:
         cfg = super().default_config(match, target)
+        # a macro tile no wider than the narrowest sibling (wider ones only add always-false column
+        # predicates, next to the row predicate)
+        panel = max(1, min(match.info["Ns"].values()) // (cfg["nvec"] * cfg["lanes"]))
+        ch = {kb.name: kb.choices for kb in self.space(match, target).knobs}
+        cfg["nc_tiles"] = max(c for c in ch["nc_tiles"] if c <= max(min(ch["nc_tiles"]), min(cfg["nc_tiles"], panel)))
         if not match.info.get("small", False):
             return cfg
         # GEMV-like: one parallel loop over the few rows with every chain inside it (one thread-pool
