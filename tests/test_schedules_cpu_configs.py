@@ -42,11 +42,22 @@ def _softmax_symbolic_rows():
     return g.model()
 
 
+def _qkv_symbolic_rows():
+    """q, k, v = x @ W_s + b_s over x [batch, seq, 64] (rows symbolic): cpu.symbolic_siblings."""
+    g = M._G("qkv_sym")
+    x = g.input("x", ("batch", "seq", 64))
+    for name in ("q", "k", "v"):
+        g.op("Add", g.op("MatMul", x, g.weight((64, 64))), g.weight((64,), 0.1))
+        g.rename_last(name, ("batch", "seq", 64))
+    return g.model()
+
+
 # family -> a model one of whose fused kernels the family matches
 CASES = {
     "cpu.matmul_epilogue": lambda: S.matmul_3d(k=48),
     "cpu.sibling_matmuls": lambda: S.qkv_3d(),
     "cpu.symbolic_matmul": _mlp_symbolic_rows,
+    "cpu.symbolic_siblings": _qkv_symbolic_rows,
     "cpu.symbolic_rows": _softmax_symbolic_rows,
     "cpu.elementwise": lambda: M.elementwise_chain(n=4096),
     "cpu.row_reduction": lambda: M.layernorm(rows=32, d=96),
@@ -91,6 +102,7 @@ def test_default_is_a_typed_point_of_the_space(family, tname):
     ("cpu.matmul_epilogue", "k_unroll", 8, "k_unroll", 8),
     ("cpu.sibling_matmuls", "k_unroll", 8, "k_unroll", 8),
     ("cpu.symbolic_matmul", "order", "ji", "order", "ji"),
+    ("cpu.symbolic_siblings", "k_unroll", 8, "k_unroll", 8),
     ("cpu.symbolic_rows", "vector_mult", 2, "vector_mult", 2),
     ("cpu.elementwise", "unroll", 4, "unroll", 4),
     ("cpu.elementwise", "vector_mult", 2, "vector_mult", 2),

@@ -97,13 +97,19 @@ def test_symbolic_corpus_model_matches_static_and_onnxruntime(name, rng, record_
 
 @pytest.mark.slow
 def test_symbolic_matmul_runs_in_the_symbolic_corpus(host):
-    """The transformer's projections (rows = batch x sequence, static N/K) get cpu.symbolic_matmul, not
-    the one-row-at-a-time cpu.symbolic_rows."""
+    """The transformer's projections (rows = batch x sequence, static N/K) get cpu.symbolic_matmul and
+    its Q/K/V (three matmuls of one input) cpu.symbolic_siblings, not the one-row-at-a-time
+    cpu.symbolic_rows."""
     cm = tvmfuse.compile(corpus_io.model_path(ENTRIES["bert"], "dynamic"), target=host)
     fams = symbolic_check.templates(cm)
     # attention output projection + residual, FFN in + GELU, FFN out + residual (the layers share these
-    # kernels; Q/K/V are cpu.symbolic_rows siblings)
+    # kernels)
     assert fams.get("cpu.symbolic_matmul", 0) == 3, fams
+    qkv = [s for s in cm.report.schedules if s.get("template") == "cpu.symbolic_siblings"]
+    assert len(qkv) == 1 and qkv[0]["kernel"].count("matmul") == 3, qkv
+    # what cpu.symbolic_rows keeps: the LayerNorm and the mask/embedding kernel, no matmul
+    rows = [s["kernel"] for s in cm.report.schedules if s.get("template") == "cpu.symbolic_rows"]
+    assert not any("matmul" in k for k in rows), rows
 
 
 def test_latency_table_has_a_row_per_model_and_size():

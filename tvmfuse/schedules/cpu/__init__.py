@@ -15,6 +15,7 @@ from .reduction import RowReduction
 from .siblings import SiblingMatmuls
 from .symbolic import SymbolicRows
 from .symbolic_matmul import SymbolicMatmulEpilogue
+from .symbolic_siblings import SymbolicSiblings
 
 TEMPLATES: list = [
     NormMatmul(),                 # the norm_prologue rule's kernels: row sums + a norm feeding matmuls
@@ -30,5 +31,6 @@ TEMPLATES: list = [
     RowReduction(),
     Elementwise(),
     SymbolicMatmulEpilogue(),     # a matmul over symbolic rows (batch x seq) with static N/K
+    SymbolicSiblings(),           # several matmuls of one input over symbolic rows: before SymbolicRows
     SymbolicRows(),               # last: reductions over symbolic extents the static templates refuse
 ]

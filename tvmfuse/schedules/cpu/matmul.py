@@ -208,13 +208,16 @@ def analyze_matmul(sch: C.Schedule, block) -> dict | None:
     }
 
 
-def matmul_roles(func: C.PrimFunc) -> dict | None:
-    """``analyze_matmul`` of the one reduction block of ``func`` (its elementwise blocks folded first, as
-    ``MatmulEpilogue.match`` does); None when it has several or none."""
+def matmul_roles(func: C.PrimFunc, analyze=None) -> dict | None:
+    """``analyze`` (``analyze_matmul`` unless given: ``(sch, block) -> dict | None``) of the one reduction
+    block of ``func`` (its elementwise blocks folded first, as ``MatmulEpilogue.match`` does); None when it
+    has several or none."""
     sch = C.Schedule(func)
     U.inline_elementwise(sch)
     reds = [b for b in U.top_blocks(sch) if not U.is_spatial(sch, b)]
-    return analyze_matmul(sch, reds[0]) if len(reds) == 1 and U.is_reduction(sch, reds[0]) else None
+    if len(reds) != 1 or not U.is_reduction(sch, reds[0]):
+        return None
+    return (analyze or analyze_matmul)(sch, reds[0])
 
 
 def pick_register_tile(m: int, n: int, lanes: int, regs: int, mr_choices, nvec_choices) -> tuple[int, int]:

@@ -58,6 +58,11 @@ def _prod(values) -> int:
     return out
 
 
+def rows_key(info: dict) -> tuple[str, ...]:
+    """The rows of an analysed matmul (M and the batch extents, static or symbolic) as a comparable key."""
+    return (str(info["M"]), *(str(b) for b in info["batch"]))
+
+
 def output_chains(sch: C.Schedule, reductions: list) -> list[tuple[str | None, list[str]]] | None:
     """[(output block or None, [matmul names])]: None as the output means the matmul is the output."""
     outputs = U.output_names(sch)
@@ -98,12 +103,12 @@ class SiblingMatmuls(U.CpuTemplate, family="cpu.sibling_matmuls", config=Sibling
         for b in non_spatial:
             if not U.is_reduction(sch, b):
                 return None
-            info = analyze_matmul(sch, b)
+            info = self.analyze(sch, b, target)
             if info is None:
                 return None
             reductions.append((b, info))
         first = reductions[0][1]
-        if any(r["M"] != first["M"] or r["batch"] != first["batch"] for _, r in reductions):
+        if len({rows_key(r) for _, r in reductions}) != 1:
             return None
         chains = output_chains(sch, reductions)
         if chains is None:
@@ -118,7 +123,7 @@ class SiblingMatmuls(U.CpuTemplate, family="cpu.sibling_matmuls", config=Sibling
         others = [n for n in left if n not in in_chain]
         if any(not U.is_spatial(sch, sch.get_sblock(n)) for n in others):
             return None
-        return Match(self.family, {
+        return self.finish(func, Match(self.family, {
             "M": first["M"], "batch": first["batch"],
             "N": max(r["N"] for r in infos.values()), "K": max(r["K"] for r in infos.values()),
             "chains": [[a, list(r)] for a, r in chains], "others": others,
@@ -131,24 +136,37 @@ class SiblingMatmuls(U.CpuTemplate, family="cpu.sibling_matmuls", config=Sibling
             "M_rows": first["M"],
             "rows": first["M"] * _prod(first["batch"]) if all(flattenable(r) for r in infos.values())
             else first["M"],
-        })
+        }), target)
+
+    def analyze(self, sch: C.Schedule, red, target: C.Target) -> dict | None:
+        """The roles of one matmul block (``analyze_matmul``: static extents; a subclass matches others)."""
+        return analyze_matmul(sch, red)
+
+    def finish(self, func: C.PrimFunc, match: Match, target: C.Target) -> Match | None:
+        """The match of the siblings' roles (a subclass completes or refuses it)."""
+        return match
+
+    def wrong_extents(self, group) -> str | None:
+        """For ``accepts``: why the group's extents are not this family's (static ones), or None."""
+        return None if group.is_static() else "symbolic extents (cpu.symbolic_siblings takes those)"
 
     def accepts(self, group, target: C.Target) -> str | None:
-        """Static shapes, two or more matmul anchors (each ``analyze_matmul`` on its PrimFunc) over the same
-        rows, only matmuls (no conv) and no row reduction."""
+        """Static shapes (``wrong_extents``), two or more matmul anchors (each ``analyze`` on its PrimFunc)
+        over the same rows, only matmuls (no conv) and no row reduction."""
         anchors, contractions = U.matmul_anchors(group), group.of_kind(CONTRACTION)
-        if not group.is_static():
-            return "symbolic extents (the sibling template tiles static rows)"
+        why = self.wrong_extents(group)
+        if why is not None:
+            return why
         if len(anchors) < 2 or len(anchors) != len(contractions):
             return f"{len(contractions)} matmul/conv anchors, {len(anchors)} of them matmuls (this family " \
                    "tiles two or more matmuls of one input)"
         if group.of_kind(REDUCTION):
             return "a row reduction beside the matmuls"
-        roles = [(m.name, matmul_roles(m.func)) for m in anchors]
+        roles = [(m.name, matmul_roles(m.func, lambda sch, red: self.analyze(sch, red, target))) for m in anchors]
         bad = [name for name, r in roles if r is None]
         if bad:
-            return f"{bad[0]} is not C += A * B with one i, j and k axis"
-        if len({(r["M"], tuple(r["batch"])) for _, r in roles}) != 1:
+            return f"{bad[0]} is not C += A * B with one i, j and k axis ({self.family}'s extents)"
+        if len({rows_key(r) for _, r in roles}) != 1:
             return "the matmuls have different rows (M or batch)"
         return None
 
@@ -226,11 +244,11 @@ class SiblingMatmuls(U.CpuTemplate, family="cpu.sibling_matmuls", config=Sibling
 
         # Step 4. One parallel row-block loop for all siblings (A's row block shared), or one each.
         # (Before the matmuls move in: `parallel` needs complete blocks, not split-off inits.)
+        # A subclass's match may mark a nest serial (a few rows: a fork of the thread pool costs more).
         if cfg.share_rows and len(tops) > 1 and not cols:
-            sch.parallel(sch.merge(*tops))
-        else:
-            for top in tops:
-                sch.parallel(top)
+            tops = [sch.merge(*tops)]
+        for top in ([] if info.get("serial", False) else tops):
+            sch.parallel(top)
 
         for reds, j1, j2, panel in tiles:
             # Step 5. Every matmul of the chain on the register tile (accumulators, init vectorized);

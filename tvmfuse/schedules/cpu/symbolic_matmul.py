@@ -73,34 +73,30 @@ def analyze_symbolic_matmul(sch: C.Schedule, block) -> dict | None:
     }
 
 
-class SymbolicMatmulEpilogue(MM.MatmulEpilogue, family="cpu.symbolic_matmul"):
-    """``cpu.matmul_epilogue``'s schedule (and its ``MatmulConfig``) over a symbolic row count (see the module
-    docstring)."""
-
-    def accepts(self, group, target: C.Target) -> str | None:
-        """One matmul anchor with symbolic rows, no row reduction, and (``analyze`` on its PrimFunc) static
-        N and K, a weight shared by the batches and N a multiple of the vector width."""
-        why = MM.one_matmul_anchor(group, static=False)
-        if why is not None:
-            return why
-        anchor = U.matmul_anchors(group)[0]
-        sch = C.Schedule(anchor.func)
-        U.inline_elementwise(sch)
-        reds = [b for b in U.top_blocks(sch) if not U.is_spatial(sch, b)]
-        if len(reds) != 1 or self.analyze(sch, reds[0], target) is None:
-            return f"{anchor.name} is not [rows, K] @ [K, N] with static N, K and N a multiple of the vector width"
+def analyze_symbolic_rows_matmul(sch: C.Schedule, block, target: C.Target) -> dict | None:
+    """``analyze_symbolic_matmul`` when N is also a multiple of the target's vector width (no column tail:
+    a per-lane predicate makes TVM's vectorizer emit scalar code), else None."""
+    info = analyze_symbolic_matmul(sch, block)
+    if info is None or info["N"] % cpu_info(target).float32_lanes:
         return None
+    return info
 
-    def analyze(self, sch: C.Schedule, red, target: C.Target) -> dict | None:
-        info = analyze_symbolic_matmul(sch, red)
-        if info is None or info["N"] % cpu_info(target).float32_lanes:
-            return None
-        return info
 
-    def finish(self, func: C.PrimFunc, info: dict, target: C.Target) -> Match | None:
-        info["rows"] = self.table_defaults(target)["nominal_rows"]
-        # the match must schedule: try the default on a copy (symbolic layouts can refuse)
-        match = Match(self.family, info)
+class RowBuckets:
+    """Size buckets over a symbolic row count (a mixin of the templates over symbolic rows whose match has
+    ``M`` and ``batch``, the row extents, and whose family's template_defaults have ``small_rows`` and
+    ``nominal_rows``): this module's ``cpu.symbolic_matmul`` and ``cpu.symbolic_siblings``."""
+
+    def match_rows(self, match: Match, target: C.Target) -> Match:
+        """``match`` with the row counts its buckets read: ``rows`` (the table's ``nominal_rows``: what the
+        open bucket's register tiles are sized for) and ``small_rows``."""
+        d = self.table_defaults(target)
+        match.info.update(rows=int(d["nominal_rows"]), small_rows=int(d["small_rows"]))
+        return match
+
+    def if_every_bucket_schedules(self, func: C.PrimFunc, match: Match, target: C.Target) -> Match | None:
+        """``match`` if every bucket's default config schedules ``func`` (tried on copies: symbolic layouts
+        can refuse), else None."""
         try:
             for bucket in self.buckets(match, target):
                 bm = self.bucket_match(match, bucket)
@@ -111,14 +107,22 @@ class SymbolicMatmulEpilogue(MM.MatmulEpilogue, family="cpu.symbolic_matmul"):
 
     # ------------------------------------------------------------------ size buckets
     def buckets(self, match: Match, target: C.Target) -> tuple[Bucket, ...]:
-        """Few rows (at most the table's ``small_rows``): the GEMV-like nest; more: the row-tiled one."""
-        small = int(self.table_defaults(target)["small_rows"])
-        return Bucket(f"rows<={small}", small), Bucket(f"rows>{small}", None)
+        """Few rows (at most the table's ``small_rows``): the GEMV-like nest; more: the row-tiled one.  With
+        ``serial_rows_per_core`` in the table: below that many rows per core (when fewer than
+        ``small_rows``) a serial GEMV-like nest first (a fork of the thread pool costs more than its work)."""
+        d = self.table_defaults(target)
+        small = int(d["small_rows"])
+        serial = int(d.get("serial_rows_per_core", 0)) * cpu_info(target).cores - 1
+        first = (Bucket(f"rows<={serial}", serial),) if 0 < serial < small else ()
+        return (*first, Bucket(f"rows<={small}", small), Bucket(f"rows>{small}", None))
 
     def bucket_match(self, match: Match, bucket: Bucket) -> Match:
-        """The match a bucket's space, default and apply read: ``small`` for a bounded bucket."""
-        return Match(self.family, {**match.info, "bucket": bucket.name, "small": bucket.max_extent is not None,
-                                   **({"rows": bucket.max_extent} if bucket.max_extent is not None else {})})
+        """The match a bucket's space, default and apply read: ``small`` for a bounded bucket, ``serial``
+        for a bound below the table's ``small_rows`` (``match_rows`` put it in the match)."""
+        bounded = bucket.max_extent is not None
+        serial = bounded and bucket.max_extent < match.info["small_rows"]
+        return Match(self.family, {**match.info, "bucket": bucket.name, "small": bounded, "serial": serial,
+                                   **({"rows": bucket.max_extent} if bounded else {})})
 
     def dispatch_extent(self, match: Match):
         """The run-time row count the buckets split: batch extents x M (an expression of the kernel's
@@ -142,6 +146,31 @@ class SymbolicMatmulEpilogue(MM.MatmulEpilogue, family="cpu.symbolic_matmul"):
         if not all(isinstance(e, C.tirx.Var) for e in symbolic):
             raise ValueError(f"row extents {symbolic}: a bucket's measured size needs plain shape variables")
         return {str(v.name): (rows if i == len(symbolic) - 1 else 1) for i, v in enumerate(symbolic)}
+
+
+class SymbolicMatmulEpilogue(RowBuckets, MM.MatmulEpilogue, family="cpu.symbolic_matmul"):
+    """``cpu.matmul_epilogue``'s schedule (and its ``MatmulConfig``) over a symbolic row count (see the module
+    docstring)."""
+
+    def accepts(self, group, target: C.Target) -> str | None:
+        """One matmul anchor with symbolic rows, no row reduction, and (``analyze`` on its PrimFunc) static
+        N and K, a weight shared by the batches and N a multiple of the vector width."""
+        why = MM.one_matmul_anchor(group, static=False)
+        if why is not None:
+            return why
+        anchor = U.matmul_anchors(group)[0]
+        sch = C.Schedule(anchor.func)
+        U.inline_elementwise(sch)
+        reds = [b for b in U.top_blocks(sch) if not U.is_spatial(sch, b)]
+        if len(reds) != 1 or self.analyze(sch, reds[0], target) is None:
+            return f"{anchor.name} is not [rows, K] @ [K, N] with static N, K and N a multiple of the vector width"
+        return None
+
+    def analyze(self, sch: C.Schedule, red, target: C.Target) -> dict | None:
+        return analyze_symbolic_rows_matmul(sch, red, target)
+
+    def finish(self, func: C.PrimFunc, info: dict, target: C.Target) -> Match | None:
+        return self.if_every_bucket_schedules(func, self.match_rows(Match(self.family, info), target), target)
 
     def space(self, match: Match, target: C.Target) -> KnobSpace:
         n, k = match.info["N"], match.info["K"]
@@ -191,10 +220,10 @@ class SymbolicMatmulEpilogue(MM.MatmulEpilogue, family="cpu.symbolic_matmul"):
         # Step 2c makes one symbolic row axis and Step 3 splits it with a predicated last tile.
         super().apply(sch, match, config)
         if not match.info.get("small", False):
-            _partition_row_tiles(sch)
+            partition_row_tiles(sch)
 
 
-def _partition_row_tiles(sch: C.Schedule) -> None:
+def partition_row_tiles(sch: C.Schedule) -> None:
     """The row-tiled nest's predicate ("this row exists") sits on every row of the register tile inside
     the k loop: LLVM then keeps the accumulators in memory (a load, FMA and store per step: 211 us against
     36 us with the hint for the FFN-down kernel at 136 rows, measured under load).  A loop-partition hint
@@ -205,13 +234,12 @@ def _partition_row_tiles(sch: C.Schedule) -> None:
     names = []
     C.post_order_visit(func.body, lambda n: names.append(str(n.name_hint))
                        if isinstance(n, C.SBlock) and str(n.name_hint) != "root" else None)
-    hinted = set()
+    # every matmul's loops (sibling matmuls' loops have the same names: none is skipped by name; a loop
+    # that several blocks share is annotated again, which changes nothing)
     for name in names:
         block = sch.get_sblock(name)
         if not U.is_reduction(sch, block):
             continue
         for loop in sch.get_loops(block):
-            node = sch.get(loop)
-            if node.kind in (C.ForKind.SERIAL, C.ForKind.PARALLEL) and str(node.loop_var.name) not in hinted:
+            if sch.get(loop).kind in (C.ForKind.SERIAL, C.ForKind.PARALLEL):
                 sch.annotate(loop, "pragma_loop_partition_hint", 1)
-                hinted.add(str(node.loop_var.name))

@@ -1,0 +1,77 @@
+"""Sibling matmuls (Q/K/V, SwiGLU's gate/up: several matmuls of one input) over a symbolic number of rows
+(``[batch, seq, K] @ [K, N_s]``: rows = batch x seq known only at run time, every N_s and K static).
+
+``cpu.sibling_matmuls`` needs static rows; without this family such a kernel gets ``cpu.symbolic_rows``
+(one row at a time: every row reads every weight, no register tile).  Here ``cpu.sibling_matmuls``'s
+schedule (its ``SiblingsConfig`` and ``apply``: chains tiled on register tiles, the row-block loops of the
+chains merged so the shared input's row block is read once) runs over the symbolic rows the way
+``cpu.symbolic_matmul`` runs ``cpu.matmul_epilogue``'s: batch and sequence flattened into one row axis,
+the last row tile predicated, and the same size buckets (``symbolic_matmul.RowBuckets``): up to
+``small_rows`` a GEMV-like nest (one row per register tile, one parallel loop over the rows), above it
+the row-tiled nest with the loop-partition hint (whole row tiles lose the per-row predicate); below
+``serial_rows_per_core`` rows per core the GEMV-like nest is serial (``RowBuckets.buckets``: a fork of the
+thread pool costs more than the work of a row or two).
+
+Matches what ``cpu.sibling_matmuls`` matches when every matmul is ``analyze_symbolic_matmul``'s (symbolic
+rows, static N and K, a weight shared by the batches) with N a multiple of the vector width.
+"""
+from __future__ import annotations
+
+from ... import _compat as C
+from ...target import cpu_info
+from ..base import KnobSpace, Match
+from . import matmul as MM
+from .siblings import SiblingMatmuls, SiblingsConfig
+from .symbolic_matmul import SYM_MR_CHOICES, RowBuckets, analyze_symbolic_rows_matmul, partition_row_tiles
+
+
+class SymbolicSiblings(RowBuckets, SiblingMatmuls, family="cpu.symbolic_siblings"):
+    """``cpu.sibling_matmuls``'s schedule over a symbolic row count (see the module docstring)."""
+
+    def analyze(self, sch: C.Schedule, red, target: C.Target) -> dict | None:
+        return analyze_symbolic_rows_matmul(sch, red, target)
+
+    def finish(self, func: C.PrimFunc, match: Match, target: C.Target) -> Match | None:
+        # the register tiles are sized for the table's nominal row count (rows are known at run time only)
+        return self.if_every_bucket_schedules(func, self.match_rows(match, target), target)
+
+    def wrong_extents(self, group) -> str | None:
+        return "static extents (cpu.sibling_matmuls takes those)" if group.is_static() else None
+
+    # ------------------------------------------------------------------ knobs
+    def space(self, match: Match, target: C.Target) -> KnobSpace:
+        ns, k, m = set(match.info["Ns"].values()), match.info["K"], match.info["rows"]
+        lanes = cpu_info(target).float32_lanes
+        small = match.info.get("small", False)
+        choices = MM.register_tile_choices(m, max(ns), k, lanes)
+        return SiblingsConfig.space(**{
+            **choices,
+            # few rows: one row per register tile and per row block (no row tiling, no wasted rows)
+            **({"mr": (1,), "mc_tiles": (1,)} if small else {"mr": SYM_MR_CHOICES, "mc_tiles": MM.MC_TILES}),
+            # register tiles that divide every sibling's N: no column tail
+            "nvec": tuple(v for v in MM.NVEC_CHOICES if all(n % (v * lanes) == 0 for n in ns)),
+            "lanes": (lanes,),
+            "share_rows": (True, False) if len(match.info["chains"]) > 1 else (False,),
+            "pad_n": (False,),                                       # N is a multiple of the vector width
+            "flatten_batch": (bool(match.info.get("flattenable")),)})   # batch x sequence as one row axis
+
+    def default_config(self, match: Match, target: C.Target) -> dict:
+        cfg = super().default_config(match, target)
+        # a macro tile no wider than the narrowest sibling (wider ones only add always-false column
+        # predicates, next to the row predicate)
+        panel = max(1, min(match.info["Ns"].values()) // (cfg["nvec"] * cfg["lanes"]))
+        ch = {kb.name: kb.choices for kb in self.space(match, target).knobs}
+        cfg["nc_tiles"] = max(c for c in ch["nc_tiles"] if c <= max(min(ch["nc_tiles"]), min(cfg["nc_tiles"], panel)))
+        if not match.info.get("small", False):
+            return cfg
+        # GEMV-like: one parallel loop over the few rows with every chain inside it (one thread-pool
+        # launch: the chains' own column-panel loops would be one launch each, which costs more than the
+        # few rows' work; measured under load, Q/K/V 64x64 at 1 row: 7.5 -> 3.2 us), B unpacked (a packed
+        # panel would cost as much as the few rows using it)
+        return {**cfg, "order": "rows", "share_rows": len(match.info["chains"]) > 1, "pack_b": False}
+
+    # ------------------------------------------------------------------ apply
+    def apply(self, sch: C.Schedule, match: Match, config: dict) -> None:
+        super().apply(sch, match, config)
+        if not match.info.get("small", False):
+            partition_row_tiles(sch)
