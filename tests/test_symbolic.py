@@ -664,6 +664,14 @@ def _numel(shape):
     return n
 
 
+def _reductions(func) -> int:
+    """Blocks of ``func`` with a reduction axis (a matmul's accumulation)."""
+    blocks = []
+    C.post_order_visit(func.body, lambda n: blocks.append(n) if isinstance(n, C.SBlock) and
+                       any(int(iv.iter_type) == C.IterVarKind.CommReduce for iv in n.iter_vars) else None)
+    return len(blocks)
+
+
 @pytest.mark.parametrize("target", NAMED_TARGETS, ids=["haswell", "skylake-avx512"])
 @pytest.mark.parametrize("name, build", [
     ("mlp", _mlp),
@@ -686,10 +694,12 @@ def test_symbolic_kernels_get_a_parallel_vectorized_schedule(name, build, target
         # producers live on rows: no intermediate as large as the output is left
         out = _numel(func.params[-1].shape)
         full = [a for a in allocs if C.Analyzer().can_prove_equal(a, out)]
-        if res.template == "cpu.symbolic_matmul":
-            # known limitation: its mr x nr accumulator keeps the rows x N shape (TVM's strict buffer
-            # compaction cannot prove rows >= mr for a symbolic row count); nothing else may be left
-            full = full[1:]
+        if res.template in ("cpu.symbolic_matmul", "cpu.symbolic_siblings"):
+            # known limitation: each matmul's mr x nr accumulator keeps the rows x N shape here (TVM's strict
+            # buffer compaction cannot prove rows >= mr for a symbolic row count; lowering shrinks them:
+            # test_symbolic_siblings.test_qkv_over_symbolic_rows_leaves_no_full_size_matmul_buffer);
+            # nothing else may be left
+            full = full[_reductions(func):]
         assert not full, f"{kname} ({res.template}): full-size intermediates left: {full}"
 
 
