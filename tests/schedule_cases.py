@@ -3,6 +3,8 @@ transposed matmuls, pooling, reductions over any axis, layout ops, convs of ever
 look at scheduled TIR: the kernels tvmfuse's graph stage makes, lowering up to vectorization, unrolled
 extents.  Shared by test_schedules_cpu_matmul_general.py, test_schedules_cpu_generic.py and
 test_schedules_cpu_conv_general.py."""
+import random
+
 import numpy as np
 import onnx
 from onnx import TensorProto, helper
@@ -11,6 +13,7 @@ import tvmfuse
 from tvmfuse import _compat as C
 from tvmfuse.models import OPSET, _G
 from tvmfuse.pipeline import PipelineOptions, graph_stage
+from tvmfuse.schedules.base import schedule_with
 
 # named targets of the structural tests: AVX2 (8 float lanes) and AVX-512 (16), 2 cores
 # (`llvm -mtriple=x86_64-linux-gnu -mcpu=haswell -num-cores=2` in TVM 0.27's JSON form)
@@ -304,3 +307,22 @@ def run_func(func, target, args, n_out: int = 1) -> list:
     outs = [C.tensor(np.zeros([int(d) for d in p.shape], str(p.dtype))) for p in func.params[-n_out:]]
     lib["main"](*[C.tensor(a) for a in args], *outs)
     return [o.numpy() for o in outs]
+
+
+def vector_lanes(func) -> set[int]:
+    """The extents of ``func``'s vectorized loops."""
+    return {int(f.extent) for f in loops(func) if int(f.kind) == int(C.ForKind.VECTORIZED)}
+
+
+def assert_sampled_configs_compute_the_unscheduled(t, match, func, target, rng, samples: int = 3) -> None:
+    """Template ``t``'s default and ``samples`` sampled configs (each in its space) compute what the
+    unscheduled ``func`` computes, on fresh random inputs."""
+    space = t.space(match, target)
+    sampler = random.Random(int(rng.integers(1 << 30)))
+    configs = [t.default_config(match, target)] + [space.sample(sampler) for _ in range(samples)]
+    args = random_args(func, rng)
+    want = run_func(func, target, args)[0]
+    for cfg in configs:
+        assert space.contains(cfg), cfg
+        got = run_func(schedule_with(t, match, func, cfg), target, args)[0]
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5, err_msg=str(cfg))

@@ -11,7 +11,6 @@ output only as a register tile, nothing scalarized, bounded unrolling; where the
 plane, channels no vector divides, a window, groups) the conv keeps its OIHW weights and cpu.conv2d_epilogue.
 """
 import json
-import random
 
 import numpy as np
 import pytest
@@ -77,19 +76,7 @@ def test_sampled_configs_vs_unscheduled(cout, cin, hw, epi, transposed, host, rn
     t = Conv1x1()
     match = t.match(func, host)
     assert match is not None and match.info["weight_layout"] == ("IHWO" if transposed else "OIHW")
-    space = t.space(match, host)
-    sampler = random.Random(int(rng.integers(1 << 30)))
-    configs = [t.default_config(match, host)] + [space.sample(sampler) for _ in range(3)]
-    args = S.random_args(func, rng)
-    want = S.run_func(func, host, args)[0]
-    for cfg in configs:
-        assert space.contains(cfg), cfg
-        got = S.run_func(schedule_with(t, match, func, cfg), host, args)[0]
-        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5, err_msg=str(cfg))
-
-
-def _vector_lanes(func) -> set[int]:
-    return {int(f.extent) for f in S.loops(func) if int(f.kind) == int(C.ForKind.VECTORIZED)}
+    S.assert_sampled_configs_compute_the_unscheduled(t, match, func, host, rng)
 
 
 @pytest.mark.parametrize("target,lanes", [(S.HASWELL, 8), (S.SKYLAKE, 16)], ids=["haswell", "skylake"])
@@ -104,7 +91,7 @@ def test_structure(cout, cin, hw, epi, target, lanes):
     cfg = res.config
     assert cout % (cfg["nvec"] * cfg["lanes"]) == 0 and cfg["lanes"] in (lanes, lanes // 2), cfg
     # vectors of output channels only: a pixel vector would have the plane's (or a row's) extent
-    assert _vector_lanes(res.func) == {cfg["lanes"]}, (_vector_lanes(res.func), cfg)
+    assert S.vector_lanes(res.func) == {cfg["lanes"]}, (S.vector_lanes(res.func), cfg)
     assert not S.scalarized_loops(res.func), "a vectorized loop was scalarized"
     parallel = [f for f in S.loops(res.func) if int(f.kind) == int(C.ForKind.PARALLEL)]
     # one parallel loop (the weights need no copy); none under min_parallel_macs (64x16 on 2x2, 96x24 on 7x7)
@@ -226,7 +213,7 @@ def test_parallel_threshold_comes_from_the_target_table(monkeypatch, target):
     after = schedule_prim_func(func, tgt, {}, name)
     assert after.template == FAMILY and after.config == before.config
     assert _parallel_loops(after.func) == 0, "a parallel loop under min_parallel_macs"
-    assert _vector_lanes(after.func) == _vector_lanes(before.func)
+    assert S.vector_lanes(after.func) == S.vector_lanes(before.func)
     assert not S.scalarized_loops(after.func)
 
 

@@ -12,7 +12,6 @@ more, channels no vector divides, a depthwise or grouped conv, weights that are 
 its OIHW weights and the template it had before.
 """
 import json
-import random
 
 import numpy as np
 import pytest
@@ -21,7 +20,6 @@ import tvmfuse
 from tvmfuse import target as TG
 from tvmfuse import _compat as C
 from tvmfuse.schedules import schedule_prim_func
-from tvmfuse.schedules.base import schedule_with
 from tvmfuse.schedules.cpu.common import MAX_UNROLLED_COPIES
 from tvmfuse.schedules.cpu.conv_lanes import FAMILY, ConvLanes, pixel_tiles
 
@@ -83,19 +81,7 @@ def test_sampled_configs_vs_unscheduled(name, kwargs, host, rng):
     t = ConvLanes()
     match = t.match(func, host)
     assert match is not None and match.info["weight_layout"] == "IHWO"
-    space = t.space(match, host)
-    sampler = random.Random(int(rng.integers(1 << 30)))
-    configs = [t.default_config(match, host)] + [space.sample(sampler) for _ in range(3)]
-    args = S.random_args(func, rng)
-    want = S.run_func(func, host, args)[0]
-    for cfg in configs:
-        assert space.contains(cfg), cfg
-        got = S.run_func(schedule_with(t, match, func, cfg), host, args)[0]
-        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5, err_msg=str(cfg))
-
-
-def _vector_lanes(func) -> set[int]:
-    return {int(f.extent) for f in S.loops(func) if int(f.kind) == int(C.ForKind.VECTORIZED)}
+    S.assert_sampled_configs_compute_the_unscheduled(t, match, func, host, rng)
 
 
 @pytest.mark.parametrize("target,lanes", [(S.HASWELL, 8), (S.SKYLAKE, 16)], ids=["haswell", "skylake"])
@@ -116,7 +102,7 @@ def test_structure(name, kwargs, target, lanes):
     assert tile + cfg["nvec"] + 1 <= (32 if lanes == 16 else 16), f"register tile {cfg} spills"
     # vectors of output channels only (the padding copy is vectorized along its rows: that loop's extent
     # is a padded row, not a vector of channels)
-    assert cfg["lanes"] in _vector_lanes(res.func)
+    assert cfg["lanes"] in S.vector_lanes(res.func)
     assert not S.scalarized_loops(res.func), "a vectorized loop was scalarized"
     parallel = [f for f in S.loops(res.func) if int(f.kind) == int(C.ForKind.PARALLEL)]
     assert len(parallel) == (2 if kwargs.get("pads", (1,)) != (0, 0, 0, 0) else 1), len(parallel)
