@@ -35,14 +35,8 @@ def _qkv(rows=("batch", "sequence"), hidden=64, bias=True):
 
 
 def _swiglu(rows="rows", hidden=48, ffn=64):
-    """silu(x @ Wg) * (x @ Wu) over x [rows, hidden]: one chain of two matmuls, one output."""
-    g = M._G("swiglu_sym")
-    x = g.input("x", (rows, hidden))
-    gate = g.op("MatMul", x, g.weight((hidden, ffn)))
-    up = g.op("MatMul", x, g.weight((hidden, ffn)))
-    g.op("Mul", g.op("Mul", gate, g.op("Sigmoid", gate)), up)
-    g.rename_last("y", (rows, ffn))
-    return g.model()
+    """silu(x @ Wg) * (x @ Wu) over x [rows, hidden] (the demo model with symbolic rows)."""
+    return M.swiglu(seq=rows, hidden=hidden, ffn=ffn)
 
 
 def _loops(stmt):
