@@ -8,7 +8,9 @@ L1/L2 between the passes), the row loop is parallel, elementwise passes are vect
 are vectorized by an rfactor over ``rf_width`` partial sums (independent accumulators).  A row whose
 length the vector width does not divide keeps full vectors in its main loops: the elementwise passes run
 on whole vectors and a short scalar tail finishes the row (common.partition_tail); the partial sums take a
-width that divides the row (whole, half or quarter vectors: 104 floats on AVX-512 are 13 x 8).  A row with
+width that divides the row (whole, half or quarter vectors: 104 floats on AVX-512 are 13 x 8), and several
+of the narrower ones where one would be a single dependent chain over a long row (1000 floats: 40 = 5 x 8
+lanes, default_rf_width).  A row with
 no such divisor (65 keys of a ViT softmax, 97, a prime length) reduces its main part on vector partial
 sums and the last ``row_len % rf_width`` elements in a scalar tail (_rfactor_with_tail: the reduction loop
 is cut first, the tail's init dropped, then the main part rfactored): an rfactor over a width that does
@@ -35,6 +37,13 @@ from . import common as U
 from .matmul import is_contraction
 
 RF_VECTORS = (1, 2, 4)           # partial-sum vectors per reduction (independent FMA chains)
+# Partial sums per reduction at most when several sub-vectors divide a row no full-vector multiple divides
+# (1000 floats: 40 = 5 x 8 lanes): the write-back adds the partial sums one by one, a chain of this many
+# dependent scalar steps per row.
+MAX_RF_WIDTH = 64
+# ... and the default takes such a width only when it cuts the dependent steps per row (default_rf_width) by
+# this factor at least: a cost model of latency alone, so only large gains (1000: 133 -> 65 steps) count.
+CHAIN_GAIN = 2
 RF_LANE_DIVISORS = (1, 2, 4)     # or a partial-sum vector of target lanes / this (at least MIN_RF_LANES)
 MIN_RF_LANES = 4
 UNROLL = (1, 2, 4)               # unroll of the vectorized elementwise passes
@@ -333,7 +342,7 @@ class RowReduction(BatchBuckets, U.CpuTemplate, family=FAMILY, config=RowReducti
         lanes = cpu_info(target).float32_lanes
         # partial sums at most one row wide (a row that does not fill them has no vector step at all);
         # a width that does not divide the row leaves a scalar tail (_vectorize_rf)
-        widths = rf_widths(lanes, match.info["row_len"]) or rf_tail_widths(lanes, match.info["row_len"])
+        widths = rf_chain_widths(lanes, match.info["row_len"]) or rf_tail_widths(lanes, match.info["row_len"])
         return RowReductionConfig.space(lanes=(lanes,), rf_width=widths or (lanes,),
                                         vectorize_reductions=(True, False) if match.info["rfactor"] and widths
                                         else (False,))
@@ -343,7 +352,9 @@ class RowReduction(BatchBuckets, U.CpuTemplate, family=FAMILY, config=RowReducti
         space = self.space(match, target).to_dict()
         return RowReductionConfig(
             lanes=info.float32_lanes,
-            rf_width=U.choices_upto(space["rf_width"], info.float32_lanes * d["max_rf_vectors"])[-1],
+            rf_width=default_rf_width(space["rf_width"], info.float32_lanes,
+                                      info.float32_lanes * d["max_rf_vectors"],
+                                      match.info["row_len"]),
             vectorize_reductions=True in space["vectorize_reductions"],
             unroll=U.nearest_choice(UNROLL, d["unroll"]),
             parallel=match.info["rows"] >= d["min_rows_per_core"] * info.cores).asdict()
@@ -483,6 +494,35 @@ def rf_tail_widths(lanes: int, row_len: int) -> tuple:
 def _rf_candidates(lanes: int) -> list:
     vectors = [lanes // d for d in RF_LANE_DIVISORS if lanes % d == 0 and lanes // d >= MIN_RF_LANES]
     return sorted({w * v for w in vectors for v in RF_VECTORS if w * v <= lanes * max(RF_VECTORS)})
+
+
+def rf_chain_widths(lanes: int, row_len: int) -> tuple:
+    """``rf_widths`` and the multiples of them, up to MAX_RF_WIDTH, that divide the row, ascending: several
+    vectors of a width that divides the row where no multiple of a full vector does (1000 floats on
+    AVX-512: 20 = 16 + 4 and 40 = 16 + 16 + 8 lanes beside 8, a half vector)."""
+    base = rf_widths(lanes, row_len)
+    more = {w * c for w in base for c in range(2, MAX_RF_WIDTH // w + 1) if row_len % (w * c) == 0}
+    return tuple(sorted(set(base) | more))
+
+
+def default_rf_width(widths, lanes: int, limit: int, row_len: int) -> int:
+    """The default partial-sum width among ``widths`` (the knob's choices): the widest up to ``limit`` lanes
+    (the target table's max_rf_vectors full vectors) among the whole, half or quarter vectors
+    and their 1, 2 or 4 copies (``rf_widths``).  Where that is narrower than ``limit`` and divides a
+    long row (1000 floats on AVX-512: 8 lanes, one dependent chain of 125 max or add steps per row, latency
+    bound: twice the time of the 63 steps over rows of 1008 on 16), a wider width that divides the row when
+    it takes at most 1 / CHAIN_GAIN of the dependent steps per row: row_len / width in the main loop plus
+    width in the write-back (40 for 1000: 25 + 40 against 125 + 8; 104 keeps 8: 13 + 8 against 2 + 52)."""
+    base = [w for w in widths if w in _rf_candidates(lanes)] or list(widths)
+    w0 = U.choices_upto(base, limit)[-1]
+    if w0 >= limit or row_len % w0:
+        return w0
+
+    def steps(w):
+        return row_len // w + w
+
+    best = min((w for w in widths if w > w0 and row_len % w == 0), key=lambda w: (steps(w), w), default=w0)
+    return best if steps(best) * CHAIN_GAIN <= steps(w0) else w0
 
 
 def rf_widths(lanes: int, row_len: int) -> tuple:
