@@ -425,3 +425,62 @@ def test_gelu_tanh_kernel_has_no_powf(host):
     assert "powf" in asm(off)
     x = np.random.default_rng().standard_normal((32, 256)).astype("float32") * 3
     np.testing.assert_allclose(on.run({"x": x})["y"], off.run({"x": x})["y"], rtol=1e-5, atol=1e-5)
+
+
+def _row_max_in_parts(parts):
+    """B[i, j] = exp(A[i, j] - M[i]), M[i] = -FLT_MAX then maxed over A[i, lo:hi] for each (lo, hi) in
+    ``parts``, one block each (TVMScript)."""
+    T = C.script_tir
+    (lo1, hi1), (lo2, hi2) = parts
+
+    @T.prim_func(private=True, s_tir=True)
+    def func(a: T.Buffer((5, 64), "float32"), b: T.Buffer((5, 64), "float32")):
+        m = T.sblock_alloc_buffer((5,))
+        for i in range(5):
+            with T.sblock("init"):
+                vi = T.axis.spatial(5, i)
+                m[vi] = T.float32(-3.4028234663852886e38)
+        for i, k in T.grid(5, hi1 - lo1):
+            with T.sblock("part1"):
+                vi = T.axis.spatial(5, i)
+                vk = T.axis.reduce((lo1, hi1), k + lo1)
+                m[vi] = T.max(m[vi], a[vi, vk])
+        for i, k in T.grid(5, hi2 - lo2):
+            with T.sblock("part2"):
+                vi = T.axis.spatial(5, i)
+                vk = T.axis.reduce((lo2, hi2), k + lo2)
+                m[vi] = T.max(m[vi], a[vi, vk])
+        for i, j in T.grid(5, 64):
+            with T.sblock("B"):
+                vi, vj = T.axis.remap("SS", [i, j])
+                b[vi, vj] = T.exp(a[vi, vj] - m[vi])
+
+    return func
+
+
+def test_nonpositive_exp_over_a_row_max_cut_in_parts(host):
+    """A row max cut into a vector main part and a scalar tail (cpu.row_reduction over rows no partial-sum
+    width divides: 3071 floats, 65 keys) still proves exp(A - M) <= 0: the parts' intervals are disjoint
+    and add up to the row.  A gap, an overlap that leaves the row's count wrong, or a tail that resets M
+    with its own init: the full exp (issue 11: rows of 3071 ran the full-range exp, 1.2x rows of 3072)."""
+    assert _cheap_count(_row_max_in_parts([(0, 48), (48, 64)])) == 1
+    assert _cheap_count(_row_max_in_parts([(48, 64), (0, 48)])) == 1
+    for what, parts in {"a gap": [(0, 40), (41, 64)], "an overlap": [(0, 40), (39, 64)],
+                        "part of the row": [(0, 32), (32, 63)]}.items():
+        assert _cheap_count(_row_max_in_parts(parts)) == 0, what
+    # the template's shape: loop_partition, the tail's init dropped, the main part rfactored over 16 lanes
+    from tvmfuse.schedules.cpu import common as U
+
+    def cut(drop_init: bool):
+        sch = C.Schedule(_row_exp_func(_row_max()))
+        blk = sch.get_sblock("M")
+        _, k = sch.get_loops(blk)
+        main, tail = sch.loop_partition(k, factors=[48, None])
+        if drop_init:
+            U.drop_init(sch, sch.get_child_blocks(tail)[0])
+        _, ki = sch.split(main, [None, 16])
+        sch.rfactor(ki, factor_axis=1)
+        return sch.mod["main"]
+
+    assert _cheap_count(cut(drop_init=True)) == 1
+    assert _cheap_count(cut(drop_init=False)) == 0, "a tail with its own init resets the max: not proved"

@@ -306,8 +306,10 @@ class _NonPositive:
     """Proves an exp argument ``X[e] - M[g]`` <= 0 (or NaN) from the PrimFunc's blocks.
 
     M must be written by one block whose store is ``M[s] = max(M[s], V)`` (a max reduction; V a load of X or
-    of another buffer with the same kind of writer: rfactor's partial maxima) plus constant stores (its
-    initial value) that come before it; its store indices are distinct spatial iterators over the whole of
+    of another buffer with the same kind of writer: rfactor's partial maxima), or by several such blocks
+    over disjoint intervals of one reduced axis that add up to it (a row cut into a vector main part and a
+    scalar tail: cpu.row_reduction over 3071 floats), plus constant stores (its initial value) that come
+    before them; its store indices are distinct spatial iterators over the whole of
     M's axes (or constants).  Substituting the read indices ``g`` for them through the chain leaves X's
     indices as functions of the chain's reduction iterators; the axes that do not depend on them must equal
     ``e``, the axes that do must depend on nothing else and be covered whole: a bijective iterator map of
@@ -348,25 +350,26 @@ class _NonPositive:
     def _writes(self, buf):
         return [(o, st, blk) for b, o, st, blk in self._index() if b.same_as(buf)]
 
-    def _max_writer(self, buf):
-        """(textual order, block, V) of the one max reduction writing ``buf`` (other stores: constants
-        before it), or None."""
-        update = None
+    def _max_writers(self, buf):
+        """[(textual order, block, V)] of the max reductions writing ``buf`` (one, or several covering parts
+        of the reduced axes: a row cut into a vector main part and a scalar tail), every other store a
+        constant before all of them; None otherwise."""
+        updates = []
         for order, st, blk in self._writes(buf):
             v = st.value
             if isinstance(v, (C.tirx.FloatImm, C.tirx.IntImm)):
-                if update is not None:
-                    return None                  # a constant stored after the reduction
+                if updates:
+                    return None                  # a constant stored after a reduction (a reset)
                 continue
-            if update is not None or blk is None or not isinstance(v, C.tirx.Max):
+            if blk is None or not isinstance(v, C.tirx.Max):
                 return None
             own = [o for o in (v.a, v.b) if isinstance(o, C.TensorLoad) and o.source.same_as(buf)
                    and len(o.indices) == len(st.indices)
                    and all(i.same_as(j) for i, j in zip(o.indices, st.indices))]
             if len(own) != 1:
                 return None
-            update = (order, blk, v.b if own[0].same_as(v.a) else v.a)
-        return update
+            updates.append((order, blk, v.b if own[0].same_as(v.a) else v.a))
+        return updates or None
 
     def proves(self, arg) -> bool:
         # min(x, c) with a constant c <= 0 is <= 0 (or NaN) whatever x is: the form a kernel writes where it
@@ -379,20 +382,21 @@ class _NonPositive:
             return False
         return self._covered(arg.a, arg.b)
 
-    def _covered(self, x, m) -> bool:
-        """Whether ``m``'s value is a max over a set of X elements that contains ``x``."""
-        ana = C.Analyzer()
-        red = []                      # (reduction iterator, extent) over the whole chain
-        buf, idx = m.source, list(m.indices)
-        updates = []
-        for _ in range(self.MAX_CHAIN):
-            found = self._max_writer(buf)
-            if found is None:
-                return False
-            order, blk, v = found
+    def _chains(self, x, buf, idx: list, red: list, updates: list):
+        """The max-reduction chains from ``buf`` read at ``idx`` back to X (``x.source``): [(reduction
+        iterators [(var, Range)], X's indices in them, the updates' textual orders)], one per path through
+        the writers (several where a buffer has several, see _max_writers); None when one is not of the
+        form the class docstring asks for."""
+        if len(updates) >= self.MAX_CHAIN:
+            return None
+        found = self._max_writers(buf)
+        if found is None:
+            return None
+        out = []
+        for order, blk, v in found:
             if order in updates:
-                return False                           # a cycle of reductions
-            updates.append(order)
+                return None                            # a cycle of reductions
+            ana = C.Analyzer()
             st = blk.body
             spatial = [iv.var for iv in blk.iter_vars if int(iv.iter_type) == 0]
             # the writer's store indices: distinct spatial iterators over whole axes, or constants
@@ -400,61 +404,95 @@ class _NonPositive:
             for d, (si, gi) in enumerate(zip(st.indices, idx)):
                 if isinstance(si, C.tirx.IntImm):
                     if not ana.can_prove_equal(gi, si):
-                        return False
+                        return None
                     continue
                 iv = next((iv for iv in blk.iter_vars if iv.var.same_as(si)), None)
                 if iv is None or not any(si.same_as(u) for u in spatial) or any(si.same_as(u) for u in bound_vars):
-                    return False
+                    return None
                 if _const_extent(iv.dom) is None or not ana.can_prove_equal(iv.dom.extent, buf.shape[d]):
-                    return False
+                    return None
                 bound_vars.append(si)
                 ana.bind(si, gi)
+            own = []
             for iv in blk.iter_vars:
-                if int(iv.iter_type) == 2:             # CommReduce
-                    if _const_extent(iv.dom) is None:
-                        return False
-                    red.append((iv.var, _const_extent(iv.dom)))
+                if int(iv.iter_type) == 2:             # CommReduce: a constant range (a tail starts past 0)
+                    if not (isinstance(iv.dom.min, C.tirx.IntImm) and isinstance(iv.dom.extent, C.tirx.IntImm)):
+                        return None
+                    own.append((iv.var, iv.dom))
                 elif int(iv.iter_type) != 0:           # ordered / opaque iterators: not a plain reduction
-                    return False
+                    return None
             if not isinstance(v, C.TensorLoad):
-                return False
-            buf, idx = v.source, [ana.simplify(i) for i in v.indices]
-            if buf.same_as(x.source):
-                break
-        else:
-            return False
-        # X is not written after the first reduction of the chain read it
-        if any(o > min(updates) for o, _, _ in self._writes(x.source)):
-            return False
-        reduced, rvars = [], []
-        for d, (h, e) in enumerate(zip(idx, x.indices)):
-            vs = _free_vars(h)
-            rv = [(u, n) for u, n in red if any(u.same_as(w) for w in vs)]
-            if not rv:
-                if not ana.can_prove_equal(h, e):
-                    return False
+                return None
+            nidx = [ana.simplify(i) for i in v.indices]
+            if v.source.same_as(x.source):
+                out.append((red + own, nidx, updates + [order]))
                 continue
-            if len(rv) != len(vs):
-                return False          # a reduced index that also depends on the row: not covered whole
-            reduced.append((h, x.source.shape[d]))
-            rvars += [(u, n) for u, n in rv if not any(u.same_as(w) for w, _ in rvars)]
-        if not reduced or any(not isinstance(n, C.tirx.IntImm) for _, n in reduced):
+            sub = self._chains(x, v.source, nidx, red + own, updates + [order])
+            if sub is None:
+                return None
+            out.extend(sub)
+        return out
+
+    def _covered(self, x, m) -> bool:
+        """Whether ``m``'s value is a max over a set of X elements that contains ``x``: each chain from M
+        to X covers the reduced axes of X bijectively inside their bounds, and together they cover them
+        whole (one chain over all of them, or chains over disjoint intervals of one axis summing to it)."""
+        chains = self._chains(x, m.source, list(m.indices), [], [])
+        if not chains:
             return False
-        doms = {u: C.Range(0, n) for u, n in rvars}
-        if not C.detect_iter_map([h for h, _ in reduced], doms, check_level="bijective").indices:
+        # X is not written after the first reduction of the chains read it
+        first = min(o for _, _, orders in chains for o in orders)
+        if any(o > first for o, _, _ in self._writes(x.source)):
             return False
-        within = C.Analyzer()
-        for u, n in rvars:
-            within.bind(u, C.Range(0, n))
-        points, cells = 1, 1
-        for u, n in rvars:
-            points *= n
-        for h, n in reduced:
-            b = within.const_int_bound(h)
-            if b.min_value < 0 or b.max_value > int(n) - 1:
+        axes, spans = None, []
+        for red, idx, _ in chains:
+            ana = C.Analyzer()
+            reduced, rvars = [], []
+            for d, (h, e) in enumerate(zip(idx, x.indices)):
+                vs = _free_vars(h)
+                rv = [(u, r) for u, r in red if any(u.same_as(w) for w in vs)]
+                if not rv:
+                    if not ana.can_prove_equal(h, e):
+                        return False
+                    continue
+                if len(rv) != len(vs):
+                    return False          # a reduced index that also depends on the row: not covered whole
+                reduced.append((d, h, x.source.shape[d]))
+                rvars += [(u, r) for u, r in rv if not any(u.same_as(w) for w, _ in rvars)]
+            if not reduced or any(not isinstance(n, C.tirx.IntImm) for _, _, n in reduced):
                 return False
-            cells *= int(n)
-        return points == cells        # injective into as many cells as it has points: onto
+            if axes is None:
+                axes = [d for d, _, _ in reduced]
+            elif axes != [d for d, _, _ in reduced]:
+                return False
+            doms = {u: r for u, r in rvars}
+            if not C.detect_iter_map([h for _, h, _ in reduced], doms, check_level="bijective").indices:
+                return False
+            within = C.Analyzer()
+            for u, r in rvars:
+                within.bind(u, r)
+            points = 1
+            for _, r in rvars:
+                points *= int(r.extent)
+            bounds = []
+            for _, h, n in reduced:
+                b = within.const_int_bound(h)
+                if b.min_value < 0 or b.max_value > int(n) - 1:
+                    return False
+                bounds.append((b.min_value, b.max_value))
+            spans.append((bounds, points))
+        cells = 1
+        for d in axes:
+            cells *= int(x.source.shape[d])
+        if len(spans) == 1:
+            return spans[0][1] == cells      # injective into as many cells as it has points: onto
+        if len(axes) != 1:
+            return False                     # several chains over several axes: not proved disjoint here
+        # injective chains over disjoint intervals of one axis whose points add up to it: onto
+        ivals = sorted((b[0], p) for b, p in spans)
+        if any(a[0][1] >= c[0][0] for a, c in zip(ivals, ivals[1:])):
+            return False
+        return sum(p for _, p in ivals) == cells
 
 
 def _free_vars(expr) -> list:
