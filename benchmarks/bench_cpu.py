@@ -25,7 +25,9 @@ Engines (``--engines`` picks; ENGINES below says what each one is):
 - ``tvmfuse_separate``: no fusion, every op its own kernel scheduled by tvmfuse's templates.
 - ``tvmfuse``: ``tvmfuse.compile(model, tuning_log=None)``: untuned target defaults.
 - ``tvmfuse_shipped``: ``tuning_log="shipped"``: the records shipped in tuning_logs/ (off by default).
-- ``--io`` adds, per workload: the VM call on device tensors, ``CompiledModel.run()`` with numpy in and
+- ``--io`` adds, per workload: the VM call on device tensors (TVM's 64-byte-aligned copies of the inputs),
+  the VM call on DLPack views of the very numpy arrays ``run()`` gets (``*_vm_views``: the same kernels on
+  the same memory, so run() / it is what run() itself adds), ``CompiledModel.run()`` with numpy in and
   out (ordinary numpy inputs and ``tvmfuse.empty`` (64-byte aligned) inputs: both read in place since
   ``PipelineOptions.element_aligned_args``; before it numpy inputs were copied once) and the same three for
   ``Runner.run`` of the exported artifact (``tvmfuse.export`` + ``tvmfuse.load``).
@@ -44,7 +46,9 @@ in each round every engine, in turn (the order rotated each round), times one bl
 about BLOCK_SECONDS long, with a ``--pause`` between engines so that one runtime's idle spinning workers
 do not run into the next one's block (alternating single calls in one process made either engine up to
 10x slower).  Each figure is the median over rounds of the block's seconds per call, with p25/p75 and
-min/max.  Floors (a large copy for memory-bound workloads, a large numpy matmul for compute-bound ones)
+min/max.  ``--io`` and ``--tails`` run all their engines of one workload in one worker process (one compile
+shared, timed interleaved on the same inputs, memory and thread pool): across processes the same call
+differed by 10-20% from one run to the next, as much as the differences these tables are for.  Floors (a large copy for memory-bound workloads, a large numpy matmul for compute-bound ones)
 are measured in the same run.
 """
 from __future__ import annotations
@@ -93,8 +97,9 @@ DEFAULT_ENGINES = ["onnx_reference", "ort_default", "ort_nospin", "tvm_dlight", 
                    "tvmfuse_separate", "tvmfuse"]
 IO_ENGINES = {f"io_{p}{e}": f"{'artifact ' if p else ''}{d}"
               for p in ("", "artifact_")
-              for e, d in (("vm", "VM call, device tensors"), ("run_numpy", "run(), numpy in/out"),
-                           ("run_aligned", "run(), tvmfuse.empty inputs"))}
+              for e, d in (("vm", "VM call, device tensors"),
+                           ("vm_views", "VM call, DLPack views of the numpy inputs run() gets"),
+                           ("run_numpy", "run(), numpy in/out"), ("run_aligned", "run(), tvmfuse.empty inputs"))}
 
 
 # --tails: softmax row lengths with a tail on some vector width, and the padding that removes it
@@ -274,11 +279,19 @@ def _torch(model, feeds, threads):
     return run
 
 
+_BUILT: dict = {}     # --io and --tails: what the engines of one worker share (one compile, one artifact)
+
+
 def _io(kind, model, feeds, work_dir):
-    cm = tvmfuse.compile(model, tuning_log=None)
-    m = tvmfuse.load(tvmfuse.export(cm, os.path.join(work_dir, "artifact"))) if "artifact" in kind else cm
-    if kind.endswith("_vm"):
-        args = [C.tensor(feeds[s.name]) for s in m.inputs]
+    if "compiled" not in _BUILT:
+        _BUILT["compiled"] = tvmfuse.compile(model, tuning_log=None)
+    cm = _BUILT["compiled"]
+    if "artifact" in kind and "artifact" not in _BUILT:
+        _BUILT["artifact"] = tvmfuse.load(tvmfuse.export(cm, os.path.join(work_dir, "artifact")))
+    m = _BUILT["artifact"] if "artifact" in kind else cm
+    if kind.endswith("_vm") or kind.endswith("_vm_views"):
+        # device tensors: TVM's copies (64-byte aligned); views: the very arrays run() is given
+        args = [(C.from_dlpack if kind.endswith("_views") else C.tensor)(feeds[s.name]) for s in m.inputs]
         f = m._main()
         return lambda: f(*args)
     if kind.endswith("run_numpy"):
@@ -300,7 +313,10 @@ def _tail(kind, model, feeds):
         width = -(-d // TAIL_PAD) * TAIL_PAD
         model = M.softmax(rows=rows, d=width, decomposed=False)
         x = np.concatenate([x, np.full((rows, width - d), TAIL_PAD_VALUE, x.dtype)], axis=1)
-    cm = tvmfuse.compile(model, tuning_log=None)
+    key = "tail_padded" if "padded" in kind else "tail"
+    if key not in _BUILT:
+        _BUILT[key] = tvmfuse.compile(model, tuning_log=None)
+    cm = _BUILT[key]
     feeds = {cm.inputs[0].name: np.ascontiguousarray(x)}
     if kind.endswith("_vm"):
         args = [C.tensor(feeds[cm.inputs[0].name])]
@@ -346,7 +362,10 @@ def build_engine(engine, model, feeds, threads, ms_trials, work_dir):
 
 
 def worker(spec_path: str) -> int:
-    """Build one engine for one workload, write its outputs, then time blocks on request."""
+    """Build the engine(s) of one workload, write their outputs, then time blocks on request.
+
+    ``spec["engines"]`` (--io, --tails): several engines in this one process, timed interleaved on the
+    same inputs, memory and thread pool (each command names the engine); else ``spec["engine"]``."""
     proto = os.fdopen(os.dup(1), "w", buffering=1)     # replies only; anything printed goes to stderr
     os.dup2(2, 1)
 
@@ -358,37 +377,50 @@ def worker(spec_path: str) -> int:
     model = onnx.load(spec["model"])
     with np.load(spec["feeds"]) as z:
         feeds = {k: z[k] for k in z.files}
-    t0 = time.perf_counter()
-    try:
-        fn = build_engine(spec["engine"], model, feeds, spec["threads"], spec["ms_trials"], spec["work_dir"])
-    except Skipped as e:
-        reply({"ok": False, "skipped": str(e)})
-        return 0
-    build_s = time.perf_counter() - t0
-    outs = getattr(fn, "check_outputs", _as_arrays)(fn())
-    np.savez(spec["outputs"], **{f"out{i}": a for i, a in enumerate(outs)})
-    reply({"ok": True, "build_s": build_s, "n_outputs": len(outs)})
+    names = spec.get("engines") or [spec["engine"]]
+    fns, built = {}, {}
+    for e in names:
+        t0 = time.perf_counter()
+        try:
+            fn = build_engine(e, model, feeds, spec["threads"], spec["ms_trials"], spec["work_dir"])
+        except Skipped as err:
+            built[e] = {"ok": False, "skipped": str(err)}
+            continue
+        build_s = time.perf_counter() - t0
+        outs = getattr(fn, "check_outputs", _as_arrays)(fn())
+        np.savez(spec["outputs"] if "engine" in spec else spec["outputs"][e],
+                 **{f"out{i}": a for i, a in enumerate(outs)})
+        built[e] = {"ok": True, "build_s": build_s, "n_outputs": len(outs)}
+        fns[e] = fn
+    reply(built[names[0]] if "engine" in spec else {"ok": True, "engines": built})
     for line in sys.stdin:
         cmd = json.loads(line)
         if cmd["cmd"] == "quit":
             break
-        reply({"s": _time(fn)})
+        reply({"s": _time(fns[cmd.get("engine", names[0])])})
     return 0
 
 
 # ---------------------------------------------------------------- parent side
 
 class Worker:
+    """One worker process: of one engine (``engine`` a name) or of several (a list: --io, --tails)."""
+
     def __init__(self, engine, workload, paths, args, work_dir):
         self.engine, self.workload = engine, workload
-        spec = {"engine": engine, "model": paths["model"], "feeds": paths["feeds"], "threads": args.threads,
-                "ms_trials": args.ms_trials, "work_dir": work_dir,
-                "outputs": os.path.join(work_dir, f"{engine}.out.npz")}
+        group = not isinstance(engine, str)
+        tag = "group" if group else engine
+        spec = {"model": paths["model"], "feeds": paths["feeds"], "threads": args.threads,
+                "ms_trials": args.ms_trials, "work_dir": work_dir}
+        if group:
+            spec.update(engines=list(engine), outputs={e: os.path.join(work_dir, f"{e}.out.npz") for e in engine})
+        else:
+            spec.update(engine=engine, outputs=os.path.join(work_dir, f"{engine}.out.npz"))
         self.outputs = spec["outputs"]
-        spec_path = os.path.join(work_dir, f"{engine}.spec.json")
+        spec_path = os.path.join(work_dir, f"{tag}.spec.json")
         with open(spec_path, "w") as f:
             json.dump(spec, f)
-        self.log_path = os.path.join(work_dir, f"{engine}.log")
+        self.log_path = os.path.join(work_dir, f"{tag}.log")
         self.log = open(self.log_path, "w")
         self.proc = subprocess.Popen([sys.executable, os.path.abspath(__file__), "--worker", spec_path],
                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.log, text=True,
@@ -416,6 +448,16 @@ class Worker:
                 pass
             self.proc.wait(timeout=60)
         self.log.close()
+
+
+class Member:
+    """One engine of a group worker: ``ask`` names it in each command."""
+
+    def __init__(self, worker: Worker, engine: str):
+        self.worker, self.engine, self.outputs = worker, engine, worker.outputs[engine]
+
+    def ask(self, cmd):
+        return self.worker.ask({**cmd, "engine": self.engine})
 
 
 def check_outputs(path, ref: list) -> dict:
@@ -459,9 +501,25 @@ def bench_workload(name, model, engines, args, root):
     onnx.save(model, paths["model"])
     np.savez(paths["feeds"], **feeds)
     ref = list(M.reference_outputs(model, feeds).values())
-    result, live = {}, {}
+    result, live, procs = {}, {}, []
     try:
-        for e in engines:
+        if args.io or args.tails:
+            # every I/O path of the workload in one process: the same inputs, memory and thread pool, timed
+            # interleaved (across processes the same call differed by 10-20% run to run, issue 11)
+            w = Worker(list(engines), name, paths, args, work_dir)
+            procs.append(w)
+            try:
+                ready = w.ask()["engines"]
+            except RuntimeError as err:
+                return {e: {"error": str(err)} for e in engines}
+            for e in engines:
+                if not ready[e]["ok"]:
+                    result[e] = {"skipped": ready[e]["skipped"]}
+                    continue
+                result[e] = {"build_s": ready[e]["build_s"], **check_outputs(w.outputs[e], ref)}
+                print(f"  {name} {e}: built in {ready[e]['build_s']:.1f} s, check {result[e]['check']}", flush=True)
+                live[e] = Member(w, e)
+        for e in ([] if args.io or args.tails else engines):
             w = Worker(e, name, paths, args, work_dir)
             try:
                 ready = w.ask()
@@ -477,6 +535,7 @@ def bench_workload(name, model, engines, args, root):
             result[e] = {"build_s": ready["build_s"], **check_outputs(w.outputs, ref)}
             print(f"  {name} {e}: built in {ready['build_s']:.1f} s, check {result[e]['check']}", flush=True)
             live[e] = w
+            procs.append(w)
         times = {e: [] for e in live}
         order = list(live)
         for r in range(args.repeat):
@@ -487,7 +546,7 @@ def bench_workload(name, model, engines, args, root):
         for e, ts in times.items():
             result[e]["ms"] = _spread(ts)
     finally:
-        for w in live.values():
+        for w in procs:
             w.close()
     return result
 
@@ -557,6 +616,8 @@ def main(argv=None):
            "engines": {e: desc[e] for e in engines}, "floors": fl, "rows": rows}
     if args.tails:
         out["tail_ratios"] = tail_ratios(rows)
+    if args.io:
+        out["io_ratios"] = io_ratios(rows)
     with open(out_json, "w") as f:
         json.dump(out, f, indent=1)
     print_table(out)
@@ -564,8 +625,25 @@ def main(argv=None):
         print("\n| workload | VM call: rows of d / padded rows | run(): rows of d / padded rows |\n|---|---:|---:|")
         for name, r in out["tail_ratios"].items():
             print(f"| {name} | " + " | ".join("-" if r[k] is None else f"{r[k]:.2f}" for k in ("vm", "run")) + " |")
+    if args.io:
+        print("\n| workload | run() / VM call | run() / VM on views | artifact run / VM | artifact run / VM on views |"
+              "\n|---|---:|---:|---:|---:|")
+        for name, r in out["io_ratios"].items():
+            print(f"| {name} | " + " | ".join("-" if r[k] is None else f"{r[k]:.2f}" for k in r) + " |")
     print(f"wrote {out_json}")
     return 0
+
+
+def io_ratios(rows: list) -> dict:
+    """--io: per workload, median time of run() on numpy / median time of the VM call (on device tensors,
+    and on DLPack views of the same numpy inputs), compiled and exported (None where one did not run)."""
+    out = {}
+    for r in rows:
+        ms = {e: d["ms"]["median"] for e, d in r["engines"].items() if "ms" in d}
+        out[r["workload"]] = {f"{p}run/{v}": (ms[f"io_{p}run_numpy"] / ms[f"io_{p}{v}"]
+                                              if f"io_{p}run_numpy" in ms and f"io_{p}{v}" in ms else None)
+                              for p in ("", "artifact_") for v in ("vm", "vm_views")}
+    return out
 
 
 def tail_ratios(rows: list) -> dict:
