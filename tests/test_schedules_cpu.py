@@ -254,11 +254,15 @@ def _store_lanes(func, target):
 @pytest.mark.parametrize("tname", list(NAMED_TARGETS))
 @pytest.mark.parametrize("kwargs,fusion", [(dict(rows=23, d=96, decomposed=False), False),
                                            (dict(rows=7, d=3072, decomposed=False), False),
-                                           (dict(rows=23, d=104), True)],
-                         ids=["softmax-op-96", "softmax-op-3072", "decomposed-fused-104"])
+                                           (dict(rows=23, d=104), True),
+                                           (dict(rows=7, d=3071, decomposed=False), False),
+                                           (dict(rows=7, d=65, decomposed=False), False)],
+                         ids=["softmax-op-96", "softmax-op-3072", "decomposed-fused-104", "softmax-op-3071",
+                              "softmax-op-65"])
 def test_softmax_uses_nonpositive_exp_and_stays_vectorized(kwargs, fusion, tname):
     """The softmax kernel's exp(x - rowmax) gets fast math's cheaper exp (its argument is proved <= 0 from
-    the max reduction, also after rfactor), its division by the row sum becomes one reciprocal per row and
+    the max reduction, also after rfactor and over a row cut into a vector main part and a scalar tail:
+    3071, 65), its division by the row sum becomes one reciprocal per row and
     multiplies, and the exp row buffer and the output are still stored a full vector of the target at a
     time (a row the vector does not divide: full vectors and a scalar tail)."""
     from tvmfuse import fastmath as F
