@@ -37,9 +37,9 @@ from . import common as U
 from .matmul import is_contraction
 
 RF_VECTORS = (1, 2, 4)           # partial-sum vectors per reduction (independent FMA chains)
-# Partial sums per reduction at most when several sub-vectors divide a row no full-vector multiple divides
-# (1000 floats: 40 = 5 x 8 lanes): the write-back adds the partial sums one by one, a chain of this many
-# dependent scalar steps per row.
+# Partial sums per reduction at most among the multiples of the widths above that divide the row
+# (rf_chain_widths; 1000 floats: 40 = 5 x 8 lanes): the write-back adds the partial sums one by one, a
+# chain of this many dependent scalar steps per row.
 MAX_RF_WIDTH = 64
 # ... and the default takes such a width only when it cuts the dependent steps per row (default_rf_width) by
 # this factor at least: a cost model of latency alone, so only large gains (1000: 133 -> 65 steps) count.
@@ -498,8 +498,9 @@ def _rf_candidates(lanes: int) -> list:
 
 def rf_chain_widths(lanes: int, row_len: int) -> tuple:
     """``rf_widths`` and the multiples of them, up to MAX_RF_WIDTH, that divide the row, ascending: several
-    vectors of a width that divides the row where no multiple of a full vector does (1000 floats on
-    AVX-512: 20 = 16 + 4 and 40 = 16 + 16 + 8 lanes beside 8, a half vector)."""
+    vectors of one width (1000 floats on AVX-512, where no multiple of a full vector divides the row: 20 =
+    16 + 4 and 40 = 16 + 16 + 8 lanes beside 4 and 8; 768: 12, 24 and 48 too).  The knob's choices; the
+    default is ``default_rf_width``'s."""
     base = rf_widths(lanes, row_len)
     more = {w * c for w in base for c in range(2, MAX_RF_WIDTH // w + 1) if row_len % (w * c) == 0}
     return tuple(sorted(set(base) | more))
