@@ -47,9 +47,10 @@ about BLOCK_SECONDS long, with a ``--pause`` between engines so that one runtime
 do not run into the next one's block (alternating single calls in one process made either engine up to
 10x slower).  Each figure is the median over rounds of the block's seconds per call, with p25/p75 and
 min/max.  ``--io`` and ``--tails`` run all their engines of one workload in one worker process (one compile
-shared, timed interleaved on the same inputs, memory and thread pool): across processes the same call
-differed by 10-20% from one run to the next, as much as the differences these tables are for.  Floors (a large copy for memory-bound workloads, a large numpy matmul for compute-bound ones)
-are measured in the same run.
+shared, timed interleaved on the same inputs, memory and thread pool; one runtime, so no other's spinning
+workers): across processes the same call differed by 10-20% from one run to the next, as much as the
+differences these tables are for.  Floors (a large copy for memory-bound workloads, a large numpy matmul
+for compute-bound ones) are measured in the same run.
 """
 from __future__ import annotations
 
