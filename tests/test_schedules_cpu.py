@@ -294,6 +294,20 @@ PARTIAL_SUM_LANES = {65: {16: 32, 8: 16, 4: 8}, 97: {16: 32, 8: 16, 4: 8}, 104: 
                      1000: {16: 40, 8: 40, 4: 8}, 3071: {16: 32, 8: 16, 4: 8}}
 
 
+@pytest.mark.parametrize("lanes,row_len,want", [
+    (16, 1000, 40), (8, 1000, 40),      # one 8-lane chain of 125 steps -> 5 x 8 lanes, 25 steps
+    (16, 1008, 16), (16, 3072, 32), (16, 768, 32), (8, 768, 16),   # a full-vector width divides: as before
+    (16, 104, 8), (16, 200, 8),         # short rows: a wider width would not halve the steps (write-back)
+    (4, 1000, 8), (4, 500, 20)])        # NEON: 2 vectors divide 1000; 500 only 1 (125 steps) -> 5 vectors
+def test_default_partial_sum_width(lanes, row_len, want):
+    """The row-reduction default partial-sum width: the table's max_rf_vectors (2) vectors when they divide
+    the row, else several vectors of a narrower dividing width where that halves the dependent steps."""
+    from tvmfuse.schedules.cpu.reduction import default_rf_width, rf_chain_widths, rf_tail_widths
+
+    widths = rf_chain_widths(lanes, row_len) or rf_tail_widths(lanes, row_len)
+    assert default_rf_width(widths, lanes, 2 * lanes, row_len) == want
+
+
 @pytest.mark.parametrize("tname", list(NAMED_TARGETS))
 @pytest.mark.parametrize("d", [65, 97, 104, 1000, 3071])
 def test_softmax_rows_not_a_multiple_of_the_vector_keep_full_vectors(d, tname):
