@@ -196,7 +196,7 @@ class Conv1x1(ChannelLanesConv, family=FAMILY, config=Conv1x1Config):
         sch.unroll(c_n)
         if cfg.k_unroll > 1:
             sch.unroll(k1)
-        sch.set_scope(conv, 0, "local")
+        # the accumulator stays in the "global" scope: on the stack where it fits (common.MAX_STACK_ALLOCA_BYTES)
         init = sch.decompose_reduction(conv, k0)
         sch.vectorize(sch.get_loops(init)[-1])
 

@@ -288,7 +288,7 @@ def finish_conv(sch: C.Schedule, conv, first_reduction_loop, input_block: str | 
     initialized (vectorized) before ``first_reduction_loop``; the input block (padding or im2col copy)
     computed per parallel iteration ``band``, vectorized along its rows, or (``band`` None) once for the
     whole kernel before it, in its own parallel loop."""
-    sch.set_scope(conv, 0, "local")
+    # the accumulator stays in the "global" scope: on the stack where it fits (common.MAX_STACK_ALLOCA_BYTES)
     init = sch.decompose_reduction(conv, first_reduction_loop)
     sch.vectorize(sch.get_loops(init)[-1])
     if input_block and band is None:
