@@ -69,6 +69,15 @@ class Registers:
         return Registers(32 if vector_bits >= 512 else 16)
 
 
+# TVM's LowerTVMBuiltin keeps a CPU allocation on the stack (an LLVM alloca, which LLVM promotes to registers)
+# only when its storage scope is "global" and it has fewer bytes than this (runtime::kMaxStackAlloca); any
+# other allocation becomes a TVMBackendAllocWorkspace call.  A register tile's accumulator therefore keeps the
+# "global" scope: in the "local" scope every tile paid a workspace allocation, a memset for its init and
+# stores/reloads around the epilogue (the pointer escapes into the call), e.g. a 1x1 conv on a 2x2 plane
+# 2.4 -> 2.1 us (one thread, CPU time, under load; tests/test_schedules_cpu_accumulators.py).
+MAX_STACK_ALLOCA_BYTES = 1024
+
+
 # Most copies of a loop body a template's unrolling may make (register tile x unrolled reduction steps):
 # a 7x7 stem conv with its window fully unrolled made 784 copies of a strided-gather tile and 18 s of LLVM
 # codegen, a 16x16 patch conv 4096 copies and 62 s; a 3x3 window on a 16-accumulator tile is 144.

@@ -38,7 +38,7 @@ from dataclasses import dataclass
 
 from ... import _compat as C
 from ...analysis import multiply_accumulate, var_names
-from ...target import cpu_info
+from ...target import cpu_info, template_defaults
 from ..base import Config, KnobSpace, Match, Template, knob
 from ..buckets import BatchBuckets
 from . import common as U
@@ -288,7 +288,7 @@ def finish_conv(sch: C.Schedule, conv, first_reduction_loop, input_block: str | 
     initialized (vectorized) before ``first_reduction_loop``; the input block (padding or im2col copy)
     computed per parallel iteration ``band``, vectorized along its rows, or (``band`` None) once for the
     whole kernel before it, in its own parallel loop."""
-    sch.set_scope(conv, 0, "local")
+    # the accumulator stays in the "global" scope: on the stack where it fits (common.MAX_STACK_ALLOCA_BYTES)
     init = sch.decompose_reduction(conv, first_reduction_loop)
     sch.vectorize(sch.get_loops(init)[-1])
     if input_block and band is None:
@@ -415,17 +415,25 @@ class Conv2DEpilogue(ConvTemplate):
         # of it is split into narrow pieces by LLVM (SPLIT_ROW_PENALTY)
         # a windowed conv's direct tile keeps OH_TILES rows (the other row counts are for im2col's fused rows)
         direct_rows = _oh_tiles(i, lanes) if i.get("pointwise") else U.choices_upto(OH_TILES, i["OH"])
+        # with a short reduction per tile (under stack_tile_below_steps steps: a stem's 3x3x3, a 1x1 conv of
+        # 8 channels) a tile on the stack (under common.MAX_STACK_ALLOCA_BYTES) first: a larger one costs a
+        # workspace allocation and a memset per tile, which few FMAs do not amortize (squeezenet's stem, one
+        # thread, CPU time under load: 8 x 32 accumulators 81 us, 4 x 32 on the stack 65 us)
+        short = i["RC"] * i["KH"] * i["KW"] < template_defaults(target, self.family)["stack_tile_below_steps"]
+
+        def on_stack(floats: int) -> bool:
+            return not short or floats * 4 < U.MAX_STACK_ALLOCA_BYTES
 
         def score(oc, ow, oh, fused):
             if (fused and not _fused_rows_ok(i, ow, oh)) or (not fused and oh not in direct_rows):
-                return (False, False, float("-inf"), 0, 0)
+                return (False, False, False, float("-inf"), 0, 0)
             nv = ceil_div(oh * ow, lanes) if fused else oh * ceil_div(ow, lanes)    # vectors per channel
             width = oh * ow if fused else ow
             acc = oc * nv
             fits = acc + min(oc, nv) + 1 <= regs
             split = SPLIT_ROW_PENALTY if width > lanes and width % lanes else 1
             cost = (oc + nv) * split / (oc * oh * ow)
-            return (fits, i["F"] % oc == 0 and i["OH"] % oh == 0, -cost, acc, -oh)
+            return (fits, on_stack(oc * oh * ow), i["F"] % oc == 0 and i["OH"] % oh == 0, -cost, acc, -oh)
 
         # im2col where several full-width rows fill whole vectors (a row alone wastes lanes) and fused
         # into one run of pixels;
@@ -436,7 +444,7 @@ class Conv2DEpilogue(ConvTemplate):
             acc = oc * nv
             fits = acc + min(oc, nv) + 1 <= regs
             cost = (acc + oc + _load_pieces(oh * i["OW"], lanes)) / (oc * oh * i["OW"])
-            return (fits, i["F"] % oc == 0, -cost, acc)
+            return (fits, on_stack(oc * oh * i["OW"]), i["F"] % oc == 0, -cost, acc)
 
         col_rows = [oh for oh in ch["oh_tile"] if True in ch["fuse_rows"] and True in ch["im2col"]
                     and _fused_rows_ok(i, i["OW"], oh, True) and im2col_default(i, lanes, oh)
@@ -456,7 +464,8 @@ class Conv2DEpilogue(ConvTemplate):
             nv = oh * padded // lanes
             acc = oc * nv
             fits = acc + min(oc, nv) + 1 <= regs
-            return (fits, i["F"] % oc == 0 and i["OH"] % oh == 0, -(acc + oc + nv) / (oc * oh * i["OW"]), acc)
+            return (fits, on_stack(oc * oh * padded), i["F"] % oc == 0 and i["OH"] % oh == 0,
+                    -(acc + oc + nv) / (oc * oh * i["OW"]), acc)
 
         if col:
             oc, oh = max(((a, c) for a in ch["oc_tile"] for c in col_rows), key=lambda t: col_score(*t))

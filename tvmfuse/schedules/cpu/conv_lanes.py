@@ -170,7 +170,7 @@ class ConvLanes(ChannelLanesConv, family=FAMILY, config=ConvLanesConfig):
         for loop in (fo, c_x, c_y, c_n):
             sch.unroll(loop)
         U.unroll_bounded(sch, [rx], oh_t * cfg.ow_tile * cfg.nvec)
-        sch.set_scope(conv, 0, "local")
+        # the accumulator stays in the "global" scope: on the stack where it fits (common.MAX_STACK_ALLOCA_BYTES)
         init = sch.decompose_reduction(conv, rc)
         sch.vectorize(sch.get_loops(init)[-1])
 

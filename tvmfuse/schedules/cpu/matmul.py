@@ -220,8 +220,9 @@ def matmul_roles(func: C.PrimFunc, analyze=None) -> dict | None:
     return (analyze or analyze_matmul)(sch, reds[0])
 
 
-def pick_register_tile(m: int, n: int, lanes: int, regs: int, mr_choices, nvec_choices) -> tuple[int, int]:
-    """(mr, nvec) of the register tile.
+def pick_register_tile(m: int, n: int, lanes: int, regs: int, mr_choices, nvec_choices,
+                       max_acc: int | None = None) -> tuple[int, int]:
+    """(mr, nvec) of the register tile (at most ``max_acc`` accumulator vectors where given and possible).
 
     A tile that does not divide the problem leaves a predicate on every iteration of the register tile
     (measured on the transformer block's 64x512x128 matmul: 10x slower with a tail along j, 2x along i),
@@ -231,6 +232,8 @@ def pick_register_tile(m: int, n: int, lanes: int, regs: int, mr_choices, nvec_c
     """
     pairs = [(a, b) for a in mr_choices for b in nvec_choices]
     fitting = [p for p in pairs if p[0] * p[1] + p[1] + 1 <= regs] or [min(pairs, key=lambda p: p[0] * p[1])]
+    if max_acc is not None:
+        fitting = [p for p in fitting if p[0] * p[1] <= max_acc] or fitting
     most = max(a * b for a, b in fitting)
 
     def score(p):
