@@ -515,6 +515,72 @@ def test_configs_with_several_row_vectors_match_reference(host, rng):
             np.testing.assert_allclose(args[-1].numpy(), ref, rtol=RTOL, atol=ATOL, err_msg=str(config))
 
 
+def _loads_of(func) -> dict:
+    """Name of the buffer -> number of loads of it in the scheduled kernel's TIR."""
+    import collections
+
+    count = collections.Counter()
+    C.post_order_visit(func.body, lambda e: count.update([str(e.source.name)]) if isinstance(e, C.TensorLoad)
+                       else None)
+    return count
+
+
+def test_packed_kv_configs_match_reference(host, rng):
+    """Packed K/V (each task copies the K/V rows its query blocks see, once) with several query blocks
+    per task, a last task with fewer blocks than the others (3 blocks, 2 per task), causal (the copy stops
+    at the last key the task's rows see) and masked: the same numbers as without packing."""
+    sq = sk = 45
+    causal = np.where(np.arange(sk)[None] <= np.arange(sq)[:, None], 0, -np.inf).astype(np.float32)
+    for mask in ("input", causal.reshape(1, 1, sq, sk)):
+        model = _chain(b=1, h=2, sq=sq, sk=sk, d=16, dv=8, mask=mask)
+        func = _attention_func(tvmfuse.compile(model, host))
+        t = Attention()
+        match = t.match(func, host)
+        base = t.default_config(match, host)
+        lanes = base["lanes"]
+        feeds = _feeds(model, rng)
+        ref = M.reference_outputs(model, feeds)["y"]
+        args_np = [feeds["q"], feeds["k"], feeds["v"]] + ([feeds["mask"]] if isinstance(mask, str) else [])
+        for over in (dict(q_block=lanes, q_blocks=2, pack_kv=1), dict(q_block=lanes, q_blocks=4, pack_kv=1),
+                     dict(q_block=lanes, k_block=lanes, q_blocks=2, pack_kv=1, rows=2),
+                     dict(q_block=lanes, q_blocks=2, pack_kv=0)):
+            config = {**base, **over}
+            assert t.space(match, host).contains(config), config
+            scheduled = schedule_with(t, match, func, config)
+            assert _loads_of(scheduled)["k"] == (1 if config["pack_kv"] else 2), config   # one copy loop
+            lib = C.build_prim_module(C.IRModule({"main": scheduled.with_attr("global_symbol", "main")}), host)
+            args = [C.tensor(a) for a in args_np + [np.zeros(ref.shape, np.float32)]]
+            lib["main"](*args)
+            np.testing.assert_allclose(args[-1].numpy(), ref, rtol=RTOL, atol=ATOL, err_msg=str(config))
+
+
+@pytest.mark.parametrize("target,seq", [(HASWELL, 256), (SKYLAKE, 512)], ids=["avx2", "avx512"])
+def test_default_packs_kv_once_per_task(target, seq):
+    """Head dim 64, 12 heads, S=256 (Haswell: 256 KiB of L2) or 512 (Skylake-SP: 1 MiB): by default each
+    task packs its head's K and V rows (S x 64 local rows each, half the L2 at most; no S x S buffer) once and runs several query blocks on them, with at least
+    min_tasks_per_core tasks per core; K and V are each read by one loop (the copy), not by the score and
+    P @ V loops.  Where the packed rows would overflow the L2 share (S=8192), no packing and one query
+    block per task."""
+    from tvmfuse.target import cpu_info, template_defaults
+
+    t = Attention()
+    func = _attention_func(tvmfuse.compile(_chain(b=1, h=12, sq=seq, sk=seq, d=64, dv=64), target, schedules=False))
+    res = schedule_prim_func(func, target)
+    cfg = res.config
+    assert cfg["pack_kv"] == 1 and cfg["q_blocks"] > 1, cfg
+    tasks = 12 * -(-seq // (cfg["q_block"] * cfg["q_blocks"]))
+    assert tasks >= template_defaults(target, "cpu.attention")["min_tasks_per_core"] * cpu_info(target).cores
+    loads = _loads_of(res.func)
+    assert loads["k"] == loads["v"] == 1, loads
+    allocs, loops = _allocs_and_loops(res.func)
+    assert sorted(n for _, n, _ in allocs)[-2:] == [seq * 64, seq * 64] and max(n for _, n, _ in allocs) < seq * seq
+    assert loops.count(int(C.ForKind.PARALLEL)) == 1
+    long = _attention_func(tvmfuse.compile(_chain(b=1, h=2, sq=8192, sk=8192, d=64, dv=64), target,
+                                           schedules=False))
+    cfg_long = t.default_config(t.match(long, target), target)
+    assert (cfg_long["pack_kv"], cfg_long["q_blocks"]) == (0, 1), cfg_long
+
+
 # ------------------------------------------------------------------------------------------ symbolic shapes
 def _ort_outputs(model, feeds):
     ort = pytest.importorskip("onnxruntime")
