@@ -554,6 +554,26 @@ def test_packed_kv_configs_match_reference(host, rng):
             np.testing.assert_allclose(args[-1].numpy(), ref, rtol=RTOL, atol=ATOL, err_msg=str(config))
 
 
+def test_packed_kv_with_symbolic_batch_matches_onnxruntime(host, rng):
+    """A symbolic batch over a static sequence may pack (the packed rows are sized by the key length): two
+    query blocks per task, at batch 1 and 3."""
+    model = _chain(b="batch", sq=40, sk=40, d=16, dv=8, mask="input")
+    func = _attention_func(tvmfuse.compile(model, host))
+    t = Attention()
+    match = t.match(func, host)
+    lanes = t.default_config(match, host)["lanes"]
+    config = {**t.default_config(match, host), "q_block": lanes, "q_blocks": 2, "pack_kv": 1}
+    assert t.space(match, host).contains(config)
+    scheduled = schedule_with(t, match, func, config)
+    lib = C.build_prim_module(C.IRModule({"main": scheduled.with_attr("global_symbol", "main")}), host)
+    for b in (1, 3):
+        feeds = _sym_feeds(rng, b, 40, h=3, d=16, dv=8, mask=True)
+        ref = _ort_outputs(model, feeds)["y"]
+        args = [C.tensor(feeds[n]) for n in ("q", "k", "v", "mask")] + [C.tensor(np.zeros(ref.shape, np.float32))]
+        lib["main"](*args)
+        np.testing.assert_allclose(args[-1].numpy(), ref, rtol=RTOL, atol=ATOL, err_msg=f"batch {b}")
+
+
 @pytest.mark.parametrize("target,seq", [(HASWELL, 256), (SKYLAKE, 512)], ids=["avx2", "avx512"])
 def test_default_packs_kv_once_per_task(target, seq):
     """Head dim 64, 12 heads, S=256 (Haswell: 256 KiB of L2) or 512 (Skylake-SP: 1 MiB): by default each
