@@ -469,6 +469,18 @@ def test_default_query_block_fits_l1(target, l1, q_block):
     assert cfg["q_block"] * (64 + 64 + cfg["k_block"]) * 4 <= l1 < 2 * cfg["q_block"] * (64 + 64 + cfg["k_block"]) * 4
 
 
+@pytest.mark.parametrize("mcpu,tile", [("haswell", (4, 2)), ("skylake-avx512", (8, 2)), ("sapphirerapids", (4, 4))])
+def test_default_score_tile_has_the_fewest_loads_per_fma(mcpu, tile):
+    """Head dim 64, S=512: the score tile (keys x row vectors) within the accumulator share of the vector
+    registers that loads the least per multiply-add: AVX2 (12 of 16 registers) 4 x 2; AVX-512 with 32-row
+    query blocks (two row vectors) 8 x 2; with 64-row blocks (48 KiB L1) 4 x 4 (8 loads per 16 FMAs, not 10)."""
+    target = tvmfuse.parse_target({"kind": "llvm", "mcpu": mcpu, "mtriple": "x86_64-linux-gnu", "num-cores": 2})
+    func = _attention_func(tvmfuse.compile(_chain(b=1, h=12, sq=512, sk=512, d=64, dv=64), target, schedules=False))
+    t = Attention()
+    cfg = t.default_config(t.match(func, target), target)
+    assert (cfg["tile_keys"], cfg["tile_qvecs"]) == tile, cfg
+
+
 def test_default_blocks_follow_the_target_table(monkeypatch):
     """The default blocks' thresholds are the target's row of schedules/cpu_targets.json: a CPU entry that
     doubles its query block's share of L1 gets a query block twice as large."""
