@@ -193,19 +193,25 @@ def test_scheduled_kernel_has_no_scores_buffer(target):
 
 
 def test_knob_space_and_every_config_match_reference(host, rng):
-    """Each (query block, key block) of the space computes the same numbers (S odd: tails everywhere)."""
+    """Each (query block, key block) of the space computes the same numbers (S odd: tails everywhere);
+    a sixth of the space, drawn with a fixed seed."""
+    import random
+
     model = _chain(b=1, h=2, sq=11, sk=37, d=8, dv=8, mask="input")
     cm = tvmfuse.compile(model, host)
     func = _attention_func(cm)
     t = Attention()
     match = t.match(func, host)
     space = t.space(match, host)
-    assert set(space.names) == {"q_block", "k_block", "lanes", "rows", "tile_keys", "tile_qvecs"}
+    assert set(space.names) == {"q_block", "k_block", "lanes", "rows", "tile_keys", "tile_qvecs", "q_blocks",
+                                "pack_kv"}
     assert space.contains(t.default_config(match, host))
     feeds = _feeds(model, rng)
     ref = M.reference_outputs(model, feeds)["y"]
     args_np = [feeds["q"], feeds["k"], feeds["v"], feeds["mask"], np.zeros(ref.shape, np.float32)]
-    for config in list(space.all_configs())[::3]:
+    configs = list(space.all_configs())
+    assert {c["pack_kv"] for c in configs} == {0, 1}
+    for config in random.Random(0).sample(configs, len(configs) // 6):
         scheduled = schedule_with(t, match, func, config)
         lib = C.build_prim_module(C.IRModule({"main": scheduled.with_attr("global_symbol", "main")}), host)
         args = [C.tensor(a) for a in args_np]
@@ -463,6 +469,18 @@ def test_default_query_block_fits_l1(target, l1, q_block):
     assert cfg["q_block"] * (64 + 64 + cfg["k_block"]) * 4 <= l1 < 2 * cfg["q_block"] * (64 + 64 + cfg["k_block"]) * 4
 
 
+@pytest.mark.parametrize("mcpu,tile", [("haswell", (4, 2)), ("skylake-avx512", (8, 2)), ("sapphirerapids", (4, 4))])
+def test_default_score_tile_has_the_fewest_loads_per_fma(mcpu, tile):
+    """Head dim 64, S=512: the score tile (keys x row vectors) within the accumulator share of the vector
+    registers that loads the least per multiply-add: AVX2 (12 of 16 registers) 4 x 2; AVX-512 with 32-row
+    query blocks (two row vectors) 8 x 2; with 64-row blocks (48 KiB L1) 4 x 4 (8 loads per 16 FMAs, not 10)."""
+    target = tvmfuse.parse_target({"kind": "llvm", "mcpu": mcpu, "mtriple": "x86_64-linux-gnu", "num-cores": 2})
+    func = _attention_func(tvmfuse.compile(_chain(b=1, h=12, sq=512, sk=512, d=64, dv=64), target, schedules=False))
+    t = Attention()
+    cfg = t.default_config(t.match(func, target), target)
+    assert (cfg["tile_keys"], cfg["tile_qvecs"]) == tile, cfg
+
+
 def test_default_blocks_follow_the_target_table(monkeypatch):
     """The default blocks' thresholds are the target's row of schedules/cpu_targets.json: a CPU entry that
     doubles its query block's share of L1 gets a query block twice as large."""
@@ -507,6 +525,92 @@ def test_configs_with_several_row_vectors_match_reference(host, rng):
             args = [C.tensor(a) for a in args_np + [np.zeros(ref.shape, np.float32)]]
             lib["main"](*args)
             np.testing.assert_allclose(args[-1].numpy(), ref, rtol=RTOL, atol=ATOL, err_msg=str(config))
+
+
+def _loads_of(func) -> dict:
+    """Name of the buffer -> number of loads of it in the scheduled kernel's TIR."""
+    import collections
+
+    count = collections.Counter()
+    C.post_order_visit(func.body, lambda e: count.update([str(e.source.name)]) if isinstance(e, C.TensorLoad)
+                       else None)
+    return count
+
+
+def test_packed_kv_configs_match_reference(host, rng):
+    """Packed K/V (each task copies the K/V rows its query blocks see, once) with several query blocks
+    per task, a last task with fewer blocks than the others (3 blocks, 2 per task), causal (the copy stops
+    at the last key the task's rows see) and masked: the same numbers as without packing."""
+    sq = sk = 45
+    causal = np.where(np.arange(sk)[None] <= np.arange(sq)[:, None], 0, -np.inf).astype(np.float32)
+    for mask in ("input", causal.reshape(1, 1, sq, sk)):
+        model = _chain(b=1, h=2, sq=sq, sk=sk, d=16, dv=8, mask=mask)
+        func = _attention_func(tvmfuse.compile(model, host))
+        t = Attention()
+        match = t.match(func, host)
+        base = t.default_config(match, host)
+        lanes = base["lanes"]
+        feeds = _feeds(model, rng)
+        ref = M.reference_outputs(model, feeds)["y"]
+        args_np = [feeds["q"], feeds["k"], feeds["v"]] + ([feeds["mask"]] if isinstance(mask, str) else [])
+        for over in (dict(q_block=lanes, q_blocks=2, pack_kv=1), dict(q_block=lanes, q_blocks=4, pack_kv=1),
+                     dict(q_block=lanes, k_block=lanes, q_blocks=2, pack_kv=1, rows=2),
+                     dict(q_block=lanes, q_blocks=2, pack_kv=0)):
+            config = {**base, **over}
+            assert t.space(match, host).contains(config), config
+            scheduled = schedule_with(t, match, func, config)
+            assert _loads_of(scheduled)["k"] == (1 if config["pack_kv"] else 2), config   # one copy loop
+            lib = C.build_prim_module(C.IRModule({"main": scheduled.with_attr("global_symbol", "main")}), host)
+            args = [C.tensor(a) for a in args_np + [np.zeros(ref.shape, np.float32)]]
+            lib["main"](*args)
+            np.testing.assert_allclose(args[-1].numpy(), ref, rtol=RTOL, atol=ATOL, err_msg=str(config))
+
+
+def test_packed_kv_with_symbolic_batch_matches_onnxruntime(host, rng):
+    """A symbolic batch over a static sequence may pack (the packed rows are sized by the key length): two
+    query blocks per task, at batch 1 and 3."""
+    model = _chain(b="batch", sq=40, sk=40, d=16, dv=8, mask="input")
+    func = _attention_func(tvmfuse.compile(model, host))
+    t = Attention()
+    match = t.match(func, host)
+    lanes = t.default_config(match, host)["lanes"]
+    config = {**t.default_config(match, host), "q_block": lanes, "q_blocks": 2, "pack_kv": 1}
+    assert t.space(match, host).contains(config)
+    scheduled = schedule_with(t, match, func, config)
+    lib = C.build_prim_module(C.IRModule({"main": scheduled.with_attr("global_symbol", "main")}), host)
+    for b in (1, 3):
+        feeds = _sym_feeds(rng, b, 40, h=3, d=16, dv=8, mask=True)
+        ref = _ort_outputs(model, feeds)["y"]
+        args = [C.tensor(feeds[n]) for n in ("q", "k", "v", "mask")] + [C.tensor(np.zeros(ref.shape, np.float32))]
+        lib["main"](*args)
+        np.testing.assert_allclose(args[-1].numpy(), ref, rtol=RTOL, atol=ATOL, err_msg=f"batch {b}")
+
+
+@pytest.mark.parametrize("target,seq", [(HASWELL, 256), (SKYLAKE, 512)], ids=["avx2", "avx512"])
+def test_default_packs_kv_once_per_task(target, seq):
+    """Head dim 64, 12 heads, S=256 (Haswell: 256 KiB of L2) or 512 (Skylake-SP: 1 MiB): by default each
+    task packs its head's K and V rows (S x 64 local rows each, half the L2 at most; no S x S buffer) once and runs several query blocks on them, with at least
+    min_tasks_per_core tasks per core; K and V are each read by one loop (the copy), not by the score and
+    P @ V loops.  Where the packed rows would overflow the L2 share (S=8192), no packing and one query
+    block per task."""
+    from tvmfuse.target import cpu_info, template_defaults
+
+    t = Attention()
+    func = _attention_func(tvmfuse.compile(_chain(b=1, h=12, sq=seq, sk=seq, d=64, dv=64), target, schedules=False))
+    res = schedule_prim_func(func, target)
+    cfg = res.config
+    assert cfg["pack_kv"] == 1 and cfg["q_blocks"] > 1, cfg
+    tasks = 12 * -(-seq // (cfg["q_block"] * cfg["q_blocks"]))
+    assert tasks >= template_defaults(target, "cpu.attention")["min_tasks_per_core"] * cpu_info(target).cores
+    loads = _loads_of(res.func)
+    assert loads["k"] == loads["v"] == 1, loads
+    allocs, loops = _allocs_and_loops(res.func)
+    assert sorted(n for _, n, _ in allocs)[-2:] == [seq * 64, seq * 64] and max(n for _, n, _ in allocs) < seq * seq
+    assert loops.count(int(C.ForKind.PARALLEL)) == 1
+    long = _attention_func(tvmfuse.compile(_chain(b=1, h=2, sq=8192, sk=8192, d=64, dv=64), target,
+                                           schedules=False))
+    cfg_long = t.default_config(t.match(long, target), target)
+    assert (cfg_long["pack_kv"], cfg_long["q_blocks"]) == (0, 1), cfg_long
 
 
 # ------------------------------------------------------------------------------------------ symbolic shapes
@@ -595,7 +699,8 @@ def test_symbolic_kernel_holds_the_static_blocks_of_each_sequence_bucket(target)
         static = schedule_prim_func(_attention_func(tvmfuse.compile(_chain(**{**kw, "sq": n, "sk": n}), target)),
                                     target)
         assert "buckets" not in static.config
-        assert config == static.config, f"sequence {n}"
+        # the same blocks and tiles; no packed K/V (its rows are a buffer of the static key length)
+        assert {**config, **NO_PACK} == {**static.config, **NO_PACK} and _packing(config) == NO_PACK, n
     # the dispatch: one branch per bounded bucket on the sequence
     conds = []
     _walk(res.func.body, lambda s: conds.append(s.condition) if isinstance(s, C.tirx.IfThenElse) else None)
@@ -631,6 +736,13 @@ def test_symbolic_head_dim_is_refused_with_reason(host):
     assert reasons and "head dim d is symbolic" in reasons[0], reasons
 
 
+NO_PACK = {"q_blocks": 1, "pack_kv": 0}       # one query block per task, K/V read in place
+
+
+def _packing(config: dict) -> dict:
+    return {k: config[k] for k in NO_PACK}
+
+
 def _loop_extents(func):
     """(kind, extent) of every loop of a scheduled kernel."""
     out = []
@@ -662,10 +774,11 @@ def test_symbolic_kernel_keeps_the_register_tiles_and_runs_only_live_row_groups(
     bucket = [b for b in t.buckets(match, target) if b.max_extent == 128][0]      # the nest for 65..128
     bm = t.bucket_match(match, bucket)
     config = t.default_config(bm, target)
-    assert config == res_stat.config and res_stat.template == "cpu.attention"
+    assert {**config, **NO_PACK} == {**res_stat.config, **NO_PACK} and res_stat.template == "cpu.attention"
+    config, res_stat = {**config, **NO_PACK}, schedule_with(t, t.match(stat, target), stat, {**res_stat.config, **NO_PACK})
     sym_nest = schedule_with(t, bm, sym, config)
     unrolled = int(C.ForKind.UNROLLED)
-    loops_sym, loops_stat = _loop_extents(sym_nest), _loop_extents(res_stat.func)
+    loops_sym, loops_stat = _loop_extents(sym_nest), _loop_extents(res_stat)
     # the register tiles: same number of unrolled loops, each of a static extent
     assert sum(k == unrolled for k, _ in loops_sym) == sum(k == unrolled for k, _ in loops_stat) > 0
     assert all(isinstance(e, C.IntImm) for k, e in loops_sym if k == unrolled)

@@ -20,8 +20,10 @@ target can lower it).  The CPU template ``Attention`` replaces its body with the
 for a (query block, key block, register tiles) configuration; the scores are held transposed, a vector
 over the query rows, so that the row statistics are vector operations:
 
-    for (batch, query block) in parallel:
-        qT = (Q[rows] * scale)^T                                  # [d, qb] local, once per task
+    for (batch, q_blocks query blocks) in parallel:
+        Kp, Vp = K[keys], V[keys]      # pack_kv: the keys the task's rows see, copied once, contiguous
+      for query block of the task:
+        qT = (Q[rows] * scale)^T                                  # [d, qb] local, once per block
         m = -inf, l = 0, acc = 0                                  # per query row, local buffers
         for key block:
             sT = K[block] @ qT + mask  (-inf: past the keys, causal)   # [kb, qb], vector over rows;
@@ -33,6 +35,11 @@ over the query rows, so that the row statistics are vector operations:
 
 The query block is sized so that its transposed queries, scores and accumulators fit L1 (the target's
 ``l1_share_query_block``): the K/V rows of a key block are then re-read from L2 by each query block.
+In place, K/V rows of a heads-interleaved tensor ([seq, heads * dim]) are heads x dim floats apart and fall
+into few cache sets (at S=2048 one head's K and V overflow their L2 sets); a static key length therefore
+packs them by default (``pack_kv``: a task's rows in the target's ``l2_share_kv`` of L2) and gives each task
+``q_blocks`` query blocks to share the copy (measured kernel-only, one thread, under load, Emerald Rapids,
+12 heads x 64: S=2048 1.4x, S=512 within noise, causal S=512/2048 1.03x/1.05-1.15x).
 
 Batch and sequence extents may be symbolic (TIR vars: one kernel for every size); the blocks then loop
 over the symbolic sequence with a tail, and the last query block computes only the row groups that hold
@@ -58,6 +65,7 @@ Q_BLOCK_VECTORS = (1, 2, 4, 8, 16)  # query rows per task, in float32 vectors of
 K_BLOCK_VECTORS = (1, 2, 4, 8)      # keys per block, in float32 vectors of the target
 TILE_KEYS = (2, 4, 8)               # keys of a score register tile
 TILE_QVECS = (1, 2, 4)              # row vectors of a score register tile
+Q_TASK_BLOCKS = (1, 2, 4, 8, 16, 32, 64)   # query blocks per parallel task (sharing its packed K/V rows)
 # The default blocks' thresholds are the target's (``template_defaults["cpu.attention"]`` in
 # schedules/cpu_targets.json): l1_share_kv, the share of L1 for the K/V rows of one key block;
 # l1_share_query_block, for the query block's transposed queries, accumulators, scores and running sums
@@ -397,6 +405,11 @@ def reference_prim_func(spec: AttentionSpec) -> C.PrimFunc:
 
 
 # --------------------------------------------------------------------------- the CPU template
+def sk_rows(spec: AttentionSpec, kb: int) -> int:
+    """The rows of a task's packed K (and V): the static key length rounded up to whole key blocks."""
+    return -(-static(spec.sk) // kb) * kb
+
+
 def _unravel(flat, extents):
     """Indices of ``flat`` in a row-major index space of ``extents`` (outermost first)."""
     out, rest = [], flat
@@ -479,6 +492,9 @@ class AttentionConfig(Config):
     rows: int = knob("query rows whose P @ V accumulators are in registers together")
     tile_keys: int = knob("keys of a score register tile")
     tile_qvecs: int = knob("row vectors of a score register tile (at most q_block / lanes)")
+    q_blocks: int = knob("query blocks per parallel task (one after the other, sharing the task's packed K/V)")
+    pack_kv: int = knob("1: each task first copies the K and V rows it reads into contiguous local rows "
+                        "(static key length only); 0: K and V are read in place")
 
 
 class Attention(Template):
@@ -509,8 +525,13 @@ class Attention(Template):
         sq, sk = _size(spec.sq, match, None), _size(spec.sk, match, None)   # None: any block may serve
         qb = tuple(lanes * v for v in Q_BLOCK_VECTORS if v == 1 or sq is None or lanes * v < 2 * sq)
         kb = tuple(lanes * v for v in K_BLOCK_VECTORS if v == 1 or sk is None or lanes * v < 2 * sk)
+        # several query blocks per task, and the packed K/V rows they share: a static sequence only (the
+        # packed rows are a local buffer of the key length)
+        static_seq = static(spec.sq) is not None and static(spec.sk) is not None
+        qbs = tuple(v for v in Q_TASK_BLOCKS if v == 1 or static_seq and v * lanes < 2 * static(spec.sq))
         return AttentionConfig.space(q_block=qb, k_block=kb, lanes=(lanes,), rows=ROW_GROUPS,
-                                     tile_keys=TILE_KEYS, tile_qvecs=TILE_QVECS)
+                                     tile_keys=TILE_KEYS, tile_qvecs=TILE_QVECS, q_blocks=qbs,
+                                     pack_kv=(0, 1) if static_seq else (0,))
 
     def default_config(self, match: Match, target: C.Target) -> dict:
         spec, info = match.info["spec"], cpu_info(target)
@@ -533,16 +554,31 @@ class Attention(Template):
             if fits and causal_ok and tasks >= table["min_tasks_per_core"] * info.cores:
                 qb = c
         # register tiles within the registers' accumulator share: P @ V rows (dv / lanes vectors each),
-        # scores (keys x row vectors; two row vectors where the block has them)
+        # scores (keys x row vectors)
         lanes = info.float32_lanes
         registers = VECTOR_REGISTERS.get(info.vector_bits, min(VECTOR_REGISTERS.values()))
         budget = table["acc_register_share"] * registers
         per_row = -(-spec.dv // lanes)
         rows = max([r for r in ROW_GROUPS if r * per_row <= budget and qb % r == 0] or [1])
-        qvecs = max(v for v in TILE_QVECS if v <= 2 and (qb // lanes) % v == 0)
-        keys = max([k for k in TILE_KEYS if k * qvecs <= budget and kb % k == 0] or [TILE_KEYS[0]])
+        # scores: of the tiles within the budget, the fewest loads per multiply-add (a tile of k keys x v
+        # row vectors loads k broadcasts and v vectors for k * v FMAs; measured kernel-only under load,
+        # AVX-512, S=512: 4 x 4 1.04-1.08x faster than 8 x 2), ties to more keys
+        tiles = [(k, v) for k in TILE_KEYS for v in TILE_QVECS
+                 if k * v <= budget and kb % k == 0 and (qb // lanes) % v == 0]
+        keys, qvecs = min(tiles, key=lambda kv: ((kv[0] + kv[1]) / (kv[0] * kv[1]), -kv[0]),
+                          default=(TILE_KEYS[0], 1))
+        # packed K/V: the task's rows in a share of L2, copied once for as many query blocks as leave
+        # enough tasks for every core (a task of one query block: no packing, it would copy as much as it
+        # reads)
+        pack, q_blocks = 0, 1
+        if 1 in space["pack_kv"] and sk_rows(spec, kb) * (spec.d + spec.dv) * 4 <= table["l2_share_kv"] * info.l2_bytes:
+            nqb = math.ceil(static(spec.sq) / qb)
+            for c in space["q_blocks"]:
+                if c <= nqb and tasks_rows * math.ceil(nqb / c) >= table["min_tasks_per_core"] * info.cores:
+                    q_blocks = c
+            pack = int(q_blocks > 1)
         return AttentionConfig(q_block=qb, k_block=kb, lanes=lanes, rows=rows, tile_keys=keys,
-                               tile_qvecs=qvecs).asdict()
+                               tile_qvecs=qvecs, q_blocks=q_blocks, pack_kv=pack).asdict()
 
     # ------------------------------------------------------------------ size buckets (symbolic sequence)
     def buckets(self, match: Match, target: C.Target) -> tuple[Bucket, ...]:
@@ -579,14 +615,17 @@ class Attention(Template):
         # the register tiles divide the blocks (every choice is a power of two)
         rows = math.gcd(cfg.rows, qb)
         tile_keys, tile_qvecs = math.gcd(cfg.tile_keys, kb), math.gcd(cfg.tile_qvecs, qb // lanes)
-        new_root = _flash_root(spec, list(func.params), qb, kb, lanes, rows, tile_keys, tile_qvecs)
+        if cfg.pack_kv and static(spec.sk) is None:
+            raise ValueError("cpu.attention: pack_kv needs a static key length (its rows are a local buffer)")
+        new_root = _flash_root(spec, list(func.params), qb, kb, lanes, rows, tile_keys, tile_qvecs,
+                               cfg.q_blocks, bool(cfg.pack_kv))
         # Step 2. It replaces the reference stages (scores, softmax, P @ V) wholesale.
         old = sch.get(root)
         sch.state.replace(sch.get_sref(root), new_root, {old: new_root})
 
 
 def _flash_root(spec: AttentionSpec, params: list, qb: int, kb: int, lanes: int, rows: int,
-                tile_keys: int, tile_qvecs: int):
+                tile_keys: int, tile_qvecs: int, q_blocks: int = 1, pack_kv: bool = False):
     """The root block of the online-softmax kernel (see the module docstring).
 
     The scores are computed transposed, ``sT[key, query row]``, a vector over the query rows: the query
@@ -604,6 +643,7 @@ def _flash_root(spec: AttentionSpec, params: list, qb: int, kb: int, lanes: int,
     nb_total = math.prod(spec.batch) if spec.batch else 1
     nqb = _ceil_div(spec.sq, qb)
     nkb = _ceil_div(spec.sk, kb)
+    ntq = _ceil_div(nqb, q_blocks)      # parallel tasks per batch index
     # A symbolic sequence: the last query block computes only the row groups that hold existing rows (a
     # static one clamps its rows past the end to the last row).  The unit: the larger of a score tile's
     # rows and a P @ V row group (powers of two that divide qb), so every loop below covers whole units.
@@ -623,9 +663,9 @@ def _flash_root(spec: AttentionSpec, params: list, qb: int, kb: int, lanes: int,
             T.func_name("main")
             for n in names:
                 T.arg(n, buf[n])
-            with T.parallel(0, nb_total * nqb) as task:
+            with T.parallel(0, nb_total * ntq) as task:
                 with T.sblock("attention_flash"):
-                    t = T.axis.spatial(nb_total * nqb, task)
+                    t = T.axis.spatial(nb_total * ntq, task)
                     T.reads(*[buf[n][tuple(slice(0, s) for s in op.shape)] for n, op in spec.inputs()])
                     T.writes(buf["out"][tuple(slice(0, s) for s in spec.out.shape)])
                     m = T.sblock_alloc_buffer((qb,), f32, scope="local")       # running max
@@ -636,131 +676,170 @@ def _flash_root(spec: AttentionSpec, params: list, qb: int, kb: int, lanes: int,
                     acc = T.sblock_alloc_buffer((qb, spec.dv), f32, scope="local")
                     st = T.sblock_alloc_buffer((kb, qb), f32, scope="local")
                     qt = T.sblock_alloc_buffer((spec.d, qb), f32, scope="local")
-                    bidx = _unravel(tir.floordiv(t, nqb), list(spec.batch)) if spec.batch else []
+                    if pack_kv:      # the task's K and V rows, contiguous (key blocks past the end: padded)
+                        kp = T.sblock_alloc_buffer((nkb * kb, spec.d), f32, scope="local")
+                        vp = T.sblock_alloc_buffer((nkb * kb, spec.dv), f32, scope="local")
+                    bidx = _unravel(tir.floordiv(t, ntq), list(spec.batch)) if spec.batch else []
                     benv = _batch_env(spec, bidx)
-                    q0 = tir.floormod(t, nqb) * qb
-                    if q_tail:
-                        live = tir.floordiv(tir.min(qb, spec.sq - q0) + (unit - 1), unit) * unit
+                    tq = tir.floormod(t, ntq)           # the task's first query block: tq * q_blocks
 
-                        def n_groups(size):      # groups of `size` rows that hold existing rows
-                            return tir.floordiv(live, size)
-                    else:
-                        def n_groups(size):
-                            return qb // size
-                    # Step 1. The query block, transposed and scaled (the logits' scale folded into Q);
-                    # running max, sum and accumulator per row.
-                    if _rows_are_vectors(spec.q, "d", spec.d, lanes):
-                        # lanes x lanes blocks: row vectors of Q in, transposed by shuffles in registers
-                        with T.serial(0, qb // lanes) as qo:
-                            with T.serial(0, spec.d // lanes) as do:
-                                rows_in = []
-                                for r in range(lanes):
-                                    idx = _index(spec.q, {**benv, "i": tir.min(q0 + qo * lanes + r, spec.sq - 1),
-                                                          "d": do * lanes}, ext)
-                                    idx[-1] = tir.Ramp(idx[-1], 1, lanes)
-                                    rows_in.append(tir.BufferLoad(buf["q"], idx))
-                                for c, col in enumerate(_transpose_vectors(rows_in, lanes)):
-                                    T.buffer_store(qt, col * tir.Broadcast(scale, lanes),
-                                                   [do * lanes + c, tir.Ramp(qo * lanes, 1, lanes)])
-                    else:
-                        with T.serial(0, spec.d) as dd:
-                            with _vector_loop(T, qb, lanes) as qi:
-                                T.buffer_store(qt, load("q", spec.q, {**benv, "i": tir.min(q0 + qi, spec.sq - 1),
-                                                                       "d": dd}) * scale, [dd, qi])
-                    with _vector_loop(T, qb, lanes) as qi:
-                        T.buffer_store(m, neg_inf, [qi])
-                        T.buffer_store(lsum, zero, [qi])
-                    with T.serial(0, qb) as qi:
-                        with _vector_loop(T, spec.dv, lanes) as e:
-                            T.buffer_store(acc, zero, [qi, e])
-                    # Step 2. Key blocks; a causal kernel stops after the last block its rows can see.
-                    n_blocks = nkb
-                    if spec.causal_offset is not None:
+                    def key_blocks(q0):
+                        """The key blocks the rows from q0 see (a causal kernel stops after the last one
+                        its rows can see)."""
+                        if spec.causal_offset is None:
+                            return nkb
                         last_key = q0 + (qb - 1) + spec.causal_offset
-                        n_blocks = tir.max(tir.min(tir.floordiv(last_key, kb) + 1, nkb), 0)
-                    with T.serial(0, n_blocks) as ko:
-                        j0 = ko * kb
-                        # Step 2a. Scores, tile by tile (registers): sT[key, rows] += K[key, d] * qT[d, rows];
-                        # then, still in registers, the logits (mask; -inf past the last key and above the
-                        # diagonal) and the block's running max, vectors over the rows.
-                        with _vector_loop(T, qb, lanes) as qi:
-                            T.buffer_store(mn, m[qi], [qi])
-                        with T.serial(0, kb // tile_keys) as kg:
-                            with T.serial(0, n_groups(tile_qvecs * lanes)) as qg:
-                                # the first head-dim step stores the products (no zero-fill of the tile)
-                                def tile_step(dd, first):
-                                    with T.unroll(0, tile_keys) as kk:
-                                        jj = kg * tile_keys + kk
-                                        kv = load("k", spec.k, {**benv, "j": tir.min(j0 + jj, spec.sk - 1), "d": dd})
-                                        with _vector_tiles(T, tile_qvecs * lanes, lanes) as qq:
-                                            qi = qg * tile_qvecs * lanes + qq
-                                            prod = kv * qt[dd, qi]
-                                            T.buffer_store(st, prod if first else st[jj, qi] + prod, [jj, qi])
+                        return tir.max(tir.min(tir.floordiv(last_key, kb) + 1, nkb), 0)
 
-                                tile_step(0, True)
-                                if spec.d > 1:
-                                    with T.serial(1, spec.d) as dd:
-                                        tile_step(dd, False)
-                                with T.unroll(0, tile_keys) as kk:
-                                    with _vector_tiles(T, tile_qvecs * lanes, lanes) as qq:
-                                        jj = kg * tile_keys + kk
-                                        qi = qg * tile_qvecs * lanes + qq
-                                        x = st[jj, qi]
-                                        j = j0 + jj
-                                        ic = tir.min(q0 + qi, spec.sq - 1)
-                                        if spec.mask is not None:
-                                            x = x + load("mask", spec.mask,
-                                                         {**benv, "i": ic, "j": tir.min(j, spec.sk - 1)})
-                                        valid = j < spec.sk if key_tail else None
-                                        if spec.causal_offset is not None:
-                                            below = j <= ic + spec.causal_offset
-                                            valid = below if valid is None else tir.And(valid, below)
-                                        if valid is not None:
-                                            x = tir.Select(valid, x, neg_inf)
-                                        T.buffer_store(st, x, [jj, qi])
-                                        T.buffer_store(mn, tir.max(mn[qi], st[jj, qi]), [qi])   # (read back)
-                        with T.serial(0, n_groups(lanes)) as qvec:
-                            # Step 2c. Rescale factors (a max of -inf stays -inf: the exps use 0), the
-                            # probabilities and the rescaled sums.  Every exp's argument is <= 0 (a score or
-                            # the old max minus the new max); min(., 0) says so to tvmfuse.fastmath, which
-                            # then takes its cheaper exp.
-                            with T.vectorized(0, lanes) as ln:
-                                qi = qvec * lanes + ln
-                                T.buffer_store(sf, tir.Select(mn[qi] == neg_inf, zero, mn[qi]), [qi])
-                                T.buffer_store(al, tir.exp(tir.min(m[qi] - sf[qi], zero)), [qi])
-                                T.buffer_store(lsum, lsum[qi] * al[qi], [qi])
-                                T.buffer_store(m, mn[qi], [qi])
-                            with T.serial(0, kb) as jj:
+                    # Step 0. Packing: every K and V row the task's query blocks see, copied once into
+                    # contiguous rows (in place, rows of heads-interleaved tensors are heads x dim apart and
+                    # fall into few cache sets); the query blocks then read them from L2/L1.
+                    if pack_kv:
+                        last_q0 = tir.min(tq * q_blocks + (q_blocks - 1), nqb - 1) * qb
+                        with T.serial(0, key_blocks(last_q0) * kb) as j:
+                            for dst, name, op, feat, n in ((kp, "k", spec.k, "d", spec.d),
+                                                           (vp, "v", spec.v, "e", spec.dv)):
+                                with _vector_loop(T, n, lanes) as f:
+                                    T.buffer_store(dst, load(name, op, {**benv, "j": tir.min(j, spec.sk - 1),
+                                                                        feat: f}), [j, f])
+
+                    def block_body(q0):
+                        """One query block: rows q0 .. q0 + qb - 1."""
+                        if q_tail:
+                            live = tir.floordiv(tir.min(qb, spec.sq - q0) + (unit - 1), unit) * unit
+
+                            def n_groups(size):      # groups of `size` rows that hold existing rows
+                                return tir.floordiv(live, size)
+                        else:
+                            def n_groups(size):
+                                return qb // size
+                        # Step 1. The query block, transposed and scaled (the logits' scale folded into Q);
+                        # running max, sum and accumulator per row.
+                        if _rows_are_vectors(spec.q, "d", spec.d, lanes):
+                            # lanes x lanes blocks: row vectors of Q in, transposed by shuffles in registers
+                            with T.serial(0, qb // lanes) as qo:
+                                with T.serial(0, spec.d // lanes) as do:
+                                    rows_in = []
+                                    for r in range(lanes):
+                                        idx = _index(spec.q, {**benv, "i": tir.min(q0 + qo * lanes + r, spec.sq - 1),
+                                                              "d": do * lanes}, ext)
+                                        idx[-1] = tir.Ramp(idx[-1], 1, lanes)
+                                        rows_in.append(tir.BufferLoad(buf["q"], idx))
+                                    for c, col in enumerate(_transpose_vectors(rows_in, lanes)):
+                                        T.buffer_store(qt, col * tir.Broadcast(scale, lanes),
+                                                       [do * lanes + c, tir.Ramp(qo * lanes, 1, lanes)])
+                        else:
+                            with T.serial(0, spec.d) as dd:
+                                with _vector_loop(T, qb, lanes) as qi:
+                                    T.buffer_store(qt, load("q", spec.q, {**benv, "i": tir.min(q0 + qi, spec.sq - 1),
+                                                                           "d": dd}) * scale, [dd, qi])
+                        with _vector_loop(T, qb, lanes) as qi:
+                            T.buffer_store(m, neg_inf, [qi])
+                            T.buffer_store(lsum, zero, [qi])
+                        with T.serial(0, qb) as qi:
+                            with _vector_loop(T, spec.dv, lanes) as e:
+                                T.buffer_store(acc, zero, [qi, e])
+                        # Step 2. Key blocks; a causal kernel stops after the last block its rows can see.
+                        with T.serial(0, key_blocks(q0)) as ko:
+                            j0 = ko * kb
+                            # Step 2a. Scores, tile by tile (registers): sT[key, rows] += K[key, d] * qT[d, rows];
+                            # then, still in registers, the logits (mask; -inf past the last key and above the
+                            # diagonal) and the block's running max, vectors over the rows.
+                            with _vector_loop(T, qb, lanes) as qi:
+                                T.buffer_store(mn, m[qi], [qi])
+                            with T.serial(0, kb // tile_keys) as kg:
+                                with T.serial(0, n_groups(tile_qvecs * lanes)) as qg:
+                                    # the first head-dim step stores the products (no zero-fill of the tile)
+                                    def tile_step(dd, first):
+                                        with T.unroll(0, tile_keys) as kk:
+                                            jj = kg * tile_keys + kk
+                                            kv = (kp[j0 + jj, dd] if pack_kv else
+                                                  load("k", spec.k, {**benv, "j": tir.min(j0 + jj, spec.sk - 1), "d": dd}))
+                                            with _vector_tiles(T, tile_qvecs * lanes, lanes) as qq:
+                                                qi = qg * tile_qvecs * lanes + qq
+                                                prod = kv * qt[dd, qi]
+                                                T.buffer_store(st, prod if first else st[jj, qi] + prod, [jj, qi])
+
+                                    tile_step(0, True)
+                                    if spec.d > 1:
+                                        with T.serial(1, spec.d) as dd:
+                                            tile_step(dd, False)
+                                    with T.unroll(0, tile_keys) as kk:
+                                        with _vector_tiles(T, tile_qvecs * lanes, lanes) as qq:
+                                            jj = kg * tile_keys + kk
+                                            qi = qg * tile_qvecs * lanes + qq
+                                            x = st[jj, qi]
+                                            j = j0 + jj
+                                            ic = tir.min(q0 + qi, spec.sq - 1)
+                                            if spec.mask is not None:
+                                                x = x + load("mask", spec.mask,
+                                                             {**benv, "i": ic, "j": tir.min(j, spec.sk - 1)})
+                                            valid = j < spec.sk if key_tail else None
+                                            if spec.causal_offset is not None:
+                                                below = j <= ic + spec.causal_offset
+                                                valid = below if valid is None else tir.And(valid, below)
+                                            if valid is not None:
+                                                x = tir.Select(valid, x, neg_inf)
+                                            T.buffer_store(st, x, [jj, qi])
+                                            T.buffer_store(mn, tir.max(mn[qi], st[jj, qi]), [qi])   # (read back)
+                            with T.serial(0, n_groups(lanes)) as qvec:
+                                # Step 2c. Rescale factors (a max of -inf stays -inf: the exps use 0), the
+                                # probabilities and the rescaled sums.  Every exp's argument is <= 0 (a score or
+                                # the old max minus the new max); min(., 0) says so to tvmfuse.fastmath, which
+                                # then takes its cheaper exp.
                                 with T.vectorized(0, lanes) as ln:
                                     qi = qvec * lanes + ln
-                                    T.buffer_store(st, tir.exp(tir.min(st[jj, qi] - sf[qi], zero)), [jj, qi])
-                                    T.buffer_store(lsum, lsum[qi] + st[jj, qi], [qi])
-                        # Step 2d. acc = acc * alpha + p @ V[block], `rows` rows at a time (registers).
-                        with T.serial(0, n_groups(rows)) as g:
-                            with T.unroll(0, rows) as r:
-                                with _vector_tiles(T, spec.dv, lanes) as e:
-                                    qi = g * rows + r
-                                    T.buffer_store(acc, acc[qi, e] * al[qi], [qi, e])
-                            with T.serial(0, kb) as jj:
-                                jc = tir.min(j0 + jj, spec.sk - 1)
+                                    T.buffer_store(sf, tir.Select(mn[qi] == neg_inf, zero, mn[qi]), [qi])
+                                    T.buffer_store(al, tir.exp(tir.min(m[qi] - sf[qi], zero)), [qi])
+                                    T.buffer_store(lsum, lsum[qi] * al[qi], [qi])
+                                    T.buffer_store(m, mn[qi], [qi])
+                                with T.serial(0, kb) as jj:
+                                    with T.vectorized(0, lanes) as ln:
+                                        qi = qvec * lanes + ln
+                                        T.buffer_store(st, tir.exp(tir.min(st[jj, qi] - sf[qi], zero)), [jj, qi])
+                                        T.buffer_store(lsum, lsum[qi] + st[jj, qi], [qi])
+                            # Step 2d. acc = acc * alpha + p @ V[block], `rows` rows at a time (registers).
+                            with T.serial(0, n_groups(rows)) as g:
                                 with T.unroll(0, rows) as r:
-                                    qi = g * rows + r
                                     with _vector_tiles(T, spec.dv, lanes) as e:
-                                        vv = load("v", spec.v, {**benv, "j": jc, "e": e})
-                                        T.buffer_store(acc, acc[qi, e] + st[jj, qi] * vv, [qi, e])
-                    # Step 3. Normalize and store the rows of this block that exist.
-                    with T.serial(0, qb) as qi:
-                        i = q0 + qi
-                        with T.If(i < spec.sq):
-                            with T.Then():
-                                total = lsum[qi]
-                                with _vector_loop(T, spec.dv, lanes) as e:
-                                    val = acc[qi, e] / total
-                                    if spec.zero_empty_rows:     # no key seen: the sum stayed 0
-                                        val = tir.Select(total > zero, val, zero)
-                                    if spec.guard is not None:
-                                        g = load("guard", spec.guard, {**benv, "i": i})
-                                        val = tir.Select(g, zero, val)
-                                    T.buffer_store(buf["out"], val,
-                                                   _index(spec.out, {**benv, "i": i, "e": e}, ext))
+                                        qi = g * rows + r
+                                        T.buffer_store(acc, acc[qi, e] * al[qi], [qi, e])
+                                with T.serial(0, kb) as jj:
+                                    jc = tir.min(j0 + jj, spec.sk - 1)
+                                    with T.unroll(0, rows) as r:
+                                        qi = g * rows + r
+                                        with _vector_tiles(T, spec.dv, lanes) as e:
+                                            vv = vp[j0 + jj, e] if pack_kv else load("v", spec.v, {**benv, "j": jc, "e": e})
+                                            T.buffer_store(acc, acc[qi, e] + st[jj, qi] * vv, [qi, e])
+                        # Step 3. Normalize and store the rows of this block that exist: one division per
+                        # row (1 / sum, a vector over the rows, into the rescale factors' buffer), then
+                        # products (0 * inf = NaN keeps a row without weight NaN, as acc / 0 does).
+                        with _vector_loop(T, qb, lanes) as qi:
+                            T.buffer_store(al, tir.const(1.0, f32) / lsum[qi], [qi])
+                        with T.serial(0, qb) as qi:
+                            i = q0 + qi
+                            with T.If(i < spec.sq):
+                                with T.Then():
+                                    total = lsum[qi]
+                                    with _vector_loop(T, spec.dv, lanes) as e:
+                                        val = acc[qi, e] * al[qi]
+                                        if spec.zero_empty_rows:     # no key seen: the sum stayed 0
+                                            val = tir.Select(total > zero, val, zero)
+                                        if spec.guard is not None:
+                                            g = load("guard", spec.guard, {**benv, "i": i})
+                                            val = tir.Select(g, zero, val)
+                                        T.buffer_store(buf["out"], val,
+                                                       _index(spec.out, {**benv, "i": i, "e": e}, ext))
+
+                    if q_blocks == 1:
+                        block_body(tq * qb)
+                    else:
+                        with T.serial(0, q_blocks) as qblk:
+                            qbi = tq * q_blocks + qblk
+                            if static(nqb) is not None and static(nqb) % q_blocks == 0:
+                                block_body(qbi * qb)
+                            else:
+                                with T.If(qbi < nqb):
+                                    with T.Then():
+                                        block_body(qbi * qb)
     return ib.get().body.block
