@@ -31,9 +31,10 @@ from . import common as U
 from . import matmul as MM
 
 # The row count the untuned default is sized for (``nominal_rows`` of the family's template_defaults in
-# schedules/cpu_targets.json): rows are not known at compile time; a register tile of this many rows or
-# fewer keeps the predicated last tile short (at most mr - 1 wasted rows).
-SYM_MR_CHOICES = (1, 2, 4, 6, 8)
+# schedules/cpu_targets.json, 48: a multiple of every choice here, so no register tile is preferred for
+# dividing a row count only known at run time): a register tile of this many rows or fewer keeps the
+# predicated last tile short (at most mr - 1 wasted rows).
+SYM_MR_CHOICES = (1, 2, 3, 4, 6, 8)
 
 
 def _is_static(e) -> bool:
@@ -104,6 +105,10 @@ class RowBuckets:
         except (ValueError,) + C.TVMError:
             return None
         return match
+
+    def accumulator_cap(self, lanes: int) -> int | None:
+        """The register tile's accumulator stays a stack array (``matmul.stack_accumulator_vectors``)."""
+        return MM.stack_accumulator_vectors(lanes)
 
     def row_macro_tiles(self, want: int, choices: dict, target: C.Target) -> int:
         """The row-tiled nest's macro tile in register tiles of rows: at most the table's ``row_mc_tiles``
@@ -205,7 +210,7 @@ class SymbolicMatmulEpilogue(RowBuckets, MM.MatmulEpilogue, family="cpu.symbolic
         n, k, lanes, rows = match.info["N"], match.info["K"], info.float32_lanes, d["nominal_rows"]
         if match.info.get("small", False):
             return self._small_default(match, target, ch)
-        tile = MM.register_tile_default(rows, n, k, lanes, info, ch, d)
+        tile = MM.register_tile_default(rows, n, k, lanes, info, ch, d, self.accumulator_cap(lanes))
         mr, nr = tile["mr"], tile["nvec"] * lanes
         # a macro tile no wider than N (wider ones only add always-false column predicates)
         nc_tiles = max(c for c in ch["nc_tiles"] if c <= max(1, min(tile["nc_tiles"], n // nr)))
@@ -221,7 +226,7 @@ class SymbolicMatmulEpilogue(RowBuckets, MM.MatmulEpilogue, family="cpu.symbolic
         no larger than L2 allows."""
         info, d = cpu_info(target), self.table_defaults(target)
         n, k, lanes = match.info["N"], match.info["K"], info.float32_lanes
-        tile = MM.register_tile_default(1, n, k, lanes, info, ch, d)
+        tile = MM.register_tile_default(1, n, k, lanes, info, ch, d, self.accumulator_cap(lanes))
         nr = tile["nvec"] * lanes
         enough = [c for c in ch["nc_tiles"] if c <= tile["nc_tiles"] and n // (nr * c) >= info.cores]
         nc_tiles = max(enough) if enough else min(ch["nc_tiles"])
