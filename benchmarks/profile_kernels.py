@@ -1,10 +1,14 @@
 """Per-kernel profile of a corpus model: each tvmfuse kernel timed alone, and onnxruntime's per-node profile.
 
     python benchmarks/profile_kernels.py squeezenet1_1 [--repeat 15] [--rounds 3] [--json out.json]
+    python benchmarks/profile_kernels.py bert --dims batch=3,sequence=17 --no-ort   # symbolic vs pinned
 
-tvmfuse: every PrimFunc of the compiled module is timed with TVM's time evaluator on random arguments of its
-own shapes (min over ``--rounds`` x ``--repeat`` repeats of ``--number`` calls), times the calls ``main``
-makes of it.  The kernel runs with warm caches and a spinning thread pool, so the sum of the kernels is
+tvmfuse: every kernel of the compiled model is timed with TVM's time evaluator on the arguments the model's
+run gives it (captured by a VM instrument: a model with symbolic shapes is profiled at the sizes of its
+inputs; min over ``--rounds`` x ``--repeat`` repeats of ``--number`` calls), times the calls ``main``
+makes of it; the "in-model" column is its time inside ``run()`` (instrumented, min over runs: includes a
+Python callback's few microseconds).  ``--dims`` profiles the corpus model's ``_dyn`` variant at those sizes
+next to a build pinned to them (``input_shapes``).  The kernel runs with warm caches and a spinning thread pool, so the sum of the kernels is
 below ``run()``'s time: the difference is the VM's call overhead, the thread pool's wake-ups and cold
 caches (printed as "run min - sum of kernels").
 onnxruntime: ``SessionOptions.enable_profiling``, min over ``--ort-runs`` runs of each node's kernel time
