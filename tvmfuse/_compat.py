@@ -116,6 +116,11 @@ def const_value(expr):
     return v.numpy() if hasattr(v, "numpy") else _np.asarray(v)
 
 
+# TVM's kMaxStackAlloca: a CPU kernel's allocation of this many bytes or more is not a stack array but a
+# call to the runtime's workspace allocator (LowerTVMBuiltin), made where the allocation is declared
+MAX_STACK_ALLOCA_BYTES = 1024
+
+
 def prim_func_params(func) -> list[tuple[list[int], str]]:
     """(shape, dtype) of each PrimFunc parameter (0.27: parameters are buffer vars, no buffer_map)."""
     return [([int(d) for d in p.shape], str(p.dtype)) for p in func.params]

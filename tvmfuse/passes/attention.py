@@ -42,6 +42,12 @@ def _dims(expr) -> tuple | None:
     return tuple(int(d.value) if isinstance(d, C.IntImm) else d for d in ty.shape.values)
 
 
+def _plain_extents(dims: tuple) -> bool:
+    """Every extent an int or a plain symbol: what the kernel spec takes (a merge of symbolic axes, such as
+    ``batch * sequence``, is not one)."""
+    return all(isinstance(n, (int, C.tirx.Var)) for n in dims)
+
+
 def _is1(n) -> bool:
     return isinstance(n, int) and n == 1
 
@@ -436,8 +442,8 @@ def match(fn: _Function, var, target) -> tuple | None:
             continue
         rs = fn.call(user, "relax.reshape") if user is not None else None
         runs = _runs(_dims(out_var), _dims(user)) if rs is not None and _dims(user) is not None else None
-        if runs is None:
-            break
+        if runs is None or not _plain_extents(_dims(user)):
+            break      # e.g. GPT-2's [batch * sequence, 768] before its Gemm: the kernel's output stops short
         out_labels, out_var = _merge(out_labels, runs), user
         ops.append("reshape")
     spec = AttentionSpec(batch=tuple(batch), sq=sq, sk=sk, d=d, dv=dv, q=specs["q"], k=specs["k"],

@@ -75,7 +75,7 @@ class Registers:
 # "global" scope: in the "local" scope every tile paid a workspace allocation, a memset for its init and
 # stores/reloads around the epilogue (the pointer escapes into the call), e.g. a 1x1 conv on a 2x2 plane
 # 2.4 -> 2.1 us (one thread, CPU time, under load; tests/test_schedules_cpu_accumulators.py).
-MAX_STACK_ALLOCA_BYTES = 1024
+MAX_STACK_ALLOCA_BYTES = C.MAX_STACK_ALLOCA_BYTES   # one value, defined in _compat (TVM's limit)
 
 
 # Most copies of a loop body a template's unrolling may make (register tile x unrolled reduction steps):

@@ -28,7 +28,7 @@ from ...target import cpu_info, template_defaults
 from ..base import Config, KnobSpace, Match, knob
 from . import common as U
 from .conv2d import batch_size, find_conv
-from .matmul import K_UNROLL, MR_CHOICES, NVEC_CHOICES, lane_choices, pick_register_tile
+from .matmul import K_UNROLL, MR_CHOICES, NVEC_CHOICES, lane_choices, pick_register_tile, stack_accumulator_vectors
 
 FAMILY = "cpu.conv1x1"
 
@@ -135,7 +135,7 @@ class Conv1x1(ChannelLanesConv, family=FAMILY, config=Conv1x1Config):
         # with a short reduction (fewer input channels than stack_tile_below_steps) a tile on the stack: a larger
         # one is a workspace allocation per tile (common.MAX_STACK_ALLOCA_BYTES; 24->144 on 4x4, one thread, CPU
         # time under load: 8 x 3 vectors 3.3 us, 4 x 3 on the stack 2.8 us; 16->96 on 8x8 7.6 -> 6.5 us)
-        on_stack = (U.MAX_STACK_ALLOCA_BYTES // 4 - 1) // lanes if i["RC"] < d["stack_tile_below_steps"] else None
+        on_stack = stack_accumulator_vectors(lanes) if i["RC"] < d["stack_tile_below_steps"] else None
         mr, nvec = pick_register_tile(pixels(i), i["F"], lanes, regs, ch["mr"], nvecs, on_stack)
         unroll = d["k_unroll"]
         return Conv1x1Config(mr=mr, nvec=nvec, lanes=lanes,

@@ -79,12 +79,12 @@ def register_tile_choices(m: int, n: int, k: int, lanes: int) -> dict:
 
 
 def register_tile_default(m: int, n: int, k: int, lanes: int, info: CPUInfo, choices: dict,
-                          defaults: dict) -> dict:
+                          defaults: dict, max_acc_vectors: int | None = None) -> dict:
     """The untuned ``RegisterTileConfig`` values: the register tile that fits the target's vector registers
     (``pick_register_tile``), macro tiles sized to its L2 (``pick_macro_tiles``) and the table's
     ``k_unroll`` where it divides K (``defaults``: the family's row of schedules/cpu_targets.json)."""
     regs = U.Registers.for_bits(info.vector_bits).count
-    mr, nvec = pick_register_tile(m, n, lanes, regs, choices["mr"], choices["nvec"])
+    mr, nvec = pick_register_tile(m, n, lanes, regs, choices["mr"], choices["nvec"], max_acc_vectors)
     mc_tiles, nc_tiles = pick_macro_tiles(k, mr, nvec * lanes, info.l2_bytes, choices["mc_tiles"],
                                           choices["nc_tiles"])
     unroll = defaults["k_unroll"]
@@ -220,9 +220,18 @@ def matmul_roles(func: C.PrimFunc, analyze=None) -> dict | None:
     return (analyze or analyze_matmul)(sch, reds[0])
 
 
+def stack_accumulator_vectors(lanes: int, bytes_per_lane: int = 4) -> int:
+    """The most ``lanes``-wide float32 vectors a register tile's accumulator may hold and stay a stack array
+    (LLVM keeps it in registers): TVM serves an allocation of ``C.MAX_STACK_ALLOCA_BYTES`` or more from
+    its workspace allocator, and inside a compiled model LLVM then stores every partial sum to that
+    buffer and reloads A's broadcast after each FMA (cpu.symbolic_matmul's 4 x 4-vector AVX-512 tile,
+    exactly 1 KiB: BERT's FFN kernels at 51 rows 2-3x the static ones)."""
+    return (C.MAX_STACK_ALLOCA_BYTES - 1) // (lanes * bytes_per_lane)
+
+
 def pick_register_tile(m: int, n: int, lanes: int, regs: int, mr_choices, nvec_choices,
-                       max_acc: int | None = None) -> tuple[int, int]:
-    """(mr, nvec) of the register tile (at most ``max_acc`` accumulator vectors where given and possible).
+                       max_acc_vectors: int | None = None) -> tuple[int, int]:
+    """(mr, nvec) of the register tile (at most ``max_acc_vectors`` accumulator vectors when given).
 
     A tile that does not divide the problem leaves a predicate on every iteration of the register tile
     (measured on the transformer block's 64x512x128 matmul: 10x slower with a tail along j, 2x along i),
@@ -231,9 +240,9 @@ def pick_register_tile(m: int, n: int, lanes: int, regs: int, mr_choices, nvec_c
     most accumulators; fewest loads per FMA (mr broadcasts + nvec vectors per k step); more rows.
     """
     pairs = [(a, b) for a in mr_choices for b in nvec_choices]
+    if max_acc_vectors is not None:
+        pairs = [p for p in pairs if p[0] * p[1] <= max_acc_vectors] or [min(pairs, key=lambda p: p[0] * p[1])]
     fitting = [p for p in pairs if p[0] * p[1] + p[1] + 1 <= regs] or [min(pairs, key=lambda p: p[0] * p[1])]
-    if max_acc is not None:
-        fitting = [p for p in fitting if p[0] * p[1] <= max_acc] or fitting
     most = max(a * b for a, b in fitting)
 
     def score(p):

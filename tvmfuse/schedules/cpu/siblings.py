@@ -178,13 +178,18 @@ class SiblingMatmuls(U.CpuTemplate, family="cpu.sibling_matmuls", config=Sibling
             only["flatten_batch"] = (False,)
         return SiblingsConfig.space(**register_tile_choices(m, n, k, cpu_info(target).float32_lanes), **only)
 
+    def accumulator_cap(self, lanes: int) -> int | None:
+        """The most accumulator vectors a default register tile may hold (None: any that fits the registers;
+        cpu.symbolic_siblings keeps them on the stack)."""
+        return None
+
     def default_config(self, match: Match, target: C.Target) -> dict:
         info, d = cpu_info(target), self.table_defaults(target)
         ch = {kb.name: kb.choices for kb in self.space(match, target).knobs}
         m, n, k = match.info.get("rows", match.info["M"]), match.info["N"], match.info["K"]
         ns = set(match.info["Ns"].values())
         lanes = pick_lanes(m, ns.pop(), info.float32_lanes) if len(ns) == 1 else info.float32_lanes
-        tile = register_tile_default(m, n, k, lanes, info, ch, d)
+        tile = register_tile_default(m, n, k, lanes, info, ch, d, self.accumulator_cap(lanes))
         mr, nr, mc_tiles = tile["mr"], tile["nvec"] * lanes, tile["mc_tiles"]
         # the row-block loop is the parallel one: keep enough row blocks for every core
         batch = 1 if match.info.get("flattenable") else _prod(match.info["batch"])

@@ -31,9 +31,10 @@ from . import common as U
 from . import matmul as MM
 
 # The row count the untuned default is sized for (``nominal_rows`` of the family's template_defaults in
-# schedules/cpu_targets.json): rows are not known at compile time; a register tile of this many rows or
-# fewer keeps the predicated last tile short (at most mr - 1 wasted rows).
-SYM_MR_CHOICES = (1, 2, 4, 6, 8)
+# schedules/cpu_targets.json, 48: a multiple of every choice here, so no register tile is preferred for
+# dividing a row count only known at run time): a register tile of this many rows or fewer keeps the
+# predicated last tile short (at most mr - 1 wasted rows).
+SYM_MR_CHOICES = (1, 2, 3, 4, 6, 8)
 
 
 def _is_static(e) -> bool:
@@ -104,6 +105,23 @@ class RowBuckets:
         except (ValueError,) + C.TVMError:
             return None
         return match
+
+    def accumulator_cap(self, lanes: int) -> int | None:
+        """The register tile's accumulator stays a stack array (``matmul.stack_accumulator_vectors``)."""
+        return MM.stack_accumulator_vectors(lanes)
+
+    def row_macro_tiles(self, want: int, choices: dict, target: C.Target) -> int:
+        """The row-tiled nest's macro tile in register tiles of rows: at most the table's ``row_mc_tiles``
+        (and ``want``).  The row count is known at run time only, and TVM's loop partition splits off
+        the last *macro* tile of rows: every register tile in it keeps the "row exists" predicate inside
+        its k loop (partial sums in memory, ~5x the time per row, measured under load), so a macro tile
+        of 8 register tiles put up to 31 rows on that path (BERT's FFN at 51 rows: 19 of them, the
+        kernel at 2x the static one).  The table's 2, not 1: with one register tile per macro tile TVM's
+        CompactBufferAllocation no longer shrinks the accumulator to the tile (it stays a rows x N
+        buffer from the workspace allocator, and LLVM stores every partial sum: the kernel slower
+        still; tests/test_symbolic_token_models.py checks the accumulator's static size)."""
+        cap = min(want, int(self.table_defaults(target)["row_mc_tiles"]))
+        return max([c for c in choices["mc_tiles"] if c <= cap] or [min(choices["mc_tiles"])])
 
     # ------------------------------------------------------------------ size buckets
     def buckets(self, match: Match, target: C.Target) -> tuple[Bucket, ...]:
@@ -192,13 +210,13 @@ class SymbolicMatmulEpilogue(RowBuckets, MM.MatmulEpilogue, family="cpu.symbolic
         n, k, lanes, rows = match.info["N"], match.info["K"], info.float32_lanes, d["nominal_rows"]
         if match.info.get("small", False):
             return self._small_default(match, target, ch)
-        tile = MM.register_tile_default(rows, n, k, lanes, info, ch, d)
+        tile = MM.register_tile_default(rows, n, k, lanes, info, ch, d, self.accumulator_cap(lanes))
         mr, nr = tile["mr"], tile["nvec"] * lanes
         # a macro tile no wider than N (wider ones only add always-false column predicates)
         nc_tiles = max(c for c in ch["nc_tiles"] if c <= max(1, min(tile["nc_tiles"], n // nr)))
-        # rows are the parallel dimension (their count is unknown): one macro tile of rows per task
-        mc_tiles = min(tile["mc_tiles"], max(1, rows // (mr * info.cores)))
-        mc_tiles = max(c for c in ch["mc_tiles"] if c <= mc_tiles)
+        # rows are the parallel dimension (their count is unknown): a macro tile of the table's
+        # row_mc_tiles register tiles per task (RowBuckets.row_macro_tiles)
+        mc_tiles = self.row_macro_tiles(min(tile["mc_tiles"], max(1, rows // (mr * info.cores))), ch, target)
         return MM.MatmulConfig(**{**tile, "mc_tiles": mc_tiles, "nc_tiles": nc_tiles}, order=d["order"],
                                parallel_depth=1, pack_b=False, pad_n=False, flatten_batch=True).asdict()
 
@@ -208,7 +226,7 @@ class SymbolicMatmulEpilogue(RowBuckets, MM.MatmulEpilogue, family="cpu.symbolic
         no larger than L2 allows."""
         info, d = cpu_info(target), self.table_defaults(target)
         n, k, lanes = match.info["N"], match.info["K"], info.float32_lanes
-        tile = MM.register_tile_default(1, n, k, lanes, info, ch, d)
+        tile = MM.register_tile_default(1, n, k, lanes, info, ch, d, self.accumulator_cap(lanes))
         nr = tile["nvec"] * lanes
         enough = [c for c in ch["nc_tiles"] if c <= tile["nc_tiles"] and n // (nr * c) >= info.cores]
         nc_tiles = max(enough) if enough else min(ch["nc_tiles"])

@@ -63,7 +63,8 @@ class SymbolicSiblings(RowBuckets, SiblingMatmuls, family="cpu.symbolic_siblings
         ch = {kb.name: kb.choices for kb in self.space(match, target).knobs}
         cfg["nc_tiles"] = max(c for c in ch["nc_tiles"] if c <= max(min(ch["nc_tiles"]), min(cfg["nc_tiles"], panel)))
         if not match.info.get("small", False):
-            return cfg
+            # the row-tiled nest: the last macro tile of rows is the predicated one (RowBuckets.row_macro_tiles)
+            return {**cfg, "mc_tiles": self.row_macro_tiles(cfg["mc_tiles"], ch, target)}
         # GEMV-like: one parallel loop over the few rows with every chain inside it (one thread-pool
         # launch: the chains' own column-panel loops would be one launch each, which costs more than the
         # few rows' work; measured under load, Q/K/V 64x64 at 1 row: 7.5 -> 3.2 us), B unpacked (a packed
