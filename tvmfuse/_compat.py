@@ -189,6 +189,23 @@ def build_prim_module(mod: IRModule, target: Target):
     return _tvm.compile(mod, target=target)
 
 
+def lower_tir(mod: IRModule, target: Target) -> IRModule:
+    """TVM's TIR lowering of a module of scheduled PrimFuncs for ``target`` (``tirx.build`` up to code
+    generation: bind the target, the default pipeline, host/device split and finalization); raises what
+    the lowering raises.  Costs no nvcc run: it tells a schedule that cannot lower before the build does."""
+    from tvm.tirx.build import split_host_device_mods
+
+    target = Target(target) if target.host is not None else Target(target, host="llvm")
+    mod = tirx.transform.BindTarget(target)(mod)
+    pipeline, finalize_host, finalize_device = tirx.get_default_tir_pipeline(target)
+    mod = pipeline(mod)
+    host, devices = split_host_device_mods(mod)
+    finalize_host()(host)
+    for dev in devices.values():
+        finalize_device()(dev)
+    return mod
+
+
 def register_relax_pipeline(name: str, factory) -> None:
     """Register ``factory`` (no-argument callable returning a Pass) under ``name`` for tvm.compile."""
     relax.pipeline.PIPELINE_MAP[name] = factory

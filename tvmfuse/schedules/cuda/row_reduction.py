@@ -215,9 +215,9 @@ def output_row_axes(func: C.PrimFunc, blocks: list[str], reductions: list[str],
 
 
 def _writes_in_place(blk) -> bool:
-    """Whether the block's (single) store indexes its buffer by its iterators, in order."""
+    """Whether the block's (single) store indexes its buffer by its spatial iterators, in order."""
     store = blk.body
-    ivs = [iv.var for iv in blk.iter_vars]
+    ivs = [iv.var for iv in blk.iter_vars if int(iv.iter_type) == int(C.IterVarKind.DataPar)]
     return isinstance(store, C.BufferStore) and len(store.indices) == len(ivs) and \
         all(i.same_as(v) for i, v in zip(store.indices, ivs))
 
