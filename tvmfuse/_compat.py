@@ -41,6 +41,7 @@ register_global_func = _tvm_ffi.register_global_func
 script_tir = _tvm.script.tirx   # TVMScript's TIR parser (``T.prim_func``)
 script_ir = _tvm.script.ir   # TVMScript's IRModule parser (``I.ir_module``)
 script_relax = _tvm.script.relax   # TVMScript's Relax parser (``R.function``)
+parse_script = _tvm.script.from_source   # TVMScript text -> PrimFunc / IRModule
 
 # --- Relax types (0.27 renamed StructInfo -> Type, ``.struct_info`` -> ``.ty``) -----------------------------
 TensorType = relax.TensorType

@@ -22,13 +22,45 @@ def dlight_rules() -> list:
 
 def lowering_error(func: C.PrimFunc, target: C.Target) -> str | None:
     """None when ``func`` (scheduled) goes through TVM's TIR lowering for ``target``, else the first line
-    of the error: a loop variable used before its definition, an unbound thread axis, ..."""
+    of the error: a block under no thread binding (TVM would lower it as host code), a loop variable used
+    before its definition, ..."""
+    outside = unbound_blocks(func)
+    if outside:         # TVM lowers such a block as host code, which reads device memory: not legal
+        return f"blocks {outside} are under no thread binding"
     mod = C.IRModule({"main": func.with_attr("global_symbol", "main")})
     try:
         C.lower_tir(mod, target)
     except C.TVM_PASS_ERRORS as e:
         return _first_line(e)
     return None
+
+
+def unbound_blocks(func: C.PrimFunc) -> list[str]:
+    """The blocks of ``func`` (the root aside) under no loop bound to a thread axis, in program order."""
+    found = []
+
+    def walk(stmt, bound: bool) -> None:
+        if isinstance(stmt, C.tirx.SeqStmt):
+            for s in stmt.seq:
+                walk(s, bound)
+        elif isinstance(stmt, C.tirx.For):
+            walk(stmt.body, bound or int(stmt.kind) == int(C.ForKind.THREAD_BINDING))
+        elif isinstance(stmt, C.SBlockRealize):
+            walk(stmt.block, bound)
+        elif isinstance(stmt, C.SBlock):
+            if not bound and stmt.name_hint != "root":
+                found.append(str(stmt.name_hint))
+            else:
+                walk(stmt.body, bound)
+        elif isinstance(stmt, C.tirx.IfThenElse):
+            walk(stmt.then_case, bound)
+            if stmt.else_case is not None:
+                walk(stmt.else_case, bound)
+        elif hasattr(stmt, "body"):       # attributes, lets, allocations: their body
+            walk(stmt.body, bound)
+
+    walk(func.body, False)
+    return found
 
 
 def serial_schedule(func: C.PrimFunc) -> C.PrimFunc:
