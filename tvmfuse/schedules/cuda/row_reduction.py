@@ -6,7 +6,11 @@ step across warps), the row's elementwise epilogue written by the same block.
 Matches a PrimFunc whose reductions all reduce the innermost axes of the same rows, whose other blocks
 are spatial, and whose outputs all enumerate those rows, every reduction feeding one of them: a
 normalization chain (one output), or several outputs of the same rows (mean and variance, the variance
-reading the mean), written by the same block: their row loops are merged into one.
+reading the mean), written by the same block: their row loops are merged into one.  Which loops of an
+output enumerate the rows is read off how it indexes the reductions' results (``output_row_axes``), not
+off equal extents: ConvNeXt's LayerNorm over the channels of an NCHW tensor writes (n, c, h, w) from
+sums over (n, h, w), its row loops (n, h, w) are moved outermost; a single row (the pooled head's norm)
+gets a unit row loop.  A kernel whose rows cannot be told that way is declined (``match`` returns None).
 """
 from __future__ import annotations
 
