@@ -187,6 +187,18 @@ def pooled_layernorm_flatten(c=128):
     return finish(g)
 
 
+def residual_layernorm(rows=32, d=64):
+    """GPT-2's block input: the residual sum is an output (the next residual) and the LayerNorm's input;
+    the norm's output reshaped (the kernel's two outputs: one the reductions read, one reading them)."""
+    g = _G("residual_ln")
+    a = g.op("Add", g.input("x", [1, rows, d]), g.input("r", [1, rows, d]))
+    ln = g.op("LayerNormalization", a, g.weight([d]), g.weight([d]), axis=-1, epsilon=1e-5)
+    y = g.op("Reshape", ln, g.const(_ints(rows, d)))
+    g.output(a, [1, rows, d])
+    g.output(y, [rows, d])
+    return g.model()
+
+
 def mean_hw(n=2, c=13, h=10, w=12):
     g = _G("mean_hw")
     g.op("ReduceMean", g.input("x", [n, c, h, w]), g.const(_ints(2, 3)), keepdims=0)

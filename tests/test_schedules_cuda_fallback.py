@@ -6,7 +6,8 @@
 - a rule that raises or whose schedule does not lower is passed over, and a template schedule that does not
   lower goes to the fallback with the reason (the build never fails on a schedule);
 - ``cuda_row_reduction`` on ConvNeXt's norms: an output that enumerates the rows transposed (NCHW from
-  sums over (n, h, w)) and one that enumerates a single row by no loop at all.
+  sums over (n, h, w)) and one that enumerates a single row by no loop at all; GPT-2's, whose residual
+  sum is an output the reductions read.
 
 Numbers without a GPU: a scheduled CUDA kernel's loop nest runs on the CPU with its thread bindings as
 serial loops (``on_cpu``), against the unscheduled kernel on fresh random inputs.  That checks what each
@@ -278,30 +279,36 @@ def _norm_kernel(model, target):
     return func, template, match
 
 
+NORM_CASES = {   # model, the row axes of each output of its norm kernel, outputs
+    "transposed": (S.transposed_layernorm, [[2, 3]], 1),
+    "one_row": (S.pooled_layernorm_flatten, [[]], 1),
+    "residual": (S.residual_layernorm, [[1], [0]], 2),
+}
+
+
 @pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
-@pytest.mark.parametrize("case", ["transposed", "one_row"])
-def test_row_reduction_takes_convnext_norms(case, arch, rng):
+@pytest.mark.parametrize("case", list(NORM_CASES))
+def test_row_reduction_takes_convnext_and_gpt2_norms(case, arch, rng):
     """NCHW out of sums over (n, h, w): the row loops are the output's h and w (its c and h only had
-    their extents); the pooled head norm: one row, no output loop over it.  Both schedule, verify, lower
-    and compute what the unscheduled kernel computes."""
+    their extents); the pooled head norm: one row, no output loop over it; GPT-2's residual sum, an output
+    the reductions read, beside the reshaped norm.  Each schedules, verifies, lowers and computes what
+    the unscheduled kernel computes."""
+    build, axes, n_out = NORM_CASES[case]
     target = cuda(arch)
-    model = S.transposed_layernorm() if case == "transposed" else S.pooled_layernorm_flatten()
-    func, template, match = _norm_kernel(model, target)
-    (axes,) = match.info["output_row_axes"].values()
-    assert axes == ([2, 3] if case == "transposed" else []), match.info
+    func, template, match = _norm_kernel(build(), target)
+    assert list(match.info["output_row_axes"].values()) == axes, match.info
     sch = C.Schedule(func)
     template.apply(sch, match, template.default_config(match, target))
     out = sch.mod["main"]
     assert verify_gpu_schedule(sch, verification_target(target))
     assert F.lowering_error(out, target) is None
     assert launches(out) == 1 and "T.axis.reduce" in out.script() and '"shared"' in out.script()
-    assert_computes_the_unscheduled(func, out, 1, rng)
+    assert_computes_the_unscheduled(func, out, n_out, rng)
 
 
 @needs_nvcc
-@pytest.mark.parametrize("case", ["transposed", "one_row"])
-def test_convnext_norms_build_on_templates_for_sm80(case):
-    model = S.transposed_layernorm() if case == "transposed" else S.pooled_layernorm_flatten()
-    cm = tvmfuse.compile(model, target=cuda("sm_80"))
+@pytest.mark.parametrize("case", list(NORM_CASES))
+def test_norms_build_on_templates_for_sm80(case):
+    cm = tvmfuse.compile(NORM_CASES[case][0](), target=cuda("sm_80"))
     assert {s["template"] for s in cm.report.schedules} == {"cuda_row_reduction"}, cm.report.schedules
     assert C.nvcc_compile(C.cuda_device_source(cm.executable), cuda("sm_80"))

@@ -186,7 +186,8 @@ def output_row_axes(func: C.PrimFunc, blocks: list[str], reductions: list[str],
     Found as ``apply`` sees the kernel, the glue inlined: an output block reads the reductions' results
     (sum[n, h, w]) at its own iterators (out[n, c, h, w]: positions 0, 2, 3), every non-unit index a
     plain iterator of the same extent (``i % 64`` over i < 64 counts as ``i``), and every such read at the
-    same positions; an output that is a reduction: its own spatial axes.  Each output must write its
+    same positions; an output that is a reduction: its own spatial axes; an output the reductions read
+    (the residual sum a LayerNorm normalizes): the axes they read it at.  Each output must write its
     buffer at its own iterators in order (a copy of it iterates the same axes), and a reduction reading
     another's result reads it at its own row."""
     sch = C.Schedule(func)
@@ -211,8 +212,10 @@ def output_row_axes(func: C.PrimFunc, blocks: list[str], reductions: list[str],
             if axes is not None and axes != own:
                 return f"reduction {name} reads another reduction's result off its own row"
             axes = own
-        elif axes is None:
-            return f"output {name} reads no reduction result: its rows cannot be told"
+        elif axes is None:          # an output the reductions read (a residual sum): its rows as they read it
+            axes = _rows_read_by(sch, name, reductions)
+            if isinstance(axes, str):
+                return f"output {name}: {axes}"
         if name in outputs:
             out[name] = axes
     return out
@@ -259,6 +262,29 @@ def _reads_rows_at(blk, results: dict) -> list[int] | None | str:
         return bad[0]
     if any(f != found[0] for f in found) or len(set(found[0])) != len(found[0]):
         return f"reads the reductions' results at different iterators {found}"
+    return found[0]
+
+
+def _rows_read_by(sch: C.Schedule, name: str, reductions: list[str]) -> list[int] | str:
+    """The positions of the buffer written by block ``name`` at which the reductions read it at their
+    own (non-unit) row iterators, in their order; a str when none reads it or two disagree."""
+    buf = str(sch.get(sch.get_sblock(name)).writes[0].source.name)
+    found: list = []
+    for r in reductions:
+        blk = sch.get(sch.get_sblock(r))
+        rows = [iv.var for iv in blk.iter_vars
+                if int(iv.iter_type) == int(C.IterVarKind.DataPar) and int(iv.dom.extent) != 1]
+
+        def visit(node, rows=rows):
+            if isinstance(node, C.TensorLoad) and str(node.source.name) == buf:
+                pos = [[k for k, i in enumerate(node.indices) if i.same_as(v)] for v in rows]
+                found.append([p[0] for p in pos] if all(pos) else "a reduction reads it off its rows")
+
+        C.post_order_visit(blk.body, visit)
+    if not found:
+        return "reads no reduction result and no reduction reads it: its rows cannot be told"
+    if any(f != found[0] for f in found):
+        return f"the reductions read it at different positions {found}"
     return found[0]
 
 
