@@ -14,6 +14,7 @@ gets a unit row loop.  A kernel whose rows cannot be told that way is declined (
 """
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from math import prod
 
@@ -23,6 +24,7 @@ from ..base import Config, KnobSpace, Match, knob
 from ._common import WARP, CudaTemplate, arch_of, bind, divisors_among, fuse_all, inline_glue, pow2_upto
 
 ROWS_PER_BLOCK = (1, 2, 4)
+log = logging.getLogger("tvmfuse.schedule")
 
 
 @dataclass(frozen=True)
@@ -67,6 +69,7 @@ class CudaRowReduction(CudaTemplate, family="cuda_row_reduction", config=RowRedu
         row_axes = output_row_axes(func, [b.name for b in g.blocks], [r.name for r in reds],
                                    [o.name for o in outs])
         if isinstance(row_axes, str):
+            log.debug("cuda_row_reduction declines the kernel: %s", row_axes)
             return None
         red_len = max(prod(r.extents[r.kinds.count("S"):]) for r in reds)
         per_row = [prod(e for i, e in enumerate(o.extents) if i not in row_axes[o.name]) for o in outs]
