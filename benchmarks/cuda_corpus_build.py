@@ -3,6 +3,8 @@ through ``tvmfuse.compile`` and count, per model, the kernels a ``cuda_*`` templ
 fell elsewhere; a model that fails to build is recorded with its error.  nvcc runs as part of the build.
 
     python benchmarks/cuda_corpus_build.py [--arch sm_80] [--models resnet18 ...] [--json out.json]
+
+benchmarks/cuda_corpus_build.json (sm_80) and cuda_corpus_build_sm90.json (sm_90) are its records.
 """
 from __future__ import annotations
 
@@ -43,7 +45,8 @@ def main(argv=None) -> int:
     entries = corpus_io.load_manifest()["models"]
     if args.models:
         entries = [e for e in entries if e["name"] in set(args.models)]
-    out = {"arch": args.arch, "models": {}}
+    out = {"arch": args.arch, "check": "build only (tvm.compile with nvcc); nothing ran on a GPU",
+           "date": time.strftime("%Y-%m-%d"), "models": {}}
     for e in entries:
         out["models"][e["name"]] = rec = build(e, args.arch)
         print(e["name"], json.dumps(rec), flush=True)

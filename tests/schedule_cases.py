@@ -167,6 +167,38 @@ def channel_layernorm(c=24, h=9, w=11):
     return finish(g)
 
 
+def transposed_layernorm(c=16, size=16):
+    """ConvNeXt's stem norm: NCHW -> NHWC, LayerNorm over the channels, back to NCHW; with c == h == w the
+    output's leading loops (n, c, h) have the extents of the rows (n, h, w) but are not them."""
+    g = _G("transposed_ln")
+    t = g.op("Transpose", g.input("x", [1, c, size, size]), perm=[0, 2, 3, 1])
+    ln = g.op("LayerNormalization", t, g.weight([c]), g.weight([c]), axis=-1, epsilon=1e-6)
+    g.op("Transpose", ln, perm=[0, 3, 1, 2])
+    return finish(g)
+
+
+def pooled_layernorm_flatten(c=128):
+    """ConvNeXt's head: LayerNorm of the pooled [1, 1, 1, c] features, to NCHW and flattened: one row,
+    no output loop enumerates it."""
+    g = _G("pooled_ln_flatten")
+    ln = g.op("LayerNormalization", g.input("x", [1, 1, 1, c]), g.weight([c]), g.weight([c]), axis=-1,
+              epsilon=1e-6)
+    g.op("Reshape", g.op("Transpose", ln, perm=[0, 3, 1, 2]), g.const(_ints(1, c)))
+    return finish(g)
+
+
+def residual_layernorm(rows=32, d=64):
+    """GPT-2's block input: the residual sum is an output (the next residual) and the LayerNorm's input;
+    the norm's output reshaped (the kernel's two outputs: one the reductions read, one reading them)."""
+    g = _G("residual_ln")
+    a = g.op("Add", g.input("x", [1, rows, d]), g.input("r", [1, rows, d]))
+    ln = g.op("LayerNormalization", a, g.weight([d]), g.weight([d]), axis=-1, epsilon=1e-5)
+    y = g.op("Reshape", ln, g.const(_ints(rows, d)))
+    g.output(a, [1, rows, d])
+    g.output(y, [rows, d])
+    return g.model()
+
+
 def mean_hw(n=2, c=13, h=10, w=12):
     g = _G("mean_hw")
     g.op("ReduceMean", g.input("x", [n, c, h, w]), g.const(_ints(2, 3)), keepdims=0)

@@ -41,6 +41,7 @@ register_global_func = _tvm_ffi.register_global_func
 script_tir = _tvm.script.tirx   # TVMScript's TIR parser (``T.prim_func``)
 script_ir = _tvm.script.ir   # TVMScript's IRModule parser (``I.ir_module``)
 script_relax = _tvm.script.relax   # TVMScript's Relax parser (``R.function``)
+parse_script = _tvm.script.from_source   # TVMScript text -> PrimFunc / IRModule
 
 # --- Relax types (0.27 renamed StructInfo -> Type, ``.struct_info`` -> ``.ty``) -----------------------------
 TensorType = relax.TensorType
@@ -192,6 +193,23 @@ def build_vm(mod: IRModule, target: Target, exec_mode: str = "bytecode"):
 def build_prim_module(mod: IRModule, target: Target):
     """Compile an IRModule of PrimFuncs (TVM's default TIR pipeline); ``.export_library(path)``."""
     return _tvm.compile(mod, target=target)
+
+
+def lower_tir(mod: IRModule, target: Target) -> IRModule:
+    """TVM's TIR lowering of a module of scheduled PrimFuncs for ``target`` (``tirx.build`` up to code
+    generation: bind the target, the default pipeline, host/device split and finalization); raises what
+    the lowering raises.  Costs no nvcc run: it tells a schedule that cannot lower before the build does."""
+    from tvm.tirx.build import split_host_device_mods
+
+    target = Target(target) if target.host is not None else Target(target, host="llvm")
+    mod = tirx.transform.BindTarget(target)(mod)
+    pipeline, finalize_host, finalize_device = tirx.get_default_tir_pipeline(target)
+    mod = pipeline(mod)
+    host, devices = split_host_device_mods(mod)
+    finalize_host()(host)
+    for dev in devices.values():
+        finalize_device()(dev)
+    return mod
 
 
 def register_relax_pipeline(name: str, factory) -> None:

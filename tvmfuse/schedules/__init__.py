@@ -139,7 +139,9 @@ def _load_records(options, target: C.Target) -> dict:
 def _dlight_rules(target: C.Target) -> list:
     dl = C.dlight
     if is_gpu(target):
-        return [dl.gpu.Matmul(), dl.gpu.GEMV(), dl.gpu.Reduction(), dl.gpu.GeneralReduction(), dl.gpu.Fallback()]
+        from .cuda.fallback import dlight_rules
+
+        return dlight_rules()
     # not dlight's cpu.Reduction: what reaches the fallback on CPU is a reduction cpu.row_reduction refuses
     # (rows that do not lead the output's loops: ConvNeXt's LayerNorm over the channels of an NCHW
     # tensor), where it ran 50x slower than the generic schedule (265 vs 5.5 us), or raised (several outputs)
@@ -153,8 +155,9 @@ def fallback_passes(target: C.Target) -> list:
     """What a PrimFunc no template scheduled gets: dlight's generic rules, one function at a time, and on
     CPU, where no dlight rule applies or one fails (dlight's CPU Reduction raises on some kernels, e.g. a
     reduction block with several outputs), the generic schedule (``cpu/generic.py``): no kernel is left
-    with its naive loops.  A GPU kernel must have thread bindings, so there a dlight failure is an error
-    that names the kernel.  One schedule record per kernel: template "fallback" (dlight, source "fallback") or
+    with its naive loops.  On a GPU, ``cuda/fallback.py``: the first dlight rule whose schedule TVM can
+    lower, else one thread per root block (legal for any kernel).  One schedule record per kernel: template
+    "fallback" (dlight or the serial schedule, source "fallback", ``config["by"]`` says which) or
     "cpu.generic" (source "generic"), with the reason no template matched.
     """
     rules = _dlight_rules(target)
@@ -168,22 +171,24 @@ def fallback_passes(target: C.Target) -> list:
             name = str(gv.name_hint)
             why = str(func.attrs[FALLBACK_REASON]) if func.attrs is not None and FALLBACK_REASON in func.attrs \
                 else "no template matches this kernel"
+            if is_gpu(target):      # dlight's rules, each result checked to lower, else the serial schedule
+                from .cuda.fallback import schedule_fallback
+
+                done, by, notes = schedule_fallback(func, target)
+                updates[gv] = done
+                record_schedule(name, "fallback", "fallback", {"by": by}, reason=f"{why}; {notes}" if notes else why)
+                continue
             single = C.IRModule({gv: func})
             try:
                 done = C.dlight.ApplyDefaultSchedule(*rules)(single)[gv]
             except Exception as e:  # dlight raises ScheduleError/TVMError on kernels its rules misjudge
                 first = (str(e).strip().splitlines() or [type(e).__name__])[0][:200]
-                if is_gpu(target):
-                    raise RuntimeError(f"kernel {name}: no template matched and dlight's fallback "
-                                       f"failed: {first}") from e
                 log.info("%s: dlight fallback failed (%s); generic schedule", name, first)
                 done, why = None, f"{why}; dlight failed: {first}"
             if done is not None and done.attrs is not None and "tirx.is_scheduled" in done.attrs:
                 updates[gv] = done
                 record_schedule(name, "fallback", "fallback", {"by": "dlight"}, reason=why)
                 continue
-            if is_gpu(target):      # dlight's gpu.Fallback applies to any kernel: not reached
-                raise RuntimeError(f"kernel {name}: no template or dlight rule scheduled it")
             from .cpu.generic import FAMILY, GenericConfig, schedule_generic
 
             try:
@@ -227,6 +232,18 @@ def apply_schedules(target: C.Target, options) -> C.ir_transform.Pass:
                 continue
             if res is None:
                 continue                     # the fallback passes schedule it and record why
+            if is_gpu(target):
+                # a GPU template's schedule that TVM cannot lower is a template bug: the build must not
+                # fail on it, the fallback takes the kernel and the report says why
+                from .cuda.fallback import lowering_error
+
+                why = lowering_error(res.func, target)
+                if why is not None:
+                    log.warning("%s: %s schedule does not lower (%s); using the fallback schedule", name,
+                                res.template, why)
+                    updates[gv] = func.with_attr(FALLBACK_REASON, f"template error: {res.template} schedule "
+                                                                  f"does not lower: {why}"[:300])
+                    continue
             updates[gv] = res.func.with_attr("tirx.is_scheduled", True)
             record_schedule(name, res.template, res.source, res.config)
         if updates:

@@ -1,0 +1,110 @@
+"""The last resort of a GPU kernel no template scheduled: nothing unscheduled, ever, and always legal.
+
+``schedule_fallback`` tries dlight's generic GPU rules one at a time, in ``RULES`` order, and keeps the
+first result that TVM's TIR lowering accepts (``lowers``: the lowering passes without code generation, so
+no nvcc run).  A dlight rule may misjudge a kernel (it raises, or its schedule fails to lower); when every
+rule fails, ``serial_schedule`` runs each root block in a launch of one thread: slow, but legal for any
+kernel (symbolic or non-divisible extents, reductions over any axes, several outputs) because it neither
+splits, reorders nor moves a loop, and puts no buffer in shared memory.  The record says which one
+scheduled the kernel and why the others did not.
+"""
+from __future__ import annotations
+
+from ... import _compat as C
+
+
+def dlight_rules() -> list:
+    """dlight's GPU rules, most specific first; ``Fallback`` (a thread per output element) applies to
+    almost any kernel, ``serial_schedule`` answers the rest."""
+    dl = C.dlight
+    return [dl.gpu.Matmul(), dl.gpu.GEMV(), dl.gpu.Reduction(), dl.gpu.GeneralReduction(), dl.gpu.Fallback()]
+
+
+def lowering_error(func: C.PrimFunc, target: C.Target) -> str | None:
+    """None when ``func`` (scheduled) goes through TVM's TIR lowering for ``target``, else the first line
+    of the error: a block under no thread binding (TVM would lower it as host code), a loop variable used
+    before its definition, ..."""
+    outside = unbound_blocks(func)
+    if outside:         # TVM lowers such a block as host code, which reads device memory: not legal
+        return f"blocks {outside} are under no thread binding"
+    mod = C.IRModule({"main": func.with_attr("global_symbol", "main")})
+    try:
+        C.lower_tir(mod, target)
+    except C.TVM_PASS_ERRORS as e:
+        return _first_line(e)
+    return None
+
+
+def unbound_blocks(func: C.PrimFunc) -> list[str]:
+    """The blocks of ``func`` (the root aside) under no loop bound to a thread axis, in program order."""
+    found = []
+
+    def walk(stmt, bound: bool) -> None:
+        if isinstance(stmt, C.tirx.SeqStmt):
+            for s in stmt.seq:
+                walk(s, bound)
+        elif isinstance(stmt, C.tirx.For):
+            walk(stmt.body, bound or int(stmt.kind) == int(C.ForKind.THREAD_BINDING))
+        elif isinstance(stmt, C.SBlockRealize):
+            walk(stmt.block, bound)
+        elif isinstance(stmt, C.SBlock):
+            if not bound and stmt.name_hint != "root":
+                found.append(str(stmt.name_hint))
+            else:
+                walk(stmt.body, bound)
+        elif isinstance(stmt, C.tirx.IfThenElse):
+            walk(stmt.then_case, bound)
+            if stmt.else_case is not None:
+                walk(stmt.else_case, bound)
+        elif hasattr(stmt, "body"):       # attributes, lets, allocations: their body
+            walk(stmt.body, bound)
+
+    walk(func.body, False)
+    return found
+
+
+def serial_schedule(func: C.PrimFunc) -> C.PrimFunc:
+    """Every block under the root in its own launch of one block of one thread (two unit loops bound to
+    blockIdx.x and threadIdx.x above its loops): the loop nest as written, run by one thread."""
+    sch = C.Schedule(func)
+    root = sch.get_sblock(func.body.block.name_hint)
+    for blk in sch.get_child_blocks(root):
+        loops = sch.get_loops(blk)
+        tx = sch.add_unit_loop(loops[0] if loops else blk)
+        bx = sch.add_unit_loop(tx)
+        sch.bind(bx, "blockIdx.x")
+        sch.bind(tx, "threadIdx.x")
+    return sch.mod["main"]
+
+
+def schedule_fallback(func: C.PrimFunc, target: C.Target, rules: list | None = None) -> tuple[C.PrimFunc, str, str]:
+    """(scheduled func with ``tirx.is_scheduled``, who scheduled it: ``"dlight.<Rule>"`` or ``"serial"``,
+    why the rules before it did not: "" when the first that applied lowered).  Raises only when the serial
+    schedule itself does not lower: a broken invariant of this module, named in the message."""
+    notes = []
+    for rule in (dlight_rules() if rules is None else rules):
+        name = type(rule).__name__
+        try:
+            with target:
+                done = C.dlight.ApplyDefaultSchedule(rule)(C.IRModule({"main": func}))["main"]
+        except C.TVM_PASS_ERRORS as e:     # a rule that misjudges the kernel: the next one is tried
+            notes.append(f"dlight.{name} raised: {_first_line(e)}")
+            continue
+        if done.attrs is None or "tirx.is_scheduled" not in done.attrs:
+            continue                       # the rule does not apply to this kernel
+        why = lowering_error(done, target)
+        if why is None:
+            return done, f"dlight.{name}", "; ".join(notes)
+        notes.append(f"dlight.{name} does not lower: {why}")
+    done = serial_schedule(func).with_attr("tirx.is_scheduled", True)
+    why = lowering_error(done, target)
+    if why is not None:
+        raise RuntimeError(f"the serial last-resort schedule does not lower ({why}): it must for any kernel")
+    return done, "serial", "; ".join(notes) or "no dlight rule applies"
+
+
+def _first_line(e: BaseException) -> str:
+    lines = [ln for ln in str(e).strip().splitlines() if ln.strip()]
+    # TVM's messages end with the check that failed; Python ones start with it
+    text = lines[-1] if lines and isinstance(e, C.InternalError) else (lines[0] if lines else type(e).__name__)
+    return text[:200]
