@@ -13,7 +13,8 @@ against a build pinned to each size (``input_shapes``): ``--rounds`` interleaved
 symbolic, ...) of ``--repeat`` back-to-back calls each, the best round's time per call reported (``dyn_ms``,
 ``static_ms``; the medians over rounds too), so that a scheduler stall on a shared machine hits one round,
 not the ratio.  On a shared machine report them as measured under load.  ``--shape-bound batch=64`` compiles
-the symbolic build with that ``shape_upper_bounds`` (memory planned once for the bound).
+the symbolic build with that ``shape_upper_bounds`` (memory planned once for the bound).  ``--thread-time``
+(a loaded machine): one runtime thread, timed on the calling thread's CPU time.
 Writes JSON (``--json``) with one record per model; with ``--latency`` prints (and ``--table`` writes) the
 markdown table of symbolic vs static latency per size for ``benchmarks/README.md``.  ``--quick`` is a smoke
 run of the whole path: ``QUICK_MODELS`` (unless models are named), ``QUICK_SIZES``, 2 timed calls; its
@@ -70,9 +71,10 @@ def templates(cm) -> dict[str, int]:
     return dict(sorted(counts.items()))
 
 
-def interleaved_ms(builds: dict, feeds: dict, repeat: int, rounds: int) -> dict[str, dict]:
+def interleaved_ms(builds: dict, feeds: dict, repeat: int, rounds: int, clock=time.perf_counter) -> dict[str, dict]:
     """Per build (name -> CompiledModel): {"min_ms", "median_ms"} of the time per call over ``rounds``
-    interleaved rounds of ``repeat`` back-to-back VM calls (inputs placed on the device once)."""
+    interleaved rounds of ``repeat`` back-to-back VM calls (inputs placed on the device once), read on
+    ``clock`` (wall time; ``time.thread_time`` with one runtime thread: ``--thread-time``)."""
     calls = {}
     for name, cm in builds.items():
         args = [cm._to_device(v)[0] for v in cm_inputs(cm, feeds)]
@@ -83,10 +85,10 @@ def interleaved_ms(builds: dict, feeds: dict, repeat: int, rounds: int) -> dict[
     per_call: dict[str, list[float]] = {name: [] for name in builds}
     for _ in range(rounds):
         for name, (f, args) in calls.items():
-            t0 = time.perf_counter()
+            t0 = clock()
             for _ in range(repeat):
                 f(*args)
-            per_call[name].append((time.perf_counter() - t0) / repeat)
+            per_call[name].append((clock() - t0) / repeat)
     return {name: {"min_ms": min(ts) * 1e3, "median_ms": float(np.median(ts)) * 1e3}
             for name, ts in per_call.items()}
 
@@ -99,19 +101,21 @@ def cm_inputs(cm, feeds: dict) -> list:
 
 
 def check_model(entry: dict, *, latency: bool = False, repeat: int = REPEAT, rounds: int = ROUNDS,
-                seed: int = 0, points: list[dict] | None = None, shape_bounds: dict | None = None) -> dict:
+                seed: int = 0, points: list[dict] | None = None, shape_bounds: dict | None = None,
+                thread_time: bool = False) -> dict:
     import onnxruntime as ort
 
     import tvmfuse
 
     rec: dict = {"model": entry["name"]}
-    static_cm = tvmfuse.compile(corpus_io.model_path(entry, "static"))
+    threads = 1 if thread_time else None     # thread CPU time counts the calling thread only
+    static_cm = tvmfuse.compile(corpus_io.model_path(entry, "static"), num_threads=threads)
     rec["static_kernels"] = static_cm.kernel_count
     rec["static_templates"] = templates(static_cm)
     dyn_path = corpus_io.model_path(entry, "dynamic")
     try:
         t0 = time.perf_counter()
-        cm = tvmfuse.compile(dyn_path, shape_upper_bounds=shape_bounds)
+        cm = tvmfuse.compile(dyn_path, shape_upper_bounds=shape_bounds, num_threads=threads)
         rec["compile_s"] = round(time.perf_counter() - t0, 2)
         rec["shape_upper_bounds"] = dict(cm.shape_upper_bounds)
     except Exception as e:  # reported per model, the run goes on with the next one
@@ -136,8 +140,9 @@ def check_model(entry: dict, *, latency: bool = False, repeat: int = REPEAT, rou
             row["error"] = f"{type(e).__name__}: {e}".splitlines()[0][:400]
             row["ok"] = False
         if latency and "error" not in row:
-            pinned = tvmfuse.compile(dyn_path, input_shapes=dims)
-            t = interleaved_ms({"dyn": cm, "static": pinned}, feeds, repeat, rounds)
+            pinned = tvmfuse.compile(dyn_path, input_shapes=dims, num_threads=threads)
+            t = interleaved_ms({"dyn": cm, "static": pinned}, feeds, repeat, rounds,
+                               clock=time.thread_time if thread_time else time.perf_counter)
             row["dyn_ms"], row["static_ms"] = t["dyn"]["min_ms"], t["static"]["min_ms"]
             row["dyn_median_ms"], row["static_median_ms"] = t["dyn"]["median_ms"], t["static"]["median_ms"]
             row["pinned_kernels"] = pinned.kernel_count
@@ -197,6 +202,9 @@ def main(argv=None) -> int:
                     help=f"back-to-back calls per timed round (default {REPEAT}; --quick {QUICK_REPEAT})")
     ap.add_argument("--rounds", type=int, default=None,
                     help=f"interleaved timed rounds per size (default {ROUNDS}; --quick {QUICK_ROUNDS})")
+    ap.add_argument("--thread-time", action="store_true",
+                    help="one runtime thread, timed on the thread's CPU time (a loaded machine's time-sharing "
+                         "left out; not the latency a user sees)")
     ap.add_argument("--shape-bound", action="append", default=[], metavar="NAME=N",
                     help="compile the symbolic builds with this shape_upper_bounds entry (repeatable)")
     ap.add_argument("--seed", type=int, default=0)
@@ -225,13 +233,13 @@ def main(argv=None) -> int:
         else:
             model_bounds = None
         rec = check_model(entries[n], latency=args.latency, repeat=repeat, rounds=rounds, seed=args.seed,
-                          points=points, shape_bounds=model_bounds)
+                          points=points, shape_bounds=model_bounds, thread_time=args.thread_time)
         print(_line(rec), flush=True)
         records.append(rec)
     if args.json:
         with open(args.json, "w", encoding="utf-8") as f:
             json.dump({"records": records, "quick": args.quick, "repeat": repeat, "rounds": rounds,
-                       "shape_bounds": bounds or {}}, f, indent=1)
+                       "shape_bounds": bounds or {}, "thread_time": args.thread_time}, f, indent=1)
     if args.latency:
         table = latency_table(records)
         print(table)
