@@ -8,8 +8,13 @@ static variant's, and its outputs against onnxruntime at several sizes of its sy
     PYTHONPATH=. python benchmarks/symbolic_check.py --quick --latency            # smoke run (minutes)
 
 A model is OK when its symbolic build has as many kernels as the static one, none unscheduled, and
-every size within ``REL_TOL`` of onnxruntime.  Numerics only by default; ``--latency`` times the symbolic build against a build pinned to each size
-(``input_shapes``), medians of ``--repeat`` calls: on a shared machine report them as measured under load.
+every size within ``REL_TOL`` of onnxruntime.  Numerics only by default; ``--latency`` times the symbolic build
+against a build pinned to each size (``input_shapes``): ``--rounds`` interleaved rounds (symbolic, pinned,
+symbolic, ...) of ``--repeat`` back-to-back calls each, the best round's time per call reported (``dyn_ms``,
+``static_ms``; the medians over rounds too), so that a scheduler stall on a shared machine hits one round,
+not the ratio.  On a shared machine report them as measured under load.  ``--shape-bound batch=64`` compiles
+the symbolic build with that ``shape_upper_bounds`` (memory planned once for the bound).  ``--thread-time``
+(a loaded machine): one runtime thread, timed on the calling thread's CPU time.
 Writes JSON (``--json``) with one record per model; with ``--latency`` prints (and ``--table`` writes) the
 markdown table of symbolic vs static latency per size for ``benchmarks/README.md``.  ``--quick`` is a smoke
 run of the whole path: ``QUICK_MODELS`` (unless models are named), ``QUICK_SIZES``, 2 timed calls; its
@@ -39,6 +44,9 @@ TARGET_RATIO = 1.2           # issue 13: symbolic within 1.2x of a static build 
 QUICK_MODELS = ("mobilenet_v3_small", "bert")      # --quick: one CNN, one token model
 QUICK_SIZES = {"batch": (1, 3), "sequence": (17,)}  # --quick: sizes per symbolic dim
 QUICK_REPEAT = 2
+REPEAT = 20                  # --latency: back-to-back calls per round
+ROUNDS = 15                  # --latency: interleaved rounds (symbolic, pinned) per size
+QUICK_ROUNDS = 2
 
 
 def size_points(entry: dict, batches=BATCHES, sequences=SEQUENCES) -> list[dict]:
@@ -63,21 +71,53 @@ def templates(cm) -> dict[str, int]:
     return dict(sorted(counts.items()))
 
 
-def check_model(entry: dict, *, latency: bool = False, repeat: int = 10, seed: int = 0,
-                points: list[dict] | None = None) -> dict:
+def interleaved_ms(builds: dict, feeds: dict, repeat: int, rounds: int, clock=time.perf_counter) -> dict[str, dict]:
+    """Per build (name -> CompiledModel): {"min_ms", "median_ms"} of the time per call over ``rounds``
+    interleaved rounds of ``repeat`` back-to-back VM calls (inputs placed on the device once), read on
+    ``clock`` (wall time; ``time.thread_time`` with one runtime thread: ``--thread-time``)."""
+    calls = {}
+    for name, cm in builds.items():
+        args = [cm._to_device(v)[0] for v in cm_inputs(cm, feeds)]
+        f = cm._main()
+        for _ in range(2):                       # warm-up: first-call allocations, caches
+            f(*args)
+        calls[name] = (f, args)
+    per_call: dict[str, list[float]] = {name: [] for name in builds}
+    for _ in range(rounds):
+        for name, (f, args) in calls.items():
+            t0 = clock()
+            for _ in range(repeat):
+                f(*args)
+            per_call[name].append((clock() - t0) / repeat)
+    return {name: {"min_ms": min(ts) * 1e3, "median_ms": float(np.median(ts)) * 1e3}
+            for name, ts in per_call.items()}
+
+
+def cm_inputs(cm, feeds: dict) -> list:
+    """The feeds in the model's parameter order, checked as run() checks them (bounds included)."""
+    from tvmfuse.io import validate_feeds
+
+    return validate_feeds(feeds, cm.inputs, cm.shape_upper_bounds)
+
+
+def check_model(entry: dict, *, latency: bool = False, repeat: int = REPEAT, rounds: int = ROUNDS,
+                seed: int = 0, points: list[dict] | None = None, shape_bounds: dict | None = None,
+                thread_time: bool = False) -> dict:
     import onnxruntime as ort
 
     import tvmfuse
 
     rec: dict = {"model": entry["name"]}
-    static_cm = tvmfuse.compile(corpus_io.model_path(entry, "static"))
+    threads = 1 if thread_time else None     # thread CPU time counts the calling thread only
+    static_cm = tvmfuse.compile(corpus_io.model_path(entry, "static"), num_threads=threads)
     rec["static_kernels"] = static_cm.kernel_count
     rec["static_templates"] = templates(static_cm)
     dyn_path = corpus_io.model_path(entry, "dynamic")
     try:
         t0 = time.perf_counter()
-        cm = tvmfuse.compile(dyn_path)
+        cm = tvmfuse.compile(dyn_path, shape_upper_bounds=shape_bounds, num_threads=threads)
         rec["compile_s"] = round(time.perf_counter() - t0, 2)
+        rec["shape_upper_bounds"] = dict(cm.shape_upper_bounds)
     except Exception as e:  # reported per model, the run goes on with the next one
         rec["error"] = f"{type(e).__name__}: {e}".splitlines()[0][:400]
         rec["traceback"] = traceback.format_exc()[-2000:]
@@ -100,9 +140,11 @@ def check_model(entry: dict, *, latency: bool = False, repeat: int = 10, seed: i
             row["error"] = f"{type(e).__name__}: {e}".splitlines()[0][:400]
             row["ok"] = False
         if latency and "error" not in row:
-            pinned = tvmfuse.compile(dyn_path, input_shapes=dims)
-            row["dyn_ms"] = cm.benchmark(feeds, repeat=repeat) * 1e3
-            row["static_ms"] = pinned.benchmark(feeds, repeat=repeat) * 1e3
+            pinned = tvmfuse.compile(dyn_path, input_shapes=dims, num_threads=threads)
+            t = interleaved_ms({"dyn": cm, "static": pinned}, feeds, repeat, rounds,
+                               clock=time.thread_time if thread_time else time.perf_counter)
+            row["dyn_ms"], row["static_ms"] = t["dyn"]["min_ms"], t["static"]["min_ms"]
+            row["dyn_median_ms"], row["static_median_ms"] = t["dyn"]["median_ms"], t["static"]["median_ms"]
             row["pinned_kernels"] = pinned.kernel_count
             row["ratio"] = row["dyn_ms"] / row["static_ms"]
         rec["sizes"].append(row)
@@ -156,7 +198,15 @@ def main(argv=None) -> int:
     ap.add_argument("models", nargs="*", help="corpus model names (default: all)")
     ap.add_argument("--json", help="write the records here")
     ap.add_argument("--latency", action="store_true", help="also time symbolic vs a build pinned to each size")
-    ap.add_argument("--repeat", type=int, default=None, help="timed calls per size (default 10; --quick 2)")
+    ap.add_argument("--repeat", type=int, default=None,
+                    help=f"back-to-back calls per timed round (default {REPEAT}; --quick {QUICK_REPEAT})")
+    ap.add_argument("--rounds", type=int, default=None,
+                    help=f"interleaved timed rounds per size (default {ROUNDS}; --quick {QUICK_ROUNDS})")
+    ap.add_argument("--thread-time", action="store_true",
+                    help="one runtime thread, timed on the thread's CPU time (a loaded machine's time-sharing "
+                         "left out; not the latency a user sees)")
+    ap.add_argument("--shape-bound", action="append", default=[], metavar="NAME=N",
+                    help="compile the symbolic builds with this shape_upper_bounds entry (repeatable)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--table", help="with --latency: write the markdown latency table here")
     ap.add_argument("--quick", action="store_true",
@@ -164,7 +214,11 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     if args.table and not args.latency:
         ap.error("--table needs --latency (the table holds the timings)")
-    repeat = args.repeat if args.repeat is not None else (QUICK_REPEAT if args.quick else 10)
+    repeat = args.repeat if args.repeat is not None else (QUICK_REPEAT if args.quick else REPEAT)
+    rounds = args.rounds if args.rounds is not None else (QUICK_ROUNDS if args.quick else ROUNDS)
+    from tvmfuse.compiled import shape_bounds_of
+
+    bounds = shape_bounds_of(args)
     entries = {e["name"]: e for e in corpus_io.load_manifest()["models"]}
     names = args.models or (list(QUICK_MODELS) if args.quick else list(entries))
     unknown = sorted(set(names) - set(entries))
@@ -173,12 +227,19 @@ def main(argv=None) -> int:
     records = []
     for n in names:
         points = size_points(entries[n], QUICK_SIZES["batch"], QUICK_SIZES["sequence"]) if args.quick else None
-        rec = check_model(entries[n], latency=args.latency, repeat=repeat, seed=args.seed, points=points)
+        if bounds:   # a bound applies to the models that have that dim
+            dims = {d for spec in entries[n]["inputs"] for d in spec["dyn_shape"] if isinstance(d, str)}
+            model_bounds = {k: v for k, v in bounds.items() if k in dims} or None
+        else:
+            model_bounds = None
+        rec = check_model(entries[n], latency=args.latency, repeat=repeat, rounds=rounds, seed=args.seed,
+                          points=points, shape_bounds=model_bounds, thread_time=args.thread_time)
         print(_line(rec), flush=True)
         records.append(rec)
     if args.json:
         with open(args.json, "w", encoding="utf-8") as f:
-            json.dump({"records": records, "quick": args.quick, "repeat": repeat}, f, indent=1)
+            json.dump({"records": records, "quick": args.quick, "repeat": repeat, "rounds": rounds,
+                       "shape_bounds": bounds or {}, "thread_time": args.thread_time}, f, indent=1)
     if args.latency:
         table = latency_table(records)
         print(table)

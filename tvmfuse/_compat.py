@@ -238,6 +238,18 @@ def from_dlpack(array):
     return _tvm_ffi.from_dlpack(array)
 
 
+NOALIAS_ATTR = "tirx.noalias"         # PrimFunc attribute: its pointer arguments do not alias (C's restrict)
+HOST_FUNC_ATTR = "tirx.is_host_func"  # PrimFunc attribute: runs on the host (the VM's shape functions)
+
+
+def pointer_param_count(func) -> int:
+    """How many of a PrimFunc's parameters are pointers (buffers or handles), the rest being scalars."""
+    from tvm.ir.type import PointerType
+    from tvm.tirx.buffer import is_buffer_var
+
+    return sum(1 for p in func.params if is_buffer_var(p) or isinstance(getattr(p, "ty", None), PointerType))
+
+
 def with_element_aligned_params(func):
     """``func`` with each buffer parameter declared aligned to its element size only.
 

@@ -13,7 +13,8 @@ import numpy as np
 
 from .feeds import load_feeds as _load_feeds
 
-from .compiled import add_compile_options, input_shapes_of
+from .compiled import add_compile_options, input_shapes_of, shape_bounds_of
+from .errors import InputError
 from .records import TUNING_LOG_HELP
 
 # Modules that add their own subcommands: each has ``add_commands(subparsers)``.
@@ -57,7 +58,7 @@ def cmd_compile(args) -> int:
 
     t0 = time.perf_counter()
     cm = tvmfuse.compile(args.model, target=args.target, tuning_log=args.tuning_log,
-                         input_shapes=input_shapes_of(args))
+                         input_shapes=input_shapes_of(args), shape_upper_bounds=shape_bounds_of(args))
     dt = time.perf_counter() - t0
     out = args.output
     tvmfuse.export(cm, out)
@@ -70,6 +71,9 @@ def cmd_run(args) -> int:
     import tvmfuse
 
     if os.path.isdir(args.model) or args.model.endswith(".tar"):
+        if shape_bounds_of(args):
+            raise InputError(f"--shape-bound applies when compiling; the artifact {args.model} was built with "
+                             "its bounds (manifest: shape_upper_bounds)")
         runner = tvmfuse.load(args.model)
         shapes = input_shapes_of(args)
         if args.inputs:
@@ -86,7 +90,8 @@ def cmd_run(args) -> int:
         shapes = input_shapes_of(args)
         if shapes:
             model = specialize_inputs(model, shapes)
-        cm = tvmfuse.compile(model, target=args.target, tuning_log=args.tuning_log)
+        cm = tvmfuse.compile(model, target=args.target, tuning_log=args.tuning_log,
+                             shape_upper_bounds=shape_bounds_of(args))
         outputs = cm.run(_load_feeds(args.inputs, model))
     _save_outputs(outputs, args.output)
     return 0
@@ -117,12 +122,12 @@ def build_parser() -> argparse.ArgumentParser:
     d.set_defaults(func=cmd_demo)
 
     c = sub.add_parser("compile", help="compile an ONNX model into a deployable artifact")
-    add_compile_options(c)
+    add_compile_options(c, shape_bound=True)
     c.add_argument("-o", "--output", required=True, help="artifact directory, or a .tar file")
     c.set_defaults(func=cmd_compile)
 
     r = sub.add_parser("run", help="run an ONNX model or an exported artifact on inputs from a .npz")
-    add_compile_options(r, model_help="ONNX file or artifact (directory or .tar)")
+    add_compile_options(r, model_help="ONNX file or artifact (directory or .tar)", shape_bound=True)
     r.add_argument("--inputs", default=None, help=".npz with one array per input (default: random normal)")
     r.add_argument("-o", "--output", default=None, help="write the outputs to this .npz")
     r.set_defaults(func=cmd_run)

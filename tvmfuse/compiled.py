@@ -12,7 +12,8 @@ from . import _compat as C
 from .io import Executes, validate_feeds  # noqa: F401  (validate_feeds: imported from here before)
 from .errors import InputError
 from .explain import Recorder
-from .pipeline import PipelineOptions, Stages, takes_element_aligned_args
+from .pipeline import (PipelineOptions, Stages, check_upper_bounds, takes_element_aligned_args,
+                       upper_bounds_of)
 from .report import FusionReport, fused_groups, graph_stats
 from .target import configure_threads, is_gpu, parse_target
 
@@ -62,7 +63,7 @@ class CompiledModel(Executes):
     ``bind(feeds)`` for inputs kept on the device across runs, its kernel count and fusion report."""
 
     def __init__(self, executable, target, inputs, outputs, report: FusionReport, fused_mod, options,
-                 source_model=None):
+                 source_model=None, shape_upper_bounds: dict | None = None):
         self.executable = executable
         self.target = target
         self.inputs: list[TensorSpec] = inputs
@@ -75,6 +76,8 @@ class CompiledModel(Executes):
         # the kernels assume element-size alignment of their arguments: numpy inputs are read in place
         self.element_aligned_args = bool(getattr(options, "element_aligned_args", False)) \
             and takes_element_aligned_args(target)
+        # symbolic dim -> the largest size run() takes (the memory plan's bound; an InputError above it)
+        self.shape_upper_bounds: dict = dict(shape_upper_bounds or {})
         self._vm = None
         self._main_fn = None
 
@@ -96,7 +99,7 @@ class CompiledModel(Executes):
 
     def benchmark(self, feeds: dict, repeat: int = 10, warmup: int = 2) -> float:
         """Median wall time of one inference in seconds (inputs already on the device)."""
-        args = [self._to_device(v)[0] for v in validate_feeds(feeds, self.inputs)]
+        args = [self._to_device(v)[0] for v in validate_feeds(feeds, self.inputs, self.shape_upper_bounds)]
         f = self._main()
         for _ in range(warmup):
             f(*args)
@@ -120,7 +123,9 @@ def compile(model, target=None, tuning_log: str | None = None, *, name: str | No
     symbolic dim of the inputs); dims left symbolic compile to kernels that take any size.
     ``tuning_log``: None (every kernel gets its template's untuned default for ``target``), ``"shipped"``
     (the records shipped in ``tuning_logs/``), or the path of a tuning log.
-    ``option_overrides`` are fields of ``PipelineOptions`` (fusion, attention, schedules, fast_math).
+    ``option_overrides`` are fields of ``PipelineOptions`` (fusion, attention, schedules, fast_math,
+    ``shape_upper_bounds={"batch": 64}``: memory planned once for sizes up to the bound, larger ones an
+    InputError from run(); an unknown dim name is an InputError here).
     """
     tgt = parse_target(target)
     if not is_gpu(tgt):
@@ -145,6 +150,9 @@ def compile(model, target=None, tuning_log: str | None = None, *, name: str | No
         outputs = [TensorSpec(o["name"], r.shape, r.dtype) for o, r in zip(outs, r_out)]
         name = name or (os.path.basename(os.fspath(model)) if isinstance(model, (str, os.PathLike))
                         else (source.graph.name or "model"))
+    # the bounds the model gives (an IRModule's tir_var_upper_bound) and the user's, checked against its dims
+    bounds = {**upper_bounds_of(mod["main"]),
+              **check_upper_bounds(options.shape_upper_bounds, set(symbolic_dims(inputs)))}
     with tgt:
         stages = Stages(tgt, options)
         unfused = C.Sequential(stages.unfused(), name="tvmfuse.unfused_view")(mod)
@@ -157,17 +165,25 @@ def compile(model, target=None, tuning_log: str | None = None, *, name: str | No
                               before=graph_stats(unfused), after=graph_stats(fused),
                               groups=fused_groups(rec.groups), refused=list(rec.refused),
                               schedules=list(rec.schedules))
-    return CompiledModel(ex, tgt, inputs, outputs, report, fused, options, source_model=source)
+    return CompiledModel(ex, tgt, inputs, outputs, report, fused, options, source_model=source,
+                         shape_upper_bounds=bounds)
 
 
 # --------------------------------------------------------------------------- command-line options
 TARGET_HELP = "target (default: this host's CPU; 'aarch64', 'cuda', a target string or JSON)"
 
 
-def add_compile_options(parser, model_help: str = "ONNX file", tuning_log: bool = True) -> None:
+SHAPE_BOUND_HELP = ("the largest size of a symbolic dimension (batch=64; repeatable): memory is planned once "
+                    "for it, a larger input is refused. Default: no bound, storage sized per call")
+
+
+def add_compile_options(parser, model_help: str = "ONNX file", tuning_log: bool = True,
+                        shape_bound: bool = False) -> None:
     """The options of every command that compiles a model (``compile``, ``run``, ``report``, ``export``,
     ``tune``, ``explain``): the model, ``--target``, ``--tuning-log`` (unless ``tuning_log`` is False: a
-    command that makes or ignores records) and ``--shape NAME=DIMS`` (repeatable; ``input_shapes_of``)."""
+    command that makes or ignores records) and ``--shape NAME=DIMS`` (repeatable; ``input_shapes_of``);
+    with ``shape_bound`` (commands that build a model to run: compile, run, export) ``--shape-bound
+    NAME=N`` (repeatable; ``shape_bounds_of``)."""
     from .frontend import SHAPE_HELP
     from .records import TUNING_LOG_HELP
 
@@ -176,6 +192,8 @@ def add_compile_options(parser, model_help: str = "ONNX file", tuning_log: bool 
     if tuning_log:
         parser.add_argument("--tuning-log", default=None, help=TUNING_LOG_HELP)
     parser.add_argument("--shape", action="append", default=[], metavar="NAME=DIMS", help=SHAPE_HELP)
+    if shape_bound:
+        parser.add_argument("--shape-bound", action="append", default=[], metavar="NAME=N", help=SHAPE_BOUND_HELP)
 
 
 def input_shapes_of(args) -> dict | None:
@@ -183,3 +201,16 @@ def input_shapes_of(args) -> dict | None:
     from .frontend import parse_shape_args
 
     return parse_shape_args(getattr(args, "shape", None)) or None
+
+
+def shape_bounds_of(args) -> dict | None:
+    """``shape_upper_bounds`` for ``compile`` from the parsed ``--shape-bound`` options (None when none)."""
+    from .frontend import parse_shape_args
+
+    out = {}
+    for name, dims in parse_shape_args(getattr(args, "shape_bound", None), option="--shape-bound").items():
+        if len(dims) != 1:
+            raise InputError(f"--shape-bound {name}={','.join(map(str, dims))}: give one size per symbolic dim "
+                             "(NAME=N)")
+        out[name] = dims[0]
+    return out or None

@@ -258,6 +258,8 @@ def _write_tree(cm, root: str) -> dict:
         "outputs": [s.to_dict() for s in cm.outputs],
         # symbolic dim -> where it sizes an input: run() takes any size there, equal across inputs
         "symbolic_dims": symbolic_dims(cm.inputs),
+        # symbolic dim -> the largest size the memory plan holds (run() refuses larger: InputError)
+        "shape_upper_bounds": dict(getattr(cm, "shape_upper_bounds", {}) or {}),
         "target": tdesc,
         "library": LIBRARY,
         "library_arch": built_for,
@@ -484,6 +486,7 @@ class Runner(Executes):
             self.device = C.cpu(0)
         # kernels compiled with element_aligned_args read numpy inputs in place; an artifact written before
         # the option existed assumes TVM's 64-byte alignment (its inputs are copied unless aligned so)
+        self.shape_upper_bounds = {str(k): int(v) for k, v in (self.manifest.get("shape_upper_bounds") or {}).items()}
         self.element_aligned_args = kind != "cuda" and bool(
             (self.manifest.get("pipeline_options") or {}).get("element_aligned_args", False))
         try:
@@ -530,11 +533,11 @@ def load(path: str, num_threads: int | None = None) -> Runner:
 
 # --------------------------------------------------------------------------- command line
 def cmd_export(args) -> int:
-    from .compiled import compile as compile_model, input_shapes_of
+    from .compiled import compile as compile_model, input_shapes_of, shape_bounds_of
 
     t0 = time.perf_counter()
     cm = compile_model(args.model, target=args.target, tuning_log=args.tuning_log,
-                       input_shapes=input_shapes_of(args))
+                       input_shapes=input_shapes_of(args), shape_upper_bounds=shape_bounds_of(args))
     t1 = time.perf_counter()
     out = export(cm, args.output)
     t2 = time.perf_counter()
@@ -550,6 +553,6 @@ def add_commands(subparsers) -> None:
     from .compiled import add_compile_options
 
     e = subparsers.add_parser("export", help="compile an ONNX model and write a deployable artifact")
-    add_compile_options(e)
+    add_compile_options(e, shape_bound=True)
     e.add_argument("-o", "--output", required=True, help="artifact directory, or a .tar file")
     e.set_defaults(func=cmd_export)

@@ -220,20 +220,20 @@ SHAPE_HELP = ("pin an input's shape (x=1,128) or a symbolic dimension (batch=8) 
               "Symbolic dims left open compile to kernels that take any size")
 
 
-def parse_shape_args(items) -> dict[str, list[int]]:
-    """``["x=1,128", "batch=8"]`` (the CLI's ``--shape``) -> ``{"x": [1, 128], "batch": [8]}``."""
+def parse_shape_args(items, option: str = "--shape") -> dict[str, list[int]]:
+    """``["x=1,128", "batch=8"]`` (the CLI's ``--shape``, or ``option``) -> ``{"x": [1, 128], "batch": [8]}``."""
     out: dict[str, list[int]] = {}
     for item in items or []:
         name, sep, dims = str(item).partition("=")
         name = name.strip()
         if not sep or not name or not dims.strip():
-            raise InputError(f"--shape {item!r}: expected NAME=D1,D2,... (an input) or NAME=N (a symbolic dim)")
+            raise InputError(f"{option} {item!r}: expected NAME=D1,D2,... (an input) or NAME=N (a symbolic dim)")
         try:
             values = [int(d) for d in dims.split(",")]
         except ValueError:
-            raise InputError(f"--shape {item!r}: dimensions must be integers, got {dims!r}") from None
+            raise InputError(f"{option} {item!r}: dimensions must be integers, got {dims!r}") from None
         if name in out:
-            raise InputError(f"--shape gives {name!r} twice")
+            raise InputError(f"{option} gives {name!r} twice")
         out[name] = values
     return out
 

@@ -97,9 +97,10 @@ def _same_device(a, b) -> bool:
     return str(a) == str(b)
 
 
-def validate_feeds(feeds: dict, inputs: list) -> list:
+def validate_feeds(feeds: dict, inputs: list, upper_bounds: dict | None = None) -> list:
     """Feeds in parameter order (numpy arrays or TVM tensors, not converted), or an InputError naming the
-    input and what is wrong with it."""
+    input and what is wrong with it (a symbolic dim above its bound in ``upper_bounds`` too:
+    ``check_upper_bounds``)."""
     if not isinstance(feeds, dict):
         raise InputError(f"feeds must be a dict of input name -> array, got {type(feeds).__name__}")
     names = [i.name for i in inputs]
@@ -119,11 +120,26 @@ def validate_feeds(feeds: dict, inputs: list) -> list:
             _check(spec, str(v.dtype), v.shape, "input")
         values.append(v)
     _check_symbolic_dims(values, inputs)
+    if upper_bounds:
+        check_upper_bounds(values, inputs, upper_bounds)
     return values
 
 
-def _check_symbolic_dims(values: list, inputs: list) -> None:
-    """Inputs that share a symbolic dim (``sequence``) must agree on its size; an InputError names it."""
+def check_upper_bounds(values: list, inputs: list, upper_bounds: dict) -> None:
+    """An InputError when a symbolic dim of the feeds (``values`` in parameter order) is above its bound:
+    the model's memory is planned for at most that size (``PipelineOptions.shape_upper_bounds``)."""
+    sizes = _check_symbolic_dims(values, inputs)
+    for d, bound in upper_bounds.items():
+        if d in sizes and sizes[d][0] > bound:
+            size, name, axis = sizes[d]
+            raise InputError(f"symbolic dim {d!r} is {size} in input {name!r} (axis {axis}), above the bound "
+                             f"{bound} the model was compiled for (shape_upper_bounds: its memory is planned "
+                             f"for at most {bound}); recompile with a larger bound")
+
+
+def _check_symbolic_dims(values: list, inputs: list) -> dict[str, tuple[int, str, int]]:
+    """Inputs that share a symbolic dim (``sequence``) must agree on its size; an InputError names it.
+    Returns each symbolic dim -> (size, the first input it sizes, its axis there)."""
     seen: dict[str, tuple[int, str, int]] = {}
     for spec, v in zip(inputs, values):
         for axis, (d, n) in enumerate(zip(spec.shape, tuple(v.shape))):
@@ -134,6 +150,7 @@ def _check_symbolic_dims(values: list, inputs: list) -> None:
                 raise InputError(f"symbolic dim {d!r} is {size} in input {other!r} (axis {other_axis}) but {n} in "
                                  f"input {spec.name!r} (axis {axis}); inputs that share it must agree")
             seen.setdefault(d, (int(n), spec.name, axis))
+    return seen
 
 
 class Binding:
@@ -145,6 +162,8 @@ class Binding:
     def __init__(self, model, feeds: dict):
         self._model = model
         values = validate_feeds(feeds, model.inputs)
+        if model.shape_upper_bounds:
+            check_upper_bounds(values, model.inputs, model.shape_upper_bounds)
         self.copied: dict[str, str] = {}
         tensors = []
         for spec, v in zip(model.inputs, values):
@@ -183,6 +202,8 @@ class Executes:
     device: object
     # True: the CPU kernels assume element-size alignment of their arguments (see the module docstring)
     element_aligned_args: bool = False
+    # symbolic dim -> the largest size the model's memory plan holds (PipelineOptions.shape_upper_bounds)
+    shape_upper_bounds: dict = {}
 
     def _main(self):
         raise NotImplementedError
@@ -271,7 +292,10 @@ class Executes:
         """
         args = self._io_plan().in_place_args(feeds)
         if args is None:                  # not the common case: the full checks (and their clear errors)
-            args = [self._to_device(v)[0] for v in validate_feeds(feeds, self.inputs)]
+            values = validate_feeds(feeds, self.inputs)
+            if self.shape_upper_bounds:
+                check_upper_bounds(values, self.inputs, self.shape_upper_bounds)
+            args = [self._to_device(v)[0] for v in values]
         if outputs:
             self._validate_outputs(outputs)
         return self._finish(self._main()(*args), outputs, args)
@@ -300,10 +324,11 @@ class _Plan:
     assume), else None: then ``run()`` takes the full path (``validate_feeds`` + ``_to_device``), which
     copies what must be copied and raises the InputError that names what is wrong."""
 
-    __slots__ = ("on_cpu", "checks", "output_names", "fast")
+    __slots__ = ("on_cpu", "checks", "output_names", "fast", "bounds")
 
     def __init__(self, model: "Executes"):
         self.on_cpu = model._on_cpu()
+        self.bounds = tuple(model.shape_upper_bounds.items())
         self.output_names = [s.name for s in model.outputs]
         # per input: (name, numpy dtype, static shape or None, dims when symbolic, alignment in bytes)
         self.checks = []
@@ -339,6 +364,9 @@ class _Plan:
             if t.data_ptr() % alignment:
                 return None
             args.append(t)
+        for d, bound in self.bounds:          # above its bound: the full path names it (InputError)
+            if sizes.get(d, 0) > bound:
+                return None
         return args
 
 

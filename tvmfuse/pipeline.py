@@ -12,7 +12,10 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass, field, replace
 
+import numpy as np
+
 from . import _compat as C
+from .errors import InputError
 from .explain import Recorder, record_group, record_refusal, retract_groups
 from .report import groups_in
 from .target import parse_target
@@ -33,6 +36,11 @@ class PipelineOptions:
     # CPU kernels assume their tensor arguments aligned to the element size only (as numpy's arrays are), not
     # to TVM's 64 bytes, so run() reads numpy inputs in place (tvmfuse.io); False: TVM's 64-byte assumption
     element_aligned_args: bool = True
+    # symbolic dim -> the largest size run() accepts ({"batch": 64}); Relax's memory planner then sizes every
+    # intermediate for that bound and allocates it once per call from fixed-size storage (TVM's
+    # ``tir_var_upper_bound``) instead of one storage per intermediate sized at run time; a larger size is an
+    # InputError.  None (the default): no bound, any size, storage sized per call (from the VM's pool)
+    shape_upper_bounds: dict | None = None
     extra: dict = field(default_factory=dict)
 
 
@@ -79,10 +87,87 @@ def schedule_passes(target: C.Target, options: PipelineOptions) -> list:
 def lowering_passes(target: C.Target, options: PipelineOptions | None = None) -> list:
     """TVM's own dataflow lowering and VM finalization for the target, then (``element_aligned_args``, CPU
     targets) every kernel's tensor arguments declared element-aligned."""
-    passes = C.backend_passes(target, "dataflow_lower") + C.backend_passes(target, "finalize")
-    if (options or PipelineOptions()).element_aligned_args and takes_element_aligned_args(target):
+    options = options or PipelineOptions()
+    passes = ([_shape_upper_bounds_pass(options.shape_upper_bounds)] + C.backend_passes(target, "dataflow_lower")
+              + C.backend_passes(target, "finalize"))
+    passes.append(_restrict_shape_funcs)
+    if options.element_aligned_args and takes_element_aligned_args(target):
         passes.append(_element_aligned_args)
     return passes
+
+
+@C.module_pass(opt_level=0, name="tvmfuse.restrict_shape_funcs")
+def _restrict_shape_funcs(mod, _ctx):
+    """The VM's shape functions (``shape_func``, made by VMShapeLower for symbolic shapes) marked
+    ``tirx.noalias`` like every kernel.
+
+    Why: TVM 0.27's LLVM code generator lets the "no alias" choice of one function of a module leak into
+    the others: a module holding one PrimFunc without ``tirx.noalias`` that sorts after the kernels (as
+    ``shape_func`` sorts after ``fused_*``) compiles *every* kernel without ``noalias`` arguments and with
+    its compute function inlined, so LLVM must assume that outputs alias inputs (fewer vector ops; the
+    kernels of a symbolic resnet18 ran 1.5-3x slower inside the model than compiled alone, while a static
+    model has no shape function).  A shape function takes one pointer (the VM's shape heap), so "no
+    alias" holds for it trivially; a host function with more pointers is left as it is.
+    """
+    for gv, func in list(mod.functions.items()):
+        if (isinstance(func, C.PrimFunc) and func.attrs is not None and func.attrs.get(C.HOST_FUNC_ATTR)
+                and not func.attrs.get(C.NOALIAS_ATTR) and C.pointer_param_count(func) <= 1):
+            mod[gv] = func.with_attr(C.NOALIAS_ATTR, True)
+    return mod
+
+
+UPPER_BOUND_ATTR = "tir_var_upper_bound"   # Relax function attribute read by StaticPlanBlockMemory
+
+
+def signature_vars(func) -> set[str]:
+    """Names of the symbolic dims in a Relax function's parameter shapes (``batch``, ``sequence``)."""
+    names = set()
+    for p in func.params:
+        shape = getattr(C.type_of(p), "shape", None)
+        for d in getattr(shape, "values", None) or ():
+            if isinstance(d, C.Var):
+                names.add(str(d.name))
+    return names
+
+
+def check_upper_bounds(bounds: dict | None, symbolic: set[str] | None = None) -> dict[str, int]:
+    """``bounds`` as {dim name: int >= 1}, or an InputError naming the bad entry; with ``symbolic`` (the
+    model's symbolic dims), every name must be one of them."""
+    out: dict[str, int] = {}
+    for name, value in (bounds or {}).items():
+        if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or int(value) < 1:
+            raise InputError(f"shape_upper_bounds[{name!r}] = {value!r}: a bound is an integer >= 1")
+        if symbolic is not None and name not in symbolic:
+            raise InputError(f"shape_upper_bounds names {name!r}, which is not a symbolic dim of the model's "
+                             f"inputs (its symbolic dims: {sorted(symbolic) or 'none'})")
+        out[str(name)] = int(value)
+    return out
+
+
+def upper_bounds_of(func) -> dict[str, int]:
+    """The ``tir_var_upper_bound`` attribute of a Relax function ({} when it has none)."""
+    attr = func.attrs.get(UPPER_BOUND_ATTR) if func.attrs is not None else None
+    return {str(k): int(v) for k, v in (attr or {}).items()}
+
+
+def _shape_upper_bounds_pass(bounds: dict | None) -> C.ir_transform.Pass:
+    """Each Relax function whose signature has a dim of ``bounds`` gets it in ``tir_var_upper_bound``
+    (merged over the bounds the module already gives; the user's win), before memory planning."""
+    wanted = check_upper_bounds(bounds)
+
+    @C.module_pass(opt_level=0, name="tvmfuse.shape_upper_bounds")
+    def _annotate(mod, _ctx):
+        if not wanted:
+            return mod
+        for gv, func in list(mod.functions.items()):
+            if not isinstance(func, C.relax.Function):
+                continue
+            mine = {k: v for k, v in wanted.items() if k in signature_vars(func)}
+            if mine:
+                mod[gv] = func.with_attr(UPPER_BOUND_ATTR, {**upper_bounds_of(func), **mine})
+        return mod
+
+    return _annotate
 
 
 def takes_element_aligned_args(target: C.Target) -> bool:
