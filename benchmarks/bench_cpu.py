@@ -77,6 +77,16 @@ MAX_BLOCK_CALLS = 200
 # kernels reorder sums (K up to 768 here) and tvmfuse uses approximations of exp/erf (fast math).
 CHECK_RTOL, CHECK_ATOL = 1e-3, 1e-4
 
+# tvm_metaschedule (see _ms_tune): the database files MetaSchedule's JSONDatabase keeps in a work_dir, and
+# the JSON this script writes beside them (what the tuning run was: budget, time, machine, load)
+MS_DB_FILES = ("database_workload.json", "database_tuning_record.json")
+MS_TUNING_INFO = "tuning_info.json"
+MS_TRIALS_PER_ITER = 64        # TVM's tune_relax default: candidates measured per search iteration
+MS_BUILD_TIMEOUT_S = 600       # per build; TVM's 30 s default timed every build out on a loaded 2-core host
+MS_RUN_TIMEOUT_S = 120         # per measurement
+MS_SEED = 0                    # the evolutionary search's seed (recorded with the database)
+LOADED_PER_CPU = 0.5           # a 1-min load average above this x CPUs marks the tuning as run under load
+
 ENGINES = {
     "onnx_reference": "onnx ReferenceEvaluator (numpy, op by op)",
     "ort_default": "onnxruntime, default session options (intra-op threads = --threads)",
@@ -213,12 +223,95 @@ def _separate(stages):
     return stages.unfused() + stages.schedule() + stages.lower()
 
 
-def _metaschedule(model, target, trials, work_dir):
-    mod = tvmfuse.load_onnx(model)
+def _ms_prefix():
+    """The passes ``static_shape_tuning`` runs before its tuning step (relax/pipeline.py in TVM 0.27):
+    the module MetaSchedule extracts its tasks from, and the one MetaScheduleApplyDatabase later sees."""
+    rt = C.relax_transform
+    return C.Sequential([rt.DecomposeOpsForInference(), rt.CanonicalizeBindings(), C.relax_get_pipeline("zero")])
+
+
+def _ms_tasks(mod, target):
     with target:
-        mod = C.relax_get_pipeline("static_shape_tuning", total_trials=trials, target=target,
-                                   work_dir=work_dir)(mod)
-    return C.compile_module(mod, target, "default")
+        return C.meta_schedule.relax_integration.extract_tasks(_ms_prefix()(mod), target, {})
+
+
+def _ms_db_files(db_dir):
+    return [os.path.join(db_dir, f) for f in MS_DB_FILES]
+
+
+def _ms_records(db_dir, tasks) -> int:
+    """How many of ``tasks`` the database in ``db_dir`` holds a record for (a task without one keeps
+    TVM's default loop nest after MetaScheduleApplyDatabase)."""
+    ms = C.meta_schedule
+    db = ms.database.JSONDatabase(work_dir=db_dir, allow_missing=False)
+    n = 0
+    for t in tasks:
+        mod = t.dispatched[0]
+        if db.has_workload(mod) and db.get_top_k(db.commit_workload(mod), 1):
+            n += 1
+    return n
+
+
+def _ms_tune(mod, target, trials, db_dir):
+    """Tune every task of ``mod`` for ``trials`` trials into the JSON database in ``db_dir``: what
+    ``static_shape_tuning``'s MetaScheduleTuneIRMod step does (TVM's ``tune_relax`` on the module after the
+    same passes, params={}), with the total budget = trials x tasks and ``max_trials_per_task`` = trials, as
+    the pipeline's docstring advises (else the first task takes the whole budget), and build/run time
+    limits long enough for a loaded host (MS_BUILD_TIMEOUT_S, MS_RUN_TIMEOUT_S; TVM's 30 s default made
+    builds time out under load).  Returns what the row records about the tuning."""
+    ms = C.meta_schedule
+    existing = [f for f in _ms_db_files(db_dir) if os.path.exists(f)]
+    if existing:
+        raise ValueError(f"MetaSchedule database already in {db_dir} ({existing}): tuning would add to it; "
+                         "delete it to retune, or pass --ms-from-db to compile from it")
+    os.makedirs(db_dir, exist_ok=True)
+    tasks = _ms_tasks(mod, target)
+    load_start, t0 = os.getloadavg(), time.perf_counter()
+    with target:
+        ms.relax_integration.tune_relax(
+            _ms_prefix()(mod), {}, target, db_dir, max_trials_global=trials * len(tasks),
+            max_trials_per_task=trials, num_trials_per_iter=min(MS_TRIALS_PER_ITER, trials),
+            builder=ms.builder.LocalBuilder(timeout_sec=MS_BUILD_TIMEOUT_S),
+            runner=ms.runner.LocalRunner(timeout_sec=MS_RUN_TIMEOUT_S), seed=MS_SEED)
+    tuning_s = time.perf_counter() - t0
+    load_end = os.getloadavg()
+    info = {"database": os.path.relpath(db_dir, os.path.dirname(HERE)), "trials_per_task": trials,
+            "tasks": len(tasks), "task_names": [t.task_name for t in tasks], "total_trials": trials * len(tasks),
+            "tuning_s": tuning_s, "tuning_date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+            "tuning_cpu": C.llvm_system_cpu(), "tuning_cpus": os.cpu_count(), "target": str(target),
+            "tvm": C.TVM_VERSION, "seed": MS_SEED,
+            "tuning_load_avg_start": load_start, "tuning_load_avg_end": load_end,
+            "tuning_on_loaded_machine": max(load_start[0], load_end[0]) > LOADED_PER_CPU * os.cpu_count()}
+    with open(os.path.join(db_dir, MS_TUNING_INFO), "w") as f:
+        json.dump(info, f, indent=1)
+    return info
+
+
+def _ms_info(db_dir, trials):
+    """--ms-from-db: what the stored database's tuning run recorded (MS_TUNING_INFO beside it)."""
+    missing = [f for f in _ms_db_files(db_dir) + [os.path.join(db_dir, MS_TUNING_INFO)] if not os.path.exists(f)]
+    if missing:
+        raise ValueError(f"--ms-from-db: no MetaSchedule database for this workload in {db_dir} (missing "
+                         f"{missing}); tune it first with --ms-trials N --ms-work-dir {os.path.dirname(db_dir)}")
+    with open(os.path.join(db_dir, MS_TUNING_INFO)) as f:
+        info = json.load(f)
+    if trials and trials != info["trials_per_task"]:
+        raise ValueError(f"--ms-trials {trials} but the database in {db_dir} was tuned with "
+                         f"{info['trials_per_task']} trials per task")
+    return info
+
+
+def _metaschedule(model, target, trials, db_dir, from_db):
+    """TVM's documented CPU route: the static_shape_tuning pipeline, then tvm.compile.  Tunes into
+    ``db_dir`` first unless ``from_db``; the compile is always ``static_shape_tuning`` with total_trials=0,
+    i.e. the same passes with MetaScheduleApplyDatabase(db_dir) and no tuning."""
+    mod = tvmfuse.load_onnx(model)
+    info = _ms_info(db_dir, trials) if from_db else _ms_tune(mod, target, trials, db_dir)
+    info = {**info, "from_db": from_db, "tasks_with_records": _ms_records(db_dir, _ms_tasks(mod, target))}
+    with target:
+        mod = C.relax_get_pipeline("static_shape_tuning", total_trials=0, target=target, work_dir=db_dir)(mod)
+    ex = C.compile_module(mod, target, "default")
+    return ex, info
 
 
 class _TorchvisionPlaceholder(types.ModuleType):
@@ -312,8 +405,10 @@ def _tail(kind, model, feeds):
     return fn
 
 
-def build_engine(engine, model, feeds, threads, ms_trials, work_dir):
-    """The callable that runs ``engine`` once on ``feeds`` (inputs prepared outside the call)."""
+def build_engine(engine, model, feeds, threads, ms, work_dir):
+    """The callable that runs ``engine`` once on ``feeds`` (inputs prepared outside the call); ``ms``:
+    tvm_metaschedule's settings (trials per task, database folder, from_db).  A callable may carry
+    ``info`` (a dict the row records) and ``check_outputs``."""
     target = tvmfuse.host_target()
     if engine == "onnx_reference":
         from onnx.reference import ReferenceEvaluator
@@ -332,7 +427,10 @@ def build_engine(engine, model, feeds, threads, ms_trials, work_dir):
     if engine == "tvmfuse_separate":
         return _vm_call(_stages_module(model, target, _separate, schedules=True), feeds)
     if engine == "tvm_metaschedule":
-        return _vm_call(_metaschedule(model, target, ms_trials, os.path.join(work_dir, "ms")), feeds)
+        ex, info = _metaschedule(model, target, ms["trials"], ms["db_dir"], ms["from_db"])
+        fn = _vm_call(ex, feeds)
+        fn.info = {"metaschedule": info}
+        return fn
     if engine in ("tvmfuse", "tvmfuse_shipped"):
         cm = tvmfuse.compile(model, tuning_log="shipped" if engine == "tvmfuse_shipped" else None)
         args = [C.tensor(feeds[s.name]) for s in cm.inputs]
@@ -360,14 +458,14 @@ def worker(spec_path: str) -> int:
         feeds = {k: z[k] for k in z.files}
     t0 = time.perf_counter()
     try:
-        fn = build_engine(spec["engine"], model, feeds, spec["threads"], spec["ms_trials"], spec["work_dir"])
+        fn = build_engine(spec["engine"], model, feeds, spec["threads"], spec["ms"], spec["work_dir"])
     except Skipped as e:
         reply({"ok": False, "skipped": str(e)})
         return 0
     build_s = time.perf_counter() - t0
     outs = getattr(fn, "check_outputs", _as_arrays)(fn())
     np.savez(spec["outputs"], **{f"out{i}": a for i, a in enumerate(outs)})
-    reply({"ok": True, "build_s": build_s, "n_outputs": len(outs)})
+    reply({"ok": True, "build_s": build_s, "n_outputs": len(outs), **getattr(fn, "info", {})})
     for line in sys.stdin:
         cmd = json.loads(line)
         if cmd["cmd"] == "quit":
@@ -382,7 +480,10 @@ class Worker:
     def __init__(self, engine, workload, paths, args, work_dir):
         self.engine, self.workload = engine, workload
         spec = {"engine": engine, "model": paths["model"], "feeds": paths["feeds"], "threads": args.threads,
-                "ms_trials": args.ms_trials, "work_dir": work_dir,
+                "ms": {"trials": args.ms_trials, "from_db": args.ms_from_db,
+                       "db_dir": os.path.join(args.ms_work_dir, workload) if args.ms_work_dir
+                       else os.path.join(work_dir, "ms")},
+                "work_dir": work_dir,
                 "outputs": os.path.join(work_dir, f"{engine}.out.npz")}
         self.outputs = spec["outputs"]
         spec_path = os.path.join(work_dir, f"{engine}.spec.json")
@@ -474,7 +575,8 @@ def bench_workload(name, model, engines, args, root):
                 result[e] = {"skipped": ready["skipped"]}
                 w.close()
                 continue
-            result[e] = {"build_s": ready["build_s"], **check_outputs(w.outputs, ref)}
+            extra = {k: v for k, v in ready.items() if k not in ("ok", "build_s", "n_outputs")}
+            result[e] = {"build_s": ready["build_s"], **check_outputs(w.outputs, ref), **extra}
             print(f"  {name} {e}: built in {ready['build_s']:.1f} s, check {result[e]['check']}", flush=True)
             live[e] = w
         times = {e: [] for e in live}
@@ -485,7 +587,8 @@ def bench_workload(name, model, engines, args, root):
                 times[e].append(live[e].ask({"cmd": "time"})["s"])
                 time.sleep(args.pause)
         for e, ts in times.items():
-            result[e]["ms"] = _spread(ts)
+            if ts:                                   # --repeat 0: built and checked, not timed
+                result[e]["ms"] = _spread(ts)
     finally:
         for w in live.values():
             w.close()
@@ -496,13 +599,21 @@ def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--worker", help=argparse.SUPPRESS)
     ap.add_argument("--quick", action="store_true", help="quarter-size workloads")
-    ap.add_argument("--repeat", type=int, default=15, help="interleaved rounds")
+    ap.add_argument("--repeat", type=int, default=15, help="interleaved rounds (0: build and check only)")
     ap.add_argument("--pause", type=float, default=0.2, help="seconds between two engines' blocks")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--engines", nargs="+", default=None, choices=list(ENGINES),
                     help=f"default: {' '.join(DEFAULT_ENGINES)} (+ tvm_metaschedule with --ms-trials)")
     ap.add_argument("--ms-trials", type=int, default=0,
-                    help="run TVM MetaSchedule (static_shape_tuning) with this many trials per model (0: off)")
+                    help="run TVM MetaSchedule (static_shape_tuning) with this many trials per task, every task of "
+                    "the model (0: off)")
+    ap.add_argument("--ms-work-dir", default=None,
+                    help="tvm_metaschedule: keep MetaSchedule's JSON database per workload in DIR/<workload>/ "
+                    f"({', '.join(MS_DB_FILES)}, {MS_TUNING_INFO}); tuning refuses a workload that has one "
+                    "(default: a temporary folder, thrown away)")
+    ap.add_argument("--ms-from-db", action="store_true",
+                    help="tvm_metaschedule: no tuning, compile from the databases in --ms-work-dir (static_shape_"
+                    "tuning with total_trials=0: MetaScheduleApplyDatabase)")
     ap.add_argument("--workloads", nargs="+", default=None, help="only these workloads (names as printed)")
     ap.add_argument("--json", default=None, help="default: benchmarks/bench_cpu[_ms|_io].json")
     ap.add_argument("--no-models", action="store_true", help="skip the demo models end to end")
@@ -521,13 +632,17 @@ def main(argv=None):
         engines = list(TAIL_ENGINES)
     else:
         engines = list(args.engines or DEFAULT_ENGINES)
-        if args.ms_trials > 0 and "tvm_metaschedule" not in engines:
+        if (args.ms_trials > 0 or args.ms_from_db) and "tvm_metaschedule" not in engines:
             engines.insert(engines.index("tvmfuse_separate") if "tvmfuse_separate" in engines else len(engines),
                            "tvm_metaschedule")
-        if "tvm_metaschedule" in engines and args.ms_trials <= 0:
-            ap.error("tvm_metaschedule needs --ms-trials N (N > 0)")
+        if args.ms_from_db and not args.ms_work_dir:
+            ap.error("--ms-from-db needs --ms-work-dir DIR (the databases of a tuning run)")
+        if args.ms_work_dir:
+            args.ms_work_dir = os.path.abspath(args.ms_work_dir)
+        if "tvm_metaschedule" in engines and args.ms_trials <= 0 and not args.ms_from_db:
+            ap.error("tvm_metaschedule needs --ms-trials N (N > 0) or --ms-from-db")
     out_json = args.json or os.path.join(HERE, "bench_cpu_io.json" if args.io else "bench_cpu_tails.json"
-                                         if args.tails else "bench_cpu_ms.json" if args.ms_trials > 0
+                                         if args.tails else "bench_cpu_ms.json" if args.ms_trials > 0 or args.ms_from_db
                                          else "bench_cpu.json")
     fl = floors()
     wl = tail_workloads(args.quick) if args.tails else workloads(args.quick, not args.no_models)
@@ -551,7 +666,8 @@ def main(argv=None):
            "machine": platform.processor() or platform.machine(), "cpu": C.llvm_system_cpu(),
            "cpus": os.cpu_count(), "threads": args.threads, "load_avg_start": load_start,
            "load_avg_end": os.getloadavg(), "repeat": args.repeat, "pause_s": args.pause,
-           "block_s": BLOCK_SECONDS, "ms_trials": args.ms_trials, "quick": args.quick,
+           "block_s": BLOCK_SECONDS, "ms_trials": args.ms_trials, "ms_work_dir": args.ms_work_dir,
+           "ms_from_db": args.ms_from_db, "quick": args.quick,
            "check": {"rtol": CHECK_RTOL, "atol": CHECK_ATOL, "reference": "onnx.reference.ReferenceEvaluator"},
            "command": " ".join(["python", os.path.relpath(__file__)] + (argv if argv is not None else sys.argv[1:])),
            "engines": {e: desc[e] for e in engines}, "floors": fl, "rows": rows}
@@ -588,6 +704,9 @@ def print_table(out) -> None:
     print("|---|---|---:|---:|---:|---|---:|---:|")
     for r in out["rows"]:
         for e, d in r["engines"].items():
+            if "ms" not in d and "check" in d:
+                print(f"| {r['workload']} | {e} | - | - | - | {d['check']} | {d['build_s']:.1f} | |")
+                continue
             if "ms" not in d:
                 why = d.get("skipped") or (d.get("error", "")[:80].replace("\n", " ") + "...")
                 print(f"| {r['workload']} | {e} | - | - | - | not run: {why} | | |")
