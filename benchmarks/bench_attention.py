@@ -19,7 +19,8 @@ next to another's):
   ort                 onnxruntime, default session options (``--threads`` sets intra-op threads)
 
 Method (as ``bench_models.py``): every engine is built and run once in its worker, its outputs written to
-an .npz and checked here against onnxruntime's (max |a - b| / max |b| <= REL_TOL); then ``--rounds``
+an .npz and checked here against onnxruntime's and against onnx's ReferenceEvaluator (max |a - b| /
+max |b| <= REL_TOL; ``--no-reference`` skips the second); then ``--rounds``
 rounds, in each round every engine in turn (order rotated each round) runs a block of back-to-back calls
 ``--block`` seconds long, with ``--pause`` idle seconds between engines.  Figure: median over rounds of
 the per-call time, with p25/p75 and min/max.  The JSON also has, for the tvmfuse engines, the kernel
@@ -172,6 +173,7 @@ def bench_workload(w: dict, args) -> dict:
         finally:
             for wk in workers.values():
                 wk.close()
+        ref_eval = bench_models._reference_outputs(model_path, feeds_for(w, args.seed)) if args.reference else None
     ref = workers[REFERENCE_ENGINE].outputs if REFERENCE_ENGINE in workers else None
     for engine, wk in workers.items():
         r = sorted(rounds[engine])
@@ -181,7 +183,11 @@ def bench_workload(w: dict, args) -> dict:
         if ref is not None:
             row["rel_err_vs_ort"] = {k: bench_models.corpus_io.relative_error(v, ref[k])
                                      for k, v in wk.outputs.items()}
-            row["correct"] = max(row["rel_err_vs_ort"].values()) <= REL_TOL
+        if ref_eval is not None:
+            row["rel_err_vs_onnx_reference"] = {k: bench_models.corpus_io.relative_error(v, ref_eval[k])
+                                                for k, v in wk.outputs.items()}
+        errs = list(row.get("rel_err_vs_ort", {}).values()) + list(row.get("rel_err_vs_onnx_reference", {}).values())
+        row["correct"] = bool(errs) and max(errs) <= REL_TOL
         res["engines"][engine] = row
     eng = res["engines"]
     fused, unfused = eng.get("tvmfuse", {}), eng.get("tvmfuse_unfused", {})
@@ -229,6 +235,8 @@ def main(argv=None) -> int:
     ap.add_argument("--pause", type=float, default=0.5, help="idle seconds between two engines' blocks")
     ap.add_argument("--threads", type=int, default=None, help="threads per engine (default: each engine's own)")
     ap.add_argument("--seed", type=int, default=0, help="seed of the random inputs (same for every engine)")
+    ap.add_argument("--reference", action=argparse.BooleanOptionalAction, default=True,
+                    help="also check every engine (onnxruntime too) vs onnx ReferenceEvaluator (default: on)")
     ap.add_argument("--quick", action="store_true",
                     help=f"{QUICK_HEADS} heads of {QUICK_HEAD_DIM}, 2 rounds of 0.02 s blocks")
     ap.add_argument("--json", default="bench_attention.json", help="where to write the results")
@@ -244,8 +252,8 @@ def main(argv=None) -> int:
         args.seqs, args.heads, args.head_dim = args.seqs or list(QUICK_SEQS), QUICK_HEADS, QUICK_HEAD_DIM
         args.rounds, args.block, args.pause, args.min_calls = 2, 0.02, 0.05, 1
     args.seqs = args.seqs or [128, 512, 2048]
-    if REFERENCE_ENGINE not in args.engines:
-        ap.error(f"outputs are checked against {REFERENCE_ENGINE!r}: keep it in --engines")
+    if REFERENCE_ENGINE not in args.engines and not args.reference:
+        ap.error(f"outputs are checked against {REFERENCE_ENGINE!r}: keep it in --engines or keep --reference")
     if any(s < 1 for s in args.seqs) or args.heads < 1 or args.head_dim < 1:
         ap.error("--seqs, --heads and --head-dim must be positive")
     results = []
@@ -257,7 +265,9 @@ def main(argv=None) -> int:
            "host": platform.node(), "machine": platform.machine(), "processor": platform.processor(),
            "cpus": os.cpu_count(), "python": platform.python_version(),
            "settings": {k: getattr(args, k) for k in ("seqs", "heads", "head_dim", "rounds", "block", "min_calls",
-                                                      "pause", "threads", "seed", "quick", "engines")},
+                                                      "pause", "threads", "seed", "quick", "engines", "reference")},
+           "command": " ".join(["python", "benchmarks/bench_attention.py"] + (argv if argv is not None else sys.argv[1:])),
+           "load_avg_end": os.getloadavg(),
            "rel_tol": REL_TOL, "results": results}
     with open(args.json, "w", encoding="utf-8") as f:
         json.dump(doc, f, indent=1)

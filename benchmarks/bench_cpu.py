@@ -2,6 +2,10 @@
 
     python benchmarks/bench_cpu.py                      # table 1: engines x workloads -> benchmarks/bench_cpu.json
     python benchmarks/bench_cpu.py --ms-trials 64       # table 2: + TVM MetaSchedule -> benchmarks/bench_cpu_ms.json
+    # table 2 in two steps: tune once (long; checks the build, times nothing), then time from the databases
+    python benchmarks/bench_cpu.py --engines onnx_reference tvm_metaschedule --ms-trials 64 \
+        --ms-work-dir benchmarks/ms_db --repeat 0 --json benchmarks/ms_db/tuning_check.json
+    python benchmarks/bench_cpu.py --ms-from-db --ms-work-dir benchmarks/ms_db   # -> benchmarks/bench_cpu_ms.json
     python benchmarks/bench_cpu.py --io                 # table 3: tvmfuse I/O paths  -> benchmarks/bench_cpu_io.json
     python benchmarks/bench_cpu.py --tails              # softmax rows with a tail vs padded -> bench_cpu_tails.json
     python benchmarks/bench_cpu.py --quick --repeat 3 --no-models    # smoke run (quarter-size workloads)
@@ -15,9 +19,16 @@ Engines (``--engines`` picks; ENGINES below says what each one is):
 - ``tvm_dlight``: TVM's own fusion (LegalizeOps + FuseOps + FuseTIR), every kernel then scheduled by the
   CPU rules TVM 0.27 ships in ``tvm.s_tir.dlight.cpu`` (GEMV, Reduction; a kernel neither matches keeps
   TVM's default loop nest), then TVM's lowering.
-- ``tvm_metaschedule``: ``relax.get_pipeline("static_shape_tuning", total_trials=--ms-trials)`` then
-  ``tvm.compile`` (TVM's documented CPU route); its build time (tuning included) is reported. Off unless
-  ``--ms-trials N`` (N > 0): it tunes for a long time.
+- ``tvm_metaschedule``: ``relax.get_pipeline("static_shape_tuning", ...)`` then ``tvm.compile`` (TVM's
+  documented CPU route, without ``cpu_weight_prepack``: it changes the model's calling interface).  Tuning
+  (``--ms-trials N``: N trials per task, every task of the model: see _ms_tune) is the pipeline's
+  MetaScheduleTuneIRMod step run explicitly, with build/run time limits a loaded host needs; the compile
+  is always ``static_shape_tuning`` with total_trials=0 on the database folder, i.e. the same passes with
+  MetaScheduleApplyDatabase(work_dir).  ``--ms-work-dir DIR`` keeps each workload's database in
+  DIR/<workload>/ (MetaSchedule's own JSON files, plus MS_TUNING_INFO: budget, tuning time, machine, load
+  average); ``--ms-from-db`` compiles from them without tuning.  The row records which database, its
+  trial budget, its tuning time and load, and how many tasks had a record.  Off unless ``--ms-trials N``
+  or ``--ms-from-db``.
 - ``torch_compile``: ``torch.compile`` of the model converted by onnx2torch, when both import (else the
   row says why it was skipped).
 - ``tvm_fuseops``: TVM's fusion with no schedule at all (what the old "stock TVM" column was; no user
@@ -82,12 +93,22 @@ MAX_BLOCK_CALLS = 200
 # kernels reorder sums (K up to 768 here) and tvmfuse uses approximations of exp/erf (fast math).
 CHECK_RTOL, CHECK_ATOL = 1e-3, 1e-4
 
+# tvm_metaschedule (see _ms_tune): the database files MetaSchedule's JSONDatabase keeps in a work_dir, and
+# the JSON this script writes beside them (what the tuning run was: budget, time, machine, load)
+MS_DB_FILES = ("database_workload.json", "database_tuning_record.json")
+MS_TUNING_INFO = "tuning_info.json"
+MS_TRIALS_PER_ITER = 64        # TVM's tune_relax default: candidates measured per search iteration
+MS_BUILD_TIMEOUT_S = 600       # per build; TVM's 30 s default timed every build out on a loaded 2-core host
+MS_RUN_TIMEOUT_S = 120         # per measurement
+MS_SEED = 0                    # the evolutionary search's seed (recorded with the database)
+LOADED_PER_CPU = 0.5           # a 1-min load average above this x CPUs marks the tuning as run under load
+
 ENGINES = {
     "onnx_reference": "onnx ReferenceEvaluator (numpy, op by op)",
     "ort_default": "onnxruntime, default session options (intra-op threads = --threads)",
     "ort_nospin": "onnxruntime, idle workers not spinning",
     "tvm_dlight": "TVM FuseOps + s_tir.dlight CPU rules (GEMV, Reduction)",
-    "tvm_metaschedule": "TVM static_shape_tuning (MetaSchedule), --ms-trials trials",
+    "tvm_metaschedule": "TVM static_shape_tuning (MetaSchedule), --ms-trials trials per task",
     "torch_compile": "torch.compile (onnx2torch)",
     "tvm_fuseops": "TVM FuseOps, no schedules",
     "tvmfuse_separate": "tvmfuse schedules, no fusion",
@@ -219,12 +240,95 @@ def _separate(stages):
     return stages.unfused() + stages.schedule() + stages.lower()
 
 
-def _metaschedule(model, target, trials, work_dir):
-    mod = tvmfuse.load_onnx(model)
+def _ms_prefix():
+    """The passes ``static_shape_tuning`` runs before its tuning step (relax/pipeline.py in TVM 0.27):
+    the module MetaSchedule extracts its tasks from, and the one MetaScheduleApplyDatabase later sees."""
+    rt = C.relax_transform
+    return C.Sequential([rt.DecomposeOpsForInference(), rt.CanonicalizeBindings(), C.relax_get_pipeline("zero")])
+
+
+def _ms_tasks(mod, target):
     with target:
-        mod = C.relax_get_pipeline("static_shape_tuning", total_trials=trials, target=target,
-                                   work_dir=work_dir)(mod)
-    return C.compile_module(mod, target, "default")
+        return C.meta_schedule.relax_integration.extract_tasks(_ms_prefix()(mod), target, {})
+
+
+def _ms_db_files(db_dir):
+    return [os.path.join(db_dir, f) for f in MS_DB_FILES]
+
+
+def _ms_records(db_dir, tasks) -> int:
+    """How many of ``tasks`` the database in ``db_dir`` holds a record for (a task without one keeps
+    TVM's default loop nest after MetaScheduleApplyDatabase)."""
+    ms = C.meta_schedule
+    db = ms.database.JSONDatabase(work_dir=db_dir, allow_missing=False)
+    n = 0
+    for t in tasks:
+        mod = t.dispatched[0]
+        if db.has_workload(mod) and db.get_top_k(db.commit_workload(mod), 1):
+            n += 1
+    return n
+
+
+def _ms_tune(mod, target, trials, db_dir):
+    """Tune every task of ``mod`` for ``trials`` trials into the JSON database in ``db_dir``: what
+    ``static_shape_tuning``'s MetaScheduleTuneIRMod step does (TVM's ``tune_relax`` on the module after the
+    same passes, params={}), with the total budget = trials x tasks and ``max_trials_per_task`` = trials, as
+    the pipeline's docstring advises (else the first task takes the whole budget), and build/run time
+    limits long enough for a loaded host (MS_BUILD_TIMEOUT_S, MS_RUN_TIMEOUT_S; TVM's 30 s default made
+    builds time out under load).  Returns what the row records about the tuning."""
+    ms = C.meta_schedule
+    existing = [f for f in _ms_db_files(db_dir) if os.path.exists(f)]
+    if existing:
+        raise ValueError(f"MetaSchedule database already in {db_dir} ({existing}): tuning would add to it; "
+                         "delete it to retune, or pass --ms-from-db to compile from it")
+    os.makedirs(db_dir, exist_ok=True)
+    tasks = _ms_tasks(mod, target)
+    load_start, t0 = os.getloadavg(), time.perf_counter()
+    with target:
+        ms.relax_integration.tune_relax(
+            _ms_prefix()(mod), {}, target, db_dir, max_trials_global=trials * len(tasks),
+            max_trials_per_task=trials, num_trials_per_iter=min(MS_TRIALS_PER_ITER, trials),
+            builder=ms.builder.LocalBuilder(timeout_sec=MS_BUILD_TIMEOUT_S),
+            runner=ms.runner.LocalRunner(timeout_sec=MS_RUN_TIMEOUT_S), seed=MS_SEED)
+    tuning_s = time.perf_counter() - t0
+    load_end = os.getloadavg()
+    info = {"database": os.path.relpath(db_dir, os.path.dirname(HERE)), "trials_per_task": trials,
+            "tasks": len(tasks), "task_names": [t.task_name for t in tasks], "total_trials": trials * len(tasks),
+            "tuning_s": tuning_s, "tuning_date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+            "tuning_cpu": C.llvm_system_cpu(), "tuning_cpus": os.cpu_count(), "target": str(target),
+            "tvm": C.TVM_VERSION, "seed": MS_SEED,
+            "tuning_load_avg_start": load_start, "tuning_load_avg_end": load_end,
+            "tuning_on_loaded_machine": max(load_start[0], load_end[0]) > LOADED_PER_CPU * os.cpu_count()}
+    with open(os.path.join(db_dir, MS_TUNING_INFO), "w") as f:
+        json.dump(info, f, indent=1)
+    return info
+
+
+def _ms_info(db_dir, trials):
+    """--ms-from-db: what the stored database's tuning run recorded (MS_TUNING_INFO beside it)."""
+    missing = [f for f in _ms_db_files(db_dir) + [os.path.join(db_dir, MS_TUNING_INFO)] if not os.path.exists(f)]
+    if missing:
+        raise ValueError(f"--ms-from-db: no MetaSchedule database for this workload in {db_dir} (missing "
+                         f"{missing}); tune it first with --ms-trials N --ms-work-dir {os.path.dirname(db_dir)}")
+    with open(os.path.join(db_dir, MS_TUNING_INFO)) as f:
+        info = json.load(f)
+    if trials and trials != info["trials_per_task"]:
+        raise ValueError(f"--ms-trials {trials} but the database in {db_dir} was tuned with "
+                         f"{info['trials_per_task']} trials per task")
+    return info
+
+
+def _metaschedule(model, target, trials, db_dir, from_db):
+    """TVM's documented CPU route: the static_shape_tuning pipeline, then tvm.compile.  Tunes into
+    ``db_dir`` first unless ``from_db``; the compile is always ``static_shape_tuning`` with total_trials=0,
+    i.e. the same passes with MetaScheduleApplyDatabase(db_dir) and no tuning."""
+    mod = tvmfuse.load_onnx(model)
+    info = _ms_info(db_dir, trials) if from_db else _ms_tune(mod, target, trials, db_dir)
+    info = {**info, "from_db": from_db, "tasks_with_records": _ms_records(db_dir, _ms_tasks(mod, target))}
+    with target:
+        mod = C.relax_get_pipeline("static_shape_tuning", total_trials=0, target=target, work_dir=db_dir)(mod)
+    ex = C.compile_module(mod, target, "default")
+    return ex, info
 
 
 class _TorchvisionPlaceholder(types.ModuleType):
@@ -329,8 +433,10 @@ def _tail(kind, model, feeds):
     return fn
 
 
-def build_engine(engine, model, feeds, threads, ms_trials, work_dir):
-    """The callable that runs ``engine`` once on ``feeds`` (inputs prepared outside the call)."""
+def build_engine(engine, model, feeds, threads, ms, work_dir):
+    """The callable that runs ``engine`` once on ``feeds`` (inputs prepared outside the call); ``ms``:
+    tvm_metaschedule's settings (trials per task, database folder, from_db).  A callable may carry
+    ``info`` (a dict the row records) and ``check_outputs``."""
     target = tvmfuse.host_target()
     if engine == "onnx_reference":
         from onnx.reference import ReferenceEvaluator
@@ -349,7 +455,10 @@ def build_engine(engine, model, feeds, threads, ms_trials, work_dir):
     if engine == "tvmfuse_separate":
         return _vm_call(_stages_module(model, target, _separate, schedules=True), feeds)
     if engine == "tvm_metaschedule":
-        return _vm_call(_metaschedule(model, target, ms_trials, os.path.join(work_dir, "ms")), feeds)
+        ex, info = _metaschedule(model, target, ms["trials"], ms["db_dir"], ms["from_db"])
+        fn = _vm_call(ex, feeds)
+        fn.info = {"metaschedule": info}
+        return fn
     if engine in ("tvmfuse", "tvmfuse_shipped"):
         cm = tvmfuse.compile(model, tuning_log="shipped" if engine == "tvmfuse_shipped" else None)
         args = [C.tensor(feeds[s.name]) for s in cm.inputs]
@@ -383,7 +492,7 @@ def worker(spec_path: str) -> int:
     for e in names:
         t0 = time.perf_counter()
         try:
-            fn = build_engine(e, model, feeds, spec["threads"], spec["ms_trials"], spec["work_dir"])
+            fn = build_engine(e, model, feeds, spec["threads"], spec["ms"], spec["work_dir"])
         except Skipped as err:
             built[e] = {"ok": False, "skipped": str(err)}
             continue
@@ -391,7 +500,7 @@ def worker(spec_path: str) -> int:
         outs = getattr(fn, "check_outputs", _as_arrays)(fn())
         np.savez(spec["outputs"] if "engine" in spec else spec["outputs"][e],
                  **{f"out{i}": a for i, a in enumerate(outs)})
-        built[e] = {"ok": True, "build_s": build_s, "n_outputs": len(outs)}
+        built[e] = {"ok": True, "build_s": build_s, "n_outputs": len(outs), **getattr(fn, "info", {})}
         fns[e] = fn
     reply(built[names[0]] if "engine" in spec else {"ok": True, "engines": built})
     for line in sys.stdin:
@@ -412,7 +521,10 @@ class Worker:
         group = not isinstance(engine, str)
         tag = "group" if group else engine
         spec = {"model": paths["model"], "feeds": paths["feeds"], "threads": args.threads,
-                "ms_trials": args.ms_trials, "work_dir": work_dir}
+                "ms": {"trials": args.ms_trials, "from_db": args.ms_from_db,
+                       "db_dir": os.path.join(args.ms_work_dir, workload) if args.ms_work_dir
+                       else os.path.join(work_dir, "ms")},
+                "work_dir": work_dir}
         if group:
             spec.update(engines=list(engine), outputs={e: os.path.join(work_dir, f"{e}.out.npz") for e in engine})
         else:
@@ -533,7 +645,8 @@ def bench_workload(name, model, engines, args, root):
                 result[e] = {"skipped": ready["skipped"]}
                 w.close()
                 continue
-            result[e] = {"build_s": ready["build_s"], **check_outputs(w.outputs, ref)}
+            extra = {k: v for k, v in ready.items() if k not in ("ok", "build_s", "n_outputs")}
+            result[e] = {"build_s": ready["build_s"], **check_outputs(w.outputs, ref), **extra}
             print(f"  {name} {e}: built in {ready['build_s']:.1f} s, check {result[e]['check']}", flush=True)
             live[e] = w
             procs.append(w)
@@ -545,7 +658,8 @@ def bench_workload(name, model, engines, args, root):
                 times[e].append(live[e].ask({"cmd": "time"})["s"])
                 time.sleep(args.pause)
         for e, ts in times.items():
-            result[e]["ms"] = _spread(ts)
+            if ts:                                   # --repeat 0: built and checked, not timed
+                result[e]["ms"] = _spread(ts)
     finally:
         for w in procs:
             w.close()
@@ -556,13 +670,21 @@ def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--worker", help=argparse.SUPPRESS)
     ap.add_argument("--quick", action="store_true", help="quarter-size workloads")
-    ap.add_argument("--repeat", type=int, default=15, help="interleaved rounds")
+    ap.add_argument("--repeat", type=int, default=15, help="interleaved rounds (0: build and check only)")
     ap.add_argument("--pause", type=float, default=0.2, help="seconds between two engines' blocks")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--engines", nargs="+", default=None, choices=list(ENGINES),
                     help=f"default: {' '.join(DEFAULT_ENGINES)} (+ tvm_metaschedule with --ms-trials)")
     ap.add_argument("--ms-trials", type=int, default=0,
-                    help="run TVM MetaSchedule (static_shape_tuning) with this many trials per model (0: off)")
+                    help="run TVM MetaSchedule (static_shape_tuning) with this many trials per task, every task of "
+                    "the model (0: off)")
+    ap.add_argument("--ms-work-dir", default=None,
+                    help="tvm_metaschedule: keep MetaSchedule's JSON database per workload in DIR/<workload>/ "
+                    f"({', '.join(MS_DB_FILES)}, {MS_TUNING_INFO}); tuning refuses a workload that has one "
+                    "(default: a temporary folder, thrown away)")
+    ap.add_argument("--ms-from-db", action="store_true",
+                    help="tvm_metaschedule: no tuning, compile from the databases in --ms-work-dir (static_shape_"
+                    "tuning with total_trials=0: MetaScheduleApplyDatabase)")
     ap.add_argument("--workloads", nargs="+", default=None, help="only these workloads (names as printed)")
     ap.add_argument("--json", default=None, help="default: benchmarks/bench_cpu[_ms|_io].json")
     ap.add_argument("--no-models", action="store_true", help="skip the demo models end to end")
@@ -581,13 +703,17 @@ def main(argv=None):
         engines = list(TAIL_ENGINES)
     else:
         engines = list(args.engines or DEFAULT_ENGINES)
-        if args.ms_trials > 0 and "tvm_metaschedule" not in engines:
+        if (args.ms_trials > 0 or args.ms_from_db) and "tvm_metaschedule" not in engines:
             engines.insert(engines.index("tvmfuse_separate") if "tvmfuse_separate" in engines else len(engines),
                            "tvm_metaschedule")
-        if "tvm_metaschedule" in engines and args.ms_trials <= 0:
-            ap.error("tvm_metaschedule needs --ms-trials N (N > 0)")
+        if args.ms_from_db and not args.ms_work_dir:
+            ap.error("--ms-from-db needs --ms-work-dir DIR (the databases of a tuning run)")
+        if args.ms_work_dir:
+            args.ms_work_dir = os.path.abspath(args.ms_work_dir)
+        if "tvm_metaschedule" in engines and args.ms_trials <= 0 and not args.ms_from_db:
+            ap.error("tvm_metaschedule needs --ms-trials N (N > 0) or --ms-from-db")
     out_json = args.json or os.path.join(HERE, "bench_cpu_io.json" if args.io else "bench_cpu_tails.json"
-                                         if args.tails else "bench_cpu_ms.json" if args.ms_trials > 0
+                                         if args.tails else "bench_cpu_ms.json" if args.ms_trials > 0 or args.ms_from_db
                                          else "bench_cpu.json")
     fl = floors()
     wl = tail_workloads(args.quick) if args.tails else workloads(args.quick, not args.no_models)
@@ -611,7 +737,8 @@ def main(argv=None):
            "machine": platform.processor() or platform.machine(), "cpu": C.llvm_system_cpu(),
            "cpus": os.cpu_count(), "threads": args.threads, "load_avg_start": load_start,
            "load_avg_end": os.getloadavg(), "repeat": args.repeat, "pause_s": args.pause,
-           "block_s": BLOCK_SECONDS, "ms_trials": args.ms_trials, "quick": args.quick,
+           "block_s": BLOCK_SECONDS, "ms_trials": args.ms_trials, "ms_work_dir": args.ms_work_dir,
+           "ms_from_db": args.ms_from_db, "quick": args.quick,
            "check": {"rtol": CHECK_RTOL, "atol": CHECK_ATOL, "reference": "onnx.reference.ReferenceEvaluator"},
            "command": " ".join(["python", os.path.relpath(__file__)] + (argv if argv is not None else sys.argv[1:])),
            "engines": {e: desc[e] for e in engines}, "floors": fl, "rows": rows}
@@ -667,6 +794,9 @@ def print_table(out) -> None:
     print("|---|---|---:|---:|---:|---|---:|---:|")
     for r in out["rows"]:
         for e, d in r["engines"].items():
+            if "ms" not in d and "check" in d:
+                print(f"| {r['workload']} | {e} | - | - | - | {d['check']} | {d['build_s']:.1f} | |")
+                continue
             if "ms" not in d:
                 why = d.get("skipped") or (d.get("error", "")[:80].replace("\n", " ") + "...")
                 print(f"| {r['workload']} | {e} | - | - | - | not run: {why} | | |")
@@ -676,6 +806,12 @@ def print_table(out) -> None:
             fl = f"{r['floor_ms']:.3f}" if r["floor_ms"] else "-"
             print(f"| {r['workload']} | {e} | {m['median']:.3f} | {m['p25']:.3f}-{m['p75']:.3f} | "
                   f"{m['min']:.3f}-{m['max']:.3f} | {d['check']}{err} | {d['build_s']:.1f} | {fl} |")
+    for r in out["rows"]:
+        info = r["engines"].get("tvm_metaschedule", {}).get("metaschedule")
+        if info:
+            print(f"tvm_metaschedule {r['workload']}: database {info['database']}, {info['trials_per_task']} trials "
+                  f"per task, {info['tasks_with_records']} of {info['tasks']} tasks with a record, tuned in "
+                  f"{info['tuning_s']:.0f} s{' under load' if info.get('tuning_on_loaded_machine') else ''}")
     fl = out["floors"]
     print(f"\nfloors: copy {fl['copy_GBps']:.1f} GB/s, matmul {fl['matmul_GFLOPs']:.1f} GFLOP/s (numpy, same run)")
 

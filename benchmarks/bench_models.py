@@ -12,8 +12,8 @@ One round = one block of back-to-back calls (``--block`` seconds) of every engin
 seconds of idle time between engines; the latency is the median over rounds of the per-call time of each
 block, with the 25th/75th percentiles and min/max as spread. Every engine's outputs, on the same random
 inputs (``--seed``), are checked against onnxruntime's (default options) with the corpus error measure
-(max |a - b| / max |b| per output); ``--reference`` also checks onnxruntime against onnx's
-ReferenceEvaluator. The table goes to stdout, everything (rounds, kernel counts, schedule sources,
+(max |a - b| / max |b| per output), and every engine's (onnxruntime's too) against onnx's
+ReferenceEvaluator (``--no-reference`` skips that second check). The table goes to stdout, everything (rounds, kernel counts, schedule sources,
 compile time, errors) to the JSON file.
 
 Timings are only meaningful on an otherwise idle machine.
@@ -228,7 +228,8 @@ def main(argv=None) -> int:
     ap.add_argument("--pause", type=float, default=0.5, help="idle seconds between two engines' blocks")
     ap.add_argument("--threads", type=int, default=None, help="threads per engine (default: each engine's own)")
     ap.add_argument("--seed", type=int, default=0, help="seed of the random inputs (same for every engine)")
-    ap.add_argument("--reference", action="store_true", help="also check every engine vs onnx ReferenceEvaluator")
+    ap.add_argument("--reference", action=argparse.BooleanOptionalAction, default=True,
+                    help="also check every engine (onnxruntime too) vs onnx ReferenceEvaluator (default: on)")
     ap.add_argument("--quick", action="store_true", help="3 rounds of 0.02 s blocks: checks that it runs")
     ap.add_argument("--json", default="bench_models.json", help="where to write the results")
     ap.add_argument("--worker", choices=ENGINES, help=argparse.SUPPRESS)
@@ -250,7 +251,9 @@ def main(argv=None) -> int:
         print(f"{n} ...", file=sys.stderr, flush=True)
         results.append(bench_model(entries[n], args))
     print(_table(results, args.engines))
-    doc = {"benchmark": "benchmarks/bench_models.py", "host": platform.node(), "machine": platform.machine(),
+    doc = {"benchmark": "benchmarks/bench_models.py", "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+           "command": " ".join(["python", "benchmarks/bench_models.py"] + (argv if argv is not None else sys.argv[1:])),
+           "load_avg_end": os.getloadavg(), "host": platform.node(), "machine": platform.machine(),
            "processor": platform.processor(), "cpus": os.cpu_count(), "python": platform.python_version(),
            "settings": {k: getattr(args, k) for k in ("rounds", "block", "min_calls", "pause", "threads", "seed",
                                                       "quick", "engines", "reference")},

@@ -31,6 +31,12 @@ workload's structural hash, so records of other shapes do not carry over; it has
     python benchmarks/bench_tuner.py --small --budgets 64 256 1000 --seeds 0 1 2 --transfer \
         -o benchmarks/bench_tuner_small.json --plot benchmarks/plots       # the long study
     python benchmarks/bench_tuner.py --quick                                # smoke run (minutes)
+
+The long study in pieces (one workload x one seed x one budget list per command, e.g. on a quiet machine
+bit by bit); each piece is merged into one JSON (``--merge-into``, see ``merge_results``):
+
+    python benchmarks/bench_tuner.py --workloads matmul_bias_gelu --seeds 0 --budgets 64 256 1000 \
+        --merge-into benchmarks/bench_tuner_study.json
 """
 from __future__ import annotations
 
@@ -316,6 +322,8 @@ def main(argv=None) -> int:
     p.add_argument("--transfer-source-trials", type=int, default=64, help="trials per source shape")
     p.add_argument("--plot", default=None, help="write the curves as PNG into this folder (matplotlib)")
     p.add_argument("-o", "--output", default=None, help="write the results as JSON here")
+    p.add_argument("--merge-into", default=None,
+                   help="merge this run (a piece of the study) into this JSON, created if missing")
     p.add_argument("--keep", action="store_true", help="keep the work directories (logs of both tuners)")
     args = p.parse_args(argv)
     if args.quick:
@@ -328,7 +336,8 @@ def main(argv=None) -> int:
     if not args.ms_trials_per_iter:
         args.ms_trials_per_iter = min(budgets[0], 64)
     target = tvmfuse.host_target()
-    results = {"host": platform.processor() or platform.machine(), "target": str(target),
+    results = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+               "host": platform.processor() or platform.machine(), "target": str(target),
                "cpus": os.cpu_count(), "load_avg_start": os.getloadavg(), "budgets": budgets,
                "seeds": args.seeds, "small": args.small, "quick": args.quick,
                "ms_trials_per_iter": None if args.skip_ms else args.ms_trials_per_iter,
@@ -360,10 +369,66 @@ def main(argv=None) -> int:
             save()
     results["load_avg_end"] = os.getloadavg()
     save()
+    if args.merge_into:
+        merged = None
+        if os.path.exists(args.merge_into):
+            with open(args.merge_into) as f:
+                merged = json.load(f)
+        results = merge_results(merged, results)
+        with open(args.merge_into, "w") as f:
+            f.write(json.dumps(results, indent=2, default=float) + "\n")
+        print(f"merged into {args.merge_into} (piece {len(results['pieces']) - 1})")
     print_table(results)
     if args.plot:
         plot_curves(results, args.plot)
     return 0
+
+
+PIECE_KEYS = ("date", "command", "host", "cpus", "load_avg_start", "load_avg_end", "budgets", "seeds",
+              "ms_trials_per_iter")
+SAME_KEYS = ("target", "small", "quick", "check")   # pieces merged into one study must agree on these
+
+
+def merge_results(old: dict | None, new: dict) -> dict:
+    """One study from pieces: ``new`` (this run's results) merged into ``old`` (a study JSON, or None).
+    Each run is a piece (``pieces``: its date, command, load, budgets, seeds); every budget cell and
+    transfer cell records the piece it came from.  Cells of a (workload, seed) already present are kept
+    unless this piece has the same budget (then replaced); the seed's curves and default timing are the
+    piece's with the longest curve.  Pieces of another target, shape set or check are refused."""
+    new = json.loads(json.dumps(new, default=float))            # int keys -> str, as read back from JSON
+    if old is None:
+        old = {**{k: new[k] for k in SAME_KEYS}, "pieces": [], "workloads": {}, "transfer": {}}
+    for k in SAME_KEYS:
+        if old.get(k) != new.get(k):
+            raise ValueError(f"cannot merge: this run's {k} is {new.get(k)!r}, the study's is {old.get(k)!r}")
+    idx = len(old["pieces"])
+    old["pieces"].append({k: new.get(k) for k in PIECE_KEYS} | {"workloads": list(new["workloads"])})
+    for name, row in new["workloads"].items():
+        if "seeds" not in row:
+            old["workloads"].setdefault(name, row | {"piece": idx})
+            continue
+        dst = old["workloads"].setdefault(name, {k: v for k, v in row.items() if k != "seeds"} | {"seeds": {}})
+        if dst.get("shape") != row["shape"]:
+            raise ValueError(f"cannot merge {name}: shape {row['shape']} vs the study's {dst.get('shape')}")
+        for seed, cell in row["seeds"].items():
+            for c in cell["budgets"].values():
+                c["piece"] = idx
+            cell["piece"] = idx
+            have = dst["seeds"].get(seed)
+            if have is None:
+                dst["seeds"][seed] = cell
+                continue
+            longer = cell if (len(cell["tvmfuse_curves"]["trial_costs"])
+                              >= len(have["tvmfuse_curves"]["trial_costs"])) else have
+            budgets = {**have["budgets"], **cell["budgets"]}
+            dst["seeds"][seed] = {**longer, "budgets": dict(sorted(budgets.items(), key=lambda kv: int(kv[0])))}
+    for name, tr in new.get("transfer", {}).items():
+        dst = old["transfer"].setdefault(name, {k: v for k, v in tr.items() if k != "seeds"} | {"seeds": {}})
+        if dst.get("shape") != tr.get("shape") or dst.get("sources") != tr.get("sources"):
+            raise ValueError(f"cannot merge the transfer study of {name}: shape/sources differ from the study's")
+        for seed, cell in tr.get("seeds", {}).items():
+            dst.setdefault("seeds", {})[seed] = cell | {"piece": idx}
+    return old
 
 
 def plot_curves(results, folder) -> None:

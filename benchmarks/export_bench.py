@@ -3,15 +3,18 @@
 Each load is timed in a fresh interpreter: `import tvmfuse` and `tvmfuse.load(...)` separately, then the
 first and the median of 10 further inferences.
 
-    python benchmarks/export_bench.py [--quick] [--target T]
+    python benchmarks/export_bench.py [--quick] [--target T] [--json benchmarks/export_bench.json]
 """
 from __future__ import annotations
 
 import argparse
 import json
+import os
+import platform
 import subprocess
 import sys
 import tempfile
+import time
 
 import tvmfuse
 from tvmfuse import models as M
@@ -37,11 +40,13 @@ print(json.dumps({"import_s": t1 - t0, "load_s": t2 - t1, "first_run_s": t3 - t2
 """
 
 
-def main() -> int:
+def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--quick", action="store_true", help="small models")
     p.add_argument("--target", default=None)
-    args = p.parse_args()
+    p.add_argument("--json", default=None, help="also write the rows, date, machine and command here")
+    args = p.parse_args(argv)
+    rows = []
     print(f"{'model':18} {'form':5} {'size':>10} {'import':>9} {'load':>9} {'1st run':>9} {'run':>9}")
     with tempfile.TemporaryDirectory() as tmp:
         for name, build in M.DEMO_MODELS.items():
@@ -51,8 +56,18 @@ def main() -> int:
                 r = subprocess.run([sys.executable, "-c", _TIMER, out], capture_output=True, text=True,
                                    check=True)
                 t = json.loads(r.stdout.strip().splitlines()[-1])
+                rows.append({"model": name, "form": form, "bytes": artifact_size(out), **t})
                 print(f"{name:18} {form:5} {artifact_size(out) / 1e3:>7.1f} kB {t['import_s']:>8.2f}s "
                       f"{t['load_s'] * 1e3:>7.1f}ms {t['first_run_s'] * 1e3:>7.2f}ms {t['run_s'] * 1e3:>7.3f}ms")
+    if args.json:
+        doc = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+               "machine": platform.processor() or platform.machine(), "cpus": os.cpu_count(),
+               "load_avg_end": os.getloadavg(), "target": args.target or "host", "quick": args.quick,
+               "command": " ".join(["python", "benchmarks/export_bench.py"]
+                                   + (argv if argv is not None else sys.argv[1:])), "rows": rows}
+        with open(args.json, "w") as f:
+            json.dump(doc, f, indent=1)
+        print(f"wrote {args.json}")
     return 0
 
 

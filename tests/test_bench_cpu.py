@@ -1,0 +1,110 @@
+"""benchmarks/bench_cpu.py's checks and its MetaSchedule database route (tune once, compile from the stored
+database): no timing, no tuning (the database is written by hand with one record)."""
+import importlib.util
+import json
+import os
+
+import numpy as np
+import pytest
+
+import tvmfuse
+from tvmfuse import _compat as C
+from tvmfuse import models as M
+
+from conftest import named_target
+
+_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+_spec = importlib.util.spec_from_file_location("bench_cpu", os.path.join(_ROOT, "benchmarks", "bench_cpu.py"))
+B = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(B)
+
+ROWS, D = 16, 64
+
+
+def _model():
+    return M.layernorm(rows=ROWS, d=D, decomposed=False)
+
+
+def _hand_database(model, target, db_dir, trials=1):
+    """A MetaSchedule JSON database in ``db_dir`` with one record for the layernorm task: its output
+    block's outer loop parallel (what a tuning run would have stored), and the tuning info beside it."""
+    ms = C.meta_schedule
+    os.makedirs(db_dir, exist_ok=True)
+    (task,) = B._ms_tasks(tvmfuse.load_onnx(model), target)
+    mod = task.dispatched[0]
+    sch = C.Schedule(mod)
+    sch.parallel(sch.get_loops(sch.get_sblock("T_layer_norm"))[0])
+    db = ms.database.JSONDatabase(work_dir=str(db_dir))
+    workload = db.commit_workload(mod)
+    db.commit_tuning_record(ms.database.TuningRecord(sch.trace, workload, [1e-3], target,
+                                                     ms.arg_info.ArgInfo.from_prim_func(mod["main"])))
+    with open(os.path.join(db_dir, B.MS_TUNING_INFO), "w") as f:
+        json.dump({"database": str(db_dir), "trials_per_task": trials, "tasks": 1, "tuning_s": 0.0}, f)
+
+
+def _loop_kinds(func):
+    kinds = []
+    C.post_order_visit(func.body, lambda n: kinds.append(int(n.kind)) if isinstance(n, C.tirx.For) else None)
+    return kinds
+
+
+def test_from_db_applies_the_stored_schedule(tmp_path):
+    """Structural: static_shape_tuning with total_trials=0 on a folder with a record gives the recorded
+    schedule (a parallel loop), and without the record TVM's default nest (no parallel loop)."""
+    target = named_target("skx-2")
+    _hand_database(_model(), target, tmp_path / "db")
+    for db_dir, parallel in ((tmp_path / "db", True), (tmp_path / "empty", False)):
+        os.makedirs(db_dir, exist_ok=True)
+        with target:
+            mod = C.relax_get_pipeline("static_shape_tuning", total_trials=0, target=target,
+                                       work_dir=str(db_dir))(tvmfuse.load_onnx(_model()))
+        (func,) = [f for _, f in mod.functions.items() if isinstance(f, C.PrimFunc)]
+        assert (int(C.ForKind.PARALLEL) in _loop_kinds(func)) == parallel, db_dir
+
+
+def test_from_db_build_matches_reference(tmp_path, host, rng):
+    """Numeric: the executable compiled from the stored database computes the ONNX reference's outputs,
+    and the row records the database's tuning info and that its one task had a record."""
+    model = _model()
+    _hand_database(model, host, tmp_path)
+    ex, info = B._metaschedule(model, host, 0, str(tmp_path), from_db=True)
+    assert info["from_db"] and info["tasks_with_records"] == 1 and info["trials_per_task"] == 1
+    feeds = {k: rng.standard_normal(v.shape).astype(v.dtype) for k, v in M.random_feeds(model).items()}
+    ref = list(M.reference_outputs(model, feeds).values())
+    out = B._as_arrays(B._vm_call(ex, feeds)())
+    np.testing.assert_allclose(out[0], ref[0], rtol=B.CHECK_RTOL, atol=B.CHECK_ATOL)
+
+
+def test_from_db_without_database_names_the_folder(tmp_path):
+    with pytest.raises(ValueError, match="no MetaSchedule database.*database_workload.json"):
+        B._ms_info(str(tmp_path), 0)
+
+
+def test_from_db_refuses_another_trial_budget(tmp_path):
+    _hand_database(_model(), named_target("skx-2"), tmp_path, trials=64)
+    assert B._ms_info(str(tmp_path), 64)["trials_per_task"] == 64
+    with pytest.raises(ValueError, match="--ms-trials 32 but .* 64 trials per task"):
+        B._ms_info(str(tmp_path), 32)
+
+
+def test_tuning_refuses_an_existing_database(tmp_path):
+    """Tuning into a folder that has a database would mix two runs' records: refused before any tuning."""
+    _hand_database(_model(), named_target("skx-2"), tmp_path)
+    with pytest.raises(ValueError, match="already in"):
+        B._ms_tune(tvmfuse.load_onnx(_model()), named_target("skx-2"), 4, str(tmp_path))
+
+
+def test_from_db_needs_a_work_dir():
+    with pytest.raises(SystemExit):
+        B.main(["--ms-from-db", "--no-models"])
+
+
+def test_check_outputs_fails_on_wrong_values_and_shapes(tmp_path, rng):
+    ref = [rng.standard_normal((4, 8)).astype(np.float32)]
+    path = str(tmp_path / "out.npz")
+    np.savez(path, out0=ref[0])
+    assert B.check_outputs(path, ref)["check"] == "pass"
+    np.savez(path, out0=ref[0] + 1e-2)
+    assert B.check_outputs(path, ref)["check"] == "FAIL"
+    np.savez(path, out0=ref[0][:2])
+    assert "shape" in B.check_outputs(path, ref)["why"]
