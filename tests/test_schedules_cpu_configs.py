@@ -106,7 +106,6 @@ def test_default_is_a_typed_point_of_the_space(family, tname):
     ("cpu.symbolic_rows", "vector_mult", 2, "vector_mult", 2),
     ("cpu.elementwise", "unroll", 4, "unroll", 4),
     ("cpu.elementwise", "vector_mult", 2, "vector_mult", 2),
-    ("cpu.elementwise", "min_vectors_per_core", 10 ** 6, "parallel", False),
     ("cpu.row_reduction", "unroll", 2, "unroll", 2),
     ("cpu.row_reduction", "max_rf_vectors", 1, "rf_width", 8),          # haswell: 8 lanes
     ("cpu.row_reduction", "min_rows_per_core", 10 ** 6, "parallel", False),
