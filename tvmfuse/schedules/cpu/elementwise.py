@@ -19,7 +19,7 @@ from . import common as U
 
 UNROLL = (1, 2, 4, 8)          # vectors per iteration of the innermost scalar loop
 VECTOR_MULT = (1, 2)           # vector lanes = target lanes x this (2: two registers per step)
-FAMILY = "cpu.elementwise"     # its defaults (vector_mult, unroll, unroll_min_vectors_per_core)): the target table
+FAMILY = "cpu.elementwise"     # its defaults (vector_mult, unroll, unroll_min_vectors_per_core): the target table
 
 
 @dataclass(frozen=True)
