@@ -18,6 +18,8 @@ from tvmfuse import _compat as C
 from tvmfuse.pipeline import PipelineOptions, graph_stage
 from tvmfuse.schedules import schedule_prim_func
 from tvmfuse.schedules.cpu import TEMPLATES
+from tvmfuse.schedules.cpu.common import parallel_why_not
+from tvmfuse.schedules.cpu.conv2d import conv_work
 
 from conftest import NAMED_TARGETS, assert_close_to_reference, named_target
 from test_schedules_cpu import _structure
@@ -123,7 +125,10 @@ def test_conv_structure(kwargs, family, tname):
     pad_elems = _numel(func.params[0].shape)
     assert all(e < pad_elems for _, e in allocs), f"{name}: padded input materialized whole: {allocs}"
     assert int(C.ForKind.VECTORIZED) in kinds, f"{name}: no vectorized loop"
-    assert kinds[0] == int(C.ForKind.PARALLEL), f"{name}: outer loop not parallel: {kinds[:3]}"
+    if parallel_why_not(conv_work(match.info), target) is None:
+        assert kinds[0] == int(C.ForKind.PARALLEL), f"{name}: outer loop not parallel: {kinds[:3]}"
+    else:       # under the target's fork/join cost (common.parallel_why_not): no parallel loop at all
+        assert int(C.ForKind.PARALLEL) not in kinds, f"{name}: a parallel loop under the fork/join cost"
 
 
 @pytest.mark.parametrize("family,kwargs,samples", [

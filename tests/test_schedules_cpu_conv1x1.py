@@ -21,7 +21,7 @@ from tvmfuse import target as TG
 from tvmfuse.pipeline import PipelineOptions, graph_stage
 from tvmfuse.schedules import schedule_prim_func
 from tvmfuse.schedules.base import schedule_with
-from tvmfuse.schedules.cpu.common import MAX_UNROLLED_COPIES
+from tvmfuse.schedules.cpu.common import MAX_UNROLLED_COPIES, PARALLEL_FAMILY, min_parallel_work
 from tvmfuse.schedules.cpu.conv1x1 import FAMILY, Conv1x1, parallel_why_not
 
 import schedule_cases as S
@@ -94,8 +94,8 @@ def test_structure(cout, cin, hw, epi, target, lanes):
     assert S.vector_lanes(res.func) == {cfg["lanes"]}, (S.vector_lanes(res.func), cfg)
     assert not S.scalarized_loops(res.func), "a vectorized loop was scalarized"
     parallel = [f for f in S.loops(res.func) if int(f.kind) == int(C.ForKind.PARALLEL)]
-    # one parallel loop (the weights need no copy); none under min_parallel_macs (64x16 on 2x2, 96x24 on 7x7)
-    wanted = int(cout * cin * hw * hw >= TG.template_defaults(tgt, FAMILY)["min_parallel_macs"])
+    # one parallel loop (the weights need no copy); none under the fork/join cost (64x16 on 2x2, 96x24 on 7x7)
+    wanted = int(cout * cin * hw * hw >= min_parallel_work(tgt))
     assert len(parallel) == wanted, f"{len(parallel)} parallel loops, expected {wanted}"
     allocs, _ = _structure(res.func)
     out_elems = cout * hw * hw
@@ -197,22 +197,23 @@ def _parallel_loops(func) -> int:
 
 @pytest.mark.parametrize("target", S.NAMED_TARGETS, ids=["haswell", "skylake"])
 def test_parallel_threshold_comes_from_the_target_table(monkeypatch, target):
-    """min_parallel_macs (template_defaults["cpu.conv1x1"]) decides: a 64x16 conv on 15x15 (230400
-    multiply-adds) has one parallel loop; with the threshold raised above it, none (a fork/join would cost
-    more than the work), with the same template, tile and vectors."""
+    """The shared fork/join cost (template_defaults["cpu.parallel"]) decides: a 64x16 conv on 15x15 (230400
+    multiply-adds) has one parallel loop; with the cost raised above it, none (a fork/join would cost
+    more than the work), with the same template, tile and vectors; the choice is the config's parallel knob."""
     tgt = tvmfuse.parse_target(target)
     model = _model(64, 16, 15, "bias_relu")
     name, func = _kernel(model, tgt)
     before = schedule_prim_func(func, tgt, {}, name)
     assert before.template == FAMILY and _parallel_loops(before.func) == 1
-    assert Conv1x1().match(func, tgt).info["parallel"]
+    assert before.config["parallel"] and parallel_why_not(Conv1x1().match(func, tgt).info, tgt) is None
     table = json.loads(json.dumps(TG.cpu_table()))
-    table["template_defaults"][FAMILY]["min_parallel_macs"] = 64 * 16 * 225 + 1
+    cores = TG.cpu_info(tgt).cores
+    table["template_defaults"][PARALLEL_FAMILY]["fork_join_work_per_core"] = 64 * 16 * 225 // cores + 1
     monkeypatch.setattr(TG, "cpu_table", lambda: table)
-    assert "under min_parallel_macs" in parallel_why_not(Conv1x1().match(func, tgt).info, tgt)
+    assert "under the fork/join cost" in parallel_why_not(Conv1x1().match(func, tgt).info, tgt)
     after = schedule_prim_func(func, tgt, {}, name)
-    assert after.template == FAMILY and after.config == before.config
-    assert _parallel_loops(after.func) == 0, "a parallel loop under min_parallel_macs"
+    assert after.template == FAMILY and after.config == {**before.config, "parallel": False}
+    assert _parallel_loops(after.func) == 0, "a parallel loop under the fork/join cost"
     assert S.vector_lanes(after.func) == S.vector_lanes(before.func)
     assert not S.scalarized_loops(after.func)
 
@@ -220,7 +221,7 @@ def test_parallel_threshold_comes_from_the_target_table(monkeypatch, target):
 def test_serial_conv_numerics_vs_reference(monkeypatch, host, rng):
     """The same conv made serial by the threshold (on the host) matches onnx's reference on fresh inputs."""
     table = json.loads(json.dumps(TG.cpu_table()))
-    table["template_defaults"][FAMILY]["min_parallel_macs"] = 1 << 40
+    table["template_defaults"][PARALLEL_FAMILY]["fork_join_work_per_core"] = 1 << 40
     monkeypatch.setattr(TG, "cpu_table", lambda: table)
     model = _model(96, 24, 7, "bn_relu_residual")
     tgt = tvmfuse.parse_target(host)

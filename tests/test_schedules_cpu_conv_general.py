@@ -15,8 +15,8 @@ from tvmfuse import _compat as C
 from tvmfuse import models as M
 from tvmfuse.explain import Recorder
 from tvmfuse.schedules import schedule_prim_func
-from tvmfuse.schedules.cpu.common import MAX_UNROLLED_COPIES
-from tvmfuse.schedules.cpu.conv1x1 import Conv1x1, parallel_why_not
+from tvmfuse.schedules.cpu.common import MAX_UNROLLED_COPIES, parallel_why_not
+from tvmfuse.schedules.cpu.conv2d import conv_work, find_conv
 
 import schedule_cases as S
 
@@ -80,8 +80,9 @@ def test_conv_family_structure_and_code_size(case, kwargs, family, target):
     name, func, res = _conv_kernel(S.conv(**kwargs), tgt)
     assert res is not None and res.template == family, f"{case}: {res and res.template}"
     kinds = S.kinds(res.func)
-    # cpu.conv1x1 under min_parallel_macs runs serial (tests/test_schedules_cpu_conv1x1.py)
-    serial = family == CONV1X1 and parallel_why_not(Conv1x1().match(func, tgt).info, tgt) is not None
+    # a conv under the target's fork/join cost runs serial (common.parallel_why_not, every conv family)
+    info = find_conv(func, depthwise=family == "cpu.depthwise_conv2d_epilogue") or find_conv(func, depthwise=False)
+    serial = parallel_why_not(conv_work(info), tgt) is not None
     assert (int(C.ForKind.PARALLEL) in kinds) != serial, f"{case}: parallel loop {not serial} wanted"
     assert int(C.ForKind.VECTORIZED) in kinds, f"{case}: no vectorized loop"
     copies = S.max_unrolled_copies(res.func)

@@ -19,6 +19,7 @@ import tvmfuse
 from tvmfuse import _compat as C
 from tvmfuse.schedules import schedule_prim_func
 from tvmfuse.schedules.base import schedule_with
+from tvmfuse.schedules.cpu.common import parallel_why_not
 from tvmfuse.schedules.cpu.pooling import FAMILY, WindowPool
 
 import schedule_cases as S
@@ -89,8 +90,17 @@ def test_structure(name, kwargs, target):
     kname, func = _kernel(_pool_model(**kwargs), tgt)
     res = schedule_prim_func(func, tgt, {}, kname)
     assert res is not None and res.template == FAMILY, res and res.template
+    # a pool under the target's fork/join cost (common.parallel_why_not) has no parallel loop; the nest's
+    # structure is then checked on the same config with the parallel knob on
+    match = WindowPool().match(func, tgt)
+    wanted = parallel_why_not(match.info["work"], tgt) is None
+    assert res.config["parallel"] is wanted
     parallel = [f for f in S.loops(res.func) if int(f.kind) == int(C.ForKind.PARALLEL)]
-    assert len(parallel) == 1, f"{len(parallel)} parallel loops"
+    assert len(parallel) == int(wanted), f"{len(parallel)} parallel loops"
+    if not wanted:
+        res.func = schedule_with(WindowPool(), match, func, {**res.config, "parallel": True})
+        parallel = [f for f in S.loops(res.func) if int(f.kind) == int(C.ForKind.PARALLEL)]
+        assert len(parallel) == 1, f"{len(parallel)} parallel loops"
     # the padded input (or the input's copy) is computed inside the parallel loop over the planes
     inner = []
     C.post_order_visit(parallel[0].body, lambda n: inner.append(n) if isinstance(n, C.tirx.For) else None)

@@ -92,12 +92,12 @@ def test_template_defaults_from_the_table_and_per_cpu_override(monkeypatch):
     table = json.loads(json.dumps(TG.cpu_table()))
     assert TG.template_defaults(_target("haswell"), "cpu.elementwise") == \
         table["template_defaults"]["cpu.elementwise"]
-    table["cpus"]["znver4"]["template_defaults"] = {"cpu.elementwise": {"min_vectors_per_core": 7}}
+    table["cpus"]["znver4"]["template_defaults"] = {"cpu.elementwise": {"unroll": 7}}
     monkeypatch.setattr(TG, "cpu_table", lambda: table)
     got = TG.template_defaults(_target("znver4"), "cpu.elementwise")
-    assert got == {**table["template_defaults"]["cpu.elementwise"], "min_vectors_per_core": 7}
-    assert TG.template_defaults(_target("znver3"), "cpu.elementwise")["min_vectors_per_core"] == \
-        table["template_defaults"]["cpu.elementwise"]["min_vectors_per_core"]
+    assert got == {**table["template_defaults"]["cpu.elementwise"], "unroll": 7}
+    assert TG.template_defaults(_target("znver3"), "cpu.elementwise")["unroll"] == \
+        table["template_defaults"]["cpu.elementwise"]["unroll"]
     with pytest.raises(TargetError, match="no template_defaults for 'cpu.nope'"):
         TG.template_defaults(_target("znver3"), "cpu.nope")
 

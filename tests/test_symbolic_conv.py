@@ -20,6 +20,7 @@ from tvmfuse import _compat as C
 from tvmfuse import models as M
 from tvmfuse.pipeline import PipelineOptions, graph_stage
 from tvmfuse.schedules import schedule_prim_func
+from tvmfuse.schedules.base import schedule_with
 from tvmfuse.schedules.cpu import TEMPLATES
 
 from conftest import NAMED_TARGETS, named_target
@@ -144,6 +145,17 @@ def _loop_nest(func, batch=None, size=1):
     return loops
 
 
+def _as_over_a_symbolic_batch(static, func, target, parallel: bool):
+    """(config, func) of the static kernel ``static`` (scheduled from ``func``) as a symbolic batch schedules it:
+    the work of a symbolic batch grows with the batch, so its kernel keeps the parallel loop
+    (``common.parallel_why_not``) where the static one is under the target's fork/join cost and serial."""
+    if not parallel or static.config.get("parallel", True):
+        return static.config, static.func
+    tmpl = next(t for t in TEMPLATES if t.family == static.template)
+    config = {**static.config, "parallel": True}
+    return config, schedule_with(tmpl, tmpl.match(func, target), func, config)
+
+
 @pytest.mark.parametrize("tname", ["haswell-2", "skx-2", "skx-32"])
 @pytest.mark.parametrize("name, kwargs, families", CASES, ids=IDS)
 def test_symbolic_batch_kernel_has_the_static_loop_nest(name, kwargs, families, tname):
@@ -162,8 +174,9 @@ def test_symbolic_batch_kernel_has_the_static_loop_nest(name, kwargs, families, 
         if "buckets" in res.config:
             _check_buckets(res, kname, kwargs, target, batch)
             continue
-        assert res.config == ref.config, f"{kname}: knobs differ from the static batch-1 kernel's"
-        nest, want = _loop_nest(res.func, batch), _loop_nest(ref.func)
+        ref_config, ref_func = _as_over_a_symbolic_batch(ref, static[kname], target, res.config.get("parallel", True))
+        assert res.config == ref_config, f"{kname}: knobs differ from the static batch-1 kernel's"
+        nest, want = _loop_nest(res.func, batch), _loop_nest(ref_func)
         assert nest == want, f"{kname} ({res.template}): loop nest differs from the static one"
         kinds = [k for k, _ in nest]
         assert int(C.ForKind.VECTORIZED) in kinds and int(C.ForKind.PARALLEL) in kinds, kname
@@ -192,9 +205,11 @@ def _check_buckets(res, kname, kwargs, target, batch_var):
     branch = res.func.body.block.body
     assert isinstance(branch, C.tirx.IfThenElse), f"{kname}: the buckets are not one branch on the batch"
     for b, nest, batch in zip(buckets, (branch.then_case, branch.else_case), (small, small + 1)):
-        static = schedule_prim_func(_fused_prim_funcs(cnn_block(batch, **kwargs), target)[kname], target, {}, kname)
-        assert b["config"] == static.config, f"{kname} at batch {batch}"
-        assert _loop_nest(nest, batch_var, batch) == _loop_nest(static.func), f"{kname} at batch {batch}"
+        sfunc = _fused_prim_funcs(cnn_block(batch, **kwargs), target)[kname]
+        static = schedule_prim_func(sfunc, target, {}, kname)
+        config, sched = _as_over_a_symbolic_batch(static, sfunc, target, b["config"].get("parallel", True))
+        assert b["config"] == config, f"{kname} at batch {batch}"
+        assert _loop_nest(nest, batch_var, batch) == _loop_nest(sched), f"{kname} at batch {batch}"
     knob, values = BUCKET_KNOB[res.template]
     assert [b["config"][knob] for b in buckets] == values, buckets
 

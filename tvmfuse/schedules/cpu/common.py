@@ -11,8 +11,8 @@ from dataclasses import dataclass
 from ... import _compat as C
 from ...analysis import CONTRACTION
 from ...analysis import epilogue_of as own_index_consumer, nearest as nearest_choice  # noqa: F401 (shared helpers)
-from ...target import template_defaults
-from ..base import Template
+from ...target import cpu_info, template_defaults
+from ..base import Template, knob
 
 SPATIAL = 0   # IterVar.iter_type of a data-parallel block iterator (kDataPar)
 REDUCE = 2    # IterVar.iter_type of a reduction block iterator (kCommReduce)
@@ -50,6 +50,52 @@ class CpuTemplate(Template):
 
     def table_defaults(self, target: C.Target) -> dict:
         return template_defaults(target, self.family)
+
+
+# ---------------------------------------------------------------- the parallel decision (issues 11/12)
+# One rule for every CPU family: a kernel whose work is under the target's fork/join cost runs serial.
+# The cost is ``template_defaults["cpu.parallel"]["fork_join_work_per_core"]`` (schedules/cpu_targets.json,
+# per target) times the target's cores: a launch on more threads wakes and joins more of them.  Work is
+# counted in scalar operations of the kernel's loop nest (multiply-adds of a conv or matmul, window steps
+# of a pooling, elements of an elementwise kernel or a reduction's input).  The decision is a knob
+# (``parallel``) of each family's config, so the chosen config records it and the tuner may flip it.
+PARALLEL_FAMILY = "cpu.parallel"
+PARALLEL = (True, False)
+
+
+def parallel_knob(default: bool | None = None):
+    """The ``parallel`` field of a family's typed config (see :func:`parallel_default`); ``default``: for a
+    config that other families construct without it (``cpu.symbolic_matmul``'s ``MatmulConfig``: True)."""
+    f = knob("parallel outer loop (False: the kernel's work is under the target's fork/join cost)", PARALLEL)
+    if default is not None:
+        f.default = default
+    return f
+
+
+def min_parallel_work(target: C.Target) -> int:
+    """Scalar operations below which a kernel runs serial on ``target``: the table's
+    ``fork_join_work_per_core`` x the target's cores (a 1-core target: never parallel)."""
+    cores = cpu_info(target).cores
+    if cores <= 1:
+        return 1 << 62
+    return int(template_defaults(target, PARALLEL_FAMILY)["fork_join_work_per_core"]) * cores
+
+
+def parallel_why_not(work: int | None, target: C.Target, unit: str = "scalar operations") -> str | None:
+    """None when a kernel of ``work`` operations is worth a parallel loop on ``target``, else why it runs
+    serial.  ``work`` None (a symbolic extent: the work grows with the batch) is always parallel."""
+    if work is None:
+        return None
+    limit = min_parallel_work(target)
+    if work < limit:
+        return (f"{work} {unit}, under the fork/join cost of {limit} ({PARALLEL_FAMILY}.fork_join_work_per_core x "
+                f"{cpu_info(target).cores} cores)")
+    return None
+
+
+def parallel_default(work: int | None, target: C.Target) -> bool:
+    """The default of the ``parallel`` knob: :func:`parallel_why_not` found nothing against it."""
+    return parallel_why_not(work, target) is None
 
 
 def matmul_anchors(group) -> list:

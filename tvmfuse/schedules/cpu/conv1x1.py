@@ -41,6 +41,7 @@ class Conv1x1Config(Config):
     nvec: int = knob("vectors of output channels per register-tile row", NVEC_CHOICES)
     lanes: int = knob("float32 lanes per vector (the target's width, or half)")
     k_unroll: int = knob("unroll of the input-channel (reduction) loop", K_UNROLL)
+    parallel: bool = U.parallel_knob()
 
 
 def pixels(info: dict) -> int:
@@ -75,16 +76,10 @@ def macs(info: dict) -> int:
 
 
 def parallel_why_not(info: dict, target: C.Target) -> str | None:
-    """None when the conv is worth a parallel loop on ``target``, else why it runs serial: under
-    ``min_parallel_macs`` multiply-adds the thread pool's fork/join (2-3 us per launch measured under load,
-    benchmarks/launch_cost.py) costs more than splitting the work saves (issues 11/12).  Over a symbolic
-    batch the work grows with the batch: always parallel (the batch is in the parallel loop)."""
-    if info["N"] is None:
-        return None
-    limit = template_defaults(target, FAMILY)["min_parallel_macs"]
-    if macs(info) < limit:
-        return f"{macs(info)} multiply-adds, under min_parallel_macs {limit}"
-    return None
+    """None when the conv is worth a parallel loop on ``target``, else why it runs serial: the shared rule
+    of the CPU families (``common.parallel_why_not``) on its multiply-adds.  Over a symbolic batch the work
+    grows with the batch: always parallel (the batch is in the parallel loop)."""
+    return U.parallel_why_not(None if info["N"] is None else macs(info), target, "multiply-adds")
 
 
 def channel_lanes(out_channels: int, target: C.Target) -> list[int]:
@@ -111,12 +106,6 @@ class Conv1x1(ChannelLanesConv, family=FAMILY, config=Conv1x1Config):
     def why_not(self, info: dict, target: C.Target) -> str | None:
         return small_plane_why(info, target)
 
-    def match(self, func: C.PrimFunc, target: C.Target) -> Match | None:
-        m = super().match(func, target)
-        if m is not None:
-            m.info["parallel"] = parallel_why_not(m.info, target) is None
-        return m
-
     # ------------------------------------------------------------------ knobs
     def space(self, match: Match, target: C.Target) -> KnobSpace:
         i = match.info
@@ -124,7 +113,8 @@ class Conv1x1(ChannelLanesConv, family=FAMILY, config=Conv1x1Config):
         vectors = i["F"] // min(lanes)
         return Conv1x1Config.space(mr=U.choices_upto(MR_CHOICES, pixels(i)),
                                    nvec=U.choices_upto(NVEC_CHOICES, vectors),
-                                   lanes=tuple(lanes), k_unroll=U.choices_upto(K_UNROLL, i["RC"]))
+                                   lanes=tuple(lanes), k_unroll=U.choices_upto(K_UNROLL, i["RC"]),
+                                   parallel=U.PARALLEL)
 
     def default_config(self, match: Match, target: C.Target) -> dict:
         info, d, i = cpu_info(target), self.table_defaults(target), match.info
@@ -139,8 +129,8 @@ class Conv1x1(ChannelLanesConv, family=FAMILY, config=Conv1x1Config):
         mr, nvec = pick_register_tile(pixels(i), i["F"], lanes, regs, ch["mr"], nvecs, on_stack)
         unroll = d["k_unroll"]
         return Conv1x1Config(mr=mr, nvec=nvec, lanes=lanes,
-                             k_unroll=U.nearest_choice(ch["k_unroll"], unroll if i["RC"] % unroll == 0 else 1)
-                             ).asdict()
+                             k_unroll=U.nearest_choice(ch["k_unroll"], unroll if i["RC"] % unroll == 0 else 1),
+                             parallel=parallel_why_not(i, target) is None).asdict()
 
     # ------------------------------------------------------------------ apply
     def apply(self, sch: C.Schedule, match: Match, config: dict) -> None:
@@ -165,7 +155,7 @@ class Conv1x1(ChannelLanesConv, family=FAMILY, config=Conv1x1Config):
             pf, pc, pky, pkx = sch.get_loops(pack)
             pf0, pf1 = sch.split(pf, factors=[None, lanes])
             sch.reorder(pf0, pc, pky, pkx, pf1)
-            if info["parallel"]:
+            if cfg.parallel:
                 sch.parallel(pf0)
             sch.vectorize(pf1)
 
@@ -183,7 +173,7 @@ class Conv1x1(ChannelLanesConv, family=FAMILY, config=Conv1x1Config):
         p0, p1 = sch.split(p, factors=[None, cfg.mr])
         sch.reorder(n, f0, p0, p1, f1)
         band = sch.fuse(n, f0, p0)
-        if info["parallel"]:              # a tiny conv stays serial: parallel_why_not
+        if cfg.parallel:                  # a tiny conv stays serial: parallel_why_not
             sch.parallel(band)
 
         # Step 5. The conv on each register tile: input channels outermost (unrolled by k_unroll), then the

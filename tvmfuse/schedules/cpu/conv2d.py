@@ -71,6 +71,14 @@ def batch_size(info: dict) -> int:
     return info.get("bucket_batch", U.SYMBOLIC_BATCH_NOMINAL) if info["N"] is None else info["N"]
 
 
+def conv_work(info: dict) -> int | None:
+    """Multiply-adds of the conv (``find_conv``'s info; a depthwise conv's RC is 1), the work the shared
+    parallel rule (``common.parallel_why_not``) weighs; None over a symbolic batch (grows with it)."""
+    if info["N"] is None:
+        return None
+    return info["N"] * info["F"] * info["OH"] * info["OW"] * info["RC"] * info["KH"] * info["KW"]
+
+
 @dataclass(frozen=True)
 class Conv2DConfig(Config):
     """The knobs of ``cpu.conv2d_epilogue``: the register tile, the reduction's unrolling, the parallel loop
@@ -83,6 +91,7 @@ class Conv2DConfig(Config):
     ic_tile: int = knob("input channels per unrolled reduction step")
     unroll: int = knob("window loops unrolled (0 none, 1 kw, 2 kh+kw)")
     parallel_depth: int = knob("outer loops fused into the parallel loop", PARALLEL_DEPTH)
+    parallel: bool = U.parallel_knob()
     fuse_rows: bool = knob("1x1 stride-1 conv or im2col: the tile's rows (ow_tile = OW) vectorized as one run of "
                            "pixels")
     deinterleave: bool = knob("strided conv without im2col: padded input stored by column phase (contiguous "
@@ -283,18 +292,20 @@ def prepare_conv(sch: C.Schedule, info: dict, deinterleave: bool):
     return conv, epi
 
 
-def finish_conv(sch: C.Schedule, conv, first_reduction_loop, input_block: str | None, band, lanes: int) -> None:
+def finish_conv(sch: C.Schedule, conv, first_reduction_loop, input_block: str | None, band, lanes: int,
+                parallel: bool = True) -> None:
     """Steps shared by the conv templates, after the register tile: the accumulator in registers,
     initialized (vectorized) before ``first_reduction_loop``; the input block (padding or im2col copy)
     computed per parallel iteration ``band``, vectorized along its rows, or (``band`` None) once for the
-    whole kernel before it, in its own parallel loop."""
+    whole kernel before it, in its own parallel loop (serial where the kernel is: ``parallel`` False)."""
     # the accumulator stays in the "global" scope: on the stack where it fits (common.MAX_STACK_ALLOCA_BYTES)
     init = sch.decompose_reduction(conv, first_reduction_loop)
     sch.vectorize(sch.get_loops(init)[-1])
     if input_block and band is None:
         block = sch.get_sblock(input_block)
         loops = sch.get_loops(block)
-        sch.parallel(sch.fuse(*loops[:-1]))
+        if parallel:
+            sch.parallel(sch.fuse(*loops[:-1]))
         U.vectorize_inner(sch, block, lanes)
     elif input_block:
         block = sch.get_sblock(input_block)
@@ -480,7 +491,7 @@ class Conv2DEpilogue(ConvTemplate):
         depth = 1 if bands >= MIN_PARALLEL_PER_CORE * info.cores else 2
         return Conv2DConfig(oc_tile=oc, ow_tile=ow, lanes=lanes, oh_tile=oh,
                             ic_tile=U.nearest_choice(ch["ic_tile"], 1), unroll=max(ch["unroll"]),
-                            parallel_depth=depth, fuse_rows=fused,
+                            parallel_depth=depth, parallel=U.parallel_default(conv_work(i), target), fuse_rows=fused,
                             deinterleave=deinterleave_default(i, ch["deinterleave"]) and not col, im2col=col,
                             pad_width=bool(padded) and not fused).asdict()
 
@@ -512,7 +523,8 @@ class Conv2DEpilogue(ConvTemplate):
         x0, x1 = sch.split(x, factors=[None, ow_t])
         sch.reorder(n, y0, f0, x0, *((f1, y1) if fused else (y1, f1)), x1)
         band = sch.fuse(n, y0, f0) if cfg.parallel_depth > 1 else sch.fuse(n, y0)
-        sch.parallel(band)
+        if cfg.parallel:              # a conv under the target's fork/join cost stays serial (common.py)
+            sch.parallel(band)
 
         # Step 3. The convolution on each register tile: conv shrinks to an accumulator tile; full-width
         # rows of contiguous pixels (pointwise input or im2col copy) are vectorized as one loop (fuse_rows).
@@ -543,6 +555,6 @@ class Conv2DEpilogue(ConvTemplate):
         # im2col copy) per row band (all channels, the rows its windows read), in the band; an im2col copy
         # of a band split over channel blocks (parallel_depth 2) once before the tiles, not per block.
         shared = col and cfg.parallel_depth > 1
-        finish_conv(sch, conv, rc0, input_block, None if shared else band, cfg.lanes)
+        finish_conv(sch, conv, rc0, input_block, None if shared else band, cfg.lanes, cfg.parallel)
         if padded:
             store_valid_columns(sch, x1, info["OW"], cfg.lanes)

@@ -30,6 +30,7 @@ from ...target import cpu_info, template_defaults
 from ..base import Config, KnobSpace, Match, knob
 from . import common as U
 from .conv1x1 import ChannelLanesConv, channel_lanes
+from .conv2d import conv_work
 from .matmul import NVEC_CHOICES, lane_choices
 
 FAMILY = "cpu.conv2d_lanes"
@@ -46,6 +47,7 @@ class ConvLanesConfig(Config):
     ow_tile: int = knob("output columns of the register tile (a divisor of the row)")
     nvec: int = knob("vectors of output channels per register-tile pixel", NVEC_CHOICES)
     lanes: int = knob("float32 lanes per vector (the target's width, or half)")
+    parallel: bool = U.parallel_knob()
 
 
 def plane_why(oh: int, ow: int, out_channels: int, in_channels: int, target: C.Target) -> str | None:
@@ -117,7 +119,7 @@ class ConvLanes(ChannelLanesConv, family=FAMILY, config=ConvLanesConfig):
         return ConvLanesConfig.space(oh_tile=tuple(sorted({a for a, _ in tiles})),
                                      ow_tile=tuple(sorted({b for _, b in tiles})),
                                      nvec=U.choices_upto(NVEC_CHOICES, i["F"] // min(lanes)),
-                                     lanes=tuple(lanes))
+                                     lanes=tuple(lanes), parallel=U.PARALLEL)
 
     def default_config(self, match: Match, target: C.Target) -> dict:
         info, i = cpu_info(target), match.info
@@ -126,7 +128,8 @@ class ConvLanes(ChannelLanesConv, family=FAMILY, config=ConvLanesConfig):
         regs = U.Registers.for_bits(info.vector_bits).count
         nvecs = [v for v in ch["nvec"] if i["F"] % (v * lanes) == 0]
         oh_t, ow_t, nvec = pick_tile(i["OH"], i["OW"], i["F"], lanes, regs, nvecs)
-        return ConvLanesConfig(oh_tile=oh_t, ow_tile=ow_t, nvec=nvec, lanes=lanes).asdict()
+        return ConvLanesConfig(oh_tile=oh_t, ow_tile=ow_t, nvec=nvec, lanes=lanes,
+                               parallel=U.parallel_default(conv_work(i), target)).asdict()
 
     # ------------------------------------------------------------------ apply
     def apply(self, sch: C.Schedule, match: Match, config: dict) -> None:
@@ -157,7 +160,8 @@ class ConvLanes(ChannelLanesConv, family=FAMILY, config=ConvLanesConfig):
         x0, x1 = sch.split(x, factors=[None, cfg.ow_tile])
         sch.reorder(n, f0, y0, x0, y1, x1, f1)
         band = sch.fuse(n, f0, y0, x0)
-        sch.parallel(band)
+        if cfg.parallel:              # a conv under the target's fork/join cost stays serial (common.py)
+            sch.parallel(band)
 
         # Step 4. The conv on each register tile: the reduction (ci, ky, kx) outermost, kx unrolled, then
         # the pixels (unrolled, broadcast inputs) and the channel vectors (unrolled, lanes); the accumulator
@@ -181,5 +185,6 @@ class ConvLanes(ChannelLanesConv, family=FAMILY, config=ConvLanesConfig):
         # Step 6. The padded input once per call, before the tiles, in its own parallel loop.
         if info["pad"]:
             block = sch.get_sblock(info["pad"])
-            sch.parallel(sch.fuse(*sch.get_loops(block)[:-1]))
+            if cfg.parallel:
+                sch.parallel(sch.fuse(*sch.get_loops(block)[:-1]))
             U.vectorize_inner(sch, block, lanes)

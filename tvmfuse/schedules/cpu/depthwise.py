@@ -22,7 +22,7 @@ from ...target import cpu_info
 from ..base import Config, KnobSpace, Match, knob
 from . import common as U
 from .conv2d import (SPLIT_ROW_PENALTY, ConvTemplate, batch_size, ceil_div, deinterleave_choices,
-                     deinterleave_default, finish_conv, prepare_conv, row_tiles)
+                     conv_work, deinterleave_default, finish_conv, prepare_conv, row_tiles)
 
 OH_TILES = (1, 2, 4)              # output rows per register tile
 UNROLL = (0, 1, 2)                # window loops unrolled: none, kw, kh and kw
@@ -41,6 +41,7 @@ class DepthwiseConfig(Config):
     oh_tile: int = knob("output rows per register tile")
     unroll: int = knob("window loops unrolled (0 none, 1 kw, 2 kh+kw)", UNROLL)
     parallel_depth: int = knob("outer loops fused into the parallel loop", PARALLEL_DEPTH)
+    parallel: bool = U.parallel_knob()
     deinterleave: bool = knob("strided conv: padded input stored by column phase (contiguous vector loads)")
 
 
@@ -79,6 +80,7 @@ class DepthwiseConv2DEpilogue(ConvTemplate):
         planes = batch_size(i) * i["F"]
         depth = 1 if planes >= MIN_PARALLEL_PER_CORE * info.cores else 2
         return DepthwiseConfig(ow_tile=ow, lanes=lanes, oh_tile=oh, unroll=max(ch["unroll"]), parallel_depth=depth,
+                               parallel=U.parallel_default(conv_work(i), target),
                                deinterleave=deinterleave_default(i, ch["deinterleave"])).asdict()
 
     # ------------------------------------------------------------------ apply
@@ -97,7 +99,8 @@ class DepthwiseConv2DEpilogue(ConvTemplate):
         x0, x1 = sch.split(x, factors=[None, ow_t])
         sch.reorder(n, f, y0, x0, y1, x1)
         plane = sch.fuse(n, f, y0) if cfg.parallel_depth > 1 else sch.fuse(n, f)
-        sch.parallel(plane)
+        if cfg.parallel:              # a conv under the target's fork/join cost stays serial (common.py)
+            sch.parallel(plane)
 
         # Step 3. The window sum on each tile, in an accumulator tile (registers).
         sch.compute_at(conv, x0, preserve_unit_loops=True)
@@ -114,4 +117,4 @@ class DepthwiseConv2DEpilogue(ConvTemplate):
 
         # Step 5. Accumulator in registers, initialized before the window loops; the channel's padded
         # plane (rows of this band) inside the parallel loop.
-        finish_conv(sch, conv, rc, info["pad"], plane, cfg.lanes)
+        finish_conv(sch, conv, rc, info["pad"], plane, cfg.lanes, cfg.parallel)

@@ -19,8 +19,7 @@ from . import common as U
 
 UNROLL = (1, 2, 4, 8)          # vectors per iteration of the innermost scalar loop
 VECTOR_MULT = (1, 2)           # vector lanes = target lanes x this (2: two registers per step)
-PARALLEL = (True, False)       # parallel outer loop (False: small kernels where a fork costs more)
-FAMILY = "cpu.elementwise"     # its defaults (vector_mult, unroll, min_vectors_per_core, ...): the target table
+FAMILY = "cpu.elementwise"     # its defaults (vector_mult, unroll, unroll_min_vectors_per_core): the target table
 
 
 @dataclass(frozen=True)
@@ -30,7 +29,7 @@ class ElementwiseConfig(Config):
     lanes: int = knob("float32 lanes per vector (target)")
     vector_mult: int = knob("vector registers per step", VECTOR_MULT)
     unroll: int = knob("steps unrolled per loop iteration", UNROLL)
-    parallel: bool = knob("parallel outer loop", PARALLEL)
+    parallel: bool = U.parallel_knob()
 
 
 class Elementwise(U.CpuTemplate, family=FAMILY, config=ElementwiseConfig):
@@ -74,10 +73,10 @@ class Elementwise(U.CpuTemplate, family=FAMILY, config=ElementwiseConfig):
             return ElementwiseConfig(lanes=lanes, vector_mult=1, unroll=1, parallel=True).asdict()
         vectors = match.info["elements"] // lanes
         unroll = d["unroll"] if vectors >= d["unroll_min_vectors_per_core"] * info.cores else 1
-        # Below min_vectors_per_core vector iterations per core a parallel fork costs more than it saves.
+        # Below the target's fork/join cost (common.parallel_default, on the elements) the kernel runs serial.
         return ElementwiseConfig(lanes=lanes, vector_mult=U.nearest_choice(VECTOR_MULT, d["vector_mult"]),
                                  unroll=U.nearest_choice(UNROLL, unroll),
-                                 parallel=vectors >= d["min_vectors_per_core"] * info.cores).asdict()
+                                 parallel=U.parallel_default(match.info["elements"], target)).asdict()
 
     def apply(self, sch: C.Schedule, match: Match, config: dict) -> None:
         cfg = ElementwiseConfig.from_dict(config)

@@ -67,6 +67,7 @@ class MatmulConfig(RegisterTileConfig):
                        "a per-lane predicate (scalar code) on the register tile", PAD_N)
     flatten_batch: bool = knob("a weight shared by the batches: their rows as one M (each B panel read once)",
                                FLATTEN_BATCH)
+    parallel: bool = U.parallel_knob(default=True)
 
 
 def register_tile_choices(m: int, n: int, k: int, lanes: int) -> dict:
@@ -448,8 +449,12 @@ class MatmulEpilogue(U.CpuTemplate, family="cpu.matmul_epilogue", config=MatmulC
         # B panels are reused across all of i when j is the outer macro loop: pack them when K is long
         depth = 1 if batch * n_macro_j >= 2 * info.cores else 2
         pack = n_macro_i > 1 and k * nr * 4 > info.l1d_bytes // 2
+        work = match.info["M"] * n * k
+        for b in match.info["batch"]:
+            work *= b
         return MatmulConfig(**tile, order=d["order"], parallel_depth=depth, pack_b=pack and depth == 1,
-                            pad_n=d["pad_n"], flatten_batch=flat).asdict()
+                            pad_n=d["pad_n"], flatten_batch=flat,
+                            parallel=U.parallel_default(work, target)).asdict()
 
     # ------------------------------------------------------------------ apply
     def apply(self, sch: C.Schedule, match: Match, config: dict) -> None:
@@ -487,7 +492,8 @@ class MatmulEpilogue(U.CpuTemplate, family="cpu.matmul_epilogue", config=MatmulC
         outer = [j0, i0] if cfg.order == "ji" else [i0, j0]
         sch.reorder(*b_loops, *outer, i1, j1, i2, j2)
         par = sch.fuse(*b_loops, *outer[:cfg.parallel_depth]) if (b_loops or cfg.parallel_depth > 1) else outer[0]
-        sch.parallel(par)
+        if cfg.parallel:              # a matmul under the target's fork/join cost stays serial (common.py)
+            sch.parallel(par)
         # B's macro panel (K x nc) is fixed by j0: pack it once per iteration of the loop holding j0
         j0_fused = j0 in outer[:cfg.parallel_depth] or (b_loops and outer[0] is j0)
         pack_at = par if j0_fused else j0
@@ -513,6 +519,6 @@ class MatmulEpilogue(U.CpuTemplate, family="cpu.matmul_epilogue", config=MatmulC
             sch.compute_at(pack, pack_at, preserve_unit_loops=True)
             U.vectorize_inner(sch, pack, lanes)
 
-        # Step 8. Leftover elementwise producers: fused, parallel, vectorized on their own.
+        # Step 8. Leftover elementwise producers: fused, parallel (as the matmul), vectorized on their own.
         for name in info["others"]:
-            U.schedule_injective(sch, sch.get_sblock(name), lanes)
+            U.schedule_injective(sch, sch.get_sblock(name), lanes, parallel=cfg.parallel)

@@ -36,6 +36,7 @@ class WindowPoolConfig(Config):
     lanes: int = knob("float32 lanes per vector (the target's width)")
     deinterleave: bool = knob("padded input stored by column phase (vector loads; else strided gathers)",
                               (True, False))
+    parallel: bool = U.parallel_knob()
 
 
 def _is_max_update(store):
@@ -83,6 +84,11 @@ def find_pool(func: C.PrimFunc) -> dict | None:
     if any(b not in (info["pool"], pad) for b in left) or info["pool"] not in U.output_names(sch):
         return None                 # an epilogue or another kernel in the group: not this family's structure
     info["pad"] = pad
+    extents = U.loop_extents(sch, sch.get_sblock(info["pool"]))
+    work = 1
+    for e in extents:
+        work *= e
+    info["work"] = None if -1 in extents else work      # window steps (outputs x window); None: symbolic
     return info
 
 
@@ -97,7 +103,8 @@ class WindowPool(U.CpuTemplate, family=FAMILY, config=WindowPoolConfig):
         return WindowPoolConfig.space(lanes=(cpu_info(target).float32_lanes,))
 
     def default_config(self, match: Match, target: C.Target) -> dict:
-        return WindowPoolConfig(lanes=cpu_info(target).float32_lanes, deinterleave=True).asdict()
+        return WindowPoolConfig(lanes=cpu_info(target).float32_lanes, deinterleave=True,
+                                parallel=U.parallel_default(match.info["work"], target)).asdict()
 
     # ------------------------------------------------------------------ apply
     def apply(self, sch: C.Schedule, match: Match, config: dict) -> None:
@@ -118,12 +125,13 @@ class WindowPool(U.CpuTemplate, family=FAMILY, config=WindowPoolConfig):
         if cfg.deinterleave:
             sch.transform_layout(data, ("write", 0), lambda n, c, y, x: (n, c, y, x % s, x // s))
 
-        # Step 3. One parallel loop over the planes; per output row the window loops outside and the output
+        # Step 3. One (parallel) loop over the planes; per output row the window loops outside and the output
         # columns innermost, vectorized (before the init is split off: a reduction block vectorizes).
         n, c, y, x, ry, rx = sch.get_loops(pool)
         sch.reorder(n, c, y, ry, rx, x)
         plane = sch.fuse(n, c)
-        sch.parallel(plane)
+        if cfg.parallel:              # a pool under the target's fork/join cost stays serial (common.py)
+            sch.parallel(plane)
         sch.vectorize(x)
         init = sch.decompose_reduction(pool, ry)
         sch.vectorize(sch.get_loops(init)[-1])

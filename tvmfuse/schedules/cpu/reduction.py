@@ -357,7 +357,10 @@ class RowReduction(BatchBuckets, U.CpuTemplate, family=FAMILY, config=RowReducti
                                       match.info["row_len"]),
             vectorize_reductions=True in space["vectorize_reductions"],
             unroll=U.nearest_choice(UNROLL, d["unroll"]),
-            parallel=match.info["rows"] >= d["min_rows_per_core"] * info.cores).asdict()
+            # enough rows to split over the cores, and (a static kernel) its input over the target's fork/join
+            # cost (common.parallel_default; a symbolic batch's buckets decide by rows alone)
+            parallel=match.info["rows"] >= d["min_rows_per_core"] * info.cores and U.parallel_default(
+                None if "batch" in match.info else match.info["rows"] * match.info["row_len"], target)).asdict()
 
     def apply(self, sch: C.Schedule, match: Match, config: dict) -> None:
         info, cfg = match.info, RowReductionConfig.from_dict(config)
