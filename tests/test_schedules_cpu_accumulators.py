@@ -45,20 +45,30 @@ def tile_bytes(template: str, cfg: dict) -> int:
     return cfg["oh_tile"] * cfg["ow_tile"] * cfg["nvec"] * cfg["lanes"] * 4
 
 
-def workspace_allocations(func, target) -> dict[str, int]:
-    """Per LLVM function of the built kernel: how many TVMBackendAllocWorkspace calls it makes (the loads of
-    that runtime function's pointer)."""
+def workspace_buffers(func, target) -> dict[str, list[tuple[str, int]]]:
+    """Per LLVM function of the built kernel: the (buffer, bytes) of each TVMBackendAllocWorkspace call it
+    makes (the call through that runtime function's pointer names the buffer and its constant size; -1 for
+    a size known at run time only)."""
     lib = C.build_prim_module(C.IRModule({"main": func.with_attr("global_symbol", "main")}), target)
     ll = (lib.mod if hasattr(lib, "mod") else lib).inspect_source("ll")
-    counts, cur = {}, None
+    calls, cur, pointer = {}, None, None
     for line in ll.splitlines():
         m = re.match(r"define .*@([\w.$]+)\(", line)
         if m:
             cur = m.group(1)
-            counts[cur] = 0
+            calls[cur] = []
         elif cur and "@__TVMBackendAllocWorkspace" in line:
-            counts[cur] += 1
-    return counts
+            pointer = line.split("=")[0].strip()
+        elif cur and pointer and f"call ptr {pointer}(" in line:
+            size = re.search(r"i64 (-?\d+|%[\w.]+)", line.split(f"call ptr {pointer}(")[1]).group(1)
+            calls[cur].append((line.split("=")[0].strip().lstrip("%"), int(size) if size[0] != "%" else -1))
+            pointer = None
+    return calls
+
+
+def workspace_allocations(func, target) -> dict[str, int]:
+    """Per LLVM function of the built kernel: how many TVMBackendAllocWorkspace calls it makes."""
+    return {name: len(bufs) for name, bufs in workspace_buffers(func, target).items()}
 
 
 @pytest.mark.parametrize("target", S.NAMED_TARGETS, ids=["haswell", "skylake"])

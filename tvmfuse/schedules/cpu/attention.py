@@ -91,6 +91,11 @@ SYMBOLIC_SEQ_HINT = 128
 SEQ_BUCKETS = (16, 32, 64, 128)
 SYMBOLIC_OPEN_HINT = 256
 NEG_INF = float("-inf")
+# The storage scope of a task's buffers (running max / sum rows, scores, transposed queries, accumulators,
+# packed K/V): in "global" TVM puts one under MAX_STACK_ALLOCA_BYTES on the stack (a "local" one is always a
+# TVMBackendAllocWorkspace call per task, tests/test_schedules_cpu_stack_audit.py); larger ones are a
+# workspace allocation either way, once per task.
+BUFFER_SCOPE = "global"
 
 
 @dataclass(frozen=True)
@@ -668,17 +673,17 @@ def _flash_root(spec: AttentionSpec, params: list, qb: int, kb: int, lanes: int,
                     t = T.axis.spatial(nb_total * ntq, task)
                     T.reads(*[buf[n][tuple(slice(0, s) for s in op.shape)] for n, op in spec.inputs()])
                     T.writes(buf["out"][tuple(slice(0, s) for s in spec.out.shape)])
-                    m = T.sblock_alloc_buffer((qb,), f32, scope="local")       # running max
-                    mn = T.sblock_alloc_buffer((qb,), f32, scope="local")      # the block's new max
-                    sf = T.sblock_alloc_buffer((qb,), f32, scope="local")      # new max, 0 for -inf
-                    al = T.sblock_alloc_buffer((qb,), f32, scope="local")      # rescale factor
-                    lsum = T.sblock_alloc_buffer((qb,), f32, scope="local")
-                    acc = T.sblock_alloc_buffer((qb, spec.dv), f32, scope="local")
-                    st = T.sblock_alloc_buffer((kb, qb), f32, scope="local")
-                    qt = T.sblock_alloc_buffer((spec.d, qb), f32, scope="local")
+                    m = T.sblock_alloc_buffer((qb,), f32, scope=BUFFER_SCOPE)       # running max
+                    mn = T.sblock_alloc_buffer((qb,), f32, scope=BUFFER_SCOPE)      # the block's new max
+                    sf = T.sblock_alloc_buffer((qb,), f32, scope=BUFFER_SCOPE)      # new max, 0 for -inf
+                    al = T.sblock_alloc_buffer((qb,), f32, scope=BUFFER_SCOPE)      # rescale factor
+                    lsum = T.sblock_alloc_buffer((qb,), f32, scope=BUFFER_SCOPE)
+                    acc = T.sblock_alloc_buffer((qb, spec.dv), f32, scope=BUFFER_SCOPE)
+                    st = T.sblock_alloc_buffer((kb, qb), f32, scope=BUFFER_SCOPE)
+                    qt = T.sblock_alloc_buffer((spec.d, qb), f32, scope=BUFFER_SCOPE)
                     if pack_kv:      # the task's K and V rows, contiguous (key blocks past the end: padded)
-                        kp = T.sblock_alloc_buffer((nkb * kb, spec.d), f32, scope="local")
-                        vp = T.sblock_alloc_buffer((nkb * kb, spec.dv), f32, scope="local")
+                        kp = T.sblock_alloc_buffer((nkb * kb, spec.d), f32, scope=BUFFER_SCOPE)
+                        vp = T.sblock_alloc_buffer((nkb * kb, spec.dv), f32, scope=BUFFER_SCOPE)
                     bidx = _unravel(tir.floordiv(t, ntq), list(spec.batch)) if spec.batch else []
                     benv = _batch_env(spec, bidx)
                     tq = tir.floormod(t, ntq)           # the task's first query block: tq * q_blocks

@@ -230,6 +230,13 @@ def stack_accumulator_vectors(lanes: int, bytes_per_lane: int = 4) -> int:
     return (C.MAX_STACK_ALLOCA_BYTES - 1) // (lanes * bytes_per_lane)
 
 
+def table_accumulator_cap(defaults: dict, lanes: int) -> int | None:
+    """The default register tile's accumulator cap from the family's table row (``defaults``): on the stack
+    (``stack_accumulator_vectors``) when its ``stack_accumulator`` is set, else None (any tile that fits
+    the vector registers: AVX-512's 4 x 4-vector tile is exactly 1 KiB, a workspace allocation per tile)."""
+    return stack_accumulator_vectors(lanes) if defaults["stack_accumulator"] else None
+
+
 def pick_register_tile(m: int, n: int, lanes: int, regs: int, mr_choices, nvec_choices,
                        max_acc_vectors: int | None = None) -> tuple[int, int]:
     """(mr, nvec) of the register tile (at most ``max_acc_vectors`` accumulator vectors when given).
@@ -439,7 +446,8 @@ class MatmulEpilogue(U.CpuTemplate, family="cpu.matmul_epilogue", config=MatmulC
         flat = flattenable(match.info)
         m, n, k = match.info.get("rows", match.info["M"]) if flat else match.info["M"], match.info["N"], \
             match.info["K"]
-        tile = register_tile_default(m, n, k, pick_lanes(m, n, info.float32_lanes), info, ch, d)
+        lanes = pick_lanes(m, n, info.float32_lanes)
+        tile = register_tile_default(m, n, k, lanes, info, ch, d, table_accumulator_cap(d, lanes))
         nr = tile["nvec"] * tile["lanes"]
         n_macro_j = -(-n // (nr * tile["nc_tiles"]))
         n_macro_i = -(-m // (tile["mr"] * tile["mc_tiles"]))

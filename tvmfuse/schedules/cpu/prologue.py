@@ -23,7 +23,8 @@ from ...target import cpu_info
 from ..base import KnobSpace, Match, knob
 from . import common as U
 from .matmul import (PAD_N, RegisterTileConfig, analyze_matmul, compute_on_register_tile, matmul_roles,
-                     pick_lanes, register_tile_choices, register_tile_default)
+                     pick_lanes, register_tile_choices, register_tile_default,
+                     table_accumulator_cap)
 from .reduction import rf_widths
 from .siblings import chain_output_block, output_chains
 
@@ -204,7 +205,7 @@ class NormMatmul(U.CpuTemplate, family=FAMILY, config=NormMatmulConfig):
         m, n, k = match.info["M"], match.info["N"], match.info["K"]
         ns = set(match.info["Ns"].values())
         lanes = pick_lanes(m, ns.pop(), info.float32_lanes) if len(ns) == 1 else info.float32_lanes
-        tile = register_tile_default(m, n, k, lanes, info, ch, d)
+        tile = register_tile_default(m, n, k, lanes, info, ch, d, table_accumulator_cap(d, lanes))
         mr, nr, mc_tiles = tile["mr"], tile["nvec"] * lanes, tile["mc_tiles"]
         # no wider column panel than the columns (a panel past N leaves a predicate on every register tile)
         nc_tiles = max([c for c in ch["nc_tiles"] if c <= -(-n // nr)] or [min(ch["nc_tiles"])])

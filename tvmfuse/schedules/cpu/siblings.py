@@ -26,7 +26,8 @@ from ..base import KnobSpace, Match, knob
 from . import common as U
 from .matmul import (FLATTEN_BATCH, PAD_N, RegisterTileConfig, analyze_matmul, compute_on_register_tile,
                      epilogue_of, flatten_matmul, flattenable, matmul_roles, pad_columns, pick_lanes,
-                     register_tile_choices, register_tile_default, row_map)
+                     register_tile_choices, register_tile_default, row_map,
+                     table_accumulator_cap)
 
 SHARE_ROWS = (True, False)       # merge the siblings' row-block loops (one A row block for all of them)
 ORDERS = ("rows", "cols")        # outer loop of each chain: row blocks of A, or column panels of B
@@ -179,8 +180,9 @@ class SiblingMatmuls(U.CpuTemplate, family="cpu.sibling_matmuls", config=Sibling
         return SiblingsConfig.space(**register_tile_choices(m, n, k, cpu_info(target).float32_lanes), **only)
 
     def accumulator_cap(self, lanes: int) -> int | None:
-        """The most accumulator vectors a default register tile may hold (None: any that fits the registers;
-        cpu.symbolic_siblings keeps them on the stack)."""
+        """The most accumulator vectors a default register tile may hold (None: the table's
+        ``stack_accumulator`` decides, ``matmul.table_accumulator_cap``; cpu.symbolic_siblings keeps them on
+        the stack)."""
         return None
 
     def default_config(self, match: Match, target: C.Target) -> dict:
@@ -189,7 +191,9 @@ class SiblingMatmuls(U.CpuTemplate, family="cpu.sibling_matmuls", config=Sibling
         m, n, k = match.info.get("rows", match.info["M"]), match.info["N"], match.info["K"]
         ns = set(match.info["Ns"].values())
         lanes = pick_lanes(m, ns.pop(), info.float32_lanes) if len(ns) == 1 else info.float32_lanes
-        tile = register_tile_default(m, n, k, lanes, info, ch, d, self.accumulator_cap(lanes))
+        cap = self.accumulator_cap(lanes)
+        tile = register_tile_default(m, n, k, lanes, info, ch, d,
+                                     cap if cap is not None else table_accumulator_cap(d, lanes))
         mr, nr, mc_tiles = tile["mr"], tile["nvec"] * lanes, tile["mc_tiles"]
         # the row-block loop is the parallel one: keep enough row blocks for every core
         batch = 1 if match.info.get("flattenable") else _prod(match.info["batch"])
