@@ -64,7 +64,6 @@ IterVar = tirx.IterVar
 BufferStore = tirx.BufferStore
 TensorLoad = _tvm.ir.expr.TensorLoad  # what tirx.BufferLoad builds in 0.27 (buffer var in ``.source``)
 Call = _tvm.ir.expr.Call
-Range = _tvm.ir.Range
 Analyzer = _sym.Analyzer
 ConstIntBound = _sym.ConstIntBound
 detect_iter_map = _sym.detect_iter_map
