@@ -146,3 +146,19 @@ def test_symbolic_norm_matches_the_reference_at_every_size(name, host, rng):
         feeds = _feeds(name, b, s, rng)
         got, want = cm.run(feeds)["y"], M.reference_outputs(model, feeds)["y"]
         np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4, err_msg=f"{name} at {b}x{s}")
+
+
+def test_tuner_measures_each_bucket_at_a_row_count_inside_it():
+    """The size buckets split batch x sequence: a tuner binds the sequence to the bucket's row count and
+    the batch to 1 (``BatchBuckets.bucket_sizes``), so each nest is measured at rows it runs at."""
+    tgt = parse_target(NAMED_TARGETS["skx-2"])
+    _, func = _only_kernel(_residual_norm(), tgt)
+    t = RowReduction()
+    match = t.match(func, tgt)
+    assert match is not None
+    small, large = t.buckets(match, tgt)
+    need = template_defaults(tgt, FAMILY)["min_rows_per_core"] * cpu_info(tgt).cores
+    assert t.bucket_sizes(match, small, tgt) == {"batch": 1, "sequence": need - 1}
+    assert t.bucket_sizes(match, large, tgt) == {"batch": 1, "sequence": need}
+    for bucket, parallel in ((small, False), (large, True)):
+        assert t.default_config(t.bucket_match(match, bucket), tgt)["parallel"] is parallel
