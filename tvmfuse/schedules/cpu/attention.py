@@ -43,7 +43,9 @@ packs them by default (``pack_kv``: a task's rows in the target's ``l2_share_kv`
 
 Batch and sequence extents may be symbolic (TIR vars: one kernel for every size); the blocks then loop
 over the symbolic sequence with a tail, and the last query block computes only the row groups that hold
-existing rows.
+existing rows.  Loop counts that would always equal a static number stay static, as in the static kernel
+(row groups whose unit is the whole query block; a single query or key block where the nest's size bucket
+bounds the sequence by the block): a run-time count LLVM cannot unroll around the row statistics.
 """
 from __future__ import annotations
 
