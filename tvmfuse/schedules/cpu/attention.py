@@ -45,7 +45,7 @@ Batch and sequence extents may be symbolic (TIR vars: one kernel for every size)
 over the symbolic sequence with a tail, and the last query block computes only the row groups that hold
 existing rows.  Loop counts that would always equal a static number stay static, as in the static kernel
 (row groups whose unit is the whole query block; a single query or key block where the nest's size bucket
-bounds the sequence by the block): a run-time count LLVM cannot unroll around the row statistics.
+bounds the sequence by the block), so a bucket's nest has the static kernel's loops.
 """
 from __future__ import annotations
 
@@ -663,8 +663,7 @@ def _flash_root(spec: AttentionSpec, params: list, qb: int, kb: int, lanes: int,
     # rows and a P @ V row group (powers of two that divide qb), so every loop below covers whole units.
     # A unit of the whole block (every bucket's default on AVX-512 up to 128 rows, BERT's seq<=32: 32 rows
     # in score tiles of 2 x 16) always holds an existing row: the counts are then static, as in the
-    # static kernel, instead of run-time expressions of the sequence that always equal them (loops LLVM
-    # cannot unroll, and the row statistics kept in memory across them).
+    # static kernel, instead of run-time expressions of the sequence that always equal them.
     unit = max(tile_qvecs * lanes, rows)
     q_tail = static(spec.sq) is None and unit < qb
     # keys past the end exist in the last key block only where the block does not divide the keys
