@@ -728,7 +728,8 @@ def _layer_norm(rows=("batch", "sequence"), hidden=64):
 
 @pytest.mark.parametrize("target", NAMED_TARGETS, ids=["haswell", "skylake-avx512"])
 def test_symbolic_norm_is_serial_for_few_rows_and_vectorized(target):
-    """cpu.symbolic_rows over symbolic rows: one nest per size bucket, serial up to min_rows_per_core x
+    """cpu.symbolic_rows over one symbolic row axis ([sequence, hidden]; over several, [batch, sequence,
+    hidden], cpu.row_reduction takes the norm: test_symbolic_norms.py): one nest per size bucket, serial up to min_rows_per_core x
     cores - 1 rows (a thread-pool fork costs more than a few rows of a norm), parallel above; in both the
     mean and variance sums are vector partial sums (rfactor by the lanes: vectorized reduction loops) and
     the normalization is vectorized along the static row; no intermediate is left at full size."""
@@ -737,7 +738,7 @@ def test_symbolic_norm_is_serial_for_few_rows_and_vectorized(target):
     from tvmfuse.target import cpu_info, template_defaults
 
     tgt = parse_target(target)
-    (kname, func), = _symbolic_kernels(_layer_norm(), tgt).items()
+    (kname, func), = _symbolic_kernels(_layer_norm(rows=("sequence",)), tgt).items()
     res = schedule_prim_func(func, tgt, {}, kname)
     assert res.template == "cpu.symbolic_rows"
     bound = template_defaults(tgt, "cpu.symbolic_rows")["min_rows_per_core"] * cpu_info(tgt).cores - 1

@@ -107,7 +107,8 @@ def test_symbolic_matmul_runs_in_the_symbolic_corpus(host):
     assert fams.get("cpu.symbolic_matmul", 0) == 3, fams
     qkv = [s for s in cm.report.schedules if s.get("template") == "cpu.symbolic_siblings"]
     assert len(qkv) == 1 and qkv[0]["kernel"].count("matmul") == 3, qkv
-    # what cpu.symbolic_rows keeps: the LayerNorm and the mask/embedding kernel, no matmul
+    # what cpu.symbolic_rows keeps, if anything, is no matmul (the LayerNorm and the embedding kernel are
+    # cpu.row_reduction's: test_symbolic_norms.py)
     rows = [s["kernel"] for s in cm.report.schedules if s.get("template") == "cpu.symbolic_rows"]
     assert not any("matmul" in k for k in rows), rows
 

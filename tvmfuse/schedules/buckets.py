@@ -88,8 +88,15 @@ class BatchBuckets:
         return match.info["batch"]
 
     def bucket_sizes(self, match, bucket: Bucket, target: C.Target) -> dict[str, int]:
-        """The batch a tuner measures ``bucket``'s nest at (the one ``bucket_match`` assumes)."""
+        """The batch a tuner measures ``bucket``'s nest at (the one ``bucket_match`` assumes).  A batch that
+        is a product of shape variables (``cpu.row_reduction``'s batch x sequence rows) takes that size on
+        its last variable, the others 1."""
         batch = match.info["batch"]
-        if not isinstance(batch, C.tirx.Var):
-            raise ValueError(f"batch extent {batch}: a bucket's measured size needs a plain shape variable")
-        return {str(batch.name): self.bucket_batch(match, bucket)}
+        names = []
+        C.post_order_visit(batch, lambda n: names.append(str(n.name))
+                           if isinstance(n, C.tirx.Var) and str(n.name) not in names else None)
+        if not names or not (isinstance(batch, (C.tirx.Var, C.tirx.Mul))):
+            raise ValueError(f"batch extent {batch}: a bucket's measured size needs shape variables or "
+                             "their product")
+        size = self.bucket_batch(match, bucket)
+        return {n: (size if i == len(names) - 1 else 1) for i, n in enumerate(names)}

@@ -43,7 +43,9 @@ packs them by default (``pack_kv``: a task's rows in the target's ``l2_share_kv`
 
 Batch and sequence extents may be symbolic (TIR vars: one kernel for every size); the blocks then loop
 over the symbolic sequence with a tail, and the last query block computes only the row groups that hold
-existing rows.
+existing rows.  Loop counts that would always equal a static number stay static, as in the static kernel
+(row groups whose unit is the whole query block; a single query or key block where the nest's size bucket
+bounds the sequence by the block), so a bucket's nest has the static kernel's loops.
 """
 from __future__ import annotations
 
@@ -622,15 +624,28 @@ class Attention(Template):
         tile_keys, tile_qvecs = math.gcd(cfg.tile_keys, kb), math.gcd(cfg.tile_qvecs, qb // lanes)
         if cfg.pack_kv and static(spec.sk) is None:
             raise ValueError("cpu.attention: pack_kv needs a static key length (its rows are a local buffer)")
+        # a bounded size bucket's nest runs only for sequences up to its bound (schedules.buckets)
+        seq_bound = match.info["seq_size"] if match.info.get("seq_bounded") else None
         new_root = _flash_root(spec, list(func.params), qb, kb, lanes, rows, tile_keys, tile_qvecs,
-                               cfg.q_blocks, bool(cfg.pack_kv))
+                               cfg.q_blocks, bool(cfg.pack_kv), seq_bound)
         # Step 2. It replaces the reference stages (scores, softmax, P @ V) wholesale.
         old = sch.get(root)
         sch.state.replace(sch.get_sref(root), new_root, {old: new_root})
 
 
+def _block_count(spec: AttentionSpec, n, block: int, seq_bound: int | None):
+    """Blocks of ``block`` rows over the extent ``n``: 1, a static count, where ``n`` is the sequence the
+    size buckets dispatch on and the nest's bucket bounds it by ``block`` (BERT at 17 in seq<=32: one query
+    and one key block, as in the static kernel, instead of loops over run-time counts that are 1)."""
+    if seq_bound is not None and static(n) is None and seq_bound <= block and \
+            same_extent(n, _seq_symbol(spec)):
+        return 1
+    return _ceil_div(n, block)
+
+
 def _flash_root(spec: AttentionSpec, params: list, qb: int, kb: int, lanes: int, rows: int,
-                tile_keys: int, tile_qvecs: int, q_blocks: int = 1, pack_kv: bool = False):
+                tile_keys: int, tile_qvecs: int, q_blocks: int = 1, pack_kv: bool = False,
+                seq_bound: int | None = None):
     """The root block of the online-softmax kernel (see the module docstring).
 
     The scores are computed transposed, ``sT[key, query row]``, a vector over the query rows: the query
@@ -646,16 +661,18 @@ def _flash_root(spec: AttentionSpec, params: list, qb: int, kb: int, lanes: int,
     buf = dict(zip(names, params))
     f32 = "float32"
     nb_total = math.prod(spec.batch) if spec.batch else 1
-    nqb = _ceil_div(spec.sq, qb)
-    nkb = _ceil_div(spec.sk, kb)
+    nqb, nkb = _block_count(spec, spec.sq, qb, seq_bound), _block_count(spec, spec.sk, kb, seq_bound)
     ntq = _ceil_div(nqb, q_blocks)      # parallel tasks per batch index
     # A symbolic sequence: the last query block computes only the row groups that hold existing rows (a
     # static one clamps its rows past the end to the last row).  The unit: the larger of a score tile's
     # rows and a P @ V row group (powers of two that divide qb), so every loop below covers whole units.
-    q_tail = static(spec.sq) is None
+    # A unit of the whole block (every bucket's default on AVX-512 up to 128 rows, BERT's seq<=32: 32 rows
+    # in score tiles of 2 x 16) always holds an existing row: the counts are then static, as in the
+    # static kernel, instead of run-time expressions of the sequence that always equal them.
+    unit = max(tile_qvecs * lanes, rows)
+    q_tail = static(spec.sq) is None and unit < qb
     # keys past the end exist in the last key block only where the block does not divide the keys
     key_tail = static(spec.sk) is None or static(spec.sk) % kb != 0
-    unit = max(tile_qvecs * lanes, rows)
     scale = tir.const(spec.scale, f32)
     neg_inf, zero = tir.const(NEG_INF, f32), tir.const(0.0, f32)
     ext = spec.extents()

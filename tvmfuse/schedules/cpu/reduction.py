@@ -21,8 +21,10 @@ Knobs: a typed ``RowReductionConfig``; default values come from the target (``cp
 The outermost of several row loops may be a symbolic batch (pooling and global pooling of a model
 exported with a dynamic batch): it is only fused into the row loop, which is parallel where the static
 default would make it so at that batch (a serial nest for the batches with too few rows, a parallel one
-for the others: size buckets, ``schedules.buckets``).  Rows or row lengths symbolic otherwise go to
-``cpu.symbolic_rows``.
+for the others: size buckets, ``schedules.buckets``).  Several row axes may be symbolic (BERT's norms and
+embedding over [batch, sequence, hidden]): they are fused into one row loop the same way and the buckets
+split the product of their extents.  A single symbolic row axis ([sequence, hidden]) or a symbolic row
+length goes to ``cpu.symbolic_rows``.
 """
 from __future__ import annotations
 
@@ -155,11 +157,9 @@ def _leading_spatial(kinds: str) -> int:
 
 
 def _row_extents(sch: C.Schedule, block, lead: int) -> list | None:
-    """The extents of the block's ``lead`` leading loops: ints, and a symbolic batch as its expression
-    (only the outermost loop may be symbolic); None when another one is symbolic."""
+    """The extents of the block's ``lead`` leading loops: ints, and a symbolic one (batch, sequence) as its
+    expression."""
     ext = [sch.get(lp).extent for lp in sch.get_loops(block)[:lead]]
-    if any(not isinstance(e, C.tirx.IntImm) for e in ext[1:]):
-        return None
     return [int(e) if isinstance(e, C.tirx.IntImm) else e for e in ext]
 
 
@@ -170,8 +170,8 @@ def _same_extent(a, b) -> bool:
 
 
 def _row_axes(sch: C.Schedule, names: list[str]) -> int | None:
-    """Number of leading spatial loops shared (same extents) by all blocks, or None.  The outermost may be
-    a symbolic batch (the same one in every block); any other symbolic extent: None."""
+    """Number of leading spatial loops shared (same extents) by all blocks, or None.  Any of them may be
+    symbolic (a batch, a sequence: the same expression in every block); the row itself is static."""
     nrow, extents = None, None
     for n in names:
         b = sch.get_sblock(n)
@@ -271,13 +271,17 @@ class RowReduction(BatchBuckets, U.CpuTemplate, family=FAMILY, config=RowReducti
         if nrow is None or not _reads_rows_in_place(sch, left, reductions, nrow):
             return None
         row_extents = [sch.get(lp).extent for lp in sch.get_loops(blocks[-1])[:nrow]]
-        if not isinstance(row_extents[0], C.tirx.IntImm) and nrow < 2:
-            # a symbolic row count alone ([seq, d] norms of token models) is cpu.symbolic_rows'; a batch is
-            # the outermost of several row axes (its row loop a fuse: each size bucket's nest its own loop)
+        if nrow < 2 and not isinstance(row_extents[0], C.tirx.IntImm):
+            # a symbolic row count alone ([seq, d] norms of token models) is cpu.symbolic_rows': the size
+            # buckets' nests need a row loop of their own each (a fuse of several row axes makes one; one
+            # loop shared by both nests gets two different bounds in TVM's analyzer, an InternalError)
             return None
-        rows = 1        # a symbolic batch counts as common.SYMBOLIC_BATCH_NOMINAL rows (the defaults)
+        rows = 1        # a symbolic extent counts as common.SYMBOLIC_BATCH_NOMINAL rows (the defaults)
+        symbolic = []   # the symbolic row extents (batch, sequence): their product is the size buckets' extent
         for e in row_extents:
             rows *= U.batch_extent(e)
+            if not isinstance(e, C.tirx.IntImm):
+                symbolic.append(e)
         row_len = 1
         for e in U.loop_extents(sch, sch.get_sblock(reductions[0]))[nrow:]:
             row_len *= e
@@ -285,11 +289,15 @@ class RowReduction(BatchBuckets, U.CpuTemplate, family=FAMILY, config=RowReducti
         rfactorable = [n for n in reductions if _rfactor_ok(func, n, nrow, lanes)]
         info = {"blocks": left, "reductions": reductions, "rfactor": rfactorable,
                 "row_axes": nrow, "rows": rows, "row_len": row_len, "outputs": sorted(U.output_names(sch))}
-        if not isinstance(row_extents[0], C.tirx.IntImm):
-            # a symbolic batch: the batches with too few rows for a parallel loop get a serial nest
-            per_batch = rows // U.SYMBOLIC_BATCH_NOMINAL
+        if symbolic:
+            # symbolic rows (a batch, batch x sequence): the row counts too small for a parallel loop get a
+            # serial nest; the "batch" the buckets split is the product of the symbolic row extents
+            per_batch = rows // U.SYMBOLIC_BATCH_NOMINAL ** len(symbolic)
             need = template_defaults(target, FAMILY)["min_rows_per_core"] * cpu_info(target).cores
-            info.update(batch=row_extents[0], rows_per_batch=per_batch, serial_batches=(need - 1) // per_batch)
+            batch = symbolic[0]
+            for e in symbolic[1:]:
+                batch = batch * e
+            info.update(batch=batch, rows_per_batch=per_batch, serial_batches=(need - 1) // per_batch)
         return Match(self.family, info)
 
     # ------------------------------------------------------------------ size buckets (BatchBuckets)
