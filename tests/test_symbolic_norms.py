@@ -100,9 +100,11 @@ def test_symbolic_norm_takes_row_reduction_like_the_static_build(name, target):
     s_name, s_func = _only_kernel(BUILDS[name](3, 17), tgt)
     static = schedule_prim_func(s_func, tgt, {}, s_name)
     assert static.template == FAMILY
-    assert nests[1]["config"] == static.config
-    assert {k: v for k, v in nests[0]["config"].items() if k != "parallel"} == \
-        {k: v for k, v in static.config.items() if k != "parallel"}
+    # the parallel knob is each nest's own (checked above: the bucket decides it; the static 3 x 17 kernel is
+    # under the shared fork/join rule's work and serial); every other knob is the static build's
+    for nest in nests:
+        assert {k: v for k, v in nest["config"].items() if k != "parallel"} == \
+            {k: v for k, v in static.config.items() if k != "parallel"}
     # vector partial sums and a vectorized normalization in both nests, as many as the static kernel's x 2
     n_static = _vector_stores(static.func, lanes)
     assert n_static >= 3
