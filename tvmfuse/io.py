@@ -100,7 +100,7 @@ def _same_device(a, b) -> bool:
 def validate_feeds(feeds: dict, inputs: list, upper_bounds: dict | None = None) -> list:
     """Feeds in parameter order (numpy arrays or TVM tensors, not converted), or an InputError naming the
     input and what is wrong with it (a symbolic dim above its bound in ``upper_bounds`` too:
-    ``check_upper_bounds``)."""
+    ``_check_bounds``)."""
     if not isinstance(feeds, dict):
         raise InputError(f"feeds must be a dict of input name -> array, got {type(feeds).__name__}")
     names = [i.name for i in inputs]
@@ -119,16 +119,15 @@ def validate_feeds(feeds: dict, inputs: list, upper_bounds: dict | None = None) 
             v = np.asarray(v)
             _check(spec, str(v.dtype), v.shape, "input")
         values.append(v)
-    _check_symbolic_dims(values, inputs)
+    sizes = _check_symbolic_dims(values, inputs)
     if upper_bounds:
-        check_upper_bounds(values, inputs, upper_bounds)
+        _check_bounds(sizes, upper_bounds)
     return values
 
 
-def check_upper_bounds(values: list, inputs: list, upper_bounds: dict) -> None:
-    """An InputError when a symbolic dim of the feeds (``values`` in parameter order) is above its bound:
+def _check_bounds(sizes: dict, upper_bounds: dict) -> None:
+    """An InputError when a symbolic dim of the feeds (``sizes``: _check_symbolic_dims) is above its bound:
     the model's memory is planned for at most that size (``PipelineOptions.shape_upper_bounds``)."""
-    sizes = _check_symbolic_dims(values, inputs)
     for d, bound in upper_bounds.items():
         if d in sizes and sizes[d][0] > bound:
             size, name, axis = sizes[d]
@@ -161,9 +160,7 @@ class Binding:
 
     def __init__(self, model, feeds: dict):
         self._model = model
-        values = validate_feeds(feeds, model.inputs)
-        if model.shape_upper_bounds:
-            check_upper_bounds(values, model.inputs, model.shape_upper_bounds)
+        values = validate_feeds(feeds, model.inputs, model.shape_upper_bounds)
         self.copied: dict[str, str] = {}
         tensors = []
         for spec, v in zip(model.inputs, values):
@@ -292,9 +289,7 @@ class Executes:
         """
         args = self._io_plan().in_place_args(feeds)
         if args is None:                  # not the common case: the full checks (and their clear errors)
-            values = validate_feeds(feeds, self.inputs)
-            if self.shape_upper_bounds:
-                check_upper_bounds(values, self.inputs, self.shape_upper_bounds)
+            values = validate_feeds(feeds, self.inputs, self.shape_upper_bounds)
             args = [self._to_device(v)[0] for v in values]
         if outputs:
             self._validate_outputs(outputs)
