@@ -155,3 +155,18 @@ def test_symbolic_cnn_gets_the_static_conv_kernels(name, rng):
     assert dyn == static, f"{name}: symbolic {rec['dyn_templates']} vs static {rec['static_templates']}"
     for row in rec["sizes"]:
         assert row.get("ok"), f"{name}_dyn at {row['dims']}: {row} (seed {seed})"
+
+
+def test_latency_run_covers_table_10s_models():
+    """``symbolic_check.py --latency`` without names times Table 10's models (every one in the corpus, the
+    token models and CNN families the issue names among them); ``--all`` the whole corpus; names win."""
+    pick = symbolic_check.select_models
+    assert set(symbolic_check.LATENCY_MODELS) <= set(ENTRIES)
+    assert {"bert", "resnet18", "mobilenet_v2", "gpt2", "llama", "t5_encoder", "vit", "convnext",
+            "efficientnet_b0", "mobilenet_v3_small"} <= set(pick([], ENTRIES, latency=True))
+    assert pick([], ENTRIES, latency=True, all_models=True) == list(ENTRIES)
+    assert pick([], ENTRIES) == list(ENTRIES)                     # numerics only: every model
+    assert pick([], ENTRIES, quick=True, latency=True) == list(symbolic_check.QUICK_MODELS)
+    assert pick(["gpt2"], ENTRIES, latency=True, all_models=True) == ["gpt2"]
+    with pytest.raises(SystemExit):
+        symbolic_check.main(["--all", "bert"])

@@ -297,7 +297,10 @@ class RowReduction(BatchBuckets, U.CpuTemplate, family=FAMILY, config=RowReducti
             batch = symbolic[0]
             for e in symbolic[1:]:
                 batch = batch * e
-            info.update(batch=batch, rows_per_batch=per_batch, serial_batches=(need - 1) // per_batch)
+            # serial also while the rows' elements stay under the fork/join cost (common.serial_batches: what
+            # the static default decides at those sizes)
+            serial = max((need - 1) // per_batch, U.serial_batches(per_batch * row_len, target))
+            info.update(batch=batch, rows_per_batch=per_batch, serial_batches=serial)
         return Match(self.family, info)
 
     # ------------------------------------------------------------------ size buckets (BatchBuckets)
@@ -366,9 +369,11 @@ class RowReduction(BatchBuckets, U.CpuTemplate, family=FAMILY, config=RowReducti
             vectorize_reductions=True in space["vectorize_reductions"],
             unroll=U.nearest_choice(UNROLL, d["unroll"]),
             # enough rows to split over the cores, and (a static kernel) its input over the target's fork/join
-            # cost (common.parallel_default; a symbolic batch's buckets decide by rows alone)
+            # cost (common.parallel_default; a symbolic batch's size bucket at its rows, a nest outside one
+            # by rows alone)
             parallel=match.info["rows"] >= d["min_rows_per_core"] * info.cores and U.parallel_default(
-                None if "batch" in match.info else match.info["rows"] * match.info["row_len"], target)).asdict()
+                None if "batch" in match.info and "bucket" not in match.info
+                else match.info["rows"] * match.info["row_len"], target)).asdict()
 
     def apply(self, sch: C.Schedule, match: Match, config: dict) -> None:
         info, cfg = match.info, RowReductionConfig.from_dict(config)
