@@ -130,3 +130,52 @@ def test_resnet18_dyn_runs_the_static_parallel_choice_at_batch_1(target):
         if not ref.config.get("parallel", True):
             serial_at_1.append(kname)
     assert set(serial_at_1) == SERIAL_AT_1, serial_at_1
+
+
+# ---------------------------------------------------------------------------------------------------------
+# The static side of Table 10 (bert at batch 1 x sequence 17 slower static than symbolic): cpu.matmul_epilogue
+# sized its macro tile for L2 alone, 16 register tiles of 6 rows for 17 rows (13 tiles with every row
+# predicated off, each running its k loop, the predicate inside it).  Now the macro tile is at most as tall
+# as the rows, and rows that do not fill the macro tiles get the loop-partition hint (whole register tiles
+# without the row predicate), as cpu.symbolic_matmul's row-tiled nest does.
+
+def _gelu_proj(rows, k=64, n=256):
+    """gelu(x @ W + b) over x [1, rows, k] (BERT's FFN-in at sequence ``rows``)."""
+    g = M._G("gelu_proj_static")
+    x = g.input("x", (1, rows, k))
+    M._gelu_erf(g, g.op("Add", g.op("MatMul", x, g.weight((k, n))), g.weight((n,), 0.1)))
+    g.rename_last("y", (1, rows, n))
+    return g.model()
+
+
+def _hinted_loops(func) -> list:
+    found = []
+    C.post_order_visit(func.body, lambda n: found.append(n) if isinstance(n, C.tirx.For)
+                       and "pragma_loop_partition_hint" in n.annotations else None)
+    return found
+
+
+@pytest.mark.parametrize("target", ["haswell-2", "skx-2"])
+@pytest.mark.parametrize("rows", [17, 136, 96])
+def test_static_matmul_macro_tile_fits_the_rows(rows, target):
+    tgt = parse_target(NAMED_TARGETS[target])
+    (kname, func), = S.graph_funcs(_gelu_proj(rows), tgt).items()
+    res = schedule_prim_func(func, tgt, {}, kname)
+    assert res.template == "cpu.matmul_epilogue", res.template
+    cfg = res.config
+    fill = -(-rows // cfg["mr"])                              # register tiles the rows fill
+    assert cfg["mc_tiles"] <= max(fill, 1), cfg
+    hinted = _hinted_loops(res.func)
+    if rows % (cfg["mr"] * cfg["mc_tiles"]):
+        assert hinted and all(int(f.kind) in (int(C.ForKind.SERIAL), int(C.ForKind.PARALLEL)) for f in hinted)
+    else:
+        assert not hinted
+
+
+@pytest.mark.parametrize("rows", [1, 17, 136])
+def test_static_matmul_numbers_with_partial_macro_tiles(rows, host, rng):
+    model = _gelu_proj(rows)
+    cm = tvmfuse.compile(model, target=host)
+    assert [s["template"] for s in cm.report.schedules] == ["cpu.matmul_epilogue"]
+    feeds = {"x": rng.standard_normal((1, rows, 64)).astype(np.float32)}
+    np.testing.assert_allclose(cm.run(feeds)["y"], M.reference_outputs(model, feeds)["y"], rtol=1e-4, atol=1e-4)

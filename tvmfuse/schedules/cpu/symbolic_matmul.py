@@ -253,23 +253,6 @@ class SymbolicMatmulEpilogue(RowBuckets, MM.MatmulEpilogue, family="cpu.symbolic
             partition_row_tiles(sch)
 
 
-def partition_row_tiles(sch: C.Schedule) -> None:
-    """The row-tiled nest's predicate ("this row exists") sits on every row of the register tile inside
-    the k loop: LLVM then keeps the accumulators in memory (a load, FMA and store per step: 211 us against
-    36 us with the hint for the FFN-down kernel at 136 rows, measured under load).  A loop-partition hint
-    on the matmul's serial and parallel loops makes TVM's LoopPartition split the tiles whose rows all
-    exist (no predicate: register accumulators) from the last one; on the k loops, whose variables the
-    predicate does not hold, it does nothing."""
-    func = sch.mod["main"]
-    names = []
-    C.post_order_visit(func.body, lambda n: names.append(str(n.name_hint))
-                       if isinstance(n, C.SBlock) and str(n.name_hint) != "root" else None)
-    # every matmul's loops (sibling matmuls' loops have the same names: none is skipped by name; a loop
-    # that several blocks share is annotated again, which changes nothing)
-    for name in names:
-        block = sch.get_sblock(name)
-        if not U.is_reduction(sch, block):
-            continue
-        for loop in sch.get_loops(block):
-            if sch.get(loop).kind in (C.ForKind.SERIAL, C.ForKind.PARALLEL):
-                sch.annotate(loop, "pragma_loop_partition_hint", 1)
+# the row-tiled nest's loop-partition hint: shared with cpu.matmul_epilogue (a static row count that is not a
+# multiple of the macro tile), defined there
+partition_row_tiles = MM.partition_row_tiles
