@@ -6,8 +6,8 @@ under knob variants, next to onnxruntime (one thread) running the same one-conv 
 
 Why one core and CPU time: on a shared 2-core machine wall-clock times of a 2-thread kernel swing 1.5-3x
 between runs (benchmarks/gaps_cnn.md); the calling thread's CPU time (``time.thread_time``) of a kernel run
-on that thread (TVM_NUM_THREADS=1, set here before TVM starts its pool) ranks tiles far more stably, and
-interleaving the contenders within each round puts them under the same load.  It measures per-core
+on that thread (TVM_NUM_THREADS=1: ``main`` sets it unless the caller did, before TVM starts its pool) ranks
+tiles far more stably, and interleaving the contenders within each round puts them under the same load.  It measures per-core
 efficiency (register tile, loads, stores), not the parallel split: the kernels are scheduled for ``--cores``
 cores (the default's parallel loop and tiles), then run on one.
 
@@ -27,18 +27,16 @@ import os
 import sys
 import time
 
-os.environ.setdefault("TVM_NUM_THREADS", "1")    # before TVM creates its thread pool: kernels on this thread
+import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
 
-import numpy as np  # noqa: E402
-import onnx  # noqa: E402
-from onnx import TensorProto, helper, numpy_helper  # noqa: E402
-
-import tvmfuse  # noqa: E402
-from tvmfuse import _compat as C  # noqa: E402
-from tvmfuse import target as TG  # noqa: E402
-from tvmfuse.pipeline import PipelineOptions, graph_stage  # noqa: E402
-from tvmfuse.schedules import find_template, templates_for  # noqa: E402
-from tvmfuse.schedules.base import schedule_with  # noqa: E402
+import tvmfuse
+from tvmfuse import _compat as C
+from tvmfuse import target as TG
+from tvmfuse.pipeline import PipelineOptions, graph_stage
+from tvmfuse.schedules import find_template, templates_for
+from tvmfuse.schedules.base import schedule_with
 
 # (input channels, output channels, input height = width, kernel, stride, padding): squeezenet1_1's convs and
 # bench_cpu.py's conv3x3_bn_relu_res workload (its BatchNorm folds into the bias; no residual here)
@@ -144,7 +142,9 @@ def main(argv=None) -> int:
     ap.add_argument("--rounds", type=int, default=9)
     ap.add_argument("--number", type=int, default=20, help="calls per timed round")
     a = ap.parse_args(argv)
-    if os.environ.get("TVM_NUM_THREADS") != "1":
+    # one worker, before the first parallel call creates TVM's pool: the kernels run on the timed thread
+    os.environ.setdefault("TVM_NUM_THREADS", "1")
+    if os.environ["TVM_NUM_THREADS"] != "1":
         print("note: TVM_NUM_THREADS is not 1: kernels may run on other threads than the timed one", file=sys.stderr)
     names = [c for c in a.cases.split(",") if c]
     unknown = [c for c in names if c not in CASES]
