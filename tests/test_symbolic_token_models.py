@@ -5,7 +5,10 @@
   compiled model LLVM then stores every partial sum: BERT's FFN and Q/K/V kernels ran at 2-3x static),
   and its macro tile of rows is the table's ``row_mc_tiles`` (the last macro tile is the predicated one);
 - GPT-2's attention output, reshaped to ``[batch * sequence, hidden]`` before its Gemm, still forms the
-  attention kernel (the kernel stops before the merge of two symbols);
+  attention kernel (the kernel stops before the merge of two symbols) and the reshape is a view, not a
+  copy kernel (a transposed flatten keeps its kernel);
+- a causal mask computed per call from ``Range(0, sequence)`` is the attention kernel's causal flag, as
+  the static build's constant mask is (an anti-causal or finitely filled mask stays a mask);
 - the token models of the symbolic corpus have the static build's kernel count (slow; known gaps xfail).
 
 Structural tests on named targets, numbers against onnxruntime / numpy on the host.
@@ -200,7 +203,8 @@ def _computed_mask_attention(compare="LessOrEqual", masked=-np.inf, heads=2, d=1
     v = g.input("v", ("batch", heads, "sequence", d))
     seq = g.op("Gather", g.op("Shape", q), g.const(np.int64(2)), axis=0)
     r = g.op("Range", g.const(np.int64(0)), seq, g.const(np.int64(1)))
-    j, i = g.op("Unsqueeze", r, g.const(np.array([0], np.int64))), g.op("Unsqueeze", r, g.const(np.array([1], np.int64)))
+    j = g.op("Unsqueeze", r, g.const(np.array([0], np.int64)))       # [1, sequence]: the key position
+    i = g.op("Unsqueeze", r, g.const(np.array([1], np.int64)))       # [sequence, 1]: the query position
     mask = g.op("Where", g.op(compare, j, i), g.const(np.float32(0.0)), g.const(np.float32(masked)))
     scores = g.op("Mul", g.op("MatMul", q, g.op("Transpose", k, perm=[0, 1, 3, 2])), g.const(np.float32(d ** -0.5)))
     p = g.op("Softmax", g.op("Add", scores, mask), axis=-1)
