@@ -493,7 +493,94 @@ def _rfactor_with_tail(sch: C.Schedule, block, nrow: int, row_len: int, width: i
     sch.vectorize(ri)
     init = sch.decompose_reduction(rf, ro)
     sch.vectorize(sch.get_loops(init)[-1])
+    _fold_tail_into_partial_sums(sch, tail, rf, nrow, main_len)
     return True
+
+
+def _enclosing_block(sref):
+    """The sref of the nearest block above ``sref``."""
+    p = sref.parent
+    while p is not None and not isinstance(p.stmt, C.SBlock):
+        p = p.parent
+    return p
+
+
+def _fold_tail_into_partial_sums(sch: C.Schedule, tail_loop, rf, nrow: int, main_len: int) -> bool:
+    """Move a row's reduction tail (``_rfactor_with_tail``: ``M[r] = op(M[r], V(k))`` for k in [main_len,
+    row_len), a scalar loop after the partial sums' write-back) into the partial sums, as one vector of
+    ``row_len - main_len`` lanes before the write-back: ``rf[r, k - main_len] = op(rf[r, k - main_len], V(k))``.
+    The tail's elements then take a vector step in independent lanes (the tail is shorter than the partial
+    sums' width) instead of a chain of dependent scalar steps (2 x 31 per row of 3071 floats on AVX-512,
+    issue 11).  False (nothing changed) when the blocks are not of that shape.
+
+    Done on the IR (TVM's schedule primitives cannot move a block into another partition's scope): the
+    partition block holding the partial sums gets the new loop before its write-back, the tail's partition
+    block is dropped.
+    """
+    tail_sref = sch.get_sref(tail_loop)
+    tail_for = tail_sref.stmt
+    realize = tail_for.body
+    if not (isinstance(realize, C.SBlockRealize) and isinstance(realize.block.body, C.BufferStore)):
+        return False
+    blk, store = realize.block, realize.block.body
+    v = store.value
+    own = [o for o in (getattr(v, "a", None), getattr(v, "b", None))
+           if isinstance(o, C.TensorLoad) and o.source.same_as(store.buffer)
+           and all(i.same_as(j) for i, j in zip(o.indices, store.indices))]
+    red = [iv for iv in blk.iter_vars if int(iv.iter_type) == int(C.IterVar.CommReduce)]
+    rf_store = sch.get(rf).body
+    if len(own) != 1 or len(red) != 1 or not isinstance(rf_store, C.BufferStore) \
+            or len(rf_store.indices) != len(store.indices) + 1:
+        return False
+    lane = red[0].var - C.tirx.IntImm(str(red[0].var.ty.dtype), main_len)
+    idx = list(store.indices[:nrow]) + [lane] + list(store.indices[nrow:])
+    load = C.tirx.BufferLoad(rf_store.buffer, idx)
+    value = type(v)(load, v.b) if own[0].same_as(v.a) else type(v)(v.a, load)
+    ivs = [C.tirx.IterVar(iv.dom, iv.var, int(C.IterVar.DataPar)) if iv.same_as(red[0]) else iv
+           for iv in blk.iter_vars]
+    m_region = next(r for r in blk.writes if r.source.same_as(store.buffer))
+    lanes = C.Range.from_min_extent(red[0].dom.min - main_len, red[0].dom.extent)
+    region = C.tirx.BufferRegion(rf_store.buffer, list(m_region.region[:nrow]) + [lanes]
+                                 + list(m_region.region[nrow:]))
+    reads = [r for r in blk.reads if not r.source.same_as(store.buffer)] + [region]
+    new_blk = C.SBlock(ivs, reads, [region], blk.name_hint + "_rf_tail",
+                       C.BufferStore(rf_store.buffer, value, idx), None, [], [], blk.annotations)
+    new_loop = C.tirx.For(tail_for.loop_var, tail_for.min, tail_for.extent, C.ForKind.VECTORIZED,
+                          C.SBlockRealize(realize.iter_values, realize.predicate, new_blk))
+    # the write-back (the rf block's consumer) follows the partial sums in their partition block
+    main_sref, tail_part = _enclosing_block(sch.get_sref(rf)), _enclosing_block(tail_sref)
+    common = _enclosing_block(main_sref)
+    if common is None or not common.same_as(_enclosing_block(tail_part)):
+        return False
+    main_blk = main_sref.stmt
+    writeback = sch.get(sch.get_consumers(rf)[0])
+    seq = list(main_blk.body.seq) if isinstance(main_blk.body, C.tirx.SeqStmt) else None
+    if not seq:
+        return False
+    at = next((i for i, s in enumerate(seq) if _contains(s, writeback)), None)
+    if at is None:
+        return False
+    new_main = C.SBlock(main_blk.iter_vars, main_blk.reads, main_blk.writes, main_blk.name_hint,
+                        C.tirx.SeqStmt(seq[:at] + [new_loop] + seq[at:]), main_blk.init, main_blk.alloc_buffers,
+                        main_blk.match_buffers, main_blk.annotations)
+    old = common.stmt
+    body = []
+    for s in (old.body.seq if isinstance(old.body, C.tirx.SeqStmt) else [old.body]):
+        if isinstance(s, C.SBlockRealize) and s.block.same_as(main_blk):
+            body.append(C.SBlockRealize(s.iter_values, s.predicate, new_main))
+        elif not (isinstance(s, C.SBlockRealize) and s.block.same_as(tail_part.stmt)):
+            body.append(s)
+    new_common = C.SBlock(old.iter_vars, old.reads, old.writes, old.name_hint,
+                          body[0] if len(body) == 1 else C.tirx.SeqStmt(body), old.init, old.alloc_buffers,
+                          old.match_buffers, old.annotations)
+    sch.state.replace(common, new_common, {old: new_common, main_blk: new_main})
+    return True
+
+
+def _contains(stmt, block) -> bool:
+    found = []
+    C.post_order_visit(stmt, lambda n: found.append(n) if n.same_as(block) else None)
+    return bool(found)
 
 
 def rf_tail_widths(lanes: int, row_len: int) -> tuple:
