@@ -12,10 +12,12 @@ width that divides the row (whole, half or quarter vectors: 104 floats on AVX-51
 of the narrower ones where one would be a single dependent chain over a long row (1000 floats: 40 = 5 x 8
 lanes, default_rf_width).  A row with
 no such divisor (65 keys of a ViT softmax, 97, a prime length) reduces its main part on vector partial
-sums and the last ``row_len % rf_width`` elements in a scalar tail (_rfactor_with_tail: the reduction loop
-is cut first, the tail's init dropped, then the main part rfactored): an rfactor over a width that does
-not divide the row would put a predicate in its vector loop (stored lane by lane), and a tail cut off the
-rf block afterwards (loop_partition) loses that predicate in TVM 0.27 and reads past the row.
+sums and the last ``row_len % rf_width`` elements in one vector of that many lanes into the same partial
+sums before their write-back (_rfactor_with_tail: the reduction loop is cut first, the tail's init
+dropped, the main part rfactored, then the tail folded into the partial sums: no scalar chain of
+dependent steps per row): an rfactor over a width that does not divide the row would put a predicate in
+its vector loop (stored lane by lane), and a tail cut off the rf block afterwards (loop_partition) loses
+that predicate in TVM 0.27 and reads past the row.
 Knobs: a typed ``RowReductionConfig``; default values come from the target (``cpu_info``) and the family's
 ``template_defaults`` in schedules/cpu_targets.json.
 The outermost of several row loops may be a symbolic batch (pooling and global pooling of a model
@@ -464,7 +466,9 @@ def _unit_outer_dropped(sch: C.Schedule, loops, row_len: int, width: int) -> boo
 
 def _rfactor_with_tail(sch: C.Schedule, block, nrow: int, row_len: int, width: int) -> bool:
     """Reduce the first ``row_len // width * width`` elements of each row of ``block`` (under its row
-    loop, after compute_at) on ``width`` vector partial sums and the rest in a scalar tail; False (block
+    loop, after compute_at) on ``width`` vector partial sums and the rest in one vector of
+    ``row_len % width`` lanes into the same partial sums (_fold_tail_into_partial_sums; where the blocks
+    are not of its shape, a scalar tail after the write-back); False (block
     unchanged, its reduction stays scalar) when the row is shorter than ``width`` or is not the block's
     one innermost loop (a reduction over several axes, InstanceNorm's H x W: their fused loop cut short of
     a whole number of rows has bindings rfactor refuses).
