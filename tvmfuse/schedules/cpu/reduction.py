@@ -441,6 +441,11 @@ class RowReduction(BatchBuckets, U.CpuTemplate, family=FAMILY, config=RowReducti
             for name in info["rfactor"]:
                 _rfactor_with_tail(sch, sch.get_sblock(name), nrow, info["row_len"], width)
 
+        # Step 6. A row buffer (softmax's exp) that the output's pass reads at its own index, after every
+        # other reader: written into the output row itself, which that pass then rewrites in place (as
+        # onnxruntime's softmax does): no row buffer, so no workspace allocated and freed per row.
+        _row_buffer_into_output(sch)
+
 
 def _after_reductions(group) -> list:
     """The ops of a graph-level group (``analysis.GroupInfo``) that read a reduction's result, directly or
@@ -579,6 +584,137 @@ def _fold_tail_into_partial_sums(sch: C.Schedule, tail_loop, rf, nrow: int, main
                           old.match_buffers, old.annotations)
     sch.state.replace(common, new_common, {old: new_common, main_blk: new_main})
     return True
+
+
+class _Unhandled(Exception):
+    """A node _BufferSwap does not rebuild: the row buffer stays."""
+
+
+class _BufferSwap:
+    """Rebuilds a block-form TIR body with every access to buffer ``old`` made to ``new`` (same shape,
+    dtype and indices); ``blocks`` maps each rebuilt block to its replacement (schedule state reuse)."""
+
+    def __init__(self, old, new):
+        self.old, self.new, self.blocks = old, new, {}
+
+    def expr(self, e):
+        """``e`` with the loads of ``old`` made loads of ``new``; the very same node where nothing in it
+        changes (fast math's proofs compare indices by identity)."""
+        t = C.tirx
+        if isinstance(e, (t.IntImm, t.FloatImm, t.Var)):
+            return e
+        if isinstance(e, C.TensorLoad):
+            idx = [self.expr(i) for i in e.indices]
+            if e.source.same_as(self.old):
+                return t.BufferLoad(self.new, idx)
+            return e if _same(idx, e.indices) else t.BufferLoad(e.source, idx)
+        if isinstance(e, C.Call):
+            args = [self.expr(a) for a in e.args]
+            return e if _same(args, e.args) else C.Call(e.op, args, ret_ty=e.ty)
+        if isinstance(e, t.Cast):
+            v = self.expr(e.value)
+            return e if v.same_as(e.value) else t.Cast(e.ty.dtype, v)
+        if isinstance(e, t.Select):
+            parts = [self.expr(x) for x in (e.condition, e.true_value, e.false_value)]
+            return e if _same(parts, (e.condition, e.true_value, e.false_value)) else t.Select(*parts)
+        if isinstance(e, t.Not):
+            a = self.expr(e.a)
+            return e if a.same_as(e.a) else t.Not(a)
+        if type(e).__name__ in _BINARY_OPS:
+            a, b = self.expr(e.a), self.expr(e.b)
+            return e if a.same_as(e.a) and b.same_as(e.b) else type(e)(a, b)
+        raise _Unhandled(type(e).__name__)
+
+    def region(self, r):
+        return C.tirx.BufferRegion(self.new, list(r.region)) if r.source.same_as(self.old) else r
+
+    def stmt(self, s):
+        t = C.tirx
+        if s is None:
+            return None
+        if isinstance(s, C.BufferStore):
+            buf = self.new if s.buffer.same_as(self.old) else s.buffer
+            value, idx = self.expr(s.value), [self.expr(i) for i in s.indices]
+            if buf.same_as(s.buffer) and value.same_as(s.value) and _same(idx, s.indices):
+                return s
+            return C.BufferStore(buf, value, idx)
+        if isinstance(s, t.SeqStmt):
+            return t.SeqStmt([self.stmt(x) for x in s.seq])
+        if isinstance(s, t.For):
+            return t.For(s.loop_var, s.min, s.extent, s.kind, self.stmt(s.body), s.thread_binding, s.annotations,
+                         s.step)
+        if isinstance(s, C.SBlockRealize):
+            return C.SBlockRealize(s.iter_values, s.predicate, self.stmt(s.block))
+        if isinstance(s, C.SBlock):
+            allocs = [b for b in s.alloc_buffers if not b.same_as(self.old)]
+            new = C.SBlock(s.iter_vars, [self.region(r) for r in s.reads], [self.region(r) for r in s.writes],
+                           s.name_hint, self.stmt(s.body), self.stmt(s.init), allocs, s.match_buffers,
+                           s.annotations)
+            self.blocks[s] = new
+            return new
+        raise _Unhandled(type(s).__name__)
+
+
+def _same(a, b) -> bool:
+    return len(a) == len(b) and all(x.same_as(y) for x, y in zip(a, b))
+
+
+_BINARY_OPS = ("Add", "Sub", "Mul", "Div", "Mod", "FloorDiv", "FloorMod", "Min", "Max", "EQ", "NE", "LT", "LE",
+               "GT", "GE", "And", "Or")
+
+
+def _row_buffer_into_output(sch: C.Schedule) -> bool:
+    """Store the row buffer kept by ``_shared_expensive`` (softmax's exp) in the output instead, when
+    that is the same computation: the buffer (allocated at the root) and an output have the same shape
+    and dtype, the whole kernel is one row loop (every access inside it is to that row), the output is
+    written only by stores that read the buffer at the store's own index, and no access to the buffer
+    comes after the first store to the output (in program order within the row) other than those
+    reads.  Then each output store reads and rewrites its own element (``y = y * (1 / sum)``).  False
+    (nothing changed) otherwise."""
+    root = sch.get(U.root(sch))
+    func = sch.mod["main"]
+    if not isinstance(root.body, C.tirx.For) or len(root.alloc_buffers) == 0:
+        return False
+    params = list(func.params)
+    events = []            # (kind, buffer, store or load, enclosing store) in program order (post order)
+    stores = []
+
+    def visit(n):
+        if isinstance(n, C.BufferStore):
+            stores.append(n)
+
+    C.post_order_visit(root.body, visit)
+    for cand in root.alloc_buffers:
+        outs = [p for p in params if tuple(p.shape) == tuple(cand.shape) and str(p.dtype) == str(cand.dtype)
+                and any(st.buffer.same_as(p) for st in stores)]
+        if len(outs) != 1:
+            continue
+        out = outs[0]
+        first_out = next(i for i, st in enumerate(stores) if st.buffer.same_as(out))
+        ok = True
+        for i, st in enumerate(stores):
+            loads = []
+            C.post_order_visit(st.value, lambda n, loads=loads: loads.append(n) if isinstance(n, C.TensorLoad)
+                               else None)
+            if any(ld.source.same_as(out) for ld in loads):
+                ok = False                      # the output is read: not a write-only output
+            if st.buffer.same_as(out):
+                own = [ld for ld in loads if ld.source.same_as(cand)]
+                if not own or not all(len(ld.indices) == len(st.indices)
+                                      and all(a.same_as(b) for a, b in zip(ld.indices, st.indices)) for ld in own):
+                    ok = False                  # an output store that does not read the buffer at its index
+            elif i > first_out and (st.buffer.same_as(cand) or any(ld.source.same_as(cand) for ld in loads)):
+                ok = False                      # the buffer used after the output's pass began
+        if not ok:
+            continue
+        swap = _BufferSwap(cand, out)
+        try:
+            new_root = swap.stmt(root)
+        except _Unhandled:
+            return False
+        sch.state.replace(sch.get_sref(U.root(sch)), new_root, swap.blocks)
+        return True
+    return False
 
 
 def _contains(stmt, block) -> bool:
