@@ -60,7 +60,10 @@ do not run into the next one's block (alternating single calls in one process ma
 min/max.  ``--io`` and ``--tails`` run all their engines of one workload in one worker process (one compile
 shared, timed interleaved on the same inputs, memory and thread pool; one runtime, so no other's spinning
 workers): across processes the same call differed by 10-20% from one run to the next, as much as the
-differences these tables are for.  Floors (a large copy for memory-bound workloads, a large numpy matmul
+differences these tables are for.  Their ratios are also given paired round by round (``io_paired``,
+``tail_paired``: the median of the per-round ratios of two engines timed back to back in the same round,
+its p25-p75 and a bootstrap interval of that median, ``paired_ratio``): a load that slows both blocks of
+a round cancels in their ratio, where each engine's own median moves with it.  Floors (a large copy for memory-bound workloads, a large numpy matmul
 for compute-bound ones) are measured in the same run.
 """
 from __future__ import annotations
