@@ -655,6 +655,12 @@ class _BufferSwap:
         raise _Unhandled(type(s).__name__)
 
 
+def _static_shape(buf) -> tuple | None:
+    """A buffer's shape as ints, or None where an extent is symbolic (a batch)."""
+    dims = list(buf.shape)
+    return tuple(int(d) for d in dims) if all(isinstance(d, C.tirx.IntImm) for d in dims) else None
+
+
 def _same(a, b) -> bool:
     return len(a) == len(b) and all(x.same_as(y) for x, y in zip(a, b))
 
@@ -666,7 +672,7 @@ _BINARY_OPS = ("Add", "Sub", "Mul", "Div", "Mod", "FloorDiv", "FloorMod", "Min",
 def _row_buffer_into_output(sch: C.Schedule) -> bool:
     """Store the row buffer kept by ``_shared_expensive`` (softmax's exp) in the output instead, when
     that is the same computation: the buffer (allocated at the root) and an output have the same shape
-    and dtype, the whole kernel is one row loop (every access inside it is to that row), the output is
+    and dtype (static shapes), the whole kernel is one row loop (every access inside it is to that row), the output is
     written only by stores that read the buffer at the store's own index, and no access to the buffer
     comes after the first store to the output (in program order within the row) other than those
     reads.  Then each output store reads and rewrites its own element (``y = y * (1 / sum)``).  False
@@ -685,8 +691,9 @@ def _row_buffer_into_output(sch: C.Schedule) -> bool:
 
     C.post_order_visit(root.body, visit)
     for cand in root.alloc_buffers:
-        outs = [p for p in params if tuple(p.shape) == tuple(cand.shape) and str(p.dtype) == str(cand.dtype)
-                and any(st.buffer.same_as(p) for st in stores)]
+        shape = _static_shape(cand)
+        outs = [p for p in params if shape is not None and _static_shape(p) == shape
+                and str(p.dtype) == str(cand.dtype) and any(st.buffer.same_as(p) for st in stores)]
         if len(outs) != 1:
             continue
         out = outs[0]
