@@ -63,8 +63,8 @@ workers): across processes the same call differed by 10-20% from one run to the 
 differences these tables are for.  Their ratios are also given paired round by round (``io_paired``,
 ``tail_paired``: the median of the per-round ratios of two engines timed back to back in the same round,
 its p25-p75 and a bootstrap interval of that median, ``paired_ratio``): a load that slows both blocks of
-a round cancels in their ratio, where each engine's own median moves with it.  Floors (a large copy for memory-bound workloads, a large numpy matmul
-for compute-bound ones) are measured in the same run.
+a round cancels in their ratio, where each engine's own median moves with it.  Floors (a large copy for
+memory-bound workloads, a large numpy matmul for compute-bound ones) are measured in the same run.
 """
 from __future__ import annotations
 

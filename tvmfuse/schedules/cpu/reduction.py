@@ -671,9 +671,9 @@ _BINARY_OPS = ("Add", "Sub", "Mul", "Div", "Mod", "FloorDiv", "FloorMod", "Min",
 
 def _row_buffer_into_output(sch: C.Schedule) -> bool:
     """Store the row buffer kept by ``_shared_expensive`` (softmax's exp) in the output instead, when
-    that is the same computation: the buffer (allocated at the root) and an output have the same shape
-    and dtype (static shapes), the whole kernel is one row loop (every access inside it is to that row), the output is
-    written only by stores that read the buffer at the store's own index, and no access to the buffer
+    that is the same computation: the buffer (allocated at the root) and an output have the same static
+    shape and dtype, the whole kernel is one row loop (every access inside it is to that row), the output
+    is written only by stores that read the buffer at the store's own index, and no access to the buffer
     comes after the first store to the output (in program order within the row) other than those
     reads.  Then each output store reads and rewrites its own element (``y = y * (1 / sum)``).  False
     (nothing changed) otherwise."""
