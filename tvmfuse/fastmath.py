@@ -306,7 +306,9 @@ class _NonPositive:
     """Proves an exp argument ``X[e] - M[g]`` <= 0 (or NaN) from the PrimFunc's blocks.
 
     M must be written by one block whose store is ``M[s] = max(M[s], V)`` (a max reduction; V a load of X or
-    of another buffer with the same kind of writer: rfactor's partial maxima), or by several such blocks
+    of another buffer with the same kind of writer: rfactor's partial maxima, one of whose writers may
+    store to lanes ``k - c`` of them only: a row's tail folded into the partial maxima, issue 11, its
+    lanes narrowing the reading reduction's range on that path), or by several such blocks
     over disjoint intervals of one reduced axis that add up to it (a row cut into a vector main part and a
     scalar tail: cpu.row_reduction over 3071 floats), plus constant stores (its initial value) that come
     before them; its store indices are distinct spatial iterators over the whole of
@@ -365,7 +367,7 @@ class _NonPositive:
                 return None
             own = [o for o in (v.a, v.b) if isinstance(o, C.TensorLoad) and o.source.same_as(buf)
                    and len(o.indices) == len(st.indices)
-                   and all(i.same_as(j) for i, j in zip(o.indices, st.indices))]
+                   and all(i.same_as(j) or C.structural_equal(i, j) for i, j in zip(o.indices, st.indices))]
             if len(own) != 1:
                 return None
             updates.append((order, blk, v.b if own[0].same_as(v.a) else v.a))
