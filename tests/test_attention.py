@@ -205,14 +205,18 @@ def test_knob_space_and_every_config_match_reference(host, rng):
     match = t.match(func, host)
     space = t.space(match, host)
     assert set(space.names) == {"q_block", "k_block", "lanes", "rows", "tile_keys", "tile_qvecs", "q_blocks",
-                                "pack_kv"}
+                                "pack_kv", "prefetch"}
     assert space.contains(t.default_config(match, host))
     feeds = _feeds(model, rng)
     ref = M.reference_outputs(model, feeds)["y"]
     args_np = [feeds["q"], feeds["k"], feeds["v"], feeds["mask"], np.zeros(ref.shape, np.float32)]
     configs = list(space.all_configs())
-    assert {c["pack_kv"] for c in configs} == {0, 1}
-    for config in random.Random(0).sample(configs, len(configs) // 6):
+    assert {c["pack_kv"] for c in configs} == {0, 1} and {c["prefetch"] for c in configs} == {0, 1, 2}
+    # a sixth of the space without the prefetch level, each drawn with a level (the level changes no number)
+    draw = random.Random(0)
+    configs = [c for c in configs if c["prefetch"] == 0]
+    for config in draw.sample(configs, len(configs) // 6):
+        config = {**config, "prefetch": draw.choice((0, 1, 2))}
         scheduled = schedule_with(t, match, func, config)
         lib = C.build_prim_module(C.IRModule({"main": scheduled.with_attr("global_symbol", "main")}), host)
         args = [C.tensor(a) for a in args_np]
@@ -529,13 +533,21 @@ def test_configs_with_several_row_vectors_match_reference(host, rng):
 
 
 def _loads_of(func) -> dict:
-    """Name of the buffer -> number of loads of it in the scheduled kernel's TIR."""
+    """Name of the buffer -> number of loads of it in the scheduled kernel's TIR (an element whose address a
+    software prefetch takes is not read: not counted)."""
     import collections
 
-    count = collections.Counter()
-    C.post_order_visit(func.body, lambda e: count.update([str(e.source.name)]) if isinstance(e, C.TensorLoad)
-                       else None)
-    return count
+    count, prefetched = collections.Counter(), collections.Counter()
+
+    def visit(e):
+        if isinstance(e, C.TensorLoad):
+            count.update([str(e.source.name)])
+        elif isinstance(e, C.tirx.Evaluate) and getattr(e.value, "op", None) is not None and \
+                str(e.value.op.name) == "tirx.prefetch":
+            prefetched.update([str(e.value.args[0].args[0].source.name)])
+
+    C.post_order_visit(func.body, visit)
+    return count - prefetched
 
 
 def test_packed_kv_configs_match_reference(host, rng):
@@ -737,7 +749,8 @@ def test_symbolic_head_dim_is_refused_with_reason(host):
     assert reasons and "head dim d is symbolic" in reasons[0], reasons
 
 
-NO_PACK = {"q_blocks": 1, "pack_kv": 0}       # one query block per task, K/V read in place
+NO_PACK = {"q_blocks": 1, "pack_kv": 0, "prefetch": 0}   # one query block per task, K/V read in place, no
+# software prefetch (the knobs a static sequence alone has)
 
 
 def _packing(config: dict) -> dict:
