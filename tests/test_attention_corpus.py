@@ -32,7 +32,7 @@ _bspec = importlib.util.spec_from_file_location("bench_attention",
 bench_attention = importlib.util.module_from_spec(_bspec)
 _bspec.loader.exec_module(bench_attention)
 
-MODELS = ("bert", "gpt2", "llama")
+MODELS = ("bert", "gpt2", "llama", "vit")     # vit: its softmax reaches P @ V through two float -> float casts
 REL_TOL = 1e-4          # the corpus target (as tests/test_corpus.py)
 RTOL, ATOL = 1e-4, 1e-5
 SKYLAKE = tvmfuse.parse_target({"kind": "llvm", "mcpu": "skylake-avx512", "mtriple": "x86_64-linux-gnu",
