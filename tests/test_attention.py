@@ -232,18 +232,24 @@ def test_reference_kernel_alone_matches(host, rng):
     _check(model, cm, _feeds(model, rng))
 
 
-def _with_casts(model, to):
-    """The chain with Cast(to) nodes between Softmax and the P @ V MatMul (ViT's export: float -> float twice)."""
+def _with_casts(model, to, before_softmax=False):
+    """The chain with Cast(to) nodes between Softmax and the P @ V MatMul (ViT's export: float -> float
+    twice), or between the logits and Softmax (T5's: scores + position bias, cast, softmax)."""
     g = model.graph
     sm = next(n for n in g.node if n.op_type == "Softmax")
-    mm = next(n for n in g.node if n.op_type == "MatMul" and n.input[0] == sm.output[0])
-    casts, prev = [], sm.output[0]
+    if before_softmax:
+        reader, src = sm, sm.input[0]
+        at_node = next(n for n in g.node if src in n.output)
+    else:
+        reader = next(n for n in g.node if n.op_type == "MatMul" and n.input[0] == sm.output[0])
+        src, at_node = sm.output[0], sm
+    casts, prev = [], src
     for k, t in enumerate(to):
         casts.append(helper.make_node("Cast", [prev], [f"cast{k}"], to=t))
         prev = f"cast{k}"
-    mm.input[0] = prev
+    reader.input[0] = prev
     nodes = list(g.node)
-    at = nodes.index(sm) + 1
+    at = nodes.index(at_node) + 1
     g.ClearField("node")
     g.node.extend(nodes[:at] + casts + nodes[at:])
     onnx.checker.check_model(model)
@@ -251,15 +257,20 @@ def _with_casts(model, to):
 
 
 def test_identity_casts_before_pv_stay_in_the_kernel(host, rng):
-    """Softmax -> Cast(float) -> Cast(float) -> MatMul (ViT's export): the casts change nothing, the chain is
-    one attention kernel; the probabilities read by another op through a cast are not."""
+    """Softmax -> Cast(float) -> Cast(float) -> MatMul (ViT's export) and Add(mask) -> Cast(float) -> Softmax
+    (T5's): the casts change nothing, the chain is one attention kernel; a float16 round trip is not."""
     model = _with_casts(_chain(mask="input"), [F, F])
     cm = tvmfuse.compile(model, host)
     assert cm.kernel_count == 1 and len(_attention_groups(cm)) == 1, (cm.report.after.kernel_names,
                                                                        cm.report.refused)
     _check(model, cm, _feeds(model, rng))
+    # before the softmax (T5: the masked logits cast float -> float)
+    model = _with_casts(_chain(mask="input"), [F], before_softmax=True)
+    cm = tvmfuse.compile(model, host)
+    assert cm.kernel_count == 1 and len(_attention_groups(cm)) == 1, cm.report.refused
+    _check(model, cm, _feeds(model, rng))
     # a float -> float16 -> float round trip changes the values: not an identity, not fused
-    rounded = _with_casts(_chain(mask="input"), [TensorProto.FLOAT16, F])
+    rounded = _with_casts(_chain(mask="input"), [TensorProto.FLOAT16, F], before_softmax=True)
     cm = tvmfuse.compile(rounded, host)
     assert not _attention_groups(cm)
     _check(rounded, cm, _feeds(rounded, rng))

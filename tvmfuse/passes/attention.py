@@ -276,6 +276,16 @@ def _scores_chain(fn: _Function, expr, first_readers: int = 1) -> tuple:
         if not ok:
             raise _Refused(f"{C.var_name(expr) if isinstance(expr, C.relax.Var) else expr} "
                            "(part of the scores) is read outside the attention chain")
+        # a plain alias (what Peephole leaves of a cast to the same dtype) or such a cast: T5's
+        # scores + position bias go through a float -> float cast before the softmax
+        alias = fn.value.get(expr) if isinstance(expr, C.relax.Var) else None
+        if isinstance(alias, C.relax.Var):
+            expr = alias
+            continue
+        cast = fn.call(expr, "relax.astype")
+        if cast is not None and _dtype(expr) and _dtype(cast.args[0]) == _dtype(expr):
+            expr = cast.args[0]
+            continue
         mm = fn.call(expr, "relax.matmul")
         if mm is not None:
             return mm, scale, terms
