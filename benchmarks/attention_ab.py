@@ -2,7 +2,8 @@
 ``bench_attention.attention_model`` (batch 1, heads-interleaved [b, s, heads * dim] tensors, as exported),
 scheduled with the target default and with each ``--variant`` (a JSON object of knobs over the default),
 built for the host, timed interleaved with TVM's time evaluator (rounds x variants, order rotated each round).
-Output: one JSON line per variant (median and min ms over rounds, GFLOP/s of the QK^T and PV multiply-adds).
+Output: one JSON line per variant (median and min ms over rounds, GFLOP/s of the QK^T and PV multiply-adds,
+and the median over rounds of its time / the default's time in the same round).
 
     PYTHONPATH=. python benchmarks/attention_ab.py --seq 512 --variant '{"k_block": 64}' --threads 2
 
@@ -114,11 +115,15 @@ def main() -> None:
                                      number=number, repeat=1)
                 times[name].append(ev(*arr).mean * 1e3)
     flops = 4.0 * args.heads * args.seq * args.seq * args.head_dim * (0.5 if args.causal else 1.0)
+    base = times["default"]
     for name, cfg, *_ in runs:
         med = statistics.median(times[name])
+        # per round, this variant's time over the default's (the same round: load drifts cancel)
+        paired = statistics.median(t / b for t, b in zip(times[name], base))
         print(json.dumps({"variant": name, "seq": args.seq, "causal": args.causal, "threads": args.threads,
                           "median_ms": round(med, 4), "min_ms": round(min(times[name]), 4),
-                          "gflops_median": round(flops / med / 1e6, 1), "config": cfg,
+                          "gflops_median": round(flops / med / 1e6, 1),
+                          "vs_default_paired_median": round(paired, 4), "config": cfg,
                           "clock": "thread_time (one thread)" if args.threads == 1 else "wall (time evaluator)",
                           "note": "kernel only, interleaved, measured under load"}))
 

@@ -171,7 +171,7 @@ KERNEL_COUNT_GAPS = {
             "a copy kernel (static: absorbed by the attention kernel, whose spec takes plain symbols only)",
     "llama": "21 vs 19: the RMSNorm prologue (cpu.norm_matmul) is static-only, and the causal mask and the "
              "rotary tables (constants in the static build) are computed per call",
-    "t5_encoder": "28 vs 24: the RMSNorm prologue (cpu.norm_matmul) is static-only, and the relative "
+    "t5_encoder": "16 vs 12: the RMSNorm prologue (cpu.norm_matmul) is static-only, and the relative "
                   "position bias (a constant in the static build) is computed per call",
 }
 
