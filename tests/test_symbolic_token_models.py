@@ -273,7 +273,7 @@ TOKEN_MODELS = [n for n, e in ENTRIES.items()
                 if any("sequence" in spec["dyn_shape"] for spec in e["inputs"])]
 # token models whose symbolic build has more kernels than the static one, and why (2026-12-01)
 KERNEL_COUNT_GAPS = {
-    "t5_encoder": "28 vs 24: the RMSNorm prologue (cpu.norm_matmul) is static-only, and the relative "
+    "t5_encoder": "16 vs 12: the RMSNorm prologue (cpu.norm_matmul) is static-only, and the relative "
                   "position bias (a constant in the static build) is computed per call",
 }
 

@@ -370,6 +370,16 @@ def _scores_chain(fn: _Function, expr, first_readers: int = 1) -> tuple:
         if not ok:
             raise _Refused(f"{C.var_name(expr) if isinstance(expr, C.relax.Var) else expr} "
                            "(part of the scores) is read outside the attention chain")
+        # a plain alias (what Peephole leaves of a cast to the same dtype) or such a cast: T5's
+        # scores + position bias go through a float -> float cast before the softmax
+        alias = fn.value.get(expr) if isinstance(expr, C.relax.Var) else None
+        if isinstance(alias, C.relax.Var):
+            expr = alias
+            continue
+        cast = fn.call(expr, "relax.astype")
+        if cast is not None and _dtype(expr) and _dtype(cast.args[0]) == _dtype(expr):
+            expr = cast.args[0]
+            continue
         mm = fn.call(expr, "relax.matmul")
         if mm is not None:
             return mm, scale, terms
@@ -434,6 +444,24 @@ def _leads_to_matmul(fn: _Function, expr, depth: int = 8) -> bool:
     return any(_leads_to_matmul(fn, a, depth - 1) for a in v.args)
 
 
+def _identity_casts(fn: _Function, p) -> tuple:
+    """(the probabilities under ``p``, the number of casts peeled): through ``astype`` to the dtype its input
+    has already and plain aliases (``lv28 = lv27``: what Peephole leaves of such a cast), each read only by
+    the next step (ViT's export casts the softmax float -> float twice before P @ V); ``p`` itself and 0
+    where there is neither."""
+    count = 0
+    while isinstance(p, C.relax.Var) and fn.single_use(p) and _dtype(p):
+        value = fn.value.get(p)
+        if isinstance(value, C.relax.Var):
+            p = value
+            continue
+        cast = fn.call(p, "relax.astype")
+        if cast is None or _dtype(cast.args[0]) != _dtype(p):
+            break
+        p, count = cast.args[0], count + 1
+    return p, count
+
+
 def match(fn: _Function, var, target) -> tuple | None:
     """(the var to replace, the spec, the call's arguments, the ops it covers) for ``var = P @ V``;
     None when ``var`` is not the end of an attention chain.  Raises _Refused for a near miss."""
@@ -441,6 +469,7 @@ def match(fn: _Function, var, target) -> tuple | None:
     if mm is None:
         return None
     p, v = mm.args
+    p, casts = _identity_casts(fn, p)
     guard, zero_empty, p_readers = None, False, 1
     wh = fn.call(p, "relax.where")
     if wh is not None and _scalar_const(wh.args[1]) == 0.0 and \
@@ -467,7 +496,7 @@ def match(fn: _Function, var, target) -> tuple | None:
     if len(fn.users.get(p, [])) != p_readers:
         raise _Refused("the probabilities are read outside the attention chain")
     qk, scale, terms = _scores_chain(fn, x, x_readers)
-    ops = ["matmul", "softmax", "matmul"] + (["isnan", "where"] if zero_empty else [])
+    ops = ["matmul", "softmax", "matmul"] + (["isnan", "where"] if zero_empty else []) + ["astype"] * casts
     peeled = []
     for t in qk.args:      # (Q * c) @ (K^T * c'): the scale split over both operands, as SDPA exports it
         t, c = _scalar_factors(fn, t, ops)
