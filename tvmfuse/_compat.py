@@ -62,6 +62,7 @@ Cast = tirx.Cast
 ForKind = tirx.ForKind
 IterVar = tirx.IterVar
 BufferStore = tirx.BufferStore
+Range = _tvm.ir.Range
 TensorLoad = _tvm.ir.expr.TensorLoad  # what tirx.BufferLoad builds in 0.27 (buffer var in ``.source``)
 Call = _tvm.ir.expr.Call
 Analyzer = _sym.Analyzer
