@@ -110,20 +110,24 @@ def cm_inputs(cm, feeds: dict) -> list:
 
 def check_model(entry: dict, *, latency: bool = False, repeat: int = REPEAT, rounds: int = ROUNDS,
                 seed: int = 0, points: list[dict] | None = None, shape_bounds: dict | None = None,
-                thread_time: bool = False) -> dict:
+                thread_time: bool = False, compile_fn=None) -> dict:
+    """``compile_fn`` (default ``tvmfuse.compile``) builds the static and the symbolic variant: the tests pass
+    one that shares builds across test files."""
     import onnxruntime as ort
 
     import tvmfuse
 
+    compile_fn = compile_fn or tvmfuse.compile
+
     rec: dict = {"model": entry["name"]}
     threads = 1 if thread_time else None     # thread CPU time counts the calling thread only
-    static_cm = tvmfuse.compile(corpus_io.model_path(entry, "static"), num_threads=threads)
+    static_cm = compile_fn(corpus_io.model_path(entry, "static"), num_threads=threads)
     rec["static_kernels"] = static_cm.kernel_count
     rec["static_templates"] = templates(static_cm)
     dyn_path = corpus_io.model_path(entry, "dynamic")
     try:
         t0 = time.perf_counter()
-        cm = tvmfuse.compile(dyn_path, shape_upper_bounds=shape_bounds, num_threads=threads)
+        cm = compile_fn(dyn_path, shape_upper_bounds=shape_bounds, num_threads=threads)
         rec["compile_s"] = round(time.perf_counter() - t0, 2)
         rec["shape_upper_bounds"] = dict(cm.shape_upper_bounds)
     except Exception as e:  # reported per model, the run goes on with the next one

@@ -22,6 +22,8 @@ from tvmfuse import models as M
 from tvmfuse.explain_cli import explain
 from tvmfuse.schedules.cpu.attention import ATTR, AttentionSpec
 
+from conftest import compile_shared
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 _spec = importlib.util.spec_from_file_location("corpus_io", os.path.join(ROOT, "corpus", "corpus_io.py"))
 corpus_io = importlib.util.module_from_spec(_spec)
@@ -65,7 +67,7 @@ def test_corpus_model_has_one_attention_kernel_per_layer(name, rng):
     layers = _softmax_count(path)
     config = entry["source"]["config"]
     assert layers == next(config[k] for k in ("num_hidden_layers", "n_layer", "num_layers") if k in config)
-    cm = tvmfuse.compile(path)
+    cm = compile_shared(path)
     groups = [g for g in cm.report.groups if g["rule"] == "attention"]
     assert len(groups) == layers, (cm.report.groups, cm.report.refused)
     # identical layers may share one PrimFunc: count the kernel calls, each to an attention PrimFunc

@@ -32,7 +32,7 @@ from tvmfuse.schedules.cpu.symbolic_siblings import SymbolicSiblings
 from tvmfuse.target import cpu_info, parse_target
 
 import schedule_cases as S
-from conftest import NAMED_TARGETS
+from conftest import NAMED_TARGETS, compile_shared
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RTOL, ATOL = 1e-4, 1e-5
@@ -284,7 +284,7 @@ KERNEL_COUNT_GAPS = {
                                                if n in KERNEL_COUNT_GAPS else [], id=n) for n in TOKEN_MODELS])
 def test_token_model_has_the_static_kernel_count(name, host):
     entry = ENTRIES[name]
-    static = tvmfuse.compile(corpus_io.model_path(entry, "static"), host)
-    dyn = tvmfuse.compile(corpus_io.model_path(entry, "dynamic"), host)
+    static = compile_shared(corpus_io.model_path(entry, "static"), host)
+    dyn = compile_shared(corpus_io.model_path(entry, "dynamic"), host)
     assert dyn.kernel_count == static.kernel_count, (
         [s["kernel"] for s in dyn.report.schedules], [s["kernel"] for s in static.report.schedules])
