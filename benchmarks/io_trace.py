@@ -17,13 +17,14 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import time
 
 import numpy as np
 
 import tvmfuse
 from tvmfuse import _compat as C
 from tvmfuse import models as M
+
+from io_overhead import _block  # noqa: E402  (same directory: run as a script)
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -42,13 +43,6 @@ def paths(cm, x) -> dict:
         "run": lambda: cm.run(feeds),
         "run_kept": lambda: keep.__setitem__(0, cm.run(feeds)),
     }
-
-
-def _block(fn, calls: int) -> float:
-    t = time.perf_counter()
-    for _ in range(calls):
-        fn()
-    return (time.perf_counter() - t) / calls * 1e6
 
 
 def main(argv=None) -> int:
