@@ -1,0 +1,178 @@
+"""ONNX's function-expanded cases (``node/test_*_expanded`` of the backend suite), rebuilt small.
+
+ONNX expands Attention-23, LayerNormalization-17 and RMSNormalization-23 into their function bodies; those
+compute reduce axes, reshape targets and head counts from ``Shape`` (Shape -> Size -> Range -> ReduceMean;
+Shape -> Div / Mod -> Where -> Concat -> Expand).  TVM's importer refuses a Shape result fed to Size, Sub,
+Div, Mod ("cannot handle ShapeExpr inputs"), so the suite's import goes through ``tvmfuse.conformance``,
+which folds the static shape computations first, as ``tvmfuse.load_onnx`` does.  Attention's body needs two
+rounds of folding: Q is reshaped by a Shape -> Concat target, and Shape is then read off the result.
+
+Each case: the expanded graph built by onnx's own expansion helper, imported the way the suite imports,
+compiled by the tvmfuse pipeline, and checked against onnx.reference on fresh random inputs.
+"""
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper
+from onnx.backend.test.case.node import function_testcase_helper
+from onnx.reference import ReferenceEvaluator
+
+from tvmfuse import _compat as C
+from tvmfuse.frontend import fold_static_shapes, fold_static_shapes_fully
+
+F32 = TensorProto.FLOAT
+
+
+def _vi(name, shape, dtype=F32):
+    return helper.make_tensor_value_info(name, dtype, shape)
+
+
+def _expanded(node, inputs, outputs, opset):
+    """The model ONNX's backend suite builds for ``<case>_expanded``: ``node`` replaced by its function body."""
+    tests, _ = function_testcase_helper(node, [vi.type for vi in inputs], "t",
+                                        opset_imports=[helper.make_opsetid("", opset)])
+    nodes, fn_opsets = tests[-1]
+    opsets = {o.domain: o.version for o in fn_opsets}
+    opsets[""] = max(opsets.get("", 0), opset)
+    graph = helper.make_graph(nodes, "expanded", inputs, outputs)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid(d, v) for d, v in opsets.items()])
+    onnx.checker.check_model(model)
+    return model
+
+
+def _feeds(model, rng):
+    feeds = {}
+    for vi in model.graph.input:
+        dims = [d.dim_value for d in vi.type.tensor_type.shape.dim]
+        feeds[vi.name] = rng.standard_normal(dims).astype(np.float32)
+    return feeds
+
+
+@pytest.fixture
+def suite_from_onnx(monkeypatch):
+    """``tvm.relax.frontend.onnx.from_onnx`` as the conformance suite calls it with tvmfuse's hook loaded
+    (the package name is restored to TVM's own after the test)."""
+    pkg = C.onnx_package()
+    monkeypatch.setattr(pkg, "from_onnx", C.onnx_frontend().from_onnx)
+    from tvmfuse import conformance
+
+    conformance.install_import_folding()
+    return pkg.from_onnx
+
+
+def _run_like_suite(from_onnx, model, feeds, host):
+    mod = from_onnx(model, keep_params_in_input=False)
+    vm = C.VirtualMachine(C.compile_module(mod, host, "tvmfuse"), C.cpu())
+    names = [vi.name for vi in model.graph.input]
+    out = vm["main"](*[C.tensor(feeds[n]) for n in names])
+    outs = [out] if len(model.graph.output) == 1 else list(out)
+    return [o.numpy() for o in outs]
+
+
+def _check(from_onnx, model, host, rng, rtol=1e-4, atol=1e-5):
+    feeds = _feeds(model, rng)
+    got = _run_like_suite(from_onnx, model, feeds, host)
+    want = ReferenceEvaluator(model).run(None, feeds)
+    assert len(got) == len(want)
+    for g, w in zip(got, want):
+        assert g.shape == w.shape
+        np.testing.assert_allclose(g, w, rtol=rtol, atol=atol)
+
+
+def _layer_norm(axis, shape):
+    node = helper.make_node("LayerNormalization", ["X", "W", "B"], ["Y", "Mean", "InvStdDev"], axis=axis,
+                            epsilon=1e-3)
+    a = axis % len(shape)
+    stat = shape[:a] + [1] * (len(shape) - a)
+    return _expanded(node, [_vi("X", shape), _vi("W", shape[a:]), _vi("B", shape[a:])],
+                     [_vi("Y", shape), _vi("Mean", stat), _vi("InvStdDev", stat)], 17)
+
+
+def _rms_norm(axis, shape):
+    node = helper.make_node("RMSNormalization", ["X", "W"], ["Y"], axis=axis, epsilon=1e-4)
+    a = axis % len(shape)
+    return _expanded(node, [_vi("X", shape), _vi("W", shape[a:])], [_vi("Y", shape)], 23)
+
+
+def _attention_3d(q_heads, kv_heads, causal):
+    b, sq, skv, d = 2, 3, 5, 4
+    node = helper.make_node("Attention", ["Q", "K", "V"], ["Y"], q_num_heads=q_heads, kv_num_heads=kv_heads,
+                            is_causal=int(causal))
+    return _expanded(node, [_vi("Q", [b, sq, q_heads * d]), _vi("K", [b, skv, kv_heads * d]),
+                            _vi("V", [b, skv, kv_heads * d])], [_vi("Y", [b, sq, q_heads * d])], 23)
+
+
+def _attention_4d_mask(heads):
+    b, sq, skv, d = 2, 4, 6, 8
+    node = helper.make_node("Attention", ["Q", "K", "V", "M"], ["Y"])
+    return _expanded(node, [_vi("Q", [b, heads, sq, d]), _vi("K", [b, heads, skv, d]),
+                            _vi("V", [b, heads, skv, d]), _vi("M", [sq, skv])], [_vi("Y", [b, heads, sq, d])], 23)
+
+
+CASES = {
+    # axis -1 and a middle axis: the body reads the rank off Shape (Size) and the kept dims off Slice
+    "layer_norm_3d_axis_last": lambda: _layer_norm(-1, [2, 3, 8]),
+    "layer_norm_4d_axis1": lambda: _layer_norm(1, [2, 3, 4, 5]),
+    # Range(axis, Size(Shape(X))) gives ReduceMean its axes
+    "rms_norm_3d_axis_last": lambda: _rms_norm(-1, [2, 3, 8]),
+    "rms_norm_4d_axis_neg3": lambda: _rms_norm(-3, [2, 3, 4, 5]),
+    # 3-D inputs split into heads by q_num_heads / kv_num_heads; grouped-query (6 query heads on 2) + causal
+    "attention_3d": lambda: _attention_3d(3, 3, False),
+    "attention_3d_gqa_causal": lambda: _attention_3d(6, 2, True),
+    "attention_4d_additive_mask": lambda: _attention_4d_mask(2),
+}
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_expanded_case_matches_reference(case, suite_from_onnx, host, rng):
+    _check(suite_from_onnx, CASES[case](), host, rng)
+
+
+@pytest.mark.parametrize("case", ["layer_norm_4d_axis1", "rms_norm_3d_axis_last", "attention_3d_gqa_causal"])
+def test_tvm_importer_alone_refuses_expanded_case(case):
+    """Why the folding is there: TVM's importer without it stops at the first Shape result it cannot take."""
+    with pytest.raises(ValueError, match="cannot handle ShapeExpr inputs"):
+        C.onnx_frontend().from_onnx(CASES[case](), keep_params_in_input=False)
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_fold_leaves_no_shape_computation(case):
+    """Structure: after folding, no Shape/Size node and nothing computed from one is left, only the math."""
+    model = CASES[case]()
+    assert not {node.op_type for node in model.graph.node} & {"Attention", "LayerNormalization",
+                                                              "RMSNormalization"}   # the expanded body
+    folded, n = fold_static_shapes_fully(model)
+    assert n > 0
+    left = {node.op_type for node in folded.graph.node}
+    assert not left & {"Shape", "Size", "Range", "ConstantOfShape", "Mod"}, left
+    # the folded graph is a valid model with the same inputs and outputs
+    onnx.checker.check_model(folded)
+    assert [i.name for i in folded.graph.input] == [i.name for i in model.graph.input]
+    assert [o.name for o in folded.graph.output] == [o.name for o in model.graph.output]
+
+
+def test_attention_needs_a_second_fold_round():
+    """One round leaves Shape of the head-split Q (its reshape target was folded in that round)."""
+    model = CASES["attention_3d"]()
+    once, _ = fold_static_shapes(model)
+    assert "Shape" in {node.op_type for node in once.graph.node}
+    fully, _ = fold_static_shapes_fully(model)
+    assert "Shape" not in {node.op_type for node in fully.graph.node}
+    one_round, _ = fold_static_shapes_fully(model, max_rounds=1)
+    assert [n.op_type for n in one_round.graph.node] == [n.op_type for n in once.graph.node]
+
+
+def test_fold_rounds_must_be_positive():
+    with pytest.raises(ValueError, match="max_rounds must be >= 1"):
+        fold_static_shapes_fully(CASES["rms_norm_3d_axis_last"](), max_rounds=0)
+
+
+def test_install_import_folding_is_idempotent(suite_from_onnx):
+    from tvmfuse import conformance
+
+    conformance.install_import_folding()
+    pkg = C.onnx_package()
+    assert pkg.from_onnx is suite_from_onnx
+    assert pkg.from_onnx.__wrapped__ is C.onnx_frontend().from_onnx
