@@ -176,3 +176,31 @@ def test_install_import_folding_is_idempotent(suite_from_onnx):
     pkg = C.onnx_package()
     assert pkg.from_onnx is suite_from_onnx
     assert pkg.from_onnx.__wrapped__ is C.onnx_frontend().from_onnx
+
+
+# --------------------------------------------------------------------------- known failure
+# ONNX's expanded Attention finds a fully masked row by ReduceMax(bias) == -inf.  TVM's max reduction starts
+# from the lowest finite float, so a row of -inf reduces to -3.4e38, the test is false and the row's 0/0
+# softmax (NaN) is kept (node/test_attention_*fullymasked*_expanded, *_nan_robustness_expanded, 8 cases).
+# A ReduceMax converter that returns -inf there needs a second reduction, which breaks the one-kernel
+# attention match of an exporter's decomposed softmax (tests/test_attention.py, decomposed=True).
+@pytest.mark.xfail(strict=True, reason="TVM's max reduction of an all -inf row is -FLT_MAX, not -inf")
+@pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")   # onnx.reference, masked row
+def test_expanded_attention_fully_masked_row_is_zero(suite_from_onnx, host, rng):
+    """node/test_attention_*fullymasked*_expanded, rebuilt: a boolean mask with a row all False gives 0
+    there (the body's ReduceMax(bias) == -inf test), the other rows softmax as usual."""
+    b, h, sq, skv, d = 1, 2, 3, 6, 4
+    node = helper.make_node("Attention", ["Q", "K", "V", "M"], ["Y"])
+    model = _expanded(node, [_vi("Q", [b, h, sq, d]), _vi("K", [b, h, skv, d]), _vi("V", [b, h, skv, d]),
+                             _vi("M", [sq, skv], TensorProto.BOOL)], [_vi("Y", [b, h, sq, d])], 23)
+    feeds = {n: rng.standard_normal(s).astype(np.float32)
+             for n, s in (("Q", [b, h, sq, d]), ("K", [b, h, skv, d]), ("V", [b, h, skv, d]))}
+    mask = rng.random((sq, skv)) > 0.3
+    mask[0] = False
+    mask[1:, 0] = True
+    feeds["M"] = mask
+    got = _run_like_suite(suite_from_onnx, model, feeds, host)[0]
+    want = ReferenceEvaluator(model).run(None, feeds)[0]
+    assert not np.isnan(got).any()
+    np.testing.assert_array_equal(got[:, :, 0], 0.0)
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
