@@ -21,6 +21,7 @@ from onnx.reference import ReferenceEvaluator
 
 from tvmfuse import _compat as C
 from tvmfuse.frontend import fold_static_shapes, fold_static_shapes_fully
+from tvmfuse.passes.legalize import CUSTOM_LEGALIZE
 
 F32 = TensorProto.FLOAT
 
@@ -178,13 +179,68 @@ def test_install_import_folding_is_idempotent(suite_from_onnx):
     assert pkg.from_onnx.__wrapped__ is C.onnx_frontend().from_onnx
 
 
-# --------------------------------------------------------------------------- known failure
-# ONNX's expanded Attention finds a fully masked row by ReduceMax(bias) == -inf.  TVM's max reduction starts
-# from the lowest finite float, so a row of -inf reduces to -3.4e38, the test is false and the row's 0/0
-# softmax (NaN) is kept (node/test_attention_*fullymasked*_expanded, *_nan_robustness_expanded, 8 cases).
-# A ReduceMax converter that returns -inf there needs a second reduction, which breaks the one-kernel
-# attention match of an exporter's decomposed softmax (tests/test_attention.py, decomposed=True).
-@pytest.mark.xfail(strict=True, reason="TVM's max reduction of an all -inf row is -FLT_MAX, not -inf")
+# --------------------------------------------------------------------------- ReduceMax / ReduceMin extrema
+# ONNX: a reduction over values that are all -inf (ReduceMax) / +inf (ReduceMin) is that infinity; TOPI's
+# reductions start from the lowest / highest finite value, tvmfuse's legalization (passes/legalize.py) from
+# the infinity.  ONNX's expanded Attention finds its fully masked rows by ReduceMax(bias) == -inf
+# (node/test_attention_*fullymasked*_expanded).
+def _reduce_model(op, shape, axes, keepdims, opset, dtype=F32):
+    inputs, extra = [_vi("x", shape, dtype)], []
+    kw = {"keepdims": keepdims}
+    if opset >= 18:
+        extra = [helper.make_tensor("axes", TensorProto.INT64, [len(axes)], axes)]
+        node = helper.make_node(op, ["x", "axes"], ["y"], **kw)
+    else:
+        node = helper.make_node(op, ["x"], ["y"], axes=axes, **kw)
+    graph = helper.make_graph([node], "reduce", inputs, [helper.make_tensor_value_info("y", dtype, None)],
+                              initializer=extra)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
+
+
+def _rows_with_infinities(rng, sign, shape=(4, 3, 5)):
+    x = rng.standard_normal(shape).astype(np.float32)
+    lowest = np.finfo(np.float32).min if sign < 0 else np.finfo(np.float32).max
+    x[0] = sign * np.inf                       # every row of x[0] is all -inf / +inf
+    x[1, 0] = sign * np.inf                    # one row all infinite, the others finite
+    x[2, 1, :] = sign * np.inf                 # a row of infinities with one value exactly the finite extreme
+    x[2, 1, 3] = lowest
+    x[3, 2, 1] = sign * np.inf                 # one infinite value in a finite row
+    x[:, 0, 0] = sign * np.inf                 # a column (over axis 0) all infinite
+    return x
+
+
+@pytest.mark.parametrize("op,sign", [("ReduceMax", -1), ("ReduceMin", 1)])
+@pytest.mark.parametrize("opset,axes,keepdims", [(13, [-1], 1), (18, [1, 2], 0), (18, [0], 1)])
+def test_reduce_extremum_of_infinite_rows_matches_reference(op, sign, opset, axes, keepdims, host, rng):
+    import tvmfuse
+
+    model = _reduce_model(op, [4, 3, 5], axes, keepdims, opset)
+    cm = tvmfuse.compile(model, host)
+    x = _rows_with_infinities(rng, sign)
+    got = cm.run({"x": x})["y"]
+    want = ReferenceEvaluator(model).run(None, {"x": x})[0]
+    np.testing.assert_array_equal(got, want)
+    assert np.isinf(want).any()        # the case is exercised
+
+
+def test_reduce_extremum_is_one_reduction_from_infinity(host):
+    """Structure: a float ReduceMax/ReduceMin stays one kernel, its reduction initialised to -inf/+inf;
+    an integer one keeps TOPI's finite start."""
+    import tvmfuse
+
+    for op, init in (("ReduceMax", "-inf"), ("ReduceMin", "inf")):
+        cm = tvmfuse.compile(_reduce_model(op, [4, 5], [1], 1, 13), host)
+        assert cm.kernel_count == 1
+        mod = C.relax_transform.LegalizeOps(customize_legalize_map=dict(CUSTOM_LEGALIZE))(
+            tvmfuse.load_onnx(_reduce_model(op, [4, 5], [1], 1, 13)))
+        funcs = [f.script() for f in mod.functions.values() if isinstance(f, C.PrimFunc)]
+        assert len(funcs) == 1 and f'T.float32("{init}")' in funcs[0], funcs
+        mod = C.relax_transform.LegalizeOps(customize_legalize_map=dict(CUSTOM_LEGALIZE))(
+            tvmfuse.load_onnx(_reduce_model(op, [4, 5], [1], 1, 13, TensorProto.INT32)))
+        funcs = [f.script() for f in mod.functions.values() if isinstance(f, C.PrimFunc)]
+        assert len(funcs) == 1 and "inf" not in funcs[0], funcs
+
+
 @pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")   # onnx.reference, masked row
 def test_expanded_attention_fully_masked_row_is_zero(suite_from_onnx, host, rng):
     """node/test_attention_*fullymasked*_expanded, rebuilt: a boolean mask with a row all False gives 0
@@ -204,3 +260,19 @@ def test_expanded_attention_fully_masked_row_is_zero(suite_from_onnx, host, rng)
     assert not np.isnan(got).any()
     np.testing.assert_array_equal(got[:, :, 0], 0.0)
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
+
+
+def test_fold_keeps_initializers_listed_as_graph_inputs():
+    """IR version 3 lists every weight among the graph inputs (pytorch-converted/test_Linear_no_bias):
+    folding Transpose(weight) must keep the weight's initializer, or the weight becomes an input to feed."""
+    x = _vi("x", [2, 3])
+    w = helper.make_tensor("w", F32, [4, 3], np.arange(12, dtype=np.float32).tolist())
+    nodes = [helper.make_node("Transpose", ["w"], ["wt"], perm=[1, 0]),
+             helper.make_node("MatMul", ["x", "wt"], ["y"])]
+    graph = helper.make_graph(nodes, "linear", [x, _vi("w", [4, 3])], [_vi("y", [2, 4])], initializer=[w])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 9)], ir_version=3)
+    folded, n = fold_static_shapes_fully(model)
+    assert n == 1 and [node.op_type for node in folded.graph.node] == ["MatMul"]
+    assert "w" in {t.name for t in folded.graph.initializer}
+    mod = C.onnx_frontend().from_onnx(folded, keep_params_in_input=False)
+    assert len(mod["main"].params) == 1          # only x: w is still a weight

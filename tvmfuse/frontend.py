@@ -201,7 +201,9 @@ def fold_static_shapes(model: onnx.ModelProto) -> tuple[onnx.ModelProto, int]:
                 new_inits.append(numpy_helper.from_array(np.asarray(v), name))
     if folded == 0:
         return model, 0
-    used = {i for n in kept for i in n.input} | {o.name for o in graph.output}
+    # an initializer also listed as a graph input (IR version < 4 lists every weight there) stays: without
+    # it, the input would become one the caller has to feed
+    used = {i for n in kept for i in n.input} | {o.name for o in graph.output} | {i.name for i in graph.input}
     out = onnx.ModelProto()
     out.CopyFrom(model)
     del out.graph.node[:]
