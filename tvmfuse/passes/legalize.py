@@ -109,7 +109,7 @@ def _extremum_compute(kind: str, x, axis, keepdims: bool):
                 full.append(next(outer))
         return reducer(x[tuple(full)], axis=rvars)
 
-    return C.te.compute(out_shape, body, name=f"T_{kind}", tag="comm_reduce")
+    return C.te.compute(out_shape, body, name=f"{x.op.name}_red", tag="comm_reduce")   # TOPI's names
 
 
 def _legalize_extremum(kind: str):
