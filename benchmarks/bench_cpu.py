@@ -60,8 +60,11 @@ do not run into the next one's block (alternating single calls in one process ma
 min/max.  ``--io`` and ``--tails`` run all their engines of one workload in one worker process (one compile
 shared, timed interleaved on the same inputs, memory and thread pool; one runtime, so no other's spinning
 workers): across processes the same call differed by 10-20% from one run to the next, as much as the
-differences these tables are for.  Floors (a large copy for memory-bound workloads, a large numpy matmul
-for compute-bound ones) are measured in the same run.
+differences these tables are for.  Their ratios are also given paired round by round (``io_paired``,
+``tail_paired``: the median of the per-round ratios of two engines timed back to back in the same round,
+its p25-p75 and a bootstrap interval of that median, ``paired_ratio``): a load that slows both blocks of
+a round cancels in their ratio, where each engine's own median moves with it.  Floors (a large copy for
+memory-bound workloads, a large numpy matmul for compute-bound ones) are measured in the same run.
 """
 from __future__ import annotations
 
@@ -88,6 +91,8 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 FLOOR_COPY_BYTES = 256 * 1024 * 1024 // 4 * 4     # the copy that measures DRAM bandwidth
 FLOOR_MATMUL = 1024                               # the square matmul that measures float32 FLOP/s
 BLOCK_SECONDS = 0.05   # each engine runs a block of calls this long per round (see _time)
+BOOTSTRAP_RESAMPLES = 2000   # paired_ratio: resamples of the rounds for the interval of the median ratio
+BOOTSTRAP_LEVEL = 0.9        # ... and that interval's coverage
 MAX_BLOCK_CALLS = 200
 # Output check against the float32 ONNX reference: |out - ref| <= CHECK_ATOL + CHECK_RTOL * |ref|.  Fused
 # kernels reorder sums (K up to 768 here) and tvmfuse uses approximations of exp/erf (fast math).
@@ -599,9 +604,46 @@ def floors():
 
 
 def _spread(ts):
-    ms = sorted(t * 1e3 for t in ts)
+    by_round = [t * 1e3 for t in ts]
+    ms = sorted(by_round)
     q = statistics.quantiles(ms, n=4, method="inclusive") if len(ms) > 1 else [ms[0]] * 3
-    return {"median": statistics.median(ms), "p25": q[0], "p75": q[2], "min": ms[0], "max": ms[-1], "rounds": ms}
+    return {"median": statistics.median(ms), "p25": q[0], "p75": q[2], "min": ms[0], "max": ms[-1], "rounds": ms,
+            "by_round": by_round}
+
+
+def paired_ratio(num: list, den: list, resamples: int = BOOTSTRAP_RESAMPLES, seed: int = 0) -> dict | None:
+    """The ratio of two engines timed in the same rounds (``by_round`` of ``_spread``), round by round:
+    each round's two blocks ran back to back in one process on the same inputs, so the load that moves
+    both (another process, the clock) cancels in their ratio, which the ratio of two medians keeps
+    (issue 11: each path's own p25-p75 spans 10-20%, the target is 5%).  Returns the median of the
+    per-round ratios, their p25/p75, and a bootstrap interval of that median (``BOOTSTRAP_LEVEL``, the
+    rounds resampled ``resamples`` times with a fixed seed); None when the rounds do not pair up."""
+    if not num or len(num) != len(den) or min(den) <= 0:
+        return None
+    r = np.array(num, dtype=np.float64) / np.array(den, dtype=np.float64)
+    rng = np.random.default_rng(seed)
+    meds = np.median(r[rng.integers(0, len(r), size=(resamples, len(r)))], axis=1)
+    tail = (1 - BOOTSTRAP_LEVEL) / 2
+    return {"median": float(np.median(r)), "p25": float(np.percentile(r, 25)), "p75": float(np.percentile(r, 75)),
+            "ci": [float(np.quantile(meds, tail)), float(np.quantile(meds, 1 - tail))], "level": BOOTSTRAP_LEVEL,
+            "rounds": len(r), "by_round": r.tolist()}
+
+
+def paired_ratios(rows: list, pairs: dict) -> dict:
+    """``paired_ratio`` per workload for each of ``pairs`` ({label: (engine, baseline engine)}); None
+    where one of the two did not run."""
+    out = {}
+    for row in rows:
+        rounds = {e: d["ms"].get("by_round") for e, d in row["engines"].items() if "ms" in d}
+        out[row["workload"]] = {k: (paired_ratio(rounds[a], rounds[b]) if rounds.get(a) and rounds.get(b) else None)
+                                for k, (a, b) in pairs.items()}
+    return out
+
+
+# --io: run() on numpy against the VM call, paired round by round (paired_ratio)
+IO_PAIRS = {f"{p}run/{v}": (f"io_{p}run_numpy", f"io_{p}{v}") for p in ("", "artifact_") for v in ("vm", "vm_views")}
+# --tails: rows of d against rows padded to TAIL_PAD, for the VM call and run()
+TAIL_PAIRS = {k: (f"tail_{k}", f"tail_padded_{k}") for k in ("vm", "run")}
 
 
 def bench_workload(name, model, engines, args, root):
@@ -744,8 +786,10 @@ def main(argv=None):
            "engines": {e: desc[e] for e in engines}, "floors": fl, "rows": rows}
     if args.tails:
         out["tail_ratios"] = tail_ratios(rows)
+        out["tail_paired"] = paired_ratios(rows, TAIL_PAIRS)
     if args.io:
         out["io_ratios"] = io_ratios(rows)
+        out["io_paired"] = paired_ratios(rows, IO_PAIRS)
     with open(out_json, "w") as f:
         json.dump(out, f, indent=1)
     print_table(out)
@@ -758,6 +802,15 @@ def main(argv=None):
               "\n|---|---:|---:|---:|---:|")
         for name, r in out["io_ratios"].items():
             print(f"| {name} | " + " | ".join("-" if r[k] is None else f"{r[k]:.2f}" for k in r) + " |")
+    for key, cols in (("io_paired", IO_PAIRS), ("tail_paired", TAIL_PAIRS)):
+        if key not in out:
+            continue
+        print(f"\npaired per round: median ratio [{BOOTSTRAP_LEVEL:.0%} bootstrap interval of it] (p25-p75)")
+        print("| workload | " + " | ".join(cols) + " |\n|---|" + "---:|" * len(cols))
+        for name, r in out[key].items():
+            print(f"| {name} | " + " | ".join("-" if r[k] is None else f"{r[k]['median']:.3f} [{r[k]['ci'][0]:.3f}-"
+                                               f"{r[k]['ci'][1]:.3f}] ({r[k]['p25']:.2f}-{r[k]['p75']:.2f})"
+                                               for k in cols) + " |")
     print(f"wrote {out_json}")
     return 0
 

@@ -2,11 +2,18 @@
 
     python benchmarks/bench_models.py [--models resnet18 bert] [--rounds 15] [--block 0.2] [--json out.json]
     python benchmarks/bench_models.py --quick --models bert      # a check that it runs, not a measurement
+    python benchmarks/bench_models.py --attention [--quick]      # issue 14: the transformers, attention on/off
 
 Engines (each in its own process, so that one runtime's idle worker threads never run next to another's):
   tvmfuse       ``tvmfuse.compile(model).run(feeds)``: numpy in, numpy out
   ort           onnxruntime, default session options
   ort_nospin    onnxruntime with ``session.intra_op.allow_spinning=0`` (idle workers sleep, as TVM's do)
+  tvmfuse_noattn  ``tvmfuse.compile(model, attention=False)``: without the attention rule (the chain through
+                the pairwise rules, the scores in memory); not run unless named in ``--engines``
+
+``--attention`` (issue 14's end-to-end table): the corpus transformers (``ATTENTION_MODELS``) with the engines
+tvmfuse, tvmfuse_noattn and ort; the table adds each build's kernel count, its attention kernels and the
+speedup of the attention rule (tvmfuse_noattn / tvmfuse).
 
 One round = one block of back-to-back calls (``--block`` seconds) of every engine in turn, with ``--pause``
 seconds of idle time between engines; the latency is the median over rounds of the per-call time of each
@@ -39,7 +46,10 @@ _spec = importlib.util.spec_from_file_location("corpus_io", os.path.join(ROOT, "
 corpus_io = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(corpus_io)
 
-ENGINES = ("tvmfuse", "ort", "ort_nospin")
+ENGINES = ("tvmfuse", "ort", "ort_nospin")          # the default engines
+ALL_ENGINES = (*ENGINES, "tvmfuse_noattn")
+ATTENTION_MODELS = ("bert", "gpt2", "llama", "t5_encoder", "vit")    # --attention: the corpus transformers
+ATTENTION_ENGINES = ("tvmfuse", "tvmfuse_noattn", "ort")
 REFERENCE_ENGINE = "ort"
 REL_TOL = 1e-4          # the corpus target: an engine above it is reported as a mismatch
 WORKER_START_TIMEOUT_S = 900   # compile + first run of one model in a worker
@@ -49,13 +59,14 @@ WORKER_START_TIMEOUT_S = 900   # compile + first run of one model in a worker
 
 def _engine_runner(engine: str, path: str, threads: int | None):
     """(run(feeds) -> {name: array}, info dict) for one engine."""
-    if engine == "tvmfuse":
+    if engine in ("tvmfuse", "tvmfuse_noattn"):
         import tvmfuse
 
         t0 = time.perf_counter()
-        cm = tvmfuse.compile(path, num_threads=threads)
+        cm = tvmfuse.compile(path, num_threads=threads, attention=engine == "tvmfuse")
         info = {"compile_s": time.perf_counter() - t0, "kernels_before": cm.report.kernels_before,
                 "kernels": cm.kernel_count,
+                "attention_groups": sum(g["rule"] == "attention" for g in cm.report.groups),
                 "schedule_sources": dict(collections.Counter(f"{s['template']} ({s.get('source', '')})"
                                                              for s in cm.report.schedules)),
                 "unscheduled": [s["kernel"] for s in cm.report.schedules if s.get("template") == "unscheduled"],
@@ -74,7 +85,7 @@ def _engine_runner(engine: str, path: str, threads: int | None):
         names = [o.name for o in sess.get_outputs()]
         info = {"compile_s": time.perf_counter() - t0, "onnxruntime": ort.__version__}
         return (lambda feeds: dict(zip(names, sess.run(names, feeds)))), info
-    raise ValueError(f"unknown engine {engine!r}; known: {ENGINES}")
+    raise ValueError(f"unknown engine {engine!r}; known: {ALL_ENGINES}")
 
 
 def worker(engine: str, model: str, seed: int, threads: int | None, out_npz: str) -> int:
@@ -197,8 +208,10 @@ def bench_model(entry: dict, args) -> dict:
 
 
 def _table(results: list[dict], engines) -> str:
+    attn = "tvmfuse_noattn" in engines
     head = f"{'model':<20}" + "".join(f"{e + ' ms':>22}" for e in engines) + \
-        f"{'ort/tvmfuse':>12}{'kernels':>10}{'unsched':>8}{'compile s':>10}  check"
+        f"{'ort/tvmfuse':>12}{'kernels':>10}{'unsched':>8}{'compile s':>10}" + \
+        (f"{'noattn/tvmfuse':>15}{'kernels noattn':>15}{'attn kernels':>13}" if attn else "") + "  check"
     rows = [head, "-" * len(head)]
     for res in results:
         eng = res["engines"]
@@ -213,15 +226,24 @@ def _table(results: list[dict], engines) -> str:
         check = "ok" if all(r.get("correct") for r in eng.values()) else "MISMATCH/ERROR " + ", ".join(
             e for e, r in eng.items() if not r.get("correct"))
         unsched = len(t["unscheduled"]) if "unscheduled" in t else "-"
+        extra = ""
+        if attn:
+            u = eng.get("tvmfuse_noattn", {})
+            speed = f"{u['median_ms'] / t['median_ms']:.2f}x" if "median_ms" in t and "median_ms" in u else "-"
+            ukern = f"{u['kernels_before']}->{u['kernels']}" if "kernels" in u else "-"
+            extra = f"{speed:>15}{ukern:>15}{t.get('attention_groups', '-'):>13}"
         rows.append(f"{res['model']:<20}" + "".join(f"{c:>22}" for c in cells) + f"{ratio:>12}{kern:>10}"
-                    f"{unsched:>8}{t.get('compile_s', float('nan')):>10.1f}  {check}")
+                    f"{unsched:>8}{t.get('compile_s', float('nan')):>10.1f}{extra}  {check}")
     return "\n".join(rows)
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--models", nargs="*", help="corpus model names (default: all in the manifest)")
-    ap.add_argument("--engines", nargs="*", default=list(ENGINES), choices=ENGINES)
+    ap.add_argument("--engines", nargs="*", default=None, choices=ALL_ENGINES,
+                    help=f"default: {' '.join(ENGINES)} ({' '.join(ATTENTION_ENGINES)} with --attention)")
+    ap.add_argument("--attention", action="store_true",
+                    help="issue 14's table: the corpus transformers with the attention rule on and off")
     ap.add_argument("--rounds", type=int, default=15, help="interleaved rounds (median over them)")
     ap.add_argument("--block", type=float, default=0.2, help="seconds of back-to-back calls per engine per round")
     ap.add_argument("--min-calls", type=int, default=3, help="calls per block at least")
@@ -231,16 +253,22 @@ def main(argv=None) -> int:
     ap.add_argument("--reference", action=argparse.BooleanOptionalAction, default=True,
                     help="also check every engine (onnxruntime too) vs onnx ReferenceEvaluator (default: on)")
     ap.add_argument("--quick", action="store_true", help="3 rounds of 0.02 s blocks: checks that it runs")
-    ap.add_argument("--json", default="bench_models.json", help="where to write the results")
-    ap.add_argument("--worker", choices=ENGINES, help=argparse.SUPPRESS)
+    ap.add_argument("--json", default=None,
+                    help="where to write the results (default: bench_models.json, bench_models_attention.json "
+                         "with --attention)")
+    ap.add_argument("--worker", choices=ALL_ENGINES, help=argparse.SUPPRESS)
     ap.add_argument("--out-npz", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.worker:
         return worker(args.worker, args.models[0], args.seed, args.threads, args.out_npz)
     if args.quick:
         args.rounds, args.block, args.pause, args.min_calls = 3, 0.02, 0.1, 1
+    if args.engines is None:
+        args.engines = list(ATTENTION_ENGINES if args.attention else ENGINES)
+    if args.json is None:
+        args.json = "bench_models_attention.json" if args.attention else "bench_models.json"
     entries = {e["name"]: e for e in corpus_io.load_manifest()["models"]}
-    names = args.models or list(entries)
+    names = args.models or (list(ATTENTION_MODELS) if args.attention else list(entries))
     unknown = sorted(set(names) - set(entries))
     if unknown:
         ap.error(f"unknown model(s) {unknown}; the corpus has {sorted(entries)}")
@@ -256,7 +284,7 @@ def main(argv=None) -> int:
            "load_avg_end": os.getloadavg(), "host": platform.node(), "machine": platform.machine(),
            "processor": platform.processor(), "cpus": os.cpu_count(), "python": platform.python_version(),
            "settings": {k: getattr(args, k) for k in ("rounds", "block", "min_calls", "pause", "threads", "seed",
-                                                      "quick", "engines", "reference")},
+                                                      "quick", "engines", "reference", "attention")},
            "rel_tol": REL_TOL, "results": results}
     with open(args.json, "w", encoding="utf-8") as f:
         json.dump(doc, f, indent=1)

@@ -4,7 +4,8 @@ static variant's, and its outputs against onnxruntime at several sizes of its sy
     PYTHONPATH=. python benchmarks/symbolic_check.py                 # every corpus model
     PYTHONPATH=. python benchmarks/symbolic_check.py bert gpt2 --json out.json
     PYTHONPATH=. python benchmarks/symbolic_check.py bert --latency  # + symbolic vs static latency per size
-    PYTHONPATH=. python benchmarks/symbolic_check.py --latency --table table.md   # the README table
+    PYTHONPATH=. python benchmarks/symbolic_check.py --latency --table table.md   # the README table (Table 10)
+    PYTHONPATH=. python benchmarks/symbolic_check.py --latency --all              # ... over the whole corpus
     PYTHONPATH=. python benchmarks/symbolic_check.py --quick --latency            # smoke run (minutes)
 
 A model is OK when its symbolic build has as many kernels as the static one, none unscheduled, and
@@ -15,6 +16,9 @@ symbolic, ...) of ``--repeat`` back-to-back calls each, the best round's time pe
 not the ratio.  On a shared machine report them as measured under load.  ``--shape-bound batch=64`` compiles
 the symbolic build with that ``shape_upper_bounds`` (memory planned once for the bound).  ``--thread-time``
 (a loaded machine): one runtime thread, timed on the calling thread's CPU time.
+Models: those named, else ``--all`` (every corpus model), else with ``--latency`` Table 10's
+``LATENCY_MODELS`` (``--quick``: ``QUICK_MODELS``), else every corpus model (numerics are cheap next to the
+pinned builds per size that timing needs).
 Writes JSON (``--json``) with one record per model; with ``--latency`` prints (and ``--table`` writes) the
 markdown table of symbolic vs static latency per size for ``benchmarks/README.md``.  ``--quick`` is a smoke
 run of the whole path: ``QUICK_MODELS`` (unless models are named), ``QUICK_SIZES``, 2 timed calls; its
@@ -42,6 +46,10 @@ SEQUENCES = (1, 17, 128)     # ... and of `sequence` (token models)
 REL_TOL = 1e-4               # the corpus target (tests/test_corpus.py)
 TARGET_RATIO = 1.2           # issue 13: symbolic within 1.2x of a static build for the same size
 QUICK_MODELS = ("mobilenet_v3_small", "bert")      # --quick: one CNN, one token model
+# --latency without model names: Table 10's models (benchmarks/README.md), the three first timed and the
+# corpus's other token models and CNN families (squeezenet, shufflenet, mnasnet: --all)
+LATENCY_MODELS = ("bert", "resnet18", "mobilenet_v2", "gpt2", "llama", "t5_encoder", "vit", "convnext",
+                  "efficientnet_b0", "mobilenet_v3_small")
 QUICK_SIZES = {"batch": (1, 3), "sequence": (17,)}  # --quick: sizes per symbolic dim
 QUICK_REPEAT = 2
 REPEAT = 20                  # --latency: back-to-back calls per round
@@ -102,20 +110,24 @@ def cm_inputs(cm, feeds: dict) -> list:
 
 def check_model(entry: dict, *, latency: bool = False, repeat: int = REPEAT, rounds: int = ROUNDS,
                 seed: int = 0, points: list[dict] | None = None, shape_bounds: dict | None = None,
-                thread_time: bool = False) -> dict:
+                thread_time: bool = False, compile_fn=None) -> dict:
+    """``compile_fn`` (default ``tvmfuse.compile``) builds the static and the symbolic variant: the tests pass
+    one that shares builds across test files."""
     import onnxruntime as ort
 
     import tvmfuse
 
+    compile_fn = compile_fn or tvmfuse.compile
+
     rec: dict = {"model": entry["name"]}
     threads = 1 if thread_time else None     # thread CPU time counts the calling thread only
-    static_cm = tvmfuse.compile(corpus_io.model_path(entry, "static"), num_threads=threads)
+    static_cm = compile_fn(corpus_io.model_path(entry, "static"), num_threads=threads)
     rec["static_kernels"] = static_cm.kernel_count
     rec["static_templates"] = templates(static_cm)
     dyn_path = corpus_io.model_path(entry, "dynamic")
     try:
         t0 = time.perf_counter()
-        cm = tvmfuse.compile(dyn_path, shape_upper_bounds=shape_bounds, num_threads=threads)
+        cm = compile_fn(dyn_path, shape_upper_bounds=shape_bounds, num_threads=threads)
         rec["compile_s"] = round(time.perf_counter() - t0, 2)
         rec["shape_upper_bounds"] = dict(cm.shape_upper_bounds)
     except Exception as e:  # reported per model, the run goes on with the next one
@@ -193,6 +205,17 @@ def latency_table(records: list[dict]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def select_models(names, entries: dict, *, all_models: bool = False, quick: bool = False,
+                  latency: bool = False) -> list[str]:
+    """The models a run checks: ``names`` if any, else every corpus model (``all_models``, or numerics
+    only), else ``QUICK_MODELS`` (``quick``) or ``LATENCY_MODELS`` (``latency``)."""
+    if names:
+        return list(names)
+    if all_models or not (quick or latency):
+        return list(entries)
+    return list(QUICK_MODELS if quick else LATENCY_MODELS)
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("models", nargs="*", help="corpus model names (default: all)")
@@ -209,6 +232,7 @@ def main(argv=None) -> int:
                     help="compile the symbolic builds with this shape_upper_bounds entry (repeatable)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--table", help="with --latency: write the markdown latency table here")
+    ap.add_argument("--all", action="store_true", help="every corpus model (with --latency and --quick too)")
     ap.add_argument("--quick", action="store_true",
                     help=f"smoke run: {', '.join(QUICK_MODELS)} unless models are named, sizes {QUICK_SIZES}")
     args = ap.parse_args(argv)
@@ -220,7 +244,9 @@ def main(argv=None) -> int:
 
     bounds = shape_bounds_of(args)
     entries = {e["name"]: e for e in corpus_io.load_manifest()["models"]}
-    names = args.models or (list(QUICK_MODELS) if args.quick else list(entries))
+    if args.all and args.models:
+        ap.error("--all and model names: give one or the other")
+    names = select_models(args.models, entries, all_models=args.all, quick=args.quick, latency=args.latency)
     unknown = sorted(set(names) - set(entries))
     if unknown:
         ap.error(f"unknown model(s) {unknown}; the corpus has {sorted(entries)}")

@@ -62,3 +62,27 @@ def assert_close_to_reference(model, compiled, rng, rtol=1e-5, atol=1e-5):
     for name, r in ref.items():
         np.testing.assert_allclose(out[name], r, rtol=rtol, atol=atol, err_msg=f"output {name}")
     return out
+
+
+_SHARED_BUILDS: dict = {}
+
+
+def compile_shared(path, target=None, **kwargs):
+    """``tvmfuse.compile(path, target, **kwargs)`` of a model file, built once per test session: the corpus
+    models are compiled by several test files (tests/test_corpus.py, test_symbolic_corpus.py,
+    test_attention_corpus.py, test_symbolic_token_models.py), each asserting something else of the same
+    build.  The same path, target and options give the same build (an option given as None is its default);
+    callers only read it (report, run).  A repeated call still sizes the runtime's threads as compile does."""
+    import os
+
+    from tvmfuse.target import configure_threads, is_gpu
+
+    target = tvmfuse.parse_target(target)
+    given = {k: v for k, v in kwargs.items() if v is not None}
+    key = (os.path.abspath(str(path)), str(target), tuple(sorted((k, repr(v)) for k, v in given.items())))
+    if key in _SHARED_BUILDS:
+        if not is_gpu(target):
+            configure_threads(given.get("num_threads"))
+    else:
+        _SHARED_BUILDS[key] = tvmfuse.compile(str(path), target, **given)
+    return _SHARED_BUILDS[key]

@@ -205,14 +205,18 @@ def test_knob_space_and_every_config_match_reference(host, rng):
     match = t.match(func, host)
     space = t.space(match, host)
     assert set(space.names) == {"q_block", "k_block", "lanes", "rows", "tile_keys", "tile_qvecs", "q_blocks",
-                                "pack_kv"}
+                                "pack_kv", "prefetch"}
     assert space.contains(t.default_config(match, host))
     feeds = _feeds(model, rng)
     ref = M.reference_outputs(model, feeds)["y"]
     args_np = [feeds["q"], feeds["k"], feeds["v"], feeds["mask"], np.zeros(ref.shape, np.float32)]
     configs = list(space.all_configs())
-    assert {c["pack_kv"] for c in configs} == {0, 1}
-    for config in random.Random(0).sample(configs, len(configs) // 6):
+    assert {c["pack_kv"] for c in configs} == {0, 1} and {c["prefetch"] for c in configs} == {0, 1, 2}
+    # a sixth of the space without the prefetch level, each drawn with a level (the level changes no number)
+    draw = random.Random(0)
+    configs = [c for c in configs if c["prefetch"] == 0]
+    for config in draw.sample(configs, len(configs) // 6):
+        config = {**config, "prefetch": draw.choice((0, 1, 2))}
         scheduled = schedule_with(t, match, func, config)
         lib = C.build_prim_module(C.IRModule({"main": scheduled.with_attr("global_symbol", "main")}), host)
         args = [C.tensor(a) for a in args_np]
@@ -226,6 +230,50 @@ def test_reference_kernel_alone_matches(host, rng):
     cm = tvmfuse.compile(model, host, schedules=False)
     assert cm.kernel_count == 1
     _check(model, cm, _feeds(model, rng))
+
+
+def _with_casts(model, to, before_softmax=False):
+    """The chain with Cast(to) nodes between Softmax and the P @ V MatMul (ViT's export: float -> float
+    twice), or between the logits and Softmax (T5's: scores + position bias, cast, softmax)."""
+    g = model.graph
+    sm = next(n for n in g.node if n.op_type == "Softmax")
+    if before_softmax:
+        reader, src = sm, sm.input[0]
+        at_node = next(n for n in g.node if src in n.output)
+    else:
+        reader = next(n for n in g.node if n.op_type == "MatMul" and n.input[0] == sm.output[0])
+        src, at_node = sm.output[0], sm
+    casts, prev = [], src
+    for k, t in enumerate(to):
+        casts.append(helper.make_node("Cast", [prev], [f"cast{k}"], to=t))
+        prev = f"cast{k}"
+    reader.input[0] = prev
+    nodes = list(g.node)
+    at = nodes.index(at_node) + 1
+    g.ClearField("node")
+    g.node.extend(nodes[:at] + casts + nodes[at:])
+    onnx.checker.check_model(model)
+    return model
+
+
+def test_identity_casts_before_pv_stay_in_the_kernel(host, rng):
+    """Softmax -> Cast(float) -> Cast(float) -> MatMul (ViT's export) and Add(mask) -> Cast(float) -> Softmax
+    (T5's): the casts change nothing, the chain is one attention kernel; a float16 round trip is not."""
+    model = _with_casts(_chain(mask="input"), [F, F])
+    cm = tvmfuse.compile(model, host)
+    assert cm.kernel_count == 1 and len(_attention_groups(cm)) == 1, (cm.report.after.kernel_names,
+                                                                       cm.report.refused)
+    _check(model, cm, _feeds(model, rng))
+    # before the softmax (T5: the masked logits cast float -> float)
+    model = _with_casts(_chain(mask="input"), [F], before_softmax=True)
+    cm = tvmfuse.compile(model, host)
+    assert cm.kernel_count == 1 and len(_attention_groups(cm)) == 1, cm.report.refused
+    _check(model, cm, _feeds(model, rng))
+    # a float -> float16 -> float round trip changes the values: not an identity, not fused
+    rounded = _with_casts(_chain(mask="input"), [TensorProto.FLOAT16, F], before_softmax=True)
+    cm = tvmfuse.compile(rounded, host)
+    assert not _attention_groups(cm)
+    _check(rounded, cm, _feeds(rounded, rng))
 
 
 # ------------------------------------------------------------------------------------------ must not fire
@@ -529,13 +577,21 @@ def test_configs_with_several_row_vectors_match_reference(host, rng):
 
 
 def _loads_of(func) -> dict:
-    """Name of the buffer -> number of loads of it in the scheduled kernel's TIR."""
+    """Name of the buffer -> number of loads of it in the scheduled kernel's TIR (an element whose address a
+    software prefetch takes is not read: not counted)."""
     import collections
 
-    count = collections.Counter()
-    C.post_order_visit(func.body, lambda e: count.update([str(e.source.name)]) if isinstance(e, C.TensorLoad)
-                       else None)
-    return count
+    count, prefetched = collections.Counter(), collections.Counter()
+
+    def visit(e):
+        if isinstance(e, C.TensorLoad):
+            count.update([str(e.source.name)])
+        elif isinstance(e, C.tirx.Evaluate) and getattr(e.value, "op", None) is not None and \
+                str(e.value.op.name) == "tirx.prefetch":
+            prefetched.update([str(e.value.args[0].args[0].source.name)])
+
+    C.post_order_visit(func.body, visit)
+    return count - prefetched
 
 
 def test_packed_kv_configs_match_reference(host, rng):
@@ -737,7 +793,8 @@ def test_symbolic_head_dim_is_refused_with_reason(host):
     assert reasons and "head dim d is symbolic" in reasons[0], reasons
 
 
-NO_PACK = {"q_blocks": 1, "pack_kv": 0}       # one query block per task, K/V read in place
+NO_PACK = {"q_blocks": 1, "pack_kv": 0, "prefetch": 0}   # one query block per task, K/V read in place, no
+# software prefetch (the knobs a static sequence alone has)
 
 
 def _packing(config: dict) -> dict:

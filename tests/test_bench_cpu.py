@@ -108,3 +108,30 @@ def test_check_outputs_fails_on_wrong_values_and_shapes(tmp_path, rng):
     assert B.check_outputs(path, ref)["check"] == "FAIL"
     np.savez(path, out0=ref[0][:2])
     assert "shape" in B.check_outputs(path, ref)["why"]
+
+
+def test_paired_ratio_cancels_a_load_shared_by_both_blocks_of_a_round():
+    """--io/--tails pair the two engines round by round: a slowdown that hits both blocks of a round (the
+    machine's load) cancels in the per-round ratio, where the ratio of the two medians is moved by it;
+    the bootstrap interval contains the median ratio; rounds that do not pair up give None."""
+    load = [1.0, 1.6, 1.1, 2.0, 1.3, 1.0, 1.9, 1.2, 1.5, 1.05, 1.7]   # ms of the baseline per round
+    base = list(load)
+    num = [1.04 * b for b in base]                                      # 4% slower in every round
+    num[1] = 1.04 * 1.0                                                 # ... except one round the load missed
+    r = B.paired_ratio(num, base)
+    assert abs(r["median"] - 1.04) < 1e-9 and r["rounds"] == len(base)
+    assert abs(np.median(num) / np.median(base) - 1.04) > 0.05      # the medians' ratio: moved by that round
+    assert r["ci"][0] <= r["median"] <= r["ci"][1] and r["p25"] <= r["median"] <= r["p75"]
+    assert len(r["by_round"]) == len(base)
+    assert B.paired_ratio(num[:-1], base) is None and B.paired_ratio([], []) is None
+    rows = [{"workload": "w", "engines": {"tail_run": {"ms": {"by_round": num}},
+                                          "tail_padded_run": {"ms": {"by_round": base}},
+                                          "tail_vm": {"error": "x"}}}]
+    got = B.paired_ratios(rows, B.TAIL_PAIRS)["w"]
+    assert got["vm"] is None and abs(got["run"]["median"] - 1.04) < 1e-9
+
+
+def test_spread_keeps_the_rounds_in_order():
+    """``by_round`` is the rounds as timed (paired_ratio pairs them by position); ``rounds`` sorted."""
+    s = B._spread([0.003, 0.001, 0.002])
+    assert s["by_round"] == [3.0, 1.0, 2.0] and s["rounds"] == [1.0, 2.0, 3.0] and s["median"] == 2.0

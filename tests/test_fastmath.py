@@ -484,3 +484,49 @@ def test_nonpositive_exp_over_a_row_max_cut_in_parts(host):
 
     assert _cheap_count(cut(drop_init=True)) == 1
     assert _cheap_count(cut(drop_init=False)) == 0, "a tail with its own init resets the max: not proved"
+
+
+def _row_max_tail_in_partial_maxima(lo: int, hi: int, shift: int):
+    """cpu.row_reduction's shape for a row no partial-max width divides (issue 11): M[i] = max over 16 partial
+    maxima rf[i, l], which hold A[i, 16 k + l] for k < 3 and then A[i, k] for k in [lo, hi) at lane k - shift
+    (the row's tail folded into the partial maxima as one vector), B = exp(A - M)."""
+    T = C.script_tir
+
+    @T.prim_func(private=True, s_tir=True)
+    def func(a: T.Buffer((5, 64), "float32"), b: T.Buffer((5, 64), "float32")):
+        m = T.sblock_alloc_buffer((5,))
+        rf = T.sblock_alloc_buffer((5, 16))
+        for i, l in T.grid(5, 16):
+            with T.sblock("rf_init"):
+                vi, vl = T.axis.remap("SS", [i, l])
+                rf[vi, vl] = T.float32(-3.4028234663852886e38)
+        for i, k, l in T.grid(5, 3, 16):
+            with T.sblock("rf_update"):
+                vi, vk, vl = T.axis.remap("SRS", [i, k, l])
+                rf[vi, vl] = T.max(rf[vi, vl], a[vi, vk * 16 + vl])
+        for i, k in T.grid(5, hi - lo):
+            with T.sblock("rf_tail"):
+                vi = T.axis.spatial(5, i)
+                vk = T.axis.spatial((lo, hi), k + lo)
+                rf[vi, vk - shift] = T.max(rf[vi, vk - shift], a[vi, vk])
+        for i, l in T.grid(5, 16):
+            with T.sblock("M"):
+                vi, vl = T.axis.remap("SR", [i, l])
+                with T.init():
+                    m[vi] = T.float32(-3.4028234663852886e38)
+                m[vi] = T.max(m[vi], rf[vi, vl])
+        for i, j in T.grid(5, 64):
+            with T.sblock("B"):
+                vi, vj = T.axis.remap("SS", [i, j])
+                b[vi, vj] = T.exp(a[vi, vj] - m[vi])
+
+    return func
+
+
+def test_nonpositive_exp_over_a_tail_folded_into_the_partial_maxima():
+    """The row's tail written into lanes [lo - shift, hi - shift) of the partial maxima before their
+    write-back (cpu.row_reduction, issue 11) still proves exp(A - M) <= 0 when the lanes read the rest of
+    the row; a tail that misses an element, or lanes past the partial maxima: the full exp."""
+    assert _cheap_count(_row_max_tail_in_partial_maxima(48, 64, 48)) == 1
+    assert _cheap_count(_row_max_tail_in_partial_maxima(48, 63, 48)) == 0, "element 63 not covered"
+    assert _cheap_count(_row_max_tail_in_partial_maxima(48, 64, 47)) == 0, "lanes 1..16 of 16 partial maxima"

@@ -48,6 +48,9 @@ FIRES = {
     "identity_reshape": (lambda x: [op.nn.relu(op.reshape(x, (4, 8)))], lambda x: [op.nn.relu(x)]),
     "identity_transpose": (lambda x: [op.nn.relu(op.permute_dims(x, [0, 1]))], lambda x: [op.nn.relu(x)]),
     "identity_cast": (lambda x: [op.nn.relu(op.astype(x, F32))], lambda x: [op.nn.relu(x)]),
+    # [4, 8] -> [32, 1] (a column) @ [1, 3] (a row): their broadcast product
+    "outer_product_matmul": (lambda x: [op.matmul(op.reshape(x, (32, 1)), _c(np.arange(3.0).reshape(1, 3)))],
+                             lambda x: [op.multiply(op.reshape(x, (32, 1)), _c(np.arange(3.0).reshape(1, 3)))]),
 }
 NOT_FIRES = {
     "mul_one": lambda x: [op.multiply(op.reshape(x, (32, 1)), _c(np.ones((1, 3), np.float32)))],  # broadcasts
@@ -57,6 +60,7 @@ NOT_FIRES = {
     "identity_reshape": lambda x: [op.reshape(x, (8, 4))],
     "identity_transpose": lambda x: [op.permute_dims(x, [1, 0])],
     "identity_cast": lambda x: [op.astype(x, "float16")],
+    "outer_product_matmul": lambda x: [op.matmul(x, _c(np.ones((8, 3), np.float32)))],        # K = 8
 }
 
 
@@ -138,3 +142,24 @@ def test_folded_conv_bn_matches_reference(depthwise, rng, host):
     assert not any("batch_norm" in n for n in cm.report.after.kernel_names)
     assert cm.kernel_count == 1
     assert_close_to_reference(model, cm, rng, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("rows", [1, 17])
+def test_outer_product_matmul_matches_the_matmul(rows, rng, host):
+    """The rewritten outer product (a symbolic row count: a column of positions times a row of
+    frequencies, as a symbolic Llama's rotary angles) against numpy's matmul on fresh random inputs."""
+    n = C.tirx.Var("n", "int64")
+    bb = C.BlockBuilder()
+    x = relax.Var("x", relax.TensorType((n, 1), F32))
+    w = rng.standard_normal((1, 24)).astype(np.float32)
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            gv = bb.emit_output(op.matmul(x, relax.const(w)))
+        bb.emit_func_output(gv)
+    mod = bb.get()
+    rewritten = _run([Peephole()], mod, host)
+    assert "R.matmul" not in str(rewritten["main"]) and "R.multiply" in str(rewritten["main"])
+    cm = tvmfuse.compile(mod, host)
+    xs = rng.standard_normal((rows, 1)).astype(np.float32)
+    (got,) = cm.run({"x": xs}).values()
+    np.testing.assert_allclose(got, xs @ w, rtol=1e-6, atol=0)

@@ -72,7 +72,9 @@ def test_audit_finds_only_buffers_over_the_limit(target):
     padded and row buffers) with their sizes, and none under MAX_STACK_ALLOCA_BYTES: no template leaves a
     small buffer in the workspace (cpu.attention's running max / sum rows were "local": 5 calls per task)."""
     rows = audit(tvmfuse.parse_target(target))
-    assert {r["template"] for r in rows} >= {"cpu.attention", "cpu.row_reduction", "cpu.conv2d_lanes"}, rows
+    assert {r["template"] for r in rows} >= {"cpu.attention", "cpu.conv2d_lanes"}, rows
+    # softmax's exp row is written into the output row (issue 11): no workspace per row any more
+    assert not [r for r in rows if r["template"] == "cpu.row_reduction"], rows
     small = [r for r in rows if not r["bytes"] >= MAX_STACK_ALLOCA_BYTES]
     assert not small, small
 

@@ -36,13 +36,38 @@ def _small_rows(target) -> int:
     return int(TG.template_defaults(target, FAMILY)["small_rows"])
 
 
-def _nests(func):
-    """(condition, small nest, large nest) of a bucketed kernel: its root block's body is the branch."""
+def _serial_rows(func, target) -> int:
+    """The serial bucket's bound: the most rows whose multiply-adds (rows x N x K) stay under the target's
+    fork/join cost (the static default's rule, ``fork_join_work_per_core`` x cores in the target table)."""
+    info = SymbolicMatmulEpilogue().match(func, target).info
+    limit = int(TG.template_defaults(target, "cpu.parallel")["fork_join_work_per_core"]) * \
+        TG.cpu_info(target).cores
+    return (limit - 1) // (info["N"] * info["K"])
+
+
+def _bucket_names(func, target) -> list[str]:
+    small, serial = _small_rows(target), _serial_rows(func, target)
+    return ([f"rows<={serial}"] if 0 < serial < small else []) + [f"rows<={small}", f"rows>{small}"]
+
+
+def _branches(func):
+    """[(condition, nest), ..., (None, last nest)] of a bucketed kernel: its root block's body is a chain
+    of branches, one per bounded bucket."""
     root = func.body
     assert isinstance(root, C.SBlockRealize), type(root)
-    branch = root.block.body
-    assert isinstance(branch, C.tirx.IfThenElse), type(branch)
-    return branch.condition, branch.then_case, branch.else_case
+    out, node = [], root.block.body
+    assert isinstance(node, C.tirx.IfThenElse), type(node)
+    while isinstance(node, C.tirx.IfThenElse):
+        out.append((node.condition, node.then_case))
+        node = node.else_case
+    return out + [(None, node)]
+
+
+def _nests(func):
+    """(condition, small nest, large nest) of a bucketed kernel: the GEMV-like bucket's branch and the open
+    bucket's nest (after the serial bucket's branch, where there is one)."""
+    (cond, small), (_, large) = _branches(func)[-2:]
+    return cond, small, large
 
 
 def _loops_and_predicates(stmt):
@@ -66,20 +91,33 @@ def test_one_kernel_holds_a_gemv_nest_and_a_row_tiled_nest(name, build, target):
     (kname, func), = _kernels(build(), tgt).items()
     res = schedule_prim_func(func, tgt, {}, kname)
     assert res is not None and res.template == FAMILY, res and res.template
-    small = _small_rows(tgt)
+    small, serial = _small_rows(tgt), _serial_rows(func, tgt)
+    assert 0 < serial < small      # these kernels' rows x N x K: a few rows are under the fork/join cost
     buckets = res.config["buckets"]
-    assert [b["bucket"] for b in buckets] == [f"rows<={small}", f"rows>{small}"]
-    assert [b["source"] for b in buckets] == ["default", "default"]
-    small_cfg, large_cfg = buckets[0]["config"], buckets[1]["config"]
+    assert [b["bucket"] for b in buckets] == _bucket_names(func, tgt)
+    assert [b["source"] for b in buckets] == ["default"] * 3
+    serial_cfg, small_cfg, large_cfg = (b["config"] for b in buckets)
     assert small_cfg["mr"] == 1 and small_cfg["mc_tiles"] == 1 and small_cfg["order"] == "ji"
     assert large_cfg["mr"] > 1
+    # the serial bucket: the GEMV-like nest without its parallel loop (the knob the static build has there)
+    assert serial_cfg == {**small_cfg, "parallel": False} and small_cfg["parallel"] and large_cfg["parallel"]
 
     t = SymbolicMatmulEpilogue()
     rows = t.dispatch_extent(t.match(func, tgt))
+    (serial_cond, serial_nest), _, _ = _branches(res.func)
     cond, small_nest, large_nest = _nests(res.func)
     ana = C.Analyzer()
     assert isinstance(cond, C.tirx.LE) and ana.can_prove_equal(cond.a, rows) and int(cond.b) == small
+    assert ana.can_prove_equal(serial_cond.a, rows) and int(serial_cond.b) == serial
     lanes = 16 if target.startswith("skx") else 8
+    loops, preds = _loops_and_predicates(serial_nest)
+    assert int(C.ForKind.PARALLEL) not in [k for k, _ in loops] and not preds
+    serial_kind = {int(C.ForKind.PARALLEL): int(C.ForKind.SERIAL)}
+
+    def shape(nest):
+        return [(serial_kind.get(k, k), str(e)) for k, e in _loops_and_predicates(nest)[0]]
+
+    assert shape(serial_nest) == shape(small_nest)        # else the same loops as the GEMV-like nest
     for nest in (small_nest, large_nest):
         loops, _ = _loops_and_predicates(nest)
         assert int(C.ForKind.PARALLEL) in [k for k, _ in loops]
@@ -109,8 +147,12 @@ def test_bucket_bound_and_small_order_come_from_the_target_table(monkeypatch):
     table["template_defaults"][FAMILY]["small_order"] = "ij"
     monkeypatch.setattr(TG, "cpu_table", lambda: table)
     res = schedule_prim_func(func, tgt, {}, kname)
+    # a serial bound (15 rows of the 64 x 32 weight under the fork/join cost) past small_rows: no serial
+    # bucket of its own, the GEMV-like nest is the serial one
+    assert _serial_rows(func, tgt) >= 4
     assert [b["bucket"] for b in res.config["buckets"]] == ["rows<=4", "rows>4"]
     assert res.config["buckets"][0]["config"]["order"] == "ij"
+    assert [b["config"]["parallel"] for b in res.config["buckets"]] == [False, True]
     cond, _, _ = _nests(res.func)
     assert int(cond.b) == 4
 
@@ -124,17 +166,19 @@ def test_one_compiled_model_is_right_on_both_sides_of_the_bucket_bound(name, bui
     cm = tvmfuse.compile(model, target=host)
     scheds = cm.report.schedules
     assert [s["template"] for s in scheds] == [FAMILY]
-    assert len(scheds[0]["knobs"]["buckets"]) == 2
-    small = _small_rows(host)
-    assert f"[rows<={small}: default, rows>{small}: default]" in cm.report.table()
+    (kname, func), = _kernels(model, host).items()
+    names = _bucket_names(func, host)
+    assert [b["bucket"] for b in scheds[0]["knobs"]["buckets"]] == names
+    assert "[" + ", ".join(f"{n}: default" for n in names) + "]" in cm.report.table()
+    bounds = [int(n.split("<=")[1]) for n in names[:-1]]
     rows_seen = set()
     for lead in shapes:
         shape = (*lead, 64)
-        rows_seen.add(int(np.prod(lead)) <= small)
+        rows_seen.add(next((b for b in bounds if int(np.prod(lead)) <= b), None))
         feeds = {"x": rng.standard_normal(shape).astype(np.float32)}
         ref = M.reference_outputs(model, feeds)
         np.testing.assert_allclose(cm.run(feeds)["y"], ref["y"], rtol=1e-4, atol=1e-4, err_msg=f"{shape}")
-    assert rows_seen == {True, False}      # both nests ran
+    assert rows_seen == {*bounds, None}      # every nest ran
 
 
 def test_records_are_keyed_by_bucket_and_applied_per_bucket(tmp_path):
@@ -144,14 +188,15 @@ def test_records_are_keyed_by_bucket_and_applied_per_bucket(tmp_path):
     small = _small_rows(tgt)
     assert R.bucket_key(wk, f"rows<={small}") == f"{wk}@rows<={small}" and R.bucket_key(wk) == wk
     default = schedule_prim_func(func, tgt, {}, kname).config["buckets"]
-    small_cfg = {**default[0]["config"], "k_unroll": 2 if default[0]["config"]["k_unroll"] != 2 else 1}
+    i = [b["bucket"] for b in default].index(f"rows<={small}")       # after the serial bucket, if any
+    small_cfg = {**default[i]["config"], "k_unroll": 2 if default[i]["config"]["k_unroll"] != 2 else 1}
     base = {"type": "measure", "target_key": R.target_key(tgt), "workload_key": wk, "template": FAMILY,
             "tvm": C.TVM_VERSION}
     log = tmp_path / "log.jsonl"
     lines = [
         {**base, "bucket": f"rows<={small}", "config": small_cfg, "costs": [1e-6]},
-        {**base, "bucket": f"rows<={small}", "config": default[0]["config"], "costs": [2e-6]},
-        {**base, "config": default[1]["config"], "costs": [9e-7]},       # no bucket: the whole kernel's key
+        {**base, "bucket": f"rows<={small}", "config": default[i]["config"], "costs": [2e-6]},
+        {**base, "config": default[-1]["config"], "costs": [9e-7]},      # no bucket: the whole kernel's key
         {**base, "bucket": 3, "config": small_cfg, "costs": [1e-7]},      # corrupt: skipped
     ]
     log.write_text("\n".join(json.dumps(x) for x in lines) + "\n")
@@ -163,9 +208,10 @@ def test_records_are_keyed_by_bucket_and_applied_per_bucket(tmp_path):
     assert best[f"{wk}@rows<={small}"]["config"] == small_cfg
     res = schedule_prim_func(func, tgt, best, kname)
     got = res.config["buckets"]
-    # the small bucket's record applies to the small nest only; the large one has no record of its key
-    assert (got[0]["source"], got[0]["config"]) == ("tuned", small_cfg)
-    assert (got[1]["source"], got[1]["config"]) == ("default", default[1]["config"])
+    # the small bucket's record applies to the small nest only; the others have no record of their keys
+    assert (got[i]["source"], got[i]["config"]) == ("tuned", small_cfg)
+    assert [(g["source"], g["config"]) for j, g in enumerate(got) if j != i] == \
+        [("default", d["config"]) for j, d in enumerate(default) if j != i]
     assert res.source == "tuned"
 
 

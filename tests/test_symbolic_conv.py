@@ -188,30 +188,33 @@ def test_symbolic_batch_kernel_has_the_static_loop_nest(name, kwargs, families, 
     assert sorted(seen) == sorted(families)
 
 
-# the knob that differs between a kernel's size buckets over the batch: its values in the small batches'
-# bucket and in the others (the static default at those batches)
-BUCKET_KNOB = {ROWS: ("parallel", [False, True]), CONV: ("parallel_depth", [2, 1]),
-               DEPTHWISE: ("parallel_depth", [2, 1])}
+# the knobs a static default changes with the batch: the parallel loop (serial while the work is under the
+# target's fork/join cost) and, for the direct and depthwise convs, its depth (a second level for small batches)
+BATCH_KNOBS = {"parallel", "parallel_depth"}
 
 
 def _check_buckets(res, kname, kwargs, target, batch_var):
     """A kernel with size buckets over the batch (the small batches' parallel loop needs another level, or
     is not worth it): each bucket's knobs and loop nest are the static kernel's at a batch inside it (its
-    bound, or the open bucket's smallest), under one branch on the batch."""
+    bound, or the open bucket's smallest), under one chain of branches on the batch."""
     buckets = res.config["buckets"]
-    assert len(buckets) == 2 and buckets[0]["bucket"].startswith("batch<="), buckets
-    small = int(buckets[0]["bucket"].split("<=")[1])
-    assert buckets[1]["bucket"] == f"batch>{small}"
-    branch = res.func.body.block.body
-    assert isinstance(branch, C.tirx.IfThenElse), f"{kname}: the buckets are not one branch on the batch"
-    for b, nest, batch in zip(buckets, (branch.then_case, branch.else_case), (small, small + 1)):
+    assert len(buckets) >= 2 and all(b["bucket"].startswith("batch<=") for b in buckets[:-1]), buckets
+    bounds = [int(b["bucket"].split("<=")[1]) for b in buckets[:-1]]
+    assert bounds == sorted(set(bounds)) and buckets[-1]["bucket"] == f"batch>{bounds[-1]}"
+    nests, node = [], res.func.body.block.body
+    while isinstance(node, C.tirx.IfThenElse):
+        nests.append(node.then_case)
+        node = node.else_case
+    nests.append(node)
+    assert len(nests) == len(buckets), f"{kname}: the buckets are not one chain of branches on the batch"
+    for b, nest, batch in zip(buckets, nests, bounds + [bounds[-1] + 1]):
         sfunc = _fused_prim_funcs(cnn_block(batch, **kwargs), target)[kname]
         static = schedule_prim_func(sfunc, target, {}, kname)
-        config, sched = _as_over_a_symbolic_batch(static, sfunc, target, b["config"].get("parallel", True))
-        assert b["config"] == config, f"{kname} at batch {batch}"
-        assert _loop_nest(nest, batch_var, batch) == _loop_nest(sched), f"{kname} at batch {batch}"
-    knob, values = BUCKET_KNOB[res.template]
-    assert [b["config"][knob] for b in buckets] == values, buckets
+        assert b["config"] == static.config, f"{kname} at batch {batch}"
+        assert _loop_nest(nest, batch_var, batch) == _loop_nest(static.func), f"{kname} at batch {batch}"
+    for a, b in zip(buckets, buckets[1:]):        # each bucket its own nest: a knob the batch changes differs
+        changed = {k for k in a["config"] if a["config"][k] != b["config"][k]}
+        assert changed and changed <= BATCH_KNOBS, (kname, a, b)
 
 
 # a few knob choices per family that change the loop structure most, on a symbolic batch

@@ -17,7 +17,7 @@ import os
 
 import pytest
 
-import tvmfuse
+from conftest import compile_shared
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 _spec = importlib.util.spec_from_file_location("symbolic_check", os.path.join(ROOT, "benchmarks",
@@ -81,7 +81,7 @@ def test_symbolic_corpus_model_matches_static_and_onnxruntime(name, rng, record_
     entry = ENTRIES[name]
     seed = int(rng.integers(2**31))      # printed on failure: the inputs' seed
     full = bool(os.environ.get("TVMFUSE_SYMBOLIC_CORPUS"))
-    rec = symbolic_check.check_model(entry, seed=seed, points=_points(entry, full))
+    rec = symbolic_check.check_model(entry, seed=seed, points=_points(entry, full), compile_fn=compile_shared)
     assert "error" not in rec, f"{name}_dyn: {rec['error']}\n{rec.get('traceback', '')}"
     record_property("kernels", {"static": rec["static_kernels"], "symbolic": rec["dyn_kernels"]})
     assert rec["dyn_kernels"] == rec["static_kernels"], (
@@ -100,7 +100,7 @@ def test_symbolic_matmul_runs_in_the_symbolic_corpus(host):
     """The transformer's projections (rows = batch x sequence, static N/K) get cpu.symbolic_matmul and
     its Q/K/V (three matmuls of one input) cpu.symbolic_siblings, not the one-row-at-a-time
     cpu.symbolic_rows."""
-    cm = tvmfuse.compile(corpus_io.model_path(ENTRIES["bert"], "dynamic"), target=host)
+    cm = compile_shared(corpus_io.model_path(ENTRIES["bert"], "dynamic"), host)
     fams = symbolic_check.templates(cm)
     # attention output projection + residual, FFN in + GELU, FFN out + residual (the layers share these
     # kernels)
@@ -147,7 +147,8 @@ def test_symbolic_cnn_gets_the_static_conv_kernels(name, rng):
     onnxruntime's at batch 1, 3 and 8."""
     pytest.importorskip("onnxruntime")
     seed = int(rng.integers(2**31))
-    rec = symbolic_check.check_model(ENTRIES[name], seed=seed, points=[{"batch": b} for b in symbolic_check.BATCHES])
+    rec = symbolic_check.check_model(ENTRIES[name], seed=seed, points=[{"batch": b} for b in symbolic_check.BATCHES],
+                                     compile_fn=compile_shared)
     assert "error" not in rec, f"{name}_dyn: {rec['error']}\n{rec.get('traceback', '')}"
     assert rec["dyn_kernels"] == rec["static_kernels"]
     dyn = {f: n for f, n in rec["dyn_templates"].items() if f in CNN_FAMILIES}
@@ -155,3 +156,18 @@ def test_symbolic_cnn_gets_the_static_conv_kernels(name, rng):
     assert dyn == static, f"{name}: symbolic {rec['dyn_templates']} vs static {rec['static_templates']}"
     for row in rec["sizes"]:
         assert row.get("ok"), f"{name}_dyn at {row['dims']}: {row} (seed {seed})"
+
+
+def test_latency_run_covers_table_10s_models():
+    """``symbolic_check.py --latency`` without names times Table 10's models (every one in the corpus, the
+    token models and CNN families the issue names among them); ``--all`` the whole corpus; names win."""
+    pick = symbolic_check.select_models
+    assert set(symbolic_check.LATENCY_MODELS) <= set(ENTRIES)
+    assert {"bert", "resnet18", "mobilenet_v2", "gpt2", "llama", "t5_encoder", "vit", "convnext",
+            "efficientnet_b0", "mobilenet_v3_small"} <= set(pick([], ENTRIES, latency=True))
+    assert pick([], ENTRIES, latency=True, all_models=True) == list(ENTRIES)
+    assert pick([], ENTRIES) == list(ENTRIES)                     # numerics only: every model
+    assert pick([], ENTRIES, quick=True, latency=True) == list(symbolic_check.QUICK_MODELS)
+    assert pick(["gpt2"], ENTRIES, latency=True, all_models=True) == ["gpt2"]
+    with pytest.raises(SystemExit):
+        symbolic_check.main(["--all", "bert"])

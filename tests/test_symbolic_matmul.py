@@ -77,7 +77,10 @@ def test_symbolic_rows_matmul_gets_the_register_tiled_schedule(name, build, targ
     # the kernel branches on the row count (tests/test_symbolic_buckets.py); the nest for many rows:
     cfg = res.config["buckets"][-1]["config"]
     assert cfg["lanes"] == lanes and cfg["flatten_batch"]
-    loops = _loops(res.func.body.block.body.else_case)
+    nest = res.func.body.block.body
+    while isinstance(nest, C.tirx.IfThenElse):        # the open bucket's nest: the chain's last branch
+        nest = nest.else_case
+    loops = _loops(nest)
     # outermost: one parallel loop over row tiles, its extent symbolic (rows known at run time only)
     kind, extent = loops[0]
     assert kind == int(C.ForKind.PARALLEL) and not isinstance(extent, C.IntImm)

@@ -1,7 +1,7 @@
 """Row reductions over symbolic rows (issue 13): BERT's LayerNorm over [batch, sequence, hidden] and its
 embedding kernel (token and position lookups + add + LayerNorm) take ``cpu.row_reduction``, as in the static
 build: the symbolic rows fused into one loop (serial up to the table's ``min_rows_per_core`` x cores - 1
-rows, parallel above: two size buckets over batch x sequence), the static hidden row vectorized with the
+rows or the rows under the fork/join cost, parallel above: two size buckets over batch x sequence), the static hidden row vectorized with the
 static build's knobs (partial-sum width, unroll).  Numbers against onnx's reference evaluator at the issue's
 sizes on the host; structure on named targets.
 """
@@ -64,6 +64,15 @@ def _feeds(name, b, s, rng):
 BUILDS = {"residual_norm": _residual_norm, "embedding": _embedding}
 
 
+def _serial_rows(tgt) -> int:
+    """The serial nest's most rows: fewer than ``min_rows_per_core`` per core, or (more here) rows whose
+    elements (rows x HIDDEN) stay under the target's fork/join cost: the static default's two rules."""
+    cores = cpu_info(tgt).cores
+    need = template_defaults(tgt, FAMILY)["min_rows_per_core"] * cores
+    limit = template_defaults(tgt, "cpu.parallel")["fork_join_work_per_core"] * cores
+    return max(need - 1, (limit - 1) // HIDDEN)
+
+
 def _vector_stores(func, lanes: int) -> int:
     """Stores of whole vectors (a Ramp index of ``lanes`` or more) once TVM's vectorizer has run."""
     found = []
@@ -91,10 +100,11 @@ def test_symbolic_norm_takes_row_reduction_like_the_static_build(name, target):
     kname, func = _only_kernel(BUILDS[name](), tgt)
     res = schedule_prim_func(func, tgt, {}, kname)
     assert res is not None and res.template == FAMILY, res and res.template
-    # two nests: serial up to min_rows_per_core x cores - 1 rows, parallel above
-    need = template_defaults(tgt, FAMILY)["min_rows_per_core"] * cpu_info(tgt).cores
+    # two nests: serial up to _serial_rows (511 rows of 64 on 2 cores), parallel above
+    serial = _serial_rows(tgt)
+    assert serial == 511
     nests = res.config["buckets"]
-    assert [b["bucket"] for b in nests] == [f"batch<={need - 1}", f"batch>{need - 1}"]
+    assert [b["bucket"] for b in nests] == [f"batch<={serial}", f"batch>{serial}"]
     assert [b["config"]["parallel"] for b in nests] == [False, True]
     # the hidden row: the static build's knobs (at a row count on the parallel side)
     s_name, s_func = _only_kernel(BUILDS[name](3, 17), tgt)
@@ -105,6 +115,10 @@ def test_symbolic_norm_takes_row_reduction_like_the_static_build(name, target):
     for nest in nests:
         assert {k: v for k, v in nest["config"].items() if k != "parallel"} == \
             {k: v for k, v in static.config.items() if k != "parallel"}
+    # the bound is where the static build's parallel knob flips: 51 rows serial, 8 x 64 = 512 rows parallel
+    b_name, b_func = _only_kernel(BUILDS[name](8, 64), tgt)
+    assert static.config["parallel"] is False
+    assert schedule_prim_func(b_func, tgt, {}, b_name).config["parallel"] is True
     # vector partial sums and a vectorized normalization in both nests, as many as the static kernel's x 2
     n_static = _vector_stores(static.func, lanes)
     assert n_static >= 3
@@ -159,8 +173,8 @@ def test_tuner_measures_each_bucket_at_a_row_count_inside_it():
     match = t.match(func, tgt)
     assert match is not None
     small, large = t.buckets(match, tgt)
-    need = template_defaults(tgt, FAMILY)["min_rows_per_core"] * cpu_info(tgt).cores
-    assert t.bucket_sizes(match, small, tgt) == {"batch": 1, "sequence": need - 1}
-    assert t.bucket_sizes(match, large, tgt) == {"batch": 1, "sequence": need}
+    serial = _serial_rows(tgt)
+    assert t.bucket_sizes(match, small, tgt) == {"batch": 1, "sequence": serial}
+    assert t.bucket_sizes(match, large, tgt) == {"batch": 1, "sequence": serial + 1}
     for bucket, parallel in ((small, False), (large, True)):
         assert t.default_config(t.bucket_match(match, bucket), tgt)["parallel"] is parallel

@@ -10,6 +10,7 @@ import pytest
 import tvmfuse
 from tvmfuse import _compat as C
 from tvmfuse import models as M
+from tvmfuse import target as TG
 from tvmfuse.schedules import schedule_prim_func
 from tvmfuse.schedules.cpu.siblings import SiblingMatmuls
 from tvmfuse.schedules.cpu.symbolic import SymbolicRows
@@ -60,8 +61,14 @@ def test_symbolic_siblings_get_a_register_tiled_nest_per_bucket(name, build, tar
     res = schedule_prim_func(func, tgt, {}, kname)
     assert res is not None and res.template == FAMILY, res and res.template
     # one kernel branching on the row count: a serial GEMV-like nest for fewer rows than two per core
-    # (serial_rows_per_core), the parallel GEMV-like nest up to small_rows, else the row-tiled one
-    assert [b["bucket"] for b in res.config["buckets"]] == ["rows<=3", "rows<=16", "rows>16"]
+    # (serial_rows_per_core) or, if more, the rows whose multiply-adds are under the fork/join cost (qkv3d:
+    # 3 x 64 x 64 per row, 2 rows; swiglu: 2 x 48 x 64, 5 rows), the parallel GEMV-like nest up to
+    # small_rows, else the row-tiled one
+    per_row = {"qkv3d": 3 * 64 * 64, "swiglu": 2 * 48 * 64}[name]
+    limit = int(TG.template_defaults(tgt, "cpu.parallel")["fork_join_work_per_core"]) * 2
+    serial = max(int(TG.template_defaults(tgt, FAMILY)["serial_rows_per_core"]) * 2 - 1, (limit - 1) // per_row)
+    assert serial == {"qkv3d": 3, "swiglu": 5}[name]
+    assert [b["bucket"] for b in res.config["buckets"]] == [f"rows<={serial}", "rows<=16", "rows>16"]
     nests, body = [], res.func.body.block.body
     while isinstance(body, C.tirx.IfThenElse):
         nests.append(body.then_case)

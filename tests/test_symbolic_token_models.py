@@ -5,7 +5,10 @@
   compiled model LLVM then stores every partial sum: BERT's FFN and Q/K/V kernels ran at 2-3x static),
   and its macro tile of rows is the table's ``row_mc_tiles`` (the last macro tile is the predicated one);
 - GPT-2's attention output, reshaped to ``[batch * sequence, hidden]`` before its Gemm, still forms the
-  attention kernel (the kernel stops before the merge of two symbols);
+  attention kernel (the kernel stops before the merge of two symbols) and the reshape is a view, not a
+  copy kernel (a transposed flatten keeps its kernel);
+- a causal mask computed per call from ``Range(0, sequence)`` is the attention kernel's causal flag, as
+  the static build's constant mask is (an anti-causal or finitely filled mask stays a mask);
 - the token models of the symbolic corpus have the static build's kernel count (slow; known gaps xfail).
 
 Structural tests on named targets, numbers against onnxruntime / numpy on the host.
@@ -17,6 +20,7 @@ import os
 
 import numpy as np
 import pytest
+from onnx import numpy_helper
 
 import tvmfuse
 from tvmfuse import _compat as C
@@ -28,7 +32,7 @@ from tvmfuse.schedules.cpu.symbolic_siblings import SymbolicSiblings
 from tvmfuse.target import cpu_info, parse_target
 
 import schedule_cases as S
-from conftest import NAMED_TARGETS
+from conftest import NAMED_TARGETS, compile_shared
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RTOL, ATOL = 1e-4, 1e-5
@@ -158,6 +162,108 @@ def test_attention_forms_when_its_output_is_flattened_over_symbols(host, rng):
         np.testing.assert_allclose(cm.run(feeds)["y"], want, rtol=RTOL, atol=ATOL, err_msg=f"{b}x{s}")
 
 
+@pytest.mark.parametrize("target", ["haswell-2", "skx-2"])
+def test_reshape_kernel_becomes_a_view(target):
+    """The flattening reshape left between the attention kernel and its Gemm is a view (R.reshape), not a
+    copy kernel: attention + matmul, as the static build (whose attention kernel writes the flat rows)."""
+    kernels, mod = _graph(_gpt2_attention(), target)
+    assert len(kernels) == 2 and not any("reshape" in n for n in kernels), kernels
+    assert "R.reshape(" in str(mod["main"])
+
+
+def _transposed_flatten():
+    """[batch, sequence, 4, 16] -> transpose(0, 2, 1, 3) -> [batch * 4 * sequence, 16] @ W: the flatten of a
+    transposed tensor is a copy (not TVM's reshape pattern), so its kernel stays."""
+    g = M._G("transposed_flatten")
+    x = g.input("x", ("batch", "sequence", 4, 16))
+    t = g.op("Transpose", x, perm=[0, 2, 1, 3])
+    g.op("MatMul", g.op("Reshape", t, g.const(np.array([-1, 16], np.int64))), g.weight((16, 8)))
+    g.rename_last("y", ("rows", 8))
+    return g.model()
+
+
+def test_transposed_flatten_keeps_its_copy_kernel(host, rng):
+    kernels, mod = _graph(_transposed_flatten(), "skx-2")
+    assert len(kernels) == 2 and "R.reshape(" not in str(mod["main"]), kernels
+    model = _transposed_flatten()
+    run = tvmfuse.compile(model, host)
+    w = next(numpy_helper.to_array(i) for i in model.graph.initializer if i.dims[:] == [16, 8])
+    for b, s in ((1, 1), (2, 17)):
+        x = rng.standard_normal((b, s, 4, 16)).astype(np.float32)
+        want = x.transpose(0, 2, 1, 3).reshape(-1, 16) @ w
+        np.testing.assert_allclose(run.run({"x": x})["y"], want, rtol=RTOL, atol=ATOL)
+
+
+def _computed_mask_attention(compare="LessOrEqual", masked=-np.inf, heads=2, d=16):
+    """softmax(Q K^T / sqrt(d) + where(compare(j, i), 0, masked)) V with i, j from Range(0, sequence): the
+    causal mask a symbolic export computes per call (a static export folds it into a constant)."""
+    g = M._G(f"computed_mask_{compare}")
+    q = g.input("q", ("batch", heads, "sequence", d))
+    k = g.input("k", ("batch", heads, "sequence", d))
+    v = g.input("v", ("batch", heads, "sequence", d))
+    seq = g.op("Gather", g.op("Shape", q), g.const(np.int64(2)), axis=0)
+    r = g.op("Range", g.const(np.int64(0)), seq, g.const(np.int64(1)))
+    j = g.op("Unsqueeze", r, g.const(np.array([0], np.int64)))       # [1, sequence]: the key position
+    i = g.op("Unsqueeze", r, g.const(np.array([1], np.int64)))       # [sequence, 1]: the query position
+    mask = g.op("Where", g.op(compare, j, i), g.const(np.float32(0.0)), g.const(np.float32(masked)))
+    scores = g.op("Mul", g.op("MatMul", q, g.op("Transpose", k, perm=[0, 1, 3, 2])), g.const(np.float32(d ** -0.5)))
+    p = g.op("Softmax", g.op("Add", scores, mask), axis=-1)
+    g.op("MatMul", p, v)
+    g.rename_last("y", ("batch", heads, "sequence", d))
+    return g.model()
+
+
+def _mask_reference(feeds, allowed):
+    q, k, v = feeds["q"], feeds["k"], feeds["v"]
+    s = q @ k.transpose(0, 1, 3, 2) / np.sqrt(q.shape[-1])
+    s = np.where(allowed(np.arange(s.shape[-1])[None], np.arange(s.shape[-2])[:, None]), s, -np.inf)
+    p = np.exp(s - s.max(-1, keepdims=True))
+    return (p / p.sum(-1, keepdims=True)) @ v
+
+
+def _graph(model, target):
+    """The graph stage's module (fused, unscheduled) of ``model`` for a named target: (kernel names, module)."""
+    from tvmfuse.pipeline import PipelineOptions, graph_stage
+    from tvmfuse.report import graph_stats
+
+    tgt = parse_target(NAMED_TARGETS[target])
+    with tgt:
+        mod = C.Sequential(graph_stage(tgt, PipelineOptions()))(tvmfuse.load_onnx(model))
+    return graph_stats(mod).kernel_names, mod
+
+
+def _attention_spec(mod):
+    from tvmfuse.schedules.cpu.attention import ATTR, AttentionSpec
+
+    funcs = [f for f in mod.functions.values() if isinstance(f, C.PrimFunc) and f.attrs is not None
+             and ATTR in f.attrs]
+    assert len(funcs) == 1, [str(gv.name_hint) for gv in mod.functions]
+    return AttentionSpec.from_json(str(funcs[0].attrs[ATTR]))
+
+
+@pytest.mark.parametrize("target", ["haswell-2", "skx-2"])
+def test_computed_causal_mask_becomes_the_causal_flag(target):
+    kernels, mod = _graph(_computed_mask_attention(), target)
+    spec = _attention_spec(mod)
+    assert len(kernels) == 1 and spec.causal_offset == 0 and spec.mask is None, kernels
+
+
+@pytest.mark.parametrize("compare, masked", [("GreaterOrEqual", -np.inf), ("LessOrEqual", -1e4)],
+                         ids=["anti_causal", "finite_fill"])
+def test_other_computed_masks_stay_masks(compare, masked):
+    """j >= i is no causal mask, and a finite fill is not -inf (the static build keeps both as masks)."""
+    spec = _attention_spec(_graph(_computed_mask_attention(compare, masked), "skx-2")[1])
+    assert spec.causal_offset is None and spec.mask is not None
+
+
+def test_computed_causal_mask_matches_the_reference(host, rng):
+    cm = tvmfuse.compile(_computed_mask_attention(), host)
+    for b, s in ((1, 1), (3, 17), (1, 40)):
+        feeds = {n: rng.standard_normal((b, 2, s, 16)).astype(np.float32) for n in ("q", "k", "v")}
+        np.testing.assert_allclose(cm.run(feeds)["y"], _mask_reference(feeds, lambda j, i: j <= i), rtol=RTOL,
+                                   atol=ATOL, err_msg=f"{b}x{s}")
+
+
 # ------------------------------------------------------------------ the symbolic corpus's token models
 _spec = importlib.util.spec_from_file_location("corpus_io", os.path.join(ROOT, "corpus", "corpus_io.py"))
 corpus_io = importlib.util.module_from_spec(_spec)
@@ -167,11 +273,7 @@ TOKEN_MODELS = [n for n, e in ENTRIES.items()
                 if any("sequence" in spec["dyn_shape"] for spec in e["inputs"])]
 # token models whose symbolic build has more kernels than the static one, and why (2026-12-01)
 KERNEL_COUNT_GAPS = {
-    "gpt2": "21 vs 19: the reshape of the attention output to [batch * sequence, 768] before the Gemm is "
-            "a copy kernel (static: absorbed by the attention kernel, whose spec takes plain symbols only)",
-    "llama": "21 vs 19: the RMSNorm prologue (cpu.norm_matmul) is static-only, and the causal mask and the "
-             "rotary tables (constants in the static build) are computed per call",
-    "t5_encoder": "28 vs 24: the RMSNorm prologue (cpu.norm_matmul) is static-only, and the relative "
+    "t5_encoder": "16 vs 12: the RMSNorm prologue (cpu.norm_matmul) is static-only, and the relative "
                   "position bias (a constant in the static build) is computed per call",
 }
 
@@ -182,7 +284,7 @@ KERNEL_COUNT_GAPS = {
                                                if n in KERNEL_COUNT_GAPS else [], id=n) for n in TOKEN_MODELS])
 def test_token_model_has_the_static_kernel_count(name, host):
     entry = ENTRIES[name]
-    static = tvmfuse.compile(corpus_io.model_path(entry, "static"), host)
-    dyn = tvmfuse.compile(corpus_io.model_path(entry, "dynamic"), host)
+    static = compile_shared(corpus_io.model_path(entry, "static"), host)
+    dyn = compile_shared(corpus_io.model_path(entry, "dynamic"), host)
     assert dyn.kernel_count == static.kernel_count, (
         [s["kernel"] for s in dyn.report.schedules], [s["kernel"] for s in static.report.schedules])

@@ -23,16 +23,28 @@ def _bounds(target):
     return int(d["small_rows"]), int(d["nominal_rows"])
 
 
+def _names(model, target) -> list[str]:
+    """The kernel's buckets: a serial one first where a few rows are under the fork/join cost
+    (tests/test_symbolic_buckets.py checks the bounds), the GEMV-like one, the row-tiled one."""
+    (_, func), = _kernels(model, target).items()
+    t = SymbolicMatmulEpilogue()
+    return [b.name for b in t.buckets(t.match(func, target), target)]
+
+
 def test_one_task_per_bucket_measured_inside_its_bucket(host):
     small, nominal = _bounds(host)
     tasks = extract_tasks(_mlp(), host)
-    assert [(t.family, t.bucket) for t in tasks] == [(FAMILY, f"rows<={small}"), (FAMILY, f"rows>{small}")]
-    assert tasks[0].workload_key == tasks[1].workload_key
+    names = _names(_mlp(), host)
+    assert names[-2:] == [f"rows<={small}", f"rows>{small}"]
+    assert [(t.family, t.bucket) for t in tasks] == [(FAMILY, n) for n in names]
+    assert len({t.workload_key for t in tasks}) == 1
     assert [t.key for t in tasks] == [R.bucket_key(t.workload_key, t.bucket) for t in tasks]
-    assert [t.sizes for t in tasks] == [{"batch": small}, {"batch": max(nominal, small + 1)}]
-    # each bucket's own space: the small one is not row-tiled
-    assert {c["mr"] for c in tasks[0].space.all_configs()} == {1}
-    assert tasks[1].default_config["mr"] > 1
+    bounds = [int(n.split("<=")[1]) for n in names[:-1]]
+    assert [t.sizes for t in tasks] == [{"batch": b} for b in bounds] + [{"batch": max(nominal, small + 1)}]
+    # each bucket's own space: the bounded ones are not row-tiled
+    assert all({c["mr"] for c in t.space.all_configs()} == {1} for t in tasks[:-1])
+    assert tasks[-1].default_config["mr"] > 1
+    tasks = [t for t in tasks if t.bucket == f"rows<={small}"]
     x, w, b, y = normal_inputs(tasks[0].func, sizes=tasks[0].sizes)
     assert x.shape == (small, 64) and y.shape == (small, 32) and w.shape == (64, 32)
     with pytest.raises(ValueError, match=r"\['batch'\] of the kernel have no size"):
@@ -59,19 +71,20 @@ def test_tuned_buckets_are_logged_by_bucket_and_applied_per_nest(tmp_path, host,
     by_bucket = {}
     for r in recs:
         by_bucket.setdefault(r.get("bucket"), []).append(r)
-    assert set(by_bucket) == {f"rows<={small}", f"rows>{small}"}
-    assert all(r["config"]["mr"] == 1 for r in by_bucket[f"rows<={small}"])
+    names = _names(model, host)
+    assert set(by_bucket) == set(names)
+    assert all(r["config"]["mr"] == 1 for n in names[:-1] for r in by_bucket[n])
     assert all(r["error"] is None for r in recs), [r["error"] for r in recs if r["error"]]
-    # one workload record for the two buckets
+    # one workload record for the buckets
     assert len(L.load(log_path, host).workloads) == 1
     best = R.best_configs(str(log_path), host)
     wk = tasks[0].workload_key
-    assert set(best) == {f"{wk}@rows<={small}", f"{wk}@rows>{small}"}
+    assert set(best) == {f"{wk}@{n}" for n in names}
     cm = tvmfuse.compile(model, target=host, tuning_log=str(log_path))
     (sched,) = cm.report.schedules
     got = sched["knobs"]["buckets"]
-    assert [(g["bucket"], g["source"]) for g in got] == [(f"rows<={small}", "tuned"), (f"rows>{small}", "tuned")]
-    assert [g["config"] for g in got] == [best[f"{wk}@rows<={small}"]["config"], best[f"{wk}@rows>{small}"]["config"]]
+    assert [(g["bucket"], g["source"]) for g in got] == [(n, "tuned") for n in names]
+    assert [g["config"] for g in got] == [best[f"{wk}@{n}"]["config"] for n in names]
     from tvmfuse import models as M
 
     for n in (1, small, small + 1, 100):

@@ -62,6 +62,7 @@ Cast = tirx.Cast
 ForKind = tirx.ForKind
 IterVar = tirx.IterVar
 BufferStore = tirx.BufferStore
+Range = _tvm.ir.Range
 TensorLoad = _tvm.ir.expr.TensorLoad  # what tirx.BufferLoad builds in 0.27 (buffer var in ``.source``)
 Call = _tvm.ir.expr.Call
 Analyzer = _sym.Analyzer
@@ -364,6 +365,19 @@ def ms_internals():
     from tvm.s_tir.meta_schedule.logging import get_logger, get_logging_func
 
     return _ffi_api, ArgInfo, get_logger, get_logging_func
+
+
+def bare_tune_context(target, mod=None, name: str = "tvmfuse"):
+    """A TuneContext of ``target`` (and ``mod``) made through its FFI constructor as ``TuneContext.__init__``
+    makes it (one thread, no space generator or search strategy), without the import of
+    ``tvm.s_tir.tensor_intrin`` that __init__ starts with (~500 TVMScript intrinsics parsed: 30-40 s of
+    CPU once per process) and that a postprocessor's check or feature extraction never uses."""
+    ms_api, _, get_logger, get_logging_func = ms_internals()
+    ctx = meta_schedule.TuneContext.__new__(meta_schedule.TuneContext)
+    ctx.__init_handle_by_constructor__(ms_api.TuneContext, mod, target, None, None, "main", 1, -1,
+                                       get_logging_func(get_logger(name)))
+    ms_api.TuneContextInitialize(ctx)
+    return ctx
 
 
 def ms_tensor_info(dtype: str, shape):

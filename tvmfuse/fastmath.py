@@ -306,7 +306,9 @@ class _NonPositive:
     """Proves an exp argument ``X[e] - M[g]`` <= 0 (or NaN) from the PrimFunc's blocks.
 
     M must be written by one block whose store is ``M[s] = max(M[s], V)`` (a max reduction; V a load of X or
-    of another buffer with the same kind of writer: rfactor's partial maxima), or by several such blocks
+    of another buffer with the same kind of writer: rfactor's partial maxima, one of whose writers may
+    store to lanes ``k - c`` of them only: a row's tail folded into the partial maxima, issue 11, its
+    lanes narrowing the reading reduction's range on that path), or by several such blocks
     over disjoint intervals of one reduced axis that add up to it (a row cut into a vector main part and a
     scalar tail: cpu.row_reduction over 3071 floats), plus constant stores (its initial value) that come
     before them; its store indices are distinct spatial iterators over the whole of
@@ -365,7 +367,7 @@ class _NonPositive:
                 return None
             own = [o for o in (v.a, v.b) if isinstance(o, C.TensorLoad) and o.source.same_as(buf)
                    and len(o.indices) == len(st.indices)
-                   and all(i.same_as(j) for i, j in zip(o.indices, st.indices))]
+                   and all(i.same_as(j) or C.structural_equal(i, j) for i, j in zip(o.indices, st.indices))]
             if len(own) != 1:
                 return None
             updates.append((order, blk, v.b if own[0].same_as(v.a) else v.a))
@@ -400,17 +402,31 @@ class _NonPositive:
             st = blk.body
             spatial = [iv.var for iv in blk.iter_vars if int(iv.iter_type) == 0]
             # the writer's store indices: distinct spatial iterators over whole axes, or constants
-            bound_vars = []
+            bound_vars, path_red = [], list(red)
             for d, (si, gi) in enumerate(zip(st.indices, idx)):
                 if isinstance(si, C.tirx.IntImm):
                     if not ana.can_prove_equal(gi, si):
                         return None
                     continue
+                si, shift = _shifted(si)
                 iv = next((iv for iv in blk.iter_vars if iv.var.same_as(si)), None)
                 if iv is None or not any(si.same_as(u) for u in spatial) or any(si.same_as(u) for u in bound_vars):
                     return None
-                if _const_extent(iv.dom) is None or not ana.can_prove_equal(iv.dom.extent, buf.shape[d]):
+                if shift is None and (_const_extent(iv.dom) is None
+                                      or not ana.can_prove_equal(iv.dom.extent, buf.shape[d])):
                     return None
+                if shift is not None and not (isinstance(iv.dom.min, C.tirx.IntImm)
+                                              and isinstance(iv.dom.extent, C.tirx.IntImm)):
+                    return None
+                if shift is not None:
+                    # a writer of lanes [dom.min - shift, dom.max - shift) of the axis only (a row's tail
+                    # folded into rfactor's partial maxima: rf[r, k - 3040] over k in [3040, 3071)): the
+                    # reader's index must be one of its reduction iterators, whose range on this path is
+                    # narrowed to those lanes
+                    path_red = _narrowed(path_red, gi, int(iv.dom.min) - shift, int(iv.dom.extent))
+                    if path_red is None:
+                        return None
+                    gi = gi + shift
                 bound_vars.append(si)
                 ana.bind(si, gi)
             own = []
@@ -425,9 +441,9 @@ class _NonPositive:
                 return None
             nidx = [ana.simplify(i) for i in v.indices]
             if v.source.same_as(x.source):
-                out.append((red + own, nidx, updates + [order]))
+                out.append((path_red + own, nidx, updates + [order]))
                 continue
-            sub = self._chains(x, v.source, nidx, red + own, updates + [order])
+            sub = self._chains(x, v.source, nidx, path_red + own, updates + [order])
             if sub is None:
                 return None
             out.extend(sub)
@@ -493,6 +509,29 @@ class _NonPositive:
         if any(a[0][1] >= c[0][0] for a, c in zip(ivals, ivals[1:])):
             return False
         return sum(p for _, p in ivals) == cells
+
+
+def _shifted(index):
+    """``(var, c)`` for a store index ``var - c`` (c a constant), else ``(index, None)``."""
+    if isinstance(index, C.tirx.Sub) and isinstance(index.a, C.tirx.Var) and isinstance(index.b, C.tirx.IntImm):
+        return index.a, int(index.b)
+    return index, None
+
+
+def _narrowed(red: list, index, lo: int, extent: int):
+    """``red`` (reduction iterators [(var, Range)]) with the one that ``index`` is narrowed to [lo, lo +
+    extent) of its range; None when ``index`` is not one of them or the lanes leave its range."""
+    out, hit = [], False
+    for u, r in red:
+        if index.same_as(u):
+            if not (isinstance(r.min, C.tirx.IntImm) and isinstance(r.extent, C.tirx.IntImm)):
+                return None
+            if lo < int(r.min) or lo + extent > int(r.min) + int(r.extent):
+                return None
+            r, hit = C.Range.from_min_extent(C.tirx.IntImm(str(r.min.ty.dtype), lo),
+                                             C.tirx.IntImm(str(r.extent.ty.dtype), extent)), True
+        out.append((u, r))
+    return out if hit else None
 
 
 def _free_vars(expr) -> list:

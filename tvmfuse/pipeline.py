@@ -228,7 +228,18 @@ def fusion_passes(target: C.Target, options: PipelineOptions) -> list:
     if not options.fusion:
         return [guarded([C.relax_transform.FuseOps(), _record_fuse_ops_groups]
                         + fuse_tir_passes(target, options), "fusion")]
-    return [guarded(fuse_tir_passes(target, options), "fusion", own_passes=grouping_passes(target, options))]
+    return [guarded(fuse_tir_passes(target, options), "fusion", own_passes=grouping_passes(target, options)),
+            *reshape_view_passes()]
+
+
+def reshape_view_passes() -> list:
+    """A kernel left alone that only reshapes (a call_tir of a PrimFunc with TVM's reshape pattern: a
+    symbolic GPT-2's attention output [batch, sequence, 768] -> [batch * sequence, 768] before its Gemm,
+    which the static build's attention kernel writes flat) becomes ``R.reshape``, a view of its input
+    without a copy.  TVM's dataflow lowering (RewriteDataflowReshape) does the same later; done here, the
+    report counts the kernels that run and no schedule is made for a kernel that never does.  Then the
+    PrimFuncs no call reads are dropped.  test_symbolic_token_models::test_reshape_kernel_becomes_a_view"""
+    return [C.relax_transform.RewriteDataflowReshape(), C.relax_transform.DeadCodeElimination()]
 
 
 class Stages:

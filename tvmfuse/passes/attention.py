@@ -109,6 +109,100 @@ def _causal_offset(expr, sq, sk) -> int | None:
     return k if np.array_equal(allowed, jj <= ii + k) else None
 
 
+# compare(row, column) -> the offset k of "j <= i + k" given (start of the row's arange - start of the
+# column's); a > b is b < a (the operands swapped)
+_CAUSAL_COMPARES = {"relax.less_equal": (False, 0), "relax.less": (False, -1),
+                    "relax.greater_equal": (True, 0), "relax.greater": (True, -1)}
+# the layout ops a computed mask passes through on its way to the scores: each keeps the last two axes
+_MASK_LAYOUT_OPS = ("relax.expand_dims", "relax.broadcast_to", "relax.strided_slice", "relax.reshape")
+
+
+def _arange_axis(fn: _Function, expr) -> tuple | None:
+    """(axis, start) when ``expr`` is ``arange(start, n, 1)`` along the last axis ("j": a row of [.., 1, n] or
+    [n]) or along the one before it ("i": a column [.., n, 1], the arange reshaped or expanded); else None."""
+    expr = _unalias(fn, expr)
+    dims = _dims(expr)
+    while dims is not None:
+        call = next((c for c in (fn.call(expr, op) for op in ("relax.reshape", "relax.expand_dims"))
+                     if c is not None), None)
+        if call is None:
+            break
+        src = _dims(call.args[0])
+        kept, now = [d for d in src or () if not _is1(d)], [d for d in dims if not _is1(d)]
+        if src is None or len(kept) != len(now) or not all(same_extent(a, b) for a, b in zip(kept, now)):
+            return None                       # only unit axes added or removed
+        expr = _unalias(fn, call.args[0])
+    a = fn.call(expr, "relax.arange")
+    if a is None or dims is None or len(dims) < 1 or len(_dims(expr) or ()) != 1:
+        return None
+    start, step = _int_value(a.args[0]), _int_value(a.args[2])
+    n = _dims(expr)[0]
+    if start is None or step != 1:
+        return None
+    if len(dims) >= 2 and _is1(dims[-1]) and not _is1(dims[-2]):
+        return "i", start, n
+    if all(_is1(d) for d in dims[:-1]):
+        return "j", start, n
+    return None
+
+
+def _unalias(fn: _Function, expr):
+    """The var ``expr`` is bound to when its binding is another var (``lv8 = lv7``: FuseAttention runs
+    before CanonicalizeBindings)."""
+    while isinstance(expr, C.relax.Var) and isinstance(fn.value.get(expr), C.relax.Var):
+        expr = fn.value[expr]
+    return expr
+
+
+def _int_value(v) -> int | None:
+    """The int of an ``arange`` argument (an IntImm, or a PrimValue holding one), None when symbolic."""
+    value = v if isinstance(v, C.IntImm) else getattr(v, "value", None)
+    return int(value.value) if isinstance(value, C.IntImm) else None
+
+
+def _computed_causal_offset(fn: _Function, expr, sq, sk) -> int | None:
+    """k if ``expr`` is the 0/-inf causal mask a symbolic export computes per call, ``where(j <= i + k, 0,
+    -inf)`` with i, j from ``arange`` (through unit-axis reshapes, broadcasts and full slices); the mask the
+    static build folds into a constant that ``_causal_offset`` reads.  Else None."""
+    w = fn.call(_unalias(fn, expr), "relax.where")
+    if w is None:
+        return None
+    cond, keep, drop = w.args
+    cond = _unalias(fn, cond)
+    if _scalar_const(keep) != 0.0 or not np.isneginf(_scalar_const(drop) or 0.0):
+        return None
+    # Step 1. Through the layout ops that keep the [sq, sk] meaning of the last two axes.
+    while True:
+        dims = _dims(cond)
+        if dims is None or len(dims) < 2 or not (same_extent(dims[-2], sq) and same_extent(dims[-1], sk)):
+            return None
+        call = next((c for c in (fn.call(cond, op) for op in _MASK_LAYOUT_OPS) if c is not None), None)
+        if call is None:
+            break
+        src = _dims(call.args[0])
+        if src is None or len(src) < 2 or not (same_extent(src[-2], sq) or _is1(src[-2])) or \
+                not (same_extent(src[-1], sk) or _is1(src[-1])):
+            return None
+        if call.op.name == "relax.reshape" and not (same_extent(src[-2], dims[-2])
+                                                    and same_extent(src[-1], dims[-1])):
+            return None                       # a reshape that moves the [sq, sk] axes
+        cond = _unalias(fn, call.args[0])
+    # Step 2. The comparison of a row of key positions j with a column of query positions i.
+    for op, (swap, bias) in _CAUSAL_COMPARES.items():
+        cmp = fn.call(cond, op)
+        if cmp is None:
+            continue
+        row, col = (cmp.args[1], cmp.args[0]) if swap else cmp.args
+        r, c = _arange_axis(fn, row), _arange_axis(fn, col)
+        if r is None or c is None or r[0] != "j" or c[0] != "i":
+            return None
+        if not (same_extent(r[2], sk) and same_extent(c[2], sq)):
+            return None
+        # j + r_start <= i + c_start (+ bias for "<")
+        return c[1] - r[1] + bias
+    return None
+
+
 def _aligned_labels(shape: tuple, full: tuple, labels: list, what: str) -> list[str]:
     """Labels of the axes of a tensor broadcast (numpy rules, right-aligned) to ``full``."""
     off = len(full) - len(shape)
@@ -276,6 +370,16 @@ def _scores_chain(fn: _Function, expr, first_readers: int = 1) -> tuple:
         if not ok:
             raise _Refused(f"{C.var_name(expr) if isinstance(expr, C.relax.Var) else expr} "
                            "(part of the scores) is read outside the attention chain")
+        # a plain alias (what Peephole leaves of a cast to the same dtype) or such a cast: T5's
+        # scores + position bias go through a float -> float cast before the softmax
+        alias = fn.value.get(expr) if isinstance(expr, C.relax.Var) else None
+        if isinstance(alias, C.relax.Var):
+            expr = alias
+            continue
+        cast = fn.call(expr, "relax.astype")
+        if cast is not None and _dtype(expr) and _dtype(cast.args[0]) == _dtype(expr):
+            expr = cast.args[0]
+            continue
         mm = fn.call(expr, "relax.matmul")
         if mm is not None:
             return mm, scale, terms
@@ -340,6 +444,24 @@ def _leads_to_matmul(fn: _Function, expr, depth: int = 8) -> bool:
     return any(_leads_to_matmul(fn, a, depth - 1) for a in v.args)
 
 
+def _identity_casts(fn: _Function, p) -> tuple:
+    """(the probabilities under ``p``, the number of casts peeled): through ``astype`` to the dtype its input
+    has already and plain aliases (``lv28 = lv27``: what Peephole leaves of such a cast), each read only by
+    the next step (ViT's export casts the softmax float -> float twice before P @ V); ``p`` itself and 0
+    where there is neither."""
+    count = 0
+    while isinstance(p, C.relax.Var) and fn.single_use(p) and _dtype(p):
+        value = fn.value.get(p)
+        if isinstance(value, C.relax.Var):
+            p = value
+            continue
+        cast = fn.call(p, "relax.astype")
+        if cast is None or _dtype(cast.args[0]) != _dtype(p):
+            break
+        p, count = cast.args[0], count + 1
+    return p, count
+
+
 def match(fn: _Function, var, target) -> tuple | None:
     """(the var to replace, the spec, the call's arguments, the ops it covers) for ``var = P @ V``;
     None when ``var`` is not the end of an attention chain.  Raises _Refused for a near miss."""
@@ -347,6 +469,7 @@ def match(fn: _Function, var, target) -> tuple | None:
     if mm is None:
         return None
     p, v = mm.args
+    p, casts = _identity_casts(fn, p)
     guard, zero_empty, p_readers = None, False, 1
     wh = fn.call(p, "relax.where")
     if wh is not None and _scalar_const(wh.args[1]) == 0.0 and \
@@ -373,7 +496,7 @@ def match(fn: _Function, var, target) -> tuple | None:
     if len(fn.users.get(p, [])) != p_readers:
         raise _Refused("the probabilities are read outside the attention chain")
     qk, scale, terms = _scores_chain(fn, x, x_readers)
-    ops = ["matmul", "softmax", "matmul"] + (["isnan", "where"] if zero_empty else [])
+    ops = ["matmul", "softmax", "matmul"] + (["isnan", "where"] if zero_empty else []) + ["astype"] * casts
     peeled = []
     for t in qk.args:      # (Q * c) @ (K^T * c'): the scale split over both operands, as SDPA exports it
         t, c = _scalar_factors(fn, t, ops)
@@ -410,6 +533,8 @@ def match(fn: _Function, var, target) -> tuple | None:
     causal, mask = None, None
     for t in terms:
         off = _causal_offset(t, sq, sk)
+        if off is None:
+            off = _computed_causal_offset(fn, t, sq, sk)
         if off is not None and causal is None:
             causal = off
             ops.append("causal mask")

@@ -91,6 +91,23 @@ def _identity_cast(m, call):
     return x if isinstance(ty, C.TensorType) and str(ty.dtype) == str(call.attrs.dtype) else None
 
 
+def _outer_product_matmul(m, call):
+    """``a [..., M, 1] @ b [..., 1, N]``: a sum over one product, i.e. ``a * b`` broadcast (exact in every
+    dtype: the matmul adds its one product to zero).  None for any other matmul."""
+    a, b = call.args
+    ta, tb = C.type_of(a), C.type_of(b)
+    if not all(isinstance(t, C.TensorType) and isinstance(t.shape, C.relax.ShapeExpr) for t in (ta, tb)):
+        return None
+    da, db = list(ta.shape.values), list(tb.shape.values)
+    out_dtype = str(call.attrs.out_dtype) if call.attrs.out_dtype is not None else ""
+    if len(da) < 2 or len(db) < 2 or str(ta.dtype) != str(tb.dtype) or out_dtype not in ("", "void", str(ta.dtype)):
+        return None
+    k_a, k_b = da[-1], db[-2]
+    if not (isinstance(k_a, C.IntImm) and int(k_a.value) == 1 and isinstance(k_b, C.IntImm) and int(k_b.value) == 1):
+        return None
+    return C.relax.op.multiply(a, b)
+
+
 @dataclass(frozen=True)
 class PeepholeRule:
     name: str
@@ -113,6 +130,11 @@ PEEPHOLES: tuple[PeepholeRule, ...] = (
              "reshape to its own shape -> x; test_passes_rewrites::test_peephole[identity_reshape]"),
     PeepholeRule("identity_transpose", "relax.permute_dims", _identity_transpose,
              "transpose with perm 0..n-1 -> x; test_passes_rewrites::test_peephole[identity_transpose]"),
+    PeepholeRule("outer_product_matmul", "relax.matmul", _outer_product_matmul,
+             "a [.., M, 1] @ b [.., 1, N] -> a * b: a reduction over one element is a broadcast multiply, "
+             "which fuses with its elementwise neighbours (a symbolic Llama's rotary angles, position x "
+             "inverse frequency: a kernel of their own as a matmul); "
+             "test_passes_rewrites::test_peephole[outer_product_matmul]"),
     PeepholeRule("identity_cast", "relax.astype", _identity_cast,
              "cast to its own dtype -> x (HF Llama/T5 cast the residual stream to float32 before RMSNorm: "
              "a copy the residual add and the norm prologue shared); test_passes_rewrites::test_peephole[identity_cast]"),
@@ -140,7 +162,8 @@ class _PeepholeMutator(C.PyExprMutator):
 
 @C.module_pass(opt_level=0, name="tvmfuse.Peephole")
 class Peephole:
-    """x*1, x+0, x-0, identity reshape/transpose/cast -> x; division by a constant -> multiply."""
+    """x*1, x+0, x-0, identity reshape/transpose/cast -> x; division by a constant -> multiply; a matmul
+    over one element -> a broadcast multiply."""
 
     def transform_module(self, mod, _ctx):
         return _rewrite_functions(mod, _PeepholeMutator)

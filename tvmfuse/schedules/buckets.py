@@ -60,25 +60,34 @@ def join_buckets(funcs: list, buckets, extent) -> C.PrimFunc:
 
 class BatchBuckets:
     """Size buckets over a symbolic batch, mixed into a template whose static default changes with the batch
-    (the conv families' ``parallel_depth``, ``cpu.row_reduction``'s parallel row loop): a nest for the
-    batches up to ``match.info[small_key]`` and one for the others, each with the static default at a batch
-    inside its range.  The template's ``match`` sets ``info["batch"]`` (the batch expression) and
-    ``info[small_key]``; ``batch_info(match, batch)`` is what the defaults of a nest at ``batch`` read."""
+    (the conv families' ``parallel_depth``, the ``parallel`` knob of every CPU family under the fork/join
+    cost, ``cpu.row_reduction``'s parallel row loop): a nest per range of batches, each with the static
+    default at a batch inside its range.  The template's ``match`` sets ``info["batch"]`` (the batch
+    expression) and the largest batches of the bounded ranges: ``info[small_key]`` and
+    ``info["serial_batches_work"]`` (the largest batch whose work is under the target's fork/join cost: a
+    serial nest), either absent or < 1 for none; ``batch_info(match, batch)`` is what the defaults of a nest at
+    ``batch`` read."""
 
     small_key = "small_batches"
+    work_key = "serial_batches_work"
 
     def batch_info(self, match, batch: int) -> dict:
         raise NotImplementedError
 
+    def batch_bounds(self, match) -> list[int]:
+        """The bounded buckets' largest batches, increasing."""
+        return sorted({int(b) for b in (match.info.get(self.small_key, 0), match.info.get(self.work_key, 0))
+                       if b >= 1})
+
     def bucket_batch(self, match, bucket: Bucket) -> int:
         """The batch a bucket's defaults assume: its largest, or the open bucket's smallest."""
-        return bucket.max_extent if bucket.max_extent is not None else match.info[self.small_key] + 1
+        return bucket.max_extent if bucket.max_extent is not None else self.batch_bounds(match)[-1] + 1
 
     def buckets(self, match, target: C.Target) -> tuple:
-        small = match.info.get(self.small_key, 0)
-        if small < 1:
+        bounds = self.batch_bounds(match)
+        if not bounds:
             return ()
-        return Bucket(f"batch<={small}", small), Bucket(f"batch>{small}", None)
+        return (*(Bucket(f"batch<={b}", b) for b in bounds), Bucket(f"batch>{bounds[-1]}", None))
 
     def bucket_match(self, match, bucket: Bucket):
         return type(match)(match.family, {**match.info, "bucket": bucket.name,

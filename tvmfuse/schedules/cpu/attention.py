@@ -26,6 +26,7 @@ over the query rows, so that the row statistics are vector operations:
         qT = (Q[rows] * scale)^T                                  # [d, qb] local, once per block
         m = -inf, l = 0, acc = 0                                  # per query row, local buffers
         for key block:
+            (prefetch: a few rows of the next block's Q, this block's out, the next task's K/V, into L2)
             sT = K[block] @ qT + mask  (-inf: past the keys, causal)   # [kb, qb], vector over rows;
             m' = max(m, colmax(sT))                                    # both in the score tile's registers
             p = exp(min(sT - m', 0));  alpha = exp(min(m - m', 0))     # args <= 0: fastmath's cheap exp
@@ -40,6 +41,10 @@ into few cache sets (at S=2048 one head's K and V overflow their L2 sets); a sta
 packs them by default (``pack_kv``: a task's rows in the target's ``l2_share_kv`` of L2) and gives each task
 ``q_blocks`` query blocks to share the copy (measured kernel-only, one thread, under load, Emerald Rapids,
 12 heads x 64: S=2048 1.4x, S=512 within noise, causal S=512/2048 1.03x/1.05-1.15x).
+Those copies, the Q transposes and the output stores still miss the caches (rows 3 KiB apart, read once per
+task): with a static sequence the kernel prefetches (``prefetch``, a target table level) the rows the next
+query block reads and this one writes, and (packed K/V) the next task's K/V rows, a few per row of score
+tiles, into L2 (at S=512 their share of a one-thread profile went from ~15% to ~6%, under load).
 
 Batch and sequence extents may be symbolic (TIR vars: one kernel for every size); the blocks then loop
 over the symbolic sequence with a tail, and the last query block computes only the row groups that hold
@@ -93,6 +98,10 @@ SYMBOLIC_SEQ_HINT = 128
 SEQ_BUCKETS = (16, 32, 64, 128)
 SYMBOLIC_OPEN_HINT = 256
 NEG_INF = float("-inf")
+# Software prefetch (the ``prefetch`` knob): one per 64-byte cache line (16 float32), with LLVM's locality
+# hint 2 (x86: prefetcht1, into L2, not L1: L1 holds the query block's working set meanwhile).
+LINE_FLOATS = 16
+PREFETCH_LOCALITY = 2
 # The storage scope of a task's buffers (running max / sum rows, scores, transposed queries, accumulators,
 # packed K/V): in "global" TVM puts one under MAX_STACK_ALLOCA_BYTES on the stack (a "local" one is always a
 # TVMBackendAllocWorkspace call per task, tests/test_schedules_cpu_stack_audit.py); larger ones are a
@@ -502,6 +511,9 @@ class AttentionConfig(Config):
     q_blocks: int = knob("query blocks per parallel task (one after the other, sharing the task's packed K/V)")
     pack_kv: int = knob("1: each task first copies the K and V rows it reads into contiguous local rows "
                         "(static key length only); 0: K and V are read in place")
+    prefetch: int = knob("software prefetches into L2 during each key block (static sequence only): 0 none; "
+                         "1 the next query block's Q rows and this block's output rows; 2 also the next "
+                         "task's K and V rows (packed K/V)")
 
 
 class Attention(Template):
@@ -538,7 +550,8 @@ class Attention(Template):
         qbs = tuple(v for v in Q_TASK_BLOCKS if v == 1 or static_seq and v * lanes < 2 * static(spec.sq))
         return AttentionConfig.space(q_block=qb, k_block=kb, lanes=(lanes,), rows=ROW_GROUPS,
                                      tile_keys=TILE_KEYS, tile_qvecs=TILE_QVECS, q_blocks=qbs,
-                                     pack_kv=(0, 1) if static_seq else (0,))
+                                     pack_kv=(0, 1) if static_seq else (0,),
+                                     prefetch=(0, 1, 2) if static_seq else (0,))
 
     def default_config(self, match: Match, target: C.Target) -> dict:
         spec, info = match.info["spec"], cpu_info(target)
@@ -584,8 +597,17 @@ class Attention(Template):
                 if c <= nqb and tasks_rows * math.ceil(nqb / c) >= table["min_tasks_per_core"] * info.cores:
                     q_blocks = c
             pack = int(q_blocks > 1)
+        # software prefetch (the target table's "prefetch" level, where the sequence is static): the rows
+        # the next query block reads and this one writes; with packed K/V, the next task's K/V rows too
+        # where both tasks' rows fit the L2 share (else they would evict the rows being read)
+        prefetch = 0
+        if 1 in space["prefetch"]:
+            prefetch = min(int(table["prefetch"]), 2)
+            both = 2 * sk_rows(spec, kb) * (spec.d + spec.dv) * 4 <= table["l2_share_kv"] * info.l2_bytes
+            if prefetch == 2 and not (pack and both):
+                prefetch = 1
         return AttentionConfig(q_block=qb, k_block=kb, lanes=lanes, rows=rows, tile_keys=keys,
-                               tile_qvecs=qvecs, q_blocks=q_blocks, pack_kv=pack).asdict()
+                               tile_qvecs=qvecs, q_blocks=q_blocks, pack_kv=pack, prefetch=prefetch).asdict()
 
     # ------------------------------------------------------------------ size buckets (symbolic sequence)
     def buckets(self, match: Match, target: C.Target) -> tuple[Bucket, ...]:
@@ -624,10 +646,12 @@ class Attention(Template):
         tile_keys, tile_qvecs = math.gcd(cfg.tile_keys, kb), math.gcd(cfg.tile_qvecs, qb // lanes)
         if cfg.pack_kv and static(spec.sk) is None:
             raise ValueError("cpu.attention: pack_kv needs a static key length (its rows are a local buffer)")
+        if cfg.prefetch and (static(spec.sk) is None or static(spec.sq) is None):
+            raise ValueError("cpu.attention: prefetch needs a static sequence (its rows per key block are static)")
         # a bounded size bucket's nest runs only for sequences up to its bound (schedules.buckets)
         seq_bound = match.info["seq_size"] if match.info.get("seq_bounded") else None
         new_root = _flash_root(spec, list(func.params), qb, kb, lanes, rows, tile_keys, tile_qvecs,
-                               cfg.q_blocks, bool(cfg.pack_kv), seq_bound)
+                               cfg.q_blocks, bool(cfg.pack_kv), seq_bound, cfg.prefetch)
         # Step 2. It replaces the reference stages (scores, softmax, P @ V) wholesale.
         old = sch.get(root)
         sch.state.replace(sch.get_sref(root), new_root, {old: new_root})
@@ -645,7 +669,7 @@ def _block_count(spec: AttentionSpec, n, block: int, seq_bound: int | None):
 
 def _flash_root(spec: AttentionSpec, params: list, qb: int, kb: int, lanes: int, rows: int,
                 tile_keys: int, tile_qvecs: int, q_blocks: int = 1, pack_kv: bool = False,
-                seq_bound: int | None = None):
+                seq_bound: int | None = None, prefetch: int = 0):
     """The root block of the online-softmax kernel (see the module docstring).
 
     The scores are computed transposed, ``sT[key, query row]``, a vector over the query rows: the query
@@ -679,6 +703,18 @@ def _flash_root(spec: AttentionSpec, params: list, qb: int, kb: int, lanes: int,
 
     def load(name, op, env):
         return buf[name][tuple(_index(op, env, ext))]
+
+    def prefetch_rows(name, op, env, row, first, count, limit, feat, n_feat, write):
+        """Prefetch (into L2) ``count`` rows of ``op`` from row ``first`` (clamped to the last row below
+        ``limit``), one prefetch per cache line of each row's ``n_feat`` features; none where the features
+        are not the operand's contiguous last axis (a prefetch per element would cost more than it saves)."""
+        if axis_parts(op.axes[-1])[-1] != feat:
+            return
+        with T.serial(0, count) as r:
+            env_r = {**env, row: tir.min(first + r, limit - 1)}
+            for f in range(0, n_feat, LINE_FLOATS):
+                addr = tir.address_of(tir.BufferLoad(buf[name], _index(op, {**env_r, feat: f}, ext)))
+                T.evaluate(tir.call_intrin("void", "tirx.prefetch", addr, int(write), PREFETCH_LOCALITY, 1))
 
     with IRBuilder() as ib:
         with T.prim_func(s_tir=True):
@@ -725,8 +761,19 @@ def _flash_root(spec: AttentionSpec, params: list, qb: int, kb: int, lanes: int,
                                     T.buffer_store(dst, load(name, op, {**benv, "j": tir.min(j, spec.sk - 1),
                                                                         feat: f}), [j, f])
 
-                    def block_body(q0):
-                        """One query block: rows q0 .. q0 + qb - 1."""
+                    # prefetches per row of score tiles: a query block's rows spread over its key blocks' tile
+                    # rows, the next task's K/V rows over all the task's
+                    if prefetch:
+                        steps = static(nkb) * (kb // tile_keys)    # score-tile rows per query block
+                        rows_pk = -(-qb // steps)
+                        kv_pk = -(-static(spec.sk) // (q_blocks * steps))
+                    if prefetch >= 2:
+                        t_next = tir.min(t + 1, nb_total * ntq - 1)
+                        benv_next = _batch_env(spec, _unravel(tir.floordiv(t_next, ntq), list(spec.batch))
+                                               if spec.batch else [])
+
+                    def block_body(q0, qblk=0):
+                        """One query block: rows q0 .. q0 + qb - 1 (the task's ``qblk``-th)."""
                         if q_tail:
                             live = tir.floordiv(tir.min(qb, spec.sq - q0) + (unit - 1), unit) * unit
 
@@ -770,6 +817,17 @@ def _flash_root(spec: AttentionSpec, params: list, qb: int, kb: int, lanes: int,
                             with _vector_loop(T, qb, lanes) as qi:
                                 T.buffer_store(mn, m[qi], [qi])
                             with T.serial(0, kb // tile_keys) as kg:
+                                if prefetch:    # rows a later step reads (Q, K/V) or writes (out), into L2,
+                                    step = ko * (kb // tile_keys) + kg     # a few per score tile row
+                                    last = tir.min(q0 + 2 * qb, spec.sq)
+                                    prefetch_rows("q", spec.q, benv, "i", q0 + qb + step * rows_pk, rows_pk, last,
+                                                  "d", spec.d, False)
+                                    prefetch_rows("out", spec.out, benv, "i", q0 + step * rows_pk, rows_pk,
+                                                  tir.min(q0 + qb, spec.sq), "e", spec.dv, True)
+                                if prefetch >= 2:
+                                    first = (qblk * static(nkb) * (kb // tile_keys) + step) * kv_pk
+                                    prefetch_rows("k", spec.k, benv_next, "j", first, kv_pk, spec.sk, "d", spec.d, False)
+                                    prefetch_rows("v", spec.v, benv_next, "j", first, kv_pk, spec.sk, "e", spec.dv, False)
                                 with T.serial(0, n_groups(tile_qvecs * lanes)) as qg:
                                     # the first head-dim step stores the products (no zero-fill of the tile)
                                     def tile_step(dd, first):
@@ -859,9 +917,9 @@ def _flash_root(spec: AttentionSpec, params: list, qb: int, kb: int, lanes: int,
                         with T.serial(0, q_blocks) as qblk:
                             qbi = tq * q_blocks + qblk
                             if static(nqb) is not None and static(nqb) % q_blocks == 0:
-                                block_body(qbi * qb)
+                                block_body(qbi * qb, qblk)
                             else:
                                 with T.If(qbi < nqb):
                                     with T.Then():
-                                        block_body(qbi * qb)
+                                        block_body(qbi * qb, qblk)
     return ib.get().body.block

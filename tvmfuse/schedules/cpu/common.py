@@ -93,6 +93,16 @@ def parallel_why_not(work: int | None, target: C.Target, unit: str = "scalar ope
     return None
 
 
+def serial_batches(work_per_batch: int, target: C.Target) -> int:
+    """Over a symbolic batch (or row count) of ``work_per_batch`` scalar operations each: the largest batch
+    still under the target's fork/join cost (:func:`min_parallel_work`), the bound of a serial size bucket
+    (``schedules.buckets``) whose nest gets the static default's ``parallel=False``; 0 for none (a batch of
+    1 already over the cost, or a 1-core target: no fork to save)."""
+    if work_per_batch < 1 or cpu_info(target).cores <= 1:
+        return 0
+    return (min_parallel_work(target) - 1) // work_per_batch
+
+
 def parallel_default(work: int | None, target: C.Target) -> bool:
     """The default of the ``parallel`` knob: :func:`parallel_why_not` found nothing against it."""
     return parallel_why_not(work, target) is None

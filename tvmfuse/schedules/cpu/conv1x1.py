@@ -27,7 +27,8 @@ from ... import _compat as C
 from ...target import cpu_info, template_defaults
 from ..base import Config, KnobSpace, Match, knob
 from . import common as U
-from .conv2d import batch_size, find_conv
+from ..buckets import BatchBuckets
+from .conv2d import batch_size, find_conv, set_batch_bounds
 from .matmul import K_UNROLL, MR_CHOICES, NVEC_CHOICES, lane_choices, pick_register_tile, stack_accumulator_vectors
 
 FAMILY = "cpu.conv1x1"
@@ -78,8 +79,10 @@ def macs(info: dict) -> int:
 def parallel_why_not(info: dict, target: C.Target) -> str | None:
     """None when the conv is worth a parallel loop on ``target``, else why it runs serial: the shared rule
     of the CPU families (``common.parallel_why_not``) on its multiply-adds.  Over a symbolic batch the work
-    grows with the batch: always parallel (the batch is in the parallel loop)."""
-    return U.parallel_why_not(None if info["N"] is None else macs(info), target, "multiply-adds")
+    grows with the batch: each size bucket decides at its batch (``BatchBuckets``: serial up to the largest batch
+    under the fork/join cost), a nest outside a bucket is parallel (the batch is in the parallel loop)."""
+    over = info["N"] is None and "bucket_batch" not in info    # outside a size bucket (BatchBuckets)
+    return U.parallel_why_not(None if over else macs(info), target, "multiply-adds")
 
 
 def channel_lanes(out_channels: int, target: C.Target) -> list[int]:
@@ -88,9 +91,13 @@ def channel_lanes(out_channels: int, target: C.Target) -> list[int]:
     return [w for w in lane_choices(cpu_info(target).float32_lanes) if out_channels % w == 0]
 
 
-class ChannelLanesConv(U.CpuTemplate):
+class ChannelLanesConv(BatchBuckets, U.CpuTemplate):
     """A conv family with the output channels on the vector lanes (``cpu.conv1x1``, ``cpu.conv2d_lanes``):
-    it matches what ``conv2d.find_conv`` matches where the family's ``why_not`` finds nothing against it."""
+    it matches what ``conv2d.find_conv`` matches where the family's ``why_not`` finds nothing against it.
+    Over a symbolic batch: a serial nest for the batches under the fork/join cost (``BatchBuckets``)."""
+
+    def batch_info(self, match: Match, batch: int) -> dict:
+        return {"bucket_batch": batch}
 
     def why_not(self, info: dict, target: C.Target) -> str | None:
         raise NotImplementedError
@@ -99,6 +106,7 @@ class ChannelLanesConv(U.CpuTemplate):
         info = find_conv(func, depthwise=False)
         if info is None or self.why_not(info, target) is not None:
             return None
+        set_batch_bounds(info, target)
         return Match(self.family, info)
 
 

@@ -71,12 +71,26 @@ def batch_size(info: dict) -> int:
     return info.get("bucket_batch", U.SYMBOLIC_BATCH_NOMINAL) if info["N"] is None else info["N"]
 
 
+def batch_work(info: dict) -> int:
+    """Multiply-adds of one batch of the conv (``find_conv``'s info; a depthwise conv's RC is 1)."""
+    return info["F"] * info["OH"] * info["OW"] * info["RC"] * info["KH"] * info["KW"]
+
+
 def conv_work(info: dict) -> int | None:
-    """Multiply-adds of the conv (``find_conv``'s info; a depthwise conv's RC is 1), the work the shared
-    parallel rule (``common.parallel_why_not``) weighs; None over a symbolic batch (grows with it)."""
+    """Multiply-adds of the conv, the work the shared parallel rule (``common.parallel_why_not``) weighs;
+    over a symbolic batch at the size bucket's batch (``BatchBuckets.bucket_match``), None outside a bucket
+    (grows with the batch)."""
     if info["N"] is None:
-        return None
-    return info["N"] * info["F"] * info["OH"] * info["OW"] * info["RC"] * info["KH"] * info["KW"]
+        return info["bucket_batch"] * batch_work(info) if "bucket_batch" in info else None
+    return info["N"] * batch_work(info)
+
+
+def set_batch_bounds(info: dict, target: C.Target) -> None:
+    """Over a symbolic batch: the largest batch whose multiply-adds stay under the target's fork/join cost
+    (``common.serial_batches``), the bound of a serial size bucket (``BatchBuckets``): a static build at
+    those batches runs the conv serial, and so does that nest."""
+    if info["N"] is None:
+        info["serial_batches_work"] = U.serial_batches(batch_work(info), target)
 
 
 @dataclass(frozen=True)
@@ -373,6 +387,7 @@ class ConvTemplate(BatchBuckets, Template):
             # per batch) is too short for the cores without the second parallel level (parallel_depth 2)
             need = self.min_parallel_per_core * cpu_info(target).cores
             info["small_batches"] = (need - 1) // self.parallel_units(match, self.default_config(match, target))
+            set_batch_bounds(info, target)
         return match
 
     # ------------------------------------------------------------------ size buckets

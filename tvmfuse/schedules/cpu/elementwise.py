@@ -15,6 +15,7 @@ from ... import _compat as C
 from ...analysis import ELEMWISE, INJECTIVE
 from ...target import cpu_info
 from ..base import Config, KnobSpace, Match, knob
+from ..buckets import BatchBuckets
 from . import common as U
 
 UNROLL = (1, 2, 4, 8)          # vectors per iteration of the innermost scalar loop
@@ -32,7 +33,7 @@ class ElementwiseConfig(Config):
     parallel: bool = U.parallel_knob()
 
 
-class Elementwise(U.CpuTemplate, family=FAMILY, config=ElementwiseConfig):
+class Elementwise(BatchBuckets, U.CpuTemplate, family=FAMILY, config=ElementwiseConfig):
     def match(self, func: C.PrimFunc, target: C.Target) -> Match | None:
         sch = C.Schedule(func)
         left = U.inline_elementwise(sch)
@@ -48,7 +49,24 @@ class Elementwise(U.CpuTemplate, family=FAMILY, config=ElementwiseConfig):
             for e in extents:
                 total *= max(e, 1)
             sizes.append(-1 if -1 in extents else total)   # -1: a symbolic extent (batch, seq)
-        return Match(self.family, {"blocks": left, "elements": -1 if -1 in sizes else max(sizes)})
+        info = {"blocks": left, "elements": -1 if -1 in sizes else max(sizes)}
+        if len(blocks) == 1 and sizes[0] == -1:
+            # one output over symbolic extents: size buckets over their product (BatchBuckets), a serial nest
+            # while the elements stay under the target's fork/join cost (the static default's rule)
+            static, batch = 1, None
+            for loop in sch.get_loops(blocks[0]):
+                ext = sch.get(loop).extent
+                if isinstance(ext, C.tirx.IntImm):
+                    static *= int(ext)
+                else:
+                    batch = ext if batch is None else batch * ext
+            info.update(batch=batch, elements_per_batch=static,
+                        serial_batches_work=U.serial_batches(static, target))
+        return Match(self.family, info)
+
+    # ------------------------------------------------------------------ size buckets (BatchBuckets)
+    def batch_info(self, match: Match, batch: int) -> dict:
+        return {"bucket_elements": match.info["elements_per_batch"] * batch}
 
     def accepts(self, group, target: C.Target) -> str | None:
         """Elementwise, broadcast and layout ops only (static or symbolic extents), none computing an integer
@@ -70,7 +88,10 @@ class Elementwise(U.CpuTemplate, family=FAMILY, config=ElementwiseConfig):
         if match.info["elements"] < 0:
             # symbolic size: any batch/sequence, so split it over the cores; a split of an unknown extent is
             # predicated, one vector per step (nothing to unroll into whole vectors)
-            return ElementwiseConfig(lanes=lanes, vector_mult=1, unroll=1, parallel=True).asdict()
+            # (a size bucket: serial under the fork/join cost at its elements, common.parallel_default)
+            work = match.info.get("bucket_elements")
+            return ElementwiseConfig(lanes=lanes, vector_mult=1, unroll=1,
+                                     parallel=U.parallel_default(work, target)).asdict()
         vectors = match.info["elements"] // lanes
         unroll = d["unroll"] if vectors >= d["unroll_min_vectors_per_core"] * info.cores else 1
         # Below the target's fork/join cost (common.parallel_default, on the elements) the kernel runs serial.

@@ -24,6 +24,7 @@ from ... import _compat as C
 from ...analysis import var_names
 from ...target import cpu_info
 from ..base import Config, KnobSpace, Match, knob
+from ..buckets import BatchBuckets
 from . import common as U
 
 FAMILY = "cpu.window_pool"
@@ -89,14 +90,25 @@ def find_pool(func: C.PrimFunc) -> dict | None:
     for e in extents:
         work *= e
     info["work"] = None if -1 in extents else work      # window steps (outputs x window); None: symbolic
+    if extents[0] == -1 and -1 not in extents[1:]:
+        # a symbolic batch: size buckets over it (BatchBuckets), the window steps of one batch
+        info.update(batch=sch.get(sch.get_loops(sch.get_sblock(info["pool"]))[0]).extent,
+                    batch_work=work // extents[0])      # the other extents' product
     return info
 
 
-class WindowPool(U.CpuTemplate, family=FAMILY, config=WindowPoolConfig):
+class WindowPool(BatchBuckets, U.CpuTemplate, family=FAMILY, config=WindowPoolConfig):
     # ------------------------------------------------------------------ match
     def match(self, func: C.PrimFunc, target: C.Target) -> Match | None:
         info = find_pool(func)
+        if info is not None and "batch" in info:
+            # over a symbolic batch: a serial nest while the window steps stay under the fork/join cost
+            info["serial_batches_work"] = U.serial_batches(info["batch_work"], target)
         return None if info is None else Match(self.family, info)
+
+    # ------------------------------------------------------------------ size buckets (BatchBuckets)
+    def batch_info(self, match: Match, batch: int) -> dict:
+        return {"work": match.info["batch_work"] * batch}
 
     # ------------------------------------------------------------------ knobs
     def space(self, match: Match, target: C.Target) -> KnobSpace:

@@ -12,10 +12,12 @@ width that divides the row (whole, half or quarter vectors: 104 floats on AVX-51
 of the narrower ones where one would be a single dependent chain over a long row (1000 floats: 40 = 5 x 8
 lanes, default_rf_width).  A row with
 no such divisor (65 keys of a ViT softmax, 97, a prime length) reduces its main part on vector partial
-sums and the last ``row_len % rf_width`` elements in a scalar tail (_rfactor_with_tail: the reduction loop
-is cut first, the tail's init dropped, then the main part rfactored): an rfactor over a width that does
-not divide the row would put a predicate in its vector loop (stored lane by lane), and a tail cut off the
-rf block afterwards (loop_partition) loses that predicate in TVM 0.27 and reads past the row.
+sums and the last ``row_len % rf_width`` elements in one vector of that many lanes into the same partial
+sums before their write-back (_rfactor_with_tail: the reduction loop is cut first, the tail's init
+dropped, the main part rfactored, then the tail folded into the partial sums: no scalar chain of
+dependent steps per row): an rfactor over a width that does not divide the row would put a predicate in
+its vector loop (stored lane by lane), and a tail cut off the rf block afterwards (loop_partition) loses
+that predicate in TVM 0.27 and reads past the row.
 Knobs: a typed ``RowReductionConfig``; default values come from the target (``cpu_info``) and the family's
 ``template_defaults`` in schedules/cpu_targets.json.
 The outermost of several row loops may be a symbolic batch (pooling and global pooling of a model
@@ -297,7 +299,10 @@ class RowReduction(BatchBuckets, U.CpuTemplate, family=FAMILY, config=RowReducti
             batch = symbolic[0]
             for e in symbolic[1:]:
                 batch = batch * e
-            info.update(batch=batch, rows_per_batch=per_batch, serial_batches=(need - 1) // per_batch)
+            # serial also while the rows' elements stay under the fork/join cost (common.serial_batches: what
+            # the static default decides at those sizes)
+            serial = max((need - 1) // per_batch, U.serial_batches(per_batch * row_len, target))
+            info.update(batch=batch, rows_per_batch=per_batch, serial_batches=serial)
         return Match(self.family, info)
 
     # ------------------------------------------------------------------ size buckets (BatchBuckets)
@@ -366,9 +371,11 @@ class RowReduction(BatchBuckets, U.CpuTemplate, family=FAMILY, config=RowReducti
             vectorize_reductions=True in space["vectorize_reductions"],
             unroll=U.nearest_choice(UNROLL, d["unroll"]),
             # enough rows to split over the cores, and (a static kernel) its input over the target's fork/join
-            # cost (common.parallel_default; a symbolic batch's buckets decide by rows alone)
+            # cost (common.parallel_default; a symbolic batch's size bucket at its rows, a nest outside one
+            # by rows alone)
             parallel=match.info["rows"] >= d["min_rows_per_core"] * info.cores and U.parallel_default(
-                None if "batch" in match.info else match.info["rows"] * match.info["row_len"], target)).asdict()
+                None if "batch" in match.info and "bucket" not in match.info
+                else match.info["rows"] * match.info["row_len"], target)).asdict()
 
     def apply(self, sch: C.Schedule, match: Match, config: dict) -> None:
         info, cfg = match.info, RowReductionConfig.from_dict(config)
@@ -439,6 +446,11 @@ class RowReduction(BatchBuckets, U.CpuTemplate, family=FAMILY, config=RowReducti
             for name in info["rfactor"]:
                 _rfactor_with_tail(sch, sch.get_sblock(name), nrow, info["row_len"], width)
 
+        # Step 6. A row buffer (softmax's exp) that the output's pass reads at its own index, after every
+        # other reader: written into the output row itself, which that pass then rewrites in place (as
+        # onnxruntime's softmax does): no row buffer, so no workspace allocated and freed per row.
+        _row_buffer_into_output(sch)
+
 
 def _after_reductions(group) -> list:
     """The ops of a graph-level group (``analysis.GroupInfo``) that read a reduction's result, directly or
@@ -464,7 +476,9 @@ def _unit_outer_dropped(sch: C.Schedule, loops, row_len: int, width: int) -> boo
 
 def _rfactor_with_tail(sch: C.Schedule, block, nrow: int, row_len: int, width: int) -> bool:
     """Reduce the first ``row_len // width * width`` elements of each row of ``block`` (under its row
-    loop, after compute_at) on ``width`` vector partial sums and the rest in a scalar tail; False (block
+    loop, after compute_at) on ``width`` vector partial sums and the rest in one vector of
+    ``row_len % width`` lanes into the same partial sums (_fold_tail_into_partial_sums; where the blocks
+    are not of its shape, a scalar tail after the write-back); False (block
     unchanged, its reduction stays scalar) when the row is shorter than ``width`` or is not the block's
     one innermost loop (a reduction over several axes, InstanceNorm's H x W: their fused loop cut short of
     a whole number of rows has bindings rfactor refuses).
@@ -493,7 +507,232 @@ def _rfactor_with_tail(sch: C.Schedule, block, nrow: int, row_len: int, width: i
     sch.vectorize(ri)
     init = sch.decompose_reduction(rf, ro)
     sch.vectorize(sch.get_loops(init)[-1])
+    _fold_tail_into_partial_sums(sch, tail, rf, nrow, main_len)
     return True
+
+
+def _enclosing_block(sref):
+    """The sref of the nearest block above ``sref``."""
+    p = sref.parent
+    while p is not None and not isinstance(p.stmt, C.SBlock):
+        p = p.parent
+    return p
+
+
+def _fold_tail_into_partial_sums(sch: C.Schedule, tail_loop, rf, nrow: int, main_len: int) -> bool:
+    """Move a row's reduction tail (``_rfactor_with_tail``: ``M[r] = op(M[r], V(k))`` for k in [main_len,
+    row_len), a scalar loop after the partial sums' write-back) into the partial sums, as one vector of
+    ``row_len - main_len`` lanes before the write-back: ``rf[r, k - main_len] = op(rf[r, k - main_len], V(k))``.
+    The tail's elements then take a vector step in independent lanes (the tail is shorter than the partial
+    sums' width) instead of a chain of dependent scalar steps (2 x 31 per row of 3071 floats on AVX-512,
+    issue 11).  False (nothing changed) when the blocks are not of that shape.
+
+    Done on the IR (TVM's schedule primitives cannot move a block into another partition's scope): the
+    partition block holding the partial sums gets the new loop before its write-back, the tail's partition
+    block is dropped.
+    """
+    tail_sref = sch.get_sref(tail_loop)
+    tail_for = tail_sref.stmt
+    realize = tail_for.body
+    if not (isinstance(realize, C.SBlockRealize) and isinstance(realize.block.body, C.BufferStore)):
+        return False
+    blk, store = realize.block, realize.block.body
+    v = store.value
+    own = [o for o in (getattr(v, "a", None), getattr(v, "b", None))
+           if isinstance(o, C.TensorLoad) and o.source.same_as(store.buffer)
+           and all(i.same_as(j) for i, j in zip(o.indices, store.indices))]
+    red = [iv for iv in blk.iter_vars if int(iv.iter_type) == int(C.IterVar.CommReduce)]
+    rf_store = sch.get(rf).body
+    if len(own) != 1 or len(red) != 1 or not isinstance(rf_store, C.BufferStore) \
+            or len(rf_store.indices) != len(store.indices) + 1:
+        return False
+    lane = red[0].var - C.tirx.IntImm(str(red[0].var.ty.dtype), main_len)
+    idx = list(store.indices[:nrow]) + [lane] + list(store.indices[nrow:])
+    load = C.tirx.BufferLoad(rf_store.buffer, idx)
+    value = type(v)(load, v.b) if own[0].same_as(v.a) else type(v)(v.a, load)
+    ivs = [C.tirx.IterVar(iv.dom, iv.var, int(C.IterVar.DataPar)) if iv.same_as(red[0]) else iv
+           for iv in blk.iter_vars]
+    m_region = next(r for r in blk.writes if r.source.same_as(store.buffer))
+    lanes = C.Range.from_min_extent(red[0].dom.min - main_len, red[0].dom.extent)
+    region = C.tirx.BufferRegion(rf_store.buffer, list(m_region.region[:nrow]) + [lanes]
+                                 + list(m_region.region[nrow:]))
+    reads = [r for r in blk.reads if not r.source.same_as(store.buffer)] + [region]
+    new_blk = C.SBlock(ivs, reads, [region], blk.name_hint + "_rf_tail",
+                       C.BufferStore(rf_store.buffer, value, idx), None, [], [], blk.annotations)
+    new_loop = C.tirx.For(tail_for.loop_var, tail_for.min, tail_for.extent, C.ForKind.VECTORIZED,
+                          C.SBlockRealize(realize.iter_values, realize.predicate, new_blk))
+    # the write-back (the rf block's consumer) follows the partial sums in their partition block
+    main_sref, tail_part = _enclosing_block(sch.get_sref(rf)), _enclosing_block(tail_sref)
+    common = _enclosing_block(main_sref)
+    if common is None or not common.same_as(_enclosing_block(tail_part)):
+        return False
+    main_blk = main_sref.stmt
+    writeback = sch.get(sch.get_consumers(rf)[0])
+    seq = list(main_blk.body.seq) if isinstance(main_blk.body, C.tirx.SeqStmt) else None
+    if not seq:
+        return False
+    at = next((i for i, s in enumerate(seq) if _contains(s, writeback)), None)
+    if at is None:
+        return False
+    new_main = C.SBlock(main_blk.iter_vars, main_blk.reads, main_blk.writes, main_blk.name_hint,
+                        C.tirx.SeqStmt(seq[:at] + [new_loop] + seq[at:]), main_blk.init, main_blk.alloc_buffers,
+                        main_blk.match_buffers, main_blk.annotations)
+    old = common.stmt
+    body = []
+    for s in (old.body.seq if isinstance(old.body, C.tirx.SeqStmt) else [old.body]):
+        if isinstance(s, C.SBlockRealize) and s.block.same_as(main_blk):
+            body.append(C.SBlockRealize(s.iter_values, s.predicate, new_main))
+        elif not (isinstance(s, C.SBlockRealize) and s.block.same_as(tail_part.stmt)):
+            body.append(s)
+    new_common = C.SBlock(old.iter_vars, old.reads, old.writes, old.name_hint,
+                          body[0] if len(body) == 1 else C.tirx.SeqStmt(body), old.init, old.alloc_buffers,
+                          old.match_buffers, old.annotations)
+    sch.state.replace(common, new_common, {old: new_common, main_blk: new_main})
+    return True
+
+
+class _Unhandled(Exception):
+    """A node _BufferSwap does not rebuild: the row buffer stays."""
+
+
+class _BufferSwap:
+    """Rebuilds a block-form TIR body with every access to buffer ``old`` made to ``new`` (same shape,
+    dtype and indices); ``blocks`` maps each rebuilt block to its replacement (schedule state reuse)."""
+
+    def __init__(self, old, new):
+        self.old, self.new, self.blocks = old, new, {}
+
+    def expr(self, e):
+        """``e`` with the loads of ``old`` made loads of ``new``; the very same node where nothing in it
+        changes (fast math's proofs compare indices by identity)."""
+        t = C.tirx
+        if isinstance(e, (t.IntImm, t.FloatImm, t.Var)):
+            return e
+        if isinstance(e, C.TensorLoad):
+            idx = [self.expr(i) for i in e.indices]
+            if e.source.same_as(self.old):
+                return t.BufferLoad(self.new, idx)
+            return e if _same(idx, e.indices) else t.BufferLoad(e.source, idx)
+        if isinstance(e, C.Call):
+            args = [self.expr(a) for a in e.args]
+            return e if _same(args, e.args) else C.Call(e.op, args, ret_ty=e.ty)
+        if isinstance(e, t.Cast):
+            v = self.expr(e.value)
+            return e if v.same_as(e.value) else t.Cast(e.ty.dtype, v)
+        if isinstance(e, t.Select):
+            parts = [self.expr(x) for x in (e.condition, e.true_value, e.false_value)]
+            return e if _same(parts, (e.condition, e.true_value, e.false_value)) else t.Select(*parts)
+        if isinstance(e, t.Not):
+            a = self.expr(e.a)
+            return e if a.same_as(e.a) else t.Not(a)
+        if type(e).__name__ in _BINARY_OPS:
+            a, b = self.expr(e.a), self.expr(e.b)
+            return e if a.same_as(e.a) and b.same_as(e.b) else type(e)(a, b)
+        raise _Unhandled(type(e).__name__)
+
+    def region(self, r):
+        return C.tirx.BufferRegion(self.new, list(r.region)) if r.source.same_as(self.old) else r
+
+    def stmt(self, s):
+        t = C.tirx
+        if s is None:
+            return None
+        if isinstance(s, C.BufferStore):
+            buf = self.new if s.buffer.same_as(self.old) else s.buffer
+            value, idx = self.expr(s.value), [self.expr(i) for i in s.indices]
+            if buf.same_as(s.buffer) and value.same_as(s.value) and _same(idx, s.indices):
+                return s
+            return C.BufferStore(buf, value, idx)
+        if isinstance(s, t.SeqStmt):
+            return t.SeqStmt([self.stmt(x) for x in s.seq])
+        if isinstance(s, t.For):
+            return t.For(s.loop_var, s.min, s.extent, s.kind, self.stmt(s.body), s.thread_binding, s.annotations,
+                         s.step)
+        if isinstance(s, C.SBlockRealize):
+            return C.SBlockRealize(s.iter_values, s.predicate, self.stmt(s.block))
+        if isinstance(s, C.SBlock):
+            allocs = [b for b in s.alloc_buffers if not b.same_as(self.old)]
+            new = C.SBlock(s.iter_vars, [self.region(r) for r in s.reads], [self.region(r) for r in s.writes],
+                           s.name_hint, self.stmt(s.body), self.stmt(s.init), allocs, s.match_buffers,
+                           s.annotations)
+            self.blocks[s] = new
+            return new
+        raise _Unhandled(type(s).__name__)
+
+
+def _static_shape(buf) -> tuple | None:
+    """A buffer's shape as ints, or None where an extent is symbolic (a batch)."""
+    dims = list(buf.shape)
+    return tuple(int(d) for d in dims) if all(isinstance(d, C.tirx.IntImm) for d in dims) else None
+
+
+def _same(a, b) -> bool:
+    return len(a) == len(b) and all(x.same_as(y) for x, y in zip(a, b))
+
+
+_BINARY_OPS = ("Add", "Sub", "Mul", "Div", "Mod", "FloorDiv", "FloorMod", "Min", "Max", "EQ", "NE", "LT", "LE",
+               "GT", "GE", "And", "Or")
+
+
+def _row_buffer_into_output(sch: C.Schedule) -> bool:
+    """Store the row buffer kept by ``_shared_expensive`` (softmax's exp) in the output instead, when
+    that is the same computation: the buffer (allocated at the root) and an output have the same static
+    shape and dtype, the whole kernel is one row loop (every access inside it is to that row), the output
+    is written only by stores that read the buffer at the store's own index, and no access to the buffer
+    comes after the first store to the output (in program order within the row) other than those
+    reads.  Then each output store reads and rewrites its own element (``y = y * (1 / sum)``).  False
+    (nothing changed) otherwise."""
+    root = sch.get(U.root(sch))
+    func = sch.mod["main"]
+    if not isinstance(root.body, C.tirx.For) or len(root.alloc_buffers) == 0:
+        return False
+    params = list(func.params)
+    events = []            # (kind, buffer, store or load, enclosing store) in program order (post order)
+    stores = []
+
+    def visit(n):
+        if isinstance(n, C.BufferStore):
+            stores.append(n)
+
+    C.post_order_visit(root.body, visit)
+    for cand in root.alloc_buffers:
+        shape = _static_shape(cand)
+        outs = [p for p in params if shape is not None and _static_shape(p) == shape
+                and str(p.dtype) == str(cand.dtype) and any(st.buffer.same_as(p) for st in stores)]
+        if len(outs) != 1:
+            continue
+        out = outs[0]
+        first_out = next(i for i, st in enumerate(stores) if st.buffer.same_as(out))
+        ok = True
+        for i, st in enumerate(stores):
+            loads = []
+            C.post_order_visit(st.value, lambda n, loads=loads: loads.append(n) if isinstance(n, C.TensorLoad)
+                               else None)
+            if any(ld.source.same_as(out) for ld in loads):
+                ok = False                      # the output is read: not a write-only output
+            if st.buffer.same_as(out):
+                own = [ld for ld in loads if ld.source.same_as(cand)]
+                if not own or not all(len(ld.indices) == len(st.indices)
+                                      and all(a.same_as(b) for a, b in zip(ld.indices, st.indices)) for ld in own):
+                    ok = False                  # an output store that does not read the buffer at its index
+            elif i > first_out and (st.buffer.same_as(cand) or any(ld.source.same_as(cand) for ld in loads)):
+                ok = False                      # the buffer used after the output's pass began
+        if not ok:
+            continue
+        swap = _BufferSwap(cand, out)
+        try:
+            new_root = swap.stmt(root)
+        except _Unhandled:
+            return False
+        sch.state.replace(sch.get_sref(U.root(sch)), new_root, swap.blocks)
+        return True
+    return False
+
+
+def _contains(stmt, block) -> bool:
+    found = []
+    C.post_order_visit(stmt, lambda n: found.append(n) if n.same_as(block) else None)
+    return bool(found)
 
 
 def rf_tail_widths(lanes: int, row_len: int) -> tuple:

@@ -92,8 +92,18 @@ class RowBuckets:
         """``match`` with the row counts its buckets read: ``rows`` (the table's ``nominal_rows``: what the
         open bucket's register tiles are sized for) and ``small_rows``."""
         d = self.table_defaults(target)
-        match.info.update(rows=int(d["nominal_rows"]), small_rows=int(d["small_rows"]))
+        match.info.update(rows=int(d["nominal_rows"]), small_rows=int(d["small_rows"]),
+                          serial_rows=self.serial_rows(match, target))
         return match
+
+    def serial_rows(self, match: Match, target: C.Target) -> int:
+        """The most rows a serial nest takes: the table's ``serial_rows_per_core`` per core (less one), or
+        the rows whose multiply-adds stay under the target's fork/join cost (``common.serial_batches``:
+        a static build of that size runs serial too), whichever is more."""
+        d = self.table_defaults(target)
+        table = int(d.get("serial_rows_per_core", 0)) * cpu_info(target).cores - 1
+        n = sum(match.info["Ns"].values()) if "Ns" in match.info else match.info["N"]
+        return max(table, U.serial_batches(n * match.info["K"], target))
 
     def if_every_bucket_schedules(self, func: C.PrimFunc, match: Match, target: C.Target) -> Match | None:
         """``match`` if every bucket's default config schedules ``func`` (tried on copies: symbolic layouts
@@ -125,20 +135,20 @@ class RowBuckets:
 
     # ------------------------------------------------------------------ size buckets
     def buckets(self, match: Match, target: C.Target) -> tuple[Bucket, ...]:
-        """Few rows (at most the table's ``small_rows``): the GEMV-like nest; more: the row-tiled one.  With
-        ``serial_rows_per_core`` in the table: below that many rows per core (when fewer than
-        ``small_rows``) a serial GEMV-like nest first (a fork of the thread pool costs more than its work)."""
-        d = self.table_defaults(target)
-        small = int(d["small_rows"])
-        serial = int(d.get("serial_rows_per_core", 0)) * cpu_info(target).cores - 1
+        """Few rows (at most the table's ``small_rows``): the GEMV-like nest; more: the row-tiled one.  Up to
+        ``serial_rows`` (when fewer than ``small_rows``) a serial GEMV-like nest first (a fork of the thread
+        pool costs more than its work); with ``serial_rows`` at least ``small_rows`` the GEMV-like nest is
+        the serial one."""
+        small = int(self.table_defaults(target)["small_rows"])
+        serial = match.info["serial_rows"] if "serial_rows" in match.info else self.serial_rows(match, target)
         first = (Bucket(f"rows<={serial}", serial),) if 0 < serial < small else ()
         return (*first, Bucket(f"rows<={small}", small), Bucket(f"rows>{small}", None))
 
     def bucket_match(self, match: Match, bucket: Bucket) -> Match:
         """The match a bucket's space, default and apply read: ``small`` for a bounded bucket, ``serial``
-        for a bound below the table's ``small_rows`` (``match_rows`` put it in the match)."""
+        for a bound within ``serial_rows`` (``match_rows`` put both in the match)."""
         bounded = bucket.max_extent is not None
-        serial = bounded and bucket.max_extent < match.info["small_rows"]
+        serial = bounded and bucket.max_extent <= match.info["serial_rows"]
         return Match(self.family, {**match.info, "bucket": bucket.name, "small": bounded, "serial": serial,
                                    **({"rows": bucket.max_extent} if bounded else {})})
 
@@ -230,8 +240,10 @@ class SymbolicMatmulEpilogue(RowBuckets, MM.MatmulEpilogue, family="cpu.symbolic
         nr = tile["nvec"] * lanes
         enough = [c for c in ch["nc_tiles"] if c <= tile["nc_tiles"] and n // (nr * c) >= info.cores]
         nc_tiles = max(enough) if enough else min(ch["nc_tiles"])
+        # a serial bucket (RowBuckets.serial_rows: under the fork/join cost) keeps the nest serial
         return MM.MatmulConfig(**{**tile, "nc_tiles": nc_tiles}, order=d["small_order"], parallel_depth=1,
-                               pack_b=False, pad_n=False, flatten_batch=True).asdict()
+                               pack_b=False, pad_n=False, flatten_batch=True,
+                               parallel=not match.info.get("serial", False)).asdict()
 
     def apply(self, sch: C.Schedule, match: Match, config: dict) -> None:
         # cpu.matmul_epilogue's steps; flattenable(info) holds (shared weight, ordered iterators), so its
@@ -241,23 +253,6 @@ class SymbolicMatmulEpilogue(RowBuckets, MM.MatmulEpilogue, family="cpu.symbolic
             partition_row_tiles(sch)
 
 
-def partition_row_tiles(sch: C.Schedule) -> None:
-    """The row-tiled nest's predicate ("this row exists") sits on every row of the register tile inside
-    the k loop: LLVM then keeps the accumulators in memory (a load, FMA and store per step: 211 us against
-    36 us with the hint for the FFN-down kernel at 136 rows, measured under load).  A loop-partition hint
-    on the matmul's serial and parallel loops makes TVM's LoopPartition split the tiles whose rows all
-    exist (no predicate: register accumulators) from the last one; on the k loops, whose variables the
-    predicate does not hold, it does nothing."""
-    func = sch.mod["main"]
-    names = []
-    C.post_order_visit(func.body, lambda n: names.append(str(n.name_hint))
-                       if isinstance(n, C.SBlock) and str(n.name_hint) != "root" else None)
-    # every matmul's loops (sibling matmuls' loops have the same names: none is skipped by name; a loop
-    # that several blocks share is annotated again, which changes nothing)
-    for name in names:
-        block = sch.get_sblock(name)
-        if not U.is_reduction(sch, block):
-            continue
-        for loop in sch.get_loops(block):
-            if sch.get(loop).kind in (C.ForKind.SERIAL, C.ForKind.PARALLEL):
-                sch.annotate(loop, "pragma_loop_partition_hint", 1)
+# the row-tiled nest's loop-partition hint: shared with cpu.matmul_epilogue (a static row count that is not a
+# multiple of the macro tile), defined there
+partition_row_tiles = MM.partition_row_tiles

@@ -265,7 +265,8 @@ def verification_target(target: C.Target) -> C.Target:
 def verify_gpu_schedule(sch: C.Schedule, target: C.Target) -> bool:
     """MetaSchedule's VerifyGPUCode check of a scheduled function (threads per block, shared memory,
     vector bytes), after the same lowering it applies when tuning."""
-    ms = C.meta_schedule
-    post = ms.postproc.VerifyGPUCode()
-    post._initialize_with_tune_context(ms.TuneContext(mod=sch.mod, target=target))
+    post = C.meta_schedule.postproc.VerifyGPUCode()
+    # a bare context: TuneContext() would first import MetaSchedule's tensor intrinsics (30-40 s once per
+    # process), which the check never uses
+    post._initialize_with_tune_context(C.bare_tune_context(target, sch.mod, "tvmfuse.schedules.cuda"))
     return bool(post.apply(sch))
