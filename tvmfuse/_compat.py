@@ -137,9 +137,11 @@ def from_onnx(*args, converters: dict | None = None, **kwargs):
     """TVM's ONNX importer, imported on first use (a deployed artifact loads without onnx).
 
     ``converters`` (ONNX op type -> converter class) replace the importer's own for this call only: the
-    importer has no converter-map argument, so its map function is wrapped while the import runs."""
-    from tvm.relax.frontend.onnx import from_onnx as _from_onnx
+    importer has no converter-map argument, so its map function is wrapped while the import runs.
+    (The importer module's own function: ``tvmfuse.conformance`` wraps the package's name.)"""
     from tvm.relax.frontend.onnx import onnx_frontend as _F
+
+    _from_onnx = _F.from_onnx
 
     if not converters:
         return _from_onnx(*args, **kwargs)
@@ -153,6 +155,13 @@ def from_onnx(*args, converters: dict | None = None, **kwargs):
         return _from_onnx(*args, **kwargs)
     finally:
         _F._get_convert_map = original
+
+
+def onnx_package():
+    """``tvm.relax.frontend.onnx``, whose ``from_onnx`` name callers import (the ONNX suite among them)."""
+    import tvm.relax.frontend.onnx as _pkg
+
+    return _pkg
 
 
 def onnx_frontend():

@@ -201,7 +201,9 @@ def fold_static_shapes(model: onnx.ModelProto) -> tuple[onnx.ModelProto, int]:
                 new_inits.append(numpy_helper.from_array(np.asarray(v), name))
     if folded == 0:
         return model, 0
-    used = {i for n in kept for i in n.input} | {o.name for o in graph.output}
+    # an initializer also listed as a graph input (IR version < 4 lists every weight there) stays: without
+    # it, the input would become one the caller has to feed
+    used = {i for n in kept for i in n.input} | {o.name for o in graph.output} | {i.name for i in graph.input}
     out = onnx.ModelProto()
     out.CopyFrom(model)
     del out.graph.node[:]
@@ -213,6 +215,28 @@ def fold_static_shapes(model: onnx.ModelProto) -> tuple[onnx.ModelProto, int]:
     del out.graph.initializer[:]
     out.graph.initializer.extend(keep_inits)
     return out, folded
+
+
+# How many rounds ``fold_static_shapes_fully`` runs at most: each round's shape inference sees the shapes the
+# previous round's constants made static (ONNX's function-expanded Attention reshapes Q by a Shape -> Concat
+# target, then reads Shape of the result: one round folds the target, the next the Shape after it).  Four
+# rounds cover the deepest chain in ONNX's backend suite (two); more only costs shape inferences.
+MAX_FOLD_ROUNDS = 4
+
+
+def fold_static_shapes_fully(model: onnx.ModelProto, max_rounds: int = MAX_FOLD_ROUNDS
+                             ) -> tuple[onnx.ModelProto, int]:
+    """``fold_static_shapes`` again on its own result until a round folds nothing (at most ``max_rounds``
+    rounds).  Returns the new model and the number of folded nodes over all rounds."""
+    if max_rounds < 1:
+        raise ValueError(f"fold_static_shapes_fully: max_rounds must be >= 1, got {max_rounds}")
+    total = 0
+    for _ in range(max_rounds):
+        model, n = fold_static_shapes(model)
+        total += n
+        if n == 0:
+            break
+    return model, total
 
 
 # --------------------------------------------------------------------------- pinning input shapes
