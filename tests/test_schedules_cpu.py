@@ -329,11 +329,16 @@ def test_softmax_rows_not_a_multiple_of_the_vector_keep_full_vectors(d, tname):
     want = {lanes} if d % lanes == 0 else {lanes, 1}
     out = str(func.params[-1].name)
     assert got[out] == want, f"{out}: stores of {got[out]} lanes, want {want}"
-    # the exp goes into the output row (normalized there in place): no row buffer, no workspace per row
-    assert exp_buf not in got and exp_buf not in [str(b.name) for b in func.body.block.alloc_buffers], \
-        f"a row buffer is left: {[b.name for b in func.body.block.alloc_buffers]}"
     widths = rf_widths(lanes, d) or rf_tail_widths(lanes, d)
     width = PARTIAL_SUM_LANES[d][lanes]
+    allocated = [str(b.name) for b in func.body.block.alloc_buffers]
+    if width % lanes == 0:
+        # the exp goes into the output row (normalized there in place): no row buffer, no workspace per row
+        assert exp_buf not in got and exp_buf not in allocated, f"a row buffer is left: {allocated}"
+    else:
+        # partial sums that split the exp pass's vector stores (104 = 13 x 8 on 16 lanes) read the row
+        # buffer, not the output row just stored (2x slower there, bench_cpu --tails): it stays, full vectors
+        assert got[exp_buf] == want, f"exp row buffer stores of {got[exp_buf]} lanes, want {want}"
     partial = {b: v for b, v in got.items() if b.endswith(".rf")}
     # the row's last d % width elements: one vector of that many lanes into the partial sums (no scalar chain)
     assert len(partial) == 2 and all(v == {width, d % width} - {0} for v in partial.values()), \
