@@ -448,12 +448,13 @@ class RowReduction(BatchBuckets, U.CpuTemplate, family=FAMILY, config=RowReducti
 
         # Step 6. A row buffer (softmax's exp) that the output's pass reads at its own index, after every
         # other reader: written into the output row itself, which that pass then rewrites in place (as
-        # onnxruntime's softmax does): no row buffer, so no workspace allocated and freed per row.  Only
-        # where the sum's partial-sum loads line up with the elementwise pass's vector stores (`rf_width` a
-        # multiple of `lanes`): rows of 104 on AVX-512 (8-lane partial sums reading 16-lane stores of the
-        # output row just written) ran 2x slower in the output than in the row buffer (bench_cpu --tails,
-        # 2026-12-01, alone); test_schedules_cpu::test_softmax_rows_not_a_multiple_of_the_vector_keep_full_vectors
-        if width % lanes == 0:
+        # onnxruntime's softmax does): no row buffer, so no workspace allocated and freed per row.  Not
+        # where the partial sums are narrower than a vector (`rf_width` < `lanes`): rows of 104 on AVX-512
+        # (8-lane partial sums reading the 16-lane stores of the output row just written) ran 2x slower in
+        # the output than in the row buffer, while rows of 1000 (40-lane partial sums) ran 1.25x faster in
+        # the output (bench_cpu --tails, 2026-12-01, alone, both ways);
+        # test_schedules_cpu::test_softmax_rows_not_a_multiple_of_the_vector_keep_full_vectors
+        if width >= lanes:
             _row_buffer_into_output(sch)
 
 
