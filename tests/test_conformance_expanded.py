@@ -276,3 +276,15 @@ def test_fold_keeps_initializers_listed_as_graph_inputs():
     assert "w" in {t.name for t in folded.graph.initializer}
     mod = C.onnx_frontend().from_onnx(folded, keep_params_in_input=False)
     assert len(mod["main"].params) == 1          # only x: w is still a weight
+
+
+def test_infinite_extremum_identity_is_cpu_only():
+    """The -inf / +inf identity of float max / min is a CPU legalization: CUDA targets keep TOPI's (its
+    cross-thread reduction of the custom reducer failed GPU code verification of cuda_row_reduction)."""
+    from tvmfuse.passes.legalize import custom_legalize
+    from tvmfuse.target import parse_target
+
+    cpu = custom_legalize(parse_target("llvm -mcpu=haswell"))
+    gpu = custom_legalize(parse_target("cuda -arch=sm_80"))
+    assert {"relax.max", "relax.min", "relax.reshape"} <= set(cpu)
+    assert "relax.reshape" in gpu and not {"relax.max", "relax.min"} & set(gpu)

@@ -56,10 +56,10 @@ def pre_legalize_passes(target: C.Target, options: PipelineOptions) -> list:
 def legalize_passes(target: C.Target) -> list:
     """TVM's library dispatch, then every op lowered to its own PrimFunc with its op pattern (TVM's
     legalizations but for those of passes.legalize: reshapes over symbolic extents)."""
-    from .passes.legalize import CUSTOM_LEGALIZE
+    from .passes.legalize import custom_legalize
 
     return C.backend_passes(target, "library_dispatch") + [
-        C.relax_transform.LegalizeOps(customize_legalize_map=dict(CUSTOM_LEGALIZE)),
+        C.relax_transform.LegalizeOps(customize_legalize_map=custom_legalize(target)),
         C.relax_transform.AnnotateTIROpPattern(),
         C.relax_transform.FoldConstant(),
     ]

@@ -128,3 +128,13 @@ def _legalize_extremum(kind: str):
 
 CUSTOM_LEGALIZE = {"relax.reshape": legalize_reshape, "relax.max": _legalize_extremum("max"),
                    "relax.min": _legalize_extremum("min")}
+# CPU only: on CUDA the infinite identity failed the row-reduction template's GPU code verification (the
+# cross-thread reduction of the custom reducer; tests/test_schedules_cuda.py test_sampled_configs_are_legal
+# [cuda_row_reduction]), so GPU targets keep TOPI's finite identity (a fully masked row's max is -3.4e38 there)
+CPU_ONLY_LEGALIZE = frozenset({"relax.max", "relax.min"})
+
+
+def custom_legalize(target) -> dict:
+    """The legalizations of this module that apply to ``target`` (LegalizeOps' ``customize_legalize_map``)."""
+    cpu = target is None or str(target.kind.name) == "llvm"
+    return {op: fn for op, fn in CUSTOM_LEGALIZE.items() if cpu or op not in CPU_ONLY_LEGALIZE}
