@@ -31,6 +31,7 @@ over the query rows, so that the row statistics are vector operations:
             m' = max(m, colmax(sT))                                    # both in the score tile's registers
             p = exp(min(sT - m', 0));  alpha = exp(min(m - m', 0))     # args <= 0: fastmath's cheap exp
             l  = l * alpha + colsum(p);  acc = acc * alpha + p^T @ V[block]    # vector over the head dim
+                                                      # (the rescale in the first key's multiply-add)
             m  = m'
         out[rows] = acc / l   (0 where the guard is set)
 
@@ -74,7 +75,8 @@ TILE_KEYS = (2, 4, 8)               # keys of a score register tile
 TILE_QVECS = (1, 2, 4)              # row vectors of a score register tile
 Q_TASK_BLOCKS = (1, 2, 4, 8, 16, 32, 64)   # query blocks per parallel task (sharing its packed K/V rows)
 # The default blocks' thresholds are the target's (``template_defaults["cpu.attention"]`` in
-# schedules/cpu_targets.json): l1_share_kv, the share of L1 for the K/V rows of one key block;
+# schedules/cpu_targets.json): l1_share_kv, the share of L1 for the K/V rows of one key block (a causal
+# kernel's: causal_l1_share_kv; 48 KiB-L1 server cores take 64-key blocks for the plain kernel);
 # l1_share_query_block, for the query block's transposed queries, accumulators, scores and running sums
 # (each row group's share is in registers meanwhile; measured under load on Emerald Rapids, S=128..2048, head
 # dim 64: 64 rows per task 1.1-1.3x faster than the 128-256 rows an L2-sized block gave); a causal kernel
@@ -557,10 +559,12 @@ class Attention(Template):
         spec, info = match.info["spec"], cpu_info(target)
         table = template_defaults(target, self.family)
         space = {k.name: k.choices for k in self.space(match, target).knobs}
-        # the K tile and the V rows of one key block in a share of L1
+        # the K tile and the V rows of one key block in a share of L1 (a causal kernel's own share: its
+        # query block is at most its key block or a small share of the sequence, see below)
+        kv_share = table["l1_share_kv" if spec.causal_offset is None else "causal_l1_share_kv"]
         kb = space["k_block"][0]
         for c in space["k_block"]:
-            if (spec.d + spec.dv) * c * 4 <= table["l1_share_kv"] * info.l1d_bytes:
+            if (spec.d + spec.dv) * c * 4 <= kv_share * info.l1d_bytes:
                 kb = c
         # query rows: transposed queries + accumulators + scores in a share of L1, enough tasks for every
         # core, and (causal) a small share of the sequence; a symbolic extent is taken at its hint
@@ -878,19 +882,23 @@ def _flash_root(spec: AttentionSpec, params: list, qb: int, kb: int, lanes: int,
                                         qi = qvec * lanes + ln
                                         T.buffer_store(st, tir.exp(tir.min(st[jj, qi] - sf[qi], zero)), [jj, qi])
                                         T.buffer_store(lsum, lsum[qi] + st[jj, qi], [qi])
-                            # Step 2d. acc = acc * alpha + p @ V[block], `rows` rows at a time (registers).
+                            # Step 2d. acc = acc * alpha + p @ V[block], `rows` rows at a time (registers);
+                            # the first key's step rescales (acc * alpha + p * V: no pass of its own over
+                            # the accumulators, which would load and store them once more per key block).
                             with T.serial(0, n_groups(rows)) as g:
-                                with T.unroll(0, rows) as r:
-                                    with _vector_tiles(T, spec.dv, lanes) as e:
-                                        qi = g * rows + r
-                                        T.buffer_store(acc, acc[qi, e] * al[qi], [qi, e])
-                                with T.serial(0, kb) as jj:
+                                def pv_step(jj, first):
                                     jc = tir.min(j0 + jj, spec.sk - 1)
                                     with T.unroll(0, rows) as r:
                                         qi = g * rows + r
                                         with _vector_tiles(T, spec.dv, lanes) as e:
                                             vv = vp[j0 + jj, e] if pack_kv else load("v", spec.v, {**benv, "j": jc, "e": e})
-                                            T.buffer_store(acc, acc[qi, e] + st[jj, qi] * vv, [qi, e])
+                                            old = acc[qi, e] * al[qi] if first else acc[qi, e]
+                                            T.buffer_store(acc, old + st[jj, qi] * vv, [qi, e])
+
+                                pv_step(0, True)
+                                if kb > 1:
+                                    with T.serial(1, kb) as jj:
+                                        pv_step(jj, False)
                         # Step 3. Normalize and store the rows of this block that exist: one division per
                         # row (1 / sum, a vector over the rows, into the rescale factors' buffer), then
                         # products (0 * inf = NaN keeps a row without weight NaN, as acc / 0 does).

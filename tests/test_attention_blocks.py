@@ -1,0 +1,176 @@
+"""The CPU attention kernel's P @ V rescale and its default key block (schedules/cpu/attention.py; issue 14's
+plain S=512 case).
+
+The running rescale ``acc = acc * alpha`` is folded into the first key's step of each P @ V row group
+(``acc = acc * alpha + p * V``): no pass of its own that loads and stores the accumulators once more per key
+block.  On 48 KiB-L1 AVX-512 server cores (Sapphire/Emerald/Granite Rapids rows of schedules/cpu_targets.json)
+a plain kernel's key block is 64 keys with a 64-row query block; causal kernels keep their own share
+(``causal_l1_share_kv``) and other targets keep theirs.
+
+Structure on named targets (AVX2, AVX-512, 48 KiB AVX-512): the accumulator stores (zero-fill, the folded
+first step, the other steps; none that only rescales), their vector loop over the contiguous value axis, no
+S x S buffer.  Numerics: the 64-key blocks and the folded rescale vs onnx's ReferenceEvaluator on fresh random
+inputs at S=128, 512 and an odd S, plain, masked (a fully masked row: NaN) and causal, logits near 1e4.
+"""
+import numpy as np
+import pytest
+
+import tvmfuse
+from tvmfuse import _compat as C
+from tvmfuse import models as M
+from tvmfuse.schedules import schedule_prim_func
+from tvmfuse.schedules.base import schedule_with
+from tvmfuse.schedules.cpu.attention import Attention
+from tvmfuse.target import cpu_info, template_defaults
+
+from test_attention import HASWELL, SKYLAKE, _allocs_and_loops, _attention_func, _chain, _feeds
+
+RTOL, ATOL = 1e-4, 1e-5
+EMERALD = tvmfuse.parse_target({"kind": "llvm", "mcpu": "emeraldrapids", "mtriple": "x86_64-linux-gnu",
+                                "num-cores": 2})
+SAPPHIRE = tvmfuse.parse_target({"kind": "llvm", "mcpu": "sapphirerapids", "mtriple": "x86_64-linux-gnu",
+                                 "num-cores": 2})
+
+
+def _causal(s):
+    return np.where(np.arange(s)[None] <= np.arange(s)[:, None], 0, -np.inf).astype(np.float32).reshape(1, 1, s, s)
+
+
+def _reads(expr) -> list:
+    """The buffers ``expr`` loads."""
+    found = []
+    C.post_order_visit(expr, lambda n: found.append(n.source) if isinstance(n, C.TensorLoad) else None)
+    return found
+
+
+def _any(sources, among) -> bool:
+    """Whether a load's source (the buffer, or its data var) is one of the buffers ``among``."""
+    return any(x.same_as(b) or x.same_as(b.data) for x in sources for b in among)
+
+
+def _stores_with_loops(func, buffer):
+    """(store, loops around it, innermost last) of every store into ``buffer``."""
+    found = []
+
+    def walk(s, loops):
+        if isinstance(s, C.tirx.For):
+            loops = loops + [s]
+        if isinstance(s, C.BufferStore) and s.buffer.same_as(buffer):
+            found.append((s, loops))
+        for attr in ("body", "then_case", "else_case", "block"):
+            child = getattr(s, attr, None)
+            if child is not None and hasattr(child, "same_as") and not hasattr(child, "ty"):
+                walk(child, loops)
+        for child in getattr(s, "seq", ()) or ():
+            walk(child, loops)
+
+    walk(func.body, [])
+    return found
+
+
+def _task_buffers(func) -> list:
+    """(buffer, shape) of each buffer the scheduled kernel allocates."""
+    out = []
+
+    def visit(n):
+        if isinstance(n, C.SBlock):
+            for b in n.alloc_buffers:
+                out.append((b, tuple(int(x) for x in b.shape)))
+
+    C.post_order_visit(func.body, visit)
+    return out
+
+
+@pytest.mark.parametrize("target", [HASWELL, SKYLAKE, EMERALD], ids=["avx2", "avx512", "avx512-l1-48k"])
+def test_pv_rescale_is_folded_into_the_first_key_step(target):
+    """d 16, dv 48, S=512 (the accumulators' shape [q_block, 48] is no other buffer's): the accumulators are
+    stored by the zero-fill, the first key's step (reads the rescale factors and the probabilities) and the
+    other keys' steps (the probabilities, no rescale factor), each in a vector loop over the value axis (the
+    contiguous one); no store only rescales them; no buffer of S x S."""
+    s, d, dv = 512, 16, 48
+    cm = tvmfuse.compile(_chain(b=1, h=2, sq=s, sk=s, d=d, dv=dv), target, schedules=False)
+    res = schedule_prim_func(_attention_func(cm), target)
+    assert res.template == "cpu.attention"
+    qb, kb = res.config["q_block"], res.config["k_block"]
+    shapes = _task_buffers(res.func)
+    acc = [b for b, sh in shapes if sh == (qb, dv)]
+    assert len(acc) == 1, shapes
+    row_stats = [b for b, sh in shapes if sh == (qb,)]           # max, new max, rescale, sum
+    scores = [b for b, sh in shapes if sh == (kb, qb)]
+    assert len(scores) == 1 and len(row_stats) >= 4, shapes
+    kinds = []
+    for store, loops in _stores_with_loops(res.func, acc[0]):
+        reads = _reads(store.value)
+        if not reads:
+            kinds.append("zero")
+        elif _any(reads, scores):
+            kinds.append("first" if _any(reads, row_stats) else "step")
+        elif _any(reads, row_stats):
+            kinds.append("rescale only")
+        else:
+            kinds.append("other")
+        # the innermost loop is vectorized and indexes the value axis (the buffer's last)
+        inner = loops[-1]
+        assert int(inner.kind) == int(C.ForKind.VECTORIZED), (kinds[-1], inner.kind)
+        names = set()
+        C.post_order_visit(store.indices[-1], lambda n: names.add(str(n.name)) if isinstance(n, C.tirx.Var) else None)
+        assert str(inner.loop_var.name) in names
+    assert "rescale only" not in kinds, kinds
+    assert sorted(set(kinds)) == ["first", "step", "zero"], kinds
+    allocs, _ = _allocs_and_loops(res.func)
+    assert all(n < s * s for _, n, _ in allocs), allocs
+
+
+@pytest.mark.parametrize("target,plain,causal", [
+    (EMERALD, (64, 64), (64, 32)), (SAPPHIRE, (64, 64), (64, 32)),
+    (SKYLAKE, (32, 32), (32, 32)), (HASWELL, (32, 32), (32, 32)),
+], ids=["emeraldrapids", "sapphirerapids", "skylake-avx512", "haswell"])
+def test_default_key_block_follows_the_l1_share_of_the_target(target, plain, causal):
+    """Head dim 64, 12 heads, S=512: (query block, key block) of the plain and the causal kernel.  The key
+    block is the largest whose K and V rows fit the target's l1_share_kv (causal: causal_l1_share_kv) of
+    L1; the 48 KiB-L1 server rows of the table take 64 keys for the plain kernel (their query block stays
+    64 rows: l1_share_query_block), the causal kernel and the 32 KiB-L1 targets keep 32."""
+    t = Attention()
+    table = template_defaults(target, "cpu.attention")
+    l1 = cpu_info(target).l1d_bytes
+    for mask, want, share in ((None, plain, table["l1_share_kv"]),
+                              (_causal(512), causal, table["causal_l1_share_kv"])):
+        func = _attention_func(tvmfuse.compile(_chain(b=1, h=12, sq=512, sk=512, d=64, dv=64, mask=mask),
+                                               target, schedules=False))
+        cfg = t.default_config(t.match(func, target), target)
+        assert (cfg["q_block"], cfg["k_block"]) == want, cfg
+        kb = cfg["k_block"]
+        largest = max(next(k.choices for k in t.space(t.match(func, target), target).knobs if k.name == "k_block"))
+        assert 128 * kb * 4 <= share * l1 and (kb == largest or share * l1 < 128 * 2 * kb * 4), cfg
+
+
+@pytest.mark.parametrize("seq,mask", [(128, None), (512, "input"), (77, "causal"), (77, "input")],
+                         ids=["s128", "s512-mask", "s77-causal", "s77-mask"])
+def test_64_key_blocks_and_folded_rescale_match_reference(seq, mask, host, rng):
+    """64-key blocks (the 48 KiB-L1 default) and 32-key blocks, each with 1 and 4 row groups, vs onnx's
+    ReferenceEvaluator: logits near 1e4 (the running max rescales the accumulators often), a fully masked
+    row (NaN, as onnx's Softmax gives), causal and an odd S (a key tail in the last block)."""
+    if mask == "causal":
+        mask = _causal(seq)
+    model = _chain(b=1, h=2, sq=seq, sk=seq, d=64, dv=64, mask=mask)
+    func = _attention_func(tvmfuse.compile(model, host, schedules=False))
+    t = Attention()
+    match = t.match(func, host)
+    base = t.default_config(match, host)
+    feeds = _feeds(model, rng, scale=30.0)
+    if "mask" in feeds:
+        feeds["mask"][0, 0, 4, :] = -np.inf
+    ref = M.reference_outputs(model, feeds)["y"]
+    args_np = [feeds["q"], feeds["k"], feeds["v"]] + ([feeds["mask"]] if "mask" in feeds else [])
+    for over in (dict(k_block=64, rows=4), dict(k_block=64, rows=1), dict(k_block=32, rows=4)):
+        config = {**base, **over}
+        assert t.space(match, host).contains(config), config
+        lib = C.build_prim_module(C.IRModule({"main": schedule_with(t, match, func, config)
+                                              .with_attr("global_symbol", "main")}), host)
+        args = [C.tensor(a) for a in args_np + [np.zeros(ref.shape, np.float32)]]
+        lib["main"](*args)
+        got = args[-1].numpy()
+        np.testing.assert_allclose(got, ref, rtol=RTOL, atol=ATOL, err_msg=str(config))
+        if "mask" in feeds:
+            assert np.isnan(got[0, :, 4]).all() and np.isnan(ref[0, :, 4]).all()
+            assert np.isfinite(np.delete(got, 4, axis=2)).all()
