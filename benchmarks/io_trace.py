@@ -60,9 +60,14 @@ def main(argv=None) -> int:
     ap.add_argument("--d", type=int, default=768)
     ap.add_argument("--rounds", type=int, default=30)
     ap.add_argument("--calls", type=int, default=200, help="calls per block")
+    ap.add_argument("--artifact", action="store_true", help="time the exported artifact's Runner instead")
     ap.add_argument("--json", default=os.path.join(HERE, "io_trace.json"))
     args = ap.parse_args(argv)
     cm = tvmfuse.compile(M.layernorm(rows=args.rows, d=args.d, decomposed=False), tuning_log=None)
+    if args.artifact:
+        import tempfile
+
+        cm = tvmfuse.load(tvmfuse.export(cm, os.path.join(tempfile.mkdtemp(prefix="io-trace-"), "layernorm")))
     x = np.random.default_rng(0).standard_normal((args.rows, args.d)).astype(np.float32)
     ps = paths(cm, x)
     for fn in ps.values():
@@ -74,7 +79,8 @@ def main(argv=None) -> int:
         for k in keys[k0:] + keys[:k0]:
             times[k].append(_block(ps[k], args.calls))
     base = np.array(times["vm_views"])
-    out = {"model": f"layernorm [{args.rows}, {args.d}]", "rounds": args.rounds, "calls": args.calls,
+    out = {"model": f"layernorm [{args.rows}, {args.d}]", "artifact": args.artifact, "rounds": args.rounds,
+           "threads": os.environ.get("TVM_NUM_THREADS"), "calls": args.calls,
            "load_avg": os.getloadavg(), "paths": {}}
     for k, v in times.items():
         r = np.array(v) / base
