@@ -7,7 +7,8 @@ computed row by row: all its blocks are moved under the row loop of its last blo
 L1/L2 between the passes), the row loop is parallel, elementwise passes are vectorized, and reductions
 are vectorized by an rfactor over ``rf_width`` partial sums (independent accumulators).  A row whose
 length the vector width does not divide keeps full vectors in its main loops: the elementwise passes run
-on whole vectors and a short scalar tail finishes the row (common.partition_tail); the partial sums take a
+on whole vectors and one vector of the row's last row_len % lanes elements finishes it (_vectorize_pass;
+common.partition_tail cuts it off); the partial sums take a
 width that divides the row (whole, half or quarter vectors: 104 floats on AVX-512 are 13 x 8), and several
 of the narrower ones where one would be a single dependent chain over a long row (1000 floats: 40 = 5 x 8
 lanes, default_rf_width).  A row with
@@ -415,7 +416,7 @@ class RowReduction(BatchBuckets, U.CpuTemplate, family=FAMILY, config=RowReducti
                     continue     # not a producer of this chain: it belongs to another output's chain
                 placed.add(n)
 
-        # Step 4. Inner loops: vectorize elementwise passes (vector main loop, scalar tail) and the rf
+        # Step 4. Inner loops: vectorize elementwise passes (vector main loop, one tail vector) and the rf
         # partial sums.
         for n in names:
             blk = sch.get_sblock(n)
@@ -441,7 +442,7 @@ class RowReduction(BatchBuckets, U.CpuTemplate, family=FAMILY, config=RowReducti
                     _vectorize_pass(sch, blk, lanes, cfg.unroll)
 
         # Step 5. A row no partial-sum width divides: each reduction's main part on vector partial sums,
-        # the rest in a scalar tail (last: loop_partition replaces the block).
+        # the rest as one vector folded into them (_rfactor_with_tail; last: loop_partition replaces the block).
         if with_tail:
             for name in info["rfactor"]:
                 _rfactor_with_tail(sch, sch.get_sblock(name), nrow, info["row_len"], width)
