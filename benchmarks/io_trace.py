@@ -9,7 +9,8 @@ DLPack views of the very numpy input ``run()`` gets (paired ratios: the machine'
 Paths, each adding one of run()'s differences to that VM call: a fresh DLPack import of the input per call
 (run() imports its feeds each call), a numpy view of the result per call (run() returns views), the result
 kept until the next call (a caller keeps run()'s output; the VM keeps its last result either way), and
-``run()`` itself, dropped and kept.  Report: per path, median us per call and the median, p25 and p75 of
+``run()`` itself, dropped and kept; ``run_general``: what run() did before its short path for one fresh
+output and its reuse of an input array's DLPack view (a fresh import, the plan's checks, ``_finish``).  Report: per path, median us per call and the median, p25 and p75 of
 its per-round ratios.  Run it alone: under load the ratios' spread is wider than the differences sought.
 """
 from __future__ import annotations
@@ -35,6 +36,13 @@ def paths(cm, x) -> dict:
     f = cm._main()
     view = C.from_dlpack(x)
     keep = [None]
+    plan = cm._io_plan()
+
+    def general():        # run() before its short path: a fresh import, the plan's checks, _finish
+        args = [C.from_dlpack(x)]
+        plan.in_place(feeds)
+        return cm._finish(f(*args), None, args)
+
     return {
         "vm_views": lambda: f(view),
         "vm_fresh_import": lambda: f(C.from_dlpack(x)),
@@ -42,6 +50,7 @@ def paths(cm, x) -> dict:
         "vm_kept": lambda: keep.__setitem__(0, f(view)),
         "run": lambda: cm.run(feeds),
         "run_kept": lambda: keep.__setitem__(0, cm.run(feeds)),
+        "run_general": general,
     }
 
 
@@ -51,9 +60,14 @@ def main(argv=None) -> int:
     ap.add_argument("--d", type=int, default=768)
     ap.add_argument("--rounds", type=int, default=30)
     ap.add_argument("--calls", type=int, default=200, help="calls per block")
+    ap.add_argument("--artifact", action="store_true", help="time the exported artifact's Runner instead")
     ap.add_argument("--json", default=os.path.join(HERE, "io_trace.json"))
     args = ap.parse_args(argv)
     cm = tvmfuse.compile(M.layernorm(rows=args.rows, d=args.d, decomposed=False), tuning_log=None)
+    if args.artifact:
+        import tempfile
+
+        cm = tvmfuse.load(tvmfuse.export(cm, os.path.join(tempfile.mkdtemp(prefix="io-trace-"), "layernorm")))
     x = np.random.default_rng(0).standard_normal((args.rows, args.d)).astype(np.float32)
     ps = paths(cm, x)
     for fn in ps.values():
@@ -65,7 +79,8 @@ def main(argv=None) -> int:
         for k in keys[k0:] + keys[:k0]:
             times[k].append(_block(ps[k], args.calls))
     base = np.array(times["vm_views"])
-    out = {"model": f"layernorm [{args.rows}, {args.d}]", "rounds": args.rounds, "calls": args.calls,
+    out = {"model": f"layernorm [{args.rows}, {args.d}]", "artifact": args.artifact, "rounds": args.rounds,
+           "threads": os.environ.get("TVM_NUM_THREADS"), "calls": args.calls,
            "load_avg": os.getloadavg(), "paths": {}}
     for k, v in times.items():
         r = np.array(v) / base

@@ -417,3 +417,59 @@ def test_models_read_element_aligned_inputs_in_place(make, host, rng, monkeypatc
     if spy is not None:
         assert spy.args[0] == [_addr(feeds[s.name]) for s in cm.inputs]
     assert cm.bind(feeds).copied == {}
+
+
+@pytest.fixture(scope="module", params=["compiled", "artifact"])
+def layernorm(request, tmp_path_factory):
+    """benchmarks/bench_cpu.py's layernorm workload: [512, 768], one input, one output, one kernel."""
+    cm = tvmfuse.compile(M.layernorm(rows=512, d=768, decomposed=False))
+    assert cm.kernel_count == 1
+    if request.param == "compiled":
+        return cm
+    return tvmfuse.load(tvmfuse.export(cm, str(tmp_path_factory.mktemp("ln") / "layernorm")))
+
+
+def test_layernorm_workload_runs_without_a_copy(layernorm, rng, monkeypatch):
+    # issue 11: run() / Runner.run on the layernorm workload as the VM call: the ordinary numpy input read
+    # in place, the output a view of the VM's result, through run()'s short path (one fresh output: no
+    # _finish), the same array refilled and given again reusing its DLPack view
+    model = layernorm
+    spy = Spy(model, monkeypatch)
+    finished = []
+    real_finish = model._finish
+    monkeypatch.setattr(model, "_finish", lambda *a: finished.append(1) or real_finish(*a))
+    x = rng.standard_normal((512, 768)).astype(np.float32)
+    y1 = model.run({"x": x})["y"]
+    assert spy.args == [[_addr(x)]] and _addr(y1) == spy.results[0]
+    ref1 = M.reference_outputs(M.layernorm(rows=512, d=768, decomposed=False), {"x": x})["y"]
+    np.testing.assert_allclose(y1, ref1, rtol=1e-4, atol=1e-4)
+    kept = y1.copy()
+    x[...] = rng.standard_normal((512, 768))              # refill in place, call again with the same array
+    y2 = model.run({"x": x})["y"]
+    assert spy.args[1] == [_addr(x)] and _addr(y2) == spy.results[1]
+    assert not np.shares_memory(y1, y2)
+    np.testing.assert_array_equal(y1, kept)               # the second call left the first result alone
+    ref2 = M.reference_outputs(M.layernorm(rows=512, d=768, decomposed=False), {"x": x})["y"]
+    np.testing.assert_allclose(y2, ref2, rtol=1e-4, atol=1e-4)
+    assert finished == []
+
+
+def test_an_array_reshaped_in_place_is_imported_again(host, rng):
+    # run() reuses the DLPack view of an array object given again; one whose shape was changed in place
+    # (same object, same memory) must not run on the old view's shape
+    g = M._G("symbolic_mul")
+    x = g.input("x", ("batch", "seq", 16))
+    m = g.input("m", ("batch", "seq"))
+    g.op("Mul", x, g.op("Unsqueeze", m, g.const(np.array([-1], np.int64))))
+    g.rename_last("y", ("batch", "seq", 16))
+    cm = tvmfuse.compile(g.model(), host)
+    f = {"x": rng.standard_normal((2, 6, 16)).astype(np.float32), "m": rng.standard_normal((2, 6)).astype(np.float32)}
+    np.testing.assert_allclose(cm.run(f)["y"], f["x"] * f["m"][..., None], rtol=1e-6, atol=1e-6)
+    f["x"].shape = (3, 4, 16)
+    f["m"].shape = (3, 4)
+    y = cm.run(f)["y"]
+    assert y.shape == (3, 4, 16)
+    np.testing.assert_allclose(y, f["x"] * f["m"][..., None], rtol=1e-6, atol=1e-6)
+    # the same array made read-only since: not read in place any more (copied), still right
+    f["x"].flags.writeable = False
+    np.testing.assert_allclose(cm.run(f)["y"], f["x"] * f["m"][..., None], rtol=1e-6, atol=1e-6)

@@ -8,6 +8,8 @@ re-exports names and bridges renamed calls (a few lines each); code that *uses* 
 """
 from __future__ import annotations
 
+import ctypes
+
 import tvm as _tvm
 import tvm_ffi as _tvm_ffi
 from tvm import IRModule, relax, rpc, s_tir, te, tirx, topi
@@ -287,9 +289,10 @@ def with_element_aligned_params(func):
 def strong_ref_count(obj) -> int:
     """Strong references to a TVM FFI object: the low 32 bits of ``combined_ref_count``, the first field of
     the TVMFFIObject header (tvm-ffi's stable C ABI, include/tvm/ffi/c_api.h)."""
-    import ctypes
+    return _u64_at(obj.__chandle__()).value & 0xFFFFFFFF
 
-    return ctypes.c_uint64.from_address(obj.__chandle__()).value & 0xFFFFFFFF
+
+_u64_at = ctypes.c_uint64.from_address     # strong_ref_count runs once per run() output
 
 
 def cpu(index: int = 0):

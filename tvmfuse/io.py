@@ -14,7 +14,11 @@ again once nothing holds them (a loop that drops each result reuses two buffers:
 Cost per call: ``run()`` checks ordinary numpy feeds against a plan made at the first call (``_Plan``:
 dtype and shape compares, contiguity and alignment, one DLPack import per input), a few microseconds over
 the VM call; only feeds that fail it (a wrong name, dtype or shape, a TVM tensor, an array to copy) go
-through the full checks (``validate_feeds``), which name what is wrong.
+through the full checks (``validate_feeds``), which name what is wrong.  The same array object given
+again (the zero-copy loop: refill it in place, call again) reuses its DLPack view, so the plan holds the
+last inputs until the next call.  A single fresh output is wrapped in one step.  Every Python step after a
+kernel that streams megabytes through the caches runs cold (measured, one thread, CPU time, under load:
+``run()``'s own steps 3 us after a tiny kernel, 8-12 us after a 3 MB sweep), hence so few of them.
 
 Which alignment: by default (``PipelineOptions.element_aligned_args``) tvmfuse compiles CPU kernels that
 assume their tensor arguments aligned to the element size only (4 bytes for float32), as every numpy array
@@ -287,13 +291,25 @@ class Executes:
         once); outputs view the result tensors of this call.  ``outputs`` ({name: array or TVM tensor of
         the output's shape and dtype}) receives those results instead (one copy each).
         """
-        args = self._io_plan().in_place_args(feeds)
-        if args is None:                  # not the common case: the full checks (and their clear errors)
+        plan = self.__dict__.get("_plan") or self._io_plan()
+        placed = plan.in_place(feeds)
+        if placed is None:                # not the common case: the full checks (and their clear errors)
             values = validate_feeds(feeds, self.inputs, self.shape_upper_bounds)
             args = [self._to_device(v)[0] for v in values]
+            ptrs = None
+        else:
+            args, ptrs = placed
         if outputs:
             self._validate_outputs(outputs)
-        return self._finish(self._main()(*args), outputs, args)
+        result = self._main()(*args)
+        # The common case in as few steps as possible (issue 11: after a kernel that streams megabytes
+        # through the caches every Python step afterwards costs several times its cold-cache price): one
+        # output, none given, a tensor nobody else holds (our wrapper and the VM's last-result register)
+        # that is not an input (an Identity or reshape returns the input's memory).  All else: _finish.
+        if (ptrs is not None and plan.single is not None and not outputs and type(result) is C.Tensor
+                and C.strong_ref_count(result) <= 2 and result.data_ptr() not in ptrs):
+            return {plan.single: np.from_dlpack(result)}
+        return self._finish(result, outputs, args)
 
     def _io_plan(self) -> _Plan:
         """What every call checks, worked out at the first call (the specs, device and alignment of a
@@ -319,12 +335,14 @@ class _Plan:
     assume), else None: then ``run()`` takes the full path (``validate_feeds`` + ``_to_device``), which
     copies what must be copied and raises the InputError that names what is wrong."""
 
-    __slots__ = ("on_cpu", "checks", "output_names", "fast", "bounds")
+    __slots__ = ("on_cpu", "checks", "output_names", "fast", "bounds", "single", "last")
 
     def __init__(self, model: "Executes"):
         self.on_cpu = model._on_cpu()
         self.bounds = tuple(model.shape_upper_bounds.items())
         self.output_names = [s.name for s in model.outputs]
+        # the output's name when the model has exactly one (run()'s shortest path)
+        self.single = self.output_names[0] if len(self.output_names) == 1 else None
         # per input: (name, numpy dtype, static shape or None, dims when symbolic, alignment in bytes)
         self.checks = []
         self.fast = self.on_cpu
@@ -337,13 +355,25 @@ class _Plan:
             self.checks.append((spec.name, dtype, tuple(spec.shape) if static else None,
                                 None if static else tuple(spec.shape),
                                 arg_alignment(dtype, model.element_aligned_args)))
+        # per input: (the array last given, its DLPack view, its data pointer, its shape) or None.  The
+        # same array object in the next call reuses its view (no DLPack import): its memory cannot have
+        # moved (numpy 2 has no writable ``.data``; resizing an exported array is refused) and its shape
+        # is compared.  The plan keeps the last inputs alive until the next call, as the VM keeps its
+        # last result.  numpy 1.x could reassign ``.data``: no reuse there.
+        self.last = [None] * len(self.checks) if _ARRAY_DATA_FIXED else None
 
     def in_place_args(self, feeds) -> list | None:
+        placed = self.in_place(feeds)
+        return None if placed is None else placed[0]
+
+    def in_place(self, feeds) -> tuple[list, list] | None:
+        """(the VM's arguments, their data pointers) when every feed can be read in place, else None."""
         if not self.fast or type(feeds) is not dict or len(feeds) != len(self.checks):
             return None
-        args = []
+        args, ptrs = [], []
         sizes: dict = {}
-        for name, dtype, shape, dims, alignment in self.checks:
+        last = self.last
+        for i, (name, dtype, shape, dims, alignment) in enumerate(self.checks):
             v = feeds.get(name)
             if type(v) is not np.ndarray or v.dtype != dtype:
                 return None
@@ -355,14 +385,26 @@ class _Plan:
             flags = v.flags
             if not (flags.c_contiguous and flags.writeable):
                 return None
-            t = C.from_dlpack(v)
-            if t.data_ptr() % alignment:
-                return None
+            seen = last[i] if last is not None else None
+            if seen is not None and seen[0] is v and seen[3] == v.shape:
+                t, ptr = seen[1], seen[2]
+            else:
+                t = C.from_dlpack(v)
+                ptr = t.data_ptr()
+                if ptr % alignment:
+                    return None
+                if last is not None:
+                    last[i] = (v, t, ptr, v.shape)
             args.append(t)
+            ptrs.append(ptr)
         for d, bound in self.bounds:          # above its bound: the full path names it (InputError)
             if sizes.get(d, 0) > bound:
                 return None
-        return args
+        return args, ptrs
+
+
+# numpy 2 made ``ndarray.data`` read-only: an array object's memory never moves (``_Plan.last``)
+_ARRAY_DATA_FIXED = int(np.__version__.split(".")[0]) >= 2
 
 
 def _numpy_dtype(name: str):

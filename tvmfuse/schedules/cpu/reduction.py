@@ -7,7 +7,8 @@ computed row by row: all its blocks are moved under the row loop of its last blo
 L1/L2 between the passes), the row loop is parallel, elementwise passes are vectorized, and reductions
 are vectorized by an rfactor over ``rf_width`` partial sums (independent accumulators).  A row whose
 length the vector width does not divide keeps full vectors in its main loops: the elementwise passes run
-on whole vectors and a short scalar tail finishes the row (common.partition_tail); the partial sums take a
+on whole vectors and one vector of the row's last row_len % lanes elements finishes it (_vectorize_pass;
+common.partition_tail cuts it off); the partial sums take a
 width that divides the row (whole, half or quarter vectors: 104 floats on AVX-512 are 13 x 8), and several
 of the narrower ones where one would be a single dependent chain over a long row (1000 floats: 40 = 5 x 8
 lanes, default_rf_width).  A row with
@@ -415,7 +416,7 @@ class RowReduction(BatchBuckets, U.CpuTemplate, family=FAMILY, config=RowReducti
                     continue     # not a producer of this chain: it belongs to another output's chain
                 placed.add(n)
 
-        # Step 4. Inner loops: vectorize elementwise passes (vector main loop, scalar tail) and the rf
+        # Step 4. Inner loops: vectorize elementwise passes (vector main loop, one tail vector) and the rf
         # partial sums.
         for n in names:
             blk = sch.get_sblock(n)
@@ -438,10 +439,10 @@ class RowReduction(BatchBuckets, U.CpuTemplate, family=FAMILY, config=RowReducti
                 # only the block's own inner loops: the row loop holds the whole chain (vectorizing it
                 # gave wrong results, conformance node/test_globalaveragepool, test_mean_*, test_argmax_*)
                 if len(loops) > 1:
-                    U.vectorize_inner(sch, blk, lanes, cfg.unroll)
+                    _vectorize_pass(sch, blk, lanes, cfg.unroll)
 
         # Step 5. A row no partial-sum width divides: each reduction's main part on vector partial sums,
-        # the rest in a scalar tail (last: loop_partition replaces the block).
+        # the rest as one vector folded into them (_rfactor_with_tail; last: loop_partition replaces the block).
         if with_tail:
             for name in info["rfactor"]:
                 _rfactor_with_tail(sch, sch.get_sblock(name), nrow, info["row_len"], width)
@@ -469,6 +470,27 @@ def _after_reductions(group) -> list:
                 after.add(id(r))
                 todo.append(r)
     return [m for m in group.members if id(m) in after and m.kind != REDUCTION]
+
+
+def _vectorize_pass(sch: C.Schedule, block, lanes: int, unroll: int) -> None:
+    """An elementwise pass over the row (``common.vectorize_inner``): full vectors in its main loop and,
+    where ``lanes`` does not divide the row, its last ``row_len % lanes`` elements as **one vector of that
+    many lanes** rather than a scalar loop (issue 11: softmax rows of 3071 on AVX-512 ran 15 scalar exps of
+    ~20 instructions each per row, about the cost of 15 more vectors, and 15 divisions in the scale pass,
+    where fast math gives a vectorized block one reciprocal per row; LLVM computes a 15-lane vector on one
+    16-lane register and moves it in 8 + 4 + 2 + 1 lanes).  The tail's cost is then one vector step."""
+    if not U.vectorizable(sch, block):
+        return
+    inner = sch.get_loops(block)[-1]
+    n = U.static_extent(sch, inner)
+    if n is None or n <= lanes or n % lanes == 0:
+        U.vectorize_inner(sch, block, lanes, unroll)
+        return
+    parts = U.partition_tail(sch, inner, lanes)
+    U.vectorize_parts(sch, parts, lanes, unroll)
+    for kind, loop in parts:
+        if kind == "scalar" and U.static_extent(sch, loop) > 1:
+            sch.vectorize(loop)
 
 
 def _unit_outer_dropped(sch: C.Schedule, loops, row_len: int, width: int) -> bool:
