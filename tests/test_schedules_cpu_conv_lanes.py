@@ -80,7 +80,7 @@ def test_sampled_configs_vs_unscheduled(name, kwargs, host, rng):
     kname, func = _kernel(conv_block(**kwargs), host)
     t = ConvLanes()
     match = t.match(func, host)
-    assert match is not None and match.info["weight_layout"] == "IHWO"
+    assert match is not None and match.info["weight_layout"] == "OIHWo"
     S.assert_sampled_configs_compute_the_unscheduled(t, match, func, host, rng)
 
 
@@ -90,11 +90,12 @@ def test_structure(name, kwargs, target, lanes):
     tgt = tvmfuse.parse_target(target)
     kname, func = _kernel(conv_block(**kwargs), tgt)
     k = kwargs.get("k", 3)
-    assert [int(d) for d in func.params[1].shape] == [kwargs["cin"], k, k, kwargs["cout"]], \
-        "weights not stored [ci, ky, kx, co] by the graph"
     res = schedule_prim_func(func, tgt, {}, kname)
     assert res is not None and res.template == FAMILY, res and res.template
     cfg = res.config
+    block = cfg["nvec"] * cfg["lanes"]
+    assert [int(d) for d in func.params[1].shape] == [kwargs["cout"] // block, kwargs["cin"], k, k, block], \
+        "weights not stored in blocks of the register tile's channels [co // B, ci, ky, kx, B] by the graph"
     oh, ow = _plane(func)
     assert (cfg["oh_tile"], cfg["ow_tile"]) in pixel_tiles(oh, ow), cfg
     assert kwargs["cout"] % (cfg["nvec"] * cfg["lanes"]) == 0 and cfg["lanes"] in (lanes, lanes // 2), cfg

@@ -62,6 +62,33 @@ def plane_why(plane: int, out_channels: int, target: C.Target) -> str | None:
     return None
 
 
+def default_tile(plane: int, out_channels: int, in_channels: int, target: C.Target) -> tuple[int, int, int]:
+    """(mr, nvec, lanes) of the default register tile of a pointwise conv (some vector width divides the
+    output channels: ``plane_why``); from shapes alone, so the graph rewrite stores the weights in blocks of
+    the tile's channels (``weight_block``)."""
+    info, d = cpu_info(target), template_defaults(target, FAMILY)
+    widths = channel_lanes(out_channels, target)
+    lanes = max(widths)
+    regs = U.Registers.for_bits(info.vector_bits).count
+    nvecs = [v for v in U.choices_upto(NVEC_CHOICES, out_channels // min(widths))
+             if out_channels % (v * lanes) == 0]
+    # with a short reduction (fewer input channels than stack_tile_below_steps) a tile on the stack: a larger
+    # one is a workspace allocation per tile (common.MAX_STACK_ALLOCA_BYTES; 24->144 on 4x4, one thread, CPU
+    # time under load: 8 x 3 vectors 3.3 us, 4 x 3 on the stack 2.8 us; 16->96 on 8x8 7.6 -> 6.5 us)
+    on_stack = stack_accumulator_vectors(lanes) if in_channels < d["stack_tile_below_steps"] else None
+    mr, nvec = pick_register_tile(plane, out_channels, lanes, regs, U.choices_upto(MR_CHOICES, plane), nvecs,
+                                  on_stack)
+    return mr, nvec, lanes
+
+
+def weight_block(plane: int, out_channels: int, in_channels: int, target: C.Target) -> int:
+    """Output channels per block of the constant weights (kernel layout ``OIHW<B>o``): the default register
+    tile's channels, so that a tile reads its weights as one contiguous run (stored [ci, 1, 1, co], each input
+    channel's nr weights lay a row of co apart)."""
+    _, nvec, lanes = default_tile(plane, out_channels, in_channels, target)
+    return nvec * lanes
+
+
 def small_plane_why(info: dict, target: C.Target) -> str | None:
     """None when the conv (``conv2d.find_conv``'s info) is one this family takes, else why not."""
     if not info.get("pointwise"):
@@ -125,16 +152,9 @@ class Conv1x1(ChannelLanesConv, family=FAMILY, config=Conv1x1Config):
                                    parallel=U.PARALLEL)
 
     def default_config(self, match: Match, target: C.Target) -> dict:
-        info, d, i = cpu_info(target), self.table_defaults(target), match.info
+        d, i = self.table_defaults(target), match.info
         ch = {kb.name: kb.choices for kb in self.space(match, target).knobs}
-        lanes = max(ch["lanes"])
-        regs = U.Registers.for_bits(info.vector_bits).count
-        nvecs = [v for v in ch["nvec"] if i["F"] % (v * lanes) == 0]
-        # with a short reduction (fewer input channels than stack_tile_below_steps) a tile on the stack: a larger
-        # one is a workspace allocation per tile (common.MAX_STACK_ALLOCA_BYTES; 24->144 on 4x4, one thread, CPU
-        # time under load: 8 x 3 vectors 3.3 us, 4 x 3 on the stack 2.8 us; 16->96 on 8x8 7.6 -> 6.5 us)
-        on_stack = stack_accumulator_vectors(lanes) if i["RC"] < d["stack_tile_below_steps"] else None
-        mr, nvec = pick_register_tile(pixels(i), i["F"], lanes, regs, ch["mr"], nvecs, on_stack)
+        mr, nvec, lanes = default_tile(pixels(i), i["F"], i["RC"], target)
         unroll = d["k_unroll"]
         return Conv1x1Config(mr=mr, nvec=nvec, lanes=lanes,
                              k_unroll=U.nearest_choice(ch["k_unroll"], unroll if i["RC"] % unroll == 0 else 1),
