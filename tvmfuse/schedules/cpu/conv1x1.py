@@ -15,9 +15,10 @@ output channels: per input channel, ``mr`` pixels are broadcast and ``nvec`` vec
 Schedule: the conv and its epilogue iterate over the flattened pixel index p = y * W + x
 (``transform_block_layout``); the epilogue is tiled [co block x pixel block] x register tile and the conv is
 computed on each tile (its output shrinks to an accumulator in registers); the epilogue runs on the
-accumulator and stores each vector of channels P floats apart.  The weights are read [ci, co] with co
-contiguous: a packed, transposed copy of W made once per call in its own parallel loop (CO x CI copies,
-amortized over the P pixels each weight multiplies).
+accumulator and stores each vector of channels P floats apart.  The weights are read with co contiguous:
+constant weights come blocked ``[co // B, ci, 1, 1, co % B]`` from the graph rewrite (B the default tile's
+channels: ``weight_block``; each tile's weights one contiguous run); others (OIHW) are packed transposed once
+per call in their own parallel loop (CO x CI copies, amortized over the P pixels each weight multiplies).
 """
 from __future__ import annotations
 
@@ -172,8 +173,8 @@ class Conv1x1(ChannelLanesConv, family=FAMILY, config=Conv1x1Config):
         conv = sch.get_sblock(info["reduction"])
         epi = sch.cache_write(conv, 0, "global") if info["epilogue"] is None else sch.get_sblock(info["epilogue"])
 
-        # Step 2. Weights read [ci, 1, 1, co] (co contiguous): constant weights come so from the graph
-        # (TransposePointwiseWeights); others (OIHW) are packed transposed per call, in their own parallel
+        # Step 2. Weights read with co contiguous: constant weights come blocked [co // B, ci, 1, 1, B] from the
+        # graph (TransposePointwiseWeights); others (OIHW) are packed transposed per call, in their own parallel
         # loop over vectors of output channels (CO x CI gathers: slower than the pixel-vectorized conv on the
         # 2x2 planes, measured under load; the rewrite avoids it).
         if info["weight_layout"] == "OIHW":

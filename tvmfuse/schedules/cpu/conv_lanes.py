@@ -5,8 +5,11 @@ Matches what ``conv2d.find_conv`` matches (one conv block, its padding block, at
 epilogue: bias / folded BatchNorm, ReLU, residual add) when the conv has a window (not 1x1 stride 1: that
 is ``cpu.conv1x1``), is not grouped, its output plane has fewer pixels than the target table's
 ``plane_pixels_below`` (``template_defaults["cpu.conv2d_lanes"]``), a vector width (the target's or half)
-divides the output channels, and its weights are stored [ci, ky, kx, co] (kernel layout IHWO): constant
-weights come so from the graph rewrite (``passes.rewrites.TransposePointwiseWeights`` asks ``plane_why``).
+divides the output channels, and its weights are stored with the output channels last: blocked
+``[co // B, ci, ky, kx, co % B]`` (kernel layout ``OIHW<B>o``, B the default register tile's channels:
+``weight_block``) or [ci, ky, kx, co] (IHWO).  Constant weights come blocked from the graph rewrite
+(``passes.rewrites.TransposePointwiseWeights`` asks ``plane_why`` and ``weight_block``), so that each register
+tile reads its weights as one contiguous run.
 
 Why: on a 7x7, 3x3 or 2x2 plane the direct template vectorizes along an output row of 7, 3 or 2 pixels
 (most lanes idle, or odd-sized vectors), while these convs have 64-512 output channels.  SqueezeNet's fire
