@@ -90,6 +90,18 @@ def weight_block(plane: int, out_channels: int, in_channels: int, target: C.Targ
     return nvec * lanes
 
 
+def concat_parts(sch: C.Schedule, data_block: str) -> list[int]:
+    """The channels of each operand, in order, when the conv's data producer is a channel concat (several
+    inputs [n, c_i, h, w]: ``passes.rules.check_concat_prologue``), else []."""
+    block = sch.get(sch.get_sblock(data_block))
+    params = [str(p.name) for p in sch.mod["main"].params]
+    reads = [str(r.source.name) for r in block.reads]
+    if len(reads) < 2 or not all(r in params for r in reads):
+        return []
+    shapes = {str(r.source.name): C.tensor_shape(r.source) for r in block.reads}
+    return [int(shapes[r][1]) for r in sorted(reads, key=params.index)]
+
+
 def small_plane_why(info: dict, target: C.Target) -> str | None:
     """None when the conv (``conv2d.find_conv``'s info) is one this family takes, else why not."""
     if not info.get("pointwise"):
@@ -168,8 +180,9 @@ class Conv1x1(ChannelLanesConv, family=FAMILY, config=Conv1x1Config):
         # Step 1. Fold the elementwise chain into one epilogue block and the identity padding into the conv;
         # without an epilogue, accumulate into a cache block and write back from it.
         U.inline_elementwise(sch, keep=frozenset({info["pad"]} if info["pad"] else ()))
+        parts = concat_parts(sch, info["pad"]) if info["pad"] else []
         if info["pad"]:
-            sch.compute_inline(sch.get_sblock(info["pad"]))
+            sch.compute_inline(sch.get_sblock(info["pad"]))   # an identity pad, or a concat (concat_prologue)
         conv = sch.get_sblock(info["reduction"])
         epi = sch.cache_write(conv, 0, "global") if info["epilogue"] is None else sch.get_sblock(info["epilogue"])
 
@@ -222,6 +235,10 @@ class Conv1x1(ChannelLanesConv, family=FAMILY, config=Conv1x1Config):
         # the accumulator stays in the "global" scope: on the stack where it fits (common.MAX_STACK_ALLOCA_BYTES)
         init = sch.decompose_reduction(conv, k0)
         sch.vectorize(sch.get_loops(init)[-1])
+        # a concat read through the input loads (rule concat_prologue): the input-channel loop cut at the
+        # concat's boundaries, so that each part reads one operand (no select per load once simplified)
+        if len(parts) > 1 and all(c % cfg.k_unroll == 0 for c in parts):
+            sch.loop_partition(k0, [c // cfg.k_unroll for c in parts[:-1]] + [None])
 
         # Step 6. The epilogue on the accumulator tile, vectorized along the channels (stores P floats apart).
         e_fo, e_fv = sch.split(f1, factors=[None, lanes])
