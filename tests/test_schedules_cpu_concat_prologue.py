@@ -24,7 +24,7 @@ import schedule_cases as S
 from conftest import assert_close_to_reference
 
 
-def fire(cin=16, e1=32, e3=32, hw=7, out=16, k_next=1, concat_output=False, seed=0):
+def fire(cin=16, e1=32, e3=32, hw=7, out=16, k_next=1, concat_output=False, seed=0, batch=1):
     """A fire module (squeeze output ``x`` -> expand 1x1 + ReLU, expand 3x3 + ReLU -> concat) and the next conv
     (``k_next`` x ``k_next``) + ReLU; ``concat_output``: the concat is a graph output too."""
     rng = np.random.default_rng(seed)
@@ -42,10 +42,10 @@ def fire(cin=16, e1=32, e3=32, hw=7, out=16, k_next=1, concat_output=False, seed
              helper.make_node("Concat", ["r1", "r3"], ["cat"], axis=1),
              helper.make_node("Conv", ["cat", "W", "B"], ["c"], kernel_shape=[k_next, k_next], pads=[pad] * 4),
              helper.make_node("Relu", ["c"], ["y"])]
-    outs = [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, out, hw, hw])]
+    outs = [helper.make_tensor_value_info("y", TensorProto.FLOAT, [batch, out, hw, hw])]
     if concat_output:
-        outs.append(helper.make_tensor_value_info("cat", TensorProto.FLOAT, [1, e1 + e3, hw, hw]))
-    g = helper.make_graph(nodes, "fire", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, cin, hw, hw])],
+        outs.append(helper.make_tensor_value_info("cat", TensorProto.FLOAT, [batch, e1 + e3, hw, hw]))
+    g = helper.make_graph(nodes, "fire", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [batch, cin, hw, hw])],
                           outs, inits)
     model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 18)])
     model.ir_version = 8
@@ -93,6 +93,17 @@ def test_structure(name, kwargs, target):
     parts = sorted(int(f.extent) for f in S.loops(res.func) if int(f.kind) == int(C.ForKind.SERIAL)
                    and str(f.loop_var.name).startswith("ax3_0"))
     assert parts == sorted([kwargs["e1"] // ku, kwargs["e3"] // ku]), parts
+
+
+def test_symbolic_batch_fuses_the_same():
+    """A fire exported with a dynamic batch: the concat joins the 1x1 conv as in the static build."""
+    tgt = tvmfuse.parse_target(S.SKYLAKE)
+    funcs = S.graph_funcs(fire(batch="N"), tgt)
+    assert len(funcs) == 3, list(funcs)
+    (kname,) = _concat_kernels(funcs)
+    assert "conv2d" in kname, list(funcs)
+    res = schedule_prim_func(funcs[kname], tgt, {}, kname)
+    assert res is not None and res.template == "cpu.conv1x1", res and res.template
 
 
 def test_branches_the_unroll_does_not_divide_keep_the_select():

@@ -104,16 +104,20 @@ def _static_dims(buffer) -> list[int] | None:
 
 
 def channel_concat(m: NodeInfo) -> bool:
-    """Whether ``m`` is a concat of NCHW tensors along the channels (static shapes): TVM's ``concatenate``
-    PrimFunc, several inputs [n, c_i, h, w] and one output [n, sum c_i, h, w]."""
+    """Whether ``m`` is a concat of NCHW tensors along the channels: TVM's ``concatenate`` PrimFunc, several
+    inputs [n, c_i, h, w] and one output [n, sum c_i, h, w], static but for the batch n (symbolic: one shared
+    extent, as a model exported with a dynamic batch has)."""
     func = m.func
     if m.kind != INJECTIVE or func is None or not m.name.startswith("concatenate") or len(func.params) < 3:
         return False
-    shapes = [_static_dims(p) for p in func.params]
-    if any(sh is None or len(sh) != 4 for sh in shapes):
+    dims = [list(p.shape) for p in func.params]
+    if any(len(d) != 4 or not all(isinstance(x, C.IntImm) for x in d[1:]) for d in dims):
         return False
-    *ins, out = shapes
-    return all(sh[0] == out[0] and sh[2:] == out[2:] for sh in ins) and sum(sh[1] for sh in ins) == out[1]
+    analyzer = C.Analyzer()
+    if not all(analyzer.can_prove_equal(d[0], dims[-1][0]) for d in dims[:-1]):
+        return False
+    *ins, out = [[int(x) for x in d[1:]] for d in dims]
+    return all(sh[1:] == out[1:] for sh in ins) and sum(sh[0] for sh in ins) == out[0]
 
 
 def check_concat_prologue(members: list[NodeInfo]) -> str | None:
