@@ -1,6 +1,7 @@
 """cpu.conv2d_lanes (tvmfuse/schedules/cpu/conv_lanes.py) and the graph rewrite that feeds it
 (passes/rewrites.py: TransposePointwiseWeights stores the constant weights of a KxK or strided conv on a small
-plane [ci, ky, kx, co]): convs with a window on small planes with the output channels on the vector lanes.
+plane blocked by the register tile's channels, [co // B, ci, ky, kx, B]): convs with a window on small planes with
+the output channels on the vector lanes.
 
 Numerics: tvmfuse.compile on the host vs onnx's reference evaluator (SqueezeNet's 3x3 fire convs on 15x15,
 7x7 and 3x3 planes, ResNet's 3x3 convs on 8x8 / 4x4 / 2x2 planes with the residual add, a strided 3x3 conv,
@@ -140,8 +141,8 @@ def test_declined_convs_keep_oihw_weights_and_their_template(kwargs, template, t
 
 
 def test_weights_as_graph_input_stay_with_the_direct_template(host, rng):
-    """Weights that are no constant (a graph input) are not rewritten, and this family (which reads IHWO
-    weights only) declines: the direct template reads them OIHW, and the numbers match the reference."""
+    """Weights that are no constant (a graph input) are not rewritten, and this family (which reads weights
+    with the output channels last only) declines: the direct template reads them OIHW, and the numbers match the reference."""
     import onnx
     from onnx import TensorProto, helper
 
