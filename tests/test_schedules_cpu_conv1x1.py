@@ -146,8 +146,8 @@ def test_declined_convs_keep_oihw_weights_and_the_conv_template(kwargs, why, tem
     tgt = tvmfuse.parse_target(target)
     name, func = _kernel(conv_block(**kwargs), tgt)
     w = [int(d) for d in func.params[1].shape]
-    assert (w[0] if template == CONV else w[0] * w[-1]) == kwargs["cout"] and len(w) == (4 if template == CONV else 5), \
-        f"weights: {w}"
+    blocked = template != CONV
+    assert (w[0] * w[-1] if blocked else w[0]) == kwargs["cout"] and len(w) == (5 if blocked else 4), f"weights: {w}"
     assert Conv1x1().match(func, tgt) is None
     res = schedule_prim_func(func, tgt, {}, name)
     assert res.template == template, res.template

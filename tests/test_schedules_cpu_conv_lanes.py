@@ -142,7 +142,8 @@ def test_declined_convs_keep_oihw_weights_and_their_template(kwargs, template, t
 
 def test_weights_as_graph_input_stay_with_the_direct_template(host, rng):
     """Weights that are no constant (a graph input) are not rewritten, and this family (which reads weights
-    with the output channels last only) declines: the direct template reads them OIHW, and the numbers match the reference."""
+    with the output channels last only) declines: the direct template reads them OIHW, and the numbers match the
+    reference."""
     import onnx
     from onnx import TensorProto, helper
 
