@@ -66,7 +66,7 @@ def test_numerics_vs_reference(cout, cin, hw, epi, host, rng):
     assert_close_to_reference(model, cm, rng, rtol=1e-4, atol=1e-4)
 
 
-@pytest.mark.parametrize("transposed", [True, False], ids=["ihwo_weights", "packed_oihw_weights"])
+@pytest.mark.parametrize("transposed", [True, False], ids=["blocked_weights", "packed_oihw_weights"])
 @pytest.mark.parametrize("cout,cin,hw,epi", [(96, 24, 7, "bn_relu_residual"), (48, 40, 3, "plain")],
                          ids=["96x24_7x7", "48x40_3x3"])
 def test_sampled_configs_vs_unscheduled(cout, cin, hw, epi, transposed, host, rng):
@@ -75,7 +75,7 @@ def test_sampled_configs_vs_unscheduled(cout, cin, hw, epi, transposed, host, rn
     name, func = _kernel(_model(cout, cin, hw, epi), host, schedules=transposed)
     t = Conv1x1()
     match = t.match(func, host)
-    assert match is not None and match.info["weight_layout"] == ("IHWO" if transposed else "OIHW")
+    assert match is not None and match.info["weight_layout"] == ("OIHWo" if transposed else "OIHW")
     S.assert_sampled_configs_compute_the_unscheduled(t, match, func, host, rng)
 
 
@@ -85,10 +85,12 @@ def test_structure(cout, cin, hw, epi, target, lanes):
     tgt = tvmfuse.parse_target(target)
     name, func = _kernel(_model(cout, cin, hw, epi), tgt)
     weight = func.params[1]
-    assert [int(d) for d in weight.shape] == [cin, 1, 1, cout], "weights not stored [ci, 1, 1, co] by the graph"
     res = schedule_prim_func(func, tgt, {}, name)
     assert res is not None and res.template == FAMILY, res and res.template
     cfg = res.config
+    block = cfg["nvec"] * cfg["lanes"]
+    assert [int(d) for d in weight.shape] == [cout // block, cin, 1, 1, block], \
+        "weights not stored in blocks of the register tile's channels [co // B, ci, 1, 1, B] by the graph"
     assert cout % (cfg["nvec"] * cfg["lanes"]) == 0 and cfg["lanes"] in (lanes, lanes // 2), cfg
     # vectors of output channels only: a pixel vector would have the plane's (or a row's) extent
     assert S.vector_lanes(res.func) == {cfg["lanes"]}, (S.vector_lanes(res.func), cfg)
@@ -139,11 +141,13 @@ LANES = "cpu.conv2d_lanes"
 ], ids=["large_plane", "10_channels", "3x3", "grouped", "stride_2"])
 def test_declined_convs_keep_oihw_weights_and_the_conv_template(kwargs, why, template, target):
     """Convs this family declines: the direct conv template with OIHW weights, or (a window or a stride on a
-    small plane) cpu.conv2d_lanes with weights stored [ci, ky, kx, co] (tests/test_schedules_cpu_conv_lanes.py)."""
+    small plane) cpu.conv2d_lanes with weights blocked [co // B, ci, ky, kx, B]
+    (tests/test_schedules_cpu_conv_lanes.py)."""
     tgt = tvmfuse.parse_target(target)
     name, func = _kernel(conv_block(**kwargs), tgt)
     w = [int(d) for d in func.params[1].shape]
-    assert w[0 if template == CONV else -1] == kwargs["cout"], f"weights: {w}"
+    blocked = template != CONV
+    assert (w[0] * w[-1] if blocked else w[0]) == kwargs["cout"] and len(w) == (5 if blocked else 4), f"weights: {w}"
     assert Conv1x1().match(func, tgt) is None
     res = schedule_prim_func(func, tgt, {}, name)
     assert res.template == template, res.template

@@ -1,6 +1,7 @@
 """cpu.conv2d_lanes (tvmfuse/schedules/cpu/conv_lanes.py) and the graph rewrite that feeds it
 (passes/rewrites.py: TransposePointwiseWeights stores the constant weights of a KxK or strided conv on a small
-plane [ci, ky, kx, co]): convs with a window on small planes with the output channels on the vector lanes.
+plane blocked by the register tile's channels, [co // B, ci, ky, kx, B]): convs with a window on small planes with
+the output channels on the vector lanes.
 
 Numerics: tvmfuse.compile on the host vs onnx's reference evaluator (SqueezeNet's 3x3 fire convs on 15x15,
 7x7 and 3x3 planes, ResNet's 3x3 convs on 8x8 / 4x4 / 2x2 planes with the residual add, a strided 3x3 conv,
@@ -80,7 +81,7 @@ def test_sampled_configs_vs_unscheduled(name, kwargs, host, rng):
     kname, func = _kernel(conv_block(**kwargs), host)
     t = ConvLanes()
     match = t.match(func, host)
-    assert match is not None and match.info["weight_layout"] == "IHWO"
+    assert match is not None and match.info["weight_layout"] == "OIHWo"
     S.assert_sampled_configs_compute_the_unscheduled(t, match, func, host, rng)
 
 
@@ -90,11 +91,12 @@ def test_structure(name, kwargs, target, lanes):
     tgt = tvmfuse.parse_target(target)
     kname, func = _kernel(conv_block(**kwargs), tgt)
     k = kwargs.get("k", 3)
-    assert [int(d) for d in func.params[1].shape] == [kwargs["cin"], k, k, kwargs["cout"]], \
-        "weights not stored [ci, ky, kx, co] by the graph"
     res = schedule_prim_func(func, tgt, {}, kname)
     assert res is not None and res.template == FAMILY, res and res.template
     cfg = res.config
+    block = cfg["nvec"] * cfg["lanes"]
+    assert [int(d) for d in func.params[1].shape] == [kwargs["cout"] // block, kwargs["cin"], k, k, block], \
+        "weights not stored in blocks of the register tile's channels [co // B, ci, ky, kx, B] by the graph"
     oh, ow = _plane(func)
     assert (cfg["oh_tile"], cfg["ow_tile"]) in pixel_tiles(oh, ow), cfg
     assert kwargs["cout"] % (cfg["nvec"] * cfg["lanes"]) == 0 and cfg["lanes"] in (lanes, lanes // 2), cfg
@@ -139,8 +141,9 @@ def test_declined_convs_keep_oihw_weights_and_their_template(kwargs, template, t
 
 
 def test_weights_as_graph_input_stay_with_the_direct_template(host, rng):
-    """Weights that are no constant (a graph input) are not rewritten, and this family (which reads IHWO
-    weights only) declines: the direct template reads them OIHW, and the numbers match the reference."""
+    """Weights that are no constant (a graph input) are not rewritten, and this family (which reads weights
+    with the output channels last only) declines: the direct template reads them OIHW, and the numbers match the
+    reference."""
     import onnx
     from onnx import TensorProto, helper
 

@@ -61,6 +61,8 @@ IndexMap = tirx.IndexMap
 Add = tirx.Add
 Mul = tirx.Mul
 Cast = tirx.Cast
+FloorDiv = tirx.FloorDiv
+FloorMod = tirx.FloorMod
 ForKind = tirx.ForKind
 IterVar = tirx.IterVar
 BufferStore = tirx.BufferStore
@@ -86,6 +88,11 @@ class IterVarKind:
 
     DataPar = int(tirx.IterVar.DataPar)
     CommReduce = int(tirx.IterVar.CommReduce)
+
+
+def default_legalize(op_name: str):
+    """TVM's registered legalization of a Relax op (``FLegalize``), for a custom one that defers to it."""
+    return Op.get(op_name).get_attr("FLegalize")
 
 
 def type_of(expr):

@@ -14,8 +14,15 @@ row that is all -inf (an attention row masked everywhere) has max -3.4e38, not -
 ``ReduceMax(bias) == -inf`` test of a fully masked row fails (the conformance suite's expanded Attention
 cases); an empty reduction likewise gives the finite extreme, where ONNX gives -inf / +inf.  Here the
 reduction starts from -inf / +inf: the same single reduction, only its identity differs.
+
+``relax.nn.conv2d`` with blocked weights (kernel layout ``OIHW<B>o``: ``[co // B, ci, ky, kx, co % B]``, what
+``passes.rewrites.TransposePointwiseWeights`` stores for the CPU families with the output channels on the vector
+lanes): TVM's legalization declines a layout with a channel block; here the NCHW conv reads the weights at
+``W[f // B, rc, ry, rx, f % B]`` (TOPI's padding block and names otherwise).  Every other conv keeps TVM's.
 """
 from __future__ import annotations
+
+import re
 
 from .. import _compat as C
 
@@ -126,7 +133,52 @@ def _legalize_extremum(kind: str):
     return legalize
 
 
-CUSTOM_LEGALIZE = {"relax.reshape": legalize_reshape, "relax.max": _legalize_extremum("max"),
+_BLOCKED_KERNEL = re.compile(r"OIHW(\d+)o")
+
+
+def kernel_block(kernel_layout: str) -> int | None:
+    """B of a blocked kernel layout ``OIHW<B>o``, else None."""
+    m = _BLOCKED_KERNEL.fullmatch(str(kernel_layout))
+    return int(m.group(1)) if m else None
+
+
+def _blocked_conv2d(data, weight, strides, padding, dilation, out_dtype: str):
+    """NCHW conv2d (groups 1) on weights ``[co // B, ci, ky, kx, B]``."""
+    nb, ci, kh, kw, block = [int(d) for d in weight.shape]
+    n, _, h, w = data.shape
+    (sh, sw), (dh, dw) = [int(s) for s in strides], [int(d) for d in dilation]
+    top, left, bottom, right = [int(p) for p in padding]
+    oh = (int(h) + top + bottom - (kh - 1) * dh - 1) // sh + 1
+    ow = (int(w) + left + right - (kw - 1) * dw - 1) // sw + 1
+    pad = C.topi.nn.pad(data, [0, 0, top, left], [0, 0, bottom, right], name="pad_temp")
+    rc = C.te.reduce_axis((0, ci), name="rc")
+    ry = C.te.reduce_axis((0, kh), name="ry")
+    rx = C.te.reduce_axis((0, kw), name="rx")
+
+    def body(nn, ff, yy, xx):
+        x = pad[nn, rc, yy * sh + ry * dh, xx * sw + rx * dw].astype(out_dtype)
+        return C.te.sum(x * weight[ff // block, rc, ry, rx, ff % block].astype(out_dtype), axis=[rc, ry, rx])
+
+    return C.te.compute((n, nb * block, oh, ow), body, name="conv2d_nchw", tag="conv2d_nchw")
+
+
+def legalize_conv2d(bb, call):
+    """LegalizeOps' function for ``relax.nn.conv2d``: blocked weights (``OIHW<B>o``, NCHW, groups 1) here,
+    every other conv TVM's own."""
+    a = call.attrs
+    block = kernel_block(a.kernel_layout)
+    if block is None:
+        return C.default_legalize("relax.nn.conv2d")(bb, call)
+    if str(a.data_layout) != "NCHW" or str(a.out_layout) != "NCHW" or int(a.groups) != 1:
+        raise ValueError(f"conv2d with kernel layout {a.kernel_layout}: only NCHW data/output and groups 1 "
+                         f"are legalized (got {a.data_layout}/{a.out_layout}, groups {a.groups})")
+    out_dtype = str(C.type_of(call).dtype)          # the conv's own output type (out_dtype, else the input's)
+    return bb.call_te(lambda x, w: _blocked_conv2d(x, w, a.strides, a.padding, a.dilation, out_dtype),
+                      call.args[0], call.args[1], primfunc_name_hint="conv2d")
+
+
+CUSTOM_LEGALIZE = {"relax.nn.conv2d": legalize_conv2d, "relax.reshape": legalize_reshape,
+                   "relax.max": _legalize_extremum("max"),
                    "relax.min": _legalize_extremum("min")}
 # CPU only: on CUDA the infinite identity failed the row-reduction template's GPU code verification (the
 # cross-thread reduction of the custom reducer; tests/test_schedules_cuda.py test_sampled_configs_are_legal

@@ -280,9 +280,11 @@ def _ints_all(values, want: int) -> bool:
 def _transposed_pointwise(call, target):
     """``conv2d(x, W)`` (NCHW/OIHW, groups 1, constant float W) whose plane ``cpu.conv1x1`` (1x1, stride 1, no
     padding: ``conv1x1.plane_why``) or ``cpu.conv2d_lanes`` (any other: ``conv_lanes.plane_why``) takes on
-    ``target`` -> the same conv with W stored [ci, ky, kx, co] (kernel layout IHWO): those templates put the
-    output channels on the vector lanes and read a vector of weights contiguously, instead of packing W
-    transposed on every call; else None."""
+    ``target`` -> the same conv with W stored in blocks of the family's default register tile's channels B,
+    ``[co // B, ci, ky, kx, co % B]`` (kernel layout ``OIHW<B>o``, legalized by ``passes.legalize``): those
+    templates put the output channels on the vector lanes and read a vector of weights contiguously, instead of
+    packing W transposed on every call, and each register tile's weights are one contiguous run (stored
+    [ci, ky, kx, co] they were nr channels every row of co: cold in the model, 6-9x the warm kernel); else None."""
     if not (isinstance(call, C.relax.Call) and isinstance(call.op, C.Op) and call.op.name == "relax.nn.conv2d"):
         return None
     a = call.attrs
@@ -298,19 +300,24 @@ def _transposed_pointwise(call, target):
         and _ints_all(a.dilation, 1)
     # a pointwise conv for cpu.conv1x1, any other (a window, a stride) for cpu.conv2d_lanes
     if pointwise:
-        from ..schedules.cpu.conv1x1 import plane_why
+        from ..schedules.cpu import conv1x1 as family
 
-        why = plane_why(out[2] * out[3], out[1], target)
+        why = family.plane_why(out[2] * out[3], out[1], target)
+        block = None if why else family.weight_block(out[2] * out[3], out[1], int(w_arr.shape[1]), target)
     else:
-        from ..schedules.cpu.conv_lanes import plane_why
+        from ..schedules.cpu import conv_lanes as family
 
-        why = plane_why(out[2], out[3], out[1], int(w_arr.shape[1]), target)
+        why = family.plane_why(out[2], out[3], out[1], int(w_arr.shape[1]), target)
+        block = None if why else family.weight_block(out[2], out[3], out[1], target)
     if why is not None:
         return None
     out_dtype = str(C.type_of(call).dtype)      # the conv's own output type
-    return C.relax.op.nn.conv2d(x, C.relax.const(np.ascontiguousarray(w_arr.transpose(1, 2, 3, 0))),
+    co, ci, kh, kw = w_arr.shape
+    blocked = w_arr.reshape(co // block, block, ci, kh, kw).transpose(0, 2, 3, 4, 1)
+    return C.relax.op.nn.conv2d(x, C.relax.const(np.ascontiguousarray(blocked)),
                                 strides=a.strides, padding=a.padding, dilation=a.dilation, groups=1,
-                                data_layout="NCHW", kernel_layout="IHWO", out_layout="NCHW", out_dtype=out_dtype)
+                                data_layout="NCHW", kernel_layout=f"OIHW{block}o", out_layout="NCHW",
+                                out_dtype=out_dtype)
 
 
 @C.mutator
@@ -327,8 +334,9 @@ class _TransposePointwiseMutator(C.PyExprMutator):
 
 @C.module_pass(opt_level=0, name="tvmfuse.TransposePointwiseWeights")
 class TransposePointwiseWeights:
-    """CPU: the constant weights of a 1x1 stride-1 conv on a small plane stored [ci, 1, 1, co] (see
-    ``_transposed_pointwise``); run after FoldBatchNorm, which folds into OIHW weights."""
+    """CPU: the constant weights of a conv on a small plane (``cpu.conv1x1``, ``cpu.conv2d_lanes``) stored in
+    blocks of output channels, ``OIHW<B>o`` (see ``_transposed_pointwise``); run after FoldBatchNorm, which
+    folds into OIHW weights."""
 
     def __init__(self, target):
         self.target = target

@@ -90,10 +90,58 @@ def check_anchors(members: list[NodeInfo]) -> str | None:
     wider = check_epilogue_within_anchor(first, [m for m in members if id(m) not in before])
     if wider:
         return wider
-    injective = [m for m in members if m.kind == INJECTIVE]
+    # a channel concat before the conv is the concat_prologue rule's (check_concat_prologue decides)
+    injective = [m for m in members if m.kind == INJECTIVE and not (id(m) in before and channel_concat(m))]
     if injective:
         return (f"layout op {injective[0].name} in a matmul/conv group: the anchor's epilogue takes "
                 "elementwise/broadcast ops only")
+    return None
+
+
+def _static_dims(buffer) -> list[int] | None:
+    dims = list(buffer.shape)
+    return [int(d) for d in dims] if all(isinstance(d, C.IntImm) for d in dims) else None
+
+
+def channel_concat(m: NodeInfo) -> bool:
+    """Whether ``m`` is a concat of NCHW tensors along the channels: TVM's ``concatenate`` PrimFunc, several
+    inputs [n, c_i, h, w] and one output [n, sum c_i, h, w], static but for the batch n (symbolic: one shared
+    extent, as a model exported with a dynamic batch has)."""
+    func = m.func
+    if m.kind != INJECTIVE or func is None or not m.name.startswith("concatenate") or len(func.params) < 3:
+        return False
+    dims = [list(p.shape) for p in func.params]
+    if any(len(d) != 4 or not all(isinstance(x, C.IntImm) for x in d[1:]) for d in dims):
+        return False
+    analyzer = C.Analyzer()
+    if not all(analyzer.can_prove_equal(d[0], dims[-1][0]) for d in dims[:-1]):
+        return False
+    *ins, out = [[int(x) for x in d[1:]] for d in dims]
+    return all(sh[1:] == out[1:] for sh in ins) and sum(sh[0] for sh in ins) == out[0]
+
+
+def check_concat_prologue(members: list[NodeInfo]) -> str | None:
+    """A channel concat read by one pointwise conv with blocked constant weights (``cpu.conv1x1``, which inlines
+    it into its input loads): the concat is never written to memory, so nothing outside the group may read it.
+    (SqueezeNet's fire modules: the two expand branches concatenated, then the next squeeze conv.)"""
+    anchors = [m for m in members if m.kind == CONTRACTION]
+    prologue = prologue_of(members)
+    if len(anchors) != 1 or not prologue:
+        return None
+    conv = anchors[0]
+    for m in prologue:
+        if not channel_concat(m):
+            return f"{m.name} before the conv is not a channel concat (the conv's prologue takes a concat only)"
+        if m.var is None or conv.data_arg is None or not conv.data_arg.same_as(m.var):
+            return f"{conv.name} does not read the concat {m.name} as its data operand"
+        outside = [r for r in m.readers if r is None or r is not conv]
+        if outside:
+            what = "the function's result" if outside[0] is None else outside[0].name
+            return f"the concat {m.name} is also read by {what}: it would have to be written to memory"
+    weight = [_static_dims(p) for p in conv.func.params[1:2]]
+    if conv.reduce_axes != 3 or not weight or weight[0] is None or len(weight[0]) != 5 or weight[0][2:4] != [1, 1]:
+        return (f"{conv.name} is not a 1x1 conv with blocked constant weights (cpu.conv1x1, the family that "
+                "reads a concat through its input loads, takes those)")
     return None
 
 
@@ -216,6 +264,10 @@ RULES: tuple[Rule, ...] = (
     Rule("contraction_epilogue", "edge", (CONTRACTION,), (ELEMWISE,),
          "bias, activation and residual add computed on the matmul/conv output tile; "
          "test_fusion_patterns[matmul_bias_gelu], [conv_bn_relu_residual]", check_anchors, "matmul"),
+    Rule("concat_prologue", "edge", (INJECTIVE,), (CONTRACTION,),
+         "a channel concat read by a 1x1 conv: the conv reads each input channel from its concat operand, the "
+         "concat is no copy kernel (SqueezeNet's fire modules); test_schedules_cpu_concat_prologue",
+         check_concat_prologue, "conv1x1"),
     Rule("norm_prologue", "edge", (REDUCTION, ELEMWISE), (CONTRACTION,),
          "LayerNorm/RMSNorm rows normalised while packing the A panel of the matmul(s) they feed (Q/K/V, "
          "gate/up): the normalised tensor never reaches memory; test_norm_prologue", check_norm_prologue,

@@ -15,9 +15,10 @@ output channels: per input channel, ``mr`` pixels are broadcast and ``nvec`` vec
 Schedule: the conv and its epilogue iterate over the flattened pixel index p = y * W + x
 (``transform_block_layout``); the epilogue is tiled [co block x pixel block] x register tile and the conv is
 computed on each tile (its output shrinks to an accumulator in registers); the epilogue runs on the
-accumulator and stores each vector of channels P floats apart.  The weights are read [ci, co] with co
-contiguous: a packed, transposed copy of W made once per call in its own parallel loop (CO x CI copies,
-amortized over the P pixels each weight multiplies).
+accumulator and stores each vector of channels P floats apart.  The weights are read with co contiguous:
+constant weights come blocked ``[co // B, ci, 1, 1, co % B]`` from the graph rewrite (B the default tile's
+channels: ``weight_block``; each tile's weights one contiguous run); others (OIHW) are packed transposed once
+per call in their own parallel loop (CO x CI copies, amortized over the P pixels each weight multiplies).
 """
 from __future__ import annotations
 
@@ -60,6 +61,45 @@ def plane_why(plane: int, out_channels: int, target: C.Target) -> str | None:
     if not any(out_channels % w == 0 for w in lane_choices(lanes)):
         return f"{out_channels} output channels: no vector width of {lane_choices(lanes)} divides them"
     return None
+
+
+def default_tile(plane: int, out_channels: int, in_channels: int, target: C.Target) -> tuple[int, int, int]:
+    """(mr, nvec, lanes) of the default register tile of a pointwise conv (some vector width divides the
+    output channels: ``plane_why``); from shapes alone, so the graph rewrite stores the weights in blocks of
+    the tile's channels (``weight_block``)."""
+    info, d = cpu_info(target), template_defaults(target, FAMILY)
+    widths = channel_lanes(out_channels, target)
+    lanes = max(widths)
+    regs = U.Registers.for_bits(info.vector_bits).count
+    nvecs = [v for v in U.choices_upto(NVEC_CHOICES, out_channels // min(widths))
+             if out_channels % (v * lanes) == 0]
+    # with a short reduction (fewer input channels than stack_tile_below_steps) a tile on the stack: a larger
+    # one is a workspace allocation per tile (common.MAX_STACK_ALLOCA_BYTES; 24->144 on 4x4, one thread, CPU
+    # time under load: 8 x 3 vectors 3.3 us, 4 x 3 on the stack 2.8 us; 16->96 on 8x8 7.6 -> 6.5 us)
+    on_stack = stack_accumulator_vectors(lanes) if in_channels < d["stack_tile_below_steps"] else None
+    mr, nvec = pick_register_tile(plane, out_channels, lanes, regs, U.choices_upto(MR_CHOICES, plane), nvecs,
+                                  on_stack)
+    return mr, nvec, lanes
+
+
+def weight_block(plane: int, out_channels: int, in_channels: int, target: C.Target) -> int:
+    """Output channels per block of the constant weights (kernel layout ``OIHW<B>o``): the default register
+    tile's channels, so that a tile reads its weights as one contiguous run (stored [ci, 1, 1, co], each input
+    channel's nr weights lay a row of co apart)."""
+    _, nvec, lanes = default_tile(plane, out_channels, in_channels, target)
+    return nvec * lanes
+
+
+def concat_parts(sch: C.Schedule, data_block: str) -> list[int]:
+    """The channels of each operand, in order, when the conv's data producer is a channel concat (several
+    inputs [n, c_i, h, w]: ``passes.rules.check_concat_prologue``), else []."""
+    block = sch.get(sch.get_sblock(data_block))
+    params = [str(p.name) for p in sch.mod["main"].params]
+    reads = [str(r.source.name) for r in block.reads]
+    if len(reads) < 2 or not all(r in params for r in reads):
+        return []
+    shapes = {str(r.source.name): C.tensor_shape(r.source) for r in block.reads}
+    return [int(shapes[r][1]) for r in sorted(reads, key=params.index)]
 
 
 def small_plane_why(info: dict, target: C.Target) -> str | None:
@@ -125,16 +165,9 @@ class Conv1x1(ChannelLanesConv, family=FAMILY, config=Conv1x1Config):
                                    parallel=U.PARALLEL)
 
     def default_config(self, match: Match, target: C.Target) -> dict:
-        info, d, i = cpu_info(target), self.table_defaults(target), match.info
+        d, i = self.table_defaults(target), match.info
         ch = {kb.name: kb.choices for kb in self.space(match, target).knobs}
-        lanes = max(ch["lanes"])
-        regs = U.Registers.for_bits(info.vector_bits).count
-        nvecs = [v for v in ch["nvec"] if i["F"] % (v * lanes) == 0]
-        # with a short reduction (fewer input channels than stack_tile_below_steps) a tile on the stack: a larger
-        # one is a workspace allocation per tile (common.MAX_STACK_ALLOCA_BYTES; 24->144 on 4x4, one thread, CPU
-        # time under load: 8 x 3 vectors 3.3 us, 4 x 3 on the stack 2.8 us; 16->96 on 8x8 7.6 -> 6.5 us)
-        on_stack = stack_accumulator_vectors(lanes) if i["RC"] < d["stack_tile_below_steps"] else None
-        mr, nvec = pick_register_tile(pixels(i), i["F"], lanes, regs, ch["mr"], nvecs, on_stack)
+        mr, nvec, lanes = default_tile(pixels(i), i["F"], i["RC"], target)
         unroll = d["k_unroll"]
         return Conv1x1Config(mr=mr, nvec=nvec, lanes=lanes,
                              k_unroll=U.nearest_choice(ch["k_unroll"], unroll if i["RC"] % unroll == 0 else 1),
@@ -147,13 +180,14 @@ class Conv1x1(ChannelLanesConv, family=FAMILY, config=Conv1x1Config):
         # Step 1. Fold the elementwise chain into one epilogue block and the identity padding into the conv;
         # without an epilogue, accumulate into a cache block and write back from it.
         U.inline_elementwise(sch, keep=frozenset({info["pad"]} if info["pad"] else ()))
+        parts = concat_parts(sch, info["pad"]) if info["pad"] else []
         if info["pad"]:
-            sch.compute_inline(sch.get_sblock(info["pad"]))
+            sch.compute_inline(sch.get_sblock(info["pad"]))   # an identity pad, or a concat (concat_prologue)
         conv = sch.get_sblock(info["reduction"])
         epi = sch.cache_write(conv, 0, "global") if info["epilogue"] is None else sch.get_sblock(info["epilogue"])
 
-        # Step 2. Weights read [ci, 1, 1, co] (co contiguous): constant weights come so from the graph
-        # (TransposePointwiseWeights); others (OIHW) are packed transposed per call, in their own parallel
+        # Step 2. Weights read with co contiguous: constant weights come blocked [co // B, ci, 1, 1, B] from the
+        # graph (TransposePointwiseWeights); others (OIHW) are packed transposed per call, in their own parallel
         # loop over vectors of output channels (CO x CI gathers: slower than the pixel-vectorized conv on the
         # 2x2 planes, measured under load; the rewrite avoids it).
         if info["weight_layout"] == "OIHW":
@@ -201,6 +235,10 @@ class Conv1x1(ChannelLanesConv, family=FAMILY, config=Conv1x1Config):
         # the accumulator stays in the "global" scope: on the stack where it fits (common.MAX_STACK_ALLOCA_BYTES)
         init = sch.decompose_reduction(conv, k0)
         sch.vectorize(sch.get_loops(init)[-1])
+        # a concat read through the input loads (rule concat_prologue): the input-channel loop cut at the
+        # concat's boundaries, so that each part reads one operand (no select per load once simplified)
+        if len(parts) > 1 and all(c % cfg.k_unroll == 0 for c in parts):
+            sch.loop_partition(k0, [c // cfg.k_unroll for c in parts[:-1]] + [None])
 
         # Step 6. The epilogue on the accumulator tile, vectorized along the channels (stores P floats apart).
         e_fo, e_fv = sch.split(f1, factors=[None, lanes])

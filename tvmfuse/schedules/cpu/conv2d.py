@@ -115,6 +115,24 @@ class Conv2DConfig(Config):
                            "vectors (the register tile is then the whole padded row, whatever ow_tile)")
 
 
+def _weight_index_names(indices, f) -> tuple:
+    """The names of a weight load's index variables; a blocked output channel ``f // B``, ``f % B`` (one
+    constant B) as ``"o//"``, ``"o%"``."""
+    blocks = {int(i.b) for i in indices if isinstance(i, (C.FloorDiv, C.FloorMod))
+              and i.a.same_as(f) and isinstance(i.b, C.IntImm)}
+    if len(blocks) > 1:
+        return ()
+
+    def name(i):
+        if isinstance(i, C.FloorDiv) and i.a.same_as(f) and isinstance(i.b, C.IntImm):
+            return "o//"
+        if isinstance(i, C.FloorMod) and i.a.same_as(f) and isinstance(i.b, C.IntImm):
+            return "o%"
+        return getattr(i, "name", None)
+
+    return tuple(name(i) for i in indices)
+
+
 def analyze_conv(sch: C.Schedule, block) -> dict | None:
     """The roles of a reduction block if it is a direct NCHW conv2d; None otherwise (raises nothing).
 
@@ -125,20 +143,24 @@ def analyze_conv(sch: C.Schedule, block) -> dict | None:
     if U.iter_kinds(sch, block) != "SSSSRRR" or not isinstance(store, C.BufferStore):
         return None
     ops = multiply_accumulate(blk)
-    if ops is None or not all(len(o.indices) == 4 for o in ops):
+    if ops is None or sorted(len(o.indices) for o in ops) not in ([4, 4], [4, 5]):
         return None
     n, f, y, x, rc, ry, rx = [iv.var for iv in blk.iter_vars]
     names = [str(v.name) for v in (n, f, y, x, rc, ry, rx)]
     if [getattr(i, "name", None) for i in store.indices] != names[:4]:
         return None
-    # OIHW weights, or IHWO (constant 1x1 weights stored [ci, 1, 1, co]: passes.rewrites.TransposePointwiseWeights)
-    layouts = {(names[1], names[4], names[5], names[6]): "OIHW", (names[4], names[5], names[6], names[1]): "IHWO"}
-    weights = [o for o in ops if tuple(getattr(i, "name", None) for i in o.indices) in layouts]
+    # OIHW weights, IHWO (constant weights stored [ci, ky, kx, co]) or OIHWo (constant weights blocked
+    # [co // B, ci, ky, kx, co % B]: passes.rewrites.TransposePointwiseWeights)
+    layouts = {(names[1], names[4], names[5], names[6]): "OIHW", (names[4], names[5], names[6], names[1]): "IHWO",
+               ("o//", names[4], names[5], names[6], "o%"): "OIHWo"}
+    weights = [o for o in ops if _weight_index_names(o.indices, f) in layouts]
     if len(weights) != 1:
         return None
     w = weights[0]
-    weight_layout = layouts[tuple(getattr(i, "name", None) for i in w.indices)]
+    weight_layout = layouts[_weight_index_names(w.indices, f)]
     d = ops[1] if ops[0] is w else ops[0]
+    if len(d.indices) != 4:
+        return None
     d_vars = [var_names(i) for i in d.indices]
     n_, f_, y_, x_, rc_, ry_, rx_ = names
     if d_vars[0] != {n_} or rc_ not in d_vars[1] or not d_vars[1] <= {f_, rc_} \
@@ -159,6 +181,7 @@ def analyze_conv(sch: C.Schedule, block) -> dict | None:
         "data_hw": [int(e) if isinstance(e, C.tirx.IntImm) else -1 for e in list(d.source.shape)[2:]],
         "weight_buffer": str(w.source.name),
         "weight_layout": weight_layout,
+        "weight_block": int(w.indices[0].b) if weight_layout == "OIHWo" else None,
         "conv_buffer": str(store.buffer.name),
         "stride_w": int(coef[0]) if len(coef) == 2 and isinstance(coef[0], C.tirx.IntImm) else 0,
     }

@@ -5,8 +5,11 @@ Matches what ``conv2d.find_conv`` matches (one conv block, its padding block, at
 epilogue: bias / folded BatchNorm, ReLU, residual add) when the conv has a window (not 1x1 stride 1: that
 is ``cpu.conv1x1``), is not grouped, its output plane has fewer pixels than the target table's
 ``plane_pixels_below`` (``template_defaults["cpu.conv2d_lanes"]``), a vector width (the target's or half)
-divides the output channels, and its weights are stored [ci, ky, kx, co] (kernel layout IHWO): constant
-weights come so from the graph rewrite (``passes.rewrites.TransposePointwiseWeights`` asks ``plane_why``).
+divides the output channels, and its weights are stored with the output channels last: blocked
+``[co // B, ci, ky, kx, co % B]`` (kernel layout ``OIHW<B>o``, B the default register tile's channels:
+``weight_block``) or [ci, ky, kx, co] (IHWO).  Constant weights come blocked from the graph rewrite
+(``passes.rewrites.TransposePointwiseWeights`` asks ``plane_why`` and ``weight_block``), so that each register
+tile reads its weights as one contiguous run.
 
 Why: on a 7x7, 3x3 or 2x2 plane the direct template vectorizes along an output row of 7, 3 or 2 pixels
 (most lanes idle, or odd-sized vectors), while these convs have 64-512 output channels.  SqueezeNet's fire
@@ -60,18 +63,37 @@ def plane_why(oh: int, ow: int, out_channels: int, in_channels: int, target: C.T
     if in_channels < d["min_in_channels"]:
         return (f"{in_channels} input channels (a stem: fewer than {d['min_in_channels']}, the direct template "
                 f"with deinterleaved rows)")
-    info = cpu_info(target)
-    widths = channel_lanes(out_channels, target)
-    if not widths:
-        return f"{out_channels} output channels: no vector width of {lane_choices(info.float32_lanes)} divides them"
-    lanes = max(widths)
-    regs = U.Registers.for_bits(info.vector_bits).count
-    nvecs = [v for v in U.choices_upto(NVEC_CHOICES, out_channels // lanes) if out_channels % (v * lanes) == 0]
-    a, b, v = pick_tile(oh, ow, out_channels, lanes, regs, nvecs)
+    if not channel_lanes(out_channels, target):
+        lanes = lane_choices(cpu_info(target).float32_lanes)
+        return f"{out_channels} output channels: no vector width of {lanes} divides them"
+    a, b, v, _ = default_tile(oh, ow, out_channels, target)
     if a * b * v < d["min_accumulators"]:
         return (f"a register tile of {a * b * v} accumulators on the {oh}x{ow} plane (fewer than "
                 f"{d['min_accumulators']}: one FMA chain waits on the last)")
     return None
+
+
+def default_tile(oh: int, ow: int, out_channels: int, target: C.Target) -> tuple[int, int, int, int]:
+    """(oh_tile, ow_tile, nvec, lanes) of the default register tile on an ``oh x ow`` plane with
+    ``out_channels`` (some vector width divides them: ``channel_lanes``); from shapes alone, so the graph
+    rewrite stores the weights in blocks of the tile's channels (``weight_block``)."""
+    info = cpu_info(target)
+    widths = channel_lanes(out_channels, target)
+    lanes = max(widths)
+    regs = U.Registers.for_bits(info.vector_bits).count
+    nvecs = [v for v in U.choices_upto(NVEC_CHOICES, out_channels // min(widths))
+             if out_channels % (v * lanes) == 0]
+    a, b, v = pick_tile(oh, ow, out_channels, lanes, regs, nvecs)
+    return a, b, v, lanes
+
+
+def weight_block(oh: int, ow: int, out_channels: int, target: C.Target) -> int:
+    """Output channels per block of the constant weights (kernel layout ``OIHW<B>o``): the default register
+    tile's channels, so that a tile reads its weights as one contiguous run (stored [ci, ky, kx, co], each
+    reduction step of a tile read nr channels a whole row of co apart: in the model, with the weights out of
+    the caches, squeezenet's 3x3 fire convs on 3x3 planes ran 6-9x their warm time, measured under load)."""
+    _, _, nvec, lanes = default_tile(oh, ow, out_channels, target)
+    return nvec * lanes
 
 
 def small_plane_why(info: dict, target: C.Target) -> str | None:
@@ -80,8 +102,8 @@ def small_plane_why(info: dict, target: C.Target) -> str | None:
         return "a 1x1 stride-1 conv without padding (cpu.conv1x1)"
     if info.get("grouped"):
         return "a grouped conv"
-    if info["weight_layout"] != "IHWO":
-        return "weights not stored [ci, ky, kx, co] (only constant weights are rewritten so)"
+    if info["weight_layout"] not in ("IHWO", "OIHWo"):
+        return "weights not stored [ci, ky, kx, co] or blocked (only constant weights are rewritten so)"
     return plane_why(info["OH"], info["OW"], info["F"], info["RC"], target)
 
 
@@ -122,12 +144,8 @@ class ConvLanes(ChannelLanesConv, family=FAMILY, config=ConvLanesConfig):
                                      lanes=tuple(lanes), parallel=U.PARALLEL)
 
     def default_config(self, match: Match, target: C.Target) -> dict:
-        info, i = cpu_info(target), match.info
-        ch = {kb.name: kb.choices for kb in self.space(match, target).knobs}
-        lanes = max(ch["lanes"])
-        regs = U.Registers.for_bits(info.vector_bits).count
-        nvecs = [v for v in ch["nvec"] if i["F"] % (v * lanes) == 0]
-        oh_t, ow_t, nvec = pick_tile(i["OH"], i["OW"], i["F"], lanes, regs, nvecs)
+        i = match.info
+        oh_t, ow_t, nvec, lanes = default_tile(i["OH"], i["OW"], i["F"], target)
         return ConvLanesConfig(oh_tile=oh_t, ow_tile=ow_t, nvec=nvec, lanes=lanes,
                                parallel=U.parallel_default(conv_work(i), target)).asdict()
 
