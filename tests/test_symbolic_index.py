@@ -65,10 +65,7 @@ def _heads(batch="batch", seq="sequence"):
 def test_wrapless_modulo_drops_only_what_it_proves():
     """(b * S + s) % (B * S) with b < B, s < S is b * S + s; (b * S + s + 1) % (B * S) may wrap and stays;
     (f // S) % B with f < B * S is f // S."""
-    T = C.tirx
-    B, S_ = T.Var("batch", "int64"), T.Var("sequence", "int64")
-    buf = C.tirx.decl_buffer((B * S_,), "float32", "out") if hasattr(C.tirx, "decl_buffer") else None
-    from tvm.script import tirx as TS
+    TS = C.script_tir
 
     @TS.prim_func(private=True, s_tir=True)
     def before(a: TS.handle, o1: TS.handle, o2: TS.handle):
@@ -86,7 +83,6 @@ def test_wrapless_modulo_drops_only_what_it_proves():
                 vs = TS.axis.spatial(sequence, f % sequence)
                 O2[vb, vs] = A[(vb * sequence + vs) % (batch * sequence)]
 
-    del buf, B, S_
     after = drop_wrapless_modulo(before)
     text = after.script()
     assert "(vf + T.int64(1)) % (batch * sequence)" in text           # may wrap: kept
@@ -173,3 +169,21 @@ def test_symbolic_siblings_padded_numerics(host, rng):
     assert [s["template"] for s in cm.report.schedules] == ["cpu.symbolic_siblings"]
     for rows in (1, 3, 17, 51):
         _check(model, cm, rng, {"x": (rows, 64)})
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_symbolic_multi_output_layout_gets_the_serial_bucket(target):
+    """gpt2's Q/K/V head split (three outputs over batch x sequence): size buckets over batch x sequence as
+    for one output, a serial nest while all outputs' elements are under the fork/join cost (the static
+    build's choice at these sizes; was: always parallel, a thread-pool launch per call at sequence 1)."""
+    from test_symbolic import _head_split
+
+    tgt = parse_target(NAMED_TARGETS[target])
+    funcs = S.graph_funcs(_head_split(), tgt)
+    (kname, func), = funcs.items()
+    res = schedule_prim_func(func, tgt, {}, kname)
+    assert res is not None and res.template == "cpu.elementwise", res and res.template
+    first, *_, last = (b["config"] for b in res.config["buckets"])
+    assert not first["parallel"] and last["parallel"]
+    assert not _symbolic_divisions(res.func), _symbolic_divisions(res.func)
+    C.lower_tir(C.IRModule({"main": res.func.with_attr("global_symbol", "main")}), tgt)

@@ -60,9 +60,9 @@ def _shape_vars(func: C.PrimFunc) -> set:
 
 
 class _Bounds:
-    def __init__(self, func: C.PrimFunc):
+    def __init__(self, func: C.PrimFunc, shapes: set):
+        self.shapes = shapes
         self.ranges = _ranges(func)
-        self.shapes = _shape_vars(func)
         self.analyzer = C.Analyzer()
 
     def invariant(self, e) -> bool:
@@ -109,9 +109,10 @@ def drop_wrapless_modulo(func: C.PrimFunc) -> C.PrimFunc:
     """``func`` with every ``floormod(a, b)`` proved a no-op replaced by ``a`` and every ``floordiv(a, b)``
     proved 0 replaced by 0, where ``b`` is a symbolic extent (see the module docstring); ``func`` itself when
     it has no symbolic extent or nothing is proved."""
-    bounds = _Bounds(func)
-    if not bounds.shapes:
+    shapes = _shape_vars(func)
+    if not shapes:
         return func
+    bounds = _Bounds(func, shapes)
     changed = []
 
     def rewrite(e):

@@ -439,6 +439,7 @@ def _symbolic_outer_static_inner(sch: C.Schedule, loops, lanes: int, unroll: int
         # it fused into the (parallel) outer loop, the symbolic one left a plain inner loop, so no lane
         # divides by a symbolic extent (gpt2_dyn's K^T head split, with the Q split: 175 -> 11 us per call)
         outer = sch.fuse(*loops[:-1])
+        _fresh_loop(sch, [loops[-1]])            # a variable of its own in each size bucket's nest
         if parallel:
             sch.parallel(outer)
         return True
