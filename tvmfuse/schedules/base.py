@@ -174,10 +174,14 @@ class Scheduled:
 
 
 def schedule_with(template: Template, match: Match, func: C.PrimFunc, config: dict) -> C.PrimFunc:
-    """Apply ``template`` with ``config`` to a copy of ``func``; errors propagate (callers decide)."""
+    """Apply ``template`` with ``config`` to a copy of ``func``; errors propagate (callers decide).  Index
+    divisions by a symbolic extent that cannot wrap are dropped (``index_bounds``: the static build's
+    simplifier removes them)."""
+    from .index_bounds import drop_wrapless_modulo
+
     sch = C.Schedule(func)
     template.apply(sch, match, config)
-    return sch.mod["main"]
+    return drop_wrapless_modulo(sch.mod["main"])
 
 
 def find_template(func: C.PrimFunc, target: C.Target, templates) -> tuple[Template, Match] | None:

@@ -50,17 +50,14 @@ class Elementwise(BatchBuckets, U.CpuTemplate, family=FAMILY, config=Elementwise
                 total *= max(e, 1)
             sizes.append(-1 if -1 in extents else total)   # -1: a symbolic extent (batch, seq)
         info = {"blocks": left, "elements": -1 if -1 in sizes else max(sizes)}
-        if len(blocks) == 1 and sizes[0] == -1:
-            # one output over symbolic extents: size buckets over their product (BatchBuckets), a serial nest
-            # while the elements stay under the target's fork/join cost (the static default's rule)
-            static, batch = 1, None
-            for loop in sch.get_loops(blocks[0]):
-                ext = sch.get(loop).extent
-                if isinstance(ext, C.tirx.IntImm):
-                    static *= int(ext)
-                else:
-                    batch = ext if batch is None else batch * ext
-            info.update(batch=batch, elements_per_batch=static,
+        split = [_static_and_symbolic(sch, b) for b in blocks]
+        if all(batch is not None for _, batch in split) and \
+                all(C.Analyzer().can_prove_equal(batch, split[0][1]) for _, batch in split[1:]):
+            # outputs over the same symbolic extents (one output; or gpt2's Q/K/V head split, [batch x
+            # sequence] x 64 each): size buckets over their product (BatchBuckets), a serial nest while the
+            # elements of all outputs stay under the target's fork/join cost (the static default's rule)
+            static = sum(st for st, _ in split)
+            info.update(batch=split[0][1], elements_per_batch=static,
                         serial_batches_work=U.serial_batches(static, target))
         return Match(self.family, info)
 
@@ -107,3 +104,15 @@ class Elementwise(BatchBuckets, U.CpuTemplate, family=FAMILY, config=Elementwise
         for name in match.info["blocks"]:
             U.schedule_injective(sch, sch.get_sblock(name), cfg.lanes * cfg.vector_mult, unroll=cfg.unroll,
                                  parallel=cfg.parallel)
+
+
+def _static_and_symbolic(sch: C.Schedule, block) -> tuple[int, object]:
+    """The product of a block's static loop extents and of its symbolic ones (None: none symbolic)."""
+    static, batch = 1, None
+    for loop in sch.get_loops(block):
+        ext = sch.get(loop).extent
+        if isinstance(ext, C.tirx.IntImm):
+            static *= int(ext)
+        else:
+            batch = ext if batch is None else batch * ext
+    return static, batch

@@ -1,0 +1,189 @@
+"""Symbolic kernels as lean as static ones (issue 13, gpt2_dyn / llama_dyn vs their pinned builds):
+no index divided by a symbolic extent where the static build's simplifier removes the division
+(``schedules/index_bounds.py``; ``common._symbolic_outer_static_inner``'s groups), no workspace allocation
+per row of ``cpu.symbolic_rows`` (``symbolic._own_intermediates``), and sibling matmuls whose N is not a
+multiple of the vector width (llama's SwiGLU, 172 columns) on ``cpu.symbolic_siblings`` with padded
+columns instead of ``cpu.symbolic_rows``.  Structure on named targets, numbers vs the ONNX reference."""
+import numpy as np
+import pytest
+
+import tvmfuse
+from tvmfuse import _compat as C
+from tvmfuse import models as M
+from tvmfuse.schedules import schedule_prim_func
+from tvmfuse.schedules.index_bounds import drop_wrapless_modulo
+from tvmfuse.target import parse_target
+
+import schedule_cases as S
+from conftest import NAMED_TARGETS
+from test_schedules_cpu_accumulators import workspace_buffers
+
+TARGETS = ["haswell-2", "skx-2"]
+
+
+def _check(model, cm, rng, shapes, rtol=1e-4, atol=1e-4):
+    feeds = {k: rng.standard_normal(s).astype(np.float32) for k, s in shapes.items()}
+    out, ref = cm.run(feeds), M.reference_outputs(model, feeds)
+    for name, r in ref.items():
+        np.testing.assert_allclose(out[name], r, rtol=rtol, atol=atol, err_msg=f"{name} at {shapes}")
+
+
+def _symbolic_divisions(func) -> list[str]:
+    """Every floordiv / floormod of the scheduled kernel whose divisor is not a constant."""
+    found = []
+    C.post_order_visit(func.body, lambda n: found.append(str(n)) if isinstance(n, (C.tirx.FloorDiv, C.tirx.FloorMod))
+                       and not isinstance(n.b, C.IntImm) else None)
+    return found
+
+
+def _residual_norm(d=64):
+    """h = x + r (an output: the residual stream), y = LayerNorm(h) reshaped to [rows, d] (gpt2's kernel:
+    cpu.symbolic_rows, two outputs; the reshape reads h at [row // sequence % batch, row % sequence])."""
+    g = M._G("residual_norm")
+    x = g.input("x", ("batch", "sequence", d))
+    r = g.input("r", ("batch", "sequence", d))
+    g.op("Add", x, r)
+    h = g.rename_last("h", ("batch", "sequence", d))
+    y = g.op("LayerNormalization", h, g.weight((d,), 1.0), g.weight((d,), 0.1), axis=-1, epsilon=1e-5)
+    g.op("Reshape", y, g.const(np.array([-1, d], dtype=np.int64)))
+    g.rename_last("y", ("rows", d))
+    return g.model()
+
+
+def _heads(batch="batch", seq="sequence"):
+    """One output [batch, 4, sequence, 16] (a rotary / head-split layout), scaled: cpu.elementwise with
+    size buckets over batch x sequence."""
+    g = M._G("heads")
+    x = g.input("x", (batch, seq, 64))
+    h = g.op("Reshape", x, g.const(np.array([0, 0, 4, 16], dtype=np.int64)))
+    g.op("Mul", g.op("Transpose", h, perm=[0, 2, 1, 3]), g.const(np.array(0.5, dtype=np.float32)))
+    g.rename_last("q", (batch, 4, seq, 16))
+    return g.model()
+
+
+# ----------------------------------------------------------------------------------- index_bounds
+def test_wrapless_modulo_drops_only_what_it_proves():
+    """(b * S + s) % (B * S) with b < B, s < S is b * S + s; (b * S + s + 1) % (B * S) may wrap and stays;
+    (f // S) % B with f < B * S is f // S."""
+    TS = C.script_tir
+
+    @TS.prim_func(private=True, s_tir=True)
+    def before(a: TS.handle, o1: TS.handle, o2: TS.handle):
+        batch = TS.int64()
+        sequence = TS.int64()
+        A = TS.match_buffer(a, (batch * sequence + 1,), "float32")
+        O1 = TS.match_buffer(o1, (batch, sequence), "float32")
+        O2 = TS.match_buffer(o2, (batch, sequence), "float32")
+        for f in range(batch * sequence):
+            with TS.sblock("keep"):
+                vf = TS.axis.spatial(batch * sequence, f)
+                O1[vf // sequence % batch, vf % sequence] = A[(vf + 1) % (batch * sequence)]
+            with TS.sblock("drop"):
+                vb = TS.axis.spatial(batch, f // sequence % batch)
+                vs = TS.axis.spatial(sequence, f % sequence)
+                O2[vb, vs] = A[(vb * sequence + vs) % (batch * sequence)]
+
+    after = drop_wrapless_modulo(before)
+    text = after.script()
+    assert "(vf + T.int64(1)) % (batch * sequence)" in text           # may wrap: kept
+    assert "(vb * sequence + vs) % (batch * sequence)" not in text and "vb * sequence + vs]" in text
+    assert "f // sequence % batch" not in text and "vf // sequence % batch" not in text
+    # nothing to prove: the same function back
+    assert drop_wrapless_modulo(after).same_as(after)
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_symbolic_norm_through_reshapes_divides_by_no_symbolic_extent(target):
+    """gpt2_dyn's residual + LayerNorm kernel: every index that a static build simplifies is free of
+    divisions by batch or sequence (was: `% (batch * sequence)` per row read, `// sequence % batch` per
+    block binding), and no buffer of the parallel rows is a workspace allocation (was: four per row)."""
+    tgt = parse_target(NAMED_TARGETS[target])
+    funcs = {k: f for k, f in S.graph_funcs(_residual_norm(), tgt).items()
+             if any(not isinstance(d, C.IntImm) for p in f.params for d in getattr(p, "shape", ()) or ())}
+    assert len(funcs) == 1, list(funcs)
+    (kname, func), = funcs.items()
+    res = schedule_prim_func(func, tgt, {}, kname)
+    assert res is not None and res.template == "cpu.symbolic_rows", res and res.template
+    assert "%" in func.script()                          # the unscheduled kernel has them (reshape indices)
+    divs = _symbolic_divisions(res.func)
+    # what is left: the fused row loop's own split into (batch, sequence) for the (batch, sequence, d) buffers
+    assert all("% (batch * sequence)" not in d and "% batch" not in d for d in divs), divs
+    lambdas = {fn: bufs for fn, bufs in workspace_buffers(res.func, tgt).items() if "parallel_lambda" in fn}
+    assert lambdas and not any(lambdas.values()), lambdas
+
+
+def test_symbolic_norm_through_reshapes_numerics(host, rng):
+    model = _residual_norm()
+    cm = tvmfuse.compile(model, target=host)
+    for b, s in ((1, 1), (1, 3), (3, 17), (2, 40)):
+        _check(model, cm, rng, {"x": (b, s, 64), "r": (b, s, 64)})
+
+
+# ----------------------------------------------------------------------------------- injective groups
+@pytest.mark.parametrize("target", TARGETS)
+def test_symbolic_heads_layout_divides_by_constants_only(target):
+    """[batch, 4, sequence, 16]: (batch x 4) the parallel loop, sequence a serial loop inside it, the 16 the
+    vector: no index divided by a symbolic extent (was: each vector's index divided by sequence x 4 and by
+    sequence), in every size bucket's nest."""
+    tgt = parse_target(NAMED_TARGETS[target])
+    (kname, func), = S.graph_funcs(_heads(), tgt).items()
+    res = schedule_prim_func(func, tgt, {}, kname)
+    assert res is not None and res.template == "cpu.elementwise", res and res.template
+    assert len(res.config["buckets"]) >= 2                     # the nests share nothing (lowering accepts them)
+    assert not _symbolic_divisions(res.func), _symbolic_divisions(res.func)
+    kinds = []
+    C.post_order_visit(res.func.body, lambda n: kinds.append(int(n.kind)) if isinstance(n, C.tirx.For) else None)
+    assert int(C.ForKind.PARALLEL) in kinds and int(C.ForKind.VECTORIZED) in kinds
+    C.lower_tir(C.IRModule({"main": res.func.with_attr("global_symbol", "main")}), tgt)
+
+
+def test_symbolic_heads_layout_numerics(host, rng):
+    model = _heads()
+    cm = tvmfuse.compile(model, target=host)
+    for b, s in ((1, 1), (3, 17), (8, 5)):
+        _check(model, cm, rng, {"x": (b, s, 64)}, rtol=0, atol=0)
+
+
+# ----------------------------------------------------------------------------------- padded siblings
+@pytest.mark.parametrize("target", TARGETS)
+def test_symbolic_siblings_pad_columns_no_vector_divides(target):
+    """SwiGLU gate/up with 172 columns (llama_dyn; no vector width divides 172): cpu.symbolic_siblings
+    with the columns padded to the register tile in the row-tiled nest (was cpu.symbolic_rows, one row at a
+    time: 608 us per call at 128 rows, the static build 112 us with its norm; profile_kernels, under load)."""
+    tgt = parse_target(NAMED_TARGETS[target])
+    (kname, func), = S.graph_funcs(M.swiglu(seq="rows", hidden=64, ffn=172), tgt).items()
+    res = schedule_prim_func(func, tgt, {}, kname)
+    assert res is not None and res.template == "cpu.symbolic_siblings", res and res.template
+    big = res.config["buckets"][-1]["config"]
+    assert big["pad_n"] and big["mr"] > 1
+    assert 172 % (big["nvec"] * big["lanes"])                  # the tile does not divide: padded
+    # the padded accumulator: a whole register tile per row, so the inner j loop is a vector loop
+    kinds = []
+    C.post_order_visit(res.func.body, lambda n: kinds.append(int(n.kind)) if isinstance(n, C.tirx.For) else None)
+    assert int(C.ForKind.VECTORIZED) in kinds and int(C.ForKind.PARALLEL) in kinds
+
+
+def test_symbolic_siblings_padded_numerics(host, rng):
+    model = M.swiglu(seq="rows", hidden=64, ffn=172)
+    cm = tvmfuse.compile(model, target=host)
+    assert [s["template"] for s in cm.report.schedules] == ["cpu.symbolic_siblings"]
+    for rows in (1, 3, 17, 51):
+        _check(model, cm, rng, {"x": (rows, 64)})
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_symbolic_multi_output_layout_gets_the_serial_bucket(target):
+    """gpt2's Q/K/V head split (three outputs over batch x sequence): size buckets over batch x sequence as
+    for one output, a serial nest while all outputs' elements are under the fork/join cost (the static
+    build's choice at these sizes; was: always parallel, a thread-pool launch per call at sequence 1)."""
+    from test_symbolic import _head_split
+
+    tgt = parse_target(NAMED_TARGETS[target])
+    funcs = S.graph_funcs(_head_split(), tgt)
+    (kname, func), = funcs.items()
+    res = schedule_prim_func(func, tgt, {}, kname)
+    assert res is not None and res.template == "cpu.elementwise", res and res.template
+    first, *_, last = (b["config"] for b in res.config["buckets"])
+    assert not first["parallel"] and last["parallel"]
+    assert not _symbolic_divisions(res.func), _symbolic_divisions(res.func)
+    C.lower_tir(C.IRModule({"main": res.func.with_attr("global_symbol", "main")}), tgt)
