@@ -1,14 +1,17 @@
 """The analysis layer (``tvmfuse.analysis``: block roles, multiply-accumulate operands, epilogue blocks,
 reductions) on kernels the graph stage makes, and the typed configs of the template families
 (``schedules.base.Config``: knob space from the fields, records keep plain JSON dicts)."""
+import itertools
 import json
+import random
 from dataclasses import dataclass
 
 import pytest
 
 from tvmfuse import analysis as A
 from tvmfuse import models as M
-from tvmfuse.schedules.base import Config, knob
+from tvmfuse.schedules.base import Config, Exclusion, knob
+from tvmfuse.schedules.cpu import matmul as MM
 from tvmfuse.schedules.cuda import TEMPLATES
 from test_schedules_cuda import FAMILY_CASES, cuda, family_kernel, fused_funcs
 
@@ -95,6 +98,46 @@ def test_config_space_needs_choices_for_every_field():
         _Tile.space(rows=(1,))
     with pytest.raises(ValueError, match=r"not knobs: \['depth'\]"):
         _Tile.space(rows=(1,), cols=(1,), depth=(2,))
+
+
+def _tall_wide(rows, cols):
+    return f"{rows}x{cols} too big" if rows * cols > 8 else None
+
+
+def test_exclusions_take_configs_out_of_every_view_of_the_space():
+    """size, contains, sample, all_configs and neighbors agree: the product less the excluded combinations."""
+    space = _Tile.space(rows=(1, 2, 4), cols=(2, 4, 8), exclusions=(Exclusion(("rows", "cols"), _tall_wide),))
+    legal = [dict(rows=r, cols=c) for r, c in itertools.product((1, 2, 4), (2, 4, 8)) if r * c <= 8]
+    assert space.size() == len(legal) == 6 and list(space.all_configs()) == legal
+    assert list(space.all_configs(limit=2)) == legal[:2]
+    assert not space.contains({"rows": 4, "cols": 4}) and space.contains({"rows": 4, "cols": 2})
+    assert space.excluded({"rows": 2, "cols": 8}) == "2x8 too big"
+    rnd = random.Random(0)
+    assert {tuple(space.sample(rnd).values()) for _ in range(200)} == {(c["rows"], c["cols"]) for c in legal}
+    # (4, 4) and (2, 8) are excluded
+    assert space.neighbors({"rows": 2, "cols": 4}) == [{"rows": 1, "cols": 4}, {"rows": 2, "cols": 2}]
+
+
+def test_exclusion_naming_other_knobs_or_leaving_nothing_is_an_error():
+    with pytest.raises(ValueError, match=r"reads knobs \['depth'\]"):
+        _Tile.space(rows=(1,), cols=(1,), exclusions=(Exclusion(("rows", "depth"), _tall_wide),))
+    space = _Tile.space(rows=(4,), cols=(4,), exclusions=(Exclusion(("rows", "cols"), _tall_wide),))
+    assert space.size() == 0
+    with pytest.raises(ValueError, match="no config outside its exclusions.*4x4 too big"):
+        space.sample(random.Random(0))
+
+
+def test_predicated_register_tiles_over_the_bound_are_not_in_the_space():
+    """A predicated tile (pad_n False, N not a multiple of nr) of more than MAX_PREDICATED_TILE_LANES lanes per
+    unrolled k step is excluded (31 s to build); the padded tile, a tile that divides every N, and the
+    predicated tile at the bound stay."""
+    ex = MM.predicated_tile_exclusion([43, 64])
+    cap = MM.MAX_PREDICATED_TILE_LANES
+    assert ex.check(mr=7, nvec=2, lanes=16, k_unroll=8, pad_n=False) is not None     # 1792 lanes, 43 % 32
+    assert ex.check(mr=7, nvec=2, lanes=16, k_unroll=8, pad_n=True) is None
+    assert ex.check(mr=cap // 32, nvec=2, lanes=16, k_unroll=1, pad_n=False) is None  # at the bound
+    assert ex.check(mr=cap // 32 + 1, nvec=2, lanes=16, k_unroll=1, pad_n=False) is not None
+    assert MM.predicated_tile_exclusion([64, 96]).check(mr=8, nvec=2, lanes=16, k_unroll=8, pad_n=False) is None
 
 
 @pytest.mark.parametrize("family", list(FAMILY_CASES))

@@ -76,3 +76,38 @@ def test_stages_graph_fuses_and_the_rest_builds_it(host, rng):
     out = C.VirtualMachine(ex, C.cpu())["main"](*[C.tensor(feeds[i.name]) for i in m.graph.input])
     ref = M.reference_outputs(m, feeds)
     np.testing.assert_allclose(out.numpy(), next(iter(ref.values())), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("build", [lambda: _relu6(), M.transformer_block,
+                                   lambda: M.norm_matmul(rows=5, d=12, n=8), M.resnet_block],
+                         ids=["relu6", "transformer_block", "norm_matmul", "resnet_block"])
+def test_unfused_view_counts_what_fold_constant_leaves(host, build):
+    """The report's baseline (``Stages.unfused_view``: no FoldConstant, which builds every call on constants)
+    counts kernels, intermediates and bytes exactly as the unfused module after FoldConstant."""
+    mod = tvmfuse.load_onnx(build())
+    with host:
+        stages = Stages(host, PipelineOptions())
+        want = graph_stats(C.Sequential(stages.unfused())(mod))
+        view = C.Sequential(stages.unfused_view())(mod)
+    assert "FoldConstant" not in [type(p).__name__ for p in stages.unfused_view()]
+    assert graph_stats(view, fold_constant_calls=True) == want
+
+
+def _relu6():
+    """Clip(x, 0, 6) with constant bounds (MobileNet's ReLU6): legalized, isnan/where of each bound run on
+    constants only (FoldConstant folds them)."""
+    g = M._G("relu6")
+    x = g.input("x", (4, 6))
+    g.op("Clip", x, g.const(np.float32(0)), g.const(np.float32(6)))
+    g.rename_last("y", (4, 6))
+    return g.model()
+
+
+def test_unfused_view_leaves_out_the_calls_on_constants(host):
+    # the view keeps the calls on constants (FoldConstant would build and run them); graph_stats leaves
+    # them out, and the report's baseline is that count
+    with host:
+        view = C.Sequential(Stages(host, PipelineOptions()).unfused_view())(tvmfuse.load_onnx(_relu6()))
+    assert graph_stats(view).kernel_names == ["tir_isnan", "where", "maximum", "tir_isnan", "where", "minimum"]
+    assert graph_stats(view, fold_constant_calls=True).kernel_names == ["maximum", "minimum"]
+    assert tvmfuse.compile(_relu6(), host).report.before == graph_stats(view, fold_constant_calls=True)

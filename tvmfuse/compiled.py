@@ -155,14 +155,14 @@ def compile(model, target=None, tuning_log: str | None = None, *, name: str | No
               **check_upper_bounds(options.shape_upper_bounds, set(symbolic_dims(inputs)))}
     with tgt:
         stages = Stages(tgt, options)
-        unfused = C.Sequential(stages.unfused(), name="tvmfuse.unfused_view")(mod)
+        unfused = C.Sequential(stages.unfused_view(), name="tvmfuse.unfused_view")(mod)
         with Recorder() as rec:
             fused = C.Sequential(stages.graph(), name="tvmfuse.graph")(mod)
             rest = C.Sequential(stages.schedule() + stages.lower(), name="tvmfuse.lowering")
             ex = C.compile_module(fused, tgt, relax_pipeline=rest)
         report = FusionReport(model=name, target=str(tgt.kind.name) + (f" ({tgt.attrs['mcpu']})"
                               if "mcpu" in tgt.attrs else ""),
-                              before=graph_stats(unfused), after=graph_stats(fused),
+                              before=graph_stats(unfused, fold_constant_calls=True), after=graph_stats(fused),
                               groups=fused_groups(rec.groups), refused=list(rec.refused),
                               schedules=list(rec.schedules))
     return CompiledModel(ex, tgt, inputs, outputs, report, fused, options, source_model=source,

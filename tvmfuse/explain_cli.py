@@ -32,12 +32,12 @@ def explain(model, target=None, input_shapes: dict | None = None, **option_overr
     mod = model if isinstance(model, C.IRModule) else load_onnx(read_model(model), input_shapes=input_shapes)
     with tgt:
         stages = Stages(tgt, options)
-        unfused = C.Sequential(stages.unfused(), name="tvmfuse.explain.unfused")(mod)
+        unfused = C.Sequential(stages.unfused_view(), name="tvmfuse.explain.unfused")(mod)
         with Recorder() as rec:
             fused = C.Sequential(stages.graph(), name="tvmfuse.explain.graph")(mod)
     mcpu = str(tgt.attrs["mcpu"]) if "mcpu" in tgt.attrs else ""
     return {"target": str(tgt.kind.name) + (f" ({mcpu})" if mcpu else ""),
-            "kernels_unfused": graph_stats(unfused).kernels, "kernels_fused": graph_stats(fused).kernels,
+            "kernels_unfused": graph_stats(unfused, fold_constant_calls=True).kernels, "kernels_fused": graph_stats(fused).kernels,
             "groups": fused_groups(rec.groups), "refused": list(rec.refused)}
 
 

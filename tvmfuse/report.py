@@ -46,6 +46,23 @@ def _is_kernel_call(expr) -> bool:
     return isinstance(expr, C.relax.Call) and isinstance(expr.op, C.Op) and expr.op.name in _KERNEL_OPS
 
 
+def _static_shape(sinfo) -> bool:
+    if isinstance(sinfo, C.TupleType):
+        return all(_static_shape(f) for f in sinfo.fields)
+    return isinstance(sinfo, C.TensorType) and isinstance(sinfo.shape, C.relax.ShapeExpr) and \
+        all(isinstance(d, C.IntImm) for d in sinfo.shape.values)
+
+
+def _is_constant_call(expr, sinfo, folded: set) -> bool:
+    """A ``call_tir`` that FoldConstant evaluates at compile time: every argument a constant or a var in
+    ``folded``, a static output shape (``sinfo``), no symbolic shape arguments."""
+    if not (isinstance(expr, C.relax.Call) and isinstance(expr.op, C.Op) and expr.op.name == "relax.call_tir"):
+        return False
+    if len(expr.args) > 2 or not _static_shape(sinfo):     # tir_vars, or a symbolic output shape
+        return False
+    return all(isinstance(a, C.Constant) or (isinstance(a, C.relax.Var) and a in folded) for a in _call_args(expr))
+
+
 def _callee_name(call) -> str:
     callee = call.args[0]
     return str(callee.name_hint) if isinstance(callee, C.GlobalVar) else str(callee)
@@ -74,17 +91,30 @@ class GraphStats:
     kernel_names: list[str]
 
 
-def graph_stats(mod) -> GraphStats:
-    """Count kernels and the intermediates between them in every inference function of ``mod``."""
+def _call_args(call) -> list:
+    return list(call.args[1].fields) if isinstance(call.args[1], C.relax.Tuple) else [call.args[1]]
+
+
+def graph_stats(mod, fold_constant_calls: bool = False) -> GraphStats:
+    """Count kernels and the intermediates between them in every inference function of ``mod``.
+    ``fold_constant_calls``: a ``call_tir`` whose every argument is a constant (or the result of such a
+    call) is not counted, as TVM's FoldConstant would have replaced it by its value (``Stages.unfused_view``:
+    the count without building those calls)."""
     kernels, names = 0, []
     inter_count = inter_bytes = traffic = 0
     for _, func in _graph_functions(mod):
         producer: dict = {}       # relax var -> (kernel index, bytes)
         tuple_fields: dict = {}   # tuple var -> [(kernel index, bytes) per field]
         readers: dict = {}        # relax var -> set of kernel indices that read it
+        folded: set = set()       # relax vars FoldConstant would make constants (fold_constant_calls)
         for b in _bindings(func):
             v, e = b.var, b.value
-            if _is_kernel_call(e):
+            if fold_constant_calls and _is_constant_call(e, C.type_of(v), folded):
+                folded.add(v)
+            elif fold_constant_calls and isinstance(e, (C.relax.TupleGetItem, C.relax.Var)) and \
+                    (e.tuple_value if isinstance(e, C.relax.TupleGetItem) else e) in folded:
+                folded.add(v)
+            elif _is_kernel_call(e):
                 k = kernels
                 kernels += 1
                 names.append(_callee_name(e))

@@ -21,6 +21,7 @@ import itertools
 import logging
 import random
 from dataclasses import asdict, dataclass, field, fields
+from typing import Callable
 
 from .. import _compat as C
 
@@ -41,42 +42,93 @@ class Knob:
 
 
 @dataclass(frozen=True)
+class Exclusion:
+    """A rule that takes some combinations of a space's knobs out of it: ``check`` gets the values of
+    ``knobs`` (by name) and returns why that combination is not in the space, or None when it is."""
+
+    knobs: tuple[str, ...]
+    check: Callable[..., str | None]
+
+
+# Draws of a uniform sample before giving up on a space whose exclusions leave too few configs to hit.
+SAMPLE_DRAWS = 1000
+
+
+@dataclass(frozen=True)
 class KnobSpace:
-    """An ordered set of knobs; a config is a dict knob name -> one of its choices."""
+    """An ordered set of knobs; a config is a dict knob name -> one of its choices.  The space is the
+    product of the knobs' choices less the combinations an ``Exclusion`` takes out."""
 
     knobs: tuple[Knob, ...]
+    exclusions: tuple[Exclusion, ...] = ()
+
+    def __post_init__(self):
+        names = set(self.names)
+        for ex in self.exclusions:
+            if not set(ex.knobs) <= names:
+                raise ValueError(f"exclusion {ex.check.__name__} reads knobs {sorted(set(ex.knobs) - names)} "
+                                 f"the space does not have")
 
     @property
     def names(self) -> list[str]:
         return [k.name for k in self.knobs]
 
+    def excluded(self, config: dict) -> str | None:
+        """Why ``config`` (one choice per knob) is excluded from the space, or None."""
+        for ex in self.exclusions:
+            why = ex.check(**{n: config[n] for n in ex.knobs})
+            if why is not None:
+                return why
+        return None
+
     def size(self) -> int:
+        """The number of configs: the product of the choices of the knobs no exclusion reads, times the
+        legal combinations of those that one reads."""
+        read = {n for ex in self.exclusions for n in ex.knobs}
         n = 1
         for k in self.knobs:
-            n *= len(k.choices)
+            if k.name not in read:
+                n *= len(k.choices)
+        if read:
+            sub = [k for k in self.knobs if k.name in read]
+            n *= sum(1 for vals in itertools.product(*[k.choices for k in sub])
+                     if self.excluded(dict(zip([k.name for k in sub], vals))) is None)
         return n
 
     def contains(self, config: dict) -> bool:
-        return set(config) == set(self.names) and all(config[k.name] in k.choices for k in self.knobs)
+        return set(config) == set(self.names) and all(config[k.name] in k.choices for k in self.knobs) \
+            and self.excluded(config) is None
 
     def sample(self, rng: random.Random) -> dict:
-        return {k.name: rng.choice(k.choices) for k in self.knobs}
+        """A config drawn uniformly from the space (rejecting excluded draws)."""
+        for _ in range(SAMPLE_DRAWS):
+            config = {k.name: rng.choice(k.choices) for k in self.knobs}
+            if self.excluded(config) is None:
+                return config
+        raise ValueError(f"knob space {self.to_dict()}: no config outside its exclusions in {SAMPLE_DRAWS} "
+                         f"draws (last refused: {self.excluded(config)})")
 
     def all_configs(self, limit: int | None = None):
         prod = itertools.product(*[k.choices for k in self.knobs])
-        for i, vals in enumerate(prod):
+        i = 0
+        for vals in prod:
             if limit is not None and i >= limit:
                 return
-            yield dict(zip(self.names, vals))
+            config = dict(zip(self.names, vals))
+            if self.excluded(config) is None:
+                i += 1
+                yield config
 
     def neighbors(self, config: dict) -> list[dict]:
-        """Configs that differ from ``config`` in one knob by one step of its choice list."""
+        """Configs of the space that differ from ``config`` in one knob by one step of its choice list."""
         out = []
         for k in self.knobs:
             i = k.choices.index(config[k.name])
             for j in (i - 1, i + 1):
                 if 0 <= j < len(k.choices):
-                    out.append({**config, k.name: k.choices[j]})
+                    other = {**config, k.name: k.choices[j]}
+                    if self.excluded(other) is None:
+                        out.append(other)
         return out
 
     def to_dict(self) -> dict:
@@ -99,9 +151,9 @@ class Config:
         return [f.name for f in fields(cls)]
 
     @classmethod
-    def space(cls, **choices) -> KnobSpace:
+    def space(cls, exclusions: tuple[Exclusion, ...] = (), **choices) -> KnobSpace:
         """The knob space: one knob per field, in field order, with the given legal choices (a knob given
-        none: the candidates its field declares)."""
+        none: the candidates its field declares), less the combinations ``exclusions`` take out."""
         names = cls.knob_names()
         choices = {**{f.name: f.metadata["candidates"] for f in fields(cls) if f.metadata.get("candidates")},
                    **choices}
@@ -109,7 +161,7 @@ class Config:
         if missing or extra:
             raise ValueError(f"{cls.__name__} space: choices missing for {missing}, not knobs: {extra}")
         return KnobSpace(tuple(Knob(f.name, tuple(choices[f.name]), f.metadata.get("doc", ""))
-                               for f in fields(cls)))
+                               for f in fields(cls)), tuple(exclusions))
 
     @classmethod
     def from_dict(cls, config: dict):

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from ... import _compat as C
 from ...analysis import CONTRACTION, REDUCTION, epilogue_of, multiply_accumulate
 from ...target import CPUInfo, cpu_info
-from ..base import Config, KnobSpace, Match, knob
+from ..base import Config, Exclusion, KnobSpace, Match, knob
 from . import common as U
 
 MR_CHOICES = (1, 2, 3, 4, 5, 6, 7, 8)    # rows of the register tile (5, 7: M = 65, 49, 35 divide)
@@ -42,6 +42,13 @@ FLATTEN_BATCH = (True, False)            # shared weight: batch rows flattened i
 # epilogue tail, the half-width path half the FMA throughput, i.e. M*K*N/(2*lanes) more FMA cycles vs
 # K*N copies: half width wins below M = 2 * lanes.
 HALF_LANES_BELOW_ROWS_PER_LANE = 2
+# A register tile left predicated (pad_n False, N not a multiple of nr) is scalar code: each of its
+# mr x nr lanes under its own predicate, k_unroll times per unrolled k step.  LLVM's build time grows faster
+# than that body: mr=7, nr=32, k_unroll=8 (1792 predicated lanes) took 31 s to build (cpu.norm_matmul,
+# 19x40 @ 40x43) and 13 s (cpu.matmul_epilogue, same shape), 896 lanes 9 s, 512 lanes 4.4-4.7 s, the
+# padded tile 0.4-0.9 s (CPU seconds, under load).  Bigger predicated tiles are not in the space: a tuner
+# would spend that build on each such candidate, for scalar code that the padded tile beats.
+MAX_PREDICATED_TILE_LANES = 512
 
 
 @dataclass(frozen=True)
@@ -77,6 +84,25 @@ def register_tile_choices(m: int, n: int, k: int, lanes: int) -> dict:
     return {"mr": U.choices_upto(MR_CHOICES, m), "nvec": U.choices_upto(NVEC_CHOICES, vectors),
             "lanes": lane_choices(lanes), "mc_tiles": U.choices_upto(MC_TILES, max(1, m)),
             "nc_tiles": U.choices_upto(NC_TILES, vectors), "k_unroll": U.choices_upto(K_UNROLL, k)}
+
+
+def predicated_tile_exclusion(ns) -> Exclusion:
+    """The register tiles (``RegisterTileConfig`` knobs with ``pad_n``) left out of a space for matmuls of
+    ``ns`` columns: a predicated tile (no padding, some N not a multiple of nr) of more than
+    ``MAX_PREDICATED_TILE_LANES`` lanes per unrolled k step."""
+    ns = tuple(ns)
+
+    def predicated_tile(mr: int, nvec: int, lanes: int, k_unroll: int, pad_n: bool) -> str | None:
+        nr = nvec * lanes
+        if pad_n or all(n % nr == 0 for n in ns):
+            return None
+        body = mr * nr * k_unroll
+        if body > MAX_PREDICATED_TILE_LANES:
+            return f"predicated register tile of {mr}x{nr} lanes x k_unroll {k_unroll} = {body} scalar lanes " \
+                   f"per k step (over {MAX_PREDICATED_TILE_LANES}: slow to build)"
+        return None
+
+    return Exclusion(("mr", "nvec", "lanes", "k_unroll", "pad_n"), predicated_tile)
 
 
 def register_tile_default(m: int, n: int, k: int, lanes: int, info: CPUInfo, choices: dict,
@@ -447,7 +473,8 @@ class MatmulEpilogue(U.CpuTemplate, family="cpu.matmul_epilogue", config=MatmulC
     def space(self, match: Match, target: C.Target) -> KnobSpace:
         m, n, k = match.info.get("rows", match.info["M"]), match.info["N"], match.info["K"]
         return MatmulConfig.space(**register_tile_choices(m, n, k, cpu_info(target).float32_lanes),
-                                  **({} if flattenable(match.info) else {"flatten_batch": (False,)}))
+                                  **({} if flattenable(match.info) else {"flatten_batch": (False,)}),
+                                  exclusions=(predicated_tile_exclusion([n]),))
 
     def default_config(self, match: Match, target: C.Target) -> dict:
         info, d = cpu_info(target), self.table_defaults(target)

@@ -23,8 +23,8 @@ from ...target import cpu_info
 from ..base import KnobSpace, Match, knob
 from . import common as U
 from .matmul import (PAD_N, RegisterTileConfig, analyze_matmul, compute_on_register_tile, matmul_roles,
-                     pick_lanes, register_tile_choices, register_tile_default,
-                     table_accumulator_cap)
+                     pick_lanes, predicated_tile_exclusion, register_tile_choices,
+                     register_tile_default, table_accumulator_cap)
 from .reduction import rf_widths
 from .siblings import chain_output_block, output_chains
 
@@ -197,7 +197,8 @@ class NormMatmul(U.CpuTemplate, family=FAMILY, config=NormMatmulConfig):
         lanes = cpu_info(target).float32_lanes
         widths = rf_widths(lanes, match.info["stat_len"])
         return NormMatmulConfig.space(**register_tile_choices(m, n, k, lanes), rf_width=widths or (lanes,),
-                                      vectorize_stats=VECTORIZE_STATS if widths else (False,))
+                                      vectorize_stats=VECTORIZE_STATS if widths else (False,),
+                                      exclusions=(predicated_tile_exclusion(match.info["Ns"].values()),))
 
     def default_config(self, match: Match, target: C.Target) -> dict:
         info, d = cpu_info(target), self.table_defaults(target)

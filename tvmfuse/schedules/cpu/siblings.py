@@ -26,7 +26,7 @@ from ..base import KnobSpace, Match, knob
 from . import common as U
 from .matmul import (FLATTEN_BATCH, PAD_N, RegisterTileConfig, analyze_matmul, compute_on_register_tile,
                      epilogue_of, flatten_matmul, flattenable, matmul_roles, pad_columns, pick_lanes,
-                     register_tile_choices, register_tile_default, row_map,
+                     predicated_tile_exclusion, register_tile_choices, register_tile_default, row_map,
                      table_accumulator_cap)
 
 SHARE_ROWS = (True, False)       # merge the siblings' row-block loops (one A row block for all of them)
@@ -177,7 +177,8 @@ class SiblingMatmuls(U.CpuTemplate, family="cpu.sibling_matmuls", config=Sibling
         only = {"share_rows": (False,)} if len(match.info["chains"]) < 2 else {}     # one chain: nothing to share
         if not match.info.get("flattenable"):
             only["flatten_batch"] = (False,)
-        return SiblingsConfig.space(**register_tile_choices(m, n, k, cpu_info(target).float32_lanes), **only)
+        return SiblingsConfig.space(**register_tile_choices(m, n, k, cpu_info(target).float32_lanes), **only,
+                                    exclusions=(predicated_tile_exclusion(match.info["Ns"].values()),))
 
     def accumulator_cap(self, lanes: int) -> int | None:
         """The most accumulator vectors a default register tile may hold (None: the table's
