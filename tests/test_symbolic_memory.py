@@ -82,6 +82,46 @@ def test_restrict_shape_funcs_marks_only_one_pointer_host_functions():
     assert noalias == {"shape_func": True, "two_pointers": False, "kernel": False}
 
 
+# ----------------------------------------------------------------------------------- shapes made once
+def _make_shapes(main_text: str) -> list[str]:
+    """The shapes ``main`` builds per call (``vm.builtin.make_shape``), as their heap-slot arguments."""
+    return re.findall(r'"vm\.builtin\.make_shape", shape_heap, ([\d, ]+), ty_args', main_text)
+
+
+def test_each_symbolic_shape_is_made_once_per_call():
+    """VMShapeLower made one ``make_shape`` per use of a symbolic shape (a symbolic BERT's main: 28 per call
+    for 6 distinct shapes); ``tvmfuse.share_shapes`` binds each distinct shape once and passes that."""
+    target = named_target("skx-2")
+    shared = _lowered_main(_block(), target)
+    # two storages ([2048 * batch] and [4 * batch * 8 * 8 * 8]: equal once simplified) and two tensors
+    # ([batch, 8, 8, 8]): two distinct shapes, two make_shape, each passed twice
+    made = _make_shapes(shared)
+    assert len(made) == len(set(made)) == 2, made
+    assert len(re.findall(r"R\.vm\.alloc_storage\((shape\d+),", shared)) == 2
+    assert len(re.findall(r"R\.vm\.alloc_tensor\(\w+, 0, (shape\d+),", shared)) == 2
+    with target:
+        st = Stages(target, PipelineOptions())
+        passes = [p for p in st.all() if p.info.name != "tvmfuse.share_shapes"]
+        unshared = C.Sequential(passes)(load_onnx(_block()))["main"].script()
+    assert len(_make_shapes(unshared)) == 4
+    # a static model has no shape to make, and a bounded one plans its storage with constant sizes
+    assert _make_shapes(_lowered_main(_block(3), target)) == []
+    assert len(_make_shapes(_lowered_main(_block(), target, shape_upper_bounds={"batch": BOUND}))) == 2
+
+
+@pytest.fixture(scope="module")
+def symbolic_block(host):
+    return tvmfuse.compile(_block(), target=host)
+
+
+@pytest.mark.parametrize("batch", [1, 3, 8])
+def test_shared_shapes_model_matches_reference(symbolic_block, rng, batch):
+    x = rng.standard_normal((batch, 8, 8, 8)).astype(np.float32)
+    got = symbolic_block.run({"x": x})["y"]
+    assert got.shape == (batch, 8, 8, 8)
+    np.testing.assert_allclose(got, M.reference_outputs(_block(), {"x": x})["y"], rtol=1e-4, atol=1e-4)
+
+
 # ----------------------------------------------------------------------------------- storage planned once
 def test_bound_plans_intermediate_storage_once():
     target = named_target("skx-2")
