@@ -246,3 +246,13 @@ def test_planned_model_matches_reference_at_every_size(planned_block, rng, batch
 def test_bad_planned_size_is_an_input_error(size):
     with pytest.raises(InputError, match="planned_size"):
         tvmfuse.compile(_block(), target=named_target("skx-2"), planned_size=size)
+
+
+def test_planned_model_exports_with_its_dispatch(planned_block, rng, tmp_path):
+    """The dispatch lives in the VM: a loaded artifact runs both copies without knowing of them."""
+    runner = tvmfuse.load(tvmfuse.export(planned_block, str(tmp_path / "art")))
+    assert runner.shape_upper_bounds == {}
+    for batch in (1, PLANNED + 1):
+        x = rng.standard_normal((batch, 8, 8, 8)).astype(np.float32)
+        np.testing.assert_allclose(runner.run({"x": x})["y"], M.reference_outputs(_block(), {"x": x})["y"],
+                                   rtol=1e-4, atol=1e-4)
