@@ -5,10 +5,10 @@ the time of a call, symbolic against a build pinned to the size (and a bounded b
     PYTHONPATH=. python benchmarks/symbolic_call.py resnet18 --dims batch=1 --shape-bound batch=64
 
 Each build of the corpus model's ``_dyn`` variant (``symbolic``: any size; ``bounded``: ``shape_upper_bounds``
-from ``--shape-bound``; ``planned``: ``planned_size`` from ``--planned-size``; ``static``: ``input_shapes`` pinned to ``--dims``) runs once under a VM instrument
+from ``--shape-bound``; ``static``: ``input_shapes`` pinned to ``--dims``) runs once under a VM instrument
 that counts every call ``main`` makes: kernels, and each VM builtin by name (``vm.builtin.make_shape``,
-``alloc_storage``, ``alloc_tensor``, ``null_value``: what a symbolic model adds per call); ``main``'s VM
-instructions are counted from the executable's text.  Then the builds are timed in ``--rounds``
+``alloc_storage``, ``alloc_tensor``, ``null_value``: what a symbolic model adds per call); the VM instructions of each bytecode function
+are counted from the executable's text.  Then the builds are timed in ``--rounds``
 interleaved rounds of ``--repeat`` back-to-back calls, two paths each: the VM call on inputs placed once
 (``vm``) and ``run()`` on the numpy feeds (``run``: + its input checks and output views).  One runtime
 thread, timed on the calling thread's CPU time (``time.thread_time``), so that a loaded machine's other
@@ -55,17 +55,19 @@ def builtin_calls(cm, feeds: dict) -> dict[str, int]:
     return dict(sorted(counts.items()))
 
 
-def main_instructions(cm) -> int:
-    """VM instructions of ``main`` (lines of its body in the executable's text)."""
-    n, inside = 0, False
+def vm_instructions(cm) -> dict[str, int]:
+    """VM instructions of each bytecode function of the executable (``main``), from its text."""
+    counts: dict[str, int] = {}
+    current = None
     for line in cm.executable.as_text().splitlines():
-        if line.startswith("@main:"):
-            inside = True
-        elif inside and line.startswith("@"):
-            break
-        elif inside and line.strip():
-            n += 1
-    return n
+        if line.startswith("@") and line.rstrip().endswith(":"):
+            current = line[1:].rstrip()[:-1]
+            counts[current] = 0
+        elif line.startswith("@"):
+            current = None                  # a packed function's declaration
+        elif current is not None and line.strip():
+            counts[current] += 1
+    return counts
 
 
 def _feeds_in_order(cm, feeds: dict) -> list:
@@ -116,8 +118,6 @@ def main(argv=None) -> int:
     ap.add_argument("model", choices=names)
     ap.add_argument("--dims", required=True, help="sizes of the symbolic dims, e.g. batch=1,sequence=1")
     ap.add_argument("--shape-bound", help="also a build with these shape_upper_bounds, e.g. batch=64")
-    ap.add_argument("--planned-size", type=int, help="also a build with this planned_size (main planned for "
-                    "sizes up to it, any size allowed)")
     ap.add_argument("--rounds", type=int, default=ROUNDS)
     ap.add_argument("--repeat", type=int, default=REPEAT)
     ap.add_argument("--seed", type=int, default=0)
@@ -134,13 +134,11 @@ def main(argv=None) -> int:
               "symbolic": tvmfuse.compile(path, num_threads=1)}
     if bounds:
         builds["bounded"] = tvmfuse.compile(path, shape_upper_bounds=bounds, num_threads=1)
-    if a.planned_size:
-        builds["planned"] = tvmfuse.compile(path, planned_size=a.planned_size, num_threads=1)
     feeds = corpus_io.random_feeds(entry, np.random.default_rng(a.seed), dims=dims)
-    rec = {"model": a.model, "dims": dims, "shape_upper_bounds": bounds, "planned_size": a.planned_size, "threads": 1,
+    rec = {"model": a.model, "dims": dims, "shape_upper_bounds": bounds, "threads": 1,
            "clock": "thread_time", "rounds": a.rounds, "repeat": a.repeat, "builds": {}}
     for name, cm in builds.items():
-        rec["builds"][name] = {"kernels": cm.kernel_count, "main_instructions": main_instructions(cm),
+        rec["builds"][name] = {"kernels": cm.kernel_count, "vm_instructions": vm_instructions(cm),
                                "calls_per_call": builtin_calls(cm, feeds)}
     times = timed(builds, feeds, a.rounds, a.repeat)
     for name, t in times.items():
@@ -149,7 +147,7 @@ def main(argv=None) -> int:
             t[path_name]["ratio_to_static_min"] = t[path_name]["min_us"] / times["static"][path_name]["min_us"]
     for name, b in rec["builds"].items():
         c = b["calls_per_call"]
-        print(f"{name:9s} kernels {b['kernels']:3d}  instrs {b['main_instructions']:4d}  "
+        print(f"{name:9s} kernels {b['kernels']:3d}  instrs {'/'.join(map(str, b['vm_instructions'].values())):>9s}  "
               f"make_shape {c.get('vm.builtin.make_shape', 0):3d}  alloc_storage "
               f"{c.get('vm.builtin.alloc_storage', 0):3d}  alloc_tensor {c.get('vm.builtin.alloc_tensor', 0):3d}  "
               + "  ".join(f"{p} min {b['time'][p]['min_us']:7.1f} us med {b['time'][p]['median_us']:7.1f} "

@@ -191,68 +191,29 @@ def test_cli_shape_bound(tmp_path, capsys):
     assert "give one size per symbolic dim" in capsys.readouterr().err
 
 
-# ----------------------------------------------------------------------------------- planned copy of main
-PLANNED = 4
+# ----------------------------------------------------------------------------------- builtins per call
+def _symbolic_call_bench():
+    import importlib.util
+    import os
+
+    path = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks",
+                        "symbolic_call.py")
+    spec = importlib.util.spec_from_file_location("symbolic_call", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
 
 
-def _lowered(model, target, **options):
-    with target:
-        return C.Sequential(Stages(target, PipelineOptions(**options)).all())(load_onnx(model))
-
-
-def test_planned_size_dispatches_to_a_planned_copy_of_main():
-    """``planned_size``: main checks its symbolic dims and calls a copy planned for that size (constant
-    storage sizes, as a static build's) or a copy sized per call; neither refuses a size."""
-    mod = _lowered(_block(), named_target("skx-2"), planned_size=PLANNED)
-    names = {gv.name_hint for gv in mod.functions}
-    assert {"main", "main__planned", "main__any"} <= names
-    main = mod["main"].script()
-    assert "R.vm.alloc_storage" not in main and main.count("main__planned(") == 1 \
-        and main.count("main__any(") == 1
-    planned = _storage_sizes(mod["main__planned"].script())
-    unplanned = _storage_sizes(mod["main__any"].script())
-    # the intermediate planned for PLANNED images; the returned output leaves main, sized per call
-    assert planned.count(f"R.shape([{PLANNED * 8 * 8 * 8 * 4}])") == 1 and len(planned) == 2
-    assert len(unplanned) == 2 and not any(s.startswith("R.shape") for s in unplanned)
-    # off by default, and nothing to plan in a static model
-    assert "main__planned" not in {gv.name_hint for gv in _lowered(_block(), named_target("skx-2")).functions}
-    static = _lowered(_block(3), named_target("skx-2"), planned_size=PLANNED)
-    assert "main__planned" not in {gv.name_hint for gv in static.functions}
-
-
-def test_planned_size_under_a_smaller_user_bound_is_not_dispatched():
-    mod = _lowered(_block(), named_target("skx-2"), planned_size=PLANNED,
-                   shape_upper_bounds={"batch": PLANNED - 1})
-    assert "main__planned" not in {gv.name_hint for gv in mod.functions}
-    assert f"R.shape([{(PLANNED - 1) * 8 * 8 * 8 * 4}])" in _storage_sizes(mod["main"].script())
-
-
-@pytest.fixture(scope="module")
-def planned_block(host):
-    return tvmfuse.compile(_block(), target=host, planned_size=PLANNED)
-
-
-@pytest.mark.parametrize("batch", [1, PLANNED, PLANNED + 1, 3 * PLANNED])
-def test_planned_model_matches_reference_at_every_size(planned_block, rng, batch):
-    """Sizes up to PLANNED take the planned copy, larger ones the copy sized per call: both right."""
-    assert planned_block.shape_upper_bounds == {}        # no size refused
-    x = rng.standard_normal((batch, 8, 8, 8)).astype(np.float32)
-    got = planned_block.run({"x": x})["y"]
-    assert got.shape == (batch, 8, 8, 8)
-    np.testing.assert_allclose(got, M.reference_outputs(_block(), {"x": x})["y"], rtol=1e-4, atol=1e-4)
-
-
-@pytest.mark.parametrize("size", [0, 2.5, True])
-def test_bad_planned_size_is_an_input_error(size):
-    with pytest.raises(InputError, match="planned_size"):
-        tvmfuse.compile(_block(), target=named_target("skx-2"), planned_size=size)
-
-
-def test_planned_model_exports_with_its_dispatch(planned_block, rng, tmp_path):
-    """The dispatch lives in the VM: a loaded artifact runs both copies without knowing of them."""
-    runner = tvmfuse.load(tvmfuse.export(planned_block, str(tmp_path / "art")))
-    assert runner.shape_upper_bounds == {}
-    for batch in (1, PLANNED + 1):
-        x = rng.standard_normal((batch, 8, 8, 8)).astype(np.float32)
-        np.testing.assert_allclose(runner.run({"x": x})["y"], M.reference_outputs(_block(), {"x": x})["y"],
-                                   rtol=1e-4, atol=1e-4)
+def test_builtins_per_call_counted_by_the_benchmark(symbolic_block, host, rng):
+    """What one call of main runs (benchmarks/symbolic_call.py): the symbolic block's two kernels, its two
+    storages sized per call, and its two distinct shapes made once each; the static block makes none."""
+    bench = _symbolic_call_bench()
+    x = rng.standard_normal((3, 8, 8, 8)).astype(np.float32)
+    calls = bench.builtin_calls(symbolic_block, {"x": x})
+    assert calls["kernel"] == symbolic_block.kernel_count == 2
+    assert calls["vm.builtin.make_shape"] == 2 and calls["vm.builtin.alloc_storage"] == 2
+    assert calls["vm.builtin.alloc_tensor"] == 2
+    static = tvmfuse.compile(_block(3), target=host)
+    static_calls = bench.builtin_calls(static, {"x": x})
+    assert "vm.builtin.make_shape" not in static_calls and static_calls["kernel"] == 2
+    assert set(bench.vm_instructions(symbolic_block)) == {"main"}

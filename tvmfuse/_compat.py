@@ -34,7 +34,6 @@ relax_free_vars = relax.analysis.free_vars
 relax_get_pipeline = relax.get_pipeline   # TVM's named Relax pipelines ("static_shape_tuning", ...)
 structural_hash = _tvm_ffi.structural_hash
 structural_equal = _tvm_ffi.structural_equal
-copy_with_new_vars = relax.utils.copy_with_new_vars   # a Relax function with fresh vars (symbolic too)
 assert_structural_equal = _tvm.ir.assert_structural_equal
 save_json = _tvm.ir.save_json
 load_json = _tvm.ir.load_json

@@ -41,10 +41,6 @@ class PipelineOptions:
     # ``tir_var_upper_bound``) instead of one storage per intermediate sized at run time; a larger size is an
     # InputError.  None (the default): no bound, any size, storage sized per call (from the VM's pool)
     shape_upper_bounds: dict | None = None
-    # a symbolic model's ``main`` dispatches (in the VM) on its symbolic dims: all of them at most this size
-    # run a copy of ``main`` whose memory is planned once for it (as ``shape_upper_bounds`` plans it), larger
-    # sizes the copy sized per call; no size is refused.  None: one ``main``, storage sized per call
-    planned_size: int | None = None
     extra: dict = field(default_factory=dict)
 
 
@@ -92,8 +88,7 @@ def lowering_passes(target: C.Target, options: PipelineOptions | None = None) ->
     """TVM's own dataflow lowering and VM finalization for the target, then (``element_aligned_args``, CPU
     targets) every kernel's tensor arguments declared element-aligned."""
     options = options or PipelineOptions()
-    passes = ([_shape_upper_bounds_pass(options.shape_upper_bounds), _planned_main_pass(options.planned_size)]
-              + C.backend_passes(target, "dataflow_lower")
+    passes = ([_shape_upper_bounds_pass(options.shape_upper_bounds)] + C.backend_passes(target, "dataflow_lower")
               + before_pass(C.backend_passes(target, "finalize"), "VMShapeLower", _share_shapes))
     passes.append(_restrict_shape_funcs)
     if options.element_aligned_args and takes_element_aligned_args(target):
@@ -246,67 +241,6 @@ def _shape_upper_bounds_pass(bounds: dict | None) -> C.ir_transform.Pass:
         return mod
 
     return _annotate
-
-
-PLANNED_MAIN = "main__planned"     # the copy of main whose memory is planned for ``planned_size``
-UNPLANNED_MAIN = "main__any"       # the copy that takes any size (storage sized per call)
-
-
-def _planned_main_pass(size: int | None) -> C.ir_transform.Pass:
-    """``main`` with symbolic dims becomes a dispatch on them (``PipelineOptions.planned_size``): when every
-    one is at most ``size`` it calls ``main__planned`` (a copy whose ``tir_var_upper_bound`` is ``size``:
-    StaticPlanBlockMemory plans its intermediates once, reusing storage across sizes as a static build does),
-    else ``main__any`` (a copy sized per call).  The copies get symbolic vars of their own: TVM's memory
-    planner keeps a var's bound across the functions of a module, so a shared ``batch`` would plan the
-    unbounded copy too.  Dims the user bounded (``shape_upper_bounds``) keep their bound in both copies.
-
-    Why: without a bound every intermediate of a different size expression gets a storage of its own per
-    call (symbolic resnet18: 15 ``alloc_storage`` per call, its static build 5) and the sizes are computed
-    per call; with a bound for every size, a size over it would be refused."""
-    if size is not None and (isinstance(size, bool) or not isinstance(size, (int, np.integer)) or size < 1):
-        raise InputError(f"planned_size = {size!r}: give an integer >= 1, or None for no planned copy of main")
-
-    @C.module_pass(opt_level=0, name="tvmfuse.planned_main")
-    def _dispatch(mod, _ctx):
-        if size is None or "main" not in [gv.name_hint for gv in mod.functions]:
-            return mod
-        main = mod["main"]
-        if not isinstance(main, C.relax.Function):
-            return mod
-        dims = _signature_dims(main)
-        user = upper_bounds_of(main)
-        planned = {name: min(int(size), user.get(name, int(size))) for name in dims}
-        if not dims or all(name in user and user[name] <= planned[name] for name in dims):
-            return mod                 # nothing symbolic, or every dim already planned for its bound
-        bb = C.relax.BlockBuilder(mod)
-        gv_planned = bb.add_func(C.copy_with_new_vars(main).with_attr(UPPER_BOUND_ATTR, planned)
-                                 .with_attr("global_symbol", PLANNED_MAIN), PLANNED_MAIN)
-        gv_any = bb.add_func(C.copy_with_new_vars(main).with_attr("global_symbol", UNPLANNED_MAIN), UNPLANNED_MAIN)
-        params = [C.relax.Var(C.var_name(p), C.type_of(p)) for p in main.params]
-        fits = C.tirx.all(*[var <= planned[name] for name, var in dims.items()])
-        attrs = {k: main.attrs[k] for k in main.attrs.keys()} if main.attrs is not None else {}
-        with bb.function("main__dispatch", params, attrs=attrs, pure=main.is_pure):
-            out = bb.emit(C.relax.If(C.relax.prim_value(fits), C.relax.Call(gv_planned, params),
-                                     C.relax.Call(gv_any, params)))
-            bb.emit_func_output(out)
-        built = bb.get()
-        funcs = {gv: f for gv, f in built.functions.items() if gv.name_hint not in ("main", "main__dispatch")}
-        new = C.IRModule(funcs, attrs=built.attrs)
-        new["main"] = built["main__dispatch"].with_attr("global_symbol", "main")
-        return new
-
-    return _dispatch
-
-
-def _signature_dims(func) -> dict:
-    """Name -> TIR var of each symbolic dim in a Relax function's parameter shapes, in order."""
-    dims = {}
-    for p in func.params:
-        shape = getattr(C.type_of(p), "shape", None)
-        for d in getattr(shape, "values", None) or ():
-            if isinstance(d, C.Var):
-                dims.setdefault(str(d.name), d)
-    return dims
 
 
 def takes_element_aligned_args(target: C.Target) -> bool:
