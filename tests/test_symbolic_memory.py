@@ -109,6 +109,29 @@ def test_each_symbolic_shape_is_made_once_per_call():
     assert len(_make_shapes(_lowered_main(_block(), target, shape_upper_bounds={"batch": BOUND}))) == 2
 
 
+def _reshapes_module():
+    I, RS, T = C.script_ir, C.script_relax, C.script_tir
+
+    @I.ir_module
+    class Reshapes:
+        @RS.function
+        def main(x: RS.Tensor(("b", 16), "float32")):
+            b = T.int64()
+            y = RS.reshape(x, RS.shape([b * 16]))
+            z = RS.reshape(y, RS.shape([b * 16]))
+            return z
+
+    return Reshapes
+
+
+def test_share_shapes_leaves_other_calls_alone():
+    """Only the VM's allocations take a shared shape: a shape argument of any other call (a reshape
+    here; a kernel's ``tir_vars`` in a lowered module) is read as a literal by its own lowering."""
+    from tvmfuse.pipeline import _share_shapes
+
+    C.assert_structural_equal(_share_shapes(_reshapes_module()), _reshapes_module())
+
+
 @pytest.fixture(scope="module")
 def symbolic_block(host):
     return tvmfuse.compile(_block(), target=host)

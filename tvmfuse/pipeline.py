@@ -108,12 +108,12 @@ def before_pass(passes: list, name: str, extra) -> list:
 
 @C.module_pass(opt_level=0, name="tvmfuse.share_shapes")
 def _share_shapes(mod, _ctx):
-    """Each symbolic shape a Relax function passes to the VM's builtins (``R.vm.alloc_storage``,
-    ``R.vm.alloc_tensor``, reshapes) computed once per call, not once per use.
+    """Each symbolic shape a Relax function passes to the VM's allocations (``R.vm.alloc_storage``,
+    ``R.vm.alloc_tensor``: ``SHAPE_SHARING_OPS``) computed once per call, not once per use.
 
     Why: VMShapeLower turns every ``R.shape([1, n, 64])`` argument into its own ``vm.builtin.make_shape``
     call, a new shape object per call of the model; a symbolic BERT's ``main`` made 28 of them per call
-    for 4 distinct shapes (a static build makes none: its shapes are constants), each a VM instruction
+    for 6 distinct shapes (a static build makes none: its shapes are constants), each a VM instruction
     and an allocation.  Here the shapes equal after simplification (``2048 * batch`` and
     ``4 * batch * 8 * 8 * 8``) are bound once to a variable, before the first binding that uses them,
     and that variable is passed instead; VMShapeLower then makes one ``make_shape`` per distinct shape.
@@ -126,6 +126,11 @@ def _share_shapes(mod, _ctx):
                 mod[gv] = C.relax.Function(func.params, body, C.ret_type(func), func.is_pure, func.attrs,
                                            func.span)
     return mod
+
+
+# the VM's allocations, whose shape arguments become plain registers; a kernel call's shape argument
+# (``call_tir``'s ``tir_vars``) is left as it is: its lowering reads the literal
+SHAPE_SHARING_OPS = frozenset({"relax.vm.alloc_storage", "relax.vm.alloc_tensor"})
 
 
 def _shared_shape_body(seq):
@@ -141,7 +146,8 @@ def _shared_shape_body(seq):
         bindings = []
         for b in block.bindings:
             value = b.value if isinstance(b, C.relax.VarBinding) else None
-            if not isinstance(value, C.relax.Call) or not any(_symbolic_shape(a) for a in value.args):
+            if (not isinstance(value, C.relax.Call) or getattr(value.op, "name", None) not in SHAPE_SHARING_OPS
+                    or not any(_symbolic_shape(a) for a in value.args)):
                 bindings.append(b)
                 continue
             args = []
