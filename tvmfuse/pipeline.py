@@ -85,8 +85,9 @@ def schedule_passes(target: C.Target, options: PipelineOptions) -> list:
 
 
 def lowering_passes(target: C.Target, options: PipelineOptions | None = None) -> list:
-    """TVM's own dataflow lowering and VM finalization for the target, then (``element_aligned_args``, CPU
-    targets) every kernel's tensor arguments declared element-aligned."""
+    """TVM's own dataflow lowering and VM finalization for the target (with ``tvmfuse.share_shapes`` before
+    its VMShapeLower), then (``element_aligned_args``, CPU targets) every kernel's tensor arguments
+    declared element-aligned."""
     options = options or PipelineOptions()
     passes = ([_shape_upper_bounds_pass(options.shape_upper_bounds)] + C.backend_passes(target, "dataflow_lower")
               + before_pass(C.backend_passes(target, "finalize"), "VMShapeLower", _share_shapes))
