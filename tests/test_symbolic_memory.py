@@ -82,6 +82,69 @@ def test_restrict_shape_funcs_marks_only_one_pointer_host_functions():
     assert noalias == {"shape_func": True, "two_pointers": False, "kernel": False}
 
 
+# ----------------------------------------------------------------------------------- shapes made once
+def _make_shapes(main_text: str) -> list[str]:
+    """The shapes ``main`` builds per call (``vm.builtin.make_shape``), as their heap-slot arguments."""
+    return re.findall(r'"vm\.builtin\.make_shape", shape_heap, ([\d, ]+), ty_args', main_text)
+
+
+def test_each_symbolic_shape_is_made_once_per_call():
+    """VMShapeLower made one ``make_shape`` per use of a symbolic shape (a symbolic BERT's main: 28 per call
+    for 6 distinct shapes); ``tvmfuse.share_shapes`` binds each distinct shape once and passes that."""
+    target = named_target("skx-2")
+    shared = _lowered_main(_block(), target)
+    # two storages ([2048 * batch] and [4 * batch * 8 * 8 * 8]: equal once simplified) and two tensors
+    # ([batch, 8, 8, 8]): two distinct shapes, two make_shape, each passed twice
+    made = _make_shapes(shared)
+    assert len(made) == len(set(made)) == 2, made
+    assert len(re.findall(r"R\.vm\.alloc_storage\((shape\d+),", shared)) == 2
+    assert len(re.findall(r"R\.vm\.alloc_tensor\(\w+, 0, (shape\d+),", shared)) == 2
+    with target:
+        st = Stages(target, PipelineOptions())
+        passes = [p for p in st.all() if p.info.name != "tvmfuse.share_shapes"]
+        unshared = C.Sequential(passes)(load_onnx(_block()))["main"].script()
+    assert len(_make_shapes(unshared)) == 4
+    # a static model has no shape to make, and a bounded one plans its storage with constant sizes
+    assert _make_shapes(_lowered_main(_block(3), target)) == []
+    assert len(_make_shapes(_lowered_main(_block(), target, shape_upper_bounds={"batch": BOUND}))) == 2
+
+
+def _reshapes_module():
+    I, RS, T = C.script_ir, C.script_relax, C.script_tir
+
+    @I.ir_module
+    class Reshapes:
+        @RS.function
+        def main(x: RS.Tensor(("b", 16), "float32")):
+            b = T.int64()
+            y = RS.reshape(x, RS.shape([b * 16]))
+            z = RS.reshape(y, RS.shape([b * 16]))
+            return z
+
+    return Reshapes
+
+
+def test_share_shapes_leaves_other_calls_alone():
+    """Only the VM's allocations take a shared shape: a shape argument of any other call (a reshape
+    here; a kernel's ``tir_vars`` in a lowered module) is read as a literal by its own lowering."""
+    from tvmfuse.pipeline import _share_shapes
+
+    C.assert_structural_equal(_share_shapes(_reshapes_module()), _reshapes_module())
+
+
+@pytest.fixture(scope="module")
+def symbolic_block(host):
+    return tvmfuse.compile(_block(), target=host)
+
+
+@pytest.mark.parametrize("batch", [1, 3, 8])
+def test_shared_shapes_model_matches_reference(symbolic_block, rng, batch):
+    x = rng.standard_normal((batch, 8, 8, 8)).astype(np.float32)
+    got = symbolic_block.run({"x": x})["y"]
+    assert got.shape == (batch, 8, 8, 8)
+    np.testing.assert_allclose(got, M.reference_outputs(_block(), {"x": x})["y"], rtol=1e-4, atol=1e-4)
+
+
 # ----------------------------------------------------------------------------------- storage planned once
 def test_bound_plans_intermediate_storage_once():
     target = named_target("skx-2")
@@ -149,3 +212,31 @@ def test_cli_shape_bound(tmp_path, capsys):
     assert tvmfuse.load(str(art)).shape_upper_bounds == {"batch": BOUND}
     assert main(["compile", str(path), "--shape-bound", "batch=2,3", "-o", str(tmp_path / "a2")]) == 2
     assert "give one size per symbolic dim" in capsys.readouterr().err
+
+
+# ----------------------------------------------------------------------------------- builtins per call
+def _symbolic_call_bench():
+    import importlib.util
+    import os
+
+    path = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks",
+                        "symbolic_call.py")
+    spec = importlib.util.spec_from_file_location("symbolic_call", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_builtins_per_call_counted_by_the_benchmark(symbolic_block, host, rng):
+    """What one call of main runs (benchmarks/symbolic_call.py): the symbolic block's two kernels, its two
+    storages sized per call, and its two distinct shapes made once each; the static block makes none."""
+    bench = _symbolic_call_bench()
+    x = rng.standard_normal((3, 8, 8, 8)).astype(np.float32)
+    calls = bench.builtin_calls(symbolic_block, {"x": x})
+    assert calls["kernel"] == symbolic_block.kernel_count == 2
+    assert calls["vm.builtin.make_shape"] == 2 and calls["vm.builtin.alloc_storage"] == 2
+    assert calls["vm.builtin.alloc_tensor"] == 2
+    static = tvmfuse.compile(_block(3), target=host)
+    static_calls = bench.builtin_calls(static, {"x": x})
+    assert "vm.builtin.make_shape" not in static_calls and static_calls["kernel"] == 2
+    assert set(bench.vm_instructions(symbolic_block)) == {"main"}

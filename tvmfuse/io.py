@@ -343,7 +343,8 @@ class _Plan:
         self.output_names = [s.name for s in model.outputs]
         # the output's name when the model has exactly one (run()'s shortest path)
         self.single = self.output_names[0] if len(self.output_names) == 1 else None
-        # per input: (name, numpy dtype, static shape or None, dims when symbolic, alignment in bytes)
+        # per input: (name, numpy dtype, static shape or None, its symbolic dims (_symbolic_dims), alignment
+        # in bytes)
         self.checks = []
         self.fast = self.on_cpu
         for spec in model.inputs:
@@ -353,7 +354,7 @@ class _Plan:
                 continue
             static = all(isinstance(d, int) for d in spec.shape)
             self.checks.append((spec.name, dtype, tuple(spec.shape) if static else None,
-                                None if static else tuple(spec.shape),
+                                None if static else _symbolic_dims(spec.shape),
                                 arg_alignment(dtype, model.element_aligned_args)))
         # per input: (the array last given, its DLPack view, its data pointer, its shape) or None.  The
         # same array object in the next call reuses its view (no DLPack import): its memory cannot have
@@ -380,8 +381,18 @@ class _Plan:
             if shape is not None:
                 if v.shape != shape:
                     return None
-            elif not _symbolic_shape_fits(v.shape, dims, sizes):
-                return None
+            else:                                   # symbolic: rank, static dims, then named dims
+                ndim, fixed, named = dims
+                shp = v.shape
+                if len(shp) != ndim:
+                    return None
+                for axis, n in fixed:
+                    if shp[axis] != n:
+                        return None
+                for axis, d in named:
+                    n = shp[axis]
+                    if sizes.setdefault(d, n) != n:
+                        return None
             flags = v.flags
             if not (flags.c_contiguous and flags.writeable):
                 return None
@@ -412,18 +423,13 @@ def _numpy_dtype(name: str):
     return np.dtype(name) if name in np.sctypeDict else None
 
 
-def _symbolic_shape_fits(shape: tuple, dims: tuple, sizes: dict) -> bool:
-    """Whether ``shape`` matches ``dims`` (ints and symbolic names) with the sizes already seen in
-    ``sizes`` (filled here); an expression (``n + 1``) is the VM's to check."""
-    if len(shape) != len(dims):
-        return False
-    for d, n in zip(dims, shape):
-        if isinstance(d, int):
-            if d != n:
-                return False
-        elif d.isidentifier() and sizes.setdefault(d, n) != n:
-            return False
-    return True
+def _symbolic_dims(dims: tuple) -> tuple[int, tuple, tuple]:
+    """A symbolic input's shape (ints and names) as what ``_Plan.in_place_args`` checks per call: its rank,
+    (axis, size) of its static dims and (axis, name) of its named dims (an expression, ``n + 1``, is the
+    VM's to check), worked out once instead of per dim per call."""
+    fixed = tuple((a, d) for a, d in enumerate(dims) if isinstance(d, int))
+    named = tuple((a, d) for a, d in enumerate(dims) if isinstance(d, str) and d.isidentifier())
+    return len(dims), fixed, named
 
 
 def _flatten(value, depth: int = 0) -> list:

@@ -85,15 +85,95 @@ def schedule_passes(target: C.Target, options: PipelineOptions) -> list:
 
 
 def lowering_passes(target: C.Target, options: PipelineOptions | None = None) -> list:
-    """TVM's own dataflow lowering and VM finalization for the target, then (``element_aligned_args``, CPU
-    targets) every kernel's tensor arguments declared element-aligned."""
+    """TVM's own dataflow lowering and VM finalization for the target (with ``tvmfuse.share_shapes`` before
+    its VMShapeLower), then (``element_aligned_args``, CPU targets) every kernel's tensor arguments
+    declared element-aligned."""
     options = options or PipelineOptions()
     passes = ([_shape_upper_bounds_pass(options.shape_upper_bounds)] + C.backend_passes(target, "dataflow_lower")
-              + C.backend_passes(target, "finalize"))
+              + before_pass(C.backend_passes(target, "finalize"), "VMShapeLower", _share_shapes))
     passes.append(_restrict_shape_funcs)
     if options.element_aligned_args and takes_element_aligned_args(target):
         passes.append(_element_aligned_args)
     return passes
+
+
+def before_pass(passes: list, name: str, extra) -> list:
+    """``passes`` with ``extra`` inserted before the pass named ``name``; an error if there is none (TVM
+    renamed or dropped it: the pipeline must not silently lose ``extra``)."""
+    names = [p.info.name for p in passes]
+    if name not in names:
+        raise RuntimeError(f"TVM's pass list has no {name!r} to put {extra.info.name} before: {names}")
+    i = names.index(name)
+    return passes[:i] + [extra] + passes[i:]
+
+
+@C.module_pass(opt_level=0, name="tvmfuse.share_shapes")
+def _share_shapes(mod, _ctx):
+    """Each symbolic shape a Relax function passes to the VM's allocations (``R.vm.alloc_storage``,
+    ``R.vm.alloc_tensor``: ``SHAPE_SHARING_OPS``) computed once per call, not once per use.
+
+    Why: VMShapeLower turns every ``R.shape([1, n, 64])`` argument into its own ``vm.builtin.make_shape``
+    call, a new shape object per call of the model; a symbolic BERT's ``main`` made 28 of them per call
+    for 6 distinct shapes (a static build makes none: its shapes are constants), each a VM instruction
+    and an allocation.  Here the shapes equal after simplification (``2048 * batch`` and
+    ``4 * batch * 8 * 8 * 8``) are bound once to a variable, before the first binding that uses them,
+    and that variable is passed instead; VMShapeLower then makes one ``make_shape`` per distinct shape.
+    Only the function body's top-level bindings are rewritten (every later binding of the body sees a
+    variable bound there); nested scopes (an ``If``'s branches) keep their own shapes."""
+    for gv, func in list(mod.functions.items()):
+        if isinstance(func, C.relax.Function) and isinstance(func.body, C.relax.SeqExpr):
+            body = _shared_shape_body(func.body)
+            if body is not None:
+                mod[gv] = C.relax.Function(func.params, body, C.ret_type(func), func.is_pure, func.attrs,
+                                           func.span)
+    return mod
+
+
+# the VM's allocations, whose shape arguments become plain registers; a kernel call's shape argument
+# (``call_tir``'s ``tir_vars``) is left as it is: its lowering reads the literal
+SHAPE_SHARING_OPS = frozenset({"relax.vm.alloc_storage", "relax.vm.alloc_tensor"})
+
+
+def _shared_shape_body(seq):
+    """``seq`` with its top-level symbolic shape arguments shared (``_share_shapes``); None if unchanged."""
+    analyzer = C.Analyzer()
+    bound: list[tuple[tuple, object]] = []      # (simplified dims, the Relax var holding that shape)
+    changed = False
+    blocks = []
+    for block in seq.blocks:
+        if isinstance(block, C.relax.DataflowBlock):   # not at this point of the pipeline: left as it is
+            blocks.append(block)
+            continue
+        bindings = []
+        for b in block.bindings:
+            value = b.value if isinstance(b, C.relax.VarBinding) else None
+            if (not isinstance(value, C.relax.Call) or getattr(value.op, "name", None) not in SHAPE_SHARING_OPS
+                    or not any(_symbolic_shape(a) for a in value.args)):
+                bindings.append(b)
+                continue
+            args = []
+            for a in value.args:
+                if not _symbolic_shape(a):
+                    args.append(a)
+                    continue
+                dims = tuple(analyzer.simplify(v) for v in a.values)
+                var = next((v for d, v in bound if len(d) == len(dims)
+                            and all(C.structural_equal(x, y) for x, y in zip(d, dims))), None)
+                if var is None:
+                    var = C.relax.Var(f"shape{len(bound)}", C.relax.ShapeType(list(dims)))
+                    bindings.append(C.relax.VarBinding(var, C.relax.ShapeExpr(list(dims))))
+                    bound.append((dims, var))
+                args.append(var)
+            bindings.append(C.relax.VarBinding(b.var, C.relax.Call(value.op, args, value.attrs, value.ty_args,
+                                                                    value.span, ret_ty=C.type_of(value))))
+            changed = True
+        blocks.append(C.relax.BindingBlock(bindings))
+    return C.relax.SeqExpr(blocks, seq.body, seq.span) if changed else None
+
+
+def _symbolic_shape(expr) -> bool:
+    """A shape literal with a dim known only at run time (``R.shape([1, n, 64])``)."""
+    return isinstance(expr, C.relax.ShapeExpr) and not all(isinstance(v, C.IntImm) for v in expr.values)
 
 
 @C.module_pass(opt_level=0, name="tvmfuse.restrict_shape_funcs")
