@@ -8,7 +8,7 @@ re-exports names and bridges renamed calls (a few lines each); code that *uses* 
 """
 from __future__ import annotations
 
-import ctypes
+import ctypes as _ctypes
 
 import tvm as _tvm
 import tvm_ffi as _tvm_ffi
@@ -22,6 +22,7 @@ from tvm.s_tir.schedule import SBlockRV
 from tvm.target import Target
 from tvm.script.ir_builder import IRBuilder  # TIR built in Python (the attention template's loop nest)
 from tvm.tirx.script.builder import ir as tir_builder
+from tvm.tirx.buffer import is_buffer_var   # a PrimFunc parameter that is a buffer handle (schedules.index_bounds)
 
 TVM_VERSION: str = _tvm.__version__
 TVM_FFI_VERSION: str = getattr(_tvm_ffi, "__version__", "unknown")
@@ -300,7 +301,7 @@ def strong_ref_count(obj) -> int:
     return _u64_at(obj.__chandle__()).value & 0xFFFFFFFF
 
 
-_u64_at = ctypes.c_uint64.from_address     # strong_ref_count runs once per run() output
+_u64_at = _ctypes.c_uint64.from_address     # strong_ref_count runs once per run() output
 
 
 def cpu(index: int = 0):

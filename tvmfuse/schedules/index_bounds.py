@@ -47,11 +47,9 @@ def _ranges(func: C.PrimFunc) -> dict:
 
 def _shape_vars(func: C.PrimFunc) -> set:
     """The kernel's symbolic extents (integer scalar parameters and variables in parameter shapes): >= 0."""
-    from tvm.tirx.buffer import is_buffer_var
-
     out = set()
     for p in func.params:
-        if not is_buffer_var(p):
+        if not C.is_buffer_var(p):
             out.add(p)
             continue
         for d in p.ty.shape:
