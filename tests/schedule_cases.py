@@ -358,3 +358,22 @@ def assert_sampled_configs_compute_the_unscheduled(t, match, func, target, rng, 
         assert space.contains(cfg), cfg
         got = run_func(schedule_with(t, match, func, cfg), target, args)[0]
         np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5, err_msg=str(cfg))
+
+
+def stmts_with_loops(body):
+    """Every statement of a TIR ``body`` with the loops around it (outermost first), depth first."""
+    out = []
+
+    def walk(s, loops):
+        if isinstance(s, C.tirx.For):
+            loops = loops + [s]
+        out.append((s, loops))
+        for attr in ("body", "then_case", "else_case", "block"):
+            child = getattr(s, attr, None)
+            if child is not None and hasattr(child, "same_as") and not hasattr(child, "ty"):
+                walk(child, loops)
+        for child in getattr(s, "seq", ()) or ():
+            walk(child, loops)
+
+    walk(body, [])
+    return out

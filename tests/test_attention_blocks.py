@@ -24,6 +24,7 @@ from tvmfuse.schedules.cpu.attention import Attention
 from tvmfuse.target import cpu_info, template_defaults
 
 from test_attention import HASWELL, SKYLAKE, _allocs_and_loops, _attention_func, _chain, _feeds
+from schedule_cases import stmts_with_loops
 
 RTOL, ATOL = 1e-4, 1e-5
 EMERALD = tvmfuse.parse_target({"kind": "llvm", "mcpu": "emeraldrapids", "mtriple": "x86_64-linux-gnu",
@@ -50,22 +51,8 @@ def _any(sources, among) -> bool:
 
 def _stores_with_loops(func, buffer):
     """(store, loops around it, innermost last) of every store into ``buffer``."""
-    found = []
-
-    def walk(s, loops):
-        if isinstance(s, C.tirx.For):
-            loops = loops + [s]
-        if isinstance(s, C.BufferStore) and s.buffer.same_as(buffer):
-            found.append((s, loops))
-        for attr in ("body", "then_case", "else_case", "block"):
-            child = getattr(s, attr, None)
-            if child is not None and hasattr(child, "same_as") and not hasattr(child, "ty"):
-                walk(child, loops)
-        for child in getattr(s, "seq", ()) or ():
-            walk(child, loops)
-
-    walk(func.body, [])
-    return found
+    return [(s, loops) for s, loops in stmts_with_loops(func.body)
+            if isinstance(s, C.BufferStore) and s.buffer.same_as(buffer)]
 
 
 def _task_buffers(func) -> list:

@@ -22,6 +22,7 @@ from tvmfuse.schedules.cpu.attention import LINE_FLOATS, Attention
 from tvmfuse.target import template_defaults
 
 from test_attention import HASWELL, SKYLAKE, _allocs_and_loops, _attention_func, _chain, _feeds
+from schedule_cases import stmts_with_loops
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 _spec = importlib.util.spec_from_file_location("attention_ab", os.path.join(ROOT, "benchmarks", "attention_ab.py"))
@@ -50,22 +51,8 @@ def _is_prefetch(s) -> bool:
 
 def _loops_holding_prefetches(func) -> list:
     """The names of the loops around each prefetch, outermost first."""
-    chains = []
-
-    def walk(s, loops):
-        if isinstance(s, C.tirx.For):
-            loops = loops + [s]
-        if _is_prefetch(s):
-            chains.append([str(lp.loop_var.name) for lp in loops])
-        for attr in ("body", "then_case", "else_case", "block"):
-            child = getattr(s, attr, None)
-            if child is not None and hasattr(child, "same_as") and not hasattr(child, "ty"):
-                walk(child, loops)
-        for child in getattr(s, "seq", ()) or ():
-            walk(child, loops)
-
-    walk(func.body, [])
-    return chains
+    return [[str(lp.loop_var.name) for lp in loops] for s, loops in stmts_with_loops(func.body)
+            if _is_prefetch(s)]
 
 
 @pytest.mark.parametrize("target,level", [(SKYLAKE, 2), (HASWELL, 1)], ids=["avx512", "avx2"])
