@@ -160,6 +160,14 @@ def _walk(stmt, visit):
         _walk(child, visit)
 
 
+def _run_kernel(scheduled: C.PrimFunc, inputs: list, out_shape, host) -> np.ndarray:
+    """Build a scheduled attention PrimFunc for ``host``, run it on ``inputs`` and return its output."""
+    lib = C.build_prim_module(C.IRModule({"main": scheduled.with_attr("global_symbol", "main")}), host)
+    args = [C.tensor(a) for a in list(inputs) + [np.zeros(out_shape, np.float32)]]
+    lib["main"](*args)
+    return args[-1].numpy()
+
+
 def _allocs_and_loops(func):
     allocs, loops = [], []
 

@@ -23,7 +23,7 @@ from tvmfuse.schedules.base import schedule_with
 from tvmfuse.schedules.cpu.attention import Attention
 from tvmfuse.target import cpu_info, template_defaults
 
-from test_attention import HASWELL, SKYLAKE, _allocs_and_loops, _attention_func, _chain, _feeds
+from test_attention import HASWELL, SKYLAKE, _allocs_and_loops, _attention_func, _chain, _feeds, _run_kernel
 from schedule_cases import stmts_with_loops
 
 RTOL, ATOL = 1e-4, 1e-5
@@ -152,11 +152,7 @@ def test_64_key_blocks_and_folded_rescale_match_reference(seq, mask, host, rng):
     for over in (dict(k_block=64, rows=4), dict(k_block=64, rows=1), dict(k_block=32, rows=4)):
         config = {**base, **over}
         assert t.space(match, host).contains(config), config
-        lib = C.build_prim_module(C.IRModule({"main": schedule_with(t, match, func, config)
-                                              .with_attr("global_symbol", "main")}), host)
-        args = [C.tensor(a) for a in args_np + [np.zeros(ref.shape, np.float32)]]
-        lib["main"](*args)
-        got = args[-1].numpy()
+        got = _run_kernel(schedule_with(t, match, func, config), args_np, ref.shape, host)
         np.testing.assert_allclose(got, ref, rtol=RTOL, atol=ATOL, err_msg=str(config))
         if "mask" in feeds:
             assert np.isnan(got[0, :, 4]).all() and np.isnan(ref[0, :, 4]).all()

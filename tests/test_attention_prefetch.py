@@ -21,7 +21,7 @@ from tvmfuse.schedules.base import schedule_with
 from tvmfuse.schedules.cpu.attention import LINE_FLOATS, Attention
 from tvmfuse.target import template_defaults
 
-from test_attention import HASWELL, SKYLAKE, _allocs_and_loops, _attention_func, _chain, _feeds
+from test_attention import HASWELL, SKYLAKE, _allocs_and_loops, _attention_func, _chain, _feeds, _run_kernel
 from schedule_cases import stmts_with_loops
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -128,10 +128,7 @@ def test_every_prefetch_level_matches_reference(mask, host, rng):
         assert t.space(match, host).contains(config), config
         scheduled = schedule_with(t, match, func, config)
         assert bool(_prefetches(scheduled)) == bool(config["prefetch"])
-        lib = C.build_prim_module(C.IRModule({"main": scheduled.with_attr("global_symbol", "main")}), host)
-        args = [C.tensor(a) for a in args_np + [np.zeros(ref.shape, np.float32)]]
-        lib["main"](*args)
-        got = args[-1].numpy()
+        got = _run_kernel(scheduled, args_np, ref.shape, host)
         np.testing.assert_allclose(got, ref, rtol=RTOL, atol=ATOL, err_msg=str(config))
         if "mask" in feeds:
             assert np.isnan(got[0, :, 4]).all() and np.isnan(ref[0, :, 4]).all()
