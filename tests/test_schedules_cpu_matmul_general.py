@@ -232,3 +232,40 @@ def test_siblings_over_batches_flattened_and_sampled_configs(builder, kwargs, rn
         got = S.run_func(schedule_with(t, match, func, cfg), host, args, n_out)
         for g, w in zip(got, want):
             np.testing.assert_allclose(g, w, rtol=1e-4, atol=1e-5, err_msg=str(cfg))
+
+
+# Sampled configs that once failed to schedule (CI, session 6): packed B panels wider than N, two or more
+# matmuls under one panel loop. A packed copy's vector tail left opaque blocks there before the next matmul's
+# compute_at; the copies are now vectorized after every matmul is placed.
+_WIDE_PACKED_PANELS = [
+    ("swiglu_3d", dict(b=3, s=5), dict(mr=3, nvec=3, lanes=16, mc_tiles=4, nc_tiles=2, k_unroll=2,
+                                        share_rows=False, order="cols", pack_b=True, pad_n=False,
+                                        flatten_batch=True)),
+    ("qkv_3d", dict(b=4, s=1, h=40), dict(mr=2, nvec=2, lanes=16, mc_tiles=4, nc_tiles=2, k_unroll=1,
+                                           share_rows=False, order="cols", pack_b=True, pad_n=False,
+                                           flatten_batch=True)),
+]
+
+
+@pytest.mark.parametrize("builder,kwargs,cfg", _WIDE_PACKED_PANELS, ids=[c[0] for c in _WIDE_PACKED_PANELS])
+def test_siblings_packed_panels_wider_than_n(builder, kwargs, cfg, rng):
+    """Packed B panels wider than N under one panel loop: the kernel schedules and computes the unscheduled
+    kernel's numbers, and every matmul keeps its own packed copy."""
+    from tvmfuse.schedules.base import schedule_with
+    from tvmfuse.schedules.cpu.siblings import SiblingMatmuls
+
+    t = SiblingMatmuls()
+    host = tvmfuse.host_target()
+    tgt = tvmfuse.parse_target(S.SKYLAKE)
+    (name, func), = [(n, f) for n, f in S.graph_funcs(getattr(S, builder)(**kwargs), tgt).items() if t.match(f, tgt)]
+    match = t.match(func, tgt)
+    n_out = len(match.info["chains"])
+    args = S.random_args(func, rng, n_out)
+    want = S.run_func(func, host, args, n_out)
+    scheduled = schedule_with(t, match, func, cfg)
+    script = scheduled.script()
+    for b in set(match.info["b_buffers"].values()):
+        assert f"{b}_global[" in script, b
+    got = S.run_func(scheduled, host, args, n_out)
+    for g, w in zip(got, want):
+        np.testing.assert_allclose(g, w, rtol=1e-4, atol=1e-5, err_msg=str(cfg))

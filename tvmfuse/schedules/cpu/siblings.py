@@ -260,25 +260,32 @@ class SiblingMatmuls(U.CpuTemplate, family="cpu.sibling_matmuls", config=Sibling
         for top in ([] if info.get("serial", False) else tops):
             sch.parallel(top)
 
+        packs = []
         for reds, j1, j2, panel in tiles:
             # Step 5. Every matmul of the chain on the register tile (accumulators, init vectorized);
             # with pack_b, its B panel (K x nc) is first copied contiguously, once per panel iteration.
+            # The copies are vectorized after every matmul is in place: a copy's vector main loop and
+            # tail (``partition_tail``) leave opaque blocks under the panel loop, and a later compute_at
+            # into that scope would fail (panels wider than N with two or more matmuls, or chains
+            # sharing one panel loop).
             for red in reds:
                 blk = sch.get_sblock(red)        # after this step: the update block (the init split off)
                 compute_on_register_tile(sch, blk, j1, lanes, cfg.k_unroll)
                 if red in pads:
                     pack = sch.get_sblock(pads[red])
                     sch.compute_at(pack, panel, preserve_unit_loops=True)
-                    U.vectorize_inner(sch, pack, lanes)
+                    packs.append(pack)
                 elif cfg.pack_b:
                     reads = [str(r.source.name) for r in sch.get(blk).reads]
                     pack = sch.cache_read(blk, reads.index(info["b_buffers"][red]), "global")
                     sch.compute_at(pack, panel, preserve_unit_loops=True)
-                    U.vectorize_inner(sch, pack, lanes)
+                    packs.append(pack)
 
             # Step 6. The epilogue (or write-back) on the register tile, vectorized along j.
             _, e_jv = sch.split(j2, factors=[None, lanes])
             sch.vectorize(e_jv)
+        for pack in packs:
+            U.vectorize_inner(sch, pack, lanes)
 
         # Step 7. Leftover elementwise producers: fused, parallel, vectorized on their own.
         for name in info["others"]:
