@@ -1,18 +1,37 @@
 """The fixed cost of ``run()`` over the VM call, step by step (issue 11: ``run()`` within 5% of the VM call).
 
-    python benchmarks/io_overhead.py                 # -> benchmarks/io_overhead.json
+    TVM_NUM_THREADS=1 python benchmarks/io_overhead.py     # -> benchmarks/io_overhead.json
+    python benchmarks/io_overhead.py --quick --json /tmp/io_overhead.json
 
-Tiny models (the kernels take about a microsecond, so what is timed is the Python around them): LayerNorm
-over [2, 16] (one input) and the sigmoid chain over 64 elements (three inputs), each compiled and as an
-exported artifact.  Per model, microseconds per call of: the VM call on device tensors, ``run()`` on numpy,
-``bind(...).run()``, and run()'s steps on their own: the per-model plan's checks and DLPack imports
-(``_Plan.in_place_args``), the full checks that feeds failing it take (``validate_feeds`` + ``_to_device``),
-and the output views (``_finish`` of a fresh result).  Each figure: the minimum over ``--rounds`` blocks of
-``--calls`` calls (min: the machine's other load only adds), steps interleaved round by round.
+Models: two tiny ones (the kernels take about a microsecond, so what is timed is the Python around them):
+LayerNorm over [2, 16] (one input) and the sigmoid chain over 64 elements (three inputs); and the
+``resnet_block`` workload of ``bench_cpu.py`` (one input of 100 KB, a kernel of a few hundred us: there
+run()'s steps run after the kernel has swept the caches).  Each compiled and as an exported artifact
+(``Runner.run``).  Per model, microseconds per call of:
+
+- ``vm_call``: the VM's ``main`` on device tensors (TVM's own copies of the inputs; Table 3's baseline),
+  ``vm_views``: on DLPack views of the very numpy arrays ``run()`` gets (the same memory);
+- ``run``: ``run(feeds)`` (numpy in, numpy out; the result dropped before the next call),
+  ``run_kept``: the same with each result kept until the next call (a caller that holds its outputs),
+  ``run_out``: ``run(feeds, outputs=...)`` into preallocated arrays (one copy per output),
+  ``bind_run``: ``bind(feeds).run()``, ``run_general``: ``run()`` without the static path
+  (``_Plan.run_static``; the checks every model took before it: the A/B pair of ``run``);
+- run()'s steps on their own: ``checks`` (the per-model plan's input checks and DLPack views,
+  ``_Plan.in_place``), ``dlpack_import`` (a fresh DLPack import of every input: what an array not seen
+  in the last call costs), ``full_checks`` (``validate_feeds`` + ``_to_device``: feeds that fail the
+  plan), ``output_view`` (``np.from_dlpack`` of a result), ``output_refs`` (the reference count read
+  that tells a fresh result from a shared one).
+
+Table: per model, the medians over rounds and the paired per-round differences ``run - vm_views`` and
+``run - vm_call`` (median [p25-p75]): run()'s fixed cost.  Clock: with ``TVM_NUM_THREADS=1`` the calling
+thread's CPU time (other processes' load does not count in it); else wall time.  Paths are timed in
+blocks of back-to-back calls, interleaved round by round with the order rotated.  Under load, read the
+paired differences, not the absolute figures.
 """
 from __future__ import annotations
 
 import argparse
+import copy
 import json
 import os
 import tempfile
@@ -27,59 +46,116 @@ from tvmfuse import models as M
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
+MODELS = {
+    "layernorm_2x16": (lambda: M.layernorm(rows=2, d=16, decomposed=False), 2000),
+    "sigmoid_chain_64": (lambda: M.elementwise_chain(n=64), 2000),
+    "resnet_block": (lambda: M.resnet_block(), 40),
+}
+STEPS = ("checks", "dlpack_import", "full_checks", "output_view", "output_refs")
 
-def _steps(m, feeds) -> dict:
-    """name -> callable: the VM call, the public calls, and run()'s steps."""
+
+def paths(m, feeds) -> dict:
+    """name -> callable: the VM calls, the public calls, and run()'s steps."""
     f = m._main()
     device_args = [C.tensor(feeds[s.name]) for s in m.inputs]
+    views = [C.from_dlpack(feeds[s.name]) for s in m.inputs]
     bound = m.bind(feeds)
     plan = m._io_plan()
+    held = f(*views)
+    outs = {s.name: np.empty(s.shape, s.dtype) for s in m.outputs}
+    kept = [None]
+    general = _without_static_path(m)
+    arrays = [feeds[s.name] for s in m.inputs]
+    return {
+        "vm_call": lambda: f(*device_args),
+        "vm_views": lambda: f(*views),
+        "run": lambda: m.run(feeds),
+        "run_general": lambda: general.run(feeds),
+        "run_kept": lambda: kept.__setitem__(0, m.run(feeds)),
+        "run_out": lambda: m.run(feeds, outputs=outs),
+        "bind_run": bound.run,
+        "checks": lambda: plan.in_place(feeds),
+        "dlpack_import": lambda: [C.from_dlpack(a) for a in arrays],
+        "full_checks": lambda: [m._to_device(v)[0] for v in IO.validate_feeds(feeds, m.inputs)],
+        "output_view": lambda: np.from_dlpack(held) if type(held) is C.Tensor else None,
+        "output_refs": lambda: C.strong_ref_count(held),
+    }
 
-    def full_checks():
-        return [m._to_device(v)[0] for v in IO.validate_feeds(feeds, m.inputs)]
 
-    def finish():                      # a fresh result each time: as run() sees it
-        args = plan.in_place_args(feeds)
-        return m._finish(f(*args), None, args)
-
-    return {"vm_call": lambda: f(*device_args), "run": lambda: m.run(feeds), "bind_run": bound.run,
-            "plan_checks": lambda: plan.in_place_args(feeds), "full_checks": full_checks,
-            "plan_checks+vm_call+finish": finish}
+def _without_static_path(m):
+    """A copy of ``m`` (the same VM) whose ``run()`` does not take the static path: the A/B pair of run()."""
+    g = copy.copy(m)
+    g.__dict__.pop("_plan", None)
+    g._io_plan().run_static = None
+    return g
 
 
-def _block(fn, calls: int) -> float:
-    t = time.perf_counter()
+def _block(fn, calls: int, clock=time.perf_counter_ns) -> float:
+    """Microseconds per call of ``calls`` back-to-back calls of ``fn``."""
+    t = clock()
     for _ in range(calls):
         fn()
-    return (time.perf_counter() - t) / calls * 1e6
+    return (clock() - t) / calls / 1e3
+
+
+def measure(m, feeds, calls: int, rounds: int, clock) -> dict:
+    ps = paths(m, feeds)
+    keys = list(ps)
+    for fn in ps.values():
+        _block(fn, max(1, calls // 4), clock)
+    times = {k: [] for k in keys}
+    for r in range(rounds):
+        k0 = r % len(keys)
+        for k in keys[k0:] + keys[:k0]:
+            times[k].append(_block(ps[k], calls, clock))
+    run = np.array(times["run"])
+    out = {"us_median": {k: float(np.median(v)) for k, v in times.items()},
+           "us_min": {k: float(min(v)) for k, v in times.items()}, "us_by_round": times}
+    for base in ("vm_views", "vm_call"):
+        d = run - np.array(times[base])
+        out[f"run_minus_{base}_us"] = [float(np.median(d)), float(np.percentile(d, 25)), float(np.percentile(d, 75))]
+    return out
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--calls", type=int, default=5000, help="calls per timed block")
-    ap.add_argument("--rounds", type=int, default=15, help="blocks per step (interleaved)")
+    ap.add_argument("--rounds", type=int, default=21, help="blocks per path (interleaved)")
+    ap.add_argument("--scale", type=float, default=1.0, help="calls per block: this times each model's default")
+    ap.add_argument("--models", nargs="*", default=list(MODELS), choices=list(MODELS))
+    ap.add_argument("--quick", action="store_true", help="5 rounds of a tenth of the calls (a smoke run)")
     ap.add_argument("--json", default=os.path.join(HERE, "io_overhead.json"))
     args = ap.parse_args(argv)
+    if args.quick:
+        args.rounds, args.scale = 5, 0.1
+    threads = os.environ.get("TVM_NUM_THREADS")
+    clock, clock_name = ((time.thread_time_ns, "thread CPU time") if threads == "1"
+                         else (time.perf_counter_ns, "wall time"))
     work = tempfile.mkdtemp(prefix="io-overhead-")
     rows = []
-    for name, model in [("layernorm_2x16", M.layernorm(rows=2, d=16, decomposed=False)),
-                        ("sigmoid_chain_64", M.elementwise_chain(n=64))]:
-        feeds = {k: np.random.default_rng(0).standard_normal(v.shape).astype(v.dtype)
-                 for k, v in M.random_feeds(model).items()}
+    print(f"TVM_NUM_THREADS={threads or '(default)'}, clock: {clock_name}, load average {os.getloadavg()}")
+    head = (f"{'model':17s} {'kind':9s} {'vm_call':>8s} {'vm_views':>8s} {'run':>8s} {'run_kept':>8s} "
+            f"{'run_out':>8s} {'bind_run':>8s} {'run_gen':>8s} | {'run - vm_views [p25-p75]':>25s} {'run - vm_call':>14s} | "
+            + " ".join(f"{s:>13s}" for s in STEPS))
+    print(head)
+    for name in args.models:
+        make, calls = MODELS[name]
+        model = make()
+        rng = np.random.default_rng(0)
+        feeds = {k: rng.standard_normal(v.shape).astype(v.dtype) for k, v in M.random_feeds(model).items()}
         cm = tvmfuse.compile(model, tuning_log=None)
         for kind, m in [("compiled", cm), ("artifact", tvmfuse.load(tvmfuse.export(cm, os.path.join(work, name))))]:
-            steps = _steps(m, feeds)
-            times = {k: [] for k in steps}
-            for _ in range(args.rounds):
-                for k, fn in steps.items():
-                    times[k].append(_block(fn, args.calls))
-            us = {k: min(v) for k, v in times.items()}
-            rows.append({"model": name, "kind": kind, "inputs": len(m.inputs), "us_min": us,
-                         "run_over_vm_us": us["run"] - us["vm_call"]})
-            print(f"{name:18s} {kind:9s} " + "  ".join(f"{k} {v:.2f}" for k, v in us.items())
-                  + f"  | run - vm_call {us['run'] - us['vm_call']:.2f} us", flush=True)
+            r = measure(m, feeds, max(1, int(calls * args.scale)), args.rounds, clock)
+            us, dv, dc = r["us_median"], r["run_minus_vm_views_us"], r["run_minus_vm_call_us"]
+            rows.append({"model": name, "kind": kind, "inputs": len(m.inputs), "calls": max(1, int(calls * args.scale)),
+                         "fast_path": m._io_plan().path, **r})
+            print(f"{name:17s} {kind:9s} " + " ".join(f"{us[k]:8.2f}" for k in
+                                                     ("vm_call", "vm_views", "run", "run_kept", "run_out", "bind_run",
+                                                      "run_general"))
+                  + f" | {dv[0]:9.2f} [{dv[1]:6.2f}-{dv[2]:6.2f}] {dc[0]:14.2f} | "
+                  + " ".join(f"{us[s]:13.3f}" for s in STEPS), flush=True)
     out = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "cpu": C.llvm_system_cpu(),
-           "load_avg": os.getloadavg(), "calls": args.calls, "rounds": args.rounds, "rows": rows}
+           "tvm_num_threads": threads, "clock": clock_name, "load_avg_end": os.getloadavg(),
+           "rounds": args.rounds, "quick": args.quick, "rows": rows}
     with open(args.json, "w") as f:
         json.dump(out, f, indent=1)
     print(f"wrote {args.json}")

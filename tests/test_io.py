@@ -64,6 +64,9 @@ class Spy:
             return r
 
         monkeypatch.setattr(model, "_main", lambda: main)
+        # run()'s per-model plan binds the VM's function once (tvmfuse.io._static_run): a fresh one binds
+        # the spy (monkeypatch puts the model's own plan back afterwards)
+        monkeypatch.delitem(model.__dict__, "_plan", raising=False)
 
 
 def _feeds(rng, alloc=tvmfuse.empty):

@@ -263,7 +263,12 @@ class Executes:
         out = {}
         for spec, name, (t, holders) in zip(self.outputs, plan.output_names, flat):
             if name in given:
-                out[name] = _write_into(given[name], t, spec)
+                dst = given[name]
+                if plan.on_cpu and type(dst) is np.ndarray:
+                    np.copyto(dst, np.from_dlpack(t))
+                    out[name] = dst
+                else:
+                    out[name] = _write_into(dst, t, spec)
                 continue
             if not plan.on_cpu:
                 out[name] = t.numpy()
@@ -292,6 +297,11 @@ class Executes:
         the output's shape and dtype}) receives those results instead (one copy each).
         """
         plan = self.__dict__.get("_plan") or self._io_plan()
+        fast = plan.run_static
+        if fast is not None:              # a static model (_static_run): checks, VM call and views in one step
+            out = fast(feeds, outputs)
+            if out is not None:
+                return out
         placed = plan.in_place(feeds)
         if placed is None:                # not the common case: the full checks (and their clear errors)
             values = validate_feeds(feeds, self.inputs, self.shape_upper_bounds)
@@ -335,7 +345,7 @@ class _Plan:
     assume), else None: then ``run()`` takes the full path (``validate_feeds`` + ``_to_device``), which
     copies what must be copied and raises the InputError that names what is wrong."""
 
-    __slots__ = ("on_cpu", "checks", "output_names", "fast", "bounds", "single", "last")
+    __slots__ = ("on_cpu", "checks", "output_names", "fast", "bounds", "single", "last", "path", "run_static")
 
     def __init__(self, model: "Executes"):
         self.on_cpu = model._on_cpu()
@@ -362,6 +372,12 @@ class _Plan:
         # is compared.  The plan keeps the last inputs alive until the next call, as the VM keeps its
         # last result.  numpy 1.x could reassign ``.data``: no reuse there.
         self.last = [None] * len(self.checks) if _ARRAY_DATA_FIXED else None
+        # which path ordinary numpy feeds take: "static" (every input's shape fixed: ``run_static``, made
+        # once here), "symbolic" (``in_place``: rank, fixed and named dims, bounds) or "checked" (no
+        # numpy dtype or not a CPU: every call gets the full checks)
+        static = self.fast and all(c[2] is not None for c in self.checks)
+        self.path = "static" if static else "symbolic" if self.fast else "checked"
+        self.run_static = _static_run(self, model) if static else None
 
     def in_place_args(self, feeds) -> list | None:
         placed = self.in_place(feeds)
@@ -412,6 +428,103 @@ class _Plan:
             if sizes.get(d, 0) > bound:
                 return None
         return args, ptrs
+
+
+def _static_run(plan: _Plan, model: "Executes"):
+    """``run(feeds, outputs)`` for a model whose inputs all have static shapes, as one function with
+    everything per model bound once (the VM's function handle, names, dtypes, shapes, alignments, the
+    output checks), or None from it (before any VM call) when a feed or output is not the ordinary case:
+    then ``run()`` takes its other paths, which copy what must be copied or raise the InputError.
+
+    Per call: per input a type, shape, dtype and flags compare and, for an array object not given in the
+    last call, its DLPack import; the VM call; for one fresh output its numpy view (else ``_finish``).
+    (issue 11: the checks loop, its lists and the method calls cost about as much as the VM call of a
+    tiny model.)"""
+    main = model._main()
+    finish = model._finish
+    specs = tuple((name, dtype, shape, alignment) for name, dtype, shape, _, alignment in plan.checks)
+    count = len(specs)
+    single = plan.single
+    last = plan.last                   # None: numpy 1.x (an array's memory may move), no view reuse
+    # output name -> (numpy dtype, static shape): preallocated outputs that need no full check
+    out_checks = {}
+    for spec in model.outputs:
+        dtype = _numpy_dtype(spec.dtype)
+        if dtype is not None and all(isinstance(d, int) for d in spec.shape):
+            out_checks[spec.name] = (dtype, tuple(spec.shape))
+    ndarray, tensor_type, from_dlpack = np.ndarray, C.Tensor, C.from_dlpack
+    refs, numpy_view = C.strong_ref_count, np.from_dlpack
+
+    def outputs_ok(outputs) -> bool:
+        if type(outputs) is not dict:
+            return False
+        for name, dst in outputs.items():
+            check = out_checks.get(name)
+            if (check is None or type(dst) is not ndarray or dst.dtype != check[0] or dst.shape != check[1]
+                    or not dst.flags.writeable):
+                return False
+        return True
+
+    def run(feeds, outputs):
+        if type(feeds) is not dict or len(feeds) != count or (outputs and not outputs_ok(outputs)):
+            return None
+        args, ptrs = [], []
+        for i, (name, dtype, shape, alignment) in enumerate(specs):
+            v = feeds.get(name)
+            # carray: C-contiguous, writeable and aligned to the dtype (a view at an odd byte is not);
+            # numpy's dtype of a native type is one object: ``is`` first, the compare only otherwise
+            if (type(v) is not ndarray or v.shape != shape or (v.dtype is not dtype and v.dtype != dtype)
+                    or not v.flags.carray):
+                return None
+            seen = last[i] if last is not None else None
+            if seen is not None and seen[0] is v:       # the same array object: same memory and shape
+                t, ptr = seen[1], seen[2]
+            else:
+                t = from_dlpack(v)
+                ptr = t.data_ptr()
+                if ptr % alignment:
+                    return None
+                if last is not None:
+                    last[i] = (v, t, ptr, shape)
+            args.append(t)
+            ptrs.append(ptr)
+        result = main(*args)
+        # one fresh output, none given: a tensor only our wrapper and the VM's last-result register hold,
+        # not an input's memory (see run())
+        if (single is not None and not outputs and type(result) is tensor_type and refs(result) <= 2
+                and result.data_ptr() not in ptrs):
+            return {single: numpy_view(result)}
+        return finish(result, outputs, args)
+
+    if count != 1:
+        return run
+    (name0, dtype0, shape0, alignment0), = specs
+
+    def run_one(feeds, outputs):
+        """``run`` for one input (most models): no loop, no lists."""
+        if type(feeds) is not dict or len(feeds) != 1 or (outputs and not outputs_ok(outputs)):
+            return None
+        v = feeds.get(name0)
+        if (type(v) is not ndarray or v.shape != shape0 or (v.dtype is not dtype0 and v.dtype != dtype0)
+                or not v.flags.carray):
+            return None
+        seen = last[0] if last is not None else None
+        if seen is not None and seen[0] is v:
+            t, ptr = seen[1], seen[2]
+        else:
+            t = from_dlpack(v)
+            ptr = t.data_ptr()
+            if ptr % alignment0:
+                return None
+            if last is not None:
+                last[0] = (v, t, ptr, shape0)
+        result = main(t)
+        if (single is not None and not outputs and type(result) is tensor_type and refs(result) <= 2
+                and result.data_ptr() != ptr):
+            return {single: numpy_view(result)}
+        return finish(result, outputs, [t])
+
+    return run_one
 
 
 # numpy 2 made ``ndarray.data`` read-only: an array object's memory never moves (``_Plan.last``)
