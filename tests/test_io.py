@@ -476,3 +476,101 @@ def test_an_array_reshaped_in_place_is_imported_again(host, rng):
     # the same array made read-only since: not read in place any more (copied), still right
     f["x"].flags.writeable = False
     np.testing.assert_allclose(cm.run(f)["y"], f["x"] * f["m"][..., None], rtol=1e-6, atol=1e-6)
+
+
+# ------------------------------------------------------------------ run()'s paths (tvmfuse.io._Plan)
+def _count_calls(monkeypatch, owner, name) -> list:
+    calls = []
+    real = getattr(owner, name)
+    monkeypatch.setattr(owner, name, lambda *a, **k: calls.append(1) or real(*a, **k))
+    return calls
+
+
+def test_a_static_model_takes_the_static_path(model, rng, monkeypatch):
+    # every input's shape fixed: ordinary feeds go through _Plan.run_static (checks, VM call, views in
+    # one function), not the symbolic checks (_Plan.in_place) nor the full ones (validate_feeds)
+    import tvmfuse.io as io
+
+    spy = Spy(model, monkeypatch)
+    symbolic = _count_calls(monkeypatch, io._Plan, "in_place")
+    full = _count_calls(monkeypatch, io, "validate_feeds")
+    assert model._io_plan().path == "static" and model._io_plan().run_static is not None
+    feeds = _feeds(rng, np.empty)
+    y1 = model.run(feeds)["y"]
+    assert spy.args == [[_addr(feeds[k]) for k in "abc"]] and _addr(y1) == spy.results[0]
+    kept = y1.copy()
+    for k in "abc":                                   # the zero-copy loop: refill, call again
+        feeds[k][...] = rng.standard_normal(N)
+    y2 = model.run(feeds)["y"]
+    np.testing.assert_allclose(y2, _reference(feeds), rtol=1e-5, atol=1e-6)
+    np.testing.assert_array_equal(y1, kept)          # valid after the next call
+    assert spy.args[1] == spy.args[0] and not np.shares_memory(y1, y2)
+    dst = np.empty(N, np.float32)                     # preallocated outputs take it too
+    assert model.run(feeds, outputs={"y": dst})["y"] is dst
+    np.testing.assert_allclose(dst, _reference(feeds), rtol=1e-5, atol=1e-6)
+    assert symbolic == [] and full == []
+
+
+def test_the_static_path_hands_what_it_cannot_take_to_the_full_checks(model, rng, monkeypatch):
+    # the same array object changed since the last call (made read-only, reshaped in place), an input
+    # at an odd byte, a wrong preallocated output: right results (copied where needed) or the InputError
+    import tvmfuse.io as io
+
+    full = _count_calls(monkeypatch, io, "validate_feeds")
+    feeds = _feeds(rng, np.empty)
+    np.testing.assert_allclose(model.run(feeds)["y"], _reference(feeds), rtol=1e-5, atol=1e-6)
+    feeds["a"].flags.writeable = False
+    np.testing.assert_allclose(model.run(feeds)["y"], _reference(feeds), rtol=1e-5, atol=1e-6)
+    assert full == [1]
+    feeds["a"] = feeds["a"].copy()
+    feeds["b"].shape = (2, N // 2)
+    with pytest.raises(tvmfuse.InputError, match=r"input 'b' has shape \[2, 2048\]"):
+        model.run(feeds)
+    feeds["b"].shape = (N,)
+    odd = _at_offset(feeds["c"], 2)                   # float32 data 2 bytes past a boundary: copied
+    np.testing.assert_allclose(model.run({**feeds, "c": odd})["y"], _reference(feeds), rtol=1e-5, atol=1e-6)
+    with pytest.raises(tvmfuse.InputError, match="output 'y' has dtype float64"):
+        model.run(feeds, outputs={"y": np.empty(N, np.float64)})
+    np.testing.assert_allclose(model.run(feeds)["y"], _reference(feeds), rtol=1e-5, atol=1e-6)
+
+
+def test_a_symbolic_model_takes_the_checked_path(host, rng, monkeypatch):
+    # a symbolic input: no static path; every call checks rank, fixed and named dims (_Plan.in_place)
+    import tvmfuse.io as io
+
+    g = M._G("symbolic_scale")
+    x = g.input("x", ("batch", 16))
+    g.op("Mul", x, g.const(np.full(16, 2.0, np.float32)))
+    g.rename_last("y", ("batch", 16))
+    cm = tvmfuse.compile(g.model(), host)
+    plan = cm._io_plan()
+    assert plan.path == "symbolic" and plan.run_static is None
+    symbolic = _count_calls(monkeypatch, io._Plan, "in_place")
+    for b in (3, 5):
+        xa = rng.standard_normal((b, 16)).astype(np.float32)
+        np.testing.assert_allclose(cm.run({"x": xa})["y"], 2 * xa, rtol=1e-6)
+    assert symbolic == [1, 1]
+
+
+def test_bind_run_outputs_are_fresh_and_never_an_input(compiled, host, rng):
+    # Binding.run's short path (one fresh output): a view of the result, valid after the next run; an
+    # Identity's output (the bound input's own memory) is copied
+    g = M._G("identity")
+    x = g.input("x", (16,))
+    g.op("Identity", x)
+    g.rename_last("y", (16,))
+    cm = tvmfuse.compile(g.model(), host)
+    xa = np.arange(16, dtype=np.float32)
+    y = cm.bind({"x": xa}).run()["y"]
+    assert not np.shares_memory(y, xa)
+    xa[...] = 0
+    np.testing.assert_array_equal(y, np.arange(16, dtype=np.float32))
+    feeds = _feeds(rng)
+    b = compiled.bind(feeds)
+    y1 = b.run()["y"]
+    kept = y1.copy()
+    b.update({"a": rng.standard_normal(N).astype(np.float32)})
+    y2 = b.run()["y"]
+    np.testing.assert_array_equal(y1, kept)
+    assert not np.shares_memory(y1, y2)
+    np.testing.assert_allclose(y2, _reference(feeds), rtol=1e-5, atol=1e-6)   # update wrote the bound array
