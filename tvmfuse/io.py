@@ -12,9 +12,15 @@ ones, so an earlier result is never overwritten.  The VM's pooled allocator hand
 again once nothing holds them (a loop that drops each result reuses two buffers: no page faults).
 
 Cost per call: ``run()`` checks ordinary numpy feeds against a plan made at the first call (``_Plan``:
-dtype and shape compares, contiguity and alignment, one DLPack import per input), a few microseconds over
-the VM call; only feeds that fail it (a wrong name, dtype or shape, a TVM tensor, an array to copy) go
-through the full checks (``validate_feeds``), which name what is wrong.  The same array object given
+dtype and shape compares, contiguity and alignment, one DLPack import per input), about 2 us over the VM
+call (one thread, CPU time; ``benchmarks/io_overhead.py``); a model whose input shapes are all static
+does it in one function made once per model (``_Plan.run_static``: the VM's function handle, names,
+dtypes and shapes bound, no loop for one input), a symbolic one checks its named dims each call
+(``_Plan.in_place``); only feeds that fail either (a wrong name, dtype or shape, a TVM tensor, an array to
+copy) go through the full checks (``validate_feeds``), which name what is wrong.  Outputs are not
+allocated by ``run()``: the VM allocates them from its pool, which gives the same two buffers back call
+after call while the caller drops each result (no page faults after the first calls; a caller that keeps
+every result gets fresh memory each time, or passes ``outputs=``).  The same array object given
 again (the zero-copy loop: refill it in place, call again) reuses its DLPack view, so the plan holds the
 last inputs until the next call.  A single fresh output is wrapped in one step.  Every Python step after a
 kernel that streams megabytes through the caches runs cold (measured, one thread, CPU time, under load:
