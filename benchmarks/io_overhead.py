@@ -22,6 +22,9 @@ run()'s steps run after the kernel has swept the caches).  Each compiled and as 
   plan), ``output_view`` (``np.from_dlpack`` of a result), ``output_refs`` (the reference count read
   that tells a fresh result from a shared one).
 
+Also per path, minor page faults per call (``run_keep_all``: a caller that keeps 50 results before
+letting them go; not timed).
+
 Table: per model, the medians over rounds and the paired per-round differences ``run - vm_views`` and
 ``run - vm_call`` (median [p25-p75]): run()'s fixed cost.  Clock: with ``TVM_NUM_THREADS=1`` the calling
 thread's CPU time (other processes' load does not count in it); else wall time.  Paths are timed in
@@ -98,8 +101,30 @@ def _block(fn, calls: int, clock=time.perf_counter_ns) -> float:
     return (clock() - t) / calls / 1e3
 
 
+FAULT_PATHS = ("vm_call", "vm_views", "run", "run_kept", "run_out", "bind_run", "run_keep_all")
+
+
+def page_faults(ps: dict, calls: int = 200) -> dict:
+    """Minor page faults per call of each path after 20 warm-up calls (``getrusage``; not a timing, so
+    load does not blur it): 0 where the outputs' memory comes back from the VM's pool every call."""
+    import resource
+
+    out = {}
+    for k in FAULT_PATHS:
+        for _ in range(20):
+            ps[k]()
+        before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+        for _ in range(calls):
+            ps[k]()
+        out[k] = (resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before) / calls
+    return out
+
+
 def measure(m, feeds, calls: int, rounds: int, clock) -> dict:
     ps = paths(m, feeds)
+    keep_all = []                        # a caller that keeps every result (up to 50, then lets them go)
+    ps_faults = {**ps, "run_keep_all": lambda: keep_all.append(m.run(feeds)) if len(keep_all) < 50
+                 else keep_all.clear()}
     keys = list(ps)
     for fn in ps.values():
         _block(fn, max(1, calls // 4), clock)
@@ -109,8 +134,10 @@ def measure(m, feeds, calls: int, rounds: int, clock) -> dict:
         for k in keys[k0:] + keys[:k0]:
             times[k].append(_block(ps[k], calls, clock))
     run = np.array(times["run"])
+    faults = page_faults(ps_faults)
     out = {"us_median": {k: float(np.median(v)) for k, v in times.items()},
-           "us_min": {k: float(min(v)) for k, v in times.items()}, "us_by_round": times}
+           "us_min": {k: float(min(v)) for k, v in times.items()}, "us_by_round": times,
+           "minor_faults_per_call": faults}
     for base in ("vm_views", "vm_call"):
         d = run - np.array(times[base])
         out[f"run_minus_{base}_us"] = [float(np.median(d)), float(np.percentile(d, 25)), float(np.percentile(d, 75))]
@@ -153,6 +180,8 @@ def main(argv=None) -> int:
                                                       "run_general"))
                   + f" | {dv[0]:9.2f} [{dv[1]:6.2f}-{dv[2]:6.2f}] {dc[0]:14.2f} | "
                   + " ".join(f"{us[s]:13.3f}" for s in STEPS), flush=True)
+            print(f"{'':27s} minor page faults per call: "
+                  + ", ".join(f"{k} {v:.1f}" for k, v in r["minor_faults_per_call"].items()), flush=True)
     out = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "cpu": C.llvm_system_cpu(),
            "tvm_num_threads": threads, "clock": clock_name, "load_avg_end": os.getloadavg(),
            "rounds": args.rounds, "quick": args.quick, "rows": rows}
