@@ -161,7 +161,8 @@ def main(argv=None) -> int:
     rows = []
     print(f"TVM_NUM_THREADS={threads or '(default)'}, clock: {clock_name}, load average {os.getloadavg()}")
     head = (f"{'model':17s} {'kind':9s} {'vm_call':>8s} {'vm_views':>8s} {'run':>8s} {'run_kept':>8s} "
-            f"{'run_out':>8s} {'bind_run':>8s} {'run_gen':>8s} | {'run - vm_views [p25-p75]':>25s} {'run - vm_call':>14s} | "
+            f"{'run_out':>8s} {'bind_run':>8s} {'run_gen':>8s} | {'run - vm_views [p25-p75]':>25s} "
+            f"{'run - vm_call':>14s} | "
             + " ".join(f"{s:>13s}" for s in STEPS))
     print(head)
     for name in args.models:
