@@ -23,7 +23,8 @@ run()'s steps run after the kernel has swept the caches).  Each compiled and as 
   that tells a fresh result from a shared one).
 
 Also per path, minor page faults per call (``run_keep_all``: a caller that keeps 50 results before
-letting them go; not timed).
+letting them go) and the Python and C function calls one call makes (``sys.setprofile``): counts, not
+timings, the same under any load.
 
 Table: per model, the medians over rounds and the paired per-round differences ``run - vm_views`` and
 ``run - vm_call`` (median [p25-p75]): run()'s fixed cost.  Clock: with ``TVM_NUM_THREADS=1`` the calling
@@ -120,6 +121,32 @@ def page_faults(ps: dict, calls: int = 200) -> dict:
     return out
 
 
+CALL_PATHS = ("vm_views", "run", "run_general", "run_out", "bind_run")
+
+
+def function_calls(ps: dict) -> dict:
+    """Python and C function calls made by one call of each path (``sys.setprofile``; the path's own
+    callable not counted): a count of run()'s steps that load does not change."""
+    import sys
+
+    out = {}
+    for k in CALL_PATHS:
+        ps[k]()
+        count = [0]
+
+        def profile(frame, event, arg):
+            if event in ("call", "c_call"):
+                count[0] += 1
+
+        sys.setprofile(profile)
+        try:
+            ps[k]()
+        finally:
+            sys.setprofile(None)
+        out[k] = count[0] - 1
+    return out
+
+
 def measure(m, feeds, calls: int, rounds: int, clock) -> dict:
     ps = paths(m, feeds)
     keep_all = []                        # a caller that keeps every result (up to 50, then lets them go)
@@ -135,9 +162,10 @@ def measure(m, feeds, calls: int, rounds: int, clock) -> dict:
             times[k].append(_block(ps[k], calls, clock))
     run = np.array(times["run"])
     faults = page_faults(ps_faults)
+    fcalls = function_calls(ps)
     out = {"us_median": {k: float(np.median(v)) for k, v in times.items()},
            "us_min": {k: float(min(v)) for k, v in times.items()}, "us_by_round": times,
-           "minor_faults_per_call": faults}
+           "minor_faults_per_call": faults, "function_calls_per_call": fcalls}
     for base in ("vm_views", "vm_call"):
         d = run - np.array(times[base])
         out[f"run_minus_{base}_us"] = [float(np.median(d)), float(np.percentile(d, 25)), float(np.percentile(d, 75))]
@@ -182,7 +210,9 @@ def main(argv=None) -> int:
                   + f" | {dv[0]:9.2f} [{dv[1]:6.2f}-{dv[2]:6.2f}] {dc[0]:14.2f} | "
                   + " ".join(f"{us[s]:13.3f}" for s in STEPS), flush=True)
             print(f"{'':27s} minor page faults per call: "
-                  + ", ".join(f"{k} {v:.1f}" for k, v in r["minor_faults_per_call"].items()), flush=True)
+                  + ", ".join(f"{k} {v:.1f}" for k, v in r["minor_faults_per_call"].items())
+                  + "; function calls per call: "
+                  + ", ".join(f"{k} {v}" for k, v in r["function_calls_per_call"].items()), flush=True)
     out = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "cpu": C.llvm_system_cpu(),
            "tvm_num_threads": threads, "clock": clock_name, "load_avg_end": os.getloadavg(),
            "rounds": args.rounds, "quick": args.quick, "rows": rows}
