@@ -483,8 +483,9 @@ def _static_run(plan: _Plan, model: "Executes"):
     def run(feeds, outputs):
         if type(feeds) is not dict or len(feeds) != count or (outputs and not outputs_ok(outputs)):
             return None
-        args, ptrs = [], []
-        for i, (name, dtype, shape, alignment) in enumerate(specs):
+        args, ptrs = [None] * count, [0] * count
+        i = 0
+        for name, dtype, shape, alignment in specs:
             v = feeds.get(name)
             # carray: C-contiguous, writeable and aligned to the dtype (a view at an odd byte is not);
             # numpy's dtype of a native type is one object: ``is`` first, the compare only otherwise
@@ -501,8 +502,9 @@ def _static_run(plan: _Plan, model: "Executes"):
                     return None
                 if last is not None:
                     last[i] = (v, t, ptr, shape)
-            args.append(t)
-            ptrs.append(ptr)
+            args[i] = t
+            ptrs[i] = ptr
+            i += 1
         result = main(*args)
         # one fresh output, none given: a tensor only our wrapper and the VM's last-result register hold,
         # not an input's memory (see run())
