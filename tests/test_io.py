@@ -534,7 +534,7 @@ def test_the_static_path_hands_what_it_cannot_take_to_the_full_checks(model, rng
     np.testing.assert_allclose(model.run(feeds)["y"], _reference(feeds), rtol=1e-5, atol=1e-6)
 
 
-def test_a_symbolic_model_takes_the_checked_path(host, rng, monkeypatch):
+def test_a_symbolic_model_takes_the_symbolic_path(host, rng, monkeypatch):
     # a symbolic input: no static path; every call checks rank, fixed and named dims (_Plan.in_place)
     import tvmfuse.io as io
 
