@@ -12,7 +12,7 @@ ones, so an earlier result is never overwritten.  The VM's pooled allocator hand
 again once nothing holds them (a loop that drops each result reuses two buffers: no page faults).
 
 Cost per call: ``run()`` checks ordinary numpy feeds against a plan made at the first call (``_Plan``:
-dtype and shape compares, contiguity and alignment, one DLPack import per input), about 2 us over the VM
+dtype and shape compares, contiguity and alignment, one DLPack import per input), 2-3 us over the VM
 call (one thread, CPU time; ``benchmarks/io_overhead.py``); a model whose input shapes are all static
 does it in one function made once per model (``_Plan.run_static``: the VM's function handle, names,
 dtypes and shapes bound, no loop for one input), a symbolic one checks its named dims each call
