@@ -17,7 +17,8 @@ run()'s steps run after the kernel has swept the caches).  Each compiled and as 
   ``bind_run``: ``bind(feeds).run()``, ``run_general``: ``run()`` without the static path
   (``_Plan.run_static``; the checks every model took before it: the A/B pair of ``run``);
 - run()'s steps on their own: ``checks`` (the per-model plan's input checks and DLPack views,
-  ``_Plan.in_place``), ``dlpack_import`` (a fresh DLPack import of every input: what an array not seen
+  ``_Plan.in_place``: the symbolic path's; the static path does the same compares inline, without the
+  per-dim loop), ``dlpack_import`` (a fresh DLPack import of every input: what an array not seen
   in the last call costs), ``full_checks`` (``validate_feeds`` + ``_to_device``: feeds that fail the
   plan), ``output_view`` (``np.from_dlpack`` of a result), ``output_refs`` (the reference count read
   that tells a fresh result from a shared one).
