@@ -252,3 +252,30 @@ def test_no_im2col_on_large_planes(target, cin, hw):
     t, match, func, tgt = _kernel(dict(cin=cin, cout=cin, h=hw, w=hw), target)
     cfg = t.default_config(match, tgt)
     assert not cfg["im2col"] and not cfg["pad_width"], cfg
+
+
+def _parallel_extents(func) -> list[int]:
+    """Extents of the parallel loops, in program order (the post-order visit keeps sibling order)."""
+    return [int(f.extent) for f in S.loops(func) if f.kind == C.ForKind.PARALLEL]
+
+
+# (id, conv kwargs, target, parallel extents of the default schedule): the padded im2col copy made once
+# before the tiles (its own parallel loop, then row bands x channel blocks) where the whole copy fits the
+# target's shared_copy_l2_share of L2, else per row band inside the tiles' loop (one parallel loop)
+SHARED_COPY = [
+    # squeezenet's stem: 27 x 31 x 32 floats (107 kB) <= 1/4 of skx's 1 MiB L2; oc_tile 4: 16 channel blocks
+    ("stem_skylake", dict(cin=3, cout=64, h=64, w=64, s=2, pads=[0] * 4), S.SKYLAKE, [27 * 31, 31 * 16]),
+    # must not fire: over 1/4 of haswell's 256 KiB L2
+    ("stem_haswell", dict(cin=3, cout=64, h=64, w=64, s=2, pads=[0] * 4), S.HASWELL, [31]),
+    # must not fire: 198 padded rows of 27 x 64 floats (1.4 MB) on skx
+    ("tall_plane_skylake", dict(cin=3, cout=16, h=200, w=65, pads=[0] * 4), S.SKYLAKE, [198]),
+]
+
+
+@pytest.mark.parametrize("case,kwargs,target,extents", SHARED_COPY, ids=[c[0] for c in SHARED_COPY])
+def test_padded_copy_shared_where_it_fits_l2(case, kwargs, target, extents):
+    t, match, func, tgt = _kernel(kwargs, target)
+    cfg = t.default_config(match, tgt)
+    assert cfg["im2col"] and cfg["pad_width"], cfg
+    assert cfg["parallel_depth"] == (2 if len(extents) == 2 else 1), cfg
+    assert _parallel_extents(schedule_with(t, match, func, cfg)) == extents

@@ -174,3 +174,33 @@ def test_plane_threshold_comes_from_the_target_table(monkeypatch):
     kname, func = _kernel(model, tgt)
     assert [int(d) for d in func.params[1].shape] == [128, 32, 3, 3]
     assert schedule_prim_func(func, tgt, {}, kname).template == CONV
+
+
+# (name, conv_block kwargs, target, default (oh_tile, ow_tile, nvec)): the table's max_accumulators (18)
+# caps the default register tile with 32 vector registers (squeezenet's 15x15 fire conv was 1 x 5 x 4 = 20,
+# its 48->192 3x3-plane conv 3 x 3 x 3 = 27); the 64->256 conv's 3 x 3 x 2 (18) and every AVX2 tile (at most
+# 14 accumulators fit 16 registers) are under it: must not change
+ACC_CAP = [
+    ("fire_15x15_skylake", CASES[0][1], S.SKYLAKE, (1, 3, 4)),
+    ("fire_3x3_192_skylake", CASES[2][1], S.SKYLAKE, (3, 3, 2)),
+    ("fire_3x3_256_skylake", dict(cin=64, cout=256, h=3, w=3, residual=False, bn=False), S.SKYLAKE, (3, 3, 2)),
+    ("fire_15x15_haswell", CASES[0][1], S.HASWELL, (1, 5, 2)),
+    ("fire_3x3_192_haswell", CASES[2][1], S.HASWELL, (1, 3, 3)),
+]
+
+
+@pytest.mark.parametrize("name,kwargs,target,tile", ACC_CAP, ids=[c[0] for c in ACC_CAP])
+def test_default_tile_under_the_accumulator_cap(name, kwargs, target, tile):
+    tgt = tvmfuse.parse_target(target)
+    kname, func = _kernel(conv_block(**kwargs), tgt)
+    res = schedule_prim_func(func, tgt, {}, kname)
+    assert res is not None and res.template == FAMILY, res and res.template
+    cfg = res.config
+    assert (cfg["oh_tile"], cfg["ow_tile"], cfg["nvec"]) == tile, cfg
+    assert tile[0] * tile[1] * tile[2] <= TG.template_defaults(tgt, FAMILY)["max_accumulators"]
+    block = cfg["nvec"] * cfg["lanes"]      # the graph rewrite blocks the weights by the capped tile
+    assert int(func.params[1].shape[-1]) == block
+    # the tile's accumulators only: one register tile of the conv's output and the small padded input
+    allocs, _ = _structure(res.func)
+    assert sorted(n for _, n in allocs) == sorted([kwargs["cin"] * (kwargs["h"] + 2) * (kwargs["w"] + 2),
+                                                   tile[0] * tile[1] * block])

@@ -56,10 +56,13 @@ def pre_legalize_passes(target: C.Target, options: PipelineOptions) -> list:
 def legalize_passes(target: C.Target, fold_constants: bool = True) -> list:
     """TVM's library dispatch, then every op lowered to its own PrimFunc with its op pattern (TVM's
     legalizations but for those of passes.legalize: reshapes over symbolic extents), then (``fold_constants``)
-    TVM's FoldConstant, which builds and runs every call on constants only."""
+    TVM's FoldConstant, which builds and runs every call on constants only; the calls numpy folds exactly
+    (``passes.fold.CONSTANT_FOLDS``: bias reshapes, Clip bounds, transposed weights) are folded before
+    legalization, so FoldConstant builds no LLVM module for them (most of a CNN's compile time before)."""
+    from .passes.fold import FoldConstantsNumpy
     from .passes.legalize import custom_legalize
 
-    return C.backend_passes(target, "library_dispatch") + [
+    return ([FoldConstantsNumpy()] if fold_constants else []) + C.backend_passes(target, "library_dispatch") + [
         C.relax_transform.LegalizeOps(customize_legalize_map=custom_legalize(target)),
         C.relax_transform.AnnotateTIROpPattern(),
     ] + ([C.relax_transform.FoldConstant()] if fold_constants else [])

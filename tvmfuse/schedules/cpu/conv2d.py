@@ -287,6 +287,19 @@ def padded_width(info: dict, lanes: int) -> int | None:
     return padded if ow > lanes and ow % lanes and padded <= MAX_OW_VECTORS * lanes else None
 
 
+def shared_copy_fits(info: dict, padded: int, target: C.Target) -> bool:
+    """Whether the whole im2col copy of a conv with rows padded to ``padded`` columns (all row bands, every
+    window element: RC x KH x KW x OH x padded floats per batch) fits the target's
+    ``template_defaults["cpu.conv2d_epilogue"]["shared_copy_l2_share"]`` of L2: then the default copies it
+    once, before the register tiles, in its own parallel loop (``parallel_depth`` 2: tiles over row bands x
+    channel blocks), not per row band inside the tiles' loop.  SqueezeNet's stem (3->64, 3x3/2, 31x31
+    out, 107 kB copy), one core, CPU time, interleaved, under load (benchmarks/conv_kernel_ab.py, 3 runs):
+    41.2-41.4 vs 46.7-48.8 us per call with the copy per band."""
+    share = float(template_defaults(target, "cpu.conv2d_epilogue")["shared_copy_l2_share"])
+    floats = batch_size(info) * info["RC"] * info["KH"] * info["KW"] * info["OH"] * padded
+    return floats * 4 <= share * cpu_info(target).l2_bytes
+
+
 def pad_width_choices(info: dict, lanes: int) -> tuple:
     return PAD_WIDTH if True in im2col_choices(info) and padded_width(info, lanes) else (False,)
 
@@ -527,6 +540,8 @@ class Conv2DEpilogue(ConvTemplate):
                                      for c in ch["oh_tile"] for d in ch["fuse_rows"]), key=lambda t: score(*t))
         bands = batch_size(i) * ceil_div(i["OH"], oh)
         depth = 1 if bands >= MIN_PARALLEL_PER_CORE * info.cores else 2
+        if padded and not fused and shared_copy_fits(i, padded, target):
+            depth = 2     # the padded copy once, before the tiles (shared_copy_fits)
         return Conv2DConfig(oc_tile=oc, ow_tile=ow, lanes=lanes, oh_tile=oh,
                             ic_tile=U.nearest_choice(ch["ic_tile"], 1), unroll=max(ch["unroll"]),
                             parallel_depth=depth, parallel=U.parallel_default(conv_work(i), target), fuse_rows=fused,

@@ -83,7 +83,8 @@ def default_tile(oh: int, ow: int, out_channels: int, target: C.Target) -> tuple
     regs = U.Registers.for_bits(info.vector_bits).count
     nvecs = [v for v in U.choices_upto(NVEC_CHOICES, out_channels // min(widths))
              if out_channels % (v * lanes) == 0]
-    a, b, v = pick_tile(oh, ow, out_channels, lanes, regs, nvecs)
+    cap = int(template_defaults(target, FAMILY)["max_accumulators"])
+    a, b, v = pick_tile(oh, ow, out_channels, lanes, regs, nvecs, cap)
     return a, b, v, lanes
 
 
@@ -115,11 +116,18 @@ def pixel_tiles(oh: int, ow: int) -> list[tuple[int, int]]:
     return tiles
 
 
-def pick_tile(oh: int, ow: int, f: int, lanes: int, regs: int, nvecs) -> tuple[int, int, int]:
-    """(oh_tile, ow_tile, nvec): accumulators + weight vectors + one broadcast fit in the registers; the
-    channel block divides F; most accumulators; fewest loads per FMA (pixels + nvec per reduction step)."""
+def pick_tile(oh: int, ow: int, f: int, lanes: int, regs: int, nvecs, max_acc: int) -> tuple[int, int, int]:
+    """(oh_tile, ow_tile, nvec): accumulators + weight vectors + one broadcast fit in the registers, and at most
+    ``max_acc`` accumulators (the target table's ``max_accumulators``); the channel block divides F; most
+    accumulators; fewest loads per FMA (pixels + nvec per reduction step).
+
+    The cap: with 32 vector registers, squeezenet's 15x15 default was 1 x 5 pixels x 4 vectors (20
+    accumulators) and its 48->192 3x3-plane default 3 x 3 x 3 (27); one core, CPU time, interleaved, under
+    load (benchmarks/conv_kernel_ab.py): 1 x 3 x 4 (12) ran 34-40 vs 38-46 us in 3 of 4 runs (53.8 vs 51.6,
+    slower, in the fourth), 3 x 3 x 2 (18) 10.8-14.2 vs 13.3-16.6 us in 2 of 2; the 18-accumulator 3 x 3 x 2 tile of the
+    64->256 conv stays the best of its space.  With 16 registers the fit allows at most 14: no change."""
     cands = [(a, b, v) for a, b in pixel_tiles(oh, ow) for v in nvecs]
-    fitting = [c for c in cands if c[0] * c[1] * c[2] + c[2] + 1 <= regs] \
+    fitting = [c for c in cands if c[0] * c[1] * c[2] + c[2] + 1 <= regs and c[0] * c[1] * c[2] <= max_acc] \
         or [min(cands, key=lambda c: c[0] * c[1] * c[2])]
 
     def score(c):
