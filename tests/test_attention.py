@@ -213,7 +213,7 @@ def test_knob_space_and_every_config_match_reference(host, rng):
     match = t.match(func, host)
     space = t.space(match, host)
     assert set(space.names) == {"q_block", "k_block", "lanes", "rows", "tile_keys", "tile_qvecs", "q_blocks",
-                                "pack_kv", "prefetch"}
+                                "pack_kv", "prefetch", "serial_work"}
     assert space.contains(t.default_config(match, host))
     feeds = _feeds(model, rng)
     ref = M.reference_outputs(model, feeds)["y"]
