@@ -52,6 +52,24 @@ over the symbolic sequence with a tail, and the last query block computes only t
 existing rows.  Loop counts that would always equal a static number stay static, as in the static kernel
 (row groups whose unit is the whole query block; a single query or key block where the nest's size bucket
 bounds the sequence by the block), so a bucket's nest has the static kernel's loops.
+
+The shortest symbolic sequences (up to the target table's ``row_nest_max_seq``) get a nest of their own,
+the row nest (``_row_root``, config ``q_block`` 1): a query block of a vector of rows would compute mostly
+rows past the end there, so each task is one query row, its scores dot products over the head dim (a
+vector of products, summed by shuffles), its keys in blocks sized to the sequence (the bucket bounds them:
+one block, no key past the end or above the diagonal computed), and the task loop over (batch x heads x
+rows) runs serial where the kernel's multiply-adds are under the target's fork/join cost (``serial_work``:
+a run-time branch, the batch being symbolic):
+
+    for (batch, row) in serial/parallel:
+        m = -inf, l = 0, acc = 0
+        for key block (one where the bucket bounds the keys):
+            s[j] = scale * Q[row] . K[j] (+ mask)  for the row's visible keys;  m' = max(m, max_j s)
+            alpha = exp(min(m - m', 0));  p = exp(min(s - m', 0));  l = l * alpha + sum(p)
+            acc = acc * alpha + p @ V[block];  m = m'
+        out[row] = acc / l   (0 where the guard is set)
+
+(bert_dyn at sequence 1: its attention kernel 2.3 -> 0.2 us a call, one thread, under load.)
 """
 from __future__ import annotations
 
