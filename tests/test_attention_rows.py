@@ -227,7 +227,8 @@ def test_row_bucket_is_chosen_for_small_sequences_and_its_nest(name):
         assert len(over_keys) == 3 and all(k == int(C.ForKind.SERIAL) for k, _, _ in over_keys), loops
         # one key block: the loop around the key loops has the static extent 1
         blocks = []
-        C.post_order_visit(part, lambda s: blocks.append(s) if isinstance(s, C.tirx.For) and isinstance(s.extent, C.IntImm)
+        C.post_order_visit(part, lambda s: blocks.append(s) if isinstance(s, C.tirx.For)
+                           and isinstance(s.extent, C.IntImm)
                            and any(v == {"sequence"} for _, _, v in _loops(s.body)) else None)
         assert len(blocks) == 1 and int(blocks[0].extent) == 1, blocks
         width = max(int(e) for k, e, _ in loops if k == int(C.ForKind.VECTORIZED))
