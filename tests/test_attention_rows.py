@@ -24,12 +24,13 @@ RTOL, ATOL = 1e-4, 1e-5
 H, D, DV = 4, 16, 8          # query heads, head dims (D: one AVX-512 vector, two AVX2 vectors)
 
 
-def _spec(causal=None, mask=False, gqa=1, guard=False, zero_empty=False, sk=None) -> A.AttentionSpec:
+def _spec(causal=None, mask=False, gqa=1, guard=False, zero_empty=False, sk=None, sq=None) -> A.AttentionSpec:
     """Attention over [batch, heads, sequence, dim] with symbolic batch and sequence; ``sk``: the key
-    length (default: the query sequence itself; an int or a name: cross-attention); ``gqa``: query heads
-    per K/V head."""
+    length (default: the query sequence itself; an int or a name: cross-attention); ``sq``: a static query
+    length (the keys then the symbolic ``sequence``); ``gqa``: query heads per K/V head."""
     batch, seq = C.tirx.Var("batch", "int64"), C.tirx.Var("sequence", "int64")
     keys = seq if sk is None else (sk if isinstance(sk, int) else C.tirx.Var(sk, "int64"))
+    seq = seq if sq is None else sq
     hk = H // gqa
     kv_head = "b1" if gqa == 1 else ("%", "b1", gqa, hk)
     op = A.Operand
@@ -160,6 +161,21 @@ def test_row_nest_configs_over_long_keys_match_reference(causal, host, rng):
             ref = _reference(spec, feeds, 1)
             out = _run(scheduled, host, feeds, names, ref.shape)
             np.testing.assert_allclose(out, ref, rtol=RTOL, atol=ATOL, err_msg=f"{config}: {batch} x {seq}")
+
+
+def test_row_nest_one_static_query_over_symbolic_keys(host, rng):
+    """One static query row over a symbolic key length (a decoding step over its cache, with a mask): the
+    buckets dispatch on the keys; the row nest's keys are one block of the bound, and a larger cache runs
+    a block nest."""
+    spec = _spec(mask=True, sq=1)
+    res = schedule_prim_func(A.reference_prim_func(spec), host)
+    assert res.config["buckets"][0]["config"]["q_block"] == 1, res.config
+    names = [n for n, _ in spec.inputs()]
+    for batch, keys in ((1, 1), (2, 5), (1, 40)):
+        feeds = _feeds(spec, rng, batch, 1, keys, 1)
+        ref = _reference(spec, feeds, 1)
+        out = _run(res.func, host, feeds, names, ref.shape)
+        np.testing.assert_allclose(out, ref, rtol=RTOL, atol=ATOL, err_msg=f"batch {batch}, keys {keys}")
 
 
 def _loops(stmt) -> list:
