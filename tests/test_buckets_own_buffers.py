@@ -62,7 +62,8 @@ def test_join_refuses_nests_of_other_parameters(host):
 
 @pytest.mark.parametrize("rows", [(1, 1), (3, 17), (40, 17)])
 def test_bucketed_norm_matches_the_reference(rows, host, rng):
-    """Both buckets (1 and 51 rows serial, 680 rows parallel on the default table) with their own buffers."""
+    """1, 51 and 680 rows (the serial and the parallel bucket on a 2-core table: 511 rows) with their own
+    buffers give the reference's numbers."""
     model = _layer_norm()
     cm = tvmfuse.compile(model, target=host)
     assert cm.kernel_count == 1
