@@ -213,7 +213,7 @@ def test_knob_space_and_every_config_match_reference(host, rng):
     match = t.match(func, host)
     space = t.space(match, host)
     assert set(space.names) == {"q_block", "k_block", "lanes", "rows", "tile_keys", "tile_qvecs", "q_blocks",
-                                "pack_kv", "prefetch"}
+                                "pack_kv", "prefetch", "serial_work"}
     assert space.contains(t.default_config(match, host))
     feeds = _feeds(model, rng)
     ref = M.reference_outputs(model, feeds)["y"]
@@ -749,16 +749,20 @@ def test_symbolic_kernel_keeps_scores_out_of_memory(target):
 
 @pytest.mark.parametrize("target", [HASWELL, SKYLAKE], ids=["avx2", "avx512"])
 def test_symbolic_kernel_holds_the_static_blocks_of_each_sequence_bucket(target):
-    """Over a symbolic sequence the kernel holds one nest per size bucket (SEQ_BUCKETS and an open one),
-    picked at run time by the sequence; a bounded bucket's nest has the knobs a static build of that
-    length gets (at sequence 1 a 128-row query block computed 128x the scores), the open one those of
-    SYMBOLIC_OPEN_HINT; a static kernel has no buckets."""
+    """Over a symbolic sequence the kernel holds one nest per size bucket (SEQ_BUCKETS and an open one,
+    after the row nest's bucket for the shortest sequences: tests/test_attention_rows.py), picked at run
+    time by the sequence; a bounded bucket's nest has the knobs a static build of that length gets (at
+    sequence 1 a 128-row query block computed 128x the scores), the open one those of SYMBOLIC_OPEN_HINT;
+    a static kernel has no buckets."""
     from tvmfuse.schedules.cpu import attention as A
+    from tvmfuse.target import template_defaults
 
     kw = dict(b=1, h=4, d=64, dv=64)
     func = _attention_func(tvmfuse.compile(_chain(**{**kw, "sq": "sequence", "sk": "sequence"}), target))
     res = schedule_prim_func(func, target)
     got = {b["bucket"]: b["config"] for b in res.config["buckets"]}
+    small = int(template_defaults(target, "cpu.attention")["row_nest_max_seq"])
+    assert list(got)[0] == f"{A.ROW_BUCKET}<={small}" and got.pop(list(got)[0])["q_block"] == 1
     assert list(got) == [f"seq<={n}" for n in A.SEQ_BUCKETS] + [f"seq>{A.SEQ_BUCKETS[-1]}"]
     for n, config in zip([*A.SEQ_BUCKETS, A.SYMBOLIC_OPEN_HINT], got.values()):
         static = schedule_prim_func(_attention_func(tvmfuse.compile(_chain(**{**kw, "sq": n, "sk": n}), target)),
@@ -770,7 +774,7 @@ def test_symbolic_kernel_holds_the_static_blocks_of_each_sequence_bucket(target)
     conds = []
     _walk(res.func.body, lambda s: conds.append(s.condition) if isinstance(s, C.tirx.IfThenElse) else None)
     bounds = sorted(int(c.b) for c in conds if isinstance(c, C.tirx.LE) and _symbols_of(c.a) == {"sequence"})
-    assert bounds == list(A.SEQ_BUCKETS), conds
+    assert bounds == [small, *A.SEQ_BUCKETS], conds
 
 
 def test_symbolic_spec_round_trips_and_binds_the_kernel_vars(host):

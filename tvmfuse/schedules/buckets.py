@@ -33,6 +33,25 @@ def check_buckets(buckets) -> None:
         raise ValueError(f"size buckets {[b.name for b in buckets]}: names must differ (they key records)")
 
 
+def _own_buffers(body, buffers, taken: list):
+    """``body`` with each of ``buffers`` that an earlier nest allocated (``taken``) replaced by a copy of its
+    own, and the nest's buffers.  Each nest then holds every access to its buffers, so lowering places each
+    allocation inside the nest's loops where they touch one row (and compacts it to that row): a buffer shared
+    by two nests stays at the root, of the symbolic extent's size (the row sums of ``cpu.row_reduction``'s
+    nests over batch x sequence: a run-time workspace allocation per call, 2 per layer norm of bert_dyn)."""
+    copies = {}
+    for buf in buffers:
+        if any(buf.same_as(a) for a in taken):
+            copies[buf] = C.tirx.decl_buffer(buf.shape, buf.dtype, name=str(buf.name), scope=buf.scope())
+    if not copies:
+        return body, list(buffers)
+
+    def swap(b):
+        return next((new for old, new in copies.items() if b.same_as(old)), b)
+
+    return C.structural_map(body, (C.tirx.Buffer, swap)), [copies.get(b, b) for b in buffers]
+
+
 def join_buckets(funcs: list, buckets, extent) -> C.PrimFunc:
     """One PrimFunc running ``funcs[i]``'s loop nest when ``extent`` (an expression of the parameters'
     symbolic shapes) falls in ``buckets[i]``.  The funcs are schedules of one PrimFunc (same parameters);
@@ -48,10 +67,9 @@ def join_buckets(funcs: list, buckets, extent) -> C.PrimFunc:
         root = f.body
         if not isinstance(root, C.SBlockRealize) or root.block.iter_vars or root.block.match_buffers:
             raise ValueError("size buckets: a scheduled nest without a plain root block")
-        for buf in root.block.alloc_buffers:
-            if not any(buf.same_as(a) for a in allocs):
-                allocs.append(buf)
-        bodies.append(root.block.body)
+        body, own = _own_buffers(root.block.body, root.block.alloc_buffers, allocs)
+        allocs.extend(own)
+        bodies.append(body)
     body = bodies[-1]
     for b, nest in zip(reversed(buckets[:-1]), reversed(bodies[:-1])):
         body = C.tirx.IfThenElse(extent <= b.max_extent, nest, body)

@@ -52,6 +52,24 @@ over the symbolic sequence with a tail, and the last query block computes only t
 existing rows.  Loop counts that would always equal a static number stay static, as in the static kernel
 (row groups whose unit is the whole query block; a single query or key block where the nest's size bucket
 bounds the sequence by the block), so a bucket's nest has the static kernel's loops.
+
+The shortest symbolic sequences (up to the target table's ``row_nest_max_seq``) get a nest of their own,
+the row nest (``_row_root``, config ``q_block`` 1): a query block of a vector of rows would compute mostly
+rows past the end there, so each task is one query row, its scores dot products over the head dim (a
+vector of products, summed by shuffles), its keys in blocks sized to the sequence (the bucket bounds them:
+one block, no key past the end or above the diagonal computed), and the task loop over (batch x heads x
+rows) runs serial where the kernel's multiply-adds are under the target's fork/join cost (``serial_work``:
+a run-time branch, the batch being symbolic):
+
+    for (batch, row) in serial/parallel:
+        m = -inf, l = 0, acc = 0
+        for key block (one where the bucket bounds the keys):
+            s[j] = scale * Q[row] . K[j] (+ mask)  for the row's visible keys;  m' = max(m, max_j s)
+            alpha = exp(min(m - m', 0));  p = exp(min(s - m', 0));  l = l * alpha + sum(p)
+            acc = acc * alpha + p @ V[block];  m = m'
+        out[row] = acc / l   (0 where the guard is set)
+
+(bert_dyn at sequence 1: its attention kernel 2.3 -> 0.2 us a call, one thread, under load.)
 """
 from __future__ import annotations
 
@@ -64,6 +82,7 @@ from ... import _compat as C
 from ...target import cpu_info, template_defaults
 from ..base import Config, KnobSpace, Match, Template, knob
 from ..buckets import Bucket
+from . import common as U
 
 ATTR = "tvmfuse.attention"          # PrimFunc attribute holding the spec (JSON)
 RULE_ATTR = "tvmfuse.rule"          # the rule that formed the kernel (for the report)
@@ -98,6 +117,12 @@ SYMBOLIC_SEQ_HINT = 128
 # the scores: measured 30-70x slower than static at sequence 1, bert_dyn, under load); the last, open
 # bucket takes the blocks for SYMBOLIC_OPEN_HINT rows.
 SEQ_BUCKETS = (16, 32, 64, 128)
+# Below them, the row nest's bucket (``_row_root``): sequences up to the target table's row_nest_max_seq
+# (cpu_targets.json) run one query row per task, each score a dot product over the head dim, keys in blocks
+# sized to the sequence, serial over (batch x heads x rows) under the target's fork/join cost: at sequence 1
+# the seq<=16 nest computed a whole 16-row query block and 16-key block and forked the thread pool (bert_dyn's
+# attention 2.3 us a call vs its static build's ~0.3 us, one thread, under load).
+ROW_BUCKET = "row_nest:seq"
 SYMBOLIC_OPEN_HINT = 256
 NEG_INF = float("-inf")
 # Software prefetch (the ``prefetch`` knob): one per 64-byte cache line (16 float32), with LLVM's locality
@@ -504,7 +529,8 @@ class AttentionConfig(Config):
     """The knobs of the CPU attention kernel (choices and defaults from the target: ``cpu_info``)."""
 
     q_block: int = knob("query rows per parallel task, a multiple of the vector width (the rows are the "
-                        "vector axis of the scores)")
+                        "vector axis of the scores); 1: the row nest of the small-sequence bucket (one query "
+                        "row per task, each score a dot product over the head dim)")
     k_block: int = knob("keys per online-softmax step")
     lanes: int = knob("float32 lanes per vector (target)")
     rows: int = knob("query rows whose P @ V accumulators are in registers together")
@@ -516,6 +542,9 @@ class AttentionConfig(Config):
     prefetch: int = knob("software prefetches into L2 during each key block (static sequence only): 0 none; "
                          "1 the next query block's Q rows and this block's output rows; 2 also the next "
                          "task's K and V rows (packed K/V)")
+    serial_work: int = knob("the row nest (q_block 1) runs its (batch x heads x rows) loop serial when the "
+                            "kernel's multiply-adds at run time are fewer than this (the target's fork/join "
+                            "cost); 0: always parallel")
 
 
 class Attention(Template):
@@ -543,6 +572,10 @@ class Attention(Template):
     def space(self, match: Match, target: C.Target) -> KnobSpace:
         spec = match.info["spec"]
         lanes = cpu_info(target).float32_lanes
+        if match.info.get("row_nest"):
+            return AttentionConfig.space(q_block=(1,), k_block=_row_key_blocks(spec, match, lanes), lanes=(lanes,),
+                                         rows=(1,), tile_keys=(1,), tile_qvecs=(1,), q_blocks=(1,), pack_kv=(0,),
+                                         prefetch=(0,), serial_work=(U.min_parallel_work(target), 0))
         sq, sk = _size(spec.sq, match, None), _size(spec.sk, match, None)   # None: any block may serve
         qb = tuple(lanes * v for v in Q_BLOCK_VECTORS if v == 1 or sq is None or lanes * v < 2 * sq)
         kb = tuple(lanes * v for v in K_BLOCK_VECTORS if v == 1 or sk is None or lanes * v < 2 * sk)
@@ -553,12 +586,16 @@ class Attention(Template):
         return AttentionConfig.space(q_block=qb, k_block=kb, lanes=(lanes,), rows=ROW_GROUPS,
                                      tile_keys=TILE_KEYS, tile_qvecs=TILE_QVECS, q_blocks=qbs,
                                      pack_kv=(0, 1) if static_seq else (0,),
-                                     prefetch=(0, 1, 2) if static_seq else (0,))
+                                     prefetch=(0, 1, 2) if static_seq else (0,), serial_work=(0,))
 
     def default_config(self, match: Match, target: C.Target) -> dict:
         spec, info = match.info["spec"], cpu_info(target)
         table = template_defaults(target, self.family)
         space = {k.name: k.choices for k in self.space(match, target).knobs}
+        if match.info.get("row_nest"):
+            # the row nest: every choice is single but the key block (the largest: one block where the
+            # bucket bounds the keys) and the serial threshold (the target's fork/join cost)
+            return {name: choices[-1] if name == "k_block" else choices[0] for name, choices in space.items()}
         # the K tile and the V rows of one key block in a share of L1 (a causal kernel's own share: its
         # query block is at most its key block or a small share of the sequence, see below)
         kv_share = table["l1_share_kv" if spec.causal_offset is None else "causal_l1_share_kv"]
@@ -611,21 +648,28 @@ class Attention(Template):
             if prefetch == 2 and not (pack and both):
                 prefetch = 1
         return AttentionConfig(q_block=qb, k_block=kb, lanes=lanes, rows=rows, tile_keys=keys,
-                               tile_qvecs=qvecs, q_blocks=q_blocks, pack_kv=pack, prefetch=prefetch).asdict()
+                               tile_qvecs=qvecs, q_blocks=q_blocks, pack_kv=pack, prefetch=prefetch,
+                               serial_work=0).asdict()
 
     # ------------------------------------------------------------------ size buckets (symbolic sequence)
     def buckets(self, match: Match, target: C.Target) -> tuple[Bucket, ...]:
-        """A symbolic query (else key) sequence: one nest per ``SEQ_BUCKETS`` bound and one open nest;
-        a static sequence: none (one nest)."""
+        """A symbolic query (else key) sequence: the row nest's bucket (sequences up to the target table's
+        ``row_nest_max_seq``, ``ROW_BUCKET``), one nest per ``SEQ_BUCKETS`` bound and one open nest; a static
+        sequence: none (one nest)."""
         if _seq_symbol(match.info["spec"]) is None:
             return ()
-        return (*(Bucket(f"seq<={b}", b) for b in SEQ_BUCKETS), Bucket(f"seq>{SEQ_BUCKETS[-1]}", None))
+        small = int(template_defaults(target, self.family)["row_nest_max_seq"])
+        rows = (Bucket(f"{ROW_BUCKET}<={small}", small),) if small >= 1 else ()
+        return (*rows, *(Bucket(f"seq<={b}", b) for b in SEQ_BUCKETS if b > small),
+                Bucket(f"seq>{SEQ_BUCKETS[-1]}", None))
 
     def bucket_match(self, match: Match, bucket: Bucket) -> Match:
-        """The bucket's sequence size: its bound, or ``SYMBOLIC_OPEN_HINT`` for the open one (``_size``)."""
+        """The bucket's sequence size: its bound, or ``SYMBOLIC_OPEN_HINT`` for the open one (``_size``);
+        the row nest's bucket says so (``row_nest``)."""
         size = bucket.max_extent if bucket.max_extent is not None else SYMBOLIC_OPEN_HINT
         return Match(self.family, {**match.info, "bucket": bucket.name, "seq_size": size,
-                                   "seq_bounded": bucket.max_extent is not None})
+                                   "seq_bounded": bucket.max_extent is not None,
+                                   "row_nest": bucket.name.startswith(ROW_BUCKET)})
 
     def dispatch_extent(self, match: Match):
         return _seq_symbol(match.info["spec"])
@@ -645,6 +689,14 @@ class Attention(Template):
         # Step 1. The online-softmax loop nest for this configuration, over the kernel's own buffers.
         cfg = AttentionConfig.from_dict(config)
         qb, kb, lanes = cfg.q_block, cfg.k_block, cfg.lanes
+        seq_bound = match.info["seq_size"] if match.info.get("seq_bounded") else None
+        if qb == 1:      # the row nest (the small-sequence bucket's)
+            new_root = _row_root(spec, list(func.params), kb, lanes, seq_bound, cfg.serial_work)
+            old = sch.get(root)
+            sch.state.replace(sch.get_sref(root), new_root, {old: new_root})
+            return
+        if cfg.serial_work:
+            raise ValueError("cpu.attention: serial_work is a knob of the row nest (q_block 1) only")
         # the register tiles divide the blocks (every choice is a power of two)
         rows = math.gcd(cfg.rows, qb)
         tile_keys, tile_qvecs = math.gcd(cfg.tile_keys, kb), math.gcd(cfg.tile_qvecs, qb // lanes)
@@ -653,7 +705,6 @@ class Attention(Template):
         if cfg.prefetch and (static(spec.sk) is None or static(spec.sq) is None):
             raise ValueError("cpu.attention: prefetch needs a static sequence (its rows per key block are static)")
         # a bounded size bucket's nest runs only for sequences up to its bound (schedules.buckets)
-        seq_bound = match.info["seq_size"] if match.info.get("seq_bounded") else None
         new_root = _flash_root(spec, list(func.params), qb, kb, lanes, rows, tile_keys, tile_qvecs,
                                cfg.q_blocks, bool(cfg.pack_kv), seq_bound, cfg.prefetch)
         # Step 2. It replaces the reference stages (scores, softmax, P @ V) wholesale.
@@ -930,4 +981,163 @@ def _flash_root(spec: AttentionSpec, params: list, qb: int, kb: int, lanes: int,
                                 with T.If(qbi < nqb):
                                     with T.Then():
                                         block_body(qbi * qb, qblk)
+    return ib.get().body.block
+
+
+# --------------------------------------------------------------------------- the row nest (small sequences)
+def _row_key_blocks(spec: AttentionSpec, match: Match, lanes: int) -> tuple:
+    """The row nest's key block choices: where the bucket bounds the keys (the dispatch symbol is the key
+    length), one block of the bound (every key of a row in one softmax step); else the vector multiples
+    ``K_BLOCK_VECTORS`` (a static key length: those under twice it)."""
+    if match.info.get("seq_bounded") and static(spec.sk) is None and same_extent(spec.sk, _seq_symbol(spec)):
+        return (int(match.info["seq_size"]),)
+    sk = static(spec.sk)
+    return tuple(lanes * v for v in K_BLOCK_VECTORS if v == 1 or sk is None or lanes * v < 2 * sk)
+
+
+def _dot_width(d: int, lanes: int) -> int:
+    """The vector width of the row nest's dot products: the largest power of two up to ``lanes`` that
+    divides the head dim (1: scalar)."""
+    w = 1
+    while 2 * w <= lanes and d % (2 * w) == 0:
+        w *= 2
+    return w
+
+
+def _lane_sum(vec, width: int):
+    """The sum of a ``width``-lane vector expression by halving shuffles (log2(width) adds)."""
+    t = C.tirx
+    n = width
+    while n > 1:
+        h = n // 2
+        lo = t.Shuffle([vec], [t.const(x, "int32") for x in range(h)])
+        hi = t.Shuffle([vec], [t.const(x, "int32") for x in range(h, n)])
+        vec, n = lo + hi, h
+    return vec
+
+
+@contextlib.contextmanager
+def _lanes(T, width: int):
+    """A vectorized loop of ``width`` lanes (yields its index), or the index 0 for one lane."""
+    if width > 1:
+        with T.vectorized(0, width) as ln:
+            yield ln
+    else:
+        yield 0
+
+
+def _int64(n):
+    return C.tirx.const(n, "int64") if isinstance(n, int) else C.tirx.Cast("int64", n)
+
+
+def _row_root(spec: AttentionSpec, params: list, kb: int, lanes: int, seq_bound: int | None,
+              serial_work: int):
+    """The root block of the row nest: one task per (batch, heads, query row), for the small-sequence bucket
+    (``ROW_BUCKET``), where the block nest's query block of a vector of rows computes mostly rows past the
+    end.  Per row: for each block of ``kb`` keys (the row's visible keys: a causal row stops at its
+    diagonal, so no key is masked), the scores as dot products over the head dim (``_dot_width`` lanes of
+    products, summed by halving shuffles) into a row of ``kb`` scores, their max, the exps and the P @ V
+    multiply-adds as vectors over the value dim; the online softmax rescales between blocks.  Where the
+    bucket bounds the keys by ``kb`` the block loop is a single block.  With ``serial_work`` > 0 the task
+    loop is serial when the kernel's multiply-adds (rows x keys x (d + dv)) are fewer, else parallel (a
+    run-time branch over the same body)."""
+    T, IRBuilder, tir = C.tir_builder, C.IRBuilder, C.tirx
+    names = [n for n, _ in spec.inputs()] + ["out"]
+    buf = dict(zip(names, params))
+    f32 = "float32"
+    ext = spec.extents()
+    nb_total = math.prod(spec.batch) if spec.batch else 1
+    rows_total = nb_total * spec.sq
+    w = _dot_width(spec.d, lanes)
+    one_block = static(_block_count(spec, spec.sk, kb, seq_bound)) == 1
+    scale = tir.const(spec.scale, f32)
+    neg_inf, zero = tir.const(NEG_INF, f32), tir.const(0.0, f32)
+
+    def load(name, op, env):
+        return buf[name][tuple(_index(op, env, ext))]
+
+    def tasks(loop, block_name):
+        with loop(0, rows_total) as task:
+            with T.sblock(block_name):
+                t = T.axis.spatial(rows_total, task)
+                T.reads(*[buf[n][tuple(slice(0, s) for s in op.shape)] for n, op in spec.inputs()])
+                T.writes(buf["out"][tuple(slice(0, s) for s in spec.out.shape)])
+                sc = T.sblock_alloc_buffer((kb,), f32, scope=BUFFER_SCOPE)     # a key block's scores, then exps
+                ps = T.sblock_alloc_buffer((w,), f32, scope=BUFFER_SCOPE)      # a dot product's lanes
+                acc = T.sblock_alloc_buffer((spec.dv,), f32, scope=BUFFER_SCOPE)
+                # running max, running sum, the block's new max, rescale factor (then 1 / sum)
+                m, lsum, mn, al = (T.sblock_alloc_buffer((1,), f32, scope=BUFFER_SCOPE) for _ in range(4))
+                if static(spec.sq) == 1:
+                    i, flat = 0, t
+                else:
+                    i, flat = tir.floormod(t, spec.sq), tir.floordiv(t, spec.sq)
+                benv = _batch_env(spec, _unravel(flat, list(spec.batch))) if spec.batch else {}
+                env_i = {**benv, "i": i}
+                visible = spec.sk if spec.causal_offset is None else \
+                    tir.max(tir.min(spec.sk, i + (spec.causal_offset + 1)), 0)
+                T.buffer_store(m, neg_inf, [0])
+                T.buffer_store(lsum, zero, [0])
+                with _vector_loop(T, spec.dv, lanes) as e:
+                    T.buffer_store(acc, zero, [e])
+                with T.serial(0, 1 if one_block else _ceil_div(visible, kb)) as ko:
+                    j0 = ko * kb
+                    count = visible if one_block else tir.min(kb, visible - j0)
+                    T.buffer_store(mn, m[0], [0])
+                    # scores: scale * Q[i] . K[j] (+ mask), and their max
+                    with T.serial(0, count) as jj:
+                        env_j = {**env_i, "j": j0 + jj}
+                        with _lanes(T, w) as ln:
+                            T.buffer_store(ps, load("q", spec.q, {**env_j, "d": ln}) *
+                                           load("k", spec.k, {**env_j, "d": ln}), [ln])
+                        if spec.d > w:
+                            with T.serial(1, spec.d // w) as do:
+                                with _lanes(T, w) as ln:
+                                    dd = do * w + ln
+                                    T.buffer_store(ps, ps[ln] + load("q", spec.q, {**env_j, "d": dd}) *
+                                                   load("k", spec.k, {**env_j, "d": dd}), [ln])
+                        x = (_lane_sum(tir.BufferLoad(ps, [tir.Ramp(0, 1, w)]), w) if w > 1 else ps[0]) * scale
+                        if spec.mask is not None:
+                            x = x + load("mask", spec.mask, env_j)
+                        T.buffer_store(sc, x, [jj])
+                        T.buffer_store(mn, tir.max(mn[0], sc[jj]), [0])
+                    # the rescale of the running sum and accumulators (a max of -inf: the exps use 0; every
+                    # exp's argument is <= 0, min(., 0) says so to tvmfuse.fastmath)
+                    sf = tir.Select(mn[0] == neg_inf, zero, mn[0])
+                    T.buffer_store(al, tir.exp(tir.min(m[0] - sf, zero)), [0])
+                    T.buffer_store(lsum, lsum[0] * al[0], [0])
+                    with _vector_loop(T, spec.dv, lanes) as e:
+                        T.buffer_store(acc, acc[e] * al[0], [e])
+                    with T.serial(0, count) as jj:
+                        T.buffer_store(sc, tir.exp(tir.min(sc[jj] - sf, zero)), [jj])
+                        T.buffer_store(lsum, lsum[0] + sc[jj], [0])
+                    T.buffer_store(m, mn[0], [0])
+                    # P @ V: vectors over the value dim
+                    with T.serial(0, count) as jj:
+                        with _vector_tiles(T, spec.dv, lanes) as e:
+                            T.buffer_store(acc, acc[e] + sc[jj] * load("v", spec.v, {**env_i, "j": j0 + jj, "e": e}),
+                                           [e])
+                # the row: acc / sum (0 * inf = NaN keeps a row without weight NaN, as acc / 0 does)
+                T.buffer_store(al, tir.const(1.0, f32) / lsum[0], [0])
+                with _vector_loop(T, spec.dv, lanes) as e:
+                    val = acc[e] * al[0]
+                    if spec.zero_empty_rows:
+                        val = tir.Select(lsum[0] > zero, val, zero)
+                    if spec.guard is not None:
+                        val = tir.Select(load("guard", spec.guard, env_i), zero, val)
+                    T.buffer_store(buf["out"], val, _index(spec.out, {**env_i, "e": e}, ext))
+
+    with IRBuilder() as ib:
+        with T.prim_func(s_tir=True):
+            T.func_name("main")
+            for n in names:
+                T.arg(n, buf[n])
+            if serial_work > 0:
+                work = _int64(rows_total) * _int64(spec.sk) * (spec.d + spec.dv)
+                with T.If(work < tir.const(serial_work, "int64")):
+                    with T.Then():
+                        tasks(T.serial, "attention_rows_serial")
+                    with T.Else():
+                        tasks(T.parallel, "attention_rows")
+            else:
+                tasks(T.parallel, "attention_rows")
     return ib.get().body.block
