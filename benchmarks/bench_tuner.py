@@ -210,10 +210,12 @@ def cost_model_quality(samples: list, train_fraction: float = CM_TRAIN_FRACTION,
             "samples": len(samples), "workloads": len({s.group for s in samples})}
 
 
-def log_samples(measurer, task, log_path, target) -> list:
-    """A tuning log's measured records of ``task`` as cost-model samples (program features of each config)."""
+def log_samples(measurer, task, log_path, target, inputs: list) -> list:
+    """A tuning log's measured records of ``task`` as cost-model samples (program features of each config).
+    ``inputs``: the kernel's arguments, registered with the task as the later timing of the picks needs them
+    (a measurer keeps the first registration of a task)."""
     recs = [r for r in L.load(log_path, target).measures if L.median_cost(r) is not None]
-    measurer.register(task)
+    measurer.register(task, inputs)
     feats = measurer.features(task, [r["config"] for r in recs])
     return [Sample(task.workload_key, np.asarray(f["features"]), r["config"], L.median_cost(r))
             for r, f in zip(recs, feats) if f.get("ok")]
@@ -334,7 +336,7 @@ def study(name, shape, args, target, budgets, seeds) -> dict:
             tf_points, tf_curves, tf_log = run_tvmfuse(task, target, budgets, work, seed, inputs)
             cell_seed["tvmfuse_curves"] = tf_curves
             if args.cost_model:
-                cm = cost_model_quality(log_samples(measurer, task, tf_log, target), seed=seed)
+                cm = cost_model_quality(log_samples(measurer, task, tf_log, target, inputs), seed=seed)
                 cell_seed["cost_model"] = cm
                 print(f"== {name} seed {seed}: cost model on held-out records ({cm['samples']} records, "
                       f"{CM_SPLITS} splits): " + ", ".join(f"{k} {v['mean']:.2f} [{v['min']:.2f}-{v['max']:.2f}]"
