@@ -69,3 +69,26 @@ def test_a_mismatch_or_an_error_fails_the_row():
     table = B._table(results, ["ort", "tvm_dlight", "torch_compile"])
     assert "MISMATCH/ERROR tvm_dlight, torch_compile" in table
     assert not B._passed(results[0]["engines"]["tvm_dlight"]) and not B._passed(results[0]["engines"]["torch_compile"])
+
+
+def test_torch_compile_without_torch_is_skipped_with_the_reason(monkeypatch):
+    import sys
+
+    monkeypatch.setitem(sys.modules, "torch", None)            # `import torch` raises ImportError
+    entry = {e["name"]: e for e in B.corpus_io.load_manifest()["models"]}["resnet18"]
+    with pytest.raises(B.EngineSkipped, match="torch does not import in .*--torch-python"):
+        B._torch_runner(entry, None)
+
+
+def test_a_skipping_worker_process_reports_its_reason(tmp_path):
+    """The driver side: a worker that says "skipped" becomes EngineSkipped, not an error (its interpreter
+    here is told that torch is missing, whether or not it has torch)."""
+    import sys
+
+    fake = tmp_path / "python_without_torch"
+    fake.write_text(f"#!/bin/sh\nexec {sys.executable} -c \"import runpy, sys; sys.modules['torch'] = None; "
+                    f"sys.argv = sys.argv[1:]; runpy.run_path(sys.argv[0], run_name='__main__')\" \"$@\"\n")
+    fake.chmod(0o755)
+    with pytest.raises(B.EngineSkipped, match="torch does not import"):
+        B.Worker(os.path.join(_ROOT, "benchmarks", "bench_models.py"), "torch_compile",
+                 ["--models", "resnet18", "--seed", "0", "--out-npz", str(tmp_path / "o.npz")], python=str(fake))
