@@ -335,8 +335,9 @@ def bench_model(entry: dict, args) -> dict:
 
 def _table(results: list[dict], engines) -> str:
     attn = "tvmfuse_noattn" in engines
+    others = [e for e in ("tvm_dlight", "torch_compile") if e in engines]   # each one's time / tvmfuse's
     head = f"{'model':<20}" + "".join(f"{e + ' ms':>22}" for e in engines) + \
-        f"{'ort/tvmfuse':>12}{'kernels':>10}{'unsched':>8}{'compile s':>10}" + \
+        f"{'ort/tvmfuse':>12}" + "".join(f"{e + '/tvmfuse':>{len(e) + 10}}" for e in others) + f"{'kernels':>10}{'unsched':>8}{'compile s':>10}" + \
         (f"{'noattn/tvmfuse':>15}{'kernels noattn':>15}{'attn kernels':>13}" if attn else "") + "  check"
     rows = [head, "-" * len(head)]
     for res in results:
@@ -348,6 +349,11 @@ def _table(results: list[dict], engines) -> str:
                          else "skipped" if "skipped" in r else "error")
         t, o = eng.get("tvmfuse", {}), eng.get("ort", {})
         ratio = f"{o['median_ms'] / t['median_ms']:.2f}x" if "median_ms" in t and "median_ms" in o else "-"
+        ratio = f"{ratio:>12}"
+        for e in others:
+            x = eng.get(e, {})
+            r = f"{x['median_ms'] / t['median_ms']:.2f}x" if "median_ms" in t and "median_ms" in x else "-"
+            ratio += f"{r:>{len(e) + 10}}"
         kern = f"{t['kernels_before']}->{t['kernels']}" if "kernels" in t else "-"
         check = "ok" if all(_passed(r) for r in eng.values()) else "MISMATCH/ERROR " + ", ".join(
             e for e, r in eng.items() if not _passed(r))
@@ -358,7 +364,7 @@ def _table(results: list[dict], engines) -> str:
             speed = f"{u['median_ms'] / t['median_ms']:.2f}x" if "median_ms" in t and "median_ms" in u else "-"
             ukern = f"{u['kernels_before']}->{u['kernels']}" if "kernels" in u else "-"
             extra = f"{speed:>15}{ukern:>15}{t.get('attention_groups', '-'):>13}"
-        rows.append(f"{res['model']:<20}" + "".join(f"{c:>22}" for c in cells) + f"{ratio:>12}{kern:>10}"
+        rows.append(f"{res['model']:<20}" + "".join(f"{c:>22}" for c in cells) + f"{ratio}{kern:>10}"
                     f"{unsched:>8}{t.get('compile_s', float('nan')):>10.1f}{extra}  {check}")
     skipped = [f"  {res['model']} {e}: {r['skipped']}" for res in results for e, r in res["engines"].items()
                if "skipped" in r]

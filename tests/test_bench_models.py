@@ -92,3 +92,12 @@ def test_a_skipping_worker_process_reports_its_reason(tmp_path):
     with pytest.raises(B.EngineSkipped, match="torch does not import"):
         B.Worker(os.path.join(_ROOT, "benchmarks", "bench_models.py"), "torch_compile",
                  ["--models", "resnet18", "--seed", "0", "--out-npz", str(tmp_path / "o.npz")], python=str(fake))
+
+
+def test_the_opt_in_engines_get_a_ratio_to_tvmfuse():
+    results = [{"model": "bert", "engines": {
+        "tvmfuse": {**_row(0.5), "kernels_before": 80, "kernels": 16, "unscheduled": [], "compile_s": 1.0},
+        "ort": _row(1.0), "tvm_dlight": _row(20.0), "torch_compile": _row(2.0)}}]
+    head, _, line = B._table(results, ["tvmfuse", "ort", "tvm_dlight", "torch_compile"]).splitlines()[:3]
+    assert "tvm_dlight/tvmfuse" in head and "torch_compile/tvmfuse" in head
+    assert line.split()[-7:-3] == ["2.00x", "40.00x", "4.00x", "80->16"]
