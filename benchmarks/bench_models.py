@@ -337,7 +337,8 @@ def _table(results: list[dict], engines) -> str:
     attn = "tvmfuse_noattn" in engines
     others = [e for e in ("tvm_dlight", "torch_compile") if e in engines]   # each one's time / tvmfuse's
     head = f"{'model':<20}" + "".join(f"{e + ' ms':>22}" for e in engines) + \
-        f"{'ort/tvmfuse':>12}" + "".join(f"{e + '/tvmfuse':>{len(e) + 10}}" for e in others) + f"{'kernels':>10}{'unsched':>8}{'compile s':>10}" + \
+        f"{'ort/tvmfuse':>12}" + "".join(f"{e + '/tvmfuse':>{len(e) + 10}}" for e in others) + \
+        f"{'kernels':>10}{'unsched':>8}{'compile s':>10}" + \
         (f"{'noattn/tvmfuse':>15}{'kernels noattn':>15}{'attn kernels':>13}" if attn else "") + "  check"
     rows = [head, "-" * len(head)]
     for res in results:
