@@ -236,8 +236,7 @@ def _stages_module(model, target, stages_of, schedules=False):
 
 
 def _dlight(stages):
-    dl = C.dlight
-    return stages.graph() + [dl.ApplyDefaultSchedule(dl.cpu.GEMV(), dl.cpu.Reduction())] + stages.lower()
+    return stages.graph() + stages.dlight() + stages.lower()
 
 
 def _separate(stages):

@@ -1,27 +1,42 @@
-"""Latency of the corpus models (corpus/manifest.json): tvmfuse through ``CompiledModel.run`` vs onnxruntime.
+"""Latency of the corpus models (corpus/manifest.json): tvmfuse through ``CompiledModel.run`` beside the engines
+a TVM, onnxruntime or PyTorch user would deploy, every engine's outputs checked.
 
     python benchmarks/bench_models.py [--models resnet18 bert] [--rounds 15] [--block 0.2] [--json out.json]
     python benchmarks/bench_models.py --quick --models bert      # a check that it runs, not a measurement
+    python benchmarks/bench_models.py --engines tvmfuse ort tvm_dlight torch_compile \
+        --torch-python /work/venv-corpus/bin/python              # + TVM's untuned route and torch.compile
     python benchmarks/bench_models.py --attention [--quick]      # issue 14: the transformers, attention on/off
 
-Engines (each in its own process, so that one runtime's idle worker threads never run next to another's):
-  tvmfuse       ``tvmfuse.compile(model).run(feeds)``: numpy in, numpy out
-  ort           onnxruntime, default session options
+Engines (each in its own process, so that one runtime's idle worker threads never run next to another's;
+every one is timed with numpy in and numpy out, as a user calls it):
+  tvmfuse       ``tvmfuse.compile(model).run(feeds)``
+  ort           onnxruntime, default session options (the reference engine of the output check)
   ort_nospin    onnxruntime with ``session.intra_op.allow_spinning=0`` (idle workers sleep, as TVM's do)
+  tvm_dlight    TVM untuned: TVM's own fusion (LegalizeOps + FuseOps + FuseTIR), every kernel scheduled by
+                dlight's CPU rules (GEMV, Reduction; a kernel neither matches keeps TVM's default loop nest),
+                TVM's lowering (``tvmfuse.dlight_pipeline``: the same ``Stages.dlight`` as bench_cpu.py's
+                tvm_dlight column), run by TVM's VM on tensors copied from the numpy inputs; opt-in
+  torch_compile ``torch.compile`` (inductor, default mode) of the model's torch definition (the module
+                ``corpus/make_corpus.py`` exported, rebuilt with its seed: ``seeded_module``), run under
+                ``torch.no_grad`` by the interpreter ``--torch-python`` (one with torch, and transformers for
+                the token models); where torch is missing or a model does not compile, the row says
+                "skipped" and why (the table lists the reasons); opt-in
   tvmfuse_noattn  ``tvmfuse.compile(model, attention=False)``: without the attention rule (the chain through
-                the pairwise rules, the scores in memory); not run unless named in ``--engines``
+                the pairwise rules, the scores in memory); opt-in
+The default engines (ENGINES) keep the 13-model table inside its time slot (~7 min); name the others in
+``--engines`` (tvm_dlight's naive loop nests cost seconds per CNN call; torch.compile takes a minute per model).
 
 ``--attention`` (issue 14's end-to-end table): the corpus transformers (``ATTENTION_MODELS``) with the engines
 tvmfuse, tvmfuse_noattn and ort; the table adds each build's kernel count, its attention kernels and the
 speedup of the attention rule (tvmfuse_noattn / tvmfuse).
 
-One round = one block of back-to-back calls (``--block`` seconds) of every engine in turn, with ``--pause``
-seconds of idle time between engines; the latency is the median over rounds of the per-call time of each
-block, with the 25th/75th percentiles and min/max as spread. Every engine's outputs, on the same random
-inputs (``--seed``), are checked against onnxruntime's (default options) with the corpus error measure
-(max |a - b| / max |b| per output), and every engine's (onnxruntime's too) against onnx's
-ReferenceEvaluator (``--no-reference`` skips that second check). The table goes to stdout, everything (rounds, kernel counts, schedule sources,
-compile time, errors) to the JSON file.
+One round = one block of back-to-back calls (``--block`` seconds) of every engine in turn (the order rotated
+each round), with ``--pause`` seconds of idle time between engines; the latency is the median over rounds of
+the per-call time of each block, with the 25th/75th percentiles and min/max as spread. Every engine's outputs,
+on the same random inputs (``--seed``), are checked against onnxruntime's (default options) with the corpus
+error measure (max |a - b| / max |b| per output), and every engine's (onnxruntime's too) against onnx's
+ReferenceEvaluator (``--no-reference`` skips that second check). The table goes to stdout, everything
+(rounds, kernel counts, schedule sources, compile time, errors, skip reasons) to the JSON file.
 
 Timings are only meaningful on an otherwise idle machine.
 """
@@ -47,7 +62,9 @@ corpus_io = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(corpus_io)
 
 ENGINES = ("tvmfuse", "ort", "ort_nospin")          # the default engines
-ALL_ENGINES = (*ENGINES, "tvmfuse_noattn")
+OPT_IN_ENGINES = ("tvm_dlight", "torch_compile", "tvmfuse_noattn")   # run only when named in --engines
+ALL_ENGINES = (*ENGINES, *OPT_IN_ENGINES)
+TORCH_ENGINES = ("torch_compile",)                  # their workers run under --torch-python
 ATTENTION_MODELS = ("bert", "gpt2", "llama", "t5_encoder", "vit")    # --attention: the corpus transformers
 ATTENTION_ENGINES = ("tvmfuse", "tvmfuse_noattn", "ort")
 REFERENCE_ENGINE = "ort"
@@ -55,9 +72,82 @@ REL_TOL = 1e-4          # the corpus target: an engine above it is reported as a
 WORKER_START_TIMEOUT_S = 900   # compile + first run of one model in a worker
 
 
+class EngineSkipped(RuntimeError):
+    """The engine cannot run this model here (a package missing, a model it does not compile): the row
+    says "skipped" with this reason; the other engines go on."""
+
+
+def parse_engines(names: list[str] | None, attention: bool = False) -> list[str]:
+    """The engines to run, in order, each once: ``names`` (``--engines``; comma-separated items allowed)
+    or the default list. An unknown name is a ValueError naming it and the known ones."""
+    if names is None:
+        return list(ATTENTION_ENGINES if attention else ENGINES)
+    out = []
+    for item in names:
+        for name in filter(None, (n.strip() for n in item.split(","))):
+            if name not in ALL_ENGINES:
+                raise ValueError(f"unknown engine {name!r}; known: {', '.join(ALL_ENGINES)}")
+            if name not in out:
+                out.append(name)
+    if not out:
+        raise ValueError(f"--engines names no engine; known: {', '.join(ALL_ENGINES)}")
+    return out
+
+
 # ---- worker: one engine, one model, driven over stdin/stdout with one JSON object per line ----
 
-def _engine_runner(engine: str, path: str, threads: int | None):
+def _load_by_path(name: str, path: str):
+    spec = importlib.util.spec_from_file_location(name, path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def _tvm_arrays(res) -> list:
+    """The VM's result (a tensor or a tuple of them) as numpy arrays, in output order."""
+    if hasattr(res, "numpy"):
+        return [res.numpy()]
+    return [a for r in res for a in _tvm_arrays(r)]
+
+
+def _torch_runner(entry: dict, threads: int | None):
+    """torch.compile of the corpus model's torch definition (make_corpus.seeded_module); EngineSkipped
+    where torch (or the model's library) does not import, or torch.compile fails on the model."""
+    try:
+        import torch
+    except ImportError as e:
+        raise EngineSkipped(f"torch does not import in {sys.executable} ({e}); --torch-python names an "
+                            "interpreter with torch") from e
+    sys.path.insert(0, os.path.join(ROOT, "corpus"))
+    make_corpus = _load_by_path("make_corpus", os.path.join(ROOT, "corpus", "make_corpus.py"))
+    try:
+        _, _, module = make_corpus.seeded_module(entry["name"])
+    except ImportError as e:   # transformers (token models), torchvision (CNNs) missing
+        raise EngineSkipped(f"{entry['name']}'s torch definition does not import in {sys.executable} ({e})") from e
+    if threads:
+        torch.set_num_threads(threads)
+    t0 = time.perf_counter()
+    net = torch.compile(module)
+    names = entry["outputs"]
+
+    def run(feeds):
+        args = [torch.from_numpy(feeds[spec["name"]]) for spec in entry["inputs"]]
+        with torch.no_grad():
+            out = net(*args)
+        outs = out if isinstance(out, (tuple, list)) else [out]
+        return {n: o.numpy() for n, o in zip(names, outs)}
+
+    try:      # torch.compile compiles on the first call: a model it cannot compile fails here
+        run(corpus_io.random_feeds(entry, np.random.default_rng(0)))
+    except Exception as e:  # noqa: BLE001 - any compiler failure is this engine's skip reason, reported
+        first = str(e).strip().splitlines()[0][:300] if str(e).strip() else ""
+        raise EngineSkipped(f"torch.compile failed on {entry['name']}: {type(e).__name__}: {first}") from e
+    info = {"compile_s": time.perf_counter() - t0, "torch": torch.__version__, "python": sys.executable,
+            "torch_threads": torch.get_num_threads()}
+    return run, info
+
+
+def _engine_runner(engine: str, path: str, threads: int | None, entry: dict | None = None):
     """(run(feeds) -> {name: array}, info dict) for one engine."""
     if engine in ("tvmfuse", "tvmfuse_noattn"):
         import tvmfuse
@@ -72,6 +162,26 @@ def _engine_runner(engine: str, path: str, threads: int | None):
                 "unscheduled": [s["kernel"] for s in cm.report.schedules if s.get("template") == "unscheduled"],
                 "fallback": [s["kernel"] for s in cm.report.schedules if s.get("template") == "fallback"]}
         return cm.run, info
+    if engine == "tvm_dlight":
+        import onnx
+
+        import tvmfuse
+        from tvmfuse import _compat as C
+        from tvmfuse.target import configure_threads
+
+        configure_threads(threads)
+        target = tvmfuse.host_target()
+        t0 = time.perf_counter()
+        ex = C.compile_module(tvmfuse.load_onnx(path), target, tvmfuse.dlight_pipeline(target))
+        f = C.VirtualMachine(ex, C.cpu())["main"]
+        graph = onnx.load(path, load_external_data=False).graph
+        inputs = [i.name for i in graph.input]
+        names = [o.name for o in graph.output]
+        info = {"compile_s": time.perf_counter() - t0, "target": str(target),
+                "pipeline": "tvmfuse.dlight_pipeline (FuseOps + dlight cpu.GEMV, cpu.Reduction)"}
+        return (lambda feeds: dict(zip(names, _tvm_arrays(f(*[C.tensor(feeds[n]) for n in inputs]))))), info
+    if engine in TORCH_ENGINES:
+        return _torch_runner(entry, threads)
     if engine in ("ort", "ort_nospin"):
         import onnxruntime as ort
 
@@ -91,7 +201,14 @@ def _engine_runner(engine: str, path: str, threads: int | None):
 def worker(engine: str, model: str, seed: int, threads: int | None, out_npz: str) -> int:
     entry = {e["name"]: e for e in corpus_io.load_manifest()["models"]}[model]
     path = corpus_io.model_path(entry, "static")
-    run, info = _engine_runner(engine, path, threads)
+    # the protocol keeps fd 1 to itself: what compilers and their subprocesses write to stdout goes to stderr
+    sys.stdout = os.fdopen(os.dup(1), "w", buffering=1)
+    os.dup2(2, 1)
+    try:
+        run, info = _engine_runner(engine, path, threads, entry)
+    except EngineSkipped as e:
+        print(json.dumps({"skipped": str(e)}), flush=True)
+        return 0
     feeds = corpus_io.random_feeds(entry, np.random.default_rng(seed))
     return serve(run, feeds, info, out_npz)
 
@@ -123,12 +240,15 @@ class Worker:
     """The driver's side: one engine's worker process, ``script --worker ENGINE *argv`` (shared with
     bench_attention.py), driven over stdin/stdout with one JSON object per line."""
 
-    def __init__(self, script: str, engine: str, argv: list[str]):
-        cmd = [sys.executable, script, "--worker", engine, *argv]
+    def __init__(self, script: str, engine: str, argv: list[str], python: str | None = None):
+        cmd = [python or sys.executable, script, "--worker", engine, *argv]
         self.engine = engine
         env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [ROOT, os.environ.get("PYTHONPATH")]))}
         self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env)
         self.info = self._reply()
+        if "skipped" in self.info:
+            self.proc.wait(timeout=60)
+            raise EngineSkipped(self.info["skipped"])
         self.info.pop("ready", None)
 
     def _reply(self) -> dict:
@@ -171,7 +291,12 @@ def bench_model(entry: dict, args) -> dict:
                 try:
                     workers[engine] = Worker(os.path.abspath(__file__), engine,
                                              ["--models", name, "--seed", str(args.seed), "--out-npz", npz]
-                                             + (["--threads", str(args.threads)] if args.threads else []))
+                                             + (["--threads", str(args.threads)] if args.threads else []),
+                                             python=args.torch_python if engine in TORCH_ENGINES else None)
+                except EngineSkipped as e:   # torch missing, a model torch.compile does not compile: the reason
+                    res["engines"][engine] = {"skipped": str(e)}
+                    print(f"  {name}: {engine} skipped: {e}", file=sys.stderr, flush=True)
+                    continue
                 except Exception as e:  # an engine that cannot compile this model: reported, others go on
                     res["engines"][engine] = {"error": f"{type(e).__name__}: {e}"}
                     print(f"  {name}: {engine} failed: {e}", file=sys.stderr, flush=True)
@@ -180,9 +305,10 @@ def bench_model(entry: dict, args) -> dict:
                     workers[engine].outputs = {k: z[k] for k in z.files}
                 time.sleep(args.pause)
             rounds = {e: [] for e in workers}
-            for _ in range(args.rounds):
-                for engine, w in workers.items():
-                    rounds[engine].append(w.block(args.block, args.min_calls)["per_call_s"])
+            order = list(workers)
+            for r in range(args.rounds):     # the order rotated each round: no engine always runs first
+                for engine in order[r % len(order):] + order[:r % len(order)]:
+                    rounds[engine].append(workers[engine].block(args.block, args.min_calls)["per_call_s"])
                     time.sleep(args.pause)
         finally:
             for w in workers.values():
@@ -209,8 +335,10 @@ def bench_model(entry: dict, args) -> dict:
 
 def _table(results: list[dict], engines) -> str:
     attn = "tvmfuse_noattn" in engines
+    others = [e for e in ("tvm_dlight", "torch_compile") if e in engines]   # each one's time / tvmfuse's
     head = f"{'model':<20}" + "".join(f"{e + ' ms':>22}" for e in engines) + \
-        f"{'ort/tvmfuse':>12}{'kernels':>10}{'unsched':>8}{'compile s':>10}" + \
+        f"{'ort/tvmfuse':>12}" + "".join(f"{e + '/tvmfuse':>{len(e) + 10}}" for e in others) + \
+        f"{'kernels':>10}{'unsched':>8}{'compile s':>10}" + \
         (f"{'noattn/tvmfuse':>15}{'kernels noattn':>15}{'attn kernels':>13}" if attn else "") + "  check"
     rows = [head, "-" * len(head)]
     for res in results:
@@ -219,12 +347,17 @@ def _table(results: list[dict], engines) -> str:
         for e in engines:
             r = eng.get(e, {})
             cells.append(f"{r['median_ms']:9.3f} [{r['p25_ms']:.3f}-{r['p75_ms']:.3f}]" if "median_ms" in r
-                         else "error")
+                         else "skipped" if "skipped" in r else "error")
         t, o = eng.get("tvmfuse", {}), eng.get("ort", {})
         ratio = f"{o['median_ms'] / t['median_ms']:.2f}x" if "median_ms" in t and "median_ms" in o else "-"
+        ratio = f"{ratio:>12}"
+        for e in others:
+            x = eng.get(e, {})
+            r = f"{x['median_ms'] / t['median_ms']:.2f}x" if "median_ms" in t and "median_ms" in x else "-"
+            ratio += f"{r:>{len(e) + 10}}"
         kern = f"{t['kernels_before']}->{t['kernels']}" if "kernels" in t else "-"
-        check = "ok" if all(r.get("correct") for r in eng.values()) else "MISMATCH/ERROR " + ", ".join(
-            e for e, r in eng.items() if not r.get("correct"))
+        check = "ok" if all(_passed(r) for r in eng.values()) else "MISMATCH/ERROR " + ", ".join(
+            e for e, r in eng.items() if not _passed(r))
         unsched = len(t["unscheduled"]) if "unscheduled" in t else "-"
         extra = ""
         if attn:
@@ -232,16 +365,30 @@ def _table(results: list[dict], engines) -> str:
             speed = f"{u['median_ms'] / t['median_ms']:.2f}x" if "median_ms" in t and "median_ms" in u else "-"
             ukern = f"{u['kernels_before']}->{u['kernels']}" if "kernels" in u else "-"
             extra = f"{speed:>15}{ukern:>15}{t.get('attention_groups', '-'):>13}"
-        rows.append(f"{res['model']:<20}" + "".join(f"{c:>22}" for c in cells) + f"{ratio:>12}{kern:>10}"
+        rows.append(f"{res['model']:<20}" + "".join(f"{c:>22}" for c in cells) + f"{ratio}{kern:>10}"
                     f"{unsched:>8}{t.get('compile_s', float('nan')):>10.1f}{extra}  {check}")
+    skipped = [f"  {res['model']} {e}: {r['skipped']}" for res in results for e, r in res["engines"].items()
+               if "skipped" in r]
+    if skipped:
+        rows += ["skipped (not run, not counted as a failure):"] + skipped
     return "\n".join(rows)
 
 
+def _passed(row: dict) -> bool:
+    """An engine's row passes when its outputs matched, or when it was skipped with a reason."""
+    return bool(row.get("correct")) or "skipped" in row
+
+
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--models", nargs="*", help="corpus model names (default: all in the manifest)")
-    ap.add_argument("--engines", nargs="*", default=None, choices=ALL_ENGINES,
-                    help=f"default: {' '.join(ENGINES)} ({' '.join(ATTENTION_ENGINES)} with --attention)")
+    ap.add_argument("--engines", nargs="+", default=None, metavar="ENGINE",
+                    help=f"any of {', '.join(ALL_ENGINES)} (see above); default: {' '.join(ENGINES)} "
+                         f"({' '.join(ATTENTION_ENGINES)} with --attention); opt-in: {' '.join(OPT_IN_ENGINES)}")
+    ap.add_argument("--torch-python", default=sys.executable, metavar="PYTHON",
+                    help="interpreter of the torch_compile workers: one with torch (and transformers, "
+                         "torchvision for the corpus models' definitions), e.g. /work/venv-corpus/bin/python "
+                         "(default: this one)")
     ap.add_argument("--attention", action="store_true",
                     help="issue 14's table: the corpus transformers with the attention rule on and off")
     ap.add_argument("--rounds", type=int, default=15, help="interleaved rounds (median over them)")
@@ -263,8 +410,10 @@ def main(argv=None) -> int:
         return worker(args.worker, args.models[0], args.seed, args.threads, args.out_npz)
     if args.quick:
         args.rounds, args.block, args.pause, args.min_calls = 3, 0.02, 0.1, 1
-    if args.engines is None:
-        args.engines = list(ATTENTION_ENGINES if args.attention else ENGINES)
+    try:
+        args.engines = parse_engines(args.engines, args.attention)
+    except ValueError as e:
+        ap.error(str(e))
     if args.json is None:
         args.json = "bench_models_attention.json" if args.attention else "bench_models.json"
     entries = {e["name"]: e for e in corpus_io.load_manifest()["models"]}
@@ -284,12 +433,12 @@ def main(argv=None) -> int:
            "load_avg_end": os.getloadavg(), "host": platform.node(), "machine": platform.machine(),
            "processor": platform.processor(), "cpus": os.cpu_count(), "python": platform.python_version(),
            "settings": {k: getattr(args, k) for k in ("rounds", "block", "min_calls", "pause", "threads", "seed",
-                                                      "quick", "engines", "reference", "attention")},
+                                                      "quick", "engines", "reference", "attention", "torch_python")},
            "rel_tol": REL_TOL, "results": results}
     with open(args.json, "w", encoding="utf-8") as f:
         json.dump(doc, f, indent=1)
     print(f"wrote {args.json}", file=sys.stderr)
-    bad = [r["model"] for r in results if not all(e.get("correct") for e in r["engines"].values())]
+    bad = [r["model"] for r in results if not all(_passed(e) for e in r["engines"].values())]
     return 1 if bad else 0
 
 

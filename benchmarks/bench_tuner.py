@@ -25,12 +25,20 @@ from scratch, and again after the records of TRANSFER_SOURCES shapes (tuned firs
 trials`` each) are given as ``transfer_logs``; both curves are kept.  MetaSchedule keys its database by the
 workload's structural hash, so records of other shapes do not carry over; it has no such row.
 
+Cost-model quality on held-out records (``cost_model_quality``, off with ``--no-cost-model``): the records
+of each tvmfuse run (every measured configuration of the kernel, with its program features) are split
+CM_SPLITS times at random into CM_TRAIN_FRACTION for training the tuner's XGBoost model (``CostModel``, its
+parameters, trained from scratch) and the rest; on the rest it reports the Spearman rank correlation of
+predicted vs measured speed, the recall of the true k fastest among the model's k picks (CM_TOP_K), and
+``ranking_quality``'s TenSet top-k score and pairwise accuracy; mean and range over the splits.
+
 ``--plot DIR`` writes the curves as PNG (needs matplotlib: ``pip install -e '.[plot]'``).
 
     python benchmarks/bench_tuner.py -o benchmarks/bench_tuner.json         # issue shapes, budgets 32 64 128
     python benchmarks/bench_tuner.py --small --budgets 64 256 1000 --seeds 0 1 2 --transfer \
         -o benchmarks/bench_tuner_small.json --plot benchmarks/plots       # the long study
     python benchmarks/bench_tuner.py --quick                                # smoke run (minutes)
+    python benchmarks/bench_tuner.py --quick --skip-ms --workloads matmul_bias_gelu   # + cost model, quickest
 
 The long study in pieces (one workload x one seed x one budget list per command, e.g. on a quiet machine
 bit by bit); each piece is merged into one JSON (``--merge-into``, see ``merge_results``):
@@ -57,6 +65,7 @@ from tvmfuse import _compat as C
 from tvmfuse import models as M
 from tvmfuse.tune import MeasureOptions, TuneOptions, Tuner
 from tvmfuse.tune import log as L
+from tvmfuse.tune.cost_model import CostModel, Sample, held_out_split, ranking_quality
 from tvmfuse.tune.measure import Measurer, compare_outputs
 from tvmfuse.tune.tasks import extract_tasks, kernel_inputs_from_samples
 
@@ -70,6 +79,11 @@ WORKLOADS = {
     "conv_bn_relu_residual": (M.conv_bn_relu_residual, "cpu.conv2d_epilogue",
                               dict(channels=64, size=56), dict(channels=32, size=28)),
 }
+# cost-model quality on held-out records (cost_model_quality)
+CM_TRAIN_FRACTION = 0.6   # share of a run's records the model is trained on (as the tests' held_out_quality)
+CM_SPLITS = 5             # random train/test splits, reported as mean and range
+CM_TOP_K = (1, 5, 10)     # recall of the true k fastest among the model's k best-scored (k capped at the test size)
+
 QUICK_ARGS = {"matmul_bias_gelu": dict(m=32, k=64, n=128), "conv_bn_relu_residual": dict(channels=8, size=8)}
 # warm-start study: other shapes of the same workload whose records are given to the tuner of the main shape
 TRANSFER_SOURCES = {
@@ -132,6 +146,79 @@ def run_tvmfuse(task, target, budgets, work, seed, inputs, transfer_logs=(), tag
     curves = {"trial_costs": costs, "trial_wall_s": [r["time"] - t0 for r in recs], "default_cost": default_cost,
               "cold": best_curve(search), "from_default": best_curve(costs)}
     return out, curves, log_path
+
+
+def rank_correlation(scores, costs) -> float:
+    """Spearman's rank correlation between ``scores`` (higher: predicted faster) and measured speed
+    (``-costs``); ties get their average rank; nan for fewer than two values or no spread."""
+    def ranks(v):
+        v = np.asarray(v, float)
+        order = np.argsort(v, kind="stable")
+        r = np.empty(len(v))
+        r[order] = np.arange(len(v), dtype=float)
+        for x in np.unique(v):          # ties: the mean of their ranks
+            m = v == x
+            r[m] = r[m].mean()
+        return r
+
+    if len(scores) < 2:
+        return float("nan")
+    a, b = ranks(scores), ranks(-np.asarray(costs, float))
+    if a.std() == 0 or b.std() == 0:
+        return float("nan")
+    return float(np.corrcoef(a, b)[0, 1])
+
+
+def top_k_recall(scores, costs, k: int) -> float:
+    """Of the k fastest measured configurations, the fraction among the k the model scores highest (k
+    capped at the number of configurations)."""
+    k = min(k, len(costs))
+    picked = set(np.argsort(-np.asarray(scores, float), kind="stable")[:k].tolist())
+    fastest = set(np.argsort(np.asarray(costs, float), kind="stable")[:k].tolist())
+    return len(picked & fastest) / k
+
+
+def cost_model_quality(samples: list, train_fraction: float = CM_TRAIN_FRACTION, splits: int = CM_SPLITS,
+                       ks=CM_TOP_K, seed: int = 0) -> dict:
+    """The tuner's cost model trained on ``train_fraction`` of each workload's samples, judged on the rest,
+    over ``splits`` random splits: per split and mean/min/max of each measure (module docstring)."""
+    per_split = []
+    for i in range(splits):
+        train, test = held_out_split(samples, train_fraction, seed + i)
+        model = CostModel(seed=seed + i)
+        if not model.fit(train) or len(test) < 2:
+            raise ValueError(f"too few records for a held-out split: {len(train)} to train, {len(test)} to test "
+                             f"(need two of one workload in each)")
+        scores = model.predict([s.program for s in test], [s.config for s in test])
+        groups = sorted({s.group for s in test})
+        row = {"train": len(train), "test": len(test)}
+        for name, fn in [("spearman", rank_correlation)] + [(f"recall@{k}", lambda sc, c, k=k: top_k_recall(sc, c, k))
+                                                             for k in ks]:
+            vals = []
+            for g in groups:
+                m = [j for j, s in enumerate(test) if s.group == g]
+                vals.append(fn(scores[m], [test[j].cost for j in m]))
+            row[name] = float(np.nanmean(vals)) if not all(np.isnan(vals)) else float("nan")
+        q = ranking_quality(scores, [s.cost for s in test], [s.group for s in test])
+        row.update(tenset_top1=q.top1, tenset_top5=q.top5, pairwise_accuracy=q.pairwise_accuracy)
+        per_split.append(row)
+    summary = {}
+    for key in per_split[0]:
+        vals = [r[key] for r in per_split]
+        summary[key] = {"mean": float(np.mean(vals)), "min": float(np.min(vals)), "max": float(np.max(vals))}
+    return {"train_fraction": train_fraction, "splits": per_split, "summary": summary,
+            "samples": len(samples), "workloads": len({s.group for s in samples})}
+
+
+def log_samples(measurer, task, log_path, target, inputs: list) -> list:
+    """A tuning log's measured records of ``task`` as cost-model samples (program features of each config).
+    ``inputs``: the kernel's arguments, registered with the task as the later timing of the picks needs them
+    (a measurer keeps the first registration of a task)."""
+    recs = [r for r in L.load(log_path, target).measures if L.median_cost(r) is not None]
+    measurer.register(task, inputs)
+    feats = measurer.features(task, [r["config"] for r in recs])
+    return [Sample(task.workload_key, np.asarray(f["features"]), r["config"], L.median_cost(r))
+            for r, f in zip(recs, feats) if f.get("ok")]
 
 
 def run_metaschedule(task, target, budgets, work, seed, per_iter, default_cost=None):
@@ -246,8 +333,15 @@ def study(name, shape, args, target, budgets, seeds) -> dict:
         measurer = Measurer(target, MeasureOptions(repeat=args.repeat))
         cell_seed = {"budgets": {}}
         try:
-            tf_points, tf_curves, _ = run_tvmfuse(task, target, budgets, work, seed, inputs)
+            tf_points, tf_curves, tf_log = run_tvmfuse(task, target, budgets, work, seed, inputs)
             cell_seed["tvmfuse_curves"] = tf_curves
+            if args.cost_model:
+                cm = cost_model_quality(log_samples(measurer, task, tf_log, target, inputs), seed=seed)
+                cell_seed["cost_model"] = cm
+                print(f"== {name} seed {seed}: cost model on held-out records ({cm['samples']} records, "
+                      f"{CM_SPLITS} splits): " + ", ".join(f"{k} {v['mean']:.2f} [{v['min']:.2f}-{v['max']:.2f}]"
+                                                           for k, v in cm["summary"].items()
+                                                           if k not in ("train", "test")), flush=True)
             if not args.skip_ms:
                 ms_points, ms_import, ms_curves = run_metaschedule(task, target, budgets, work, seed,
                                                                    args.ms_trials_per_iter or min(budgets),
@@ -318,6 +412,8 @@ def main(argv=None) -> int:
     p.add_argument("--repeat", type=int, default=10, help="timed runs of each final schedule per round")
     p.add_argument("--rounds", type=int, default=7, help="interleaved rounds of the final timing")
     p.add_argument("--skip-ms", action="store_true", help="tvmfuse only")
+    p.add_argument("--cost-model", action=argparse.BooleanOptionalAction, default=True,
+                   help="cost-model quality on held-out records of each tvmfuse run (default: on)")
     p.add_argument("--transfer", action="store_true", help="add the warm-start study (tvmfuse)")
     p.add_argument("--transfer-source-trials", type=int, default=64, help="trials per source shape")
     p.add_argument("--plot", default=None, help="write the curves as PNG into this folder (matplotlib)")
@@ -501,6 +597,18 @@ def print_table(results) -> None:
                 print(f"| {name} | {seed} | {b} | {fmt(t)} | {t['wall_s']:.0f} | {fmt(m) if m else '-'} | "
                       f"{m.get('wall_s', float('nan')):.0f} |")
             print(f"| {name} | {seed} | default | {fmt(cs['default'])} | | | |")
+    cms = [(name, seed, cs["cost_model"]) for name, row in results["workloads"].items()
+           for seed, cs in row.get("seeds", {}).items() if "cost_model" in cs]
+    if cms:
+        keys = [k for k in cms[0][2]["summary"] if k not in ("train", "test")]
+        print(f"\ncost model on held-out records (trained on {CM_TRAIN_FRACTION:.0%} of each run's records, "
+              f"mean [min-max] over {CM_SPLITS} splits):")
+        print("| workload | seed | records | " + " | ".join(keys) + " |")
+        print("|---|---:|---:|" + "---:|" * len(keys))
+        for name, seed, cm in cms:
+            print(f"| {name} | {seed} | {cm['samples']} | " + " | ".join(
+                f"{cm['summary'][k]['mean']:.2f} [{cm['summary'][k]['min']:.2f}-{cm['summary'][k]['max']:.2f}]"
+                for k in keys) + " |")
 
 
 if __name__ == "__main__":

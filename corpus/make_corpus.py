@@ -325,14 +325,27 @@ def _check(path: str, module, inputs, rng, dims: dict | None) -> float:
     return relative_error(got, want)
 
 
-def build_one(name, builder, library, inputs, output, out_dir: str) -> dict:
-    import onnx
+def seeded_module(name: str):
+    """(module, source config, module returning the one output) of the corpus model ``name``, built as for
+    its ONNX files (same seed, same perturbation): the torch definition behind ``<name>.onnx``
+    (``benchmarks/bench_models.py`` compiles it with torch.compile)."""
     import torch
 
+    rows = {row[0]: row for row in MODELS}
+    if name not in rows:
+        raise KeyError(f"no corpus model {name!r}; known: {sorted(rows)}")
+    _, builder, library, _, _ = rows[name]
     torch.manual_seed(SEED)
     module, source = builder()
     module = _perturb(module, SEED).eval()
-    wrapped = _single_output(module, library).eval()
+    return module, source, _single_output(module, library).eval()
+
+
+def build_one(name, library, inputs, output, out_dir: str) -> dict:
+    import onnx
+    import torch
+
+    module, source, wrapped = seeded_module(name)
     rng = np.random.default_rng(SEED)
     entry = {"name": name, "library": library, "source": source, "inputs": inputs, "outputs": [output],
              "opset": OPSET, "parameters": int(sum(p.numel() for p in module.parameters())), "files": {}}
@@ -374,14 +387,14 @@ def main(argv=None) -> int:
     if unknown:
         ap.error(f"unknown model(s) {sorted(unknown)}; known: {[n for n, *_ in MODELS]}")
     entries, dropped = [], {}
-    for name, builder, library, inputs, output in MODELS:
+    for name, _, library, inputs, output in MODELS:
         if name not in wanted:
             if name in old:
                 entries.append(old[name])
             continue
         try:
             with tempfile.TemporaryDirectory() as tmp:   # a failed export leaves no half-written file behind
-                entry = build_one(name, builder, library, inputs, output, tmp)
+                entry = build_one(name, library, inputs, output, tmp)
                 for f in entry["files"].values():
                     os.replace(os.path.join(tmp, f["path"]), os.path.join(args.out, f["path"]))
         except Exception as e:  # a model that cannot export is dropped from the corpus with its reason

@@ -1,8 +1,11 @@
-"""benchmarks/bench_tuner.py's study in pieces: runs merged into one JSON (no tuning here)."""
+"""benchmarks/bench_tuner.py without tuning: the study in pieces merged into one JSON; the cost-model quality
+measures on synthetic records of a known order."""
 import importlib.util
 import json
+import math
 import os
 
+import numpy as np
 import pytest
 
 _ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -49,3 +52,54 @@ def test_pieces_of_another_study_are_refused(change, what):
     study = T.merge_results(None, _piece([64]))
     with pytest.raises(ValueError, match=what):
         T.merge_results(study, _piece([256], **change))
+
+
+# ---- cost-model quality on held-out records (no tuning: synthetic records with a known order) ----
+
+def test_rank_measures_on_known_orderings():
+    costs = [1.0, 2.0, 3.0, 4.0, 5.0, 6.0]
+    faster_first = [-c for c in costs]
+    assert T.rank_correlation(faster_first, costs) == pytest.approx(1.0)
+    assert T.rank_correlation(costs, costs) == pytest.approx(-1.0)            # ranked exactly backwards
+    assert T.top_k_recall(faster_first, costs, 2) == 1.0
+    assert T.top_k_recall(costs, costs, 2) == 0.0                              # picks the two slowest
+    assert T.top_k_recall([6, 1, 5, 2, 3, 4], costs, 2) == 0.5                 # picks #1 and #3
+    assert T.top_k_recall(faster_first, costs, 10) == 1.0                      # k capped at 6
+    assert math.isnan(T.rank_correlation([1.0, 1.0, 1.0], [1.0, 2.0, 3.0]))   # constant scores: undefined
+
+
+def _synthetic_records(n=60, seed=0):
+    """Records of one workload whose cost grows with one program feature and one knob: a learnable order."""
+    from tvmfuse.tune.cost_model import Sample
+
+    rng = np.random.default_rng(seed)
+    out = []
+    for i in range(n):
+        x, tile = rng.uniform(0, 1), int(rng.choice([4, 8, 16, 32]))
+        cost = 1e-3 * (1 + 3 * x + tile / 16)
+        out.append(Sample("wk", np.array([x, 0.5]), {"tile": tile}, cost))
+    return out
+
+
+def test_cost_model_quality_learns_a_known_ordering():
+    q = T.cost_model_quality(_synthetic_records(), train_fraction=0.6, splits=3, ks=(1, 5), seed=0)
+    assert q["samples"] == 60 and q["workloads"] == 1 and len(q["splits"]) == 3
+    assert all(r["train"] == 36 and r["test"] == 24 for r in q["splits"])
+    s = q["summary"]
+    assert s["spearman"]["min"] > 0.9 and s["pairwise_accuracy"]["min"] > 0.85
+    assert s["recall@5"]["mean"] >= 0.6
+
+
+def test_cost_model_quality_of_an_unlearnable_set_is_near_chance():
+    """Costs independent of the features: the same measures drop to chance (the test above can fail)."""
+    recs = _synthetic_records(n=80)
+    rng = np.random.default_rng(1)
+    for r in recs:
+        r.cost = float(rng.uniform(1e-3, 2e-3))
+    q = T.cost_model_quality(recs, splits=3, ks=(5,), seed=0)
+    assert abs(q["summary"]["spearman"]["mean"]) < 0.4
+
+
+def test_cost_model_quality_refuses_too_few_records():
+    with pytest.raises(ValueError, match="too few records"):
+        T.cost_model_quality(_synthetic_records(n=2), splits=1)

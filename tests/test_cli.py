@@ -41,12 +41,20 @@ def test_demo_runs_and_checks():
     assert r.stdout.count("tvmfuse fusion report") == 2
     assert "transformer_block" in r.stdout and "resnet_block" in r.stdout
     # every column is named and said what it is; the count printed is the count every column ran
-    assert "latency columns (ms per call, median of 10 calls each" in r.stdout
+    assert "latency columns (ms per call, median of 10 calls each, after 2 warm-up calls, all measured in this " \
+           "run)" in r.stdout
     assert "tvmfuse, untuned" in r.stdout
     lines = _latency_lines(r.stdout)
     assert len(lines) == 2 and all(ln.startswith("latency ms, median of 10 calls each") for ln in lines)
-    assert all("TVM unfused" in ln and "TVM FuseOps" in ln for ln in lines)
+    # the TVM baseline is TVM's untuned deployment route (dlight's rules), not the unscheduled strawmen
+    assert all("TVM dlight" in ln for ln in lines)
+    assert not any(s in r.stdout for s in ("TVM unfused", "TVM FuseOps"))
+    assert "dlight's CPU rules (GEMV, Reduction" in r.stdout
     assert all(("onnxruntime" in ln) == _has_onnxruntime() for ln in lines)
+    # every engine's outputs are checked, not only tvmfuse's
+    checks = [ln for ln in r.stdout.splitlines() if ln.startswith("check vs onnx ReferenceEvaluator")]
+    assert len(checks) == 2 and all("tvmfuse pass" in ln and "TVM dlight pass" in ln for ln in checks)
+    assert all(("onnxruntime pass" in ln) == _has_onnxruntime() for ln in checks)
 
 
 def test_demo_json_names_the_columns_it_timed():
@@ -58,8 +66,10 @@ def test_demo_json_names_the_columns_it_timed():
     assert r.returncode == 0, r.stderr
     d = json.loads(r.stdout[:r.stdout.rindex("]") + 1])
     for entry in d:
-        assert entry["repeat"] == 10 and entry["check"] == "pass"
+        assert entry["repeat"] == 10 and entry["warmup"] == 2 and entry["check"] == "pass"
         assert set(entry["latency_ms"]) == set(entry["columns"]) == {n for n, _ in columns(None, _has_onnxruntime())}
+        assert set(entry["checks"]) == set(entry["latency_ms"])       # every timed engine was checked
+        assert all(c["check"] == "pass" for c in entry["checks"].values())
         assert all(v > 0 for v in entry["latency_ms"].values())
 
 
@@ -73,6 +83,7 @@ def test_demo_without_onnxruntime():
     assert "onnxruntime is not installed" in r.stdout
     lines = _latency_lines(r.stdout)
     assert len(lines) == 2 and not any("onnxruntime" in ln for ln in lines)
+    assert all("TVM dlight" in ln for ln in lines)
 
 
 def test_demo_columns_say_which_records():
@@ -81,6 +92,27 @@ def test_demo_columns_say_which_records():
     assert "untuned" in dict(columns(None, False))["tvmfuse"]
     assert "shipped" in dict(columns("shipped", False))["tvmfuse"]
     assert "onnxruntime" not in dict(columns(None, False)) and "onnxruntime" in dict(columns(None, True))
+
+
+def test_demo_columns_name_the_tvm_route_per_target_family():
+    from tvmfuse.demo import columns
+
+    assert [n for n, _ in columns(None, True)] == ["tvmfuse", "onnxruntime", "TVM dlight"]
+    assert "dlight's CPU rules" in dict(columns(None, False))["TVM dlight"]
+    assert "dlight's GPU rules" in dict(columns(None, False, gpu=True))["TVM dlight"]
+
+
+def test_demo_check_flags_wrong_outputs():
+    from tvmfuse.demo import DEMO_ATOL, check_outputs
+
+    ref = {"y": np.linspace(-1, 1, 12, dtype=np.float32).reshape(3, 4)}
+    assert check_outputs([ref["y"].copy()], ref)["check"] == "pass"
+    off = ref["y"].copy()
+    off[1, 2] += 100 * DEMO_ATOL
+    bad = check_outputs([off], ref)
+    assert bad["check"] == "FAIL" and bad["max_abs_error"] > 50 * DEMO_ATOL
+    assert "shape" in check_outputs([ref["y"].T], ref)["why"]
+    assert "2 outputs" in check_outputs([ref["y"], ref["y"]], ref)["why"]
 
 
 def test_report_table_and_json(model_path, capsys):

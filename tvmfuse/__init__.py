@@ -12,7 +12,8 @@ from .errors import (ArtifactError, InputError, ModelLoadError, TargetError, Tun
                      TvmfuseError, UnsupportedOpError)
 from .export import export, load  # noqa: E402
 from .io import ALIGNMENT, Binding, empty, zeros  # noqa: E402
-from .pipeline import PipelineOptions, pipeline, register as _register_pipeline, stock_pipeline  # noqa: E402
+from .pipeline import (PipelineOptions, dlight_pipeline, pipeline, register as _register_pipeline,  # noqa: E402
+                       stock_pipeline)
 from .report import FusionReport  # noqa: E402
 from .target import host_target, parse_target  # noqa: E402
 
@@ -26,7 +27,8 @@ def load_onnx(path_or_model, **kwargs):
 
 _register_pipeline()
 
-__all__ = ["compile", "CompiledModel", "load_onnx", "export", "load", "pipeline", "stock_pipeline", "PipelineOptions",
+__all__ = ["compile", "CompiledModel", "load_onnx", "export", "load", "pipeline", "stock_pipeline", "dlight_pipeline",
+           "PipelineOptions",
            "FusionReport", "empty", "zeros", "ALIGNMENT", "Binding", "host_target", "parse_target", "TvmfuseError", "ModelLoadError",
            "UnsupportedOpError", "InputError", "TargetError", "ArtifactError", "TuningLogError",
            "__version__"]

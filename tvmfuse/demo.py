@@ -1,10 +1,12 @@
 """``tvmfuse demo``: compile the built-in example models, check them against the op-by-op reference,
-print the fusion report and the latency next to onnxruntime (when installed) and TVM's unscheduled builds.
+print the fusion report and the latency next to onnxruntime (when installed) and TVM's untuned route
+(TVM's own fusion, kernels scheduled by dlight's rules for the target: ``tvmfuse.dlight_pipeline``).
 
-Every latency column is the median of the same number of calls (``repeat``), timed one engine after the
-other with a pause between engines (PAUSE_S) so that one runtime's idle workers do not slow the next.
-This is a quick look, not a benchmark: ``benchmarks/bench_cpu.py`` times engines in separate processes in
-interleaved rounds, against TVM's scheduled routes (dlight, MetaSchedule) too.
+Every latency column is the median of the same number of calls (``repeat``, after WARMUP_CALLS), all
+measured in this run, timed one engine after the other with a pause between engines (PAUSE_S) so that one
+runtime's idle workers do not slow the next.  This is a quick look, not a benchmark: ``benchmarks/
+bench_cpu.py`` times engines in separate processes in interleaved rounds, TVM MetaSchedule (tuned: minutes
+to hours, not run here) and torch.compile too.
 """
 from __future__ import annotations
 
@@ -16,15 +18,16 @@ import numpy as np
 from . import _compat as C
 from .compiled import compile as tvmfuse_compile
 from .models import DEMO_MODELS, reference_outputs, random_feeds
-from .pipeline import stock_pipeline, unfused_pipeline
+from .pipeline import dlight_pipeline
 from .target import configure_threads, is_gpu, parse_target
 
 # float32, op-by-op reference vs. fused kernels that reorder sums and use approximations of exp/erf.
 DEMO_RTOL, DEMO_ATOL = 1e-4, 1e-5
 PAUSE_S = 0.2   # between two engines' timings: lets idle spinning worker threads go to sleep
+WARMUP_CALLS = 2   # untimed calls of every engine before its timed ones
 
 
-def _median_s(fn, repeat: int, sync=None, warmup: int = 2) -> float:
+def _median_s(fn, repeat: int, sync=None, warmup: int = WARMUP_CALLS) -> float:
     for _ in range(warmup):
         fn()
     times = []
@@ -38,7 +41,33 @@ def _median_s(fn, repeat: int, sync=None, warmup: int = 2) -> float:
     return float(np.median(times))
 
 
-def _baseline_latency(model, pipeline_factory, target, feeds, repeat: int) -> float:
+def _arrays(res) -> list[np.ndarray]:
+    """An engine's outputs (a dict, a list, a VM tensor or tuple of them) as numpy arrays in output order."""
+    if isinstance(res, dict):
+        return [np.asarray(v) for v in res.values()]
+    if hasattr(res, "numpy"):
+        return [res.numpy()]
+    if isinstance(res, np.ndarray):
+        return [res]
+    return [a for r in res for a in _arrays(r)]
+
+
+def check_outputs(outputs, ref: dict) -> dict:
+    """``{"check": "pass"|"FAIL", "max_abs_error": ...}`` of an engine's outputs against the reference's
+    (same order, shapes, rtol DEMO_RTOL / atol DEMO_ATOL)."""
+    outs, refs = _arrays(outputs), list(ref.values())
+    if len(outs) != len(refs):
+        return {"check": "FAIL", "why": f"{len(outs)} outputs, the reference has {len(refs)}"}
+    for o, r in zip(outs, refs):
+        if o.shape != r.shape:
+            return {"check": "FAIL", "why": f"output shape {o.shape}, the reference's {r.shape}"}
+    ok = all(np.allclose(o, r, rtol=DEMO_RTOL, atol=DEMO_ATOL) for o, r in zip(outs, refs))
+    err = max(float(np.max(np.abs(o.astype(np.float64) - r))) if o.size else 0.0 for o, r in zip(outs, refs))
+    return {"check": "pass" if ok else "FAIL", "max_abs_error": err}
+
+
+def _baseline(model, pipeline_factory, target, feeds, repeat: int) -> tuple[float, list]:
+    """(median seconds per call, outputs of the first call) of ``model`` built by ``pipeline_factory``."""
     from .frontend import load_onnx
 
     mod = load_onnx(model)
@@ -47,7 +76,8 @@ def _baseline_latency(model, pipeline_factory, target, feeds, repeat: int) -> fl
     vm = C.VirtualMachine(ex, dev)
     args = [C.tensor(v, dev) for v in feeds.values()]
     f = vm["main"]
-    return _median_s(lambda: f(*args), repeat, sync=dev.sync)
+    outputs = _arrays(f(*args))
+    return _median_s(lambda: f(*args), repeat, sync=dev.sync), outputs
 
 
 def _onnxruntime():
@@ -68,16 +98,20 @@ def _ratio(r: float) -> str:
     return f"{r:.1f}x" if r >= 1 else f"{r:.2g}x"
 
 
-def columns(tuning_log: str | None, ort_available: bool) -> list[tuple[str, str]]:
-    """(name, what it is) of every latency column the demo prints."""
+TVM_DLIGHT = "TVM dlight"
+
+
+def columns(tuning_log: str | None, ort_available: bool, gpu: bool = False) -> list[tuple[str, str]]:
+    """(name, what it is) of every latency column the demo prints, tvmfuse's first."""
     tuned = ("untuned: each kernel's template default for the target" if tuning_log is None else
              "with the tuning records shipped in tuning_logs/" if tuning_log == "shipped" else
              f"with the tuning records of {tuning_log}")
     cols = [("tvmfuse", f"tvmfuse, {tuned}")]
     if ort_available:
-        cols.append(("onnxruntime", "onnxruntime CPU, default session options"))
-    cols += [("TVM unfused", "TVM, every op its own kernel, no schedule (TVM's default loop nests)"),
-             ("TVM FuseOps", "TVM's own fusion (FuseOps + FuseTIR), no schedule")]
+        cols.append(("onnxruntime", "onnxruntime CPU, default session options (numpy in/out)"))
+    rules = ("dlight's GPU rules (Matmul, GEMV, Reduction, GeneralReduction, Fallback)" if gpu else
+             "dlight's CPU rules (GEMV, Reduction; a kernel neither matches keeps TVM's default loop nest)")
+    cols.append((TVM_DLIGHT, f"TVM untuned: TVM's fusion (FuseOps + FuseTIR), kernels scheduled by {rules}"))
     return cols
 
 
@@ -86,16 +120,17 @@ def run_demo(target=None, json_out: bool = False, small: bool = False, repeat: i
     tgt = parse_target(target)
     configure_threads(None)
     ort = _onnxruntime()
-    cols = columns(tuning_log, ort is not None)
+    cols = columns(tuning_log, ort is not None, gpu=is_gpu(tgt))
     if not json_out:
-        print("latency columns (ms per call, median of %d calls each, after 2 warm-up calls):" % repeat)
+        print(f"latency columns (ms per call, median of {repeat} calls each, after {WARMUP_CALLS} warm-up calls, "
+              "all measured in this run):")
         for name, what in cols:
             print(f"  {name:12s} {what}")
         if ort is None:
             print("  (onnxruntime is not installed: `pip install onnxruntime` to see it beside tvmfuse)")
-        print("  (x) = that column's time / tvmfuse's time (> 1: tvmfuse faster). Neither TVM column is how TVM "
-              "is deployed on a CPU\n  (dlight rules or MetaSchedule): benchmarks/bench_cpu.py compares "
-              "against those.\n")
+        print("  (x) = that column's time / tvmfuse's time (> 1: tvmfuse faster). TVM tuned by MetaSchedule "
+              "(minutes to hours of\n  tuning) is not run here: benchmarks/bench_cpu.py --ms-trials N times it "
+              "beside these.\n")
     ok = True
     results = []
     for name, build in DEMO_MODELS.items():
@@ -105,26 +140,27 @@ def run_demo(target=None, json_out: bool = False, small: bool = False, repeat: i
         cm = tvmfuse_compile(model, target=tgt, name=name, tuning_log=tuning_log)
         compile_s = time.perf_counter() - t0
         ref = reference_outputs(model, feeds)
-        out = cm.run(feeds)
-        errs = {k: float(np.max(np.abs(out[k] - ref[k]))) for k in ref}
-        passed = all(np.allclose(out[k], ref[k], rtol=DEMO_RTOL, atol=DEMO_ATOL) for k in ref)
-        ok &= passed
-        lat = {"tvmfuse": cm.benchmark(feeds, repeat=repeat)}
+        checks = {"tvmfuse": check_outputs(cm.run(feeds), ref)}
+        lat = {"tvmfuse": cm.benchmark(feeds, repeat=repeat, warmup=WARMUP_CALLS)}
         time.sleep(PAUSE_S)
         if ort is not None:
             sess = _ort_session(ort, model)
+            checks["onnxruntime"] = check_outputs(sess.run(None, feeds), ref)
             lat["onnxruntime"] = _median_s(lambda: sess.run(None, feeds), repeat)
-        lat["TVM unfused"] = _baseline_latency(model, unfused_pipeline, tgt, feeds, repeat)
-        lat["TVM FuseOps"] = _baseline_latency(model, stock_pipeline, tgt, feeds, repeat)
-        entry = {"model": name, "check": "pass" if passed else "FAIL", "max_abs_error": errs,
-                 "compile_s": round(compile_s, 2), "repeat": repeat,
+        lat[TVM_DLIGHT], outs = _baseline(model, dlight_pipeline, tgt, feeds, repeat)
+        checks[TVM_DLIGHT] = check_outputs(outs, ref)
+        passed = all(c["check"] == "pass" for c in checks.values())
+        ok &= passed
+        entry = {"model": name, "check": "pass" if passed else "FAIL", "checks": checks,
+                 "compile_s": round(compile_s, 2), "repeat": repeat, "warmup": WARMUP_CALLS,
                  "columns": dict(cols), "latency_ms": {k: v * 1e3 for k, v in lat.items()},
                  "report": cm.report.to_dict()}
         results.append(entry)
         if not json_out:
             print(cm.report.table())
-            print(f"check vs onnx ReferenceEvaluator (rtol {DEMO_RTOL}, atol {DEMO_ATOL}): "
-                  f"{'pass' if passed else 'FAIL'}  max abs error {max(errs.values()):.2e}")
+            print(f"check vs onnx ReferenceEvaluator (rtol {DEMO_RTOL}, atol {DEMO_ATOL}): " + " | ".join(
+                f"{k} {c['check']} ({'max abs error %.2e' % c['max_abs_error'] if 'max_abs_error' in c else c['why']})"
+                for k, c in checks.items()))
             cells = [f"tvmfuse {lat['tvmfuse'] * 1e3:.3f}"] + [
                 f"{k} {v * 1e3:.3f} ({_ratio(v / lat['tvmfuse'])})" for k, v in lat.items() if k != "tvmfuse"]
             where = " (onnxruntime on the CPU)" if ort is not None and is_gpu(tgt) else ""

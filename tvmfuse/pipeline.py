@@ -18,7 +18,7 @@ from . import _compat as C
 from .errors import InputError
 from .explain import Recorder, record_group, record_refusal, retract_groups
 from .report import groups_in
-from .target import parse_target
+from .target import is_gpu, parse_target
 
 log = logging.getLogger("tvmfuse.pipeline")
 
@@ -360,6 +360,13 @@ class Stages:
         """TVM's own dataflow lowering and VM finalization."""
         return lowering_passes(self.target, self.options)
 
+    def dlight(self) -> list:
+        """TVM's own schedule rules instead of tvmfuse's (the baseline a TVM user builds without tuning):
+        ``dlight.ApplyDefaultSchedule`` with the rules TVM 0.27 ships for the target's family (CPU:
+        ``cpu.GEMV``, ``cpu.Reduction``; a kernel neither matches keeps TVM's default loop nest; GPU:
+        Matmul, GEMV, Reduction, GeneralReduction, Fallback)."""
+        return [C.dlight.ApplyDefaultSchedule(*dlight_rules(self.target))]
+
     def all(self) -> list:
         return self.graph() + self.schedule() + self.lower()
 
@@ -391,15 +398,26 @@ def pipeline(target=None, tuning_log: str | None = None, **option_overrides) -> 
 
 
 def stock_pipeline(target=None) -> C.ir_transform.Pass:
-    """TVM's own fusion (LegalizeOps + FuseOps + FuseTIR) and defaults: the baseline tvmfuse is compared to."""
+    """TVM's own fusion (LegalizeOps + FuseOps + FuseTIR) with no schedule (TVM's default loop nests on a
+    CPU): how much fusion alone gives; no one deploys it on a CPU (``dlight_pipeline`` is TVM's untuned route)."""
     return pipeline(target, fusion=False, schedules=False, fast_math=False, element_aligned_args=False)
 
 
-def unfused_pipeline(target=None) -> C.ir_transform.Pass:
-    """No fusion at all: each op its own kernel (TVM's 'default' CPU build; dlight defaults on GPU)."""
+def dlight_rules(target: C.Target) -> list:
+    """dlight's rules for ``target`` as TVM ships them (``tvm.s_tir.dlight.cpu`` / ``.gpu``)."""
+    if is_gpu(target):
+        from .schedules.cuda.fallback import dlight_rules as gpu_rules
+
+        return gpu_rules()
+    return [C.dlight.cpu.GEMV(), C.dlight.cpu.Reduction()]
+
+
+def dlight_pipeline(target=None) -> C.ir_transform.Pass:
+    """TVM's own fusion (LegalizeOps + FuseOps + FuseTIR), every kernel then scheduled by dlight's rules for
+    the target (``Stages.dlight``), then TVM's lowering: what a TVM user deploys without tuning."""
     options = PipelineOptions(fusion=False, schedules=False, fast_math=False, element_aligned_args=False)
-    return _stages_pass(target, options, "tvmfuse.unfused_pipeline",
-                        lambda st: st.unfused() + st.schedule() + st.lower())
+    return _stages_pass(target, options, "tvmfuse.dlight_pipeline",
+                        lambda st: st.graph() + st.dlight() + st.lower())
 
 
 def register() -> None:

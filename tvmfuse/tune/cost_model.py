@@ -136,10 +136,8 @@ def ranking_quality(scores, costs, groups) -> Quality:
                    workloads=len(per), samples=int(len(costs)), per_workload=per)
 
 
-def held_out_quality(samples: list[Sample], train_fraction: float = 0.6, seed: int = 0,
-                     model: CostModel | None = None) -> Quality:
-    """Fit on ``train_fraction`` of each workload's measurements (drawn at random), report the ranking
-    quality on the rest."""
+def held_out_split(samples: list[Sample], train_fraction: float, seed: int) -> tuple[list[Sample], list[Sample]]:
+    """(train, test): ``train_fraction`` of each workload's measurements drawn at random, and the rest."""
     rng = np.random.default_rng(seed)
     by_group: dict[str, list[Sample]] = {}
     for s in samples:
@@ -151,6 +149,14 @@ def held_out_quality(samples: list[Sample], train_fraction: float = 0.6, seed: i
         cut = int(round(train_fraction * len(ss)))
         train += [ss[i] for i in idx[:cut]]
         test += [ss[i] for i in idx[cut:]]
+    return train, test
+
+
+def held_out_quality(samples: list[Sample], train_fraction: float = 0.6, seed: int = 0,
+                     model: CostModel | None = None) -> Quality:
+    """Fit on ``train_fraction`` of each workload's measurements (drawn at random), report the ranking
+    quality on the rest."""
+    train, test = held_out_split(samples, train_fraction, seed)
     model = model or CostModel(seed=seed)
     if not model.fit(train):
         raise ValueError("no workload has two training measurements")
