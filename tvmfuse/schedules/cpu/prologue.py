@@ -22,11 +22,11 @@ from ...analysis import CONTRACTION, REDUCTION, is_sum_reduction
 from ...target import cpu_info
 from ..base import KnobSpace, Match, knob
 from . import common as U
-from .matmul import (PAD_N, RegisterTileConfig, analyze_matmul, compute_on_register_tile, matmul_roles,
-                     pick_lanes, register_tile_choices, register_tile_default,
-                     table_accumulator_cap)
+from .matmul import (PAD_N, RegisterTileConfig, analyze_matmul,
+                     compute_on_register_tile, flatten_matmul, matmul_roles, partition_row_tiles, pick_lanes,
+                     register_tile_choices, register_tile_default, row_map, table_accumulator_cap)
 from .reduction import rf_widths
-from .siblings import chain_output_block, output_chains
+from .siblings import chain_output_block, output_chains, rows_key
 
 FAMILY = "cpu.norm_matmul"
 VECTORIZE_STATS = (True, False)      # rfactor the statistics into vector partial sums (needs rf_width | K)
@@ -83,20 +83,21 @@ def _fold(sch: C.Schedule, norm: str) -> list[str] | None:
     return [U.block_name(sch, b) for b in U.top_blocks(sch)]
 
 
-def _roles(sch: C.Schedule) -> dict | None:
+def _roles(sch: C.Schedule, analyze=analyze_matmul) -> dict | None:
     """The blocks' roles in a norm + matmul kernel, on a fresh schedule (it folds the elementwise blocks
-    the same way on every call): None when the kernel is not one."""
+    the same way on every call): None when the kernel is not one.  ``analyze(sch, block)``: a matmul
+    block's roles (``matmul.analyze_matmul``: static extents; cpu.symbolic_norm_matmul: symbolic rows)."""
     matmuls = {}
     for b in U.top_blocks(sch):
         if U.is_reduction(sch, b):
-            info = analyze_matmul(sch, b)
+            info = analyze(sch, b)
             if info is not None:
                 matmuls[U.block_name(sch, b)] = info
     if not matmuls:
         return None
     first = next(iter(matmuls.values()))
-    if any(r["a_buffer"] != first["a_buffer"] or r["M"] != first["M"] or r["batch"] != first["batch"]
-           or r["K"] != first["K"] for r in matmuls.values()):
+    if any(r["a_buffer"] != first["a_buffer"] or rows_key(r) != rows_key(first) or r["K"] != first["K"]
+           for r in matmuls.values()):
         return None
     norm = _writer(sch, first["a_buffer"])
     if norm is None or not U.is_spatial(sch, norm):
@@ -159,9 +160,14 @@ class NormMatmul(U.CpuTemplate, family=FAMILY, config=NormMatmulConfig):
 
     # ------------------------------------------------------------------ match
     def match(self, func: C.PrimFunc, target: C.Target) -> Match | None:
+        return self.match_roles(func, analyze_matmul)
+
+    def match_roles(self, func: C.PrimFunc, analyze) -> Match | None:
+        """The match of a norm + matmul kernel whose matmuls ``analyze(sch, block)`` recognizes (static
+        extents here; symbolic rows in cpu.symbolic_norm_matmul)."""
         if not is_sum_reduction(func):        # every reduction sums (the matmuls, mean, variance)
             return None
-        roles = _roles(C.Schedule(func))
+        roles = _roles(C.Schedule(func), analyze)
         if roles is None:
             return None
         m = roles["matmuls"]
@@ -233,6 +239,14 @@ class NormMatmul(U.CpuTemplate, family=FAMILY, config=NormMatmulConfig):
 
         # Step 1. Fold the elementwise blocks (the same folding as match()): the norm block stays.
         _fold(sch, info["norm"])
+        # Step 1b. Symbolic rows (cpu.symbolic_norm_matmul) over batch axes: the statistics and the norm
+        # block iterate one flat row axis b * M + i (their buffers 2-D), so a row block is a contiguous
+        # range of rows whatever batch it crosses; the matmuls follow in Step 3b.
+        flat = bool(info.get("flatten"))
+        if flat:
+            for name in [info["norm"], *info["stats"]]:
+                _flatten_rows_block(sch, sch.get_sblock(name), info)
+            nbatch = 0
 
         # Step 2. Row statistics as vector partial sums: rfactor each over `rf_width` lanes (at the root,
         # before anything moves; the partial sums and their horizontal sum move under the row block in Step 6).
@@ -255,6 +269,12 @@ class NormMatmul(U.CpuTemplate, family=FAMILY, config=NormMatmulConfig):
             # zero-padded in Step 5); a matmul that is an output accumulates into a cache block.
             epi = chain_output_block(sch, info, anchor, reds, nr, cfg.pad_n, pads)
 
+            # Step 3b. Symbolic rows: the chain's matmuls and output block over the flat row axis too.
+            if flat:
+                for red in reds:
+                    flatten_matmul(sch, sch.get_sblock(red), info)
+                sch.transform_block_layout(epi, row_map(info, 1))
+
             # Step 4. Tile the chain's output: [batch, row block i0], j0, i1, j1, register tile (i2, j2).
             loops = sch.get_loops(epi)
             b_loops, i_loop, j_loop = loops[:nbatch], loops[nbatch], loops[nbatch + 1]
@@ -266,8 +286,11 @@ class NormMatmul(U.CpuTemplate, family=FAMILY, config=NormMatmulConfig):
 
         # One parallel row-block loop for every chain: the normalised panel is made once per row block.
         # (Before the matmuls move in: `parallel` needs complete blocks, not split-off inits.)
+        # A bucket of few rows (cpu.symbolic_norm_matmul's serial one) keeps it serial: a fork of the thread
+        # pool costs more than the work of a row or two.
         top = sch.merge(*tops) if len(tops) > 1 else tops[0]
-        sch.parallel(top)
+        if not info.get("serial", False):
+            sch.parallel(top)
 
         for reds, j1, j2, panel in tiles:
             # Step 5. Every matmul of the chain on the register tile (accumulators, init vectorized), its
@@ -304,3 +327,32 @@ class NormMatmul(U.CpuTemplate, family=FAMILY, config=NormMatmulConfig):
             init = sch.decompose_reduction(blk, ro)
             sch.vectorize(sch.get_loops(init)[-1])
         U.vectorize_inner(sch, sch.get_sblock(info["norm"]), lanes)
+
+        # Step 8. A row count known at run time only (the row-tiled bucket of cpu.symbolic_norm_matmul):
+        # the whole register tiles split from the predicated last macro tile (``matmul.partition_row_tiles``).
+        if info.get("partition_rows"):
+            partition_row_tiles(sch)
+
+
+def _flatten_rows_block(sch: C.Schedule, block, info: dict) -> None:
+    """A statistic or the norm block made to iterate ``b * M + i`` (``matmul.row_map``) and to write a
+    buffer with that one row axis (its readers' indices follow)."""
+    nb = len(info["batch"])
+    blk = sch.get(block)
+    sch.transform_layout(block, ("write", 0), row_map(info, len(blk.writes[0].source.shape) - nb - 1))
+    sch.transform_block_layout(block, row_map(info, len(blk.iter_vars) - nb - 1))
+
+
+def _rows_lead(sch: C.Schedule, name: str, info: dict) -> bool:
+    """The block's first iterators are the rows (batch axes then i, as extents) and index its output's
+    first axes in that order: what ``_flatten_rows_block`` maps."""
+    blk = sch.get(sch.get_sblock(name))
+    nb = len(info["batch"])
+    rows = [*info["batch"], info["M"]]
+    ivs = list(blk.iter_vars)[:nb + 1]
+    idx = list(blk.body.indices)[:nb + 1] if isinstance(blk.body, C.BufferStore) else []
+    if len(ivs) != nb + 1 or len(idx) != nb + 1:
+        return False
+    ana = C.Analyzer()
+    return all(int(iv.iter_type) != U.REDUCE and ana.can_prove_equal(iv.dom.extent, r) and ix.same_as(iv.var)
+               for iv, ix, r in zip(ivs, idx, rows))
