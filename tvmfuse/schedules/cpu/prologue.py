@@ -311,11 +311,33 @@ class NormMatmul(U.CpuTemplate, family=FAMILY, config=NormMatmulConfig):
             _, e_jv = sch.split(j2, factors=[None, lanes])
             sch.vectorize(e_jv)
 
+        # Step 5b. A row count known at run time only (cpu.symbolic_norm_matmul's row-tiled bucket): the
+        # panel laid out by row block ([row block, row in block, K], the last block zero-padded: its rows
+        # past the end are 0 by a branch, never read from the input), so that each row block's part is one
+        # index of the outer axis and the whole static inner one: buffer compaction shrinks it to mc x K
+        # (a range of rows predicated "row exists" against a symbolic count it keeps at full size).
+        padded = bool(info.get("partition_rows")) and mr * cfg.mc_tiles > 1
+        if padded:
+            block_rows = mr * cfg.mc_tiles
+            blk = sch.get_sblock(info["norm"])
+            nd = len(sch.get(blk).writes[0].source.shape)
+            sch.transform_layout(blk, ("write", 0), C.IndexMap.from_func(
+                lambda r, *rest: (r // block_rows, r % block_rows, *rest), ndim=nd), pad_value=0.0)
+
         # Step 6. Per row block: the normalised rows into the A panel (mc x K), and before them the
-        # statistics of those rows; each shrinks to the row block (no tensor of full size is left).
-        sch.compute_at(sch.get_sblock(info["norm"]), top, preserve_unit_loops=True)
+        # statistics of those rows; each shrinks to the row block (no tensor of full size is left).  With
+        # the padded panel (Step 5b) the statistics go one row deeper, under the panel's row loop: one row's
+        # statistics at a time (a point that compaction shrinks; rows past the end are skipped).
+        norm = sch.get_sblock(info["norm"])
+        sch.compute_at(norm, top, preserve_unit_loops=True)
+        stats_at = top
+        if padded:
+            loops = list(sch.get_loops(norm))
+            top_var = sch.get(top).loop_var
+            under = loops[next(i for i, lp in enumerate(loops) if sch.get(lp).loop_var.same_as(top_var)) + 1:]
+            stats_at = next(lp for lp in under if _static_extent(sch, lp) == block_rows)
         for name in reversed(stat_blocks):
-            sch.compute_at(sch.get_sblock(name), top, preserve_unit_loops=True)
+            sch.compute_at(sch.get_sblock(name), stats_at, preserve_unit_loops=True)
 
         # Step 7. Vectorize: the partial sums along their lanes, the panel along K (a scalar tail when the
         # vector width does not divide K).
@@ -332,6 +354,11 @@ class NormMatmul(U.CpuTemplate, family=FAMILY, config=NormMatmulConfig):
         # the whole register tiles split from the predicated last macro tile (``matmul.partition_row_tiles``).
         if info.get("partition_rows"):
             partition_row_tiles(sch)
+
+
+def _static_extent(sch: C.Schedule, loop) -> int | None:
+    ext = sch.get(loop).extent
+    return int(ext) if isinstance(ext, C.tirx.IntImm) else None
 
 
 def _flatten_rows_block(sch: C.Schedule, block, info: dict) -> None:
