@@ -137,6 +137,17 @@ def vit_block(s=50, d=96, h=3, f=192):
 
 
 # ----------------------------------------------------------------------------- generic family
+def symbolic_dims(model: onnx.ModelProto, names=("batch", "sequence")) -> onnx.ModelProto:
+    """``model`` with the leading dims of its inputs and outputs made symbolic (``names``, in order)."""
+    out = onnx.ModelProto()
+    out.CopyFrom(model)
+    for vi in list(out.graph.input) + list(out.graph.output):
+        for d, name in zip(vi.type.tensor_type.shape.dim, names):
+            d.Clear()
+            d.dim_param = name
+    return out
+
+
 def rmsnorm_matmul_symbolic_k(n=16):
     """y = rmsnorm(x) @ w with x [rows, k], w [k, n]: the normalised rows' length k is symbolic (w is an
     input: a constant weight would fix k); the norm_prologue rule must not fire (test_norm_prologue,

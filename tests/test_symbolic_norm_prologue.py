@@ -10,7 +10,6 @@ after buffer compaction (the panel is the row block's rows x K).  Numbers agains
 reference on fresh random inputs at row counts in each bucket (one row, a few, many with a partial last
 row block).  Must not fire: a symbolic row length K (the A panel holds whole rows of static K)."""
 import numpy as np
-import onnx
 import pytest
 
 import tvmfuse
@@ -33,17 +32,6 @@ RTOL, ATOL = 1e-4, 1e-5
 SIZES = [(1, 1), (2, 5), (3, 17)]
 
 
-def _symbolic(model: onnx.ModelProto, names=("batch", "sequence")) -> onnx.ModelProto:
-    """``model`` with the leading dims of its inputs and outputs made symbolic (``names``, in order)."""
-    out = onnx.ModelProto()
-    out.CopyFrom(model)
-    for vi in list(out.graph.input) + list(out.graph.output):
-        for d, name in zip(vi.type.tensor_type.shape.dim, names):
-            d.Clear()
-            d.dim_param = name
-    return out
-
-
 # (kwargs of models.norm_matmul with batch): RMSNorm before Q/K/V (T5's attention input), a LayerNorm
 # with its bias before one matmul + GELU (BERT's FFN-style), SwiGLU's gate/up after an RMSNorm
 CASES = {
@@ -54,7 +42,7 @@ CASES = {
 
 
 def _model(name):
-    return _symbolic(M.norm_matmul(**CASES[name]))
+    return S.symbolic_dims(M.norm_matmul(**CASES[name]))
 
 
 @pytest.mark.parametrize("tname", ["haswell-2", "skx-2"])
