@@ -163,3 +163,21 @@ def test_symbolic_row_length_does_not_fire(host, monkeypatch, rng):
     feeds = {"x": rng.standard_normal((5, 24)).astype(np.float32),
              "w": rng.standard_normal((24, 16)).astype(np.float32)}
     np.testing.assert_allclose(cm.run(feeds)["y"], M.reference_outputs(model, feeds)["y"], rtol=RTOL, atol=ATOL)
+
+
+def test_2d_symbolic_rows_transformer_block(host, rng):
+    """The demo block over [sequence, hidden] (no batch axis: the rows are not flattened, the buffers of
+    each bucket's nest its own): the static build's five kernels, both LayerNorms fused with their matmuls,
+    and the reference's numbers at a row count in each bucket."""
+    model = M.transformer_block(seq="sequence", hidden=64, heads=4, ffn=128)
+    with Recorder() as rec:
+        cm = tvmfuse.compile(model, host)
+    assert cm.kernel_count == 5, cm.report.after.kernel_names
+    assert [s["template"] for s in rec.schedules].count(FAMILY) == 2, rec.schedules
+    (name,) = [i.name for i in model.graph.input]
+    for seq in (1, 7, 40):
+        feeds = {name: rng.standard_normal((seq, 64)).astype(np.float32)}
+        ref = M.reference_outputs(model, feeds)
+        out = cm.run(feeds)
+        for key, want in ref.items():
+            np.testing.assert_allclose(out[key], want, rtol=RTOL, atol=ATOL, err_msg=f"{key} at {seq}")

@@ -272,15 +272,14 @@ _spec.loader.exec_module(corpus_io)
 ENTRIES = {e["name"]: e for e in corpus_io.load_manifest()["models"]}
 TOKEN_MODELS = [n for n, e in ENTRIES.items()
                 if any("sequence" in spec["dyn_shape"] for spec in e["inputs"])]
-# token models whose symbolic build has more kernels than the static one: (extra kernels, why, a name part
-# of each extra kernel).  T5's relative position bias is a constant of the static build (its buckets follow
-# from the static sequence length and fold); over a symbolic sequence they are computed per call from
-# Range(0, sequence): one kernel (its name starts full_expand_dims_..._arange) feeding the attention
-# kernels.  Its RMSNorms fuse with Q/K/V and the FFN in both builds (cpu.norm_matmul,
-# cpu.symbolic_norm_matmul: 16 vs 12 kernels before).
-EXPLAINED_EXTRA = {
-    "t5_encoder": (1, "the relative position bias, computed per call from the symbolic sequence", "arange"),
-}
+# token models whose symbolic build has more kernels than the static one, explained (extra kernels, why, a
+# name part of each extra kernel): T5's relative position bias.  Its RMSNorms fuse with Q/K/V and the FFN in
+# both builds (cpu.norm_matmul, cpu.symbolic_norm_matmul: 16 vs 12 kernels before).
+_spec = importlib.util.spec_from_file_location("symbolic_check", os.path.join(ROOT, "benchmarks",
+                                                                              "symbolic_check.py"))
+symbolic_check = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(symbolic_check)
+EXPLAINED_EXTRA = symbolic_check.EXPLAINED_EXTRA_KERNELS
 
 
 @pytest.mark.slow

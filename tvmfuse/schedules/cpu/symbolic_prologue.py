@@ -45,7 +45,7 @@ class SymbolicNormMatmul(RowBuckets, NormMatmul, family=FAMILY, config=NormMatmu
         if found is None:
             return None
         info = found.info
-        info["flatten"] = bool(info["batch"])
+        info["flatten"], info["symbolic"] = bool(info["batch"]), True
         if info["flatten"]:
             sch = C.Schedule(func)
             _fold(sch, info["norm"])
