@@ -181,3 +181,21 @@ def test_2d_symbolic_rows_transformer_block(host, rng):
         out = cm.run(feeds)
         for key, want in ref.items():
             np.testing.assert_allclose(out[key], want, rtol=RTOL, atol=ATOL, err_msg=f"{key} at {seq}")
+
+
+@pytest.mark.parametrize("tname", ["haswell-2", "skx-2"])
+def test_columns_off_the_vector_width_do_not_fire(tname, monkeypatch):
+    """expected = before: N = 36 (no multiple of 8 or 16 lanes) is declined by cpu.symbolic_norm_matmul,
+    and the rule needs its own family (``Rule.needs_family``: cpu.symbolic_rows would recompute the norm a
+    row at a time): the groups made without the rule, the refusal naming the family and why."""
+    target = named_target(tname)
+    model = S.symbolic_dims(M.norm_matmul(norm="rmsnorm", rows=8, d=64, n=36, batch=2, bias=False, heads=2))
+    d = explain(model, target)
+    with monkeypatch.context() as mp:
+        mp.setattr(R, "RULES", tuple(r for r in R.RULES if r.name != RULE))
+        before = explain(model, target)
+    assert d["groups"] == before["groups"] and d["kernels_fused"] == before["kernels_fused"]
+    assert not any(RULE in g["rule"] for g in d["groups"]), d["groups"]
+    refused = [r for r in d["refused"] if r["rule"] == RULE]
+    assert refused and "no norm_matmul family schedules the group" in refused[0]["reason"], refused
+    assert f"{FAMILY}: " in refused[0]["reason"] and "a multiple of the vector width" in refused[0]["reason"]

@@ -57,6 +57,10 @@ class Rule:
     template: str = ""     # the template family that must accept the group on the target
     same_input: bool = False   # sibling rule: both read the shared tensor as their data operand
     producer_group: tuple = ()  # edge rule: kinds of which the producer's group must hold one (a norm's reduction)
+    # the group stands only if a family of ``template`` accepts it (where the target's families declare
+    # ``accepts``): another schedule would undo what the rule buys (a norm recomputed a row at a time, or
+    # the generic schedule of a matmul)
+    needs_family: bool = False
 
     def matches(self, a: NodeInfo, b: NodeInfo, a_group_kinds=None) -> bool:
         """Whether the rule covers ``a`` and ``b``; ``a_group_kinds``: the kinds in ``a``'s group so far."""
@@ -237,7 +241,7 @@ RULES: tuple[Rule, ...] = (
     Rule("norm_prologue", "edge", (REDUCTION, ELEMWISE), (CONTRACTION,),
          "LayerNorm/RMSNorm rows normalised while packing the A panel of the matmul(s) they feed (Q/K/V, "
          "gate/up): the normalised tensor never reaches memory; test_norm_prologue", check_norm_prologue,
-         "norm_matmul", producer_group=(REDUCTION,)),
+         "norm_matmul", producer_group=(REDUCTION,), needs_family=True),
     Rule("reduction_prologue", "edge", _MOVABLE, (REDUCTION,),
          "the producer of a reduction computed inside the reduction loop (x*x -> mean); "
          "test_fusion_patterns[rmsnorm]", check_rows, "reduction"),
@@ -475,7 +479,13 @@ def check_template(rule: Rule, group: GroupInfo, target, formed: tuple = ()) -> 
     from ..schedules import template_gate
 
     named = tuple(dict.fromkeys(r.template for r in (*formed, rule)))
-    return template_gate(group, target, prefer=rule.template, named=named)
+    family, reason, declined = template_gate(group, target, prefer=rule.template, named=named)
+    own = [r.template for r in (*formed, rule) if r.needs_family]
+    if own and reason is None and (family is None and declined or family is not None
+                                   and not any(t in family for t in own)):
+        why = declined or f"{family} took it"
+        return None, f"no {'/'.join(dict.fromkeys(own))} family schedules the group ({why})", ""
+    return family, reason, declined
 
 
 def _static_numel(shape) -> int | None:
