@@ -483,8 +483,12 @@ def check_template(rule: Rule, group: GroupInfo, target, formed: tuple = ()) -> 
     own = [r.template for r in (*formed, rule) if r.needs_family]
     if own and reason is None and (family is None and declined or family is not None
                                    and not any(t in family for t in own)):
-        why = declined or f"{family} took it"
-        return None, f"no {'/'.join(dict.fromkeys(own))} family schedules the group ({why})", ""
+        from ..schedules import declares_accepts, templates_for
+
+        why = [f"{t.family}: {t.accepts(group, target)}" for t in templates_for(target)
+               if declares_accepts(t) and any(o in t.family for o in own)]
+        why += [f"{family} would take it" if family else "only the generic schedule would take it"]
+        return None, f"no {'/'.join(dict.fromkeys(own))} family schedules the group ({'; '.join(why)})", ""
     return family, reason, declined
 
 
