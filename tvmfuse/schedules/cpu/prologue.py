@@ -66,7 +66,7 @@ def _writer(sch: C.Schedule, buffer: str):
     return None
 
 
-def _fold(sch: C.Schedule, norm: str) -> list[str] | None:
+def fold_norm_kernel(sch: C.Schedule, norm: str) -> list[str] | None:
     """Fold every elementwise block but the norm block and the outputs into its consumers, the costly
     ones too (a norm's (x - mean)^2 is computed inside the variance sum, once per element of the row as
     the unfused kernel does): the blocks left, or None when one cannot be folded."""
@@ -105,7 +105,7 @@ def _roles(sch: C.Schedule, analyze=analyze_matmul) -> dict | None:
     norm_name = U.block_name(sch, norm)
     if norm_name in U.output_names(sch):
         return None                       # the normalised tensor is an output: it must be written whole
-    left = _fold(sch, norm_name)
+    left = fold_norm_kernel(sch, norm_name)
     if left is None:
         return None
     norm = sch.get_sblock(norm_name)
@@ -238,7 +238,7 @@ class NormMatmul(U.CpuTemplate, family=FAMILY, config=NormMatmulConfig):
         nbatch = len(info["batch"])
 
         # Step 1. Fold the elementwise blocks (the same folding as match()): the norm block stays.
-        _fold(sch, info["norm"])
+        fold_norm_kernel(sch, info["norm"])
         # Step 1b. Symbolic rows (cpu.symbolic_norm_matmul) over batch axes: the statistics and the norm
         # block iterate one flat row axis b * M + i (their buffers 2-D), so a row block is a contiguous
         # range of rows whatever batch it crosses; the matmuls follow in Step 3b.
@@ -383,7 +383,7 @@ def _renew_buffer(sch: C.Schedule, block, info: dict) -> None:
     sch.transform_layout(block, ("write", 0), C.IndexMap.from_func(lambda *idx: idx, ndim=nd))
 
 
-def _rows_lead(sch: C.Schedule, name: str, info: dict) -> bool:
+def rows_lead(sch: C.Schedule, name: str, info: dict) -> bool:
     """The block's first iterators are the rows (batch axes then i, as extents) and index its output's
     first axes in that order: what ``_flatten_rows_block`` maps."""
     blk = sch.get(sch.get_sblock(name))

@@ -17,7 +17,7 @@ nest with the loop-partition hint (whole row blocks lose the per-row predicate).
 Matches what ``cpu.norm_matmul`` matches when every matmul is ``analyze_symbolic_matmul``'s (symbolic rows,
 static N and K, a weight shared by the batches) with N a multiple of the vector width (no column padding:
 ``pad_einsum`` of a symbolic domain is not used here), and the statistics and the norm block iterate the
-rows first (``prologue._rows_lead``).
+rows first (``prologue.rows_lead``).
 """
 from __future__ import annotations
 
@@ -27,7 +27,7 @@ from ...target import cpu_info
 from ..base import KnobSpace, Match
 from . import matmul as MM
 from . import common as U
-from .prologue import PACK_STRIP_L1_FRACTION, NormMatmul, NormMatmulConfig, _fold, _rows_lead
+from .prologue import PACK_STRIP_L1_FRACTION, NormMatmul, NormMatmulConfig, fold_norm_kernel, rows_lead
 from .reduction import rf_widths
 from .symbolic_matmul import SYM_MR_CHOICES, RowBuckets, analyze_symbolic_rows_matmul
 
@@ -48,8 +48,8 @@ class SymbolicNormMatmul(RowBuckets, NormMatmul, family=FAMILY, config=NormMatmu
         info["flatten"], info["symbolic"] = bool(info["batch"]), True
         if info["flatten"]:
             sch = C.Schedule(func)
-            _fold(sch, info["norm"])
-            if not all(_rows_lead(sch, n, info) for n in [info["norm"], *info["stats"]]):
+            fold_norm_kernel(sch, info["norm"])
+            if not all(rows_lead(sch, n, info) for n in [info["norm"], *info["stats"]]):
                 return None
         info["partition_rows"] = True
         return self.if_every_bucket_schedules(func, self.match_rows(found, target), target)
