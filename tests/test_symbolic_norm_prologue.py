@@ -166,9 +166,9 @@ def test_symbolic_row_length_does_not_fire(host, monkeypatch, rng):
 
 
 def test_2d_symbolic_rows_transformer_block(host, rng):
-    """The demo block over [sequence, hidden] (no batch axis: the rows are not flattened, the buffers of
-    each bucket's nest its own): the static build's five kernels, both LayerNorms fused with their matmuls,
-    and the reference's numbers at a row count in each bucket."""
+    """The demo block over [sequence, hidden] (no batch axis: the rows are not flattened; the bucket nests
+    share the norm's buffers, at full size: a known limitation): the static build's five kernels, both
+    LayerNorms fused with their matmuls, and the reference's numbers at a row count in each bucket."""
     model = M.transformer_block(seq="sequence", hidden=64, heads=4, ffn=128)
     with Recorder() as rec:
         cm = tvmfuse.compile(model, host)

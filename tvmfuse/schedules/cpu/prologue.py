@@ -242,15 +242,15 @@ class NormMatmul(U.CpuTemplate, family=FAMILY, config=NormMatmulConfig):
         # Step 1b. Symbolic rows (cpu.symbolic_norm_matmul) over batch axes: the statistics and the norm
         # block iterate one flat row axis b * M + i (their buffers 2-D), so a row block is a contiguous
         # range of rows whatever batch it crosses; the matmuls follow in Step 3b.
-        # Without batch axes the buffers are made anew all the same (an identity layout): the size buckets'
-        # nests are joined in one kernel (``buckets.join_buckets``), and a buffer they shared would be sized
-        # by buffer compaction for all of them together, i.e. at full size.
+        # (Without batch axes the buffers stay the kernel's: the size buckets' nests, joined in one kernel by
+        # ``buckets.join_buckets``, then share them, and buffer compaction leaves them at full size.  Known
+        # limitation: buffers made anew by an identity transform_layout keep their data variable, and
+        # the joined kernel then freed it twice.)
         flat = bool(info.get("flatten"))
-        renew = bool(info.get("symbolic")) and not flat
-        if flat or renew:
+        if flat:
             for name in [info["norm"], *info["stats"]]:
-                (_flatten_rows_block if flat else _renew_buffer)(sch, sch.get_sblock(name), info)
-            nbatch = 0 if flat else nbatch
+                _flatten_rows_block(sch, sch.get_sblock(name), info)
+            nbatch = 0
 
         # Step 2. Row statistics as vector partial sums: rfactor each over `rf_width` lanes (at the root,
         # before anything moves; the partial sums and their horizontal sum move under the row block in Step 6).
@@ -278,9 +278,6 @@ class NormMatmul(U.CpuTemplate, family=FAMILY, config=NormMatmulConfig):
                 for red in reds:
                     flatten_matmul(sch, sch.get_sblock(red), info)
                 sch.transform_block_layout(epi, row_map(info, 1))
-            elif renew:
-                for red in reds:
-                    _renew_buffer(sch, sch.get_sblock(red), info)
 
             # Step 4. Tile the chain's output: [batch, row block i0], j0, i1, j1, register tile (i2, j2).
             loops = sch.get_loops(epi)
@@ -375,12 +372,6 @@ def _flatten_rows_block(sch: C.Schedule, block, info: dict) -> None:
     blk = sch.get(block)
     sch.transform_layout(block, ("write", 0), row_map(info, len(blk.writes[0].source.shape) - nb - 1))
     sch.transform_block_layout(block, row_map(info, len(blk.iter_vars) - nb - 1))
-
-
-def _renew_buffer(sch: C.Schedule, block, info: dict) -> None:
-    """The buffer ``block`` writes replaced by a new one of the same layout (an identity transform)."""
-    nd = len(sch.get(block).writes[0].source.shape)
-    sch.transform_layout(block, ("write", 0), C.IndexMap.from_func(lambda *idx: idx, ndim=nd))
 
 
 def rows_lead(sch: C.Schedule, name: str, info: dict) -> bool:
