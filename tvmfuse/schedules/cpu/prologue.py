@@ -23,7 +23,7 @@ from ...target import cpu_info
 from ..base import KnobSpace, Match, knob
 from . import common as U
 from .matmul import (PAD_N, RegisterTileConfig, analyze_matmul, compute_on_register_tile, flatten_matmul,
-                     matmul_roles, partition_row_tiles, pick_lanes, predicated_tile_exclusion, register_tile_choices,
+                     is_contraction, matmul_roles, pick_lanes, predicated_tile_exclusion, register_tile_choices,
                      register_tile_default, row_map, table_accumulator_cap)
 from .reduction import rf_widths
 from .siblings import chain_output_block, output_chains, rows_key
@@ -356,9 +356,34 @@ class NormMatmul(U.CpuTemplate, family=FAMILY, config=NormMatmulConfig):
         U.vectorize_inner(sch, sch.get_sblock(info["norm"]), lanes)
 
         # Step 8. A row count known at run time only (the row-tiled bucket of cpu.symbolic_norm_matmul):
-        # the whole register tiles split from the predicated last macro tile (``matmul.partition_row_tiles``).
+        # the whole register tiles split from the predicated last macro tile, by loop partitioning inside
+        # the row block only (``_partition_tiles_in_row_block``).
         if info.get("partition_rows"):
-            partition_row_tiles(sch)
+            _partition_tiles_in_row_block(sch, top)
+
+
+def _partition_tiles_in_row_block(sch: C.Schedule, top) -> None:
+    """``matmul.partition_row_tiles`` for the norm kernel: the loop-partition hint on each matmul's loops
+    *under* the row-block loop ``top`` (the whole register tiles of a row block lose the "row exists"
+    predicate; the last row block's tail keeps it), never on ``top`` itself nor on the statistics' loops.
+    TVM 0.27's LoopPartition splits a hinted row-block loop that also holds the statistics and the
+    zero-padded panel wrongly: its tail partition runs even when the row count is a multiple of the row
+    block, with the statistics' row guards dropped, so it writes past the end of the statistics buffers
+    (heap corruption: ``free(): invalid pointer`` in t5_encoder_dyn; tests/test_symbolic_norm_prologue.py
+    ``test_lowered_kernel_stays_in_bounds``)."""
+    top_var = sch.get(top).loop_var
+    names = []
+    C.post_order_visit(sch.mod["main"].body, lambda n: names.append(str(n.name_hint))
+                       if isinstance(n, C.SBlock) and str(n.name_hint) != "root" else None)
+    for name in names:
+        block = sch.get_sblock(name)
+        if not is_contraction(sch, block):
+            continue
+        loops = list(sch.get_loops(block))
+        depth = next(i for i, lp in enumerate(loops) if sch.get(lp).loop_var.same_as(top_var))
+        for loop in loops[depth + 1:]:
+            if sch.get(loop).kind == C.ForKind.SERIAL:
+                sch.annotate(loop, "pragma_loop_partition_hint", 1)
 
 
 def _static_extent(sch: C.Schedule, loop) -> int | None:
