@@ -8,7 +8,8 @@ static variant's, and its outputs against onnxruntime at several sizes of its sy
     PYTHONPATH=. python benchmarks/symbolic_check.py --latency --all              # ... over the whole corpus
     PYTHONPATH=. python benchmarks/symbolic_check.py --quick --latency            # smoke run (minutes)
 
-A model is OK when its symbolic build has as many kernels as the static one, none unscheduled, and
+A model is OK when its symbolic build has as many kernels as the static one (or more by the kernels
+``EXPLAINED_EXTRA_KERNELS`` explains: what the static build folds to a constant), none unscheduled, and
 every size within ``REL_TOL`` of onnxruntime.  Numerics only by default; ``--latency`` times the symbolic build
 against a build pinned to each size (``input_shapes``): ``--rounds`` interleaved rounds (symbolic, pinned,
 symbolic, ...) of ``--repeat`` back-to-back calls each, the best round's time per call reported (``dyn_ms``,
@@ -51,6 +52,14 @@ QUICK_MODELS = ("mobilenet_v3_small", "bert")      # --quick: one CNN, one token
 LATENCY_MODELS = ("bert", "resnet18", "mobilenet_v2", "gpt2", "llama", "t5_encoder", "vit", "convnext",
                   "efficientnet_b0", "mobilenet_v3_small")
 QUICK_SIZES = {"batch": (1, 3), "sequence": (17,)}  # --quick: sizes per symbolic dim
+# Kernels a symbolic build has beyond the static one for a reason that is no fusion gap: what the static
+# build folds to a constant and the symbolic one must compute per call.  model -> (extra kernels, why, a part
+# of each extra kernel's name).  T5's relative position bias: its buckets follow from the sequence length
+# (Range(0, sequence) -> relative positions -> log buckets -> the bias table); a constant of the static build,
+# one kernel per call over a symbolic sequence (tests/test_symbolic_token_models.py).
+EXPLAINED_EXTRA_KERNELS = {
+    "t5_encoder": (1, "the relative position bias, computed per call from the symbolic sequence", "arange"),
+}
 QUICK_REPEAT = 2
 REPEAT = 20                  # --latency: back-to-back calls per round
 ROUNDS = 15                  # --latency: interleaved rounds (symbolic, pinned) per size
@@ -160,8 +169,12 @@ def check_model(entry: dict, *, latency: bool = False, repeat: int = REPEAT, rou
             row["pinned_kernels"] = pinned.kernel_count
             row["ratio"] = row["dyn_ms"] / row["static_ms"]
         rec["sizes"].append(row)
-    # issue 13: the same kernel count as the static build (tests/test_symbolic_corpus.py)
-    rec["ok"] = (rec["dyn_kernels"] == rec["static_kernels"] and not rec["unscheduled"]
+    # issue 13: the same kernel count as the static build (tests/test_symbolic_corpus.py), or more by the
+    # explained kernels (EXPLAINED_EXTRA_KERNELS)
+    extra = EXPLAINED_EXTRA_KERNELS.get(entry["name"], (0, "", ""))
+    if extra[0]:
+        rec["explained_extra"] = {"kernels": extra[0], "why": extra[1]}
+    rec["ok"] = (rec["dyn_kernels"] == rec["static_kernels"] + extra[0] and not rec["unscheduled"]
                  and all(r["ok"] for r in rec["sizes"]))
     return rec
 

@@ -137,6 +137,31 @@ def vit_block(s=50, d=96, h=3, f=192):
 
 
 # ----------------------------------------------------------------------------- generic family
+def symbolic_dims(model: onnx.ModelProto, names=("batch", "sequence")) -> onnx.ModelProto:
+    """``model`` with the leading dims of its inputs and outputs made symbolic (``names``, in order)."""
+    out = onnx.ModelProto()
+    out.CopyFrom(model)
+    for vi in list(out.graph.input) + list(out.graph.output):
+        for d, name in zip(vi.type.tensor_type.shape.dim, names):
+            d.Clear()
+            d.dim_param = name
+    return out
+
+
+def rmsnorm_matmul_symbolic_k(n=16):
+    """y = rmsnorm(x) @ w with x [rows, k], w [k, n]: the normalised rows' length k is symbolic (w is an
+    input: a constant weight would fix k); the norm_prologue rule must not fire (test_norm_prologue,
+    test_symbolic_norm_prologue)."""
+    g = _G("rmsnorm_matmul_symbolic_k")
+    x = g.input("x", ("rows", "k"))
+    w = g.input("w", ("k", n))
+    ms = g.op("ReduceMean", g.op("Mul", x, x), g.const(np.array([-1], np.int64)), keepdims=1)
+    h = g.op("Div", x, g.op("Sqrt", g.op("Add", ms, g.const(np.float32(1e-6)))))
+    g.op("MatMul", h, w)
+    g.rename_last("y", ("rows", n))
+    return g.model()
+
+
 def maxpool(c=5, h=17, w=19, k=3, s=2):
     g = _G("maxpool")
     g.op("MaxPool", g.input("x", [1, c, h, w]), kernel_shape=[k, k], strides=[s, s], pads=[1, 1, 1, 1])

@@ -8,7 +8,8 @@ activations, with and without the norm's bias, hidden sizes that no vector width
 SwiGLU's gate/up).  Structure (named targets): one kernel, scheduled by ``cpu.norm_matmul``, no buffer of
 the normalised tensor's full size after buffer compaction, one parallel row-block loop, vector loops.
 Refusals: a normalised tensor that something else reads, a softmax (a max reduction) before a matmul and
-symbolic shapes leave the groups exactly as without the rule, with the reason in ``tvmfuse explain``."""
+a symbolic row length K (symbolic rows fuse: test_symbolic_norm_prologue.py) leave the groups exactly as
+without the rule, with the reason in ``tvmfuse explain``."""
 import random
 
 import numpy as np
@@ -24,6 +25,7 @@ from tvmfuse.pipeline import PipelineOptions, graph_stage
 from tvmfuse.schedules import schedule_prim_func
 from tvmfuse.schedules.cpu.prologue import NormMatmul
 
+import schedule_cases as S
 from conftest import assert_close_to_reference, named_target
 
 FAMILY = "cpu.norm_matmul"
@@ -203,18 +205,6 @@ def _softmax_matmul():
     return g.model()
 
 
-def _symbolic_rows(model):
-    import onnx
-
-    out = onnx.ModelProto()
-    out.CopyFrom(model)
-    for vi in list(out.graph.input) + list(out.graph.output):
-        d = vi.type.tensor_type.shape.dim[0]
-        d.Clear()
-        d.dim_param = "rows"
-    return out
-
-
 PROFIT, TARGET = "not profitable: ", "not supported by the target: "
 
 
@@ -223,7 +213,8 @@ PROFIT, TARGET = "not profitable: ", "not supported by the target: "
      "the normalised tensor layer_norm(lv"),
     (M.norm_matmul(norm="rmsnorm", rows=8, d=20, n=16, heads=2, norm_output=True), PROFIT, "is also read by"),
     (_softmax_matmul(), PROFIT, "is not a sum over the rows"),
-    (_symbolic_rows(M.norm_matmul(norm="layernorm", rows=8, d=20, n=16)), PROFIT, "symbolic shapes"),
+    # symbolic rows fuse (tests/test_symbolic_norm_prologue.py); a symbolic row length K does not
+    (S.rmsnorm_matmul_symbolic_k(), PROFIT, "symbolic shapes"),
     # 3 x 256 x 384 float32 weights = 1.125 MiB: over the CPU's prologue_weight_bytes (1 MiB)
     (M.norm_matmul(norm="layernorm", rows=8, d=256, n=384, heads=3), TARGET, "every row block reads all"),
 ], ids=["layernorm-output", "rmsnorm-siblings-output", "softmax", "symbolic", "weights-over-limit"])

@@ -62,6 +62,7 @@ CASES = {
     "cpu.elementwise": lambda: M.elementwise_chain(n=4096),
     "cpu.row_reduction": lambda: M.layernorm(rows=512, d=96),   # over the fork/join cost: parallel
     "cpu.norm_matmul": lambda: M.norm_matmul(norm="layernorm", rows=21, d=64, n=24),
+    "cpu.symbolic_norm_matmul": lambda: S.symbolic_dims(M.norm_matmul(norm="rmsnorm", rows=8, d=64, n=64, batch=2)),
     "cpu.conv2d_epilogue": lambda: S.conv(s=2),
     "cpu.depthwise_conv2d_epilogue": lambda: S.conv(cin=8, cout=8, group=8),
 }

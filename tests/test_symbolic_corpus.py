@@ -1,5 +1,6 @@
 """The symbolic corpus models (corpus/<name>_dyn.onnx: symbolic ``batch``, and ``sequence`` for token models)
-compile to as many kernels as their static version, leave no kernel unscheduled, and match onnxruntime
+compile to as many kernels as their static version (or more by what ``symbolic_check.EXPLAINED_EXTRA_KERNELS``
+explains: T5's position bias, a constant of the static build), leave no kernel unscheduled, and match onnxruntime
 at several sizes of their symbolic dims (issue 13).
 
 Kernel counts are equal: BERT's embedding gather (``take``, which TVM marks opaque: its index is loaded)
@@ -84,7 +85,8 @@ def test_symbolic_corpus_model_matches_static_and_onnxruntime(name, rng, record_
     rec = symbolic_check.check_model(entry, seed=seed, points=_points(entry, full), compile_fn=compile_shared)
     assert "error" not in rec, f"{name}_dyn: {rec['error']}\n{rec.get('traceback', '')}"
     record_property("kernels", {"static": rec["static_kernels"], "symbolic": rec["dyn_kernels"]})
-    assert rec["dyn_kernels"] == rec["static_kernels"], (
+    extra = symbolic_check.EXPLAINED_EXTRA_KERNELS.get(name, (0, "", ""))[0]
+    assert rec["dyn_kernels"] == rec["static_kernels"] + extra, (
         f"{name}: symbolic {rec['dyn_kernels']} kernels vs static {rec['static_kernels']}: "
         f"templates {rec['dyn_templates']} vs {rec['static_templates']}")
     assert not rec["unscheduled"], f"{name}_dyn: unscheduled kernels {rec['unscheduled']}"

@@ -33,7 +33,7 @@ from dataclasses import dataclass
 
 from .. import _compat as C
 from ..analysis import (CONTRACTION, ELEMWISE, INJECTIVE, OPAQUE, REDUCTION, GroupInfo, NodeInfo,  # noqa: F401
-                        analyze_reductions, is_static, is_sum_reduction, reduced_axes, reduction_blocks)
+                        analyze_reductions, is_sum_reduction, reduced_axes, reduction_blocks)
 
 _MOVABLE = (ELEMWISE, INJECTIVE)
 
@@ -57,6 +57,10 @@ class Rule:
     template: str = ""     # the template family that must accept the group on the target
     same_input: bool = False   # sibling rule: both read the shared tensor as their data operand
     producer_group: tuple = ()  # edge rule: kinds of which the producer's group must hold one (a norm's reduction)
+    # the group stands only if a family of ``template`` accepts it (where the target's families declare
+    # ``accepts``): another schedule would undo what the rule buys (a norm recomputed a row at a time, or
+    # the generic schedule of a matmul)
+    needs_family: bool = False
 
     def matches(self, a: NodeInfo, b: NodeInfo, a_group_kinds=None) -> bool:
         """Whether the rule covers ``a`` and ``b``; ``a_group_kinds``: the kinds in ``a``'s group so far."""
@@ -196,7 +200,8 @@ def check_norm_prologue(members: list[NodeInfo]) -> str | None:
     group, computed per row block into their packed A panel (``cpu.norm_matmul``): the matmuls read the
     normalised tensor as their data operand and nothing else reads it (it is never written to memory);
     the norm's reductions are sums over the last axis of the normalised rows; nothing after the matmuls
-    reads the norm's intermediates; static shapes (the template's register tiles)."""
+    reads the norm's intermediates; a static row length K and static matmul columns N (the A panel and
+    the register tiles; the row count may be symbolic: batch x sequence)."""
     anchors = [m for m in members if m.kind == CONTRACTION]
     prologue = prologue_of(members)
     if not anchors or not prologue:
@@ -243,17 +248,34 @@ def check_norm_prologue(members: list[NodeInfo]) -> str | None:
     reductions = [m for m in prologue if m.kind == REDUCTION]
     if not reductions:
         return f"{normed.name} is not a row normalisation (no row reduction before the matmul)"
-    if not all(is_static(m.out_shape) for m in members):
-        return "symbolic shapes: the norm-prologue template (cpu.norm_matmul) is built for static shapes"
     rows = normed.out_shape
+    # symbolic rows (batch x sequence) are fine (cpu.symbolic_norm_matmul); the row length K and each
+    # matmul's columns N are the register tiles' and the A panel's extents: static
+    if not isinstance(rows, tuple) or not rows or not isinstance(rows[-1], int):
+        return (f"symbolic shapes: the normalised rows of {normed.name} have a symbolic length "
+                f"{list(rows) if isinstance(rows, tuple) else rows}: the A panel holds whole rows of static K")
+    for a in anchors:
+        if not isinstance(a.out_shape, tuple) or not a.out_shape or not isinstance(a.out_shape[-1], int):
+            return f"symbolic shapes: {a.name} has a symbolic column count (the register tiles need a static N)"
     for r in reductions:
         if not is_sum_reduction(r.func):
             return (f"{r.name} is not a sum over the rows (a max: softmax?): the norm prologue takes mean, "
                     "variance and mean-square statistics")
-        if any(shape != rows or axes != (len(rows) - 1,) for shape, axes in r.row_keys):
+        if any(not _same_key_shape(shape, rows) or axes != (len(rows) - 1,) for shape, axes in r.row_keys):
             return (f"{r.name} does not reduce the last axis of the normalised rows {list(rows)}: the "
                     "matmul's A panel holds whole rows")
     return None
+
+
+def _same_key_shape(key_shape: tuple, shape: tuple) -> bool:
+    """A row key's shape (``analysis.analyze_reductions``: ints, symbolic extents by name) against a relax
+    shape (ints and TIR expressions): the same rank, equal static extents, the same symbolic names."""
+    if len(key_shape) != len(shape):
+        return False
+    for k, d in zip(key_shape, shape):
+        if isinstance(k, int) != isinstance(d, int) or (k != d if isinstance(d, int) else k != str(d)):
+            return False
+    return True
 
 
 # One row per rule.  Order matters only for which rule name a group reports (the first that fused it).
@@ -271,7 +293,7 @@ RULES: tuple[Rule, ...] = (
     Rule("norm_prologue", "edge", (REDUCTION, ELEMWISE), (CONTRACTION,),
          "LayerNorm/RMSNorm rows normalised while packing the A panel of the matmul(s) they feed (Q/K/V, "
          "gate/up): the normalised tensor never reaches memory; test_norm_prologue", check_norm_prologue,
-         "norm_matmul", producer_group=(REDUCTION,)),
+         "norm_matmul", producer_group=(REDUCTION,), needs_family=True),
     Rule("reduction_prologue", "edge", _MOVABLE, (REDUCTION,),
          "the producer of a reduction computed inside the reduction loop (x*x -> mean); "
          "test_fusion_patterns[rmsnorm]", check_rows, "reduction"),
@@ -509,7 +531,17 @@ def check_template(rule: Rule, group: GroupInfo, target, formed: tuple = ()) -> 
     from ..schedules import template_gate
 
     named = tuple(dict.fromkeys(r.template for r in (*formed, rule)))
-    return template_gate(group, target, prefer=rule.template, named=named)
+    family, reason, declined = template_gate(group, target, prefer=rule.template, named=named)
+    own = [r.template for r in (*formed, rule) if r.needs_family]
+    if own and reason is None and (family is None and declined or family is not None
+                                   and not any(t in family for t in own)):
+        from ..schedules import declares_accepts, templates_for
+
+        why = [f"{t.family}: {t.accepts(group, target)}" for t in templates_for(target)
+               if declares_accepts(t) and any(o in t.family for o in own)]
+        why += [f"{family} would take it" if family else "only the generic schedule would take it"]
+        return None, f"no {'/'.join(dict.fromkeys(own))} family schedules the group ({'; '.join(why)})", ""
+    return family, reason, declined
 
 
 def _static_numel(shape) -> int | None:

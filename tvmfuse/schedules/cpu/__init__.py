@@ -15,6 +15,7 @@ from .reduction import RowReduction
 from .siblings import SiblingMatmuls
 from .symbolic import SymbolicRows
 from .symbolic_matmul import SymbolicMatmulEpilogue
+from .symbolic_prologue import SymbolicNormMatmul
 from .symbolic_siblings import SymbolicSiblings
 
 TEMPLATES: list = [
@@ -30,6 +31,7 @@ TEMPLATES: list = [
     WindowPool(),                 # before RowReduction: a strided max pool is also a trailing reduction
     RowReduction(),
     Elementwise(),
+    SymbolicNormMatmul(),         # the norm_prologue rule's kernels over symbolic rows (batch x seq)
     SymbolicMatmulEpilogue(),     # a matmul over symbolic rows (batch x seq) with static N/K
     SymbolicSiblings(),           # several matmuls of one input over symbolic rows: before SymbolicRows
     SymbolicRows(),               # last: reductions over symbolic extents the static templates refuse

@@ -22,11 +22,11 @@ from ...analysis import CONTRACTION, REDUCTION, is_sum_reduction
 from ...target import cpu_info
 from ..base import KnobSpace, Match, knob
 from . import common as U
-from .matmul import (PAD_N, RegisterTileConfig, analyze_matmul, compute_on_register_tile, matmul_roles,
-                     pick_lanes, predicated_tile_exclusion, register_tile_choices,
-                     register_tile_default, table_accumulator_cap)
+from .matmul import (PAD_N, RegisterTileConfig, analyze_matmul, compute_on_register_tile, flatten_matmul,
+                     is_contraction, matmul_roles, pick_lanes, predicated_tile_exclusion, register_tile_choices,
+                     register_tile_default, row_map, table_accumulator_cap)
 from .reduction import rf_widths
-from .siblings import chain_output_block, output_chains
+from .siblings import chain_output_block, output_chains, rows_key
 
 FAMILY = "cpu.norm_matmul"
 VECTORIZE_STATS = (True, False)      # rfactor the statistics into vector partial sums (needs rf_width | K)
@@ -66,7 +66,7 @@ def _writer(sch: C.Schedule, buffer: str):
     return None
 
 
-def _fold(sch: C.Schedule, norm: str) -> list[str] | None:
+def fold_norm_kernel(sch: C.Schedule, norm: str) -> list[str] | None:
     """Fold every elementwise block but the norm block and the outputs into its consumers, the costly
     ones too (a norm's (x - mean)^2 is computed inside the variance sum, once per element of the row as
     the unfused kernel does): the blocks left, or None when one cannot be folded."""
@@ -83,20 +83,21 @@ def _fold(sch: C.Schedule, norm: str) -> list[str] | None:
     return [U.block_name(sch, b) for b in U.top_blocks(sch)]
 
 
-def _roles(sch: C.Schedule) -> dict | None:
+def _roles(sch: C.Schedule, analyze=analyze_matmul) -> dict | None:
     """The blocks' roles in a norm + matmul kernel, on a fresh schedule (it folds the elementwise blocks
-    the same way on every call): None when the kernel is not one."""
+    the same way on every call): None when the kernel is not one.  ``analyze(sch, block)``: a matmul
+    block's roles (``matmul.analyze_matmul``: static extents; cpu.symbolic_norm_matmul: symbolic rows)."""
     matmuls = {}
     for b in U.top_blocks(sch):
         if U.is_reduction(sch, b):
-            info = analyze_matmul(sch, b)
+            info = analyze(sch, b)
             if info is not None:
                 matmuls[U.block_name(sch, b)] = info
     if not matmuls:
         return None
     first = next(iter(matmuls.values()))
-    if any(r["a_buffer"] != first["a_buffer"] or r["M"] != first["M"] or r["batch"] != first["batch"]
-           or r["K"] != first["K"] for r in matmuls.values()):
+    if any(r["a_buffer"] != first["a_buffer"] or rows_key(r) != rows_key(first) or r["K"] != first["K"]
+           for r in matmuls.values()):
         return None
     norm = _writer(sch, first["a_buffer"])
     if norm is None or not U.is_spatial(sch, norm):
@@ -104,7 +105,7 @@ def _roles(sch: C.Schedule) -> dict | None:
     norm_name = U.block_name(sch, norm)
     if norm_name in U.output_names(sch):
         return None                       # the normalised tensor is an output: it must be written whole
-    left = _fold(sch, norm_name)
+    left = fold_norm_kernel(sch, norm_name)
     if left is None:
         return None
     norm = sch.get_sblock(norm_name)
@@ -159,9 +160,14 @@ class NormMatmul(U.CpuTemplate, family=FAMILY, config=NormMatmulConfig):
 
     # ------------------------------------------------------------------ match
     def match(self, func: C.PrimFunc, target: C.Target) -> Match | None:
+        return self.match_roles(func, analyze_matmul)
+
+    def match_roles(self, func: C.PrimFunc, analyze) -> Match | None:
+        """The match of a norm + matmul kernel whose matmuls ``analyze(sch, block)`` recognizes (static
+        extents here; symbolic rows in cpu.symbolic_norm_matmul)."""
         if not is_sum_reduction(func):        # every reduction sums (the matmuls, mean, variance)
             return None
-        roles = _roles(C.Schedule(func))
+        roles = _roles(C.Schedule(func), analyze)
         if roles is None:
             return None
         m = roles["matmuls"]
@@ -233,7 +239,19 @@ class NormMatmul(U.CpuTemplate, family=FAMILY, config=NormMatmulConfig):
         nbatch = len(info["batch"])
 
         # Step 1. Fold the elementwise blocks (the same folding as match()): the norm block stays.
-        _fold(sch, info["norm"])
+        fold_norm_kernel(sch, info["norm"])
+        # Step 1b. Symbolic rows (cpu.symbolic_norm_matmul) over batch axes: the statistics and the norm
+        # block iterate one flat row axis b * M + i (their buffers 2-D), so a row block is a contiguous
+        # range of rows whatever batch it crosses; the matmuls follow in Step 3b.
+        # (Without batch axes the buffers stay the kernel's: the size buckets' nests, joined in one kernel by
+        # ``buckets.join_buckets``, then share them, and buffer compaction leaves them at full size.  Known
+        # limitation: buffers made anew by an identity transform_layout keep their data variable, and
+        # the joined kernel then freed it twice.)
+        flat = bool(info.get("flatten"))
+        if flat:
+            for name in [info["norm"], *info["stats"]]:
+                _flatten_rows_block(sch, sch.get_sblock(name), info)
+            nbatch = 0
 
         # Step 2. Row statistics as vector partial sums: rfactor each over `rf_width` lanes (at the root,
         # before anything moves; the partial sums and their horizontal sum move under the row block in Step 6).
@@ -256,6 +274,12 @@ class NormMatmul(U.CpuTemplate, family=FAMILY, config=NormMatmulConfig):
             # zero-padded in Step 5); a matmul that is an output accumulates into a cache block.
             epi = chain_output_block(sch, info, anchor, reds, nr, cfg.pad_n, pads)
 
+            # Step 3b. Symbolic rows: the chain's matmuls and output block over the flat row axis too.
+            if flat:
+                for red in reds:
+                    flatten_matmul(sch, sch.get_sblock(red), info)
+                sch.transform_block_layout(epi, row_map(info, 1))
+
             # Step 4. Tile the chain's output: [batch, row block i0], j0, i1, j1, register tile (i2, j2).
             loops = sch.get_loops(epi)
             b_loops, i_loop, j_loop = loops[:nbatch], loops[nbatch], loops[nbatch + 1]
@@ -267,8 +291,11 @@ class NormMatmul(U.CpuTemplate, family=FAMILY, config=NormMatmulConfig):
 
         # One parallel row-block loop for every chain: the normalised panel is made once per row block.
         # (Before the matmuls move in: `parallel` needs complete blocks, not split-off inits.)
+        # A bucket of few rows (cpu.symbolic_norm_matmul's serial one) keeps it serial: a fork of the thread
+        # pool costs more than the work of a row or two.
         top = sch.merge(*tops) if len(tops) > 1 else tops[0]
-        sch.parallel(top)
+        if not info.get("serial", False):
+            sch.parallel(top)
 
         for reds, j1, j2, panel in tiles:
             # Step 5. Every matmul of the chain on the register tile (accumulators, init vectorized), its
@@ -289,11 +316,33 @@ class NormMatmul(U.CpuTemplate, family=FAMILY, config=NormMatmulConfig):
             _, e_jv = sch.split(j2, factors=[None, lanes])
             sch.vectorize(e_jv)
 
+        # Step 5b. A row count known at run time only (cpu.symbolic_norm_matmul's row-tiled bucket): the
+        # panel laid out by row block ([row block, row in block, K], the last block zero-padded: its rows
+        # past the end are 0 by a branch, never read from the input), so that each row block's part is one
+        # index of the outer axis and the whole static inner one: buffer compaction shrinks it to mc x K
+        # (a range of rows predicated "row exists" against a symbolic count it keeps at full size).
+        padded = bool(info.get("partition_rows")) and mr * cfg.mc_tiles > 1
+        if padded:
+            block_rows = mr * cfg.mc_tiles
+            blk = sch.get_sblock(info["norm"])
+            nd = len(sch.get(blk).writes[0].source.shape)
+            sch.transform_layout(blk, ("write", 0), C.IndexMap.from_func(
+                lambda r, *rest: (r // block_rows, r % block_rows, *rest), ndim=nd), pad_value=0.0)
+
         # Step 6. Per row block: the normalised rows into the A panel (mc x K), and before them the
-        # statistics of those rows; each shrinks to the row block (no tensor of full size is left).
-        sch.compute_at(sch.get_sblock(info["norm"]), top, preserve_unit_loops=True)
+        # statistics of those rows; each shrinks to the row block (no tensor of full size is left).  With
+        # the padded panel (Step 5b) the statistics go one row deeper, under the panel's row loop: one row's
+        # statistics at a time (a point that compaction shrinks; rows past the end are skipped).
+        norm = sch.get_sblock(info["norm"])
+        sch.compute_at(norm, top, preserve_unit_loops=True)
+        stats_at = top
+        if padded:
+            loops = list(sch.get_loops(norm))
+            top_var = sch.get(top).loop_var
+            under = loops[next(i for i, lp in enumerate(loops) if sch.get(lp).loop_var.same_as(top_var)) + 1:]
+            stats_at = next(lp for lp in under if _static_extent(sch, lp) == block_rows)
         for name in reversed(stat_blocks):
-            sch.compute_at(sch.get_sblock(name), top, preserve_unit_loops=True)
+            sch.compute_at(sch.get_sblock(name), stats_at, preserve_unit_loops=True)
 
         # Step 7. Vectorize: the partial sums along their lanes, the panel along K (a scalar tail when the
         # vector width does not divide K).
@@ -305,3 +354,62 @@ class NormMatmul(U.CpuTemplate, family=FAMILY, config=NormMatmulConfig):
             init = sch.decompose_reduction(blk, ro)
             sch.vectorize(sch.get_loops(init)[-1])
         U.vectorize_inner(sch, sch.get_sblock(info["norm"]), lanes)
+
+        # Step 8. A row count known at run time only (the row-tiled bucket of cpu.symbolic_norm_matmul):
+        # the whole register tiles split from the predicated last macro tile, by loop partitioning inside
+        # the row block only (``_partition_tiles_in_row_block``).
+        if info.get("partition_rows"):
+            _partition_tiles_in_row_block(sch, top)
+
+
+def _partition_tiles_in_row_block(sch: C.Schedule, top) -> None:
+    """``matmul.partition_row_tiles`` for the norm kernel: the loop-partition hint on each matmul's loops
+    *under* the row-block loop ``top`` (the whole register tiles of a row block lose the "row exists"
+    predicate; the last row block's tail keeps it), never on ``top`` itself nor on the statistics' loops.
+    TVM 0.27's LoopPartition splits a hinted row-block loop that also holds the statistics and the
+    zero-padded panel wrongly: its tail partition runs even when the row count is a multiple of the row
+    block, with the statistics' row guards dropped, so it writes past the end of the statistics buffers
+    (heap corruption: ``free(): invalid pointer`` in t5_encoder_dyn; tests/test_symbolic_norm_prologue.py
+    ``test_lowered_kernel_stays_in_bounds``)."""
+    top_var = sch.get(top).loop_var
+    names = []
+    C.post_order_visit(sch.mod["main"].body, lambda n: names.append(str(n.name_hint))
+                       if isinstance(n, C.SBlock) and str(n.name_hint) != "root" else None)
+    for name in names:
+        block = sch.get_sblock(name)
+        if not is_contraction(sch, block):
+            continue
+        loops = list(sch.get_loops(block))
+        depth = next(i for i, lp in enumerate(loops) if sch.get(lp).loop_var.same_as(top_var))
+        for loop in loops[depth + 1:]:
+            if sch.get(loop).kind == C.ForKind.SERIAL:
+                sch.annotate(loop, "pragma_loop_partition_hint", 1)
+
+
+def _static_extent(sch: C.Schedule, loop) -> int | None:
+    ext = sch.get(loop).extent
+    return int(ext) if isinstance(ext, C.tirx.IntImm) else None
+
+
+def _flatten_rows_block(sch: C.Schedule, block, info: dict) -> None:
+    """A statistic or the norm block made to iterate ``b * M + i`` (``matmul.row_map``) and to write a
+    buffer with that one row axis (its readers' indices follow)."""
+    nb = len(info["batch"])
+    blk = sch.get(block)
+    sch.transform_layout(block, ("write", 0), row_map(info, len(blk.writes[0].source.shape) - nb - 1))
+    sch.transform_block_layout(block, row_map(info, len(blk.iter_vars) - nb - 1))
+
+
+def rows_lead(sch: C.Schedule, name: str, info: dict) -> bool:
+    """The block's first iterators are the rows (batch axes then i, as extents) and index its output's
+    first axes in that order: what ``_flatten_rows_block`` maps."""
+    blk = sch.get(sch.get_sblock(name))
+    nb = len(info["batch"])
+    rows = [*info["batch"], info["M"]]
+    ivs = list(blk.iter_vars)[:nb + 1]
+    idx = list(blk.body.indices)[:nb + 1] if isinstance(blk.body, C.BufferStore) else []
+    if len(ivs) != nb + 1 or len(idx) != nb + 1:
+        return False
+    ana = C.Analyzer()
+    return all(int(iv.iter_type) != U.REDUCE and ana.can_prove_equal(iv.dom.extent, r) and ix.same_as(iv.var)
+               for iv, ix, r in zip(ivs, idx, rows))
