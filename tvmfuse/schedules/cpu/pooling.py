@@ -28,6 +28,7 @@ from ..buckets import BatchBuckets
 from . import common as U
 
 FAMILY = "cpu.window_pool"
+ROWS = ("shuffle", "deinterleave", "gather")
 
 
 @dataclass(frozen=True)
@@ -35,8 +36,10 @@ class WindowPoolConfig(Config):
     """The knobs of ``cpu.window_pool``."""
 
     lanes: int = knob("float32 lanes per vector (the target's width)")
-    deinterleave: bool = knob("padded input stored by column phase (vector loads; else strided gathers)",
-                              (True, False))
+    rows: str = knob("how a window column of consecutive outputs is read: 'shuffle' (contiguous vector loads "
+                     "of each window row's max, the columns picked by register shuffles), 'deinterleave' "
+                     "(padded input stored by column phase, vector loads) or 'gather' (strided gathers)",
+                     ROWS)
     parallel: bool = U.parallel_knob()
 
 
@@ -115,7 +118,7 @@ class WindowPool(BatchBuckets, U.CpuTemplate, family=FAMILY, config=WindowPoolCo
         return WindowPoolConfig.space(lanes=(cpu_info(target).float32_lanes,))
 
     def default_config(self, match: Match, target: C.Target) -> dict:
-        return WindowPoolConfig(lanes=cpu_info(target).float32_lanes, deinterleave=True,
+        return WindowPoolConfig(lanes=cpu_info(target).float32_lanes, rows="shuffle",
                                 parallel=U.parallel_default(match.info["work"], target)).asdict()
 
     # ------------------------------------------------------------------ apply
@@ -129,25 +132,166 @@ class WindowPool(BatchBuckets, U.CpuTemplate, family=FAMILY, config=WindowPoolCo
         pool = sch.get_sblock(info["pool"])
         if info["pad"]:
             data = sch.get_sblock(info["pad"])
+        elif cfg.rows == "shuffle":
+            data = None                 # the rows are read from the input itself: no copy
         else:
             reads = [str(r.source.name) for r in sch.get(pool).reads]
             data = sch.cache_read(pool, reads.index(info["data_buffer"]), "global")
 
-        # Step 2. The padded input by column phase: a window column of consecutive outputs is contiguous.
-        if cfg.deinterleave:
+        # Step 2. 'deinterleave': the padded input by column phase, a window column of consecutive outputs
+        # contiguous.  ('shuffle' keeps the rows as they are: contiguous loads, the columns picked in
+        # registers, step 5.)
+        if cfg.rows == "deinterleave":
             sch.transform_layout(data, ("write", 0), lambda n, c, y, x: (n, c, y, x % s, x // s))
 
         # Step 3. One (parallel) loop over the planes; per output row the window loops outside and the output
-        # columns innermost, vectorized (before the init is split off: a reduction block vectorizes).
+        # columns innermost.
         n, c, y, x, ry, rx = sch.get_loops(pool)
         sch.reorder(n, c, y, ry, rx, x)
         plane = sch.fuse(n, c)
         if cfg.parallel:              # a pool under the target's fork/join cost stays serial (common.py)
             sch.parallel(plane)
-        sch.vectorize(x)
-        init = sch.decompose_reduction(pool, ry)
-        sch.vectorize(sch.get_loops(init)[-1])
+
+        if data is None:
+            shuffle_rows(sch, pool, cfg.lanes)          # Step 4'. (no padding: the input's rows)
+            return
+        if cfg.rows == "shuffle":
+            source = padding_never_read(sch, data, pool)
+            if source is not None:
+                # Step 4'. The pool's windows lie inside the unpadded input (SqueezeNet's ceil_mode pad is
+                # a column and a row it never reads): its rows read the input, no copy (see shuffle_rows).
+                shuffle_rows(sch, pool, cfg.lanes, source)
+                sch.compute_inline(data)
+                return
 
         # Step 4. The plane's padded input inside the parallel loop, vectorized along its rows.
         sch.compute_at(data, plane, preserve_unit_loops=True)
+        if cfg.rows == "shuffle":
+            # Step 5. Each output row is one block of vector expressions (see shuffle_rows).
+            shuffle_rows(sch, pool, cfg.lanes)
+        else:
+            # the output columns vectorized (before the init is split off: a reduction block vectorizes)
+            sch.vectorize(x)
+            init = sch.decompose_reduction(pool, ry)
+            sch.vectorize(sch.get_loops(init)[-1])
         U.vectorize_inner(sch, data, cfg.lanes)
+
+
+def _linear(expr, variables, what: str) -> list[int]:
+    """The integer coefficients (then the constant) of ``expr`` in ``variables``; raises if not affine."""
+    coef = C.detect_linear_equation(expr, variables)
+    if len(coef) != len(variables) + 1 or not all(isinstance(k, C.tirx.IntImm) for k in coef):
+        raise ValueError(f"{FAMILY}: the pool's {what} index {expr} is not affine with constant coefficients")
+    return [int(k) for k in coef]
+
+
+def padding_never_read(sch: C.Schedule, pad, pool):
+    """The input buffer the padding block copies when the pool's windows read only where the copy is the
+    input itself: the pad block stores ``if_then_else(cond, X[i0, i1, i2, i3], c)`` at ``[i0, i1, i2,
+    i3]`` (no top/left offset) and ``cond`` is provably true over the rows and columns the windows span.
+    None otherwise (a padded row or column read, an offset, a folded producer)."""
+    blk, pool_blk = sch.get(pad), sch.get(pool)
+    store, value = blk.body, blk.body.value
+    if not isinstance(store, C.BufferStore) or not isinstance(value, C.Call) or \
+            getattr(value.op, "name", "") != "prim.if_then_else" or not isinstance(value.args[1], C.TensorLoad):
+        return None
+    load, iters = value.args[1], [iv.var for iv in blk.iter_vars]
+    if len(iters) != 4 or not all(a.same_as(v) for a, v in zip(load.indices, iters)) or \
+            not all(a.same_as(v) for a, v in zip(store.indices, iters)):
+        return None
+    # the rows and columns the windows span (the pool's data index at its extremes)
+    data = _is_max_update(pool_blk.body)
+    ana = C.Analyzer()
+    for iv in pool_blk.iter_vars:
+        ana.bind(iv.var, iv.dom)
+    span = [ana.int_set(i) for i in data.indices]
+    check = C.Analyzer()
+    for v, sp in zip(iters, span):
+        lo, hi = sp.min_value, sp.max_value
+        if not isinstance(lo, C.tirx.IntImm) or not isinstance(hi, C.tirx.IntImm):
+            if v.same_as(iters[0]):
+                continue            # a symbolic batch: the batch index is never padded here (identity load)
+            return None
+        check.bind(v, C.Range.from_min_extent(lo, int(hi) - int(lo) + 1))
+    return load.source if check.can_prove(value.args[0]) else None
+
+
+def shuffle_rows(sch: C.Schedule, pool, lanes: int, source=None) -> None:
+    """Replace the pool's loops under the plane loop by one block per output row whose body is vector
+    expressions: for each group of ``lanes`` output columns, the max over the window rows of contiguous
+    vector loads of the input columns the group's windows span (for a 3-wide window of stride 2, 2 x lanes
+    + 1 columns: three loads per row), then, per window column ``rx``, a register shuffle picking column
+    ``x * stride + rx`` of each output ``x`` from those vectors, and the max of the shuffles.  No strided
+    access and no copy by column phase: the loads are plain vector loads and the picking is LLVM's
+    ``shufflevector`` (``vpermt2ps`` on AVX-512, ``vpermps`` / blends on AVX2).  The loop nest must be
+    ``plane, y, ry, rx, x`` (``apply``'s step 3).  ``source``: a buffer of the same indexing to read instead
+    of the pool's data buffer (the input, where :func:`padding_never_read` found the padding unread)."""
+    t = C.tirx
+    blk = sch.get(pool)
+    loops = sch.get_loops(pool)
+    if len(loops) != 5:
+        raise ValueError(f"{FAMILY}: shuffle_rows needs the loops plane, y, ry, rx, x; got {len(loops)}")
+    realize = []
+    C.post_order_visit(sch.get(loops[1]), lambda o: realize.append(o) if isinstance(o, C.SBlockRealize) else None)
+    if len(realize) != 1:
+        raise ValueError(f"{FAMILY}: shuffle_rows expects one block under the row loop, found {len(realize)}")
+    binding = list(realize[0].iter_values)
+    vn, vc, vy, vx, vry, vrx = [iv.var for iv in blk.iter_vars]
+    kh, kw, ow = (int(blk.iter_vars[i].dom.extent) for i in (4, 5, 3))
+    store = blk.body
+    load = _is_max_update(store)
+    src = load.source if source is None else source
+    ni, ci, yi, xi = load.indices
+    n_k = _linear(ni, [vn], "batch")
+    c_k = _linear(ci, [vc], "channel")
+    y_k = _linear(yi, [vy, vry], "row")
+    x_k = _linear(xi, [vx, vrx], "column")
+
+    # the new block: spatial iterators n, c, y bound as the pool's were (y to a fresh row loop)
+    y_loop = sch.get(loops[1])
+    dtype = str(y_loop.extent.ty)
+    row = t.Var("oy", dtype)
+    iters = [t.IterVar(blk.iter_vars[i].dom, t.Var(f"v_{name}", str(blk.iter_vars[i].dom.extent.ty)), 0)
+             for i, name in enumerate(("n", "c", "y"))]
+    bn, bc, by = (iv.var for iv in iters)
+
+    def const(v):
+        return t.IntImm(dtype, v)
+
+    in_n = bn * const(n_k[0]) + const(n_k[1])
+    in_c = bc * const(c_k[0]) + const(c_k[1])
+    row0 = by * const(y_k[0]) + const(y_k[2])
+
+    stores = []
+    for x0 in range(0, ow, lanes):
+        xs = range(x0, min(ow, x0 + lanes))
+        cols = {(ox, r): x_k[0] * ox + x_k[1] * r + x_k[2] for ox in xs for r in range(kw)}
+        lo, hi = min(cols.values()), max(cols.values())
+        chunks = []
+        for start in range(lo, hi + 1, lanes):
+            width = min(lanes, hi + 1 - start)
+            col = t.Ramp(const(start), const(1), width) if width > 1 else const(start)
+            vec = None
+            for r in range(kh):
+                v = t.BufferLoad(src, [in_n, in_c, row0 + const(y_k[1] * r), col])
+                vec = v if vec is None else t.Max(vec, v)
+            chunks.append(vec)
+        value = None
+        for r in range(kw):
+            pick = t.Shuffle(chunks, [t.IntImm("int32", cols[(ox, r)] - lo) for ox in xs])
+            value = pick if value is None else t.Max(value, pick)
+        out_col = t.Ramp(const(x0), const(1), len(xs)) if len(xs) > 1 else const(x0)
+        stores.append(t.BufferStore(store.buffer, value, [bn, bc, by, out_col]))
+    body = stores[0] if len(stores) == 1 else t.SeqStmt(stores)
+
+    rows_read = [C.Range.from_min_extent(in_n, const(1)), C.Range.from_min_extent(in_c, const(1)),
+                 C.Range.from_min_extent(row0, const(y_k[1] * (kh - 1) + 1)),
+                 C.Range.from_min_extent(const(0), src.shape[3])]
+    out_shape = store.buffer.shape
+    written = [C.Range.from_min_extent(bn, const(1)), C.Range.from_min_extent(bc, const(1)),
+               C.Range.from_min_extent(by, const(1)), C.Range.from_min_extent(const(0), out_shape[3])]
+    new = C.SBlock(iters, [t.BufferRegion(src, rows_read)], [t.BufferRegion(store.buffer, written)],
+                   f"{blk.name_hint}_rows", body)
+    nest = t.For(row, y_loop.min, y_loop.extent, C.ForKind.SERIAL,
+                 C.SBlockRealize([binding[0], binding[1], row], True, new))
+    sch.state.replace(sch.get_sref(loops[1]), nest, {})
