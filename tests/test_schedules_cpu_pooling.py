@@ -52,6 +52,9 @@ CASES = [
     ("k3s3_asym_pad", dict(c=6, h=13, w=17, s=3, pads=(0, 1, 2, 0))),      # 17 + 1 columns: 3 phases of 6
     ("k2s2_ceil", dict(c=6, h=15, w=15, k=2, ceil=1)),       # the last window reads the ceil_mode column
     ("resnet_112", dict(c=2, h=112, w=112, pads=(1, 1, 1, 1))),    # 56 output columns: several lane groups
+    ("k4s2_wide", dict(c=3, h=9, w=40, k=4, pads=(1, 1, 1, 1))),   # 20 columns: a full group and a short one
+    ("k5s3_wide", dict(c=3, h=9, w=66, k=5, s=3, pads=(2, 2, 2, 1))),
+    ("k2s2_one_column", dict(c=4, h=2, w=2, k=2)),                 # one output column: scalar picks
 ]
 IDS = [c[0] for c in CASES]
 
@@ -102,7 +105,7 @@ def _plane_loop(res, func, tgt, overrides=None):
 
 # the cases whose windows never read a padded row or column (or that have no padding): the default reads
 # the input in place, no copy; the others copy the padded plane first
-UNPADDED_READS = {"squeezenet_31x31_ceil", "k2s2_no_pad"}
+UNPADDED_READS = {"squeezenet_31x31_ceil", "k2s2_no_pad", "k2s2_one_column"}
 
 
 @pytest.mark.parametrize("target", S.NAMED_TARGETS, ids=["haswell", "skylake"])
