@@ -104,7 +104,8 @@ def _plane_loop(res, func, tgt, overrides=None):
 
 
 # the cases whose windows never read a padded row or column (or that have no padding): the default reads
-# the input in place, no copy; the others copy the padded plane first
+# the input in place, no copy; the others copy the padded plane first (the concat-fed pools too: their
+# windows read no padding, but the folded concatenation is copied, pooling._in_place)
 UNPADDED_READS = {"squeezenet_31x31_ceil", "k2s2_no_pad", "k2s2_one_column"}
 
 

@@ -165,11 +165,11 @@ class WindowPool(BatchBuckets, U.CpuTemplate, family=FAMILY, config=WindowPoolCo
             shuffle_rows(sch, pool, cfg.lanes)          # Step 4'. (no padding: the input's rows)
             return
         if cfg.rows == "shuffle":
-            source = padding_never_read(sch, data, pool)
-            if source is not None:
+            read = padding_never_read(sch, data, pool)
+            if read is not None:
                 # Step 4'. The pool's windows lie inside the unpadded input (SqueezeNet's ceil_mode pad is
                 # a column and a row it never reads): its rows read the input, no copy (see shuffle_rows).
-                shuffle_rows(sch, pool, cfg.lanes, source)
+                shuffle_rows(sch, pool, cfg.lanes, read)
                 sch.compute_inline(data)
                 return
 
@@ -194,19 +194,32 @@ def _linear(expr, variables, what: str) -> list[int]:
     return [int(k) for k in coef]
 
 
+def _in_place(expr, n, c, y, x) -> bool:
+    """Whether ``expr`` (a pad block's in-bounds value) is a load of its input at the block's own indices,
+    ``X[n, c, y, x]``.  (A folded concatenation, an if_then_else on the channel between two such loads,
+    read in place per vector was slower than its copy: 128x15x15 5.7 vs 5.0 us, 256x7x7 3.0 vs 2.7 us, one
+    core, measured under load; it is copied.)"""
+    if not isinstance(expr, C.TensorLoad):
+        return False
+    i = list(expr.indices)
+    return len(i) == 4 and all(a.same_as(v) for a, v in zip(i, (n, c, y, x)))
+
+
 def padding_never_read(sch: C.Schedule, pad, pool):
-    """The input buffer the padding block copies when the pool's windows read only where the copy is the
-    input itself: the pad block stores ``if_then_else(cond, X[i0, i1, i2, i3], c)`` at ``[i0, i1, i2,
-    i3]`` (no top/left offset) and ``cond`` is provably true over the rows and columns the windows span.
-    None otherwise (a padded row or column read, an offset, a folded producer)."""
+    """Where the pool's windows read only the part of the padding block's copy that is its input itself:
+    a reader ``read(n, c, row, col)`` of that input in place (``col`` a ramp: a vector), else None.  The pad
+    block must store ``if_then_else(cond, X[n, c, y, x], pad_value)`` at its own indices (no top/left
+    offset, :func:`_in_place`) and ``cond`` must be provably true over the rows and columns the windows
+    span.  None: a padded row or column read, an offset, a folded producer (a concatenation)."""
+    t = C.tirx
     blk, pool_blk = sch.get(pad), sch.get(pool)
     store, value = blk.body, blk.body.value
     if not isinstance(store, C.BufferStore) or not isinstance(value, C.Call) or \
-            getattr(value.op, "name", "") != "prim.if_then_else" or not isinstance(value.args[1], C.TensorLoad):
+            getattr(value.op, "name", "") != "prim.if_then_else":
         return None
-    load, iters = value.args[1], [iv.var for iv in blk.iter_vars]
-    if len(iters) != 4 or not all(a.same_as(v) for a, v in zip(load.indices, iters)) or \
-            not all(a.same_as(v) for a, v in zip(store.indices, iters)):
+    iters = [iv.var for iv in blk.iter_vars]
+    if len(iters) != 4 or not all(a.same_as(v) for a, v in zip(store.indices, iters)) or \
+            not _in_place(value.args[1], *iters):
         return None
     # the rows and columns the windows span (the pool's data index at its extremes)
     data = _is_max_update(pool_blk.body)
@@ -222,10 +235,17 @@ def padding_never_read(sch: C.Schedule, pad, pool):
                 continue            # a symbolic batch: the batch index is never padded here (identity load)
             return None
         check.bind(v, C.Range.from_min_extent(lo, int(hi) - int(lo) + 1))
-    return load.source if check.can_prove(value.args[0]) else None
+    if not check.can_prove(value.args[0]):
+        return None
+    src = value.args[1].source
+
+    def read(n, c, row, col):
+        return t.BufferLoad(src, [n, c, row, col])
+
+    return read
 
 
-def shuffle_rows(sch: C.Schedule, pool, lanes: int, source=None) -> None:
+def shuffle_rows(sch: C.Schedule, pool, lanes: int, read=None) -> None:
     """Replace the pool's loops under the plane loop by one block per output row whose body is vector
     expressions: for each group of ``lanes`` output columns, the max over the window rows of contiguous
     vector loads of the input columns the group's windows span (for a 3-wide window of stride 2, 2 x lanes
@@ -233,8 +253,9 @@ def shuffle_rows(sch: C.Schedule, pool, lanes: int, source=None) -> None:
     ``x * stride + rx`` of each output ``x`` from those vectors, and the max of the shuffles.  No strided
     access and no copy by column phase: the loads are plain vector loads and the picking is LLVM's
     ``shufflevector`` (``vpermt2ps`` on AVX-512, ``vpermps`` / blends on AVX2).  The loop nest must be
-    ``plane, y, ry, rx, x`` (``apply``'s step 3).  ``source``: a buffer of the same indexing to read instead
-    of the pool's data buffer (the input, where :func:`padding_never_read` found the padding unread)."""
+    ``plane, y, ry, rx, x`` (``apply``'s step 3).  ``read``: ``read(n, c, row, col)`` the rows' values
+    instead of the pool's data buffer (the inputs in place, where :func:`padding_never_read` found the
+    padding unread)."""
     t = C.tirx
     blk = sch.get(pool)
     loops = sch.get_loops(pool)
@@ -249,7 +270,11 @@ def shuffle_rows(sch: C.Schedule, pool, lanes: int, source=None) -> None:
     kh, kw, ow = (int(blk.iter_vars[i].dom.extent) for i in (4, 5, 3))
     store = blk.body
     load = _is_max_update(store)
-    src = load.source if source is None else source
+    src = load.source
+    own_read = read is None
+    if read is None:
+        def read(n, c, row, col):
+            return t.BufferLoad(src, [n, c, row, col])
     ni, ci, yi, xi = load.indices
     n_k = _linear(ni, [vn], "batch")
     c_k = _linear(ci, [vc], "channel")
@@ -282,7 +307,7 @@ def shuffle_rows(sch: C.Schedule, pool, lanes: int, source=None) -> None:
             col = t.Ramp(const(start), const(1), width) if width > 1 else const(start)
             vec = None
             for r in range(kh):
-                v = t.BufferLoad(src, [in_n, in_c, row0 + const(y_k[1] * r), col])
+                v = read(in_n, in_c, row0 + const(y_k[1] * r), col)
                 vec = v if vec is None else t.Max(vec, v)
             chunks.append(vec)
         value = None
@@ -299,7 +324,14 @@ def shuffle_rows(sch: C.Schedule, pool, lanes: int, source=None) -> None:
     out_shape = store.buffer.shape
     written = [C.Range.from_min_extent(bn, const(1)), C.Range.from_min_extent(bc, const(1)),
                C.Range.from_min_extent(by, const(1)), C.Range.from_min_extent(const(0), out_shape[3])]
-    new = C.SBlock(iters, [t.BufferRegion(src, rows_read)], [t.BufferRegion(store.buffer, written)],
+    if own_read:
+        reads = [t.BufferRegion(src, rows_read)]
+    else:       # the inputs read in place (function parameters): their whole extent
+        read_bufs = []
+        C.post_order_visit(body, lambda e: read_bufs.append(e.source) if isinstance(e, C.TensorLoad) and
+                           not any(b.same_as(e.source) for b in read_bufs) else None)
+        reads = [t.BufferRegion(b, [C.Range.from_min_extent(const(0), d) for d in b.shape]) for b in read_bufs]
+    new = C.SBlock(iters, reads, [t.BufferRegion(store.buffer, written)],
                    f"{blk.name_hint}_rows", body)
     nest = t.For(row, y_loop.min, y_loop.extent, C.ForKind.SERIAL,
                  C.SBlockRealize([binding[0], binding[1], row], True, new))
