@@ -50,6 +50,11 @@ CASES = [
     ("resnet_pad1", dict(c=8, h=33, w=32, pads=(1, 1, 1, 1))),
     ("k2s2_no_pad", dict(c=5, h=16, w=18, k=2)),
     ("k3s3_asym_pad", dict(c=6, h=13, w=17, s=3, pads=(0, 1, 2, 0))),      # 17 + 1 columns: 3 phases of 6
+    ("k2s2_ceil", dict(c=6, h=15, w=15, k=2, ceil=1)),       # the last window reads the ceil_mode column
+    ("resnet_112", dict(c=2, h=112, w=112, pads=(1, 1, 1, 1))),    # 56 output columns: several lane groups
+    ("k4s2_wide", dict(c=3, h=9, w=40, k=4, pads=(1, 1, 1, 1))),   # 20 columns: a full group and a short one
+    ("k5s3_wide", dict(c=3, h=9, w=66, k=5, s=3, pads=(2, 2, 2, 1))),
+    ("k2s2_one_column", dict(c=4, h=2, w=2, k=2)),                 # one output column: scalar picks
 ]
 IDS = [c[0] for c in CASES]
 
@@ -68,7 +73,7 @@ def test_numerics_vs_reference(name, kwargs, host, rng):
     assert_close_to_reference(model, cm, rng, rtol=0, atol=0)      # max pooling is exact
 
 
-@pytest.mark.parametrize("name,kwargs", [CASES[0], CASES[3], CASES[4]], ids=[IDS[0], IDS[3], IDS[4]])
+@pytest.mark.parametrize("name,kwargs", [CASES[i] for i in (0, 3, 4, 6, 7)], ids=[IDS[i] for i in (0, 3, 4, 6, 7)])
 def test_every_config_vs_unscheduled(name, kwargs, host, rng):
     kname, func = _kernel(_pool_model(**kwargs), host)
     t = WindowPool()
@@ -83,27 +88,91 @@ def test_every_config_vs_unscheduled(name, kwargs, host, rng):
         np.testing.assert_array_equal(got, want, err_msg=str(cfg))
 
 
-@pytest.mark.parametrize("target", S.NAMED_TARGETS, ids=["haswell", "skylake"])
-@pytest.mark.parametrize("name,kwargs", CASES, ids=IDS)
-def test_structure(name, kwargs, target):
-    tgt = tvmfuse.parse_target(target)
-    kname, func = _kernel(_pool_model(**kwargs), tgt)
-    res = schedule_prim_func(func, tgt, {}, kname)
-    assert res is not None and res.template == FAMILY, res and res.template
-    # a pool under the target's fork/join cost (common.parallel_why_not) has no parallel loop; the nest's
-    # structure is then checked on the same config with the parallel knob on
+def _plane_loop(res, func, tgt, overrides=None):
+    """The one parallel loop over the planes (the config's own, or the same config with parallel on where
+    the pool is under the target's fork/join cost: then the default has none)."""
     match = WindowPool().match(func, tgt)
     wanted = parallel_why_not(match.info["work"], tgt) is None
     assert res.config["parallel"] is wanted
     parallel = [f for f in S.loops(res.func) if int(f.kind) == int(C.ForKind.PARALLEL)]
     assert len(parallel) == int(wanted), f"{len(parallel)} parallel loops"
     if not wanted:
-        res.func = schedule_with(WindowPool(), match, func, {**res.config, "parallel": True})
+        res.func = schedule_with(WindowPool(), match, func, {**res.config, **(overrides or {}), "parallel": True})
         parallel = [f for f in S.loops(res.func) if int(f.kind) == int(C.ForKind.PARALLEL)]
         assert len(parallel) == 1, f"{len(parallel)} parallel loops"
+    return parallel[0]
+
+
+# the cases whose windows never read a padded row or column (or that have no padding): the default reads
+# the input in place, no copy; the others copy the padded plane first (the concat-fed pools too: their
+# windows read no padding, but the folded concatenation is copied, pooling._in_place)
+UNPADDED_READS = {"squeezenet_31x31_ceil", "k2s2_no_pad", "k2s2_one_column"}
+
+
+@pytest.mark.parametrize("target", S.NAMED_TARGETS, ids=["haswell", "skylake"])
+@pytest.mark.parametrize("name,kwargs", CASES, ids=IDS)
+def test_structure(name, kwargs, target):
+    """The default ('shuffle' rows): per plane (one parallel loop) a serial loop over output rows whose one
+    block stores whole vectors of output columns (groups of the target's lanes), each the max over the
+    window columns of register shuffles of contiguous vector loads; no reduction loop, no strided load,
+    no copy by column phase, and no copy at all where the windows read no padding."""
+    tgt = tvmfuse.parse_target(target)
+    lanes = tvmfuse.target.cpu_info(tgt).float32_lanes
+    kname, func = _kernel(_pool_model(**kwargs), tgt)
+    res = schedule_prim_func(func, tgt, {}, kname)
+    assert res is not None and res.template == FAMILY, res and res.template
+    assert res.config["rows"] == "shuffle", res.config
+    plane = _plane_loop(res, func, tgt)
+    inner = []
+    C.post_order_visit(plane.body, lambda n: inner.append(n) if isinstance(n, C.tirx.For) else None)
+    rows = [f for f in inner if isinstance(f.body, C.SBlockRealize) and
+            f.body.block.name_hint.endswith("_rows")]
+    assert len(rows) == 1, "no loop over output rows with one block"
+    out_shape = [int(d) for d in func.params[-1].shape]
+    assert int(rows[0].extent) == out_shape[2] and int(rows[0].kind) == int(C.ForKind.SERIAL)
+    body = rows[0].body.block.body
+    stores = list(body.seq) if isinstance(body, C.tirx.SeqStmt) else [body]
+    ow = out_shape[3]
+    widths = [int(st.indices[-1].lanes) if isinstance(st.indices[-1], C.tirx.Ramp) else 1 for st in stores]
+    assert widths == [min(lanes, ow - x0) for x0 in range(0, ow, lanes)], widths
+    shuffles, strided = [], []
+
+    def visit(n):
+        if isinstance(n, C.tirx.Shuffle):
+            shuffles.append(n)
+        if isinstance(n, C.TensorLoad) and isinstance(n.indices[-1], C.tirx.Ramp) and \
+                int(n.indices[-1].stride) != 1:
+            strided.append(n)
+
+    C.post_order_visit(body, visit)
+    k = kwargs.get("k", 3)
+    assert len(shuffles) == k * len(stores), f"{len(shuffles)} shuffles for {len(stores)} groups"
+    assert not strided, strided
+    assert not any(int(f.kind) == int(C.ForKind.VECTORIZED) for f in S.loops(res.func)
+                   if f.body is rows[0].body), "the row block is not a vector expression"
+    assert not S.scalarized_loops(res.func), "a vectorized loop was scalarized"
+    buffers = _alloc_buffers(res.func)
+    if name in UNPADDED_READS:
+        assert not buffers, f"a copy of an input whose padding is never read: {buffers}"
+    else:           # the padded plane, as it is (4-D), computed inside the plane loop
+        assert len(buffers) == 1 and len(buffers[0].shape) == 4, buffers
+        assert len(inner) >= 3, "the padded copy is not inside the plane loop"
+
+
+@pytest.mark.parametrize("target", S.NAMED_TARGETS, ids=["haswell", "skylake"])
+@pytest.mark.parametrize("name,kwargs", CASES, ids=IDS)
+def test_structure_deinterleave(name, kwargs, target):
+    """rows='deinterleave' (a tuner's alternative): the padded input stored by column phase inside the plane
+    loop, the output columns vectorized over the window loops."""
+    tgt = tvmfuse.parse_target(target)
+    kname, func = _kernel(_pool_model(**kwargs), tgt)
+    match = WindowPool().match(func, tgt)
+    res = schedule_prim_func(func, tgt, {}, kname)
+    res.func = schedule_with(WindowPool(), match, func, {**res.config, "rows": "deinterleave"})
+    plane = _plane_loop(res, func, tgt, {"rows": "deinterleave"})
     # the padded input (or the input's copy) is computed inside the parallel loop over the planes
     inner = []
-    C.post_order_visit(parallel[0].body, lambda n: inner.append(n) if isinstance(n, C.tirx.For) else None)
+    C.post_order_visit(plane.body, lambda n: inner.append(n) if isinstance(n, C.tirx.For) else None)
     assert len(inner) >= 5, "the input copy and the pool are not both inside the plane loop"
     vec = [int(f.extent) for f in S.loops(res.func) if int(f.kind) == int(C.ForKind.VECTORIZED)]
     out_w = [int(d) for d in func.params[-1].shape][3]
