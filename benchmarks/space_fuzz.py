@@ -290,8 +290,9 @@ def _fail(kind: str, e: BaseException, where: str = "") -> dict:
 def worker_main() -> int:
     """Reads one job per stdin line; writes JSON lines to stdout: ``{"candidates": [...]}`` once per job,
     then ``{"start": i}`` before and ``{"done": i, ...}`` after each candidate, ``{"end": true}`` last."""
-    out = sys.stdout
-    sys.stdout = sys.stderr          # TVM's and the templates' prints do not mix with replies
+    out = os.fdopen(os.dup(1), "w")   # replies on a copy of stdout; fd 1 (TVM's C++ prints too) -> stderr
+    os.dup2(2, 1)
+    sys.stdout = sys.stderr
     for line in sys.stdin:
         req = json.loads(line)
         try:
@@ -327,21 +328,30 @@ class _Proc:
         env = {**os.environ, "PYTHONPATH": ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""),
                "TVM_NUM_THREADS": "1", "OMP_NUM_THREADS": "1"}
         self.p = subprocess.Popen([python, os.path.abspath(__file__), "--worker"], stdin=subprocess.PIPE,
-                                  stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=env, text=True,
-                                  bufsize=1)
+                                  stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=env)
+        self.buf = b""
 
     def send(self, req: dict):
-        self.p.stdin.write(json.dumps(req) + "\n")
+        self.p.stdin.write((json.dumps(req) + "\n").encode())
         self.p.stdin.flush()
 
     def read(self, timeout: float):
-        """The next reply, None on timeout, or {"died": rc} when the worker exited."""
-        r, _, _ = select.select([self.p.stdout], [], [], timeout)
-        if not r:
-            return None
-        line = self.p.stdout.readline()
-        if not line:
-            return {"died": self.p.wait()}
+        """The next reply, None on timeout, or {"died": rc} when the worker exited.  Reads the pipe's file
+        descriptor itself (a buffered reader would hold lines that ``select`` no longer sees)."""
+        deadline = time.time() + timeout
+        fd = self.p.stdout.fileno()
+        while b"\n" not in self.buf:
+            left = deadline - time.time()
+            if left <= 0:
+                return None
+            r, _, _ = select.select([fd], [], [], left)
+            if not r:
+                return None
+            chunk = os.read(fd, 1 << 20)
+            if not chunk:
+                return {"died": self.p.wait()}
+            self.buf += chunk
+        line, self.buf = self.buf.split(b"\n", 1)
         return json.loads(line)
 
     def kill(self):
@@ -409,6 +419,7 @@ def main(argv=None) -> int:
     ap.add_argument("--replay", help="a report: rerun only its failed candidates")
     ap.add_argument("--json", help="write the report here")
     ap.add_argument("--python", default=sys.executable)
+    ap.add_argument("--progress", action="store_true", help="print a line per finished workload")
     args = ap.parse_args(argv)
     families = [f for f in args.families.split(",") if f]
 
@@ -450,6 +461,9 @@ def main(argv=None) -> int:
 
     def one(req):
         cands, results = run_job(req, args.python, args.timeout, args.setup_timeout, log)
+        if args.progress:
+            print(f"[{time.time() - t0:7.0f}s] done {req['case']} {req['target']}: {len(results)} candidates, "
+                  f"{sum(r['kind'] != 'ok' for r in results)} failed", flush=True)
         out = []
         for res in results:
             if res["kind"] == "ok":
