@@ -477,20 +477,30 @@ def main(argv=None) -> int:
                         "kind": res["kind"], "message": res.get("message", "")})
         return out
 
+    import threading
     from concurrent.futures import ThreadPoolExecutor
 
+    lock = threading.Lock()
+
+    def report(done: int) -> dict:
+        rep = {"settings": settings, "seconds": round(time.time() - t0), "jobs_done": done, "jobs": len(jobs),
+               "summary": {f: {t: dict(c) for t, c in v.items()} for f, v in sorted(summary.items())},
+               "failures": failures}
+        if args.json:       # rewritten after every workload: a run cut short keeps what it did
+            with open(args.json + ".tmp", "w") as f:
+                json.dump(rep, f, indent=1)
+            os.replace(args.json + ".tmp", args.json)
+        return rep
+
+    rep = report(0)
     with ThreadPoolExecutor(max(1, args.jobs)) as ex:
-        for out in ex.map(one, jobs):
-            failures.extend(out)
-    report = {"settings": settings, "seconds": round(time.time() - t0),
-              "summary": {f: {t: dict(c) for t, c in v.items()} for f, v in sorted(summary.items())},
-              "failures": failures}
-    print(json.dumps(report["summary"], indent=1))
+        for i, out in enumerate(ex.map(one, jobs)):
+            with lock:
+                failures.extend(out)
+                rep = report(i + 1)
+    print(json.dumps(rep["summary"], indent=1))
     print(f"{sum(sum(c.values()) for v in summary.values() for c in v.values())} candidates, "
-          f"{len(failures)} failures, {report['seconds']} s")
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(report, f, indent=1)
+          f"{len(failures)} failures, {rep['seconds']} s")
     return 1 if failures else 0
 
 
