@@ -104,7 +104,8 @@ def _cases() -> dict:
         "qkv_wide": lambda: S.qkv_3d(b=1, s=5, h=172), "swiglu_3d": S.swiglu_3d,
         "swiglu_37": lambda: S.swiglu_3d(b=1, s=136, h=32, f=37),
         "vit_block": S.vit_block,
-        "maxpool": S.maxpool, "avgpool": S.avgpool, "global_avgpool": S.global_avgpool,
+        "maxpool": S.maxpool, "maxpool_even": lambda: S.maxpool(c=16, h=32, w=32),
+        "maxpool_small": lambda: S.maxpool(c=4, h=8, w=8), "avgpool": S.avgpool, "global_avgpool": S.global_avgpool,
         "channel_layernorm": S.channel_layernorm, "transposed_layernorm": S.transposed_layernorm,
         "pooled_layernorm_flatten": S.pooled_layernorm_flatten, "residual_layernorm": S.residual_layernorm,
         "mean_hw": S.mean_hw, "embedding": S.embedding, "layout_ops": S.layout_ops,
@@ -137,7 +138,7 @@ def _cases() -> dict:
 
 CASE_NAMES = ("matmul_3d matmul_3d_s1 matmul_3d_n37 matmul_n172 batched_matmul broadcast_matmul scores_matmul "
               "gemm_transb gemv gemv_1000 qkv_3d qkv_3d_s1 qkv_wide swiglu_3d swiglu_37 vit_block maxpool "
-              "avgpool global_avgpool channel_layernorm transposed_layernorm pooled_layernorm_flatten "
+              "maxpool_even maxpool_small avgpool global_avgpool channel_layernorm transposed_layernorm pooled_layernorm_flatten "
               "residual_layernorm mean_hw embedding layout_ops softmax_channels conv conv_s2 conv_1x1 conv_dw "
               "conv_dil conv_small_plane conv_shortcut layernorm_r1 layernorm_r136 softmax_r5 rmsnorm "
               "mean_variance layernorm_softmax instancenorm_silu norm_matmul norm_matmul_qkv rms_swiglu "
