@@ -53,3 +53,13 @@ def test_unknown_case_is_refused_by_name(capsys):
     with pytest.raises(SystemExit):
         F.main(["--cases", "no_such_case"])
     assert "no_such_case" in capsys.readouterr().err
+
+
+def test_replay_reruns_only_the_failed_candidates(tmp_path):
+    """--replay: the candidates a report lists as failed (by index), nothing else."""
+    old = {"settings": {"samples": 1, "cuda_samples": 1, "seed": 0, "families": []},
+           "failures": [{"case": "gemv", "target": "haswell", "index": 1, "kind": "numbers"}]}
+    (tmp_path / "old.json").write_text(json.dumps(old))
+    rc = F.main(["--replay", str(tmp_path / "old.json"), "--json", str(tmp_path / "new.json")])
+    report = json.loads((tmp_path / "new.json").read_text())
+    assert rc == 0 and report["summary"] == {"cpu.matmul_epilogue": {"haswell": {"ok": 1}}}, report
