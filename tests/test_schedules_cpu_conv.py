@@ -146,7 +146,7 @@ def test_sampled_configs_apply_and_stay_correct(family, kwargs, samples, host):
     args = [data.standard_normal([int(d) for d in p.shape]).astype("float32") for p in func.params]
     want = C.tensor(np.zeros_like(args[-1]))
     ref["main"](*[C.tensor(a) for a in args[:-1]], want)
-    rnd = random.Random()
+    rnd = random.Random(0)      # fixed configs, fresh inputs (see schedule_cases.CONFIG_SEED)
     configs = [space.sample(rnd) for _ in range(samples)]
     for cfg in configs:
         sch = C.Schedule(func)
