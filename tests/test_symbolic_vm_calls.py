@@ -173,3 +173,55 @@ def test_share_shapes_binds_each_symbolic_kernel_scalar_once():
     # a Relax variable and a constant are passed as they are
     last = _kernel_call_module()["main"].body.blocks[0].bindings[-1].value
     C.assert_structural_equal(calls[2].args[1:], last.args[1:], map_free_vars=True)
+
+
+def _tuples_module():
+    """A tuple no one reads (``t``), one the return reads (``u``) and one read by a later binding (``w``)."""
+    I, RS = C.script_ir, C.script_relax
+
+    @I.ir_module
+    class Mod:
+        @RS.function
+        def main(x: RS.Tensor((4,), "float32"), y: RS.Tensor((4,), "float32")):
+            t = (x, y)
+            w = (y,)
+            v = w[0]
+            u = (x, v)
+            return u
+
+    return Mod
+
+
+def test_drop_unused_tuples_drops_only_the_unread_tuple():
+    """CallTIRRewrite's tuple of a multi-output kernel's allocations is never read, but the VM built it
+    every call (``make_tuple``: 6 per call of GPT-2); a tuple something reads stays."""
+    from tvmfuse.pipeline import _drop_unused_tuples
+
+    before = _tuples_module()
+    out = _drop_unused_tuples(before)["main"]
+    names = [C.var_name(b.var) for b in out.body.blocks[0].bindings]
+    assert names == ["w", "v", "u"], names
+    # nothing to drop: the module as it was
+    C.assert_structural_equal(_drop_unused_tuples(_drop_unused_tuples(_tuples_module())),
+                              _drop_unused_tuples(_tuples_module()))
+
+
+def test_no_tuple_built_per_call_for_multi_output_kernels():
+    """A residual add + layer norm kernel writes two outputs (the sum, read again by the next residual, and
+    the normed rows), as GPT-2's do; after lowering no ``make_tuple`` is left for their unread tuple."""
+    g = M._G("two_outputs")
+    x = g.input("x", ("rows", HIDDEN))
+    s = g.op("Add", x, g.weight((HIDDEN,), 0.1))
+    ln = g.op("LayerNormalization", s, g.weight((HIDDEN,), 1.0), g.weight((HIDDEN,), 0.1), axis=-1)
+    g.op("Add", g.op("MatMul", ln, g.weight((HIDDEN, HIDDEN))), s)
+    g.rename_last("y", ("rows", HIDDEN))
+    model = g.model()
+    tgt = named_target("skx-2")
+    kept = _lowered_main(model, tgt, drop=("tvmfuse.drop_unused_tuples",))
+    dropped = _lowered_main(model, tgt)
+    tuples = re.compile(r"^\s+\w+: R\.Tuple\(.*\) = \w+, \w+$", re.M)    # VM codegen: make_tuple
+    assert len(tuples.findall(kept)) == 1, kept
+    assert tuples.findall(dropped) == [], dropped
+    # the same in the executable the model runs
+    cm = tvmfuse.compile(model, target=tgt)
+    assert "vm.builtin.make_tuple" not in cm.executable.as_text() and cm.kernel_count == 2

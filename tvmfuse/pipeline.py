@@ -88,12 +88,13 @@ def schedule_passes(target: C.Target, options: PipelineOptions) -> list:
 
 
 def lowering_passes(target: C.Target, options: PipelineOptions | None = None) -> list:
-    """TVM's own dataflow lowering and VM finalization for the target (with ``tvmfuse.share_shapes`` before
-    its VMShapeLower), then (``element_aligned_args``, CPU targets) every kernel's tensor arguments
+    """TVM's own dataflow lowering and VM finalization for the target (with ``tvmfuse.drop_unused_tuples``
+    and ``tvmfuse.share_shapes`` before its VMShapeLower), then (``element_aligned_args``, CPU targets) every kernel's tensor arguments
     declared element-aligned."""
     options = options or PipelineOptions()
     passes = ([_shape_upper_bounds_pass(options.shape_upper_bounds)] + C.backend_passes(target, "dataflow_lower")
-              + before_pass(C.backend_passes(target, "finalize"), "VMShapeLower", _share_shapes))
+              + before_pass(before_pass(C.backend_passes(target, "finalize"), "VMShapeLower", _share_shapes),
+                            "VMShapeLower", _drop_unused_tuples))
     passes.append(_restrict_shape_funcs)
     if options.element_aligned_args and takes_element_aligned_args(target):
         passes.append(_element_aligned_args)
@@ -134,6 +135,43 @@ def _share_shapes(mod, _ctx):
             if body is not None:
                 mod[gv] = C.relax.Function(func.params, body, C.ret_type(func), func.is_pure, func.attrs,
                                            func.span)
+    return mod
+
+
+@C.module_pass(opt_level=0, name="tvmfuse.drop_unused_tuples")
+def _drop_unused_tuples(mod, _ctx):
+    """Each top-level binding of a Relax function to a tuple no one reads dropped.
+
+    Why: CallTIRRewrite binds the outputs of a kernel with several outputs to a tuple
+    (``t = (alloc, alloc1)``) and rewrites their readers to the allocations themselves, so the tuple is
+    never read, but the VM still builds it (``vm.builtin.make_tuple``) every call: 6 per call of GPT-2
+    (static and symbolic builds alike), each a VM instruction and an object.  A tuple's construction has
+    no effect, so dropping it changes nothing else; TVM's DeadCodeElimination is not used here, as after
+    lowering it would have to tell kernel calls (which write their outputs) from pure ones."""
+    for gv, func in list(mod.functions.items()):
+        if not (isinstance(func, C.relax.Function) and isinstance(func.body, C.relax.SeqExpr)):
+            continue
+        seq = func.body
+        used: set = set()
+
+        def visit(node):
+            if isinstance(node, C.relax.Var):
+                used.add(node)
+
+        for block in seq.blocks:
+            for b in block.bindings:
+                C.post_order_visit(b.value, visit)
+        C.post_order_visit(seq.body, visit)
+        blocks, changed = [], False
+        for block in seq.blocks:
+            kept = [b for b in block.bindings
+                    if not (isinstance(b, C.relax.VarBinding) and isinstance(b.value, C.relax.Tuple)
+                            and b.var not in used)]
+            changed |= len(kept) != len(block.bindings)
+            blocks.append(block if len(kept) == len(block.bindings) else type(block)(kept))
+        if changed:
+            mod[gv] = C.relax.Function(func.params, C.relax.SeqExpr(blocks, seq.body, seq.span),
+                                       C.ret_type(func), func.is_pure, func.attrs, func.span)
     return mod
 
 
