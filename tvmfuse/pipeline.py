@@ -88,9 +88,9 @@ def schedule_passes(target: C.Target, options: PipelineOptions) -> list:
 
 
 def lowering_passes(target: C.Target, options: PipelineOptions | None = None) -> list:
-    """TVM's own dataflow lowering and VM finalization for the target (with ``tvmfuse.drop_unused_tuples``
-    and ``tvmfuse.share_shapes`` before its VMShapeLower), then (``element_aligned_args``, CPU targets) every kernel's tensor arguments
-    declared element-aligned."""
+    """TVM's own dataflow lowering and VM finalization for the target (with ``tvmfuse.share_shapes`` and
+    ``tvmfuse.drop_unused_tuples`` before its VMShapeLower), then (``element_aligned_args``, CPU targets)
+    every kernel's tensor arguments declared element-aligned."""
     options = options or PipelineOptions()
     passes = ([_shape_upper_bounds_pass(options.shape_upper_bounds)] + C.backend_passes(target, "dataflow_lower")
               + before_pass(before_pass(C.backend_passes(target, "finalize"), "VMShapeLower", _share_shapes),
@@ -113,9 +113,9 @@ def before_pass(passes: list, name: str, extra) -> list:
 
 @C.module_pass(opt_level=0, name="tvmfuse.share_shapes")
 def _share_shapes(mod, _ctx):
-    """Each symbolic shape or scalar a Relax function passes to the VM (``SHARED_ARGS``: its allocations'
-    shapes, ``vm.builtin.reshape``'s shape, a kernel's symbolic scalars) computed once per call, not once
-    per use.
+    """Each symbolic shape or scalar a Relax function passes to the VM (the shapes of its allocations,
+    ``SHAPE_SHARING_OPS``, and of ``SHAPE_SHARING_BUILTINS``; a kernel's symbolic scalars) computed once
+    per call, not once per use.
 
     Why: VMShapeLower turns every ``R.shape([1, n, 64])`` argument into its own ``vm.builtin.make_shape``
     call and every symbolic scalar argument of a kernel (``call_tir``'s ``tir_vars``: ``batch``,
@@ -200,7 +200,7 @@ def _shared_shape_body(func, kernels=frozenset()):
     """``func``'s body with its top-level symbolic arguments shared (``_share_shapes``); None if unchanged."""
     seq = func.body
     analyzer = C.Analyzer()
-    bound: list[tuple[tuple, object]] = []      # (simplified dims or (scalar,), the Relax var holding it)
+    bound: list[tuple[str, tuple, object]] = []  # ("shape" or "scalar", simplified dims or (scalar,), its var)
     # Relax variables (parameters, bindings) pass as registers already; a symbolic scalar is a TIR var
     relax_vars = set(func.params)
     for block in seq.blocks:
@@ -208,7 +208,8 @@ def _shared_shape_body(func, kernels=frozenset()):
     changed = False
     blocks = []
 
-    def shared(kind: str, values, make):
+    def shared(bindings: list, kind: str, values, make):
+        """The variable holding ``values`` (simplified), bound in ``bindings`` at its first use."""
         dims = tuple(analyzer.simplify(v) for v in values)
         var = next((v for k, d, v in bound if k == kind and len(d) == len(dims)
                     and all(C.structural_equal(x, y) for x, y in zip(d, dims))), None)
@@ -236,10 +237,11 @@ def _shared_shape_body(func, kernels=frozenset()):
                 if not symbolic(a):
                     args.append(a)
                 elif kind == "shape":
-                    args.append(shared("shape", a.values,
+                    args.append(shared(bindings, "shape", a.values,
                                        lambda d, i: C.relax.Var(f"shape{i}", C.relax.ShapeType(list(d)))))
                 else:
-                    args.append(shared("scalar", [a], lambda d, i: C.relax.Var(f"scalar{i}", C.type_of(a))))
+                    args.append(shared(bindings, "scalar", [a],
+                                       lambda d, i, a=a: C.relax.Var(f"scalar{i}", C.type_of(a))))
             bindings.append(C.relax.VarBinding(b.var, C.relax.Call(value.op, args, value.attrs, value.ty_args,
                                                                     value.span, ret_ty=C.type_of(value))))
             changed = True
