@@ -125,8 +125,9 @@ def _reshapes_module():
 
 
 def test_share_shapes_leaves_other_calls_alone():
-    """Only the VM's allocations take a shared shape: a shape argument of any other call (a reshape
-    here; a kernel's ``tir_vars`` in a lowered module) is read as a literal by its own lowering."""
+    """A Relax op's shape argument (``R.reshape`` here) is read as a literal by its type and legalization:
+    left as it is (the VM's allocations, ``vm.builtin.reshape`` and a kernel's symbolic scalars take shared
+    ones: tests/test_symbolic_vm_calls.py)."""
     from tvmfuse.pipeline import _share_shapes
 
     C.assert_structural_equal(_share_shapes(_reshapes_module()), _reshapes_module())

@@ -50,6 +50,7 @@ parse_script = _tvm.script.from_source   # TVMScript text -> PrimFunc / IRModule
 # --- Relax types (0.27 renamed StructInfo -> Type, ``.struct_info`` -> ``.ty``) -----------------------------
 TensorType = relax.TensorType
 TupleType = relax.TupleType
+PrimType = _tvm.ir.PrimType  # a scalar's type (a symbolic dim passed to a kernel: ``int64``)
 Op = _tvm.ir.Op
 GlobalVar = _tvm.ir.GlobalVar
 Constant = _tvm.ir.expr.Constant  # relax constants (metadata GenericConst) in 0.27

@@ -88,12 +88,13 @@ def schedule_passes(target: C.Target, options: PipelineOptions) -> list:
 
 
 def lowering_passes(target: C.Target, options: PipelineOptions | None = None) -> list:
-    """TVM's own dataflow lowering and VM finalization for the target (with ``tvmfuse.share_shapes`` before
-    its VMShapeLower), then (``element_aligned_args``, CPU targets) every kernel's tensor arguments
-    declared element-aligned."""
+    """TVM's own dataflow lowering and VM finalization for the target (with ``tvmfuse.share_shapes`` and
+    ``tvmfuse.drop_unused_tuples`` before its VMShapeLower), then (``element_aligned_args``, CPU targets)
+    every kernel's tensor arguments declared element-aligned."""
     options = options or PipelineOptions()
     passes = ([_shape_upper_bounds_pass(options.shape_upper_bounds)] + C.backend_passes(target, "dataflow_lower")
-              + before_pass(C.backend_passes(target, "finalize"), "VMShapeLower", _share_shapes))
+              + before_pass(before_pass(C.backend_passes(target, "finalize"), "VMShapeLower", _share_shapes),
+                            "VMShapeLower", _drop_unused_tuples))
     passes.append(_restrict_shape_funcs)
     if options.element_aligned_args and takes_element_aligned_args(target):
         passes.append(_element_aligned_args)
@@ -112,37 +113,113 @@ def before_pass(passes: list, name: str, extra) -> list:
 
 @C.module_pass(opt_level=0, name="tvmfuse.share_shapes")
 def _share_shapes(mod, _ctx):
-    """Each symbolic shape a Relax function passes to the VM's allocations (``R.vm.alloc_storage``,
-    ``R.vm.alloc_tensor``: ``SHAPE_SHARING_OPS``) computed once per call, not once per use.
+    """Each symbolic shape or scalar a Relax function passes to the VM (the shapes of its allocations,
+    ``SHAPE_SHARING_OPS``, and of ``SHAPE_SHARING_BUILTINS``; a kernel's symbolic scalars) computed once
+    per call, not once per use.
 
     Why: VMShapeLower turns every ``R.shape([1, n, 64])`` argument into its own ``vm.builtin.make_shape``
-    call, a new shape object per call of the model; a symbolic BERT's ``main`` made 28 of them per call
-    for 6 distinct shapes (a static build makes none: its shapes are constants), each a VM instruction
-    and an allocation.  Here the shapes equal after simplification (``2048 * batch`` and
-    ``4 * batch * 8 * 8 * 8``) are bound once to a variable, before the first binding that uses them,
-    and that variable is passed instead; VMShapeLower then makes one ``make_shape`` per distinct shape.
+    call and every symbolic scalar argument of a kernel (``call_tir``'s ``tir_vars``: ``batch``,
+    ``sequence`` of a matmul over ``[batch * sequence, 64]`` rows) into its own
+    ``vm.builtin.make_prim_value``, each a VM instruction and an object per call of the model (a static
+    build makes none: its shapes and scalars are constants).  A symbolic BERT's ``main`` made 28 shapes per
+    call for 6 distinct ones; a symbolic GPT-2's 24 scalars for 2 (``batch``, ``sequence``) and 11 shapes
+    for 9.  Here the values equal after simplification (``2048 * batch`` and ``4 * batch * 8 * 8 * 8``) are
+    bound once to a variable, before the first binding that uses them, and that variable is passed
+    instead; VMShapeLower then makes one ``make_shape`` / ``make_prim_value`` per distinct value.
     Only the function body's top-level bindings are rewritten (every later binding of the body sees a
-    variable bound there); nested scopes (an ``If``'s branches) keep their own shapes."""
+    variable bound there); nested scopes (an ``If``'s branches) keep their own."""
+    kernels = {gv for gv, f in mod.functions.items() if isinstance(f, C.PrimFunc)}
     for gv, func in list(mod.functions.items()):
         if isinstance(func, C.relax.Function) and isinstance(func.body, C.relax.SeqExpr):
-            body = _shared_shape_body(func.body)
+            body = _shared_shape_body(func, kernels)
             if body is not None:
                 mod[gv] = C.relax.Function(func.params, body, C.ret_type(func), func.is_pure, func.attrs,
                                            func.span)
     return mod
 
 
-# the VM's allocations, whose shape arguments become plain registers; a kernel call's shape argument
-# (``call_tir``'s ``tir_vars``) is left as it is: its lowering reads the literal
+@C.module_pass(opt_level=0, name="tvmfuse.drop_unused_tuples")
+def _drop_unused_tuples(mod, _ctx):
+    """Each top-level binding of a Relax function to a tuple no one reads dropped.
+
+    Why: CallTIRRewrite binds the outputs of a kernel with several outputs to a tuple
+    (``t = (alloc, alloc1)``) and rewrites their readers to the allocations themselves, so the tuple is
+    never read, but the VM still builds it (``vm.builtin.make_tuple``) every call: 6 per call of GPT-2
+    (static and symbolic builds alike), each a VM instruction and an object.  A tuple's construction has
+    no effect, so dropping it changes nothing else; TVM's DeadCodeElimination is not used here, as after
+    lowering it would have to tell kernel calls (which write their outputs) from pure ones."""
+    for gv, func in list(mod.functions.items()):
+        if not (isinstance(func, C.relax.Function) and isinstance(func.body, C.relax.SeqExpr)):
+            continue
+        seq = func.body
+        used: set = set()
+
+        def visit(node):
+            if isinstance(node, C.relax.Var):
+                used.add(node)
+
+        for block in seq.blocks:
+            for b in block.bindings:
+                C.post_order_visit(b.value, visit)
+        C.post_order_visit(seq.body, visit)
+        blocks, changed = [], False
+        for block in seq.blocks:
+            kept = [b for b in block.bindings
+                    if not (isinstance(b, C.relax.VarBinding) and isinstance(b.value, C.relax.Tuple)
+                            and b.var not in used)]
+            changed |= len(kept) != len(block.bindings)
+            blocks.append(block if len(kept) == len(block.bindings) else type(block)(kept))
+        if changed:
+            mod[gv] = C.relax.Function(func.params, C.relax.SeqExpr(blocks, seq.body, seq.span),
+                                       C.ret_type(func), func.is_pure, func.attrs, func.span)
+    return mod
+
+
+# the VM's allocations, whose shape arguments become plain registers; a Relax op's shape argument
+# (``R.reshape``'s) is left as it is: its type and its legalization read the literal
 SHAPE_SHARING_OPS = frozenset({"relax.vm.alloc_storage", "relax.vm.alloc_tensor"})
+# the VM builtins called by name (``R.call_packed``) whose shape arguments are plain registers: the view
+# RewriteDataflowReshape leaves between GPT-2's attention and its Gemm
+SHAPE_SHARING_BUILTINS = frozenset({"vm.builtin.reshape"})
 
 
-def _shared_shape_body(seq):
-    """``seq`` with its top-level symbolic shape arguments shared (``_share_shapes``); None if unchanged."""
+def _callee(call, kernels) -> str | None:
+    """What ``_share_shapes`` shares in ``call``'s arguments: "shape" (symbolic shapes), "scalar" (a
+    kernel's symbolic scalars), or None (nothing)."""
+    op = call.op
+    if getattr(op, "name", None) in SHAPE_SHARING_OPS:
+        return "shape"
+    if isinstance(op, C.relax.ExternFunc) and str(op.global_symbol) in SHAPE_SHARING_BUILTINS:
+        return "shape"
+    if op in kernels:
+        return "scalar"
+    return None
+
+
+def _shared_shape_body(func, kernels=frozenset()):
+    """``func``'s body with its top-level symbolic arguments shared (``_share_shapes``); None if unchanged."""
+    seq = func.body
     analyzer = C.Analyzer()
-    bound: list[tuple[tuple, object]] = []      # (simplified dims, the Relax var holding that shape)
+    bound: list[tuple[str, tuple, object]] = []  # ("shape" or "scalar", simplified dims or (scalar,), its var)
+    # Relax variables (parameters, bindings) pass as registers already; a symbolic scalar is a TIR var
+    relax_vars = set(func.params)
+    for block in seq.blocks:
+        relax_vars.update(b.var for b in block.bindings)
     changed = False
     blocks = []
+
+    def shared(bindings: list, kind: str, values, make):
+        """The variable holding ``values`` (simplified), bound in ``bindings`` at its first use."""
+        dims = tuple(analyzer.simplify(v) for v in values)
+        var = next((v for k, d, v in bound if k == kind and len(d) == len(dims)
+                    and all(C.structural_equal(x, y) for x, y in zip(d, dims))), None)
+        if var is None:
+            var = make(dims, len(bound))
+            bindings.append(C.relax.VarBinding(var, C.relax.ShapeExpr(list(dims)) if kind == "shape"
+                                               else dims[0]))
+            bound.append((kind, dims, var))
+        return var
+
     for block in seq.blocks:
         if isinstance(block, C.relax.DataflowBlock):   # not at this point of the pipeline: left as it is
             blocks.append(block)
@@ -150,28 +227,35 @@ def _shared_shape_body(seq):
         bindings = []
         for b in block.bindings:
             value = b.value if isinstance(b, C.relax.VarBinding) else None
-            if (not isinstance(value, C.relax.Call) or getattr(value.op, "name", None) not in SHAPE_SHARING_OPS
-                    or not any(_symbolic_shape(a) for a in value.args)):
+            kind = _callee(value, kernels) if isinstance(value, C.relax.Call) else None
+            symbolic = _symbolic_shape if kind == "shape" else (lambda a: _symbolic_scalar(a, relax_vars))
+            if kind is None or not any(symbolic(a) for a in value.args):
                 bindings.append(b)
                 continue
             args = []
             for a in value.args:
-                if not _symbolic_shape(a):
+                if not symbolic(a):
                     args.append(a)
-                    continue
-                dims = tuple(analyzer.simplify(v) for v in a.values)
-                var = next((v for d, v in bound if len(d) == len(dims)
-                            and all(C.structural_equal(x, y) for x, y in zip(d, dims))), None)
-                if var is None:
-                    var = C.relax.Var(f"shape{len(bound)}", C.relax.ShapeType(list(dims)))
-                    bindings.append(C.relax.VarBinding(var, C.relax.ShapeExpr(list(dims))))
-                    bound.append((dims, var))
-                args.append(var)
+                elif kind == "shape":
+                    args.append(shared(bindings, "shape", a.values,
+                                       lambda d, i: C.relax.Var(f"shape{i}", C.relax.ShapeType(list(d)))))
+                else:
+                    args.append(shared(bindings, "scalar", [a],
+                                       lambda d, i, a=a: C.relax.Var(f"scalar{i}", C.type_of(a))))
             bindings.append(C.relax.VarBinding(b.var, C.relax.Call(value.op, args, value.attrs, value.ty_args,
                                                                     value.span, ret_ty=C.type_of(value))))
             changed = True
         blocks.append(C.relax.BindingBlock(bindings))
     return C.relax.SeqExpr(blocks, seq.body, seq.span) if changed else None
+
+
+def _symbolic_scalar(expr, relax_vars) -> bool:
+    """A kernel's scalar argument known only at run time: an integer expression of the function's symbolic
+    dims (``batch``, ``batch * sequence``), not a Relax variable nor a constant."""
+    ty = C.type_of(expr) if hasattr(expr, "ty") else None
+    if not isinstance(ty, C.PrimType) or isinstance(expr, (C.IntImm, C.Constant)) or expr in relax_vars:
+        return False
+    return "int" in str(ty.dtype)
 
 
 def _symbolic_shape(expr) -> bool:
