@@ -151,6 +151,19 @@ def lane_choices(lanes: int) -> tuple:
     return (lanes, lanes // 2) if lanes >= 8 else (lanes,)
 
 
+def column_lanes(n: int, lanes: int) -> int:
+    """The vector width of the blocks whose columns stop at N (the epilogue or write-back on the register
+    tile, the zero-padded B copy): ``lanes`` when it divides N, else the widest power of two under it that
+    does.  Their predicate ``j < N`` then tests whole vectors; with a lane-level predicate TVM's
+    VectorizeLoop runs the whole loop scalar (SwiGLU's 172 columns: every sigmoid of the epilogue and every
+    element of the per-row-block B copy one at a time, llama's static gate/up kernel ~3x the symbolic one,
+    measured under load)."""
+    width = lanes
+    while width > 1 and n % width:
+        width //= 2
+    return width
+
+
 def pick_lanes(m: int, n: int, lanes: int) -> int:
     """The target's vector width, or half of it when it divides N where the full one does not and the
     padded path would not pay off (``HALF_LANES_BELOW_ROWS_PER_LANE``): GEMV over 1000 classes on AVX-512."""
@@ -354,6 +367,48 @@ def pad_columns(sch: C.Schedule, red, info: dict, nr: int):
     return None, pad_name
 
 
+def pad_epilogue(sch: C.Schedule, epi, nr: int):
+    """The epilogue ``epi`` of matmuls whose columns were padded (``pad_columns``) computed over the padded
+    columns too (``pad_einsum``: its j domain a multiple of ``nr``, into a padded buffer), and a crop block
+    writing the N real columns to the output: the epilogue on the register tile then has no predicate
+    ``j < N`` (TVM's VectorizeLoop runs a loop with a lane-level predicate scalar, or at the narrower
+    ``column_lanes``: llama's SwiGLU epilogue at N = 172, sigmoid on 4-lane vectors, was ~40% of the static
+    gate/up kernel, measured under load) and the crop, a plain copy, gets whole vectors and a short tail.
+
+    Only when every j-indexed operand of the epilogue is a padded accumulator (its padded copy is an
+    identity copy, folded back into the epilogue); an epilogue that also reads a bias or residual would
+    read it under a lane-level ``if_then_else``.  Returns the crop block's name, or None (nothing changed)."""
+    j_iter = len(sch.get(epi).iter_vars) - 1
+    if U.static_extent(sch, sch.get_loops(epi)[j_iter]) is None:
+        return None
+    trial = C.Schedule(sch.mod["main"])
+    made = _pad_epilogue_blocks(trial, trial.get_sblock(U.block_name(sch, epi)), j_iter, nr)
+    if made is None:
+        return None
+    return _pad_epilogue_blocks(sch, epi, j_iter, nr)
+
+
+def _pad_epilogue_blocks(sch: C.Schedule, epi, j_iter: int, nr: int) -> str | None:
+    """``pad_epilogue`` on ``sch``: the crop block's name, or None when an operand copy is not an identity
+    copy (``sch`` is then left changed: callers try it on a copy first)."""
+    padding = [1] * len(sch.get(epi).iter_vars)
+    padding[j_iter] = nr
+    before = {U.block_name(sch, b) for b in U.top_blocks(sch)}
+    try:
+        sch.pad_einsum(epi, padding)
+    except C.ScheduleError:
+        return None
+    new = [b for b in U.top_blocks(sch) if U.block_name(sch, b) not in before]
+    outputs = U.output_names(sch)
+    crop = [b for b in new if U.block_name(sch, b) in outputs]
+    copies = [b for b in new if b not in crop]
+    if len(crop) != 1 or any(not isinstance(sch.get(b).body.value, C.TensorLoad) for b in copies):
+        return None
+    for b in copies:
+        sch.compute_inline(b)
+    return U.block_name(sch, crop[0])
+
+
 def flattenable(info: dict) -> bool:
     """Batch axes read by A only (a weight shared by every batch) in (batch.., i, j, k) order: the rows
     of all batches form one M = B x M (one pass over each B panel instead of one per batch)."""
@@ -548,14 +603,14 @@ class MatmulEpilogue(U.CpuTemplate, family="cpu.matmul_epilogue", config=MatmulC
         compute_on_register_tile(sch, red, j1, lanes, cfg.k_unroll)
 
         # Step 6. The epilogue on the register tile: vectorized along j.
-        e_jo, e_jv = sch.split(j2, factors=[None, lanes])
+        e_jo, e_jv = sch.split(j2, factors=[None, column_lanes(info["N"], lanes)])
         sch.vectorize(e_jv)
 
         # Step 7. B's panel for this macro tile: zero-padded (Step 2) or optionally packed, contiguous.
         if b_pad is not None:
             pack = sch.get_sblock(b_pad)
             sch.compute_at(pack, pack_at, preserve_unit_loops=True)
-            U.vectorize_inner(sch, pack, lanes)
+            U.vectorize_inner(sch, pack, column_lanes(info["N"], lanes))
         elif cfg.pack_b:
             if not info["b_contiguous_j"] and not info["b_buffer"]:
                 raise ValueError("pack_b needs a B operand buffer")

@@ -22,8 +22,8 @@ from ...analysis import CONTRACTION, REDUCTION, is_sum_reduction
 from ...target import cpu_info
 from ..base import KnobSpace, Match, knob
 from . import common as U
-from .matmul import (PAD_N, RegisterTileConfig, analyze_matmul, compute_on_register_tile, matmul_roles,
-                     pick_lanes, predicated_tile_exclusion, register_tile_choices,
+from .matmul import (PAD_N, RegisterTileConfig, analyze_matmul, column_lanes, compute_on_register_tile,
+                     matmul_roles, pad_epilogue, pick_lanes, predicated_tile_exclusion, register_tile_choices,
                      register_tile_default, table_accumulator_cap)
 from .reduction import rf_widths
 from .siblings import chain_output_block, output_chains
@@ -250,11 +250,19 @@ class NormMatmul(U.CpuTemplate, family=FAMILY, config=NormMatmulConfig):
         order = {U.block_name(sch, b): i for i, b in enumerate(U.top_blocks(sch))}
         stat_blocks = sorted(stat_blocks + rf_blocks, key=order.get)
 
-        tops, tiles, pads = [], [], {}
+        tops, tiles, pads, crops = [], [], {}, []
         for anchor, reds in info["chains"]:
             # Step 3. Columns not a multiple of the register tile: pad each matmul's j domain (its B panel
             # zero-padded in Step 5); a matmul that is an output accumulates into a cache block.
             epi = chain_output_block(sch, info, anchor, reds, nr, cfg.pad_n, pads)
+            # Step 3b. Padded columns and an epilogue of the accumulators only: the epilogue over the
+            # padded columns too, and a crop to the N real ones per row block (Step 6).
+            width = column_lanes(info["Ns"][reds[0]], lanes)    # the epilogue's vectors: whole ones of N
+            if anchor is not None and reds[0] in pads:
+                crop = pad_epilogue(sch, epi, nr)
+                if crop is not None:
+                    crops.append(crop)
+                    epi, width = sch.get_sblock(anchor), lanes
 
             # Step 4. Tile the chain's output: [batch, row block i0], j0, i1, j1, register tile (i2, j2).
             loops = sch.get_loops(epi)
@@ -263,14 +271,14 @@ class NormMatmul(U.CpuTemplate, family=FAMILY, config=NormMatmulConfig):
             j0, j1, j2 = sch.split(j_loop, factors=[None, cfg.nc_tiles, nr])
             sch.reorder(*b_loops, i0, j0, i1, j1, i2, j2)
             tops.append(sch.fuse(*b_loops, i0) if b_loops else i0)
-            tiles.append((reds, j1, j2, j0))
+            tiles.append((reds, j1, j2, j0, width))
 
         # One parallel row-block loop for every chain: the normalised panel is made once per row block.
         # (Before the matmuls move in: `parallel` needs complete blocks, not split-off inits.)
         top = sch.merge(*tops) if len(tops) > 1 else tops[0]
         sch.parallel(top)
 
-        for reds, j1, j2, panel in tiles:
+        for reds, j1, j2, panel, width in tiles:
             # Step 5. Every matmul of the chain on the register tile (accumulators, init vectorized), its
             # zero-padded (pad_n) or packed (pack_b) B panel made once per column panel of the row block.
             for red in reds:
@@ -284,13 +292,18 @@ class NormMatmul(U.CpuTemplate, family=FAMILY, config=NormMatmulConfig):
                     pack = sch.cache_read(blk, reads.index(info["b_buffers"][red]), "global")
                 if pack is not None:
                     sch.compute_at(pack, panel, preserve_unit_loops=True)
-                    U.vectorize_inner(sch, pack, lanes)
-            # The epilogue (or write-back) on the register tile, vectorized along j.
-            _, e_jv = sch.split(j2, factors=[None, lanes])
+                    # a padded copy stops at N: vectors that divide it (matmul.column_lanes)
+                    U.vectorize_inner(sch, pack, column_lanes(info["Ns"][red], lanes) if red in pads else lanes)
+            # The epilogue (or write-back) on the register tile, vectorized along j (whole vectors of N).
+            _, e_jv = sch.split(j2, factors=[None, width])
             sch.vectorize(e_jv)
 
         # Step 6. Per row block: the normalised rows into the A panel (mc x K), and before them the
         # statistics of those rows; each shrinks to the row block (no tensor of full size is left).
+        # After the panels: the padded epilogues' crops to the real columns (whole vectors, a short tail).
+        for name in crops:
+            sch.reverse_compute_at(sch.get_sblock(name), top, preserve_unit_loops=True)
+            U.vectorize_inner(sch, sch.get_sblock(name), lanes)
         sch.compute_at(sch.get_sblock(info["norm"]), top, preserve_unit_loops=True)
         for name in reversed(stat_blocks):
             sch.compute_at(sch.get_sblock(name), top, preserve_unit_loops=True)
