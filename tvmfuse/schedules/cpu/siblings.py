@@ -24,8 +24,7 @@ from ...analysis import CONTRACTION, REDUCTION
 from ...target import cpu_info
 from ..base import KnobSpace, Match, knob
 from . import common as U
-from .matmul import (FLATTEN_BATCH, PAD_N, RegisterTileConfig, analyze_matmul, column_lanes,
-                     compute_on_register_tile,
+from .matmul import (FLATTEN_BATCH, PAD_N, RegisterTileConfig, analyze_matmul, compute_on_register_tile,
                      epilogue_of, flatten_matmul, flattenable, matmul_roles, pad_columns, pick_lanes,
                      predicated_tile_exclusion, register_tile_choices, register_tile_default, row_map,
                      table_accumulator_cap)
@@ -275,20 +274,18 @@ class SiblingMatmuls(U.CpuTemplate, family="cpu.sibling_matmuls", config=Sibling
                 if red in pads:
                     pack = sch.get_sblock(pads[red])
                     sch.compute_at(pack, panel, preserve_unit_loops=True)
-                    # a padded copy stops at N: vectors that divide it (matmul.column_lanes)
-                    packs.append((pack, column_lanes(info["Ns"][red], lanes)))
+                    packs.append(pack)
                 elif cfg.pack_b:
                     reads = [str(r.source.name) for r in sch.get(blk).reads]
                     pack = sch.cache_read(blk, reads.index(info["b_buffers"][red]), "global")
                     sch.compute_at(pack, panel, preserve_unit_loops=True)
-                    packs.append((pack, lanes))
+                    packs.append(pack)
 
-            # Step 6. The epilogue (or write-back) on the register tile, vectorized along j (whole vectors
-            # of N).
-            _, e_jv = sch.split(j2, factors=[None, column_lanes(info["Ns"][reds[0]], lanes)])
+            # Step 6. The epilogue (or write-back) on the register tile, vectorized along j.
+            _, e_jv = sch.split(j2, factors=[None, lanes])
             sch.vectorize(e_jv)
-        for pack, width in packs:
-            U.vectorize_inner(sch, pack, width)
+        for pack in packs:
+            U.vectorize_inner(sch, pack, lanes)
 
         # Step 7. Leftover elementwise producers: fused, parallel, vectorized on their own.
         for name in info["others"]:
