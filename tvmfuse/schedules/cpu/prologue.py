@@ -12,6 +12,12 @@ loops merged into one parallel loop.  Under it, per row block of ``mc`` rows: th
 (vector partial sums by an rfactor over ``rf_width`` lanes, then one horizontal sum per row), then the
 normalised rows written into an ``mc x K`` panel (vectorized along K), which every sibling matmul reads as
 its A panel.  The normalised tensor of full size never exists: the panel is all that is written.
+
+Weights shared by the batches (``flatten_batch``): the statistics, the panel, the matmuls and their
+epilogues run over one row index b * M + i, so register tiles divide batch x M rows (llama's 8 x 17) and no
+register tile carries a row predicate.  Columns padded to the register tile (``pad_n``): the zero-padded B
+copied once per call where it fits L2 (``pad_once``), and an epilogue of the accumulators alone computed
+over the padded columns with a crop to the real ones (``matmul.pad_epilogue``): full-width vectors.
 """
 from __future__ import annotations
 
@@ -220,7 +226,8 @@ class NormMatmul(U.CpuTemplate, family=FAMILY, config=NormMatmulConfig):
         return Match(self.family, {
             "M": roles["M"], "batch": roles["batch"], "N": roles["N"], "K": roles["K"],
             "rows": roles["M"] * _prod(roles["batch"]) if roles["flattenable"] else roles["M"],
-            "flattenable": roles["flattenable"], "norm": roles["norm"], "stats": roles["stats"], "stat_len": roles["stat_len"],
+            "flattenable": roles["flattenable"],
+            "norm": roles["norm"], "stats": roles["stats"], "stat_len": roles["stat_len"],
             "chains": roles["chains"], "chain_len": max(len(r) for _, r in roles["chains"]),
             "Ns": {name: r["N"] for name, r in m.items()},
             "b_buffers": {name: r["b_buffer"] for name, r in m.items()},
