@@ -269,7 +269,7 @@ class NormMatmul(U.CpuTemplate, family=FAMILY, config=NormMatmulConfig):
         m, n, k = match.info["rows"] if flat else match.info["M"], match.info["N"], match.info["K"]
         ns = set(match.info["Ns"].values())
         lanes = pick_lanes(m, ns.pop(), info.float32_lanes) if len(ns) == 1 else info.float32_lanes
-        tile = register_tile_default(m, n, k, lanes, info, ch, d, table_accumulator_cap(d, lanes))
+        tile = register_tile_default(m, n, k, lanes, info, ch, d, table_accumulator_cap(d, lanes), whole_rows=True)
         mr, nr, mc_tiles = tile["mr"], tile["nvec"] * lanes, rows_macro_tiles(m, tile, ch)
         # no wider column panel than the columns (a panel past N leaves a predicate on every register tile)
         nc_tiles = max([c for c in ch["nc_tiles"] if c <= -(-n // nr)] or [min(ch["nc_tiles"])])
@@ -284,7 +284,9 @@ class NormMatmul(U.CpuTemplate, family=FAMILY, config=NormMatmulConfig):
         # register tiles that divide the rows: row blocks of whole tiles (a row block past the rows puts a
         # row predicate on its register tiles, and LLVM then keeps their accumulators in memory: llama's
         # gate/up at 8 x 17 rows ~3x the symbolic kernel, measured under load)
-        if m % mr == 0:
+        # (one-row tiles: a row block past the rows predicates whole tiles, which LLVM hoists out of the k
+        # loop; 17 row blocks of one row were slower than 16-row blocks at 17 rows)
+        if m % mr == 0 and mr > 1:
             mc_tiles = max(c for c in ch["mc_tiles"] if c <= mc_tiles and (m // mr) % c == 0)
         # a few vectors of partial sums (the table's max_rf_vectors): independent add chains per statistic
         # hide the add latency
