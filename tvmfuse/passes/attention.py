@@ -93,14 +93,60 @@ def _scalar_const(expr) -> float | None:
     return float(arr.reshape(-1)[0]) if arr.size == 1 else None
 
 
+def _static_ints(expr) -> list[int] | None:
+    """The ints of a static tuple argument (``(3,)``: IntImm / PrimValue fields), None when symbolic."""
+    fields = getattr(expr, "fields", None)
+    if fields is None:
+        return None
+    out = [_int_value(f) for f in fields]
+    return None if any(v is None for v in out) else out
+
+
+def _folded_mask(fn: _Function, expr):
+    """The constant that ``where(strided_slice(c), x, y)`` is when ``c`` is a constant and x, y scalar
+    constants, computed here (a static export's causal mask, sliced from a [batch, 1, S, S] table of the
+    largest size: no pass folds it before this rule); else ``expr``."""
+    w = fn.call(_unalias(fn, expr), "relax.where")
+    if w is None:
+        return expr
+    cond, keep, drop = (_unalias(fn, a) for a in w.args)
+    keep_v, drop_v = _scalar_const(keep), _scalar_const(drop)
+    if keep_v is None or drop_v is None:
+        return expr
+    sl = fn.call(cond, "relax.strided_slice")
+    if sl is not None:
+        src = _unalias(fn, sl.args[0])
+        axes, begin, end = (_static_ints(a) for a in sl.args[1:4])
+        strides = _static_ints(sl.args[4]) if len(sl.args) > 4 else [1] * len(axes or ())
+        if not isinstance(src, C.Constant) or None in (axes, begin, end, strides):
+            return expr
+        arr = C.const_value(src)
+        index = [slice(None)] * arr.ndim
+        for a, b, e, st in zip(axes, begin, end, strides):
+            index[a] = slice(b, e, st)
+        arr = arr[tuple(index)]
+    elif isinstance(cond, C.Constant):
+        arr = C.const_value(cond)
+    else:
+        return expr
+    if arr.dtype != np.bool_:
+        return expr
+    return C.relax.const(np.where(arr, np.float32(keep_v), np.float32(drop_v)).astype("float32"))
+
+
 def _causal_offset(expr, sq, sk) -> int | None:
-    """k if ``expr`` is a constant 0/-inf mask that allows exactly j <= i + k, else None."""
+    """k if ``expr`` is a constant 0/-inf mask that allows exactly j <= i + k, else None.  Leading axes may
+    repeat the same [sq, sk] mask (a static build folds llama's causal mask expanded to [batch, 1, sq, sk]:
+    read as an additive mask it made the static attention kernel ~2x the symbolic one at 8 x 17)."""
     if not isinstance(expr, C.Constant) or not isinstance(sq, int) or not isinstance(sk, int):
         return None
     arr = C.const_value(expr)
-    if arr.ndim < 2 or tuple(arr.shape[-2:]) != (sq, sk) or any(n != 1 for n in arr.shape[:-2]):
+    if arr.ndim < 2 or tuple(arr.shape[-2:]) != (sq, sk):
         return None
-    arr = arr.reshape(sq, sk)
+    arr = arr.reshape(-1, sq, sk)
+    if not np.array_equal(arr, np.broadcast_to(arr[:1], arr.shape)):
+        return None
+    arr = arr[0]
     allowed = arr == 0
     if not np.all(allowed | np.isneginf(arr)):
         return None
@@ -533,6 +579,8 @@ def match(fn: _Function, var, target) -> tuple | None:
     causal, mask = None, None
     for t in terms:
         off = _causal_offset(t, sq, sk)
+        if off is None:
+            off = _causal_offset(_folded_mask(fn, t), sq, sk)
         if off is None:
             off = _computed_causal_offset(fn, t, sq, sk)
         if off is not None and causal is None:

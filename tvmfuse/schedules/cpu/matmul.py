@@ -106,12 +106,13 @@ def predicated_tile_exclusion(ns) -> Exclusion:
 
 
 def register_tile_default(m: int, n: int, k: int, lanes: int, info: CPUInfo, choices: dict,
-                          defaults: dict, max_acc_vectors: int | None = None) -> dict:
+                          defaults: dict, max_acc_vectors: int | None = None, whole_rows: bool = False) -> dict:
     """The untuned ``RegisterTileConfig`` values: the register tile that fits the target's vector registers
     (``pick_register_tile``), macro tiles sized to its L2 (``pick_macro_tiles``) and the table's
-    ``k_unroll`` where it divides K (``defaults``: the family's row of schedules/cpu_targets.json)."""
+    ``k_unroll`` where it divides K (``defaults``: the family's row of schedules/cpu_targets.json).
+    ``whole_rows``: static rows, see ``pick_register_tile``."""
     regs = U.Registers.for_bits(info.vector_bits).count
-    mr, nvec = pick_register_tile(m, n, lanes, regs, choices["mr"], choices["nvec"], max_acc_vectors)
+    mr, nvec = pick_register_tile(m, n, lanes, regs, choices["mr"], choices["nvec"], max_acc_vectors, whole_rows)
     mc_tiles, nc_tiles = pick_macro_tiles(k, mr, nvec * lanes, info.l2_bytes, choices["mc_tiles"],
                                           choices["nc_tiles"])
     unroll = defaults["k_unroll"]
@@ -149,6 +150,19 @@ def one_matmul_anchor(group, static: bool) -> str | None:
 def lane_choices(lanes: int) -> tuple:
     """Vector widths of the register tile: the target's, and half of it (a divisor of more N)."""
     return (lanes, lanes // 2) if lanes >= 8 else (lanes,)
+
+
+def column_lanes(n: int, lanes: int) -> int:
+    """The vector width of the blocks whose columns stop at N (the epilogue or write-back on the register
+    tile, the zero-padded B copy): ``lanes`` when it divides N, else the widest power of two under it that
+    does.  Their predicate ``j < N`` then tests whole vectors; with a lane-level predicate TVM's
+    VectorizeLoop runs the whole loop scalar (SwiGLU's 172 columns: every sigmoid of the epilogue and every
+    element of the per-row-block B copy one at a time, llama's static gate/up kernel ~3x the symbolic one,
+    measured under load)."""
+    width = lanes
+    while width > 1 and n % width:
+        width //= 2
+    return width
 
 
 def pick_lanes(m: int, n: int, lanes: int) -> int:
@@ -273,7 +287,7 @@ def table_accumulator_cap(defaults: dict, lanes: int) -> int | None:
 
 
 def pick_register_tile(m: int, n: int, lanes: int, regs: int, mr_choices, nvec_choices,
-                       max_acc_vectors: int | None = None) -> tuple[int, int]:
+                       max_acc_vectors: int | None = None, whole_rows: bool = False) -> tuple[int, int]:
     """(mr, nvec) of the register tile (at most ``max_acc_vectors`` accumulator vectors when given).
 
     A tile that does not divide the problem leaves a predicate on every iteration of the register tile
@@ -281,6 +295,10 @@ def pick_register_tile(m: int, n: int, lanes: int, regs: int, mr_choices, nvec_c
     so in order: the tile fits in the vector registers (accumulators + B vectors + one broadcast of A);
     it divides N; it divides M while keeping at least ``MIN_TILE_FILL`` of the largest accumulator count;
     most accumulators; fewest loads per FMA (mr broadcasts + nvec vectors per k step); more rows.
+    ``whole_rows`` (a static row count, no loop partition of the row tiles): a tile dividing M at any fill;
+    the predicate of a partial row tile sits in the k loop of every tile and LLVM then keeps all their
+    accumulators in memory (GPT-2's matmuls at 17 rows: a 1 x 4-vector tile 8.9 us, 3 x 4 10.3 us and the
+    6 x 4 default 17.9 us, kernel-only, one thread, under load).
     """
     pairs = [(a, b) for a in mr_choices for b in nvec_choices]
     if max_acc_vectors is not None:
@@ -291,7 +309,7 @@ def pick_register_tile(m: int, n: int, lanes: int, regs: int, mr_choices, nvec_c
     def score(p):
         mr, nv = p
         acc = mr * nv
-        divides_m = m % mr == 0 and acc >= MIN_TILE_FILL * most
+        divides_m = m % mr == 0 and (whole_rows or acc >= MIN_TILE_FILL * most)
         return (n % (nv * lanes) == 0, divides_m, acc, -(mr + nv), mr)
 
     return max(fitting, key=score)
@@ -352,6 +370,48 @@ def pad_columns(sch: C.Schedule, red, info: dict, nr: int):
         return crop_name, pad_name
     sch.compute_inline(crop[0])
     return None, pad_name
+
+
+def pad_epilogue(sch: C.Schedule, epi, nr: int):
+    """The epilogue ``epi`` of matmuls whose columns were padded (``pad_columns``) computed over the padded
+    columns too (``pad_einsum``: its j domain a multiple of ``nr``, into a padded buffer), and a crop block
+    writing the N real columns to the output: the epilogue on the register tile then has no predicate
+    ``j < N`` (TVM's VectorizeLoop runs a loop with a lane-level predicate scalar, or at the narrower
+    ``column_lanes``: llama's SwiGLU epilogue at N = 172, sigmoid on 4-lane vectors, was ~40% of the static
+    gate/up kernel, measured under load) and the crop, a plain copy, gets whole vectors and a short tail.
+
+    Only when every j-indexed operand of the epilogue is a padded accumulator (its padded copy is an
+    identity copy, folded back into the epilogue); an epilogue that also reads a bias or residual would
+    read it under a lane-level ``if_then_else``.  Returns the crop block's name, or None (nothing changed)."""
+    j_iter = len(sch.get(epi).iter_vars) - 1
+    if U.static_extent(sch, sch.get_loops(epi)[j_iter]) is None:
+        return None
+    trial = C.Schedule(sch.mod["main"])
+    made = _pad_epilogue_blocks(trial, trial.get_sblock(U.block_name(sch, epi)), j_iter, nr)
+    if made is None:
+        return None
+    return _pad_epilogue_blocks(sch, epi, j_iter, nr)
+
+
+def _pad_epilogue_blocks(sch: C.Schedule, epi, j_iter: int, nr: int) -> str | None:
+    """``pad_epilogue`` on ``sch``: the crop block's name, or None when an operand copy is not an identity
+    copy (``sch`` is then left changed: callers try it on a copy first)."""
+    padding = [1] * len(sch.get(epi).iter_vars)
+    padding[j_iter] = nr
+    before = {U.block_name(sch, b) for b in U.top_blocks(sch)}
+    try:
+        sch.pad_einsum(epi, padding)
+    except C.ScheduleError:
+        return None
+    new = [b for b in U.top_blocks(sch) if U.block_name(sch, b) not in before]
+    outputs = U.output_names(sch)
+    crop = [b for b in new if U.block_name(sch, b) in outputs]
+    copies = [b for b in new if b not in crop]
+    if len(crop) != 1 or any(not isinstance(sch.get(b).body.value, C.TensorLoad) for b in copies):
+        return None
+    for b in copies:
+        sch.compute_inline(b)
+    return U.block_name(sch, crop[0])
 
 
 def flattenable(info: dict) -> bool:
@@ -483,7 +543,8 @@ class MatmulEpilogue(U.CpuTemplate, family="cpu.matmul_epilogue", config=MatmulC
         m, n, k = match.info.get("rows", match.info["M"]) if flat else match.info["M"], match.info["N"], \
             match.info["K"]
         lanes = pick_lanes(m, n, info.float32_lanes)
-        tile = register_tile_default(m, n, k, lanes, info, ch, d, table_accumulator_cap(d, lanes))
+        tile = register_tile_default(m, n, k, lanes, info, ch, d, table_accumulator_cap(d, lanes),
+                                     whole_rows=not self.buckets(match, target))
         nr = tile["nvec"] * tile["lanes"]
         n_macro_j = -(-n // (nr * tile["nc_tiles"]))
         n_macro_i = -(-m // (tile["mr"] * rows_macro_tiles(m, tile, ch)))
@@ -548,14 +609,14 @@ class MatmulEpilogue(U.CpuTemplate, family="cpu.matmul_epilogue", config=MatmulC
         compute_on_register_tile(sch, red, j1, lanes, cfg.k_unroll)
 
         # Step 6. The epilogue on the register tile: vectorized along j.
-        e_jo, e_jv = sch.split(j2, factors=[None, lanes])
+        e_jo, e_jv = sch.split(j2, factors=[None, column_lanes(info["N"], lanes)])
         sch.vectorize(e_jv)
 
         # Step 7. B's panel for this macro tile: zero-padded (Step 2) or optionally packed, contiguous.
         if b_pad is not None:
             pack = sch.get_sblock(b_pad)
             sch.compute_at(pack, pack_at, preserve_unit_loops=True)
-            U.vectorize_inner(sch, pack, lanes)
+            U.vectorize_inner(sch, pack, column_lanes(info["N"], lanes))
         elif cfg.pack_b:
             if not info["b_contiguous_j"] and not info["b_buffer"]:
                 raise ValueError("pack_b needs a B operand buffer")

@@ -12,6 +12,12 @@ loops merged into one parallel loop.  Under it, per row block of ``mc`` rows: th
 (vector partial sums by an rfactor over ``rf_width`` lanes, then one horizontal sum per row), then the
 normalised rows written into an ``mc x K`` panel (vectorized along K), which every sibling matmul reads as
 its A panel.  The normalised tensor of full size never exists: the panel is all that is written.
+
+Weights shared by the batches (``flatten_batch``): the statistics, the panel, the matmuls and their
+epilogues run over one row index b * M + i, so register tiles divide batch x M rows (llama's 8 x 17) and no
+register tile carries a row predicate.  Columns padded to the register tile (``pad_n``): the zero-padded B
+copied once per call where it fits L2 (``pad_once``), and an epilogue of the accumulators alone computed
+over the padded columns with a crop to the real ones (``matmul.pad_epilogue``): full-width vectors.
 """
 from __future__ import annotations
 
@@ -20,11 +26,12 @@ from dataclasses import dataclass
 from ... import _compat as C
 from ...analysis import CONTRACTION, REDUCTION, is_sum_reduction
 from ...target import cpu_info
-from ..base import KnobSpace, Match, knob
+from ..base import Exclusion, KnobSpace, Match, knob
 from . import common as U
-from .matmul import (PAD_N, RegisterTileConfig, analyze_matmul, compute_on_register_tile, flatten_matmul,
-                     is_contraction, matmul_roles, pick_lanes, predicated_tile_exclusion, register_tile_choices,
-                     register_tile_default, row_map, table_accumulator_cap)
+from .matmul import (FLATTEN_BATCH, PAD_N, RegisterTileConfig, analyze_matmul, column_lanes,
+                     compute_on_register_tile, flatten_matmul, flattenable, is_contraction, matmul_roles,
+                     pad_epilogue, pick_lanes, predicated_tile_exclusion, register_tile_choices,
+                     register_tile_default, row_map, rows_macro_tiles, table_accumulator_cap)
 from .reduction import rf_widths
 from .siblings import chain_output_block, output_chains, rows_key
 
@@ -35,6 +42,7 @@ PACK_B = (False, True)               # copy each matmul's B strip (K x nc) conti
 # more than this fraction of L1: read in place, each k step then touches new cache lines and pages
 # (the rule cpu.sibling_matmuls uses; measured there: SwiGLU 512x768x2048 155 -> 46 ms).
 PACK_STRIP_L1_FRACTION = 0.25
+PAD_ONCE = (True, False)             # the zero-padded B copies made once per call, before the row blocks
 
 
 @dataclass(frozen=True)
@@ -50,6 +58,10 @@ class NormMatmulConfig(RegisterTileConfig):
     rf_width: int = knob("partial sums per row statistic (rfactor; divides the row)")
     vectorize_stats: bool = knob("row statistics as vector partial sums (an rfactor) instead of one scalar "
                                  "chain per row")
+    flatten_batch: bool = knob("weights shared by the batches: their rows as one M (the statistics, the "
+                               "normalised panel and the matmuls over batch x rows)", FLATTEN_BATCH)
+    pad_once: bool = knob("padded columns (pad_n): each matmul's zero-padded B copied once per call, before the "
+                          "parallel row blocks, instead of per column panel of every row block", PAD_ONCE)
 
 
 def _prod(values) -> int:
@@ -137,9 +149,46 @@ def _roles(sch: C.Schedule, analyze=analyze_matmul) -> dict | None:
     if any(n not in placed for n in left):
         return None
     k_len = U.loop_extents(sch, sch.get_sblock(stats[0]))[-1]
+    nbatch = len(first["batch"])
+    flat = bool(first["batch"]) and all(flattenable(r) for r in matmuls.values()) and all(
+        _batch_major(sch, sch.get_sblock(n), nbatch) for n in stats + [norm_name] + [a for a, _ in chains if a])
     return {"matmuls": matmuls, "norm": norm_name, "stats": stats, "chains": [[a, list(r)] for a, r in chains],
             "M": first["M"], "batch": first["batch"], "K": first["K"], "stat_len": k_len,
-            "N": max(r["N"] for r in matmuls.values())}
+            "N": max(r["N"] for r in matmuls.values()), "flattenable": flat}
+
+
+def _batch_major(sch: C.Schedule, block, nbatch: int) -> bool:
+    """Whether ``block`` iterates (batch.., row, ...) and writes its buffer at (batch.., row, ...) with those
+    same variables first: its rows can be flattened with the matmuls' (``matmul.row_map``)."""
+    blk = sch.get(block)
+    ivs = [iv.var for iv in blk.iter_vars]
+    idx = list(blk.body.indices) if isinstance(blk.body, C.BufferStore) else []
+    if len(ivs) < nbatch + 1 or len(idx) < nbatch + 1:
+        return False
+    return all(isinstance(e, C.tirx.Var) and e.same_as(v) for e, v in zip(idx[:nbatch + 1], ivs[:nbatch + 1]))
+
+
+def _pad_once_exclusion(ns) -> Exclusion:
+    """``pad_once`` only where a register tile leaves columns to pad (else the same kernel as without)."""
+    ns = tuple(ns)
+
+    def nothing_padded(nvec: int, lanes: int, pad_n: bool, pad_once: bool) -> str | None:
+        if pad_once and (not pad_n or all(n % (nvec * lanes) == 0 for n in ns)):
+            return "pad_once without padded columns"
+        return None
+
+    return Exclusion(("nvec", "lanes", "pad_n", "pad_once"), nothing_padded)
+
+
+def _pad_whole_vectors(sch: C.Schedule, pad, n: int, lanes: int) -> None:
+    """A zero-padded B copy left at the root (``pad_once``) on ``lanes``-wide vectors: the whole vectors of
+    N split from the rest (``loop_partition``: no predicate left on them), the vector holding N's last
+    columns and the zero vectors after it under the predicate (TVM runs those lanes scalar, once per call)."""
+    outer, vec = sch.split(sch.get_loops(pad)[-1], factors=[None, lanes])
+    sch.vectorize(vec)
+    whole = n // lanes
+    if 0 < whole < U.static_extent(sch, outer):
+        sch.loop_partition(outer, factors=[whole, None])
 
 
 def _rf_loops(sch: C.Schedule, block) -> tuple[list, object, object]:
@@ -173,7 +222,9 @@ class NormMatmul(U.CpuTemplate, family=FAMILY, config=NormMatmulConfig):
         m = roles["matmuls"]
         return Match(self.family, {
             "M": roles["M"], "batch": roles["batch"], "N": roles["N"], "K": roles["K"],
-            "rows": roles["M"], "norm": roles["norm"], "stats": roles["stats"], "stat_len": roles["stat_len"],
+            "rows": roles["M"] * _prod(roles["batch"]) if roles["flattenable"] else roles["M"],
+            "flattenable": roles["flattenable"],
+            "norm": roles["norm"], "stats": roles["stats"], "stat_len": roles["stat_len"],
             "chains": roles["chains"], "chain_len": max(len(r) for _, r in roles["chains"]),
             "Ns": {name: r["N"] for name, r in m.items()},
             "b_buffers": {name: r["b_buffer"] for name, r in m.items()},
@@ -199,61 +250,121 @@ class NormMatmul(U.CpuTemplate, family=FAMILY, config=NormMatmulConfig):
 
     # ------------------------------------------------------------------ knobs
     def space(self, match: Match, target: C.Target) -> KnobSpace:
-        m, n, k = match.info["M"], match.info["N"], match.info["K"]
+        m, n, k = match.info["rows"], match.info["N"], match.info["K"]
         lanes = cpu_info(target).float32_lanes
         widths = rf_widths(lanes, match.info["stat_len"])
         return NormMatmulConfig.space(**register_tile_choices(m, n, k, lanes), rf_width=widths or (lanes,),
                                       vectorize_stats=VECTORIZE_STATS if widths else (False,),
-                                      exclusions=(predicated_tile_exclusion(match.info["Ns"].values()),))
+                                      **({} if match.info["flattenable"] else {"flatten_batch": (False,)}),
+                                      exclusions=(predicated_tile_exclusion(match.info["Ns"].values()),
+                                                  _pad_once_exclusion(match.info["Ns"].values())))
 
     def default_config(self, match: Match, target: C.Target) -> dict:
         info, d = cpu_info(target), self.table_defaults(target)
         ch = self.space(match, target).to_dict()
-        m, n, k = match.info["M"], match.info["N"], match.info["K"]
+        flat = True in ch["flatten_batch"]
+        m, n, k = match.info["rows"] if flat else match.info["M"], match.info["N"], match.info["K"]
         ns = set(match.info["Ns"].values())
         lanes = pick_lanes(m, ns.pop(), info.float32_lanes) if len(ns) == 1 else info.float32_lanes
-        tile = register_tile_default(m, n, k, lanes, info, ch, d, table_accumulator_cap(d, lanes))
-        mr, nr, mc_tiles = tile["mr"], tile["nvec"] * lanes, tile["mc_tiles"]
+        tile = register_tile_default(m, n, k, lanes, info, ch, d, table_accumulator_cap(d, lanes), whole_rows=True)
+        mr, nr, mc_tiles = tile["mr"], tile["nvec"] * lanes, rows_macro_tiles(m, tile, ch)
         # no wider column panel than the columns (a panel past N leaves a predicate on every register tile)
         nc_tiles = max([c for c in ch["nc_tiles"] if c <= -(-n // nr)] or [min(ch["nc_tiles"])])
         pack = match.info["chain_len"] * k * nr * 4 > PACK_STRIP_L1_FRACTION * info.l1d_bytes
         if pack:
             nc_tiles = min(ch["nc_tiles"])    # one register-tile strip per panel: the packed strip is contiguous
         # the row-block loop is the parallel one: keep enough row blocks for every core
-        batch = _prod(match.info["batch"])
+        batch = 1 if flat else _prod(match.info["batch"])
         while mc_tiles > min(ch["mc_tiles"]) and \
                 batch * -(-m // (mr * mc_tiles)) < d["row_blocks_per_core"] * info.cores:
             mc_tiles = max(c for c in ch["mc_tiles"] if c < mc_tiles)
+        # register tiles that divide the rows: row blocks of whole tiles (a row block past the rows puts a
+        # row predicate on its register tiles, and LLVM then keeps their accumulators in memory: llama's
+        # gate/up at 8 x 17 rows ~3x the symbolic kernel, measured under load)
+        # (one-row tiles: a row block past the rows predicates whole tiles, which LLVM hoists out of the k
+        # loop; 17 row blocks of one row were slower than 16-row blocks at 17 rows)
+        if m % mr == 0 and mr > 1:
+            mc_tiles = max(c for c in ch["mc_tiles"] if c <= mc_tiles and (m // mr) % c == 0)
         # a few vectors of partial sums (the table's max_rf_vectors): independent add chains per statistic
         # hide the add latency
         rf = [w for w in ch["rf_width"] if w <= d["max_rf_vectors"] * info.float32_lanes]
+        # padded B copies once per call when they all fit the table's share of L2 (they are then read from
+        # L2 by every row block; per row block, few rows pay a copy per panel: llama's 8 x 17 rows in
+        # 17 row blocks of 8)
+        padded = [-(-c // nr) * nr for c in match.info["Ns"].values() if c % nr]
+        once = d["pad_n"] and bool(padded) and \
+            sum(k * c * 4 for c in padded) <= d["pad_once_l2_share"] * info.l2_bytes
         return NormMatmulConfig(**{**tile, "mc_tiles": mc_tiles, "nc_tiles": nc_tiles}, pad_n=d["pad_n"],
                                 pack_b=pack, rf_width=rf[-1] if rf else ch["rf_width"][0],
-                                vectorize_stats=True in ch["vectorize_stats"]).asdict()
+                                vectorize_stats=True in ch["vectorize_stats"], flatten_batch=flat,
+                                pad_once=once).asdict()
 
     # ------------------------------------------------------------------ apply
     def apply(self, sch: C.Schedule, match: Match, config: dict) -> None:
         info, cfg = match.info, NormMatmulConfig.from_dict(config)
         mr, lanes = cfg.mr, cfg.lanes
         nr = cfg.nvec * lanes
-        nbatch = len(info["batch"])
 
         # Step 1. Fold the elementwise blocks (the same folding as match()): the norm block stays.
         fold_norm_kernel(sch, info["norm"])
-        # Step 1b. Symbolic rows (cpu.symbolic_norm_matmul) over batch axes: the statistics and the norm
-        # block iterate one flat row axis b * M + i (their buffers 2-D), so a row block is a contiguous
-        # range of rows whatever batch it crosses; the matmuls follow in Step 3b.
+        # One row-flattening decision per path (never both): symbolic rows (cpu.symbolic_norm_matmul) flatten
+        # when the match says so (``info["flatten"]``: batch axes), static rows by the flatten_batch knob where
+        # the weights are shared by the batches (``info["flattenable"]``).
+        symbolic = bool(info.get("symbolic"))
+        flat = bool(info.get("flatten")) if symbolic else bool(cfg.flatten_batch and info["flattenable"])
+        # Step 1b. Symbolic rows over batch axes: the statistics and the norm block iterate one flat row
+        # axis b * M + i (their buffers 2-D), so a row block is a contiguous range of rows whatever batch it
+        # crosses; the matmuls follow in Step 3.
         # (Without batch axes the buffers stay the kernel's: the size buckets' nests, joined in one kernel by
         # ``buckets.join_buckets``, then share them, and buffer compaction leaves them at full size.  Known
         # limitation: buffers made anew by an identity transform_layout keep their data variable, and
         # the joined kernel then freed it twice.)
-        flat = bool(info.get("flatten"))
-        if flat:
+        if symbolic and flat:
             for name in [info["norm"], *info["stats"]]:
                 _flatten_rows_block(sch, sch.get_sblock(name), info)
-            nbatch = 0
 
-        # Step 2. Row statistics as vector partial sums: rfactor each over `rf_width` lanes (at the root,
+        # Step 2. Columns not a multiple of the register tile: pad each matmul's j domain (its B panel
+        # zero-padded in Step 5); a matmul that is an output accumulates into a cache block.
+        # Step 2b. Padded columns and an epilogue of the accumulators only: the epilogue over the padded
+        # columns too, and a crop to the N real ones per row block (Step 6).
+        outs, pads, crops = [], {}, []
+        for anchor, reds in info["chains"]:
+            epi = chain_output_block(sch, info, anchor, reds, nr, cfg.pad_n, pads)
+            width = column_lanes(info["Ns"][reds[0]], lanes)    # the epilogue's vectors: whole ones of N
+            crop = None
+            if anchor is not None and reds[0] in pads:
+                crop = pad_epilogue(sch, epi, nr)
+                if crop is not None:
+                    crops.append(crop)
+                    epi, width = sch.get_sblock(anchor), lanes
+            outs.append((U.block_name(sch, epi), crop, reds, width))
+
+        # Step 3. Symbolic rows: each chain's matmuls and output block over the flat row axis too (no
+        # column padding there, hence no crop).
+        if symbolic and flat:
+            for epi, _, reds, _ in outs:
+                for red in reds:
+                    flatten_matmul(sch, sch.get_sblock(red), info)
+                sch.transform_block_layout(sch.get_sblock(epi), row_map(info, 1))
+        # Static rows, weights shared by the batches: the statistics, the normalised rows, the matmuls and
+        # their epilogues (or write-backs, crops) over one row index b * M + i, so that register tiles divide
+        # the batch x M rows (after the padding: pad_einsum needs plain indices).
+        elif flat:
+            rows = {"batch": info["batch"], "M": info["M"]}
+            for name in list(info["stats"]) + [info["norm"]]:
+                _flatten_rows_block(sch, sch.get_sblock(name), rows)
+            for epi, crop, reds, _ in outs:
+                for red in reds:
+                    flatten_matmul(sch, sch.get_sblock(red), rows)
+                outputs = U.output_names(sch)
+                for name in [epi] + ([crop] if crop else []):
+                    if name in outputs:
+                        sch.transform_block_layout(sch.get_sblock(name), row_map(rows, 1))
+                    else:
+                        _flatten_rows_block(sch, sch.get_sblock(name), rows)
+        nbatch = 0 if flat else len(info["batch"])
+
+        # Step 3b. Row statistics as vector partial sums: rfactor each over `rf_width` lanes (at the root,
         # before anything moves; the partial sums and their horizontal sum move under the row block in Step 6).
         stat_blocks = list(info["stats"])
         rf_blocks = []
@@ -268,26 +379,16 @@ class NormMatmul(U.CpuTemplate, family=FAMILY, config=NormMatmulConfig):
         order = {U.block_name(sch, b): i for i, b in enumerate(U.top_blocks(sch))}
         stat_blocks = sorted(stat_blocks + rf_blocks, key=order.get)
 
-        tops, tiles, pads = [], [], {}
-        for anchor, reds in info["chains"]:
-            # Step 3. Columns not a multiple of the register tile: pad each matmul's j domain (its B panel
-            # zero-padded in Step 5); a matmul that is an output accumulates into a cache block.
-            epi = chain_output_block(sch, info, anchor, reds, nr, cfg.pad_n, pads)
-
-            # Step 3b. Symbolic rows: the chain's matmuls and output block over the flat row axis too.
-            if flat:
-                for red in reds:
-                    flatten_matmul(sch, sch.get_sblock(red), info)
-                sch.transform_block_layout(epi, row_map(info, 1))
-
+        tops, tiles = [], []
+        for epi, _, reds, width in outs:
             # Step 4. Tile the chain's output: [batch, row block i0], j0, i1, j1, register tile (i2, j2).
-            loops = sch.get_loops(epi)
+            loops = sch.get_loops(sch.get_sblock(epi))
             b_loops, i_loop, j_loop = loops[:nbatch], loops[nbatch], loops[nbatch + 1]
             i0, i1, i2 = sch.split(i_loop, factors=[None, cfg.mc_tiles, mr])
             j0, j1, j2 = sch.split(j_loop, factors=[None, cfg.nc_tiles, nr])
             sch.reorder(*b_loops, i0, j0, i1, j1, i2, j2)
             tops.append(sch.fuse(*b_loops, i0) if b_loops else i0)
-            tiles.append((reds, j1, j2, j0))
+            tiles.append((reds, j1, j2, j0, width))
 
         # One parallel row-block loop for every chain: the normalised panel is made once per row block.
         # (Before the matmuls move in: `parallel` needs complete blocks, not split-off inits.)
@@ -297,23 +398,27 @@ class NormMatmul(U.CpuTemplate, family=FAMILY, config=NormMatmulConfig):
         if not info.get("serial", False):
             sch.parallel(top)
 
-        for reds, j1, j2, panel in tiles:
+        once = []
+        for reds, j1, j2, panel, width in tiles:
             # Step 5. Every matmul of the chain on the register tile (accumulators, init vectorized), its
             # zero-padded (pad_n) or packed (pack_b) B panel made once per column panel of the row block.
             for red in reds:
                 blk = sch.get_sblock(red)        # after this step: the update block (the init split off)
                 compute_on_register_tile(sch, blk, j1, lanes, cfg.k_unroll)
                 pack = None
-                if red in pads:
+                if red in pads and cfg.pad_once:
+                    once.append((pads[red], info["Ns"][red]))      # at the root: vectorized last (Step 8)
+                elif red in pads:
                     pack = sch.get_sblock(pads[red])
                 elif cfg.pack_b:
                     reads = [str(r.source.name) for r in sch.get(blk).reads]
                     pack = sch.cache_read(blk, reads.index(info["b_buffers"][red]), "global")
                 if pack is not None:
                     sch.compute_at(pack, panel, preserve_unit_loops=True)
-                    U.vectorize_inner(sch, pack, lanes)
-            # The epilogue (or write-back) on the register tile, vectorized along j.
-            _, e_jv = sch.split(j2, factors=[None, lanes])
+                    # a padded copy stops at N: vectors that divide it (matmul.column_lanes)
+                    U.vectorize_inner(sch, pack, column_lanes(info["Ns"][red], lanes) if red in pads else lanes)
+            # The epilogue (or write-back) on the register tile, vectorized along j (whole vectors of N).
+            _, e_jv = sch.split(j2, factors=[None, width])
             sch.vectorize(e_jv)
 
         # Step 5b. A row count known at run time only (cpu.symbolic_norm_matmul's row-tiled bucket): the
@@ -333,6 +438,10 @@ class NormMatmul(U.CpuTemplate, family=FAMILY, config=NormMatmulConfig):
         # statistics of those rows; each shrinks to the row block (no tensor of full size is left).  With
         # the padded panel (Step 5b) the statistics go one row deeper, under the panel's row loop: one row's
         # statistics at a time (a point that compaction shrinks; rows past the end are skipped).
+        # After the panels: the padded epilogues' crops to the real columns (whole vectors, a short tail).
+        for name in crops:
+            sch.reverse_compute_at(sch.get_sblock(name), top, preserve_unit_loops=True)
+            U.vectorize_inner(sch, sch.get_sblock(name), lanes)
         norm = sch.get_sblock(info["norm"])
         sch.compute_at(norm, top, preserve_unit_loops=True)
         stats_at = top
@@ -360,6 +469,12 @@ class NormMatmul(U.CpuTemplate, family=FAMILY, config=NormMatmulConfig):
         # the row block only (``_partition_tiles_in_row_block``).
         if info.get("partition_rows"):
             _partition_tiles_in_row_block(sch, top)
+
+        # Step 8b. Padded B copies made once per call (pad_once; static rows: the symbolic family pads no
+        # columns), before the row blocks: whole vectors of N split from the last columns (loop_partition:
+        # last, as nothing moves into the root scope after it).
+        for name, n in once:
+            _pad_whole_vectors(sch, sch.get_sblock(name), n, lanes)
 
 
 def _partition_tiles_in_row_block(sch: C.Schedule, top) -> None:
@@ -392,8 +507,10 @@ def _static_extent(sch: C.Schedule, loop) -> int | None:
 
 
 def _flatten_rows_block(sch: C.Schedule, block, info: dict) -> None:
-    """A statistic or the norm block made to iterate ``b * M + i`` (``matmul.row_map``) and to write a
-    buffer with that one row axis (its readers' indices follow)."""
+    """A block writing over (batch.., row, ...) (a statistic, the norm block; static rows: also a padded
+    epilogue or crop that is no output) made to iterate ``b * M + i`` (``matmul.row_map``; ``info`` needs
+    ``batch`` and ``M``) and to write a buffer with that one row axis (its readers' indices follow; its reads
+    of kernel inputs keep their shape, indexed row // M, row % M)."""
     nb = len(info["batch"])
     blk = sch.get(block)
     sch.transform_layout(block, ("write", 0), row_map(info, len(blk.writes[0].source.shape) - nb - 1))

@@ -194,7 +194,8 @@ class SiblingMatmuls(U.CpuTemplate, family="cpu.sibling_matmuls", config=Sibling
         lanes = pick_lanes(m, ns.pop(), info.float32_lanes) if len(ns) == 1 else info.float32_lanes
         cap = self.accumulator_cap(lanes)
         tile = register_tile_default(m, n, k, lanes, info, ch, d,
-                                     cap if cap is not None else table_accumulator_cap(d, lanes))
+                                     cap if cap is not None else table_accumulator_cap(d, lanes),
+                                     whole_rows=not self.buckets(match, target))
         mr, nr, mc_tiles = tile["mr"], tile["nvec"] * lanes, tile["mc_tiles"]
         # the row-block loop is the parallel one: keep enough row blocks for every core
         batch = 1 if match.info.get("flattenable") else _prod(match.info["batch"])

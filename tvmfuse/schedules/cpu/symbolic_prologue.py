@@ -89,7 +89,10 @@ class SymbolicNormMatmul(RowBuckets, NormMatmul, family=FAMILY, config=NormMatmu
             "lanes": (lanes,),
             "pad_n": (False,),                                    # N is a multiple of the vector width
             "rf_width": widths or (lanes,),
-            "vectorize_stats": (True, False) if widths else (False,)})
+            "vectorize_stats": (True, False) if widths else (False,),
+            # the rows flattened when the match has batch axes (info["flatten"]: apply's symbolic path)
+            "flatten_batch": (bool(match.info.get("flatten")),),
+            "pad_once": (False,)})                                # no padded columns
 
     def default_config(self, match: Match, target: C.Target) -> dict:
         info, d = cpu_info(target), self.table_defaults(target)
@@ -114,7 +117,8 @@ class SymbolicNormMatmul(RowBuckets, NormMatmul, family=FAMILY, config=NormMatmu
         return NormMatmulConfig(**{**tile, "mc_tiles": mc_tiles, "nc_tiles": min(ch["nc_tiles"]) if pack
                                    else nc_tiles},
                                 pad_n=False, pack_b=pack, rf_width=rf[-1] if rf else ch["rf_width"][0],
-                                vectorize_stats=True in ch["vectorize_stats"]).asdict()
+                                vectorize_stats=True in ch["vectorize_stats"],
+                                flatten_batch=bool(match.info.get("flatten")), pad_once=False).asdict()
 
     def bucket_match(self, match: Match, bucket) -> Match:
         """``RowBuckets.bucket_match``; the row-tiled bucket gets the loop-partition hint."""
