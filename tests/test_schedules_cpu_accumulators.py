@@ -28,12 +28,15 @@ from test_schedules_cpu_conv import conv_block
 from test_schedules_cpu_conv1x1 import _kernel
 
 # (name, conv_block kwargs, template): a 1x1 conv on a 2x2 plane (mobilenet_v2's 56 -> 336), a fire-module
-# 3x3 conv on 15x15 (squeezenet1_1's 16 -> 64: 1280 bytes on AVX-512, 320 on AVX2).  The direct template
+# 3x3 conv on 15x15 (squeezenet1_1's 16 -> 64: 768 bytes on AVX-512, 320 on AVX2), a 1x1 conv on 14x14.  The direct template
 # (cpu.conv2d_epilogue) keeps its accumulator the same way, but also allocates the padded input of each row
 # band in the parallel loop: its numerics are tests/test_schedules_cpu_conv*.py's
 CASES = [
     ("conv1x1_2x2", dict(cin=56, cout=336, h=2, w=2, k=1, pads=(0, 0, 0, 0), residual=False), "cpu.conv1x1"),
     ("lanes_15x15", dict(cin=16, cout=64, h=15, w=15, residual=False, bn=False), "cpu.conv2d_lanes"),
+    # a 1x1 conv 64 -> 256 on 14x14 (resnet-like): a 4 x 4-vector tile on AVX-512, 1024 bytes, the side at the
+    # limit since the accumulator cap (cpu_targets.json max_accumulators) made the 15x15 tile 1x3x4 (768 bytes)
+    ("conv1x1_14x14", dict(cin=64, cout=256, h=14, w=14, k=1, pads=(0, 0, 0, 0), residual=False), "cpu.conv1x1"),
 ]
 IDS = [c[0] for c in CASES]
 
