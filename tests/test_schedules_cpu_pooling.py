@@ -27,13 +27,15 @@ from conftest import assert_close_to_reference
 from test_schedules_cpu import _structure
 
 
-def _pool_model(c, h, w, k=3, s=2, pads=(0, 0, 0, 0), ceil=0, op="MaxPool", concat=False):
+def _pool_model(c, h, w, k=3, s=2, pads=(0, 0, 0, 0), ceil=0, op="MaxPool", concat=False, dilation=1):
     """[Concat of two inputs ->] a pooling node (ONNX NCHW)."""
     cin = c // 2 if concat else c
     inputs = [helper.make_tensor_value_info(n, TensorProto.FLOAT, [1, cin, h, w])
               for n in (("a", "b") if concat else ("x",))]
     nodes = [helper.make_node("Concat", ["a", "b"], ["x"], axis=1)] if concat else []
     attrs = dict(kernel_shape=[k, k], strides=[s, s], pads=list(pads), ceil_mode=ceil)
+    if dilation != 1:
+        attrs["dilations"] = [dilation, dilation]
     nodes.append(helper.make_node(op, ["x"], ["y"], **attrs))
     g = helper.make_graph(nodes, "pool", inputs, [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)])
     m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 18)])
@@ -71,6 +73,24 @@ def test_numerics_vs_reference(name, kwargs, host, rng):
     cm = tvmfuse.compile(model, host)
     assert [s["template"] for s in cm.report.schedules] == [FAMILY], cm.report.schedules
     assert_close_to_reference(model, cm, rng, rtol=0, atol=0)      # max pooling is exact
+
+
+@pytest.mark.parametrize("target", S.NAMED_TARGETS, ids=["haswell", "skylake"])
+def test_dilated_window_takes_no_shuffle(target, host, rng):
+    """A dilated window (the ONNX gate's test_MaxPool2d_stride_padding_dilation hung over 60 s on the shuffle
+    layout): 'shuffle' is out of its space and its default, a dense window keeps it; numerics exact."""
+    dilated = _pool_model(c=3, h=20, w=22, k=3, s=2, pads=(1, 1, 1, 1), dilation=2)
+    t, tgt = WindowPool(), tvmfuse.parse_target(target)
+    _, func = _kernel(dilated, tgt)
+    match = t.match(func, tgt)
+    assert match is not None and match.info["dense_window"] is False
+    assert t.default_config(match, tgt)["rows"] != "shuffle"
+    assert "shuffle" not in t.space(match, tgt).to_dict()["rows"]
+    _, dense = _kernel(_pool_model(**dict(CASES[3][1])), tgt)
+    dense_match = t.match(dense, tgt)
+    assert dense_match.info["dense_window"] is True and t.default_config(dense_match, tgt)["rows"] == "shuffle"
+    cm = tvmfuse.compile(dilated, host)
+    assert_close_to_reference(dilated, cm, rng, rtol=0, atol=0)
 
 
 @pytest.mark.parametrize("name,kwargs", [CASES[i] for i in (0, 3, 4, 6, 7)], ids=[IDS[i] for i in (0, 3, 4, 6, 7)])

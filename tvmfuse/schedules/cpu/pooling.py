@@ -85,7 +85,13 @@ def analyze_pool(sch: C.Schedule, block) -> dict | None:
     stride, width = int(coef[0]), data.source.shape[3]
     if not isinstance(width, C.tirx.IntImm) or int(width) % stride:
         return None                 # a phase shorter than the others: transform_layout would need padding
-    return {"stride_w": stride, "data_buffer": str(data.source.name), "pool": U.block_name(sch, block)}
+    # the window's dilation along rows and columns (1: dense windows); rows='shuffle' takes dense ones only
+    # (a dilated pool hung the ONNX gate's test_MaxPool2d_stride_padding_dilation over 60 s)
+    dil_h = C.detect_linear_equation(data.indices[2], [blk.iter_vars[4].var])
+    dil_w = C.detect_linear_equation(data.indices[3], [blk.iter_vars[5].var])
+    dense = all(len(d) == 2 and isinstance(d[0], C.tirx.IntImm) and int(d[0]) == 1 for d in (dil_h, dil_w))
+    return {"stride_w": stride, "data_buffer": str(data.source.name), "pool": U.block_name(sch, block),
+            "dense_window": dense}
 
 
 def find_pool(func: C.PrimFunc) -> dict | None:
@@ -109,6 +115,11 @@ def find_pool(func: C.PrimFunc) -> dict | None:
     return info
 
 
+def _row_choices(match: Match) -> tuple:
+    """The ``rows`` layouts for this pool, the default first: 'shuffle' for dense windows only."""
+    return ROWS if match.info.get("dense_window", True) else tuple(r for r in ROWS if r != "shuffle")
+
+
 class WindowPool(BatchBuckets, U.CpuTemplate, family=FAMILY, config=WindowPoolConfig):
     # ------------------------------------------------------------------ match
     def match(self, func: C.PrimFunc, target: C.Target) -> Match | None:
@@ -124,10 +135,10 @@ class WindowPool(BatchBuckets, U.CpuTemplate, family=FAMILY, config=WindowPoolCo
 
     # ------------------------------------------------------------------ knobs
     def space(self, match: Match, target: C.Target) -> KnobSpace:
-        return WindowPoolConfig.space(lanes=(cpu_info(target).float32_lanes,))
+        return WindowPoolConfig.space(lanes=(cpu_info(target).float32_lanes,), rows=_row_choices(match))
 
     def default_config(self, match: Match, target: C.Target) -> dict:
-        return WindowPoolConfig(lanes=cpu_info(target).float32_lanes, rows="shuffle",
+        return WindowPoolConfig(lanes=cpu_info(target).float32_lanes, rows=_row_choices(match)[0],
                                 parallel=U.parallel_default(match.info["work"], target)).asdict()
 
     # ------------------------------------------------------------------ apply
