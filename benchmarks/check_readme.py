@@ -1,0 +1,306 @@
+"""Print the figures benchmarks/README.md's current tables should show, computed from their JSON files.
+
+    python benchmarks/check_readme.py            # print every table (markdown rows, as in the README)
+    python benchmarks/check_readme.py --check    # also say which printed rows benchmarks/README.md lacks
+    python benchmarks/check_readme.py --tables 6 9
+
+The JSON beside the README is the source: a README row that differs from the row printed here is wrong.
+Tables covered (README section: JSON file):
+  1t  bench_cpu_torch.json            onnxruntime / tvmfuse / torch.compile medians, ratio
+  2b  bench_cpu_ms.json, bench_cpu_ms2.json, bench_cpu_ms3.json   MetaSchedule from the stored databases
+  3   bench_cpu_io.json               paired per-round ratios (io_paired), median [90% bootstrap interval]
+  3b  bench_cpu_tails.json            paired per-round ratios (tail_paired)
+  5   bench_tuner_study.json          the study's pieces: default and each budget's pick, tuning time
+  6   bench_models.json               medians [p25-p75], ort / tvmfuse, geomean, kernels, compile time
+  9   bench_attention.json            medians [p25-p75], ratios vs unfused and onnxruntime
+  9b  bench_models_attention.json     attention rule on / off, ratios, kernel counts
+  10  symbolic_check.json             symbolic / static per size (ratio of the minima over rounds)
+  11  space_fuzz.json                 candidates per family and target, failures
+  8b  cuda_corpus_build.json, cuda_corpus_build_sm90.json   kernels per arch, on a CUDA template
+Not covered (no JSON or no table): 1 (bench_cpu.json holds an older run; printed with --tables 1),
+3c (io_overhead*.json: measured under load only), 5c (no measured run), 6e and 7 (no run recorded).
+Only the standard library: runs anywhere, reads only the JSON files.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import sys
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+README = os.path.join(HERE, "README.md")
+
+
+def load(name: str):
+    path = os.path.join(HERE, name)
+    if not os.path.exists(path):
+        raise FileNotFoundError(f"{path}: the JSON of this table is missing (run its command from README.md)")
+    with open(path, encoding="utf-8") as f:
+        return json.load(f)
+
+
+def ms(x: float) -> str:
+    """Milliseconds as the tables print them: 3 decimals."""
+    return f"{x:.3f}"
+
+
+def spread(e: dict, key: str = "") -> str:
+    if key:
+        e = e[key]
+    return f"{ms(e['median'])} [{ms(e['p25'])}-{ms(e['p75'])}]"
+
+
+def spread_ms(e: dict) -> str:
+    return f"{ms(e['median_ms'])} [{ms(e['p25_ms'])}-{ms(e['p75_ms'])}]"
+
+
+def paired(p: dict) -> str:
+    return f"{p['median']:.3f} [{p['ci'][0]:.3f}-{p['ci'][1]:.3f}]"
+
+
+def geomean(xs: list[float]) -> float:
+    return math.exp(sum(math.log(x) for x in xs) / len(xs))
+
+
+def header(title: str, d: dict | None, source: str) -> list[str]:
+    when = (d or {}).get("date", "")
+    cmd = (d or {}).get("command", "")
+    out = [f"## {title}  ({source}{', ' + when if when else ''})"]
+    if cmd:
+        out.append(f"command: {cmd}")
+    return out
+
+
+def table_6() -> list[str]:
+    d = load("bench_models.json")
+    out = header("Table 6", d, "bench_models.json")
+    out.append(f"load average at the end: {', '.join(f'{x:.2f}' for x in d['load_avg_end'])}")
+    out += ["| model | tvmfuse ms | ort ms | ort_nospin ms | ort / tvmfuse | kernels | compile s | check |",
+            "|---|---:|---:|---:|---:|---|---:|---|"]
+    ratios = []
+    for r in d["results"]:
+        e = r["engines"]
+        t, o, n = e["tvmfuse"], e["ort"], e["ort_nospin"]
+        ratio = o["median_ms"] / t["median_ms"]
+        ratios.append(ratio)
+        ok = all(x.get("correct") for x in (t, o, n))
+        out.append(f"| {r['model']} | {spread_ms(t)} | {spread_ms(o)} | {spread_ms(n)} | {ratio:.2f}x | "
+                   f"{t['kernels_before']} -> {t['kernels']} | {t['compile_s']:.1f} | {'ok' if ok else 'FAIL'} |")
+    out.append(f"geomean ort / tvmfuse over {len(ratios)} models: {geomean(ratios):.2f}x; "
+               f"lowest {min(ratios):.2f}x; models below 1.0x: "
+               f"{', '.join(r['model'] for r, x in zip(d['results'], ratios) if x < 1.0) or 'none'}")
+    return out
+
+
+def table_9() -> list[str]:
+    d = load("bench_attention.json")
+    out = header("Table 9", d, "bench_attention.json")
+    out += ["| workload | tvmfuse ms | unfused ms | ort ms | vs unfused | vs ort | kernels: op by op / unfused / tvmfuse |",
+            "|---|---:|---:|---:|---:|---:|---|"]
+    for r in d["results"]:
+        w, e = r["workload"], r["engines"]
+        name = f"S={w['seq']}" + (" causal" if w["causal"] else "")
+        t, u, o = e["tvmfuse"], e["tvmfuse_unfused"], e["ort"]
+        vu, vo = u["median_ms"] / t["median_ms"], o["median_ms"] / t["median_ms"]
+        out.append(f"| {name} | {spread_ms(t)} | {spread_ms(u)} | {spread_ms(o)} | {vu:.2f}x | {vo:.2f}x | "
+                   f"{t['kernels_before']} / {u['kernels']} / {t['kernels']} |")
+    return out
+
+
+def table_9b() -> list[str]:
+    d = load("bench_models_attention.json")
+    out = header("Table 9b", d, "bench_models_attention.json")
+    out += ["| model | tvmfuse ms | attention off ms | ort ms | rule's speedup | vs ort | kernels on / off |",
+            "|---|---:|---:|---:|---:|---:|---|"]
+    for r in d["results"]:
+        e = r["engines"]
+        t, n, o = e["tvmfuse"], e["tvmfuse_noattn"], e["ort"]
+        out.append(f"| {r['model']} | {spread_ms(t)} | {spread_ms(n)} | {spread_ms(o)} | "
+                   f"{n['median_ms'] / t['median_ms']:.2f}x | {o['median_ms'] / t['median_ms']:.2f}x | "
+                   f"{t['kernels']} / {n['kernels']} |")
+    return out
+
+
+def _dims(dims: dict) -> str:
+    return " ".join(f"{k[0]}{v}" for k, v in dims.items())
+
+
+def table_10() -> list[str]:
+    d = load("symbolic_check.json")
+    out = header("Table 10", None, "symbolic_check.json")
+    out.append(f"rounds {d['rounds']} x {d['repeat']} calls per size, thread_time {d['thread_time']}, "
+               f"shape bounds {d['shape_bounds'] or 'none'}; ratio = symbolic min / static min")
+    out += ["| model | size | kernels (symbolic / static) | symbolic ms (min) | static ms (min) | ratio |",
+            "|---|---|---|---:|---:|---:|"]
+    over = []
+    for r in d["records"]:
+        for s in r.get("sizes", []):
+            if "ratio" not in s:
+                out.append(f"| {r['model']} | {_dims(s['dims'])} | - | - | - | {s.get('error', 'no timing')} |")
+                continue
+            mark = f"**{s['ratio']:.2f}**" if s["ratio"] > 1.2 else f"{s['ratio']:.2f}"
+            if s["ratio"] > 1.2:
+                over.append(f"{r['model']} {_dims(s['dims'])} {s['ratio']:.2f}")
+            out.append(f"| {r['model']} | {_dims(s['dims'])} | {r['dyn_kernels']} / {s['pinned_kernels']} | "
+                       f"{s['dyn_ms']:.3f} | {s['static_ms']:.3f} | {mark} |")
+    n = sum(1 for r in d["records"] for s in r.get("sizes", []) if "ratio" in s)
+    out.append(f"over 1.2x: {len(over)} of {n} sizes: {'; '.join(over)}")
+    return out
+
+
+def table_3() -> list[str]:
+    d = load("bench_cpu_io.json")
+    out = header("Table 3", d, "bench_cpu_io.json")
+    keys = ["run/vm", "run/vm_views", "artifact_run/vm", "artifact_run/vm_views"]
+    out += ["| workload | run() / VM call | run() / VM on views | artifact run / VM call | "
+            "artifact run / VM on views |", "|---|---:|---:|---:|---:|"]
+    for w, p in d["io_paired"].items():
+        out.append(f"| {w} | " + " | ".join(paired(p[k]) for k in keys) + " |")
+    return out
+
+
+def table_3b() -> list[str]:
+    d = load("bench_cpu_tails.json")
+    out = header("Table 3b", d, "bench_cpu_tails.json")
+    out += ["| rows of | VM call | run() |", "|---|---:|---:|"]
+    for w, p in d["tail_paired"].items():
+        out.append(f"| {w.rsplit('_', 1)[1]} | {paired(p['vm'])} | {paired(p['run'])} |")
+    return out
+
+
+def _cpu_rows(d: dict, engines: list[str]) -> dict:
+    return {r["workload"]: {e: r["engines"][e] for e in engines if e in r["engines"]} for r in d["rows"]}
+
+
+def table_1t() -> list[str]:
+    d = load("bench_cpu_torch.json")
+    out = header("Table 1 (with torch.compile)", d, "bench_cpu_torch.json")
+    out += ["| workload | onnxruntime | tvmfuse | torch.compile | ort / tvmfuse |", "|---|---:|---:|---:|---:|"]
+    for w, e in _cpu_rows(d, ["ort_default", "tvmfuse", "torch_compile"]).items():
+        o, t = e["ort_default"]["ms"]["median"], e["tvmfuse"]["ms"]["median"]
+        tc = e.get("torch_compile", {})
+        tcs = f"{tc['ms']['median']:.3f}" if tc.get("ms") else "-"
+        out.append(f"| {w} | {o:.3f} | {t:.3f} | {tcs} | {o / t:.2f}x |")
+    return out
+
+
+def table_1() -> list[str]:
+    d = load("bench_cpu.json")
+    out = header("Table 1 (all default engines)", d, "bench_cpu.json")
+    engines = d["engines"].keys()
+    out += ["| workload | " + " | ".join(engines) + " |", "|---|" + "---:|" * len(engines)]
+    for r in d["rows"]:
+        cells = []
+        for e in engines:
+            x = r["engines"].get(e, {})
+            cells.append(f"{x['ms']['median']:.3f}" if x.get("ms") else "-")
+        out.append(f"| {r['workload']} | " + " | ".join(cells) + " |")
+    return out
+
+
+def table_2b() -> list[str]:
+    out = []
+    for name in ("bench_cpu_ms.json", "bench_cpu_ms2.json", "bench_cpu_ms3.json"):
+        d = load(name)
+        out += header("Table 2b", d, name)
+        out += ["| workload | onnxruntime ms | MetaSchedule ms | tvmfuse (untuned) ms | tvmfuse vs MetaSchedule | "
+                "tvmfuse vs ort |", "|---|---:|---:|---:|---:|---:|"]
+        for w, e in _cpu_rows(d, ["ort_default", "tvm_metaschedule", "tvmfuse"]).items():
+            o, m, t = (e[k]["ms"] for k in ("ort_default", "tvm_metaschedule", "tvmfuse"))
+            out.append(f"| {w} | {spread(o)} | {spread(m)} | {spread(t)} | {m['median'] / t['median']:.2f}x | "
+                       f"{o['median'] / t['median']:.2f}x |")
+    return out
+
+
+def table_5() -> list[str]:
+    d = load("bench_tuner_study.json")
+    out = []
+    for p in d["pieces"]:
+        out += [f"## Table 5 piece  (bench_tuner_study.json, {p['date']})", f"command: {p['command']}"]
+    for w, wd in d["workloads"].items():
+        shape = "x".join(str(v) for v in wd["shape"].values())
+        for seed, sd in wd["seeds"].items():
+            out += [f"workload {w} {shape}, seed {seed}",
+                    "| trials | tvmfuse (ms) | tvmfuse tuning (s) | MetaSchedule (ms) | MetaSchedule tuning (s) |",
+                    "|---:|---:|---:|---:|---:|",
+                    f"| default | {sd['default']['median_s'] * 1e3:.2f} | | | |"]
+            for b, cell in sorted(sd["budgets"].items(), key=lambda kv: int(kv[0])):
+                t, m = cell.get("tvmfuse", {}), cell.get("metaschedule", {})
+                out.append(f"| {b} | {t['median_s'] * 1e3:.2f} | {t['wall_s']:.0f} | "
+                           + (f"{m['median_s'] * 1e3:.2f} | {m['wall_s']:.0f} |" if m else "- | - |"))
+            cm = sd.get("cost_model")
+            out.append(f"cost model (held out): {'none recorded' if not cm else json.dumps(cm)[:200]}")
+    return out
+
+
+def table_11() -> list[str]:
+    d = load("space_fuzz.json")
+    out = [f"## Table 11  (space_fuzz.json: {len(d['runs'])} runs)"]
+    cols = ["haswell", "skylake", "neon", "cuda"]
+    fam: dict = {}
+    failures = 0
+    for r in d["runs"]:
+        failures += len(r["failures"])
+        for f, per in r["summary"].items():
+            for tgt, counts in per.items():
+                fam.setdefault(f, {}).setdefault(tgt, 0)
+                fam[f][tgt] += sum(counts.values())
+    out += ["| family | haswell | skylake | neon (build) | cuda (build) |", "|---|---|---|---|---|"]
+    total = 0
+    for f in sorted(fam):
+        total += sum(fam[f].values())
+        out.append(f"| {f} | " + " | ".join(str(fam[f].get(c, "-")) for c in cols) + " |")
+    out.append(f"candidates: {total}, failures: {failures}")
+    return out
+
+
+def table_8b() -> list[str]:
+    out = ["## Table 8b  (cuda_corpus_build.json, cuda_corpus_build_sm90.json)",
+           "| arch | date | models | kernels | on a cuda_* template | other schedules | check |",
+           "|---|---|---:|---:|---:|---|---|"]
+    for name in ("cuda_corpus_build.json", "cuda_corpus_build_sm90.json"):
+        d = load(name)
+        m = d["models"]
+        other = {k: v["other_schedules"] for k, v in m.items() if v["other_schedules"]}
+        out.append(f"| {d['arch']} | {d['date']} | {len(m)} | {sum(v['kernels'] for v in m.values())} | "
+                   f"{sum(v['cuda_templates'] for v in m.values())} | {other or 'none'} | {d['check']} |")
+    return out
+
+
+TABLES = {"1t": table_1t, "2b": table_2b, "3": table_3, "3b": table_3b, "5": table_5, "6": table_6,
+          "9": table_9, "9b": table_9b, "10": table_10, "11": table_11, "8b": table_8b}
+EXTRA = {"1": table_1}    # printed when named only: bench_cpu.json is the second session's run
+
+
+def missing_rows(readme_lines, table_lines: list[str]) -> list[str]:
+    """The table rows (lines starting with '| ') of ``table_lines`` that ``readme_lines`` lacks verbatim."""
+    have = {line.rstrip("\n") for line in readme_lines}
+    return [line for line in table_lines if line.startswith("| ") and line not in have]
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--tables", nargs="+", choices=[*TABLES, *EXTRA], default=list(TABLES))
+    ap.add_argument("--check", action="store_true",
+                    help="list the printed table rows (lines starting with '| ') benchmarks/README.md lacks")
+    args = ap.parse_args(argv)
+    with open(README, encoding="utf-8") as f:
+        readme = f.read().splitlines()
+    missing = []
+    for t in args.tables:
+        lines = {**TABLES, **EXTRA}[t]()
+        print("\n".join(lines) + "\n")
+        if args.check and t in TABLES:
+            missing += [(t, line) for line in missing_rows(readme, lines)]
+    if args.check:
+        for t, line in missing:
+            print(f"not in README.md (table {t}): {line}")
+        print(f"check: {len(missing)} row(s) of the JSON not in benchmarks/README.md")
+        return 1 if missing else 0
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
