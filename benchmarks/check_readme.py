@@ -97,8 +97,8 @@ def table_6() -> list[str]:
 def table_9() -> list[str]:
     d = load("bench_attention.json")
     out = header("Table 9", d, "bench_attention.json")
-    out += ["| workload | tvmfuse ms | unfused ms | ort ms | vs unfused | vs ort | kernels: op by op / unfused / tvmfuse |",
-            "|---|---:|---:|---:|---:|---:|---|"]
+    out += ["| workload | tvmfuse ms | unfused ms | ort ms | vs unfused | vs ort | "
+            "kernels: op by op / unfused / tvmfuse |", "|---|---:|---:|---:|---:|---:|---|"]
     for r in d["results"]:
         w, e = r["workload"], r["engines"]
         name = f"S={w['seq']}" + (" causal" if w["causal"] else "")

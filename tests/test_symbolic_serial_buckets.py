@@ -96,7 +96,7 @@ def test_symbolic_elementwise_numbers_on_both_sides_of_the_bound(host, rng):
                                    err_msg=f"batch {b} x sequence {s}")
 
 
-# the kernels Table 10's profile (benchmarks/README.md) found parallel over the symbolic batch and serial in
+# the kernels Table 10e's profile (benchmarks/HISTORY.md) found parallel over the symbolic batch and serial in
 # the static build: three 1x1 convs (cpu.conv2d_lanes), the max pool, the global mean (names follow TVM's op
 # counters: with the numpy constant fold, passes/fold.py, no reshape is left before the mean's)
 SERIAL_AT_1 = {"fused_conv2d4_add3", "fused_conv2d7_add5", "fused_conv2d10_add7", "max_pool2d", "fused_mean_reshape"}
