@@ -60,6 +60,9 @@ def placed(value: np.ndarray, offset: int) -> np.ndarray:
 
 
 def _block(fn, calls: int, clock) -> float:
+    """Microseconds per call of ``calls`` back-to-back calls, after one untimed call (the block before ran
+    on other memory: without it a block of a few calls of a memory-bound model counts one cold call)."""
+    fn()
     t = clock()
     for _ in range(calls):
         fn()
@@ -88,6 +91,11 @@ def measure(m, feeds, offsets, calls, rounds, clock) -> dict:
         if name.startswith("run@"):
             for k, v in ref.items():
                 np.testing.assert_allclose(r[k], v, rtol=1e-5, atol=1e-5)
+    # where the VM's result tensors start in their page (the pool hands a few buffers out in turn): an input
+    # at the same page offset as an output can make loads wait on stores to another address (4K aliasing)
+    f = m._main()
+    view0 = [C.from_dlpack(keep[f"_keep@{offsets[0]}"][s.name]) for s in m.inputs]
+    out_offsets = sorted({_first_tensor(f(*view0)).data_ptr() % PAGE for _ in range(6)})
     per = {n: [] for n in names}
     for r in range(rounds):
         order = names[r % len(names):] + names[:r % len(names)]
@@ -107,7 +115,11 @@ def measure(m, feeds, offsets, calls, rounds, clock) -> dict:
         ratio = np.array(per[f"run@{off}"]) / r0
         out[f"run@{off}"]["ratio_to_run@0"] = float(np.median(ratio))
     del keep
-    return out
+    return {"output_page_offsets": out_offsets, "paths": out}
+
+
+def _first_tensor(result):
+    return result if isinstance(result, C.Tensor) else _first_tensor(result[0])
 
 
 def main(argv=None) -> int:
@@ -143,8 +155,10 @@ def main(argv=None) -> int:
         rng = np.random.default_rng(0)
         feeds = {s.name: rng.standard_normal(s.shape).astype(s.dtype) for s in cm.inputs}
         res = measure(cm, feeds, args.offsets, max(1, int(calls * args.scale)), args.rounds, clock)
-        rows.append({"model": name, "kind": "artifact" if args.artifact else "compiled", "paths": res})
+        rows.append({"model": name, "kind": "artifact" if args.artifact else "compiled", **res})
+        res = res["paths"]
         print(f"\n{name}{' (artifact)' if args.artifact else ''} ({args.rounds} rounds, load average now {os.getloadavg()[0]:.2f})")
+        print(f"first output starts at page offset(s) {rows[-1]['output_page_offsets']}")
         print(f"{'path':12s} {'median us':>10s} {'/ vm@0 (paired)':>16s} {'p25-p75':>14s} {'/ run@0':>8s}")
         for p, d in res.items():
             extra = f"{d['ratio_to_run@0']:8.3f}" if "ratio_to_run@0" in d else ""
