@@ -29,6 +29,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import sys
 import tempfile
 import time
 
@@ -165,7 +166,9 @@ def main(argv=None) -> int:
             print(f"{p:12s} {d['median_us']:10.1f} {d['ratio_to_vm@0']:16.3f} "
                   f"{d['ratio_p25']:6.3f}-{d['ratio_p75']:6.3f} {extra}")
     with open(args.json, "w") as f:
-        json.dump({"threads": threads, "clock": clock_name, "offsets": args.offsets, "rounds": args.rounds,
+        json.dump({"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+                   "command": " ".join(["python", os.path.relpath(__file__)] + (argv if argv is not None else sys.argv[1:])),
+                   "warmup_call_per_block": True, "threads": threads, "clock": clock_name, "offsets": args.offsets, "rounds": args.rounds,
                    "load_average_end": os.getloadavg(), "rows": rows}, f, indent=1)
     print(f"\nwrote {args.json}")
     return 0
