@@ -422,8 +422,8 @@ def _io(kind, model, feeds, work_dir):
 
 def _offsets(ptrs: dict) -> dict:
     """--io: where each engine's inputs start: {input: bytes past a 64-byte line} (what a fair comparison
-    states it feeds each column; ``benchmarks/align_ab.py`` measured the kernels' time not to depend on
-    it)."""
+    states it feeds each column; ``benchmarks/align_ab.py`` measures what it changes: nothing measurable
+    on resnet_block, softmax 4-6% slower and layernorm 4-8% faster off a line, benchmarks/notes/io8.md)."""
     return {k: int(p) % 64 for k, p in ptrs.items()}
 
 
