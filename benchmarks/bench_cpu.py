@@ -36,7 +36,10 @@ Engines (``--engines`` picks; ENGINES below says what each one is):
 - ``tvmfuse_separate``: no fusion, every op its own kernel scheduled by tvmfuse's templates.
 - ``tvmfuse``: ``tvmfuse.compile(model, tuning_log=None)``: untuned target defaults.
 - ``tvmfuse_shipped``: ``tuning_log="shipped"``: the records shipped in tuning_logs/ (off by default).
-- ``--io`` adds, per workload: the VM call on device tensors (TVM's 64-byte-aligned copies of the inputs),
+- ``--io`` adds, per workload (each engine's ``input_offsets`` in the JSON: where its inputs start, bytes
+  past a 64-byte line; ``run_aligned/vm`` in ``io_paired`` pairs the two columns fed alike, 64-byte
+  aligned; ``benchmarks/align_ab.py`` measures what the placement itself changes):
+  the VM call on device tensors (TVM's 64-byte-aligned copies of the inputs),
   the VM call on DLPack views of the very numpy arrays ``run()`` gets (``*_vm_views``: the same kernels on
   the same memory, so run() / it is what run() itself adds), ``CompiledModel.run()`` with numpy in and
   out (ordinary numpy inputs and ``tvmfuse.empty`` (64-byte aligned) inputs: both read in place since
@@ -402,14 +405,26 @@ def _io(kind, model, feeds, work_dir):
         # device tensors: TVM's copies (64-byte aligned); views: the very arrays run() is given
         args = [(C.from_dlpack if kind.endswith("_views") else C.tensor)(feeds[s.name]) for s in m.inputs]
         f = m._main()
-        return lambda: f(*args)
+        fn = lambda: f(*args)                                  # noqa: E731
+        fn.info = {"input_offsets": _offsets({s.name: a.data_ptr() for s, a in zip(m.inputs, args)})}
+        return fn
     if kind.endswith("run_numpy"):
-        return lambda: m.run(feeds)
-    aligned = {}
-    for k, v in feeds.items():
-        aligned[k] = tvmfuse.empty(v.shape, v.dtype)
-        aligned[k][...] = v
-    return lambda: m.run(aligned)
+        given = feeds
+    else:
+        given = {}
+        for k, v in feeds.items():
+            given[k] = tvmfuse.empty(v.shape, v.dtype)
+            given[k][...] = v
+    fn = lambda: m.run(given)                                  # noqa: E731
+    fn.info = {"input_offsets": _offsets({k: v.ctypes.data for k, v in given.items()})}
+    return fn
+
+
+def _offsets(ptrs: dict) -> dict:
+    """--io: where each engine's inputs start: {input: bytes past a 64-byte line} (what a fair comparison
+    states it feeds each column; ``benchmarks/align_ab.py`` measures what it changes: nothing measurable
+    on resnet_block, softmax 4-6% slower and layernorm 4-8% faster off a line, benchmarks/notes/io8.md)."""
+    return {k: int(p) % 64 for k, p in ptrs.items()}
 
 
 def _tail(kind, model, feeds):
@@ -640,7 +655,9 @@ def paired_ratios(rows: list, pairs: dict) -> dict:
 
 
 # --io: run() on numpy against the VM call, paired round by round (paired_ratio)
-IO_PAIRS = {f"{p}run/{v}": (f"io_{p}run_numpy", f"io_{p}{v}") for p in ("", "artifact_") for v in ("vm", "vm_views")}
+# (and run() on tvmfuse.empty inputs against the VM call: both 64-byte aligned, the pair placed alike)
+IO_PAIRS = {**{f"{p}run/{v}": (f"io_{p}run_numpy", f"io_{p}{v}") for p in ("", "artifact_") for v in ("vm", "vm_views")},
+            **{f"{p}run_aligned/vm": (f"io_{p}run_aligned", f"io_{p}vm") for p in ("", "artifact_")}}
 # --tails: rows of d against rows padded to TAIL_PAD, for the VM call and run()
 TAIL_PAIRS = {k: (f"tail_{k}", f"tail_padded_{k}") for k in ("vm", "run")}
 
@@ -670,7 +687,8 @@ def bench_workload(name, model, engines, args, root):
                 if not ready[e]["ok"]:
                     result[e] = {"skipped": ready[e]["skipped"]}
                     continue
-                result[e] = {"build_s": ready[e]["build_s"], **check_outputs(w.outputs[e], ref)}
+                extra = {k: v for k, v in ready[e].items() if k not in ("ok", "build_s", "n_outputs")}
+                result[e] = {"build_s": ready[e]["build_s"], **check_outputs(w.outputs[e], ref), **extra}
                 print(f"  {name} {e}: built in {ready[e]['build_s']:.1f} s, check {result[e]['check']}", flush=True)
                 live[e] = Member(w, e)
         for e in ([] if args.io or args.tails else engines):
@@ -801,6 +819,11 @@ def main(argv=None):
               "\n|---|---:|---:|---:|---:|")
         for name, r in out["io_ratios"].items():
             print(f"| {name} | " + " | ".join("-" if r[k] is None else f"{r[k]:.2f}" for k in r) + " |")
+        print("\ninputs' start, bytes past a 64-byte line (VM call / VM on views and run() numpy / run() "
+              "tvmfuse.empty):")
+        for r in rows:
+            offs = {e: d.get("input_offsets") for e, d in r["engines"].items() if d.get("input_offsets")}
+            print(f"  {r['workload']}: " + ", ".join(f"{e} {sorted(set(o.values()))}" for e, o in offs.items()))
     for key, cols in (("io_paired", IO_PAIRS), ("tail_paired", TAIL_PAIRS)):
         if key not in out:
             continue

@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import time
 
 import numpy as np
 
@@ -61,25 +62,34 @@ def main(argv=None) -> int:
     ap.add_argument("--rounds", type=int, default=30)
     ap.add_argument("--calls", type=int, default=200, help="calls per block")
     ap.add_argument("--artifact", action="store_true", help="time the exported artifact's Runner instead")
+    ap.add_argument("--model", choices=("layernorm", "resnet_block"), default="layernorm",
+                    help="layernorm [rows, d], or bench_cpu's resnet_block (--rows/--d unused)")
+    ap.add_argument("--clock", choices=("wall", "thread"), default="wall",
+                    help="thread: the calling thread's CPU time (with TVM_NUM_THREADS=1 the whole call)")
     ap.add_argument("--json", default=os.path.join(HERE, "io_trace.json"))
     args = ap.parse_args(argv)
-    cm = tvmfuse.compile(M.layernorm(rows=args.rows, d=args.d, decomposed=False), tuning_log=None)
+    if args.model == "resnet_block":
+        model, label = M.resnet_block(), "resnet_block (bench_cpu's)"
+    else:
+        model, label = M.layernorm(rows=args.rows, d=args.d, decomposed=False), f"layernorm [{args.rows}, {args.d}]"
+    cm = tvmfuse.compile(model, tuning_log=None)
     if args.artifact:
         import tempfile
 
-        cm = tvmfuse.load(tvmfuse.export(cm, os.path.join(tempfile.mkdtemp(prefix="io-trace-"), "layernorm")))
-    x = np.random.default_rng(0).standard_normal((args.rows, args.d)).astype(np.float32)
+        cm = tvmfuse.load(tvmfuse.export(cm, os.path.join(tempfile.mkdtemp(prefix="io-trace-"), args.model)))
+    x = np.random.default_rng(0).standard_normal(tuple(cm.inputs[0].shape)).astype(np.float32)
     ps = paths(cm, x)
+    clock = time.thread_time_ns if args.clock == "thread" else time.perf_counter_ns
     for fn in ps.values():
-        _block(fn, max(1, args.calls // 10))
+        _block(fn, max(1, args.calls // 10), clock)
     times = {k: [] for k in ps}
     keys = list(ps)
     for r in range(args.rounds):
         k0 = r % len(keys)
         for k in keys[k0:] + keys[:k0]:
-            times[k].append(_block(ps[k], args.calls))
+            times[k].append(_block(ps[k], args.calls, clock))
     base = np.array(times["vm_views"])
-    out = {"model": f"layernorm [{args.rows}, {args.d}]", "artifact": args.artifact, "rounds": args.rounds,
+    out = {"model": label, "artifact": args.artifact, "rounds": args.rounds, "clock": args.clock,
            "threads": os.environ.get("TVM_NUM_THREADS"), "calls": args.calls,
            "load_avg": os.getloadavg(), "paths": {}}
     for k, v in times.items():
@@ -87,8 +97,12 @@ def main(argv=None) -> int:
         out["paths"][k] = {"median_us": float(np.median(v)), "ratio_median": float(np.median(r)),
                            "ratio_p25": float(np.percentile(r, 25)), "ratio_p75": float(np.percentile(r, 75)),
                            "us_by_round": v}
+        d = np.array(v) - base
+        out["paths"][k]["minus_vm_views_us"] = {"median": float(np.median(d)), "p25": float(np.percentile(d, 25)),
+                                                "p75": float(np.percentile(d, 75))}
         print(f"{k:16s} {np.median(v):8.1f} us   paired ratio {np.median(r):.3f} "
-              f"({np.percentile(r, 25):.2f}-{np.percentile(r, 75):.2f})")
+              f"({np.percentile(r, 25):.2f}-{np.percentile(r, 75):.2f})   - vm_views {np.median(d):+6.1f} us "
+              f"({np.percentile(d, 25):+.1f} {np.percentile(d, 75):+.1f})")
     with open(args.json, "w") as f:
         json.dump(out, f, indent=1)
     print(f"wrote {args.json}")

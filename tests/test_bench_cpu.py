@@ -135,3 +135,48 @@ def test_spread_keeps_the_rounds_in_order():
     """``by_round`` is the rounds as timed (paired_ratio pairs them by position); ``rounds`` sorted."""
     s = B._spread([0.003, 0.001, 0.002])
     assert s["by_round"] == [3.0, 1.0, 2.0] and s["rounds"] == [1.0, 2.0, 3.0] and s["median"] == 2.0
+
+
+def _aligned_at(value, offset):
+    """A copy of ``value`` whose data starts ``offset`` bytes past a 64-byte line."""
+    raw = np.empty(value.nbytes + 128, np.uint8)
+    start = (-raw.ctypes.data) % 64 + offset
+    out = raw[start:start + value.nbytes].view(value.dtype).reshape(value.shape)
+    out[...] = value
+    return out
+
+
+def test_io_engines_state_where_their_inputs_start(tmp_path, rng, monkeypatch):
+    # --io's columns: the VM call gets TVM's 64-byte-aligned copies, the views and run() numpy the arrays as
+    # given (here 16 bytes past a line), run() aligned tvmfuse.empty arrays; each engine records it, and
+    # every engine computes the same result
+    monkeypatch.setattr(B, "_BUILT", {})
+    model = _model()
+    x = rng.standard_normal((ROWS, D)).astype("float32")
+    feeds = {"x": _aligned_at(x, 16)}
+    assert feeds["x"].ctypes.data % 64 == 16
+    expect = {"io_vm": 0, "io_vm_views": 16, "io_run_numpy": 16, "io_run_aligned": 0,
+              "io_artifact_vm": 0, "io_artifact_vm_views": 16, "io_artifact_run_numpy": 16,
+              "io_artifact_run_aligned": 0}
+    results = {}
+    for engine, offset in expect.items():
+        fn = B._io(engine, model, feeds, str(tmp_path))
+        assert fn.info == {"input_offsets": {"x": offset}}, engine
+        results[engine] = B._as_arrays(fn())[0]
+    ref = list(M.reference_outputs(model, {"x": x}).values())[0]
+    for engine, got in results.items():
+        np.testing.assert_allclose(got, ref, rtol=1e-4, atol=1e-5, err_msg=engine)
+    # the pairs Table 3 reports include the two columns fed alike (aligned run() / VM call)
+    assert B.IO_PAIRS["run_aligned/vm"] == ("io_run_aligned", "io_vm")
+    assert B.IO_PAIRS["artifact_run_aligned/vm"] == ("io_artifact_run_aligned", "io_artifact_vm")
+
+
+def test_align_ab_places_the_same_values_at_each_offset(rng):
+    spec = importlib.util.spec_from_file_location("align_ab", os.path.join(_ROOT, "benchmarks", "align_ab.py"))
+    A = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(A)
+    x = rng.standard_normal((3, 5)).astype("float32")
+    for offset in (0, 16, 48, 2080):
+        y = A.placed(x, offset)
+        assert y.ctypes.data % A.PAGE == offset and y.flags.c_contiguous and y.flags.writeable
+        np.testing.assert_array_equal(y, x)

@@ -37,7 +37,11 @@ its LLVM code generator gives each vector load and store ``align 64``, so LLVM m
 64-byte boundary; such a model copies every input not made with ``tvmfuse.empty``.
 
 Copies that remain: an input that is not C-contiguous, is read-only (DLPack cannot mark it so), is not
-aligned as above (e.g. a float32 view starting at an odd byte), or goes to a GPU.
+aligned as above (e.g. a float32 view starting at an odd byte), or goes to a GPU.  An element-aligned
+input that starts 16-48 bytes past a cache line is not staged into an aligned buffer: the kernels take
+the same time on it as on an aligned one on resnet_block and conv3x3 (within noise), less on layernorm,
+and 4-6% more on softmax [512, 3072] (about 50 us), which a copy of its 6 MB (about 600 us) cannot repay
+(``benchmarks/align_ab.py``; measured under load, ``benchmarks/notes/io8.md``).
 """
 from __future__ import annotations
 
