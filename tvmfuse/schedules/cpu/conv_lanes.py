@@ -50,7 +50,20 @@ class ConvLanesConfig(Config):
     ow_tile: int = knob("output columns of the register tile (a divisor of the row)")
     nvec: int = knob("vectors of output channels per register-tile pixel", NVEC_CHOICES)
     lanes: int = knob("float32 lanes per vector (the target's width, or half)")
+    pad_in_loads: bool = knob("where the register tile spans the whole plane: the zero padding read in the "
+                              "loads (no padded copy) and the window unrolled, so the multiply-adds of taps "
+                              "on the padding fold away (see folds_padding)", (True, False))
     parallel: bool = U.parallel_knob()
+
+
+def folds_padding(info: dict, oh_t: int, ow_t: int, nvec: int) -> bool:
+    """Whether a tile of ``oh_t x ow_t`` pixels x ``nvec`` vectors reads the padding in its loads
+    (``pad_in_loads``): the conv is padded, the tile spans the plane (each pixel's row and column, and so
+    whether a tap falls on the padding, are constants once the window is unrolled: TVM's simplifier drops
+    ``acc + 0 * w``) and the unrolled window stays within MAX_UNROLLED_COPIES before that folding.  A 3x3
+    window on a 3x3 plane with padding 1 keeps 49 of its 81 pixel-tap pairs."""
+    return bool(info["pad"]) and oh_t == info["OH"] and ow_t == info["OW"] and \
+        oh_t * ow_t * nvec * info["KH"] * info["KW"] <= U.MAX_UNROLLED_COPIES
 
 
 def plane_why(oh: int, ow: int, out_channels: int, in_channels: int, target: C.Target) -> str | None:
@@ -149,12 +162,12 @@ class ConvLanes(ChannelLanesConv, family=FAMILY, config=ConvLanesConfig):
         return ConvLanesConfig.space(oh_tile=tuple(sorted({a for a, _ in tiles})),
                                      ow_tile=tuple(sorted({b for _, b in tiles})),
                                      nvec=U.choices_upto(NVEC_CHOICES, i["F"] // min(lanes)),
-                                     lanes=tuple(lanes), parallel=U.PARALLEL)
+                                     lanes=tuple(lanes), pad_in_loads=(True, False), parallel=U.PARALLEL)
 
     def default_config(self, match: Match, target: C.Target) -> dict:
         i = match.info
         oh_t, ow_t, nvec, lanes = default_tile(i["OH"], i["OW"], i["F"], target)
-        return ConvLanesConfig(oh_tile=oh_t, ow_tile=ow_t, nvec=nvec, lanes=lanes,
+        return ConvLanesConfig(oh_tile=oh_t, ow_tile=ow_t, nvec=nvec, lanes=lanes, pad_in_loads=True,
                                parallel=U.parallel_default(conv_work(i), target)).asdict()
 
     # ------------------------------------------------------------------ apply
@@ -172,6 +185,10 @@ class ConvLanes(ChannelLanesConv, family=FAMILY, config=ConvLanesConfig):
         # Step 1. Fold the elementwise chain into one epilogue block (the padding block stays); without an
         # epilogue, accumulate into a cache block and write back from it.
         U.inline_elementwise(sch, keep=frozenset({info["pad"]} if info["pad"] else ()))
+        # pad_in_loads: the padding block folded into the conv's loads (no copy; steps 4 and 6)
+        in_loads = cfg.pad_in_loads and folds_padding(info, oh_t, cfg.ow_tile, cfg.nvec)
+        if in_loads:
+            sch.compute_inline(sch.get_sblock(info["pad"]))
         conv = sch.get_sblock(info["reduction"])
         epi = sch.cache_write(conv, 0, "global") if info["epilogue"] is None else sch.get_sblock(info["epilogue"])
 
@@ -199,7 +216,13 @@ class ConvLanes(ChannelLanesConv, family=FAMILY, config=ConvLanesConfig):
         sch.vectorize(fv)
         for loop in (fo, c_x, c_y, c_n):
             sch.unroll(loop)
-        U.unroll_bounded(sch, [rx], oh_t * cfg.ow_tile * cfg.nvec)
+        if in_loads:
+            # the whole window unrolled over constant pixels: a tap on the padding reads if_then_else(False,
+            # ..., 0), and its multiply-add folds away in TVM's simplifier after the unrolling
+            sch.unroll(rx)
+            sch.unroll(ry)
+        else:
+            U.unroll_bounded(sch, [rx], oh_t * cfg.ow_tile * cfg.nvec)
         # the accumulator stays in the "global" scope: on the stack where it fits (common.MAX_STACK_ALLOCA_BYTES)
         init = sch.decompose_reduction(conv, rc)
         sch.vectorize(sch.get_loops(init)[-1])
@@ -209,7 +232,7 @@ class ConvLanes(ChannelLanesConv, family=FAMILY, config=ConvLanesConfig):
         sch.vectorize(e_fv)
 
         # Step 6. The padded input once per call, before the tiles, in its own parallel loop.
-        if info["pad"]:
+        if info["pad"] and not in_loads:
             block = sch.get_sblock(info["pad"])
             if cfg.parallel:
                 sch.parallel(sch.fuse(*sch.get_loops(block)[:-1]))
