@@ -111,7 +111,7 @@ def test_structure(name, kwargs, target, lanes):
     # padding read in the loads, no copy)
     folded = folds_padding(ConvLanes().match(func, tgt).info, cfg["oh_tile"], cfg["ow_tile"], cfg["nvec"])
     assert folded == ((cfg["oh_tile"], cfg["ow_tile"]) == (oh, ow) and kwargs.get("pads", (1,)) != (0, 0, 0, 0)), cfg
-    assert folded or name not in PLANE_TILES or target == S.HASWELL, (name, cfg)
+    assert folded == (name in PLANE_TILES), (name, cfg)
     copied = kwargs.get("pads", (1,)) != (0, 0, 0, 0) and not folded
     parallel = [f for f in S.loops(res.func) if int(f.kind) == int(C.ForKind.PARALLEL)]
     assert len(parallel) == (2 if copied else 1), len(parallel)
@@ -122,8 +122,7 @@ def test_structure(name, kwargs, target, lanes):
     assert S.max_unrolled_copies(res.func) <= MAX_UNROLLED_COPIES
 
 
-# the cases whose default register tile spans the output plane (3x3, 2x2) on AVX-512: pad_in_loads applies
-# (haswell's 16 registers take 1 x 3 pixels x 3 vectors on the 3x3 plane: the tile does not span it)
+# the cases whose default register tile spans the output plane (3x3, 2x2): pad_in_loads applies
 PLANE_TILES = {"fire_3x3", "resnet_2x2_residual", "stride2_4x4"}
 
 
@@ -229,13 +228,15 @@ def test_plane_threshold_comes_from_the_target_table(monkeypatch):
 # (name, conv_block kwargs, target, default (oh_tile, ow_tile, nvec)): the table's max_accumulators (18)
 # caps the default register tile with 32 vector registers (squeezenet's 15x15 fire conv was 1 x 5 x 4 = 20,
 # its 48->192 3x3-plane conv 3 x 3 x 3 = 27); the 64->256 conv's 3 x 3 x 2 (18) and every AVX2 tile (at most
-# 14 accumulators fit 16 registers) are under it: must not change
+# 14 accumulators fit 16 registers) are under it: must not change.  On haswell the 48->192 3x3-plane conv's 9
+# accumulators are the whole plane x 1 vector (3 x 3 x 1, its padded taps fold away: pick_tile's tie-break),
+# not 1 x 3 x 3
 ACC_CAP = [
     ("fire_15x15_skylake", CASES[0][1], S.SKYLAKE, (1, 3, 4)),
     ("fire_3x3_192_skylake", CASES[2][1], S.SKYLAKE, (3, 3, 2)),
     ("fire_3x3_256_skylake", dict(cin=64, cout=256, h=3, w=3, residual=False, bn=False), S.SKYLAKE, (3, 3, 2)),
     ("fire_15x15_haswell", CASES[0][1], S.HASWELL, (1, 5, 2)),
-    ("fire_3x3_192_haswell", CASES[2][1], S.HASWELL, (1, 3, 3)),
+    ("fire_3x3_192_haswell", CASES[2][1], S.HASWELL, (3, 3, 1)),
 ]
 
 
@@ -256,3 +257,29 @@ def test_default_tile_under_the_accumulator_cap(name, kwargs, target, tile):
     copied = not folds_padding(ConvLanes().match(func, tgt).info, *tile)
     assert sorted(n for _, n in allocs) == sorted([kwargs["cin"] * (kwargs["h"] + 2) * (kwargs["w"] + 2)] * copied
                                                   + [tile[0] * tile[1] * block])
+
+
+def test_plane_tile_tie_break_only_for_padded_convs():
+    """pick_tile prefers the plane-spanning tile only between tiles of as many accumulators and only for a
+    padded conv (its taps on the padding fold away); an unpadded conv keeps the tile with fewer loads, and a
+    larger tile still wins over a folding one."""
+    from tvmfuse.schedules.cpu.conv_lanes import pick_tile
+    nvecs = (1, 2, 3, 4, 6, 8)
+    assert pick_tile(3, 3, 192, 8, 16, nvecs, 18, fold_window=9) == (3, 3, 1)
+    assert pick_tile(3, 3, 192, 8, 16, nvecs, 18, fold_window=0) == (1, 3, 3)
+    assert pick_tile(3, 3, 256, 16, 32, nvecs, 18, fold_window=9) == (3, 3, 2)
+    # 16 registers, a 7x7 plane: no tile spans it (49 pixels), the tie-break never applies
+    assert pick_tile(7, 7, 128, 8, 16, nvecs, 18, fold_window=9) == pick_tile(7, 7, 128, 8, 16, nvecs, 18)
+
+
+def test_unpadded_3x3_plane_keeps_the_row_tile():
+    """A 3x3 conv without padding onto a 3x3 plane (5x5 input), haswell: nothing to fold, the default stays
+    1 x 3 pixels x 3 vectors (and the weights are blocked by it)."""
+    tgt = tvmfuse.parse_target(S.HASWELL)
+    kname, func = _kernel(conv_block(cin=48, cout=192, h=5, w=5, pads=(0, 0, 0, 0), residual=False, bn=False), tgt)
+    res = schedule_prim_func(func, tgt, {}, kname)
+    assert res.template == FAMILY
+    cfg = res.config
+    assert (cfg["oh_tile"], cfg["ow_tile"], cfg["nvec"]) == (1, 3, 3), cfg
+    assert int(func.params[1].shape[-1]) == cfg["nvec"] * cfg["lanes"]
+    assert not folds_padding(ConvLanes().match(func, tgt).info, 3, 3, 1)
