@@ -22,7 +22,8 @@ from tvmfuse import target as TG
 from tvmfuse import _compat as C
 from tvmfuse.schedules import schedule_prim_func
 from tvmfuse.schedules.cpu.common import MAX_UNROLLED_COPIES
-from tvmfuse.schedules.cpu.conv_lanes import FAMILY, ConvLanes, pixel_tiles
+from tvmfuse.schedules.base import schedule_with
+from tvmfuse.schedules.cpu.conv_lanes import FAMILY, ConvLanes, folds_padding, pixel_tiles
 
 import schedule_cases as S
 from conftest import assert_close_to_reference
@@ -106,13 +107,61 @@ def test_structure(name, kwargs, target, lanes):
     # is a padded row, not a vector of channels)
     assert cfg["lanes"] in S.vector_lanes(res.func)
     assert not S.scalarized_loops(res.func), "a vectorized loop was scalarized"
+    # the padded input copied in its own parallel loop, unless the tile spans the plane (pad_in_loads: the
+    # padding read in the loads, no copy)
+    folded = folds_padding(ConvLanes().match(func, tgt).info, cfg["oh_tile"], cfg["ow_tile"], cfg["nvec"])
+    assert folded == ((cfg["oh_tile"], cfg["ow_tile"]) == (oh, ow) and kwargs.get("pads", (1,)) != (0, 0, 0, 0)), cfg
+    assert folded == (name in PLANE_TILES), (name, cfg)
+    copied = kwargs.get("pads", (1,)) != (0, 0, 0, 0) and not folded
     parallel = [f for f in S.loops(res.func) if int(f.kind) == int(C.ForKind.PARALLEL)]
-    assert len(parallel) == (2 if kwargs.get("pads", (1,)) != (0, 0, 0, 0) else 1), len(parallel)
+    assert len(parallel) == (2 if copied else 1), len(parallel)
     allocs, _ = _structure(res.func)
     padded = kwargs["cin"] * (kwargs["h"] + 2) * (kwargs["w"] + 2)        # pads 1: the small padded input
-    assert sorted(n for _, n in allocs) == sorted([padded, tile * cfg["lanes"]]), \
+    assert sorted(n for _, n in allocs) == sorted([padded] * copied + [tile * cfg["lanes"]]), \
         f"buffers other than the padded input and one register tile of the conv's output: {allocs}"
     assert S.max_unrolled_copies(res.func) <= MAX_UNROLLED_COPIES
+
+
+# the cases whose default register tile spans the output plane (3x3, 2x2): pad_in_loads applies
+PLANE_TILES = {"fire_3x3", "resnet_2x2_residual", "stride2_4x4"}
+
+
+def _valid_taps(oh, ow, h, w, k, stride, pad) -> int:
+    """(output pixel, window tap) pairs whose input lies inside the unpadded plane."""
+    return sum(0 <= y * stride + ky - pad < h and 0 <= x * stride + kx - pad < w
+               for y in range(oh) for x in range(ow) for ky in range(k) for kx in range(k))
+
+
+def _vector_multiplies(func, target) -> int:
+    """Vector multiplies left in ``func`` after TVM's TIR lowering (unrolled, simplified) for ``target``."""
+    mod = C.lower_tir(C.IRModule({"main": func.with_attr("global_symbol", "main")}), target)
+    found = []
+    C.post_order_visit(mod["main"].body, lambda n: found.append(n) if isinstance(n, C.tirx.Mul) and
+                       not n.ty.is_scalar() else None)
+    return len(found)
+
+
+@pytest.mark.parametrize("name", ["fire_3x3", "stride2_4x4"])
+def test_padding_taps_fold_away(name):
+    """pad_in_loads (the default where the tile spans the plane): after lowering, one multiply-add per
+    vector of channels per (pixel, tap) pair inside the unpadded input, per input channel (a 3x3 window on
+    a 3x3 plane: 49 of 81 pairs); with pad_in_loads off, every pair of the padded window (the row loop
+    kept, kx unrolled); no padded copy left."""
+    kwargs = dict(CASES[IDS.index(name)][1])
+    tgt = tvmfuse.parse_target(S.SKYLAKE)
+    kname, func = _kernel(conv_block(**kwargs), tgt)
+    res = schedule_prim_func(func, tgt, {}, kname)
+    assert res.config["pad_in_loads"] is True
+    oh, ow = _plane(func)
+    stride = kwargs.get("stride", 1)
+    nvec, k = res.config["nvec"], kwargs.get("k", 3)
+    assert (res.config["oh_tile"], res.config["ow_tile"]) == (oh, ow)
+    valid = _valid_taps(oh, ow, kwargs["h"], kwargs["w"], k, stride, 1)
+    assert valid < oh * ow * k * k
+    assert _vector_multiplies(res.func, tgt) == valid * nvec
+    assert not _structure(res.func)[0][1:], "a padded copy left"
+    copied = schedule_with(ConvLanes(), ConvLanes().match(func, tgt), func, {**res.config, "pad_in_loads": False})
+    assert _vector_multiplies(copied, tgt) == oh * ow * k * nvec       # ky a loop, kx unrolled: no folding
 
 
 def _plane(func) -> tuple[int, int]:
@@ -179,13 +228,15 @@ def test_plane_threshold_comes_from_the_target_table(monkeypatch):
 # (name, conv_block kwargs, target, default (oh_tile, ow_tile, nvec)): the table's max_accumulators (18)
 # caps the default register tile with 32 vector registers (squeezenet's 15x15 fire conv was 1 x 5 x 4 = 20,
 # its 48->192 3x3-plane conv 3 x 3 x 3 = 27); the 64->256 conv's 3 x 3 x 2 (18) and every AVX2 tile (at most
-# 14 accumulators fit 16 registers) are under it: must not change
+# 14 accumulators fit 16 registers) are under it: must not change.  On haswell the 48->192 3x3-plane conv's 9
+# accumulators are the whole plane x 1 vector (3 x 3 x 1, its padded taps fold away: pick_tile's tie-break),
+# not 1 x 3 x 3
 ACC_CAP = [
     ("fire_15x15_skylake", CASES[0][1], S.SKYLAKE, (1, 3, 4)),
     ("fire_3x3_192_skylake", CASES[2][1], S.SKYLAKE, (3, 3, 2)),
     ("fire_3x3_256_skylake", dict(cin=64, cout=256, h=3, w=3, residual=False, bn=False), S.SKYLAKE, (3, 3, 2)),
     ("fire_15x15_haswell", CASES[0][1], S.HASWELL, (1, 5, 2)),
-    ("fire_3x3_192_haswell", CASES[2][1], S.HASWELL, (1, 3, 3)),
+    ("fire_3x3_192_haswell", CASES[2][1], S.HASWELL, (3, 3, 1)),
 ]
 
 
@@ -200,7 +251,35 @@ def test_default_tile_under_the_accumulator_cap(name, kwargs, target, tile):
     assert tile[0] * tile[1] * tile[2] <= TG.template_defaults(tgt, FAMILY)["max_accumulators"]
     block = cfg["nvec"] * cfg["lanes"]      # the graph rewrite blocks the weights by the capped tile
     assert int(func.params[1].shape[-1]) == block
-    # the tile's accumulators only: one register tile of the conv's output and the small padded input
+    # the tile's accumulators only: one register tile of the conv's output and the small padded input (none
+    # where the tile spans the plane: pad_in_loads)
     allocs, _ = _structure(res.func)
-    assert sorted(n for _, n in allocs) == sorted([kwargs["cin"] * (kwargs["h"] + 2) * (kwargs["w"] + 2),
-                                                   tile[0] * tile[1] * block])
+    copied = not folds_padding(ConvLanes().match(func, tgt).info, *tile)
+    assert sorted(n for _, n in allocs) == sorted([kwargs["cin"] * (kwargs["h"] + 2) * (kwargs["w"] + 2)] * copied
+                                                  + [tile[0] * tile[1] * block])
+
+
+def test_plane_tile_tie_break_only_for_padded_convs():
+    """pick_tile prefers the plane-spanning tile only between tiles of as many accumulators and only for a
+    padded conv (its taps on the padding fold away); an unpadded conv keeps the tile with fewer loads, and a
+    larger tile still wins over a folding one."""
+    from tvmfuse.schedules.cpu.conv_lanes import pick_tile
+    nvecs = (1, 2, 3, 4, 6, 8)
+    assert pick_tile(3, 3, 192, 8, 16, nvecs, 18, fold_window=9) == (3, 3, 1)
+    assert pick_tile(3, 3, 192, 8, 16, nvecs, 18, fold_window=0) == (1, 3, 3)
+    assert pick_tile(3, 3, 256, 16, 32, nvecs, 18, fold_window=9) == (3, 3, 2)
+    # 16 registers, a 7x7 plane: no tile spans it (49 pixels), the tie-break never applies
+    assert pick_tile(7, 7, 128, 8, 16, nvecs, 18, fold_window=9) == pick_tile(7, 7, 128, 8, 16, nvecs, 18)
+
+
+def test_unpadded_3x3_plane_keeps_the_row_tile():
+    """A 3x3 conv without padding onto a 3x3 plane (5x5 input), haswell: nothing to fold, the default stays
+    1 x 3 pixels x 3 vectors (and the weights are blocked by it)."""
+    tgt = tvmfuse.parse_target(S.HASWELL)
+    kname, func = _kernel(conv_block(cin=48, cout=192, h=5, w=5, pads=(0, 0, 0, 0), residual=False, bn=False), tgt)
+    res = schedule_prim_func(func, tgt, {}, kname)
+    assert res.template == FAMILY
+    cfg = res.config
+    assert (cfg["oh_tile"], cfg["ow_tile"], cfg["nvec"]) == (1, 3, 3), cfg
+    assert int(func.params[1].shape[-1]) == cfg["nvec"] * cfg["lanes"]
+    assert not folds_padding(ConvLanes().match(func, tgt).info, 3, 3, 1)

@@ -308,7 +308,8 @@ def _transposed_pointwise(call, target):
         from ..schedules.cpu import conv_lanes as family
 
         why = family.plane_why(out[2], out[3], out[1], int(w_arr.shape[1]), target)
-        block = None if why else family.weight_block(out[2], out[3], out[1], target)
+        padded = 0 if _ints_all(a.padding, 0) else int(w_arr.shape[2]) * int(w_arr.shape[3])
+        block = None if why else family.weight_block(out[2], out[3], out[1], target, padded)
     if why is not None:
         return None
     out_dtype = str(C.type_of(call).dtype)      # the conv's own output type

@@ -38,6 +38,12 @@ from . import common as U
 
 FAMILY = "cpu.window_pool"
 ROWS = ("shuffle", "deinterleave", "gather")
+# The most vector loads one output row's unrolled 'shuffle' block may hold (shuffle_loads); a larger pool
+# takes 'deinterleave'.  SqueezeNet's 3x3/2 pools: 3 to 6 (AVX-512), 3 to 15 (AVX2); ResNet's 112x112 one: 33
+# (AVX-512), 63 (AVX2).  The ONNX gate's 60x80 window of stride and dilation 10 on 1000x1000
+# (test_MaxPool2d_stride_padding_dilation): 6840 (AVX-512), an unrolled block that took LLVM 45 s to compile
+# (measured under load) even with its chunks bound once (shuffle_rows).
+SHUFFLE_MAX_LOADS = 256
 
 
 @dataclass(frozen=True)
@@ -85,13 +91,14 @@ def analyze_pool(sch: C.Schedule, block) -> dict | None:
     stride, width = int(coef[0]), data.source.shape[3]
     if not isinstance(width, C.tirx.IntImm) or int(width) % stride:
         return None                 # a phase shorter than the others: transform_layout would need padding
-    # the window's dilation along rows and columns (1: dense windows); rows='shuffle' takes dense ones only
-    # (a dilated pool hung the ONNX gate's test_MaxPool2d_stride_padding_dilation over 60 s)
-    dil_h = C.detect_linear_equation(data.indices[2], [blk.iter_vars[4].var])
-    dil_w = C.detect_linear_equation(data.indices[3], [blk.iter_vars[5].var])
-    dense = all(len(d) == 2 and isinstance(d[0], C.tirx.IntImm) and int(d[0]) == 1 for d in (dil_h, dil_w))
+    # the window (rows, columns, column dilation) and the output width: the size of a 'shuffle' row block
+    dil = C.detect_linear_equation(data.indices[3], [blk.iter_vars[5].var])
+    dims = [blk.iter_vars[i].dom.extent for i in (4, 5, 3)]
+    window = None
+    if len(dil) == 2 and isinstance(dil[0], C.tirx.IntImm) and all(isinstance(d, C.tirx.IntImm) for d in dims):
+        window = {"kh": int(dims[0]), "kw": int(dims[1]), "out_w": int(dims[2]), "dilation_w": int(dil[0])}
     return {"stride_w": stride, "data_buffer": str(data.source.name), "pool": U.block_name(sch, block),
-            "dense_window": dense}
+            "window": window}
 
 
 def find_pool(func: C.PrimFunc) -> dict | None:
@@ -115,9 +122,26 @@ def find_pool(func: C.PrimFunc) -> dict | None:
     return info
 
 
-def _row_choices(match: Match) -> tuple:
-    """The ``rows`` layouts for this pool, the default first: 'shuffle' for dense windows only."""
-    return ROWS if match.info.get("dense_window", True) else tuple(r for r in ROWS if r != "shuffle")
+def shuffle_loads(info: dict, lanes: int) -> int | None:
+    """The vector loads in one output row's block under ``rows='shuffle'`` (:func:`shuffle_rows`, unrolled:
+    per group of ``lanes`` output columns, the vectors of the columns its windows span, each loaded once per
+    window row); None where the window or the output width is not constant."""
+    w = info.get("window")
+    if w is None:
+        return None
+    loads = 0
+    for x0 in range(0, w["out_w"], lanes):
+        group = min(lanes, w["out_w"] - x0)
+        span = info["stride_w"] * (group - 1) + w["dilation_w"] * (w["kw"] - 1) + 1
+        loads += -(-span // lanes) * w["kh"]
+    return loads
+
+
+def _row_choices(match: Match, lanes: int) -> tuple:
+    """The ``rows`` layouts for this pool, the default first: 'shuffle' only where its unrolled row block
+    holds at most SHUFFLE_MAX_LOADS vector loads."""
+    loads = shuffle_loads(match.info, lanes)
+    return ROWS if loads is not None and loads <= SHUFFLE_MAX_LOADS else tuple(r for r in ROWS if r != "shuffle")
 
 
 class WindowPool(BatchBuckets, U.CpuTemplate, family=FAMILY, config=WindowPoolConfig):
@@ -135,10 +159,10 @@ class WindowPool(BatchBuckets, U.CpuTemplate, family=FAMILY, config=WindowPoolCo
 
     # ------------------------------------------------------------------ knobs
     def space(self, match: Match, target: C.Target) -> KnobSpace:
-        return WindowPoolConfig.space(lanes=(cpu_info(target).float32_lanes,), rows=_row_choices(match))
+        return WindowPoolConfig.space(lanes=(cpu_info(target).float32_lanes,), rows=_row_choices(match, cpu_info(target).float32_lanes))
 
     def default_config(self, match: Match, target: C.Target) -> dict:
-        return WindowPoolConfig(lanes=cpu_info(target).float32_lanes, rows=_row_choices(match)[0],
+        return WindowPoolConfig(lanes=cpu_info(target).float32_lanes, rows=_row_choices(match, cpu_info(target).float32_lanes)[0],
                                 parallel=U.parallel_default(match.info["work"], target)).asdict()
 
     # ------------------------------------------------------------------ apply
@@ -307,27 +331,36 @@ def shuffle_rows(sch: C.Schedule, pool, lanes: int, read=None) -> None:
     in_c = bc * const(c_k[0]) + const(c_k[1])
     row0 = by * const(y_k[0]) + const(y_k[2])
 
-    stores = []
+    stmts = []
     for x0 in range(0, ow, lanes):
         xs = range(x0, min(ow, x0 + lanes))
         cols = {(ox, r): x_k[0] * ox + x_k[1] * r + x_k[2] for ox in xs for r in range(kw)}
         lo, hi = min(cols.values()), max(cols.values())
+        # Each chunk (the max over the window rows of one vector of columns) is bound to a variable once
+        # (tirx.Bind) and each pick shuffles only the chunks its columns lie in.  Inlined into every pick,
+        # the chunks made the body kw x chunks x kh loads: the ONNX gate's 60x80 window of dilation and
+        # stride 10 (test_MaxPool2d_stride_padding_dilation) built 13 million TIR nodes and ran past the
+        # gate's 60 s limit in lowering; bound, it is chunks x kh loads and kw shuffles.
         chunks = []
-        for start in range(lo, hi + 1, lanes):
+        for k, start in enumerate(range(lo, hi + 1, lanes)):
             width = min(lanes, hi + 1 - start)
             col = t.Ramp(const(start), const(1), width) if width > 1 else const(start)
             vec = None
             for r in range(kh):
                 v = read(in_n, in_c, row0 + const(y_k[1] * r), col)
                 vec = v if vec is None else t.Max(vec, v)
-            chunks.append(vec)
+            var = t.Var(f"rows_max_{x0}_{k}", str(vec.ty))
+            stmts.append(t.Bind(var, vec))
+            chunks.append(var)
         value = None
         for r in range(kw):
-            pick = t.Shuffle(chunks, [t.IntImm("int32", cols[(ox, r)] - lo) for ox in xs])
+            offsets = [cols[(ox, r)] - lo for ox in xs]
+            first, last = min(offsets) // lanes, max(offsets) // lanes
+            pick = t.Shuffle(chunks[first:last + 1], [t.IntImm("int32", o - first * lanes) for o in offsets])
             value = pick if value is None else t.Max(value, pick)
         out_col = t.Ramp(const(x0), const(1), len(xs)) if len(xs) > 1 else const(x0)
-        stores.append(t.BufferStore(store.buffer, value, [bn, bc, by, out_col]))
-    body = stores[0] if len(stores) == 1 else t.SeqStmt(stores)
+        stmts.append(t.BufferStore(store.buffer, value, [bn, bc, by, out_col]))
+    body = t.SeqStmt(stmts)
 
     rows_read = [C.Range.from_min_extent(in_n, const(1)), C.Range.from_min_extent(in_c, const(1)),
                  C.Range.from_min_extent(row0, const(y_k[1] * (kh - 1) + 1)),

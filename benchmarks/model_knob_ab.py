@@ -1,0 +1,115 @@
+"""Whole-model A/B of one template family's default knobs, one thread, paired rounds: the model compiled with
+the family's target defaults ("new") and with some of its default knobs overridden ("before"), in one
+process, the outputs of the two compared, then ``run()`` timed alternately.
+
+    TVM_NUM_THREADS=1 PYTHONPATH=. python benchmarks/model_knob_ab.py squeezenet1_1 \
+        --family cpu.conv2d_lanes --before '{"pad_in_loads": false}' [--rounds 15 --number 40 --json out.json]
+
+The override replaces the family's ``default_config`` while "before" compiles (configs from a tuning log are
+not touched: compile with none).  Per round each build runs ``--number`` calls; the calling thread's CPU
+time per call (``time.thread_time``; TVM_NUM_THREADS=1, set here unless the caller did, so the kernels run
+on that thread), min / median over rounds and the median of the per-round ratios new / before.  Every
+number is measured under whatever load the machine had: it ranks, it is not a figure to quote.
+"""
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import os
+import statistics
+import sys
+import time
+
+import numpy as np
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+_spec = importlib.util.spec_from_file_location("corpus_io", os.path.join(ROOT, "corpus", "corpus_io.py"))
+corpus_io = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(corpus_io)
+
+
+def _template_class(family: str, target):
+    from tvmfuse.schedules import templates_for
+
+    found = [type(t) for t in templates_for(target) if t.family == family]
+    if not found:
+        raise SystemExit(f"no template of family {family!r} for {target}")
+    return found[0]
+
+
+def build(path: str, family: str, before: dict | None):
+    """tvmfuse.compile(path), with ``before`` merged into ``family``'s default configs when given."""
+    import tvmfuse
+
+    target = tvmfuse.parse_target(None)
+    cls = _template_class(family, target)
+    real = cls.default_config
+    if before:
+        def patched(self, match, tgt):
+            cfg = real(self, match, tgt)
+            unknown = set(before) - set(cfg)
+            if unknown:
+                raise SystemExit(f"{family} has no knob(s) {sorted(unknown)}; its knobs: {sorted(cfg)}")
+            return {**cfg, **before}
+        cls.default_config = patched
+    try:
+        return tvmfuse.compile(path, target, tuning_log=None)
+    finally:
+        cls.default_config = real
+
+
+def _cpu_us(fn, number: int) -> float:
+    t0 = time.thread_time()
+    for _ in range(number):
+        fn()
+    return (time.thread_time() - t0) / number * 1e6
+
+
+def _outputs(cm, feeds) -> list:
+    out = cm.run(feeds)           # {output name: array}
+    return [np.array(out[k]) for k in sorted(out)]
+
+
+def main(argv=None) -> int:
+    names = [e["name"] for e in corpus_io.load_manifest()["models"]]
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("model", choices=names)
+    ap.add_argument("--family", required=True, help="template family, e.g. cpu.conv2d_lanes")
+    ap.add_argument("--before", required=True, help="JSON knob overrides of the 'before' build")
+    ap.add_argument("--rounds", type=int, default=15)
+    ap.add_argument("--number", type=int, default=40, help="calls per timed round")
+    ap.add_argument("--json", help="write the result to this JSON file")
+    a = ap.parse_args(argv)
+    os.environ.setdefault("TVM_NUM_THREADS", "1")     # before TVM starts its thread pool
+    entry = {e["name"]: e for e in corpus_io.load_manifest()["models"]}[a.model]
+    feeds = corpus_io.random_feeds(entry, np.random.default_rng(0))
+    path = corpus_io.model_path(entry, "static")
+    before = json.loads(a.before)
+    builds = {"new": build(path, a.family, None), "before": build(path, a.family, before)}
+    ref = _outputs(builds["before"], feeds)
+    for got, want in zip(_outputs(builds["new"], feeds), ref):
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+    times = {k: [] for k in builds}
+    for cm in builds.values():
+        cm.run(feeds)
+    for r in range(a.rounds):
+        order = list(builds) if r % 2 == 0 else list(reversed(list(builds)))
+        for k in order:
+            times[k].append(_cpu_us(lambda cm=builds[k]: cm.run(feeds), a.number))
+    ratios = [n / b for n, b in zip(times["new"], times["before"])]
+    out = {"model": a.model, "family": a.family, "before": before,
+           "scheduled_kernels": {k: len(cm.report.schedules) for k, cm in builds.items()},
+           "us_min_median": {k: [round(min(v), 1), round(statistics.median(v), 1)] for k, v in times.items()},
+           "ratio_new_over_before_median": round(statistics.median(ratios), 3),
+           "clock": "thread_time, TVM_NUM_THREADS=" + os.environ.get("TVM_NUM_THREADS", "?")
+                    + f", {a.rounds} alternating rounds x {a.number} run() calls, measured under load"}
+    print(json.dumps(out))
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump(out, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
