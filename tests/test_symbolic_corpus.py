@@ -39,7 +39,11 @@ COMPILE_TIMEOUT_S = 900      # a hard stop per model for a compile that hangs; n
 DEFAULT_SUBSET = ("mobilenet_v3_small", "bert")
 # Symbolic models that fail today, with the error seen (benchmarks/symbolic_check.py, 2026-12-01).
 # strict=True: a fix makes the test XPASS, which fails the run until the entry is removed.
-KNOWN_FAILURES: dict[str, str] = {}
+KNOWN_FAILURES: dict[str, str] = {
+    # session 8 (benchmarks/notes/corpus8.md): numerics match at every batch, but the symbolic build loses
+    # the window attention's grouping (no cpu.attention kernel over a symbolic batch * windows)
+    "swin": "swin: symbolic 88 kernels vs static 44",
+}
 # sizes per model in the default run (fewer than the full grid: CI time); "all" uses the grid
 # of symbolic_check.size_points
 QUICK_SIZES = {"batch": (1, 3), "sequence": (17, 128)}
