@@ -23,7 +23,9 @@ every one is timed with numpy in and numpy out, as a user calls it):
                 "skipped" and why (the table lists the reasons); opt-in
   tvmfuse_noattn  ``tvmfuse.compile(model, attention=False)``: without the attention rule (the chain through
                 the pairwise rules, the scores in memory); opt-in
-The default engines (ENGINES) keep the 13-model table inside its time slot (~7 min); name the others in
+The default models (every corpus model but ``corpus_io.OPT_IN_MODELS``, session 8's unseen architectures,
+which run when named in ``--models``) and the default engines (ENGINES) keep the 13-model table inside its
+time slot (~7 min); name the others in
 ``--engines`` (tvm_dlight's naive loop nests cost seconds per CNN call; torch.compile takes a minute per model).
 
 ``--attention`` (issue 14's end-to-end table): the corpus transformers (``ATTENTION_MODELS``) with the engines
@@ -381,7 +383,8 @@ def _passed(row: dict) -> bool:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--models", nargs="*", help="corpus model names (default: all in the manifest)")
+    ap.add_argument("--models", nargs="*", help="corpus model names (default: all in the manifest but "
+                                                "corpus_io.OPT_IN_MODELS, which run when named)")
     ap.add_argument("--engines", nargs="+", default=None, metavar="ENGINE",
                     help=f"any of {', '.join(ALL_ENGINES)} (see above); default: {' '.join(ENGINES)} "
                          f"({' '.join(ATTENTION_ENGINES)} with --attention); opt-in: {' '.join(OPT_IN_ENGINES)}")
@@ -417,7 +420,7 @@ def main(argv=None) -> int:
     if args.json is None:
         args.json = "bench_models_attention.json" if args.attention else "bench_models.json"
     entries = {e["name"]: e for e in corpus_io.load_manifest()["models"]}
-    names = args.models or (list(ATTENTION_MODELS) if args.attention else list(entries))
+    names = args.models or (list(ATTENTION_MODELS) if args.attention else corpus_io.default_models(entries))
     unknown = sorted(set(names) - set(entries))
     if unknown:
         ap.error(f"unknown model(s) {unknown}; the corpus has {sorted(entries)}")

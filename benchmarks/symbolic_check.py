@@ -18,8 +18,8 @@ not the ratio.  On a shared machine report them as measured under load.  ``--sha
 the symbolic build with that ``shape_upper_bounds`` (memory planned once for the bound).  ``--thread-time``
 (a loaded machine): one runtime thread, timed on the calling thread's CPU time.
 Models: those named, else ``--all`` (every corpus model), else with ``--latency`` Table 10's
-``LATENCY_MODELS`` (``--quick``: ``QUICK_MODELS``), else every corpus model (numerics are cheap next to the
-pinned builds per size that timing needs).
+``LATENCY_MODELS`` (``--quick``: ``QUICK_MODELS``), else every corpus model but ``corpus_io.OPT_IN_MODELS``
+(numerics are cheap next to the pinned builds per size that timing needs; the opt-in ones run when named).
 Writes JSON (``--json``) with one record per model; with ``--latency`` prints (and ``--table`` writes) the
 markdown table of symbolic vs static latency per size for ``benchmarks/README.md``.  ``--quick`` is a smoke
 run of the whole path: ``QUICK_MODELS`` (unless models are named), ``QUICK_SIZES``, 2 timed calls; its
@@ -220,18 +220,21 @@ def latency_table(records: list[dict]) -> str:
 
 def select_models(names, entries: dict, *, all_models: bool = False, quick: bool = False,
                   latency: bool = False) -> list[str]:
-    """The models a run checks: ``names`` if any, else every corpus model (``all_models``, or numerics
-    only), else ``QUICK_MODELS`` (``quick``) or ``LATENCY_MODELS`` (``latency``)."""
+    """The models a run checks: ``names`` if any, else every corpus model (``all_models``), else for numerics
+    only every one but ``corpus_io.OPT_IN_MODELS`` (they run when named or with ``--all``), else
+    ``QUICK_MODELS`` (``quick``) or ``LATENCY_MODELS`` (``latency``)."""
     if names:
         return list(names)
-    if all_models or not (quick or latency):
+    if all_models:
         return list(entries)
+    if not (quick or latency):
+        return corpus_io.default_models(entries)
     return list(QUICK_MODELS if quick else LATENCY_MODELS)
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("models", nargs="*", help="corpus model names (default: all)")
+    ap.add_argument("models", nargs="*", help="corpus model names (default: all but corpus_io.OPT_IN_MODELS)")
     ap.add_argument("--json", help="write the records here")
     ap.add_argument("--latency", action="store_true", help="also time symbolic vs a build pinned to each size")
     ap.add_argument("--repeat", type=int, default=None,

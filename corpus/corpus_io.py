@@ -15,6 +15,17 @@ CORPUS_DIR = os.path.dirname(os.path.abspath(__file__))
 MANIFEST = os.path.join(CORPUS_DIR, "manifest.json")
 
 
+# Models the benchmarks run only when named (or with ``--all``): session 8's architectures tvmfuse had not been
+# tuned against (benchmarks/notes/corpus8.md).  Their default runs (bench_models.py's table, symbolic_check.py's
+# numerics) keep the 13 models and the length they had.
+OPT_IN_MODELS = ("regnet_y", "densenet", "swin", "whisper_encoder")
+
+
+def default_models(entries) -> list[str]:
+    """The corpus models a benchmark runs when none is named: every one but ``OPT_IN_MODELS``."""
+    return [n for n in entries if n not in OPT_IN_MODELS]
+
+
 def load_manifest(path: str = MANIFEST) -> dict:
     """The manifest: ``{"models": [entry, ...], ...}``; see ``make_corpus.py`` for an entry's fields."""
     with open(path, encoding="utf-8") as f:

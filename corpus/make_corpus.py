@@ -170,6 +170,44 @@ def _tv_mnasnet():
                "num_classes": CLASSES}
 
 
+def _tv_regnet_y():
+    """torchvision RegNet-Y (grouped 3x3 convs, squeeze-excite in every block) at a reduced width/depth:
+    regnet_y_400mf is depth 16, w_0 48, w_a 27.89, w_m 2.09, group width 8."""
+    tv = _import_torchvision()
+    from torchvision.models.regnet import BlockParams, RegNet
+
+    params = dict(depth=6, w_0=16, w_a=8.0, w_m=2.0, group_width=8, se_ratio=0.25)
+    m = RegNet(BlockParams.from_init_params(**params), num_classes=CLASSES)
+    return m, {"class": "torchvision.models.regnet.RegNet", "like": "regnet_y_400mf", "block_params": params,
+               "num_classes": CLASSES, "torchvision": tv.__version__}
+
+
+def _tv_densenet():
+    """torchvision DenseNet (every layer concatenates its input with its new features) at a reduced
+    growth/depth: densenet121 is growth 32, blocks (6, 12, 24, 16), 64 initial features, bn_size 4."""
+    tv = _import_torchvision()
+    from torchvision.models.densenet import DenseNet
+
+    params = dict(growth_rate=8, block_config=(2, 4, 6, 4), num_init_features=16, bn_size=2)
+    m = DenseNet(**params, num_classes=CLASSES)
+    return m, {"class": "torchvision.models.densenet.DenseNet", "like": "densenet121",
+               **{k: list(v) if isinstance(v, tuple) else v for k, v in params.items()},
+               "num_classes": CLASSES, "torchvision": tv.__version__}
+
+
+def _tv_swin():
+    """torchvision Swin Transformer (shifted-window attention: torch.roll, window partition reshapes, a
+    relative position bias, LayerNorm on NHWC tensors) at a tiny config: swin_t is embed 96, depths
+    (2, 2, 6, 2), heads (3, 6, 12, 24), window 7."""
+    tv = _import_torchvision()
+    from torchvision.models.swin_transformer import SwinTransformer
+
+    params = dict(patch_size=[4, 4], embed_dim=32, depths=[2, 2], num_heads=[2, 4], window_size=[4, 4])
+    m = SwinTransformer(**params, stochastic_depth_prob=0.0, num_classes=CLASSES)
+    return m, {"class": "torchvision.models.swin_transformer.SwinTransformer", "like": "swin_t", **params,
+               "num_classes": CLASSES, "torchvision": tv.__version__}
+
+
 _HF_COMMON = dict(initializer_range=0.1)
 
 
@@ -234,6 +272,33 @@ def _hf_t5_encoder():
                num_heads=4, dropout_rate=0.0, relative_attention_num_buckets=32, use_cache=False)
 
 
+MEL_BINS, FRAMES = 16, 100   # whisper_encoder input: mel bins x frames (the encoder requires 2 x max_source_positions)
+
+
+def _hf_whisper_encoder():
+    """transformers' Whisper encoder (two Conv1d + GELU over mel frames, sinusoidal positions, pre-LayerNorm
+    attention) at a tiny config: whisper-tiny is 80 mels, d_model 384, 4 layers, 6 heads, 3000 frames."""
+    _import_torchvision()
+    import transformers
+    from transformers.models.whisper.modeling_whisper import WhisperEncoder
+
+    cfg = dict(vocab_size=VOCAB, num_mel_bins=MEL_BINS, d_model=64, encoder_layers=2, encoder_attention_heads=4,
+               encoder_ffn_dim=256, decoder_layers=1, decoder_attention_heads=4, decoder_ffn_dim=256,
+               max_source_positions=FRAMES // 2, max_target_positions=64, dropout=0.0, attention_dropout=0.0,
+               activation_dropout=0.0, use_cache=False)
+    config = transformers.WhisperConfig(init_std=0.1, **cfg)
+    config._attn_implementation = "eager"
+    model = WhisperEncoder(config)
+    return model, {"class": "transformers.models.whisper.modeling_whisper.WhisperEncoder",
+                   "config_class": "transformers.WhisperConfig", "config": {"init_std": 0.1, **cfg},
+                   "attn_implementation": "eager", "transformers": transformers.__version__}
+
+
+def _audio_inputs():
+    return [{"name": "input_features", "shape": [1, MEL_BINS, FRAMES], "dyn_shape": ["batch", MEL_BINS, FRAMES],
+             "dtype": "float32"}]
+
+
 def _image_inputs():
     return [{"name": "pixel_values", "shape": [1, 3, IMAGE, IMAGE], "dyn_shape": ["batch", 3, IMAGE, IMAGE],
              "dtype": "float32"}]
@@ -263,6 +328,11 @@ MODELS = [
     ("llama", _hf_llama, "transformers", _token_inputs(), "last_hidden_state"),
     ("vit", _hf_vit, "transformers", _image_inputs(), "last_hidden_state"),
     ("t5_encoder", _hf_t5_encoder, "transformers", _token_inputs(), "last_hidden_state"),
+    # session 8: architectures tvmfuse had not been tuned against (benchmarks/notes/corpus8.md)
+    ("regnet_y", _tv_regnet_y, "torchvision", _image_inputs(), "logits"),
+    ("densenet", _tv_densenet, "torchvision", _image_inputs(), "logits"),
+    ("swin", _tv_swin, "torchvision", _image_inputs(), "logits"),
+    ("whisper_encoder", _hf_whisper_encoder, "transformers", _audio_inputs(), "last_hidden_state"),
 ]
 
 

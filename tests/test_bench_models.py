@@ -101,3 +101,21 @@ def test_the_opt_in_engines_get_a_ratio_to_tvmfuse():
     head, _, line = B._table(results, ["tvmfuse", "ort", "tvm_dlight", "torch_compile"]).splitlines()[:3]
     assert "tvm_dlight/tvmfuse" in head and "torch_compile/tvmfuse" in head
     assert line.split()[-7:-3] == ["2.00x", "40.00x", "4.00x", "80->16"]
+
+
+def test_default_models_leave_the_opt_in_ones_out():
+    """The default table keeps its 13 models (and its time slot); session 8's unseen architectures are in the
+    manifest and run when named (``--models swin``)."""
+    entries = {e["name"]: e for e in B.corpus_io.load_manifest()["models"]}
+    default = B.corpus_io.default_models(entries)
+    assert len(default) == 13 and not set(default) & set(B.corpus_io.OPT_IN_MODELS)
+    assert set(B.corpus_io.OPT_IN_MODELS) <= set(entries)
+    assert set(default) | set(B.corpus_io.OPT_IN_MODELS) == set(entries)
+
+
+def test_an_unknown_model_is_refused_naming_the_corpus(capsys):
+    with pytest.raises(SystemExit) as e:
+        B.main(["--models", "swin_t"])
+    assert e.value.code == 2
+    err = capsys.readouterr().err
+    assert "unknown model(s) ['swin_t']" in err and "'swin'" in err

@@ -39,7 +39,11 @@ COMPILE_TIMEOUT_S = 900      # a hard stop per model for a compile that hangs; n
 DEFAULT_SUBSET = ("mobilenet_v3_small", "bert")
 # Symbolic models that fail today, with the error seen (benchmarks/symbolic_check.py, 2026-12-01).
 # strict=True: a fix makes the test XPASS, which fails the run until the entry is removed.
-KNOWN_FAILURES: dict[str, str] = {}
+KNOWN_FAILURES: dict[str, str] = {
+    # session 8 (benchmarks/notes/corpus8.md): numerics match at every batch, but the symbolic build loses
+    # the window attention's grouping (no cpu.attention kernel over a symbolic batch * windows)
+    "swin": "swin: symbolic 88 kernels vs static 44",
+}
 # sizes per model in the default run (fewer than the issue's full grid: CI time); "all" uses the grid
 # of symbolic_check.size_points
 QUICK_SIZES = {"batch": (1, 3), "sequence": (17, 128)}
@@ -168,7 +172,10 @@ def test_latency_run_covers_table_10s_models():
     assert {"bert", "resnet18", "mobilenet_v2", "gpt2", "llama", "t5_encoder", "vit", "convnext",
             "efficientnet_b0", "mobilenet_v3_small"} <= set(pick([], ENTRIES, latency=True))
     assert pick([], ENTRIES, latency=True, all_models=True) == list(ENTRIES)
-    assert pick([], ENTRIES) == list(ENTRIES)                     # numerics only: every model
+    # numerics only: every model but the opt-in ones (session 8's unseen architectures), which run when named
+    assert pick([], ENTRIES) == [n for n in ENTRIES if n not in corpus_io.OPT_IN_MODELS]
+    assert set(corpus_io.OPT_IN_MODELS) <= set(ENTRIES)
+    assert pick(["swin", "whisper_encoder"], ENTRIES) == ["swin", "whisper_encoder"]
     assert pick([], ENTRIES, quick=True, latency=True) == list(symbolic_check.QUICK_MODELS)
     assert pick(["gpt2"], ENTRIES, latency=True, all_models=True) == ["gpt2"]
     with pytest.raises(SystemExit):

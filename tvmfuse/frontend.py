@@ -151,6 +151,17 @@ def _shape_slice(node: onnx.NodeProto, dims: list) -> list:
     return dims[slice(start, end)]
 
 
+def _static_dims_gathered(node: onnx.NodeProto, dims: list, indices: np.ndarray) -> list[np.ndarray] | None:
+    """The value of ``Gather(Shape(x), indices)`` when every dim it picks is static, else None."""
+    axis = next((onnx.helper.get_attribute_value(a) for a in node.attribute if a.name == "axis"), 0)
+    if axis not in (0, -1) or not np.issubdtype(indices.dtype, np.integer):
+        return None
+    picked = [dims[int(i)] if -len(dims) <= int(i) < len(dims) else None for i in indices.reshape(-1)]
+    if any(d is None for d in picked):
+        return None
+    return [np.array(picked, np.int64).reshape(indices.shape)]
+
+
 def fold_static_shapes(model: onnx.ModelProto) -> tuple[onnx.ModelProto, int]:
     """Fold Shape nodes of statically shaped tensors and every node whose inputs are then all constants.
 
@@ -175,6 +186,7 @@ def fold_static_shapes(model: onnx.ModelProto) -> tuple[onnx.ModelProto, int]:
     opsets = list(model.opset_import)
     kept, folded = [], 0
     new_inits = []
+    partial = {}     # output of a Shape kept (a symbolic dim in it) -> its dims, None where symbolic
     for node in graph.node:
         if node.domain not in ("", "ai.onnx") or node.op_type in _NEVER_FOLD:
             kept.append(node)
@@ -184,6 +196,12 @@ def fold_static_shapes(model: onnx.ModelProto) -> tuple[onnx.ModelProto, int]:
             part = _shape_slice(node, shapes[node.input[0]])
             if all(d is not None for d in part):
                 vals = [np.array(part, np.int64)]
+            else:
+                partial[node.output[0]] = part
+        elif node.op_type == "Gather" and node.input[0] in partial and node.input[1] in consts:
+            # a static dim read from the shape of a tensor with a symbolic one (Swin's H, W of an NHWC
+            # activation with a symbolic batch: the pads to a multiple of the window are then constants)
+            vals = _static_dims_gathered(node, partial[node.input[0]], consts[node.input[1]])
         elif node.op_type == "Constant":
             vals = _eval_node(node, {}, opsets)
         elif node.input and all(i == "" or i in consts for i in node.input) and any(
@@ -224,16 +242,17 @@ def fold_static_shapes(model: onnx.ModelProto) -> tuple[onnx.ModelProto, int]:
 MAX_FOLD_ROUNDS = 4
 
 
-def fold_static_shapes_fully(model: onnx.ModelProto, max_rounds: int = MAX_FOLD_ROUNDS
+def fold_static_shapes_fully(model: onnx.ModelProto, max_rounds: int | None = MAX_FOLD_ROUNDS
                              ) -> tuple[onnx.ModelProto, int]:
     """``fold_static_shapes`` again on its own result until a round folds nothing (at most ``max_rounds``
-    rounds).  Returns the new model and the number of folded nodes over all rounds."""
-    if max_rounds < 1:
-        raise ValueError(f"fold_static_shapes_fully: max_rounds must be >= 1, got {max_rounds}")
-    total = 0
-    for _ in range(max_rounds):
+    rounds; ``None``: no limit, which terminates since every round but the last removes a node).  Returns
+    the new model and the number of folded nodes over all rounds."""
+    if max_rounds is not None and max_rounds < 1:
+        raise ValueError(f"fold_static_shapes_fully: max_rounds must be >= 1 or None, got {max_rounds}")
+    total, rounds = 0, 0
+    while max_rounds is None or rounds < max_rounds:
         model, n = fold_static_shapes(model)
-        total += n
+        total, rounds = total + n, rounds + 1
         if n == 0:
             break
     return model, total
@@ -551,7 +570,10 @@ def load_onnx(path_or_model, *, keep_params_in_input: bool = False, fold_shapes:
     if input_shapes:
         model = specialize_inputs(model, input_shapes)
     if fold_shapes:
-        model, n = fold_static_shapes(model)
+        # to a fixed point: a shape computed after a Pad whose pads are themselves computed from shapes
+        # (torchvision's Swin: pad to a multiple of the window, per block) only becomes static once the
+        # round before has folded those pads (ONNX shape inference does not infer a Pad with run-time pads)
+        model, n = fold_static_shapes_fully(model, max_rounds=None)
         if n:
             log.info("folded %d constant/shape nodes before import", n)
     missing = _unsupported_ops(model)
