@@ -125,6 +125,7 @@ SEQ_BUCKETS = (16, 32, 64, 128)
 ROW_BUCKET = "row_nest:seq"
 SYMBOLIC_OPEN_HINT = 256
 NEG_INF = float("-inf")
+LOG2E = 1.4426950408889634      # log2(e): the exp2 knob's logits are in units of it
 # Software prefetch (the ``prefetch`` knob): one per 64-byte cache line (16 float32), with LLVM's locality
 # hint 2 (x86: prefetcht1, into L2, not L1: L1 holds the query block's working set meanwhile).
 LINE_FLOATS = 16
@@ -542,6 +543,8 @@ class AttentionConfig(Config):
     prefetch: int = knob("software prefetches into L2 during each key block (static sequence only): 0 none; "
                          "1 the next query block's Q rows and this block's output rows; 2 also the next "
                          "task's K and V rows (packed K/V)")
+    exp2: int = knob("1: the online softmax in base 2 (log2(e) folded into the query scale and the mask, "
+                     "2^x per score: tvmfuse.fastmath's exp2 for arguments <= 0, no ln 2 reduction); 0: e^x")
     serial_work: int = knob("the row nest (q_block 1) runs its (batch x heads x rows) loop serial when the "
                             "kernel's multiply-adds at run time are fewer than this (the target's fork/join "
                             "cost); 0: always parallel")
@@ -575,7 +578,7 @@ class Attention(Template):
         if match.info.get("row_nest"):
             return AttentionConfig.space(q_block=(1,), k_block=_row_key_blocks(spec, match, lanes), lanes=(lanes,),
                                          rows=(1,), tile_keys=(1,), tile_qvecs=(1,), q_blocks=(1,), pack_kv=(0,),
-                                         prefetch=(0,), serial_work=(U.min_parallel_work(target), 0))
+                                         prefetch=(0,), exp2=(0,), serial_work=(U.min_parallel_work(target), 0))
         sq, sk = _size(spec.sq, match, None), _size(spec.sk, match, None)   # None: any block may serve
         qb = tuple(lanes * v for v in Q_BLOCK_VECTORS if v == 1 or sq is None or lanes * v < 2 * sq)
         kb = tuple(lanes * v for v in K_BLOCK_VECTORS if v == 1 or sk is None or lanes * v < 2 * sk)
@@ -586,7 +589,7 @@ class Attention(Template):
         return AttentionConfig.space(q_block=qb, k_block=kb, lanes=(lanes,), rows=ROW_GROUPS,
                                      tile_keys=TILE_KEYS, tile_qvecs=TILE_QVECS, q_blocks=qbs,
                                      pack_kv=(0, 1) if static_seq else (0,),
-                                     prefetch=(0, 1, 2) if static_seq else (0,), serial_work=(0,))
+                                     prefetch=(0, 1, 2) if static_seq else (0,), exp2=(0, 1), serial_work=(0,))
 
     def default_config(self, match: Match, target: C.Target) -> dict:
         spec, info = match.info["spec"], cpu_info(target)
@@ -649,7 +652,7 @@ class Attention(Template):
                 prefetch = 1
         return AttentionConfig(q_block=qb, k_block=kb, lanes=lanes, rows=rows, tile_keys=keys,
                                tile_qvecs=qvecs, q_blocks=q_blocks, pack_kv=pack, prefetch=prefetch,
-                               serial_work=0).asdict()
+                               exp2=int(table["exp2"]), serial_work=0).asdict()
 
     # ------------------------------------------------------------------ size buckets (symbolic sequence)
     def buckets(self, match: Match, target: C.Target) -> tuple[Bucket, ...]:
@@ -706,7 +709,7 @@ class Attention(Template):
             raise ValueError("cpu.attention: prefetch needs a static sequence (its rows per key block are static)")
         # a bounded size bucket's nest runs only for sequences up to its bound (schedules.buckets)
         new_root = _flash_root(spec, list(func.params), qb, kb, lanes, rows, tile_keys, tile_qvecs,
-                               cfg.q_blocks, bool(cfg.pack_kv), seq_bound, cfg.prefetch)
+                               cfg.q_blocks, bool(cfg.pack_kv), seq_bound, cfg.prefetch, bool(cfg.exp2))
         # Step 2. It replaces the reference stages (scores, softmax, P @ V) wholesale.
         old = sch.get(root)
         sch.state.replace(sch.get_sref(root), new_root, {old: new_root})
@@ -724,7 +727,7 @@ def _block_count(spec: AttentionSpec, n, block: int, seq_bound: int | None):
 
 def _flash_root(spec: AttentionSpec, params: list, qb: int, kb: int, lanes: int, rows: int,
                 tile_keys: int, tile_qvecs: int, q_blocks: int = 1, pack_kv: bool = False,
-                seq_bound: int | None = None, prefetch: int = 0):
+                seq_bound: int | None = None, prefetch: int = 0, exp2: bool = False):
     """The root block of the online-softmax kernel (see the module docstring).
 
     The scores are computed transposed, ``sT[key, query row]``, a vector over the query rows: the query
@@ -752,9 +755,14 @@ def _flash_root(spec: AttentionSpec, params: list, qb: int, kb: int, lanes: int,
     q_tail = static(spec.sq) is None and unit < qb
     # keys past the end exist in the last key block only where the block does not divide the keys
     key_tail = static(spec.sk) is None or static(spec.sk) % kb != 0
-    scale = tir.const(spec.scale, f32)
+    # base 2 (exp2): the logits in units of log2(e), so that e^(x - m) = 2^(x log2(e) - m log2(e))
+    base = LOG2E if exp2 else 1.0
+    scale = tir.const(spec.scale * base, f32)
     neg_inf, zero = tir.const(NEG_INF, f32), tir.const(0.0, f32)
     ext = spec.extents()
+
+    def exp(x):
+        return tir.exp2(x) if exp2 else tir.exp(x)
 
     def load(name, op, env):
         return buf[name][tuple(_index(op, env, ext))]
@@ -907,8 +915,8 @@ def _flash_root(spec: AttentionSpec, params: list, qb: int, kb: int, lanes: int,
                                             j = j0 + jj
                                             ic = tir.min(q0 + qi, spec.sq - 1)
                                             if spec.mask is not None:
-                                                x = x + load("mask", spec.mask,
-                                                             {**benv, "i": ic, "j": tir.min(j, spec.sk - 1)})
+                                                mv = load("mask", spec.mask, {**benv, "i": ic, "j": tir.min(j, spec.sk - 1)})
+                                                x = x + (mv * tir.const(base, f32) if exp2 else mv)
                                             valid = j < spec.sk if key_tail else None
                                             if spec.causal_offset is not None:
                                                 below = j <= ic + spec.causal_offset
@@ -925,13 +933,13 @@ def _flash_root(spec: AttentionSpec, params: list, qb: int, kb: int, lanes: int,
                                 with T.vectorized(0, lanes) as ln:
                                     qi = qvec * lanes + ln
                                     T.buffer_store(sf, tir.Select(mn[qi] == neg_inf, zero, mn[qi]), [qi])
-                                    T.buffer_store(al, tir.exp(tir.min(m[qi] - sf[qi], zero)), [qi])
+                                    T.buffer_store(al, exp(tir.min(m[qi] - sf[qi], zero)), [qi])
                                     T.buffer_store(lsum, lsum[qi] * al[qi], [qi])
                                     T.buffer_store(m, mn[qi], [qi])
                                 with T.serial(0, kb) as jj:
                                     with T.vectorized(0, lanes) as ln:
                                         qi = qvec * lanes + ln
-                                        T.buffer_store(st, tir.exp(tir.min(st[jj, qi] - sf[qi], zero)), [jj, qi])
+                                        T.buffer_store(st, exp(tir.min(st[jj, qi] - sf[qi], zero)), [jj, qi])
                                         T.buffer_store(lsum, lsum[qi] + st[jj, qi], [qi])
                             # Step 2d. acc = acc * alpha + p @ V[block], `rows` rows at a time (registers);
                             # the first key's step rescales (acc * alpha + p * V: no pass of its own over
