@@ -1,7 +1,7 @@
-"""The CPU attention kernel's base-2 softmax (``exp2`` knob, schedules/cpu/attention.py; issue 14's plain S=512
-case): log2(e) folded into the query scale (and an input mask), the scores' exps and the rescale factors as
-2^x of arguments <= 0, which tvmfuse.fastmath expands without the ln 2 reduction (fewer vector instructions
-per score than e^x's expansion).
+"""The CPU attention kernel's base-2 exps (``exp2`` knob, schedules/cpu/attention.py; issue 14's plain S=512
+case): the scores' exps and the rescale factors as 2^x of arguments <= 0 (x log2(e) minus the block max times
+log2(e), rounded up and shared by both), which tvmfuse.fastmath expands without the ln 2 reduction (fewer
+vector instructions per score than e^x's expansion).
 
 Structure: the default on named AVX-512 and AVX2 targets (the target table's level), the kernel's exp calls
 (exp2 / exp, one for the scores and one for the rescale factors) and fastmath's expansion of both.
@@ -57,7 +57,7 @@ def test_default_follows_the_target_table_and_both_exps_take_the_cheap_expansion
 @pytest.mark.parametrize("mask", ["input", "causal"])
 def test_both_bases_match_reference(mask, host, rng):
     """exp2 on and off (after fastmath, as the pipeline builds them; packed K/V, two query blocks per task, 45
-    rows): the reference's numbers, a fully masked row NaN, logits ~1e3 (an input mask scaled by log2(e) too)."""
+    rows): the reference's numbers, a fully masked row NaN, logits ~1e3 and an input mask ~3e2."""
     sq = sk = 45
     if mask == "causal":
         mask = np.where(np.arange(sk)[None] <= np.arange(sq)[:, None], 0, -np.inf).astype(np.float32)

@@ -24,6 +24,11 @@ exp    the same reduction and polynomial, for an argument     relative 2.0e-7 wh
 (x<=0) proved <= 0 (softmax's x - rowmax, see below): n in    (6.9e-8 measured); absolute 1.1755e-38
        [-126, 0] from the magic number's low bits in one      (FLT_MIN) below it: 0 for x < -87.33655
        shift, no clamp, no overflow, flush below FLT_MIN      (e^x < FLT_MIN); 1 at 0, 0 at -inf, NaN kept
+exp2   2^x = 2^n 2^f, n = round(x) by the magic number       relative 2.0e-7 where the result is normal
+(x<=0) (f = x - n exact, no ln 2 reduction), degree-5 fit    (1.6e-7 measured); absolute 1.1755e-38
+       for 2^f on |f| <= 1/2 (5 FMAs), 2^n one shift; only   (FLT_MIN) below it: 0 for x < -126; 2^n
+       where x is proved <= 0 (cpu.attention's exp2 knob:    exact for integers, 1 at 0, 0 at -inf,
+       a base-2 softmax); any other exp2 keeps libm's        NaN kept
 pow    pow(x, n) for a constant integer n in [1,             relative (n - 1) 2^-24 where the result is
 (x, n) MAX_INTEGER_POWER] (GPT-2's GELU: x^3): n - 1          normal (x^3: 1.2e-7, x^4: 1.8e-7); absolute
        multiplies, x^4 as (x x)(x x); pow(x, 0) is 1        FLT_MIN below it; +-0, +-inf, NaN as powf

@@ -35,6 +35,15 @@ over the query rows, so that the row statistics are vector operations:
             m  = m'
         out[rows] = acc / l   (0 where the guard is set)
 
+With the ``exp2`` knob (the target table's default) the exps are powers of 2: p = 2^(sT log2(e) - m2), one
+multiply-add for the argument, where m2 = m' log2(e) rounded up (every argument <= 0) and kept per key block,
+so that the rescale factors 2^(m2_old - m2) use the very offsets the exps used: m2's rounding scales the sums
+and the accumulators alike and cancels in acc / l (logits near 1e4 keep the base-e kernel's accuracy; a query
+scale of scale x log2(e) did not: Q x 0.125 is exact, Q x 0.18 is not).  tvmfuse.fastmath expands 2^x of an
+argument <= 0 without the ln 2 reduction: 13 vector instructions per vector of scores (argument and min
+included) instead of 15-17.  The two multiply-add loops run at the FMA ports' rate, so the instructions
+around them are what is left to cut.
+
 The query block is sized so that its transposed queries, scores and accumulators fit L1 (the target's
 ``l1_share_query_block``): the K/V rows of a key block are then re-read from L2 by each query block.
 In place, K/V rows of a heads-interleaved tensor ([seq, heads * dim]) are heads x dim floats apart and fall
@@ -543,8 +552,9 @@ class AttentionConfig(Config):
     prefetch: int = knob("software prefetches into L2 during each key block (static sequence only): 0 none; "
                          "1 the next query block's Q rows and this block's output rows; 2 also the next "
                          "task's K and V rows (packed K/V)")
-    exp2: int = knob("1: the online softmax in base 2 (log2(e) folded into the query scale and the mask, "
-                     "2^x per score: tvmfuse.fastmath's exp2 for arguments <= 0, no ln 2 reduction); 0: e^x")
+    exp2: int = knob("1: the softmax's exps as powers of 2 (2^(x log2(e) - m log2(e)), the offset rounded up "
+                     "and shared with the rescale factors: tvmfuse.fastmath's exp2 of arguments <= 0, no ln 2 "
+                     "reduction); 0: e^(x - m)")
     serial_work: int = knob("the row nest (q_block 1) runs its (batch x heads x rows) loop serial when the "
                             "kernel's multiply-adds at run time are fewer than this (the target's fork/join "
                             "cost); 0: always parallel")
@@ -755,14 +765,12 @@ def _flash_root(spec: AttentionSpec, params: list, qb: int, kb: int, lanes: int,
     q_tail = static(spec.sq) is None and unit < qb
     # keys past the end exist in the last key block only where the block does not divide the keys
     key_tail = static(spec.sk) is None or static(spec.sk) % kb != 0
-    # base 2 (exp2): the logits in units of log2(e), so that e^(x - m) = 2^(x log2(e) - m log2(e))
-    base = LOG2E if exp2 else 1.0
-    scale = tir.const(spec.scale * base, f32)
+    scale = tir.const(spec.scale, f32)
     neg_inf, zero = tir.const(NEG_INF, f32), tir.const(0.0, f32)
     ext = spec.extents()
-
-    def exp(x):
-        return tir.exp2(x) if exp2 else tir.exp(x)
+    # exp2: log2(e), and the margin that rounds m log2(e) up: |m| log2(e) 2^-22 exceeds the product's rounding
+    # error (2^-24 relative) and the sum's
+    log2e, log2e_up = tir.const(LOG2E, f32), tir.const(LOG2E * 2.0 ** -22, f32)
 
     def load(name, op, env):
         return buf[name][tuple(_index(op, env, ext))]
@@ -793,6 +801,8 @@ def _flash_root(spec: AttentionSpec, params: list, qb: int, kb: int, lanes: int,
                     mn = T.sblock_alloc_buffer((qb,), f32, scope=BUFFER_SCOPE)      # the block's new max
                     sf = T.sblock_alloc_buffer((qb,), f32, scope=BUFFER_SCOPE)      # new max, 0 for -inf
                     al = T.sblock_alloc_buffer((qb,), f32, scope=BUFFER_SCOPE)      # rescale factor
+                    if exp2:     # the previous key block's base-2 offset (its max x log2(e), rounded up)
+                        ml = T.sblock_alloc_buffer((qb,), f32, scope=BUFFER_SCOPE)
                     lsum = T.sblock_alloc_buffer((qb,), f32, scope=BUFFER_SCOPE)
                     acc = T.sblock_alloc_buffer((qb, spec.dv), f32, scope=BUFFER_SCOPE)
                     st = T.sblock_alloc_buffer((kb, qb), f32, scope=BUFFER_SCOPE)
@@ -867,6 +877,8 @@ def _flash_root(spec: AttentionSpec, params: list, qb: int, kb: int, lanes: int,
                                                                            "d": dd}) * scale, [dd, qi])
                         with _vector_loop(T, qb, lanes) as qi:
                             T.buffer_store(m, neg_inf, [qi])
+                            if exp2:
+                                T.buffer_store(ml, neg_inf, [qi])
                             T.buffer_store(lsum, zero, [qi])
                         with T.serial(0, qb) as qi:
                             with _vector_loop(T, spec.dv, lanes) as e:
@@ -915,8 +927,8 @@ def _flash_root(spec: AttentionSpec, params: list, qb: int, kb: int, lanes: int,
                                             j = j0 + jj
                                             ic = tir.min(q0 + qi, spec.sq - 1)
                                             if spec.mask is not None:
-                                                mv = load("mask", spec.mask, {**benv, "i": ic, "j": tir.min(j, spec.sk - 1)})
-                                                x = x + (mv * tir.const(base, f32) if exp2 else mv)
+                                                x = x + load("mask", spec.mask,
+                                                             {**benv, "i": ic, "j": tir.min(j, spec.sk - 1)})
                                             valid = j < spec.sk if key_tail else None
                                             if spec.causal_offset is not None:
                                                 below = j <= ic + spec.causal_offset
@@ -930,16 +942,29 @@ def _flash_root(spec: AttentionSpec, params: list, qb: int, kb: int, lanes: int,
                                 # probabilities and the rescaled sums.  Every exp's argument is <= 0 (a score or
                                 # the old max minus the new max); min(., 0) says so to tvmfuse.fastmath, which
                                 # then takes its cheaper exp.
+                                # exp2: base 2, e^(x - m) = 2^(x log2(e) - m'), m' = m log2(e) rounded up (so
+                                # every argument stays <= 0) and kept per block (ml): the rescale factors use
+                                # the offsets the exps used, so m''s rounding scales the sums and accumulators
+                                # alike and cancels in acc / sum; x log2(e) - m' is one multiply-add.
                                 with T.vectorized(0, lanes) as ln:
                                     qi = qvec * lanes + ln
-                                    T.buffer_store(sf, tir.Select(mn[qi] == neg_inf, zero, mn[qi]), [qi])
-                                    T.buffer_store(al, exp(tir.min(m[qi] - sf[qi], zero)), [qi])
+                                    new = tir.Select(mn[qi] == neg_inf, zero, mn[qi])
+                                    if exp2:
+                                        new = new * log2e + tir.abs(new) * log2e_up
+                                        T.buffer_store(sf, new, [qi])
+                                        T.buffer_store(al, tir.exp2(tir.min(ml[qi] - sf[qi], zero)), [qi])
+                                        T.buffer_store(ml, sf[qi], [qi])
+                                    else:
+                                        T.buffer_store(sf, new, [qi])
+                                        T.buffer_store(al, tir.exp(tir.min(m[qi] - sf[qi], zero)), [qi])
                                     T.buffer_store(lsum, lsum[qi] * al[qi], [qi])
                                     T.buffer_store(m, mn[qi], [qi])
                                 with T.serial(0, kb) as jj:
                                     with T.vectorized(0, lanes) as ln:
                                         qi = qvec * lanes + ln
-                                        T.buffer_store(st, exp(tir.min(st[jj, qi] - sf[qi], zero)), [jj, qi])
+                                        p = tir.exp2(tir.min(st[jj, qi] * log2e - sf[qi], zero)) if exp2 else \
+                                            tir.exp(tir.min(st[jj, qi] - sf[qi], zero))
+                                        T.buffer_store(st, p, [jj, qi])
                                         T.buffer_store(lsum, lsum[qi] + st[jj, qi], [qi])
                             # Step 2d. acc = acc * alpha + p @ V[block], `rows` rows at a time (registers);
                             # the first key's step rescales (acc * alpha + p * V: no pass of its own over
