@@ -134,7 +134,7 @@ SEQ_BUCKETS = (16, 32, 64, 128)
 ROW_BUCKET = "row_nest:seq"
 SYMBOLIC_OPEN_HINT = 256
 NEG_INF = float("-inf")
-LOG2E = 1.4426950408889634      # log2(e): the exp2 knob's logits are in units of it
+LOG2E = 1.4426950408889634      # log2(e): the exp2 knob computes e^(x - m) as 2^(x log2(e) - m log2(e))
 # Software prefetch (the ``prefetch`` knob): one per 64-byte cache line (16 float32), with LLVM's locality
 # hint 2 (x86: prefetcht1, into L2, not L1: L1 holds the query block's working set meanwhile).
 LINE_FLOATS = 16
