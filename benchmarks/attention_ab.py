@@ -61,12 +61,16 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=11)
     ap.add_argument("--number", type=int, default=0, help="calls per timing (0: about 0.1 s)")
     ap.add_argument("--quick", action="store_true", help="small shapes, 2 rounds: a check that it runs")
+    ap.add_argument("--mattr", default=None, help="LLVM -mattr for the host target (e.g. -avx512f: AVX2 code)")
     args = ap.parse_args()
     if args.threads:
         os.environ["TVM_NUM_THREADS"] = str(args.threads)      # before TVM's thread pool exists
     if args.quick:
         args.seq, args.heads, args.head_dim, args.rounds = 40, 2, 16, 2
     target = TG.host_target(args.threads)
+    if args.mattr:
+        target = C.Target({**{k: v for k, v in target.export().items() if k in ("kind", "mcpu", "mtriple", "num-cores")},
+                           "mattr": args.mattr.split(",")})
     if args.threads:
         C.set_runtime_threads(args.threads)
     t, match, func = attention_kernel(args.seq, args.heads, args.head_dim, args.causal, target)
@@ -121,6 +125,7 @@ def main() -> None:
         # per round, this variant's time over the default's (the same round: load drifts cancel)
         paired = statistics.median(t / b for t, b in zip(times[name], base))
         print(json.dumps({"variant": name, "seq": args.seq, "causal": args.causal, "threads": args.threads,
+                          "target": str(target),
                           "median_ms": round(med, 4), "min_ms": round(min(times[name]), 4),
                           "gflops_median": round(flops / med / 1e6, 1),
                           "vs_default_paired_median": round(paired, 4), "config": cfg,

@@ -213,18 +213,19 @@ def test_knob_space_and_every_config_match_reference(host, rng):
     match = t.match(func, host)
     space = t.space(match, host)
     assert set(space.names) == {"q_block", "k_block", "lanes", "rows", "tile_keys", "tile_qvecs", "q_blocks",
-                                "pack_kv", "prefetch", "serial_work"}
+                                "pack_kv", "prefetch", "exp2", "serial_work"}
     assert space.contains(t.default_config(match, host))
     feeds = _feeds(model, rng)
     ref = M.reference_outputs(model, feeds)["y"]
     args_np = [feeds["q"], feeds["k"], feeds["v"], feeds["mask"], np.zeros(ref.shape, np.float32)]
     configs = list(space.all_configs())
     assert {c["pack_kv"] for c in configs} == {0, 1} and {c["prefetch"] for c in configs} == {0, 1, 2}
-    # a sixth of the space without the prefetch level, each drawn with a level (the level changes no number)
+    assert {c["exp2"] for c in configs} == {0, 1}
+    # a sixth of the space without the prefetch level and the exp base, each drawn with a level and a base
     draw = random.Random(0)
-    configs = [c for c in configs if c["prefetch"] == 0]
+    configs = [c for c in configs if c["prefetch"] == 0 and c["exp2"] == 0]
     for config in draw.sample(configs, len(configs) // 6):
-        config = {**config, "prefetch": draw.choice((0, 1, 2))}
+        config = {**config, "prefetch": draw.choice((0, 1, 2)), "exp2": draw.choice((0, 1))}
         scheduled = schedule_with(t, match, func, config)
         lib = C.build_prim_module(C.IRModule({"main": scheduled.with_attr("global_symbol", "main")}), host)
         args = [C.tensor(a) for a in args_np]
@@ -415,8 +416,8 @@ def test_kernel_exp_is_fast_math_after_scheduling():
         slow = C.Sequential(schedule_passes(SKYLAKE, PipelineOptions(fast_math=False)))(cm.fused_module)
     texts = [[f.script() for f in m.functions.values() if isinstance(f, C.PrimFunc) and ATTR in f.attrs]
              for m in (fast, slow)]
-    assert len(texts[0]) == 1 and "T.exp(" not in texts[0][0]
-    assert "T.exp(" in texts[1][0]
+    assert len(texts[0]) == 1 and "T.exp(" not in texts[0][0] and "T.exp2(" not in texts[0][0]
+    assert "T.exp2(" in texts[1][0]     # the table's default: a base-2 softmax (exp2 knob)
 
 
 @pytest.mark.parametrize("target", [HASWELL, SKYLAKE], ids=["avx2", "avx512"])
@@ -433,10 +434,10 @@ def test_kernel_exps_take_the_nonpositive_variant(target, mask):
     cm = tvmfuse.compile(_chain(b=1, h=2, sq=sq, sk=sq, d=16, dv=16, mask=mask), target, schedules=False)
     res = schedule_prim_func(_attention_func(cm), target)
     assert res.template == "cpu.attention"
-    assert res.func.script().count("T.exp(") == 2
+    assert res.func.script().count("T.exp2(" if res.config["exp2"] else "T.exp(") == 2
     stats = {}
     new, _ = rewrite(res.func, stats)
-    assert stats["nonpositive_exp"] == 2 and "T.exp(" not in new.script()
+    assert stats["nonpositive_exp"] == 2 and "T.exp(" not in new.script() and "T.exp2(" not in new.script()
 
 
 @pytest.mark.parametrize("target,lanes", [(HASWELL, 8), (SKYLAKE, 16)], ids=["avx2", "avx512"])

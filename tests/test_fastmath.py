@@ -137,9 +137,9 @@ def _nonpositive_inputs():
     return np.concatenate([bits.view(np.float32), np.float32(near + specials)])
 
 
-def _nonpositive_kernel(target, n):
+def _nonpositive_kernel(target, n, fn=F.fast_exp_nonpositive):
     a = te.placeholder((n,), "float32", name="A")
-    b = te.compute((n,), lambda i: F.fast_exp_nonpositive(a[i]), name="B")
+    b = te.compute((n,), lambda i: fn(a[i]), name="B")
     sch = C.Schedule(te.create_prim_func([a, b]))
     (i,) = sch.get_loops(sch.get_sblock("B"))
     _, v = sch.split(i, [None, 8])
@@ -175,6 +175,56 @@ def test_nonpositive_exp_max_error_whole_range(host):
     assert bound["abs_subnormal"] <= 1.2e-38
     assert (y[fin][x[fin] < np.float32(F.EXP_FLUSH)] == 0).all(), "below the flush threshold: not 0"
     assert (y[fin] >= 0).all() and (y[fin] <= 1).all()
+
+
+def test_nonpositive_exp2_max_error_whole_range(host):
+    """The base-2 exp (cpu.attention's exp2 knob) over every non-positive float32 (vectorized by 8): NaN ->
+    NaN, -inf -> 0, 0 -> 1 and the integers down to -126 -> 2^x exactly, relative error <= MAX_ERROR where
+    2^x is normal, 0 below EXP2_FLUSH."""
+    x = np.concatenate([_nonpositive_inputs(), -np.arange(127, dtype=np.float32), np.float32([-126.5, -127.0])])
+    x = np.concatenate([x, np.zeros(-len(x) % 8, np.float32)])
+    func, lib = _nonpositive_kernel(host, len(x), F.fast_exp2_nonpositive)
+    lanes = _vectorized_stores(func, host)
+    assert lanes and all(n == 8 for n in lanes), f"stores of {lanes} lanes"
+    out = C.tensor(np.zeros_like(x))
+    lib["main"](C.tensor(x), out)
+    y = out.numpy().astype(np.float64)
+    with np.errstate(invalid="ignore"):
+        r = np.exp2(x.astype(np.float64))
+    np.testing.assert_array_equal(np.isnan(y), np.isnan(x), err_msg="NaN in != NaN out")
+    assert (y[np.isneginf(x)] == 0).all() and (y[x == 0] == 1).all()
+    with np.errstate(invalid="ignore"):
+        ints = (x == np.round(x)) & (x >= F.EXP2_FLUSH)
+    np.testing.assert_array_equal(y[ints], r[ints], err_msg="2^n not exact")
+    fin = ~np.isnan(x)
+    bound = F.MAX_ERROR["exp2_nonpositive"]
+    err = np.abs(y[fin] - r[fin])
+    normal = r[fin] >= np.finfo(np.float32).tiny
+    rel = err[normal] / r[fin][normal]
+    assert rel.max() <= bound["rel"], f"relative error {rel.max():.3g}"
+    assert err[~normal].max() <= bound["abs_subnormal"], f"absolute error below FLT_MIN {err[~normal].max():.3g}"
+    assert (y[fin][x[fin] < np.float32(F.EXP2_FLUSH)] == 0).all(), "below the flush threshold: not 0"
+
+
+def test_exp2_rewritten_only_where_proved_nonpositive(host):
+    """exp2(min(x, c)), c <= 0, takes the base-2 expansion (counted as a cheaper exp) and computes 2^min(x, c);
+    an exp2 not proved <= 0 keeps TVM's call (no general fast exp2)."""
+    t = C.tirx
+    a = te.placeholder((64,), "float32", name="A")
+    proved = te.create_prim_func([a, te.compute((64,), lambda i: t.exp2(t.min(a[i], t.const(0.0, "float32"))),
+                                                name="B")])
+    plain = te.create_prim_func([a, te.compute((64,), lambda i: t.exp2(a[i]), name="B")])
+    assert _cheap_count(proved) == 1 and _cheap_count(plain) == 0
+    assert F.rewrite(plain)[1] == 0
+    new, count = F.rewrite(proved)
+    assert count == 1
+    x = np.random.default_rng(4).uniform(-130, 3, 64).astype(np.float32)
+    x[:3] = (-np.inf, 0.0, 2.0)
+    lib = C.build_prim_module(C.IRModule({"main": new.with_attr("global_symbol", "main")}), host)
+    out = C.tensor(np.zeros_like(x))
+    lib["main"](C.tensor(x), out)
+    np.testing.assert_allclose(out.numpy(), np.exp2(np.minimum(x, 0).astype(np.float64)),
+                               rtol=F.MAX_ERROR["exp2_nonpositive"]["rel"], atol=1.2e-38)
 
 
 def test_nonpositive_exp_of_a_min_with_a_nonpositive_constant(host):

@@ -24,6 +24,11 @@ exp    the same reduction and polynomial, for an argument     relative 2.0e-7 wh
 (x<=0) proved <= 0 (softmax's x - rowmax, see below): n in    (6.9e-8 measured); absolute 1.1755e-38
        [-126, 0] from the magic number's low bits in one      (FLT_MIN) below it: 0 for x < -87.33655
        shift, no clamp, no overflow, flush below FLT_MIN      (e^x < FLT_MIN); 1 at 0, 0 at -inf, NaN kept
+exp2   2^x = 2^n 2^f, n = round(x) by the magic number       relative 2.0e-7 where the result is normal
+(x<=0) (f = x - n exact, no ln 2 reduction), degree-5 fit    (1.6e-7 measured); absolute 1.1755e-38
+       for 2^f on |f| <= 1/2 (5 FMAs), 2^n one shift; only   (FLT_MIN) below it: 0 for x < -126; 2^n
+       where x is proved <= 0 (cpu.attention's exp2 knob:    exact for integers, 1 at 0, 0 at -inf,
+       a base-2 softmax); any other exp2 keeps libm's        NaN kept
 pow    pow(x, n) for a constant integer n in [1,             relative (n - 1) 2^-24 where the result is
 (x, n) MAX_INTEGER_POWER] (GPT-2's GELU: x^3): n - 1          normal (x^3: 1.2e-7, x^4: 1.8e-7); absolute
        multiplies, x^4 as (x x)(x x); pow(x, 0) is 1        FLT_MIN below it; +-0, +-inf, NaN as powf
@@ -91,6 +96,12 @@ EXP_FLUSH = -87.3365478515625
 # 1.5 * 2^23 + 127: x / ln2 + this holds n + 127 in [1, 127] in its low mantissa bits, so its bits shifted
 # left by 23 are the float 2^n (the high bits of 1.5 * 2^23 shift out)
 ROUND_MAGIC_POW2 = ROUND_MAGIC + 127.0
+# 2^x for x proved <= 0 (a base-2 softmax: cpu.attention's exp2 knob): x = n + f with n = round(x) (the magic
+# number above, no ln 2 reduction: f = x - n is exact), 2^f ~= 1 + f (c1 + c2 f + ... + c5 f^4) on |f| <= 1/2:
+# a degree-5 fit of the relative error (9.1e-8 in exact arithmetic), highest degree first; below EXP2_FLUSH
+# (2^x < FLT_MIN) the result is 0
+EXP2_POLY = (1.3264726899e-3, 9.6715126606e-3, 5.5507337442e-2, 2.4022242085e-1, 6.9314697760e-1)
+EXP2_FLUSH = -126.0
 
 # a / b -> a * (1/b) where 1/b is a normal float: 2^-126 <= |b| <= 2^126 (outside: the division is kept)
 RECIP_MIN = 2.0 ** -126
@@ -111,6 +122,7 @@ _PURE = ("tirx.sqrt", "tirx.rsqrt", "tirx.fabs")
 MAX_ERROR = {
     "exp": {"rel": 2.0e-7, "abs_subnormal": 1.5e-45},
     "exp_nonpositive": {"rel": 2.0e-7, "abs_subnormal": 1.1755e-38},
+    "exp2_nonpositive": {"rel": 2.0e-7, "abs_subnormal": 1.1755e-38},
     "erf": {"abs": 3.5e-7},
     "tanh": {"abs": 3.0e-7},
     "sigmoid": {"rel": 4.0e-7},
@@ -217,6 +229,27 @@ def _exp_nonpositive(lets: _Lets, x):
     p = p * r + _f(1.0)
     pow2 = t.reinterpret(F32, t.shift_left(t.reinterpret("int32", tn), t.const(23, "int32")))
     return t.Select(x < _f(EXP_FLUSH), _f(0.0), p * pow2)
+
+
+def _exp2_nonpositive(lets: _Lets, x):
+    """2^x for x <= 0, -inf or NaN only: 12 vector instructions (``_exp_nonpositive``'s rounding and shift,
+    without the ln 2 reduction: x is already in base 2).  From EXP2_FLUSH up to 0, n = round(x) is in
+    [-126, 0] and 2^n is one shift of the rounded value's bits; below it the final select gives 0 (-inf's
+    NaN reduction included).  A NaN compares false and goes through every step."""
+    t = C.tirx
+    tn = lets.bind(x + _f(ROUND_MAGIC_POW2))
+    nf = lets.bind(tn - _f(ROUND_MAGIC_POW2))
+    f = lets.bind(x - nf)           # exact: |x - n| <= 1/2 and n an integer near x
+    p = _horner(f, EXP2_POLY) * f + _f(1.0)
+    pow2 = t.reinterpret(F32, t.shift_left(t.reinterpret("int32", tn), t.const(23, "int32")))
+    return t.Select(x < _f(EXP2_FLUSH), _f(0.0), p * pow2)
+
+
+def fast_exp2_nonpositive(x):
+    """2^x where x is known to be <= 0 or NaN (see ``_NonPositive``); other exp2 calls keep libm's."""
+    lets = _Lets()
+    xv = lets.bind(x)
+    return lets.wrap(_exp2_nonpositive(lets, xv))
 
 
 def fast_exp(x):
@@ -620,6 +653,12 @@ class _Rewriter:
             if name == "tirx.pow" and _integer_exponent(e) is not None:
                 self.count += 1
                 return integer_power(args[0], _integer_exponent(e))
+            if name == "tirx.exp2" and len(args) == 1 and str(args[0].ty.dtype) == F32 \
+                    and self._nonpositive is not None and _expansion_depth(args[0]) < MAX_NESTED_EXPANSIONS \
+                    and self._nonpositive.proves(args[0]):
+                self.count += 1
+                self.cheap += 1
+                return fast_exp2_nonpositive(args[0])
             if name in REWRITES and len(args) == 1 and str(args[0].ty.dtype) == F32 \
                     and _expansion_depth(args[0]) >= MAX_NESTED_EXPANSIONS:
                 self.kept_nested += 1

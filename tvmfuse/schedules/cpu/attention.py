@@ -35,6 +35,15 @@ over the query rows, so that the row statistics are vector operations:
             m  = m'
         out[rows] = acc / l   (0 where the guard is set)
 
+With the ``exp2`` knob (the target table's default) the exps are powers of 2: p = 2^(sT log2(e) - m2), one
+multiply-add for the argument, where m2 = m' log2(e) rounded up (every argument <= 0) and kept per key block,
+so that the rescale factors 2^(m2_old - m2) use the very offsets the exps used: m2's rounding scales the sums
+and the accumulators alike and cancels in acc / l (logits near 1e4 keep the base-e kernel's accuracy; a query
+scale of scale x log2(e) did not: Q x 0.125 is exact, Q x 0.18 is not).  tvmfuse.fastmath expands 2^x of an
+argument <= 0 without the ln 2 reduction: 13 vector instructions per vector of scores (argument and min
+included) instead of 15-17.  The two multiply-add loops run at the FMA ports' rate, so the instructions
+around them are what is left to cut.
+
 The query block is sized so that its transposed queries, scores and accumulators fit L1 (the target's
 ``l1_share_query_block``): the K/V rows of a key block are then re-read from L2 by each query block.
 In place, K/V rows of a heads-interleaved tensor ([seq, heads * dim]) are heads x dim floats apart and fall
@@ -125,6 +134,7 @@ SEQ_BUCKETS = (16, 32, 64, 128)
 ROW_BUCKET = "row_nest:seq"
 SYMBOLIC_OPEN_HINT = 256
 NEG_INF = float("-inf")
+LOG2E = 1.4426950408889634      # log2(e): the exp2 knob computes e^(x - m) as 2^(x log2(e) - m log2(e))
 # Software prefetch (the ``prefetch`` knob): one per 64-byte cache line (16 float32), with LLVM's locality
 # hint 2 (x86: prefetcht1, into L2, not L1: L1 holds the query block's working set meanwhile).
 LINE_FLOATS = 16
@@ -542,6 +552,9 @@ class AttentionConfig(Config):
     prefetch: int = knob("software prefetches into L2 during each key block (static sequence only): 0 none; "
                          "1 the next query block's Q rows and this block's output rows; 2 also the next "
                          "task's K and V rows (packed K/V)")
+    exp2: int = knob("1: the softmax's exps as powers of 2 (2^(x log2(e) - m log2(e)), the offset rounded up "
+                     "and shared with the rescale factors: tvmfuse.fastmath's exp2 of arguments <= 0, no ln 2 "
+                     "reduction); 0: e^(x - m)")
     serial_work: int = knob("the row nest (q_block 1) runs its (batch x heads x rows) loop serial when the "
                             "kernel's multiply-adds at run time are fewer than this (the target's fork/join "
                             "cost); 0: always parallel")
@@ -575,7 +588,7 @@ class Attention(Template):
         if match.info.get("row_nest"):
             return AttentionConfig.space(q_block=(1,), k_block=_row_key_blocks(spec, match, lanes), lanes=(lanes,),
                                          rows=(1,), tile_keys=(1,), tile_qvecs=(1,), q_blocks=(1,), pack_kv=(0,),
-                                         prefetch=(0,), serial_work=(U.min_parallel_work(target), 0))
+                                         prefetch=(0,), exp2=(0,), serial_work=(U.min_parallel_work(target), 0))
         sq, sk = _size(spec.sq, match, None), _size(spec.sk, match, None)   # None: any block may serve
         qb = tuple(lanes * v for v in Q_BLOCK_VECTORS if v == 1 or sq is None or lanes * v < 2 * sq)
         kb = tuple(lanes * v for v in K_BLOCK_VECTORS if v == 1 or sk is None or lanes * v < 2 * sk)
@@ -586,7 +599,7 @@ class Attention(Template):
         return AttentionConfig.space(q_block=qb, k_block=kb, lanes=(lanes,), rows=ROW_GROUPS,
                                      tile_keys=TILE_KEYS, tile_qvecs=TILE_QVECS, q_blocks=qbs,
                                      pack_kv=(0, 1) if static_seq else (0,),
-                                     prefetch=(0, 1, 2) if static_seq else (0,), serial_work=(0,))
+                                     prefetch=(0, 1, 2) if static_seq else (0,), exp2=(0, 1), serial_work=(0,))
 
     def default_config(self, match: Match, target: C.Target) -> dict:
         spec, info = match.info["spec"], cpu_info(target)
@@ -649,7 +662,7 @@ class Attention(Template):
                 prefetch = 1
         return AttentionConfig(q_block=qb, k_block=kb, lanes=lanes, rows=rows, tile_keys=keys,
                                tile_qvecs=qvecs, q_blocks=q_blocks, pack_kv=pack, prefetch=prefetch,
-                               serial_work=0).asdict()
+                               exp2=int(table["exp2"]), serial_work=0).asdict()
 
     # ------------------------------------------------------------------ size buckets (symbolic sequence)
     def buckets(self, match: Match, target: C.Target) -> tuple[Bucket, ...]:
@@ -706,7 +719,7 @@ class Attention(Template):
             raise ValueError("cpu.attention: prefetch needs a static sequence (its rows per key block are static)")
         # a bounded size bucket's nest runs only for sequences up to its bound (schedules.buckets)
         new_root = _flash_root(spec, list(func.params), qb, kb, lanes, rows, tile_keys, tile_qvecs,
-                               cfg.q_blocks, bool(cfg.pack_kv), seq_bound, cfg.prefetch)
+                               cfg.q_blocks, bool(cfg.pack_kv), seq_bound, cfg.prefetch, bool(cfg.exp2))
         # Step 2. It replaces the reference stages (scores, softmax, P @ V) wholesale.
         old = sch.get(root)
         sch.state.replace(sch.get_sref(root), new_root, {old: new_root})
@@ -724,7 +737,7 @@ def _block_count(spec: AttentionSpec, n, block: int, seq_bound: int | None):
 
 def _flash_root(spec: AttentionSpec, params: list, qb: int, kb: int, lanes: int, rows: int,
                 tile_keys: int, tile_qvecs: int, q_blocks: int = 1, pack_kv: bool = False,
-                seq_bound: int | None = None, prefetch: int = 0):
+                seq_bound: int | None = None, prefetch: int = 0, exp2: bool = False):
     """The root block of the online-softmax kernel (see the module docstring).
 
     The scores are computed transposed, ``sT[key, query row]``, a vector over the query rows: the query
@@ -755,6 +768,9 @@ def _flash_root(spec: AttentionSpec, params: list, qb: int, kb: int, lanes: int,
     scale = tir.const(spec.scale, f32)
     neg_inf, zero = tir.const(NEG_INF, f32), tir.const(0.0, f32)
     ext = spec.extents()
+    # exp2: log2(e), and the margin that rounds m log2(e) up: |m| log2(e) 2^-22 exceeds the product's rounding
+    # error (2^-24 relative) and the sum's
+    log2e, log2e_up = tir.const(LOG2E, f32), tir.const(LOG2E * 2.0 ** -22, f32)
 
     def load(name, op, env):
         return buf[name][tuple(_index(op, env, ext))]
@@ -785,6 +801,8 @@ def _flash_root(spec: AttentionSpec, params: list, qb: int, kb: int, lanes: int,
                     mn = T.sblock_alloc_buffer((qb,), f32, scope=BUFFER_SCOPE)      # the block's new max
                     sf = T.sblock_alloc_buffer((qb,), f32, scope=BUFFER_SCOPE)      # new max, 0 for -inf
                     al = T.sblock_alloc_buffer((qb,), f32, scope=BUFFER_SCOPE)      # rescale factor
+                    if exp2:     # the previous key block's base-2 offset (its max x log2(e), rounded up)
+                        ml = T.sblock_alloc_buffer((qb,), f32, scope=BUFFER_SCOPE)
                     lsum = T.sblock_alloc_buffer((qb,), f32, scope=BUFFER_SCOPE)
                     acc = T.sblock_alloc_buffer((qb, spec.dv), f32, scope=BUFFER_SCOPE)
                     st = T.sblock_alloc_buffer((kb, qb), f32, scope=BUFFER_SCOPE)
@@ -859,6 +877,8 @@ def _flash_root(spec: AttentionSpec, params: list, qb: int, kb: int, lanes: int,
                                                                            "d": dd}) * scale, [dd, qi])
                         with _vector_loop(T, qb, lanes) as qi:
                             T.buffer_store(m, neg_inf, [qi])
+                            if exp2:
+                                T.buffer_store(ml, neg_inf, [qi])
                             T.buffer_store(lsum, zero, [qi])
                         with T.serial(0, qb) as qi:
                             with _vector_loop(T, spec.dv, lanes) as e:
@@ -922,16 +942,29 @@ def _flash_root(spec: AttentionSpec, params: list, qb: int, kb: int, lanes: int,
                                 # probabilities and the rescaled sums.  Every exp's argument is <= 0 (a score or
                                 # the old max minus the new max); min(., 0) says so to tvmfuse.fastmath, which
                                 # then takes its cheaper exp.
+                                # exp2: base 2, e^(x - m) = 2^(x log2(e) - m'), m' = m log2(e) rounded up (so
+                                # every argument stays <= 0) and kept per block (ml): the rescale factors use
+                                # the offsets the exps used, so m''s rounding scales the sums and accumulators
+                                # alike and cancels in acc / sum; x log2(e) - m' is one multiply-add.
                                 with T.vectorized(0, lanes) as ln:
                                     qi = qvec * lanes + ln
-                                    T.buffer_store(sf, tir.Select(mn[qi] == neg_inf, zero, mn[qi]), [qi])
-                                    T.buffer_store(al, tir.exp(tir.min(m[qi] - sf[qi], zero)), [qi])
+                                    new = tir.Select(mn[qi] == neg_inf, zero, mn[qi])
+                                    if exp2:
+                                        new = new * log2e + tir.abs(new) * log2e_up
+                                        T.buffer_store(sf, new, [qi])
+                                        T.buffer_store(al, tir.exp2(tir.min(ml[qi] - sf[qi], zero)), [qi])
+                                        T.buffer_store(ml, sf[qi], [qi])
+                                    else:
+                                        T.buffer_store(sf, new, [qi])
+                                        T.buffer_store(al, tir.exp(tir.min(m[qi] - sf[qi], zero)), [qi])
                                     T.buffer_store(lsum, lsum[qi] * al[qi], [qi])
                                     T.buffer_store(m, mn[qi], [qi])
                                 with T.serial(0, kb) as jj:
                                     with T.vectorized(0, lanes) as ln:
                                         qi = qvec * lanes + ln
-                                        T.buffer_store(st, tir.exp(tir.min(st[jj, qi] - sf[qi], zero)), [jj, qi])
+                                        p = tir.exp2(tir.min(st[jj, qi] * log2e - sf[qi], zero)) if exp2 else \
+                                            tir.exp(tir.min(st[jj, qi] - sf[qi], zero))
+                                        T.buffer_store(st, p, [jj, qi])
                                         T.buffer_store(lsum, lsum[qi] + st[jj, qi], [qi])
                             # Step 2d. acc = acc * alpha + p @ V[block], `rows` rows at a time (registers);
                             # the first key's step rescales (acc * alpha + p * V: no pass of its own over
