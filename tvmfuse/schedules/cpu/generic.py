@@ -302,9 +302,50 @@ def _symbolic_output_elements(func: C.PrimFunc):
                                                                     for d in bufs[-1].shape) else n
 
 
+# Calls TVM lowers to a libm call per element (scalar): a block computing one is not folded into consumers
+# that read it more than once (each read would call it again; ``_recomputed_if_folded``).
+LIBM_CALLS = frozenset({"tirx.log", "tirx.log2", "tirx.log10", "tirx.exp", "tirx.exp2", "tirx.tanh",
+                        "tirx.erf", "tirx.pow", "tirx.sin", "tirx.cos"})
+
+
+def _recomputed_if_folded(sch: C.Schedule, block, consumers) -> bool:
+    """Folding ``block`` into its consumers would repeat its work: it computes a libm call
+    (``LIBM_CALLS``, after earlier folds) read at more than one place, or more than a cheap expression
+    (``common.is_cheap``) read by a consumer that iterates over more than the producer's indices (a
+    broadcast: the value computed again for every element of the axes it does not depend on).
+    t5_encoder_dyn's relative-position bias: the log bucket of ``j - i`` ([sequence, sequence]) was
+    recomputed per batch and head of the [batch, 4, sequence, sequence] output, and its log three times per
+    element (an isfinite test reads it twice, a where once)."""
+    value = U.store_value(sch, block)
+    if value is None:
+        return False
+    calls = []
+    C.post_order_visit(value, lambda n: calls.append(n) if isinstance(n, C.Call) and hasattr(n.op, "name")
+                       and str(n.op.name) in LIBM_CALLS else None)
+    if not calls and U.is_cheap(sch, block):
+        return False
+    buf = sch.get(block).writes[0].source
+    reads = 0
+    for c in consumers:
+        blk = sch.get(c)
+        loads = []
+        C.post_order_visit(blk.body, lambda n: loads.append(n) if isinstance(n, C.TensorLoad)
+                           and n.source.same_as(buf) else None)
+        reads += len(loads)
+        spatial = {str(iv.var.name) for iv in blk.iter_vars if int(iv.iter_type) == U.SPATIAL
+                   and not (isinstance(iv.dom.extent, C.tirx.IntImm) and int(iv.dom.extent) == 1)}
+        for load in loads:
+            used = set()
+            for idx in load.indices:
+                C.post_order_visit(idx, lambda n: used.add(str(n.name)) if isinstance(n, C.tirx.Var) else None)
+            if spatial - used:
+                return True            # a broadcast read: recomputed per element of the missing axes
+    return bool(calls) and reads > 1
+
+
 def _schedule_nest(func: C.PrimFunc, cfg: GenericConfig, symbolic_parallel: bool) -> tuple[C.PrimFunc, dict]:
     sch = C.Schedule(func)
-    U.inline_elementwise(sch)
+    U.inline_elementwise(sch, keep_if=_recomputed_if_folded)
     report: dict[str, dict] = {}
     order = [U.block_name(sch, b) for b in U.top_blocks(sch)]
     outputs = U.output_names(sch)
@@ -312,7 +353,10 @@ def _schedule_nest(func: C.PrimFunc, cfg: GenericConfig, symbolic_parallel: bool
     for name in reversed(order):
         block = sch.get_sblock(name)
         consumers = list(sch.get_consumers(block))
-        if len(consumers) == 1 and U.is_spatial(sch, block) and name not in outputs:
+        # (not a producer kept because folding it would recompute it: computed inside the consumer's
+        # parallel loop it would be recomputed per iteration of that loop just the same)
+        if len(consumers) == 1 and U.is_spatial(sch, block) and name not in outputs and \
+                not _recomputed_if_folded(sch, block, consumers):
             consumer = U.block_name(sch, consumers[0])
             at = report.get(consumer, {}).get("parallel_loop")
             if at is not None and _try("compute_at", name, sch.compute_at, block, at, True)[0]:
