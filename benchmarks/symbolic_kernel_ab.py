@@ -60,6 +60,24 @@ def _buffers(func) -> list:
     return [p for p in func.params if hasattr(p, "shape")]
 
 
+def _eval(dim, dims: dict) -> int:
+    """A buffer extent (an int, a shape variable or an expression of them) at the sizes ``dims``."""
+    if isinstance(dim, C.tirx.IntImm):
+        return int(dim)
+    ana = C.Analyzer()
+    free = []
+    C.post_order_visit(dim, lambda n: free.append(n) if isinstance(n, C.tirx.Var) else None)
+    for v in free:
+        ana.bind(v, C.tirx.IntImm(str(v.ty), dims[str(v.name)]))
+    return int(ana.simplify(dim))
+
+
+def _ordered(params, values: dict, outs: list) -> list:
+    """The kernel's arguments in parameter order: inputs and scalars from ``values``, then the outputs."""
+    out = iter(outs)
+    return [values[p] if p in values else next(out) for p in params]
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("model")
@@ -102,23 +120,31 @@ def main(argv=None) -> int:
                 st, sm = sfound
                 built[f"static {st.family}"] = _build(schedule_with(st, sm, sfunc, st.default_config(sm, target)),
                                                      target)
-        # arguments: the static kernel's shapes (the symbolic one binds its extents from them)
-        ref_func = pinned[0][1] if pinned else None
-        if ref_func is None:
-            print(json.dumps({"kernel": name, "skipped": "no pinned kernel with the same parameters"}))
-            continue
+        # arguments: the symbolic kernel's buffers at --dims (the static build may have fused the kernel
+        # differently: then it is timed without the static comparator); scalars (shape variables) by name
         rng = np.random.default_rng(0)
-        bufs = _buffers(ref_func)
+        params = list(func.params)
+        bufs = _buffers(func)
         written = set()
-        C.post_order_visit(ref_func.body, lambda n: written.add(str(n.buffer.name))
+        C.post_order_visit(func.body, lambda n: written.add(str(n.buffer.name))
                            if isinstance(n, C.BufferStore) else None)
         n_out = sum(1 for b in bufs if str(b.name) in written)
-        ins = [C.tensor(rng.standard_normal([int(d) for d in b.shape]).astype(str(b.dtype))) for b in bufs[:-n_out]]
-        outs = {label: [C.tensor(np.zeros([int(d) for d in b.shape], str(b.dtype))) for b in bufs[-n_out:]]
-                for label in built}
+        shape = lambda b: [_eval(d, dims) for d in b.shape]
+        values = {}
+        for p in params:
+            if hasattr(p, "shape") and bufs.index(p) < len(bufs) - n_out:
+                values[p] = C.tensor(rng.standard_normal(shape(p)).astype(str(p.dtype)))
+            elif not hasattr(p, "shape"):
+                values[p] = dims[str(p.name)]
+        outs = {label: [C.tensor(np.zeros(shape(b), str(b.dtype))) for b in bufs[-n_out:]] for label in built}
+        ins = [values[p] for p in params if p in values]
         results = {}
         for label, f in built.items():
-            f(*ins, *outs[label])
+            if label.startswith("static"):
+                f(*[v for p, v in zip(params, [values.get(p) for p in params]) if hasattr(p, "shape")
+                    and p in values], *outs[label])
+            else:
+                f(*_ordered(params, values, outs[label]))
             results[label] = [o.numpy() for o in outs[label]]
         ref = results[list(built)[-1]]
         for label, got in results.items():
@@ -127,7 +153,8 @@ def main(argv=None) -> int:
         times = {v: [] for v in built}
         for _ in range(a.rounds):
             for v, f in built.items():
-                args = ins + outs[v]
+                args = ([values[p] for p in params if hasattr(p, "shape") and p in values] + outs[v]
+                        if v.startswith("static") else _ordered(params, values, outs[v]))
                 t0 = time.thread_time()
                 for _ in range(a.repeat):
                     f(*args)
