@@ -7,6 +7,7 @@ static variant's, and its outputs against onnxruntime at several sizes of its sy
     PYTHONPATH=. python benchmarks/symbolic_check.py --latency --table table.md   # the README table (Table 10)
     PYTHONPATH=. python benchmarks/symbolic_check.py --latency --all              # ... over the whole corpus
     PYTHONPATH=. python benchmarks/symbolic_check.py --quick --latency            # smoke run (minutes)
+    PYTHONPATH=. python benchmarks/symbolic_check.py gpt2 llama --latency --size batch=1,sequence=1   # one size
 
 A model is OK when its symbolic build has as many kernels as the static one (or more by the kernels
 ``EXPLAINED_EXTRA_KERNELS`` explains: what the static build folds to a constant), none unscheduled, and
@@ -218,6 +219,30 @@ def latency_table(records: list[dict]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def parse_size(text: str, ap) -> dict:
+    """``--size batch=1,sequence=1`` as {"batch": 1, "sequence": 1} (an argparse error otherwise)."""
+    out = {}
+    for part in text.split(","):
+        name, _, value = part.partition("=")
+        if not name.strip() or not value.strip().isdigit():
+            ap.error(f"--size {text!r}: expected NAME=INT[,NAME=INT...]")
+        out[name.strip()] = int(value)
+    return out
+
+
+def chosen_points(entry: dict, sizes: list[dict]) -> list[dict]:
+    """``--size``'s sizes restricted to the model's symbolic dims (a CNN has no ``sequence``), deduplicated."""
+    names = {d for spec in entry["inputs"] for d in spec["dyn_shape"] if isinstance(d, str)}
+    points = []
+    for s in sizes:
+        p = {k: v for k, v in s.items() if k in names}
+        if p and set(p) == names and p not in points:
+            points.append(p)
+    if not points:
+        raise SystemExit(f"--size: none of {sizes} sizes every symbolic dim of {entry['name']} ({sorted(names)})")
+    return points
+
+
 def select_models(names, entries: dict, *, all_models: bool = False, quick: bool = False,
                   latency: bool = False) -> list[str]:
     """The models a run checks: ``names`` if any, else every corpus model (``all_models``), else for numerics
@@ -249,6 +274,9 @@ def main(argv=None) -> int:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--table", help="with --latency: write the markdown latency table here")
     ap.add_argument("--all", action="store_true", help="every corpus model (with --latency and --quick too)")
+    ap.add_argument("--size", action="append", default=[], metavar="NAME=N[,NAME=N]",
+                    help="only this size of the symbolic dims (repeatable; e.g. batch=1,sequence=1); a model "
+                         "without one of the named dims is checked at the sizes it has")
     ap.add_argument("--quick", action="store_true",
                     help=f"smoke run: {', '.join(QUICK_MODELS)} unless models are named, sizes {QUICK_SIZES}")
     args = ap.parse_args(argv)
@@ -259,6 +287,7 @@ def main(argv=None) -> int:
     from tvmfuse.compiled import shape_bounds_of
 
     bounds = shape_bounds_of(args)
+    sizes = [parse_size(t, ap) for t in args.size]
     entries = {e["name"]: e for e in corpus_io.load_manifest()["models"]}
     if args.all and args.models:
         ap.error("--all and model names: give one or the other")
@@ -269,6 +298,8 @@ def main(argv=None) -> int:
     records = []
     for n in names:
         points = size_points(entries[n], QUICK_SIZES["batch"], QUICK_SIZES["sequence"]) if args.quick else None
+        if sizes:
+            points = chosen_points(entries[n], sizes)
         if bounds:   # a bound applies to the models that have that dim
             dims = {d for spec in entries[n]["inputs"] for d in spec["dyn_shape"] if isinstance(d, str)}
             model_bounds = {k: v for k, v in bounds.items() if k in dims} or None

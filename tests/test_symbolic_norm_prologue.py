@@ -234,3 +234,49 @@ def test_columns_off_the_vector_width_do_not_fire(tname, monkeypatch):
     # each refusal says why: the family's own decline, and which family would have taken the group instead
     assert all(f"{FAMILY}: " in r["reason"] and "a multiple of the vector width" in r["reason"]
                and "would take it" in r["reason"] for r in refused), refused
+
+
+# T5's FFN input (RMSNorm, K 64 -> N 256, Relu): one register-tile strip of B (64 x 64 floats) is a quarter
+# of L1 or more on AVX-512, so the L1 rule alone would pack B there, once per row block
+T5_FFN = dict(norm="rmsnorm", rows=8, d=64, n=256, batch=2, bias=False, matmul_bias=False, act="Relu")
+
+
+def _with_pack_threshold(mp, rows: int) -> None:
+    orig = SymbolicNormMatmul.table_defaults
+    mp.setattr(SymbolicNormMatmul, "table_defaults",
+               lambda self, target: {**orig(self, target), "pack_min_block_rows": rows})
+
+
+def test_row_tiled_nest_packs_b_only_for_tall_row_blocks(monkeypatch):
+    """Regression (issue 13): the row-tiled bucket's row block (mr x the table's short ``row_mc_tiles``) is
+    under the table's ``pack_min_block_rows``, so B is read in place (t5_encoder_dyn at 128 rows re-packed
+    its FFN weight every 6 rows: 1.6x the static kernel); with the threshold at the block's rows the same
+    default packs (the L1 rule decides again)."""
+    target = named_target("skx-2")
+    (kname, func), = S.graph_funcs(S.symbolic_dims(M.norm_matmul(**T5_FFN)), target).items()
+    t = SymbolicNormMatmul()
+    bm = t.bucket_match(t.match(func, target), t.buckets(t.match(func, target), target)[-1])
+    assert bm.info["bucket"] == "rows>16"
+    cfg = t.default_config(bm, target)
+    block = cfg["mr"] * cfg["mc_tiles"]
+    assert block < int(t.table_defaults(target)["pack_min_block_rows"]) and not cfg["pack_b"], cfg
+    with monkeypatch.context() as mp:
+        _with_pack_threshold(mp, block)
+        assert t.default_config(bm, target)["pack_b"]
+
+
+def test_packed_row_tiled_nest_matches_the_reference(host, monkeypatch, rng):
+    """The packed-B path of the row-tiled nest (no longer the default at T5's sizes) still computes the
+    reference: the threshold lowered to one row, rows in the row-tiled bucket with a partial last block."""
+    model = S.symbolic_dims(M.norm_matmul(**T5_FFN))
+    with monkeypatch.context() as mp:
+        _with_pack_threshold(mp, 1)
+        with Recorder() as rec:
+            cm = tvmfuse.compile(model, host)
+    (sched,) = rec.schedules
+    tiled = [b["config"] for b in sched["knobs"]["buckets"] if b["bucket"] == "rows>16"][0]
+    assert sched["template"] == FAMILY and tiled["pack_b"], sched
+    for b, s in ((3, 17), (1, 40)):
+        feeds = {"x": rng.standard_normal((b, s, T5_FFN["d"])).astype(np.float32)}
+        want = M.reference_outputs(model, feeds)["y0"]
+        np.testing.assert_allclose(cm.run(feeds)["y0"], want, rtol=RTOL, atol=ATOL, err_msg=f"{b}x{s}")

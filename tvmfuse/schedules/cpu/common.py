@@ -222,11 +222,12 @@ def is_cheap(sch: C.Schedule, block) -> bool:
     return value is not None and count_ops(value) <= CHEAP_PRODUCER_OPS
 
 
-def inline_elementwise(sch: C.Schedule, keep=frozenset()) -> list[str]:
+def inline_elementwise(sch: C.Schedule, keep=frozenset(), keep_if=None) -> list[str]:
     """Fold every spatial, non-output block into its consumers (repeat until nothing changes).
 
     A producer read by a reduction is folded only when cheap (a pad or a transpose): an exp feeding a
-    matmul is computed once, not once per use.  ``keep`` names blocks that must stay.  Returns the
+    matmul is computed once, not once per use.  ``keep`` names blocks that must stay, ``keep_if(sch,
+    block, consumers)`` decides others at the time they would be folded.  Returns the
     names of the blocks left, in order.  A block the schedule refuses to inline (several stores, a
     non-injective read) simply stays: that is a property of the kernel, not an error.
     """
@@ -240,6 +241,8 @@ def inline_elementwise(sch: C.Schedule, keep=frozenset()) -> list[str]:
                 continue
             consumers = sch.get_consumers(block)
             if any(is_reduction(sch, c) for c in consumers) and not is_cheap(sch, block):
+                continue
+            if keep_if is not None and keep_if(sch, block, consumers):
                 continue
             try:
                 sch.compute_inline(block)

@@ -171,8 +171,12 @@ def _try(what: str, name: str, fn, *args) -> tuple[bool, object]:
         return False, None
 
 
-def _schedule_block(sch: C.Schedule, block, cfg: GenericConfig) -> dict:
-    """Steps 1-3 on one block; returns what was done (data, for the record and the tests)."""
+def _schedule_block(sch: C.Schedule, block, cfg: GenericConfig, symbolic_parallel: bool = False) -> dict:
+    """Steps 1-3 on one block; returns what was done (data, for the record and the tests).
+    ``symbolic_parallel``: the nest runs only when the kernel's output has ``min_parallel_elements`` or more
+    (``schedule_generic``): a block with a symbolic loop is then taken as large enough to fork, and its
+    leading spatial loops but the last one are fused into the parallel loop (the last spatial loop stays
+    serial inside: a fused index split by symbolic extents costs a division per element)."""
     name = U.block_name(sch, block)
     done = {"block": name, "parallel": 0, "vector": 0, "reduction_inner": False}
     if U.has_shift(sch, block):
@@ -215,15 +219,18 @@ def _schedule_block(sch: C.Schedule, block, cfg: GenericConfig) -> dict:
         lead += 1
     if vec and lead == len(loops):
         lead -= 1                       # the innermost loop is the vector loop
-    if total >= cfg.min_parallel_elements and lead > 0:
+    symbolic = symbolic_parallel and any(_extent(sch, lp) < 0 for lp in loops[:lead])
+    if (total >= cfg.min_parallel_elements or symbolic) and lead > 0:
         want = cfg.parallel_iters_per_core * cfg.cores
         take, prod = [], 1
-        for lp in loops[:lead]:
+        for lp in loops[:lead - 1] if symbolic and lead > 1 else loops[:lead]:
             take.append(lp)
             prod *= max(_extent(sch, lp), 1)
             if prod >= want:
                 break
-        if prod > 1:
+        if symbolic and any(_extent(sch, lp) < 0 for lp in take):
+            prod = -1                     # a symbolic trip count: done["parallel"] is -1 (known at run time)
+        if prod > 1 or prod == -1:
             ok, fused = (True, take[0]) if len(take) == 1 else _try("fuse", name, sch.fuse, *take)
             if ok and _try("parallel", name, sch.parallel, fused)[0]:
                 done["parallel"] = prod
@@ -242,10 +249,103 @@ def _schedule_block(sch: C.Schedule, block, cfg: GenericConfig) -> dict:
 
 
 def schedule_generic(func: C.PrimFunc, target: C.Target) -> tuple[C.PrimFunc, dict]:
-    """The generic schedule of ``func`` for ``target``; returns (scheduled func, what was done per block)."""
+    """The generic schedule of ``func`` for ``target``; returns (scheduled func, what was done per block).
+
+    Symbolic extents (a loop over ``sequence``): the element count is known at run time only, so the kernel
+    holds two nests joined by a run-time branch on its output's element count (``schedules.buckets``): under
+    the table's ``min_parallel_elements`` the serial nest (every symbolic loop counted as one iteration, as
+    before), above it the same steps with the leading spatial loops parallel (``_schedule_block``'s
+    ``symbolic_parallel``).  t5_encoder_dyn's relative-position bias (4 x sequence^2 elements per batch, a log
+    per element) ran serial at every size before (240 us at 128, the static build's folded one 63 us)."""
     cfg = GenericConfig.for_target(target)
+    serial, report = _schedule_nest(func, cfg, symbolic_parallel=False)
+    elements = _symbolic_output_elements(func)
+    if elements is None:
+        return serial, report
+    parallel, preport = _schedule_nest(func, cfg, symbolic_parallel=True)
+    if not any(r.get("parallel") for r in preport.values()):
+        return serial, report
+    from ..buckets import Bucket, join_buckets
+
+    bound = cfg.min_parallel_elements - 1
+    joined = join_buckets([_fresh_loop_vars(serial), parallel], (Bucket(f"elements<={bound}", bound), Bucket(f"elements>{bound}", None)),
+                          elements)
+    for r in preport.values():
+        r["serial_up_to_elements"] = bound
+    return joined, preport
+
+
+def _fresh_loop_vars(func: C.PrimFunc) -> C.PrimFunc:
+    """``func`` with a new variable for every loop: two nests of one PrimFunc joined in one kernel would
+    otherwise share the loops neither schedule transformed (one variable with two ranges, which TVM's
+    lowering refuses)."""
+    fresh = {}
+
+    def visit(n):
+        if isinstance(n, C.tirx.For):
+            fresh[n.loop_var] = C.tirx.Var(str(n.loop_var.name), n.loop_var.ty)
+
+    C.post_order_visit(func.body, visit)
+    return func.with_body(C.structural_map(func.body, (C.tirx.Var, lambda v: fresh.get(v, v))))
+
+
+def _symbolic_output_elements(func: C.PrimFunc):
+    """The element count of the kernel's largest output (its last buffer parameter; TVM's convention) when
+    it is symbolic, else None."""
+    bufs = [p for p in func.params if hasattr(p, "shape")]
+    if not bufs:
+        return None
+    n = None
+    for d in bufs[-1].shape:
+        n = d if n is None else n * d
+    return None if n is None or isinstance(n, C.tirx.IntImm) or all(isinstance(d, C.tirx.IntImm)
+                                                                    for d in bufs[-1].shape) else n
+
+
+# Calls TVM lowers to a libm call per element (scalar): a block computing one is not folded into consumers
+# that read it more than once (each read would call it again; ``_recomputed_if_folded``).
+LIBM_CALLS = frozenset({"tirx.log", "tirx.log2", "tirx.log10", "tirx.exp", "tirx.exp2", "tirx.tanh",
+                        "tirx.erf", "tirx.pow", "tirx.sin", "tirx.cos"})
+
+
+def _recomputed_if_folded(sch: C.Schedule, block, consumers) -> bool:
+    """Folding ``block`` into its consumers would repeat its work: it computes a libm call
+    (``LIBM_CALLS``, after earlier folds) read at more than one place, or more than a cheap expression
+    (``common.is_cheap``) read by a consumer that iterates over more than the producer's indices (a
+    broadcast: the value computed again for every element of the axes it does not depend on).
+    t5_encoder_dyn's relative-position bias: the log bucket of ``j - i`` ([sequence, sequence]) was
+    recomputed per batch and head of the [batch, 4, sequence, sequence] output, and its log three times per
+    element (an isfinite test reads it twice, a where once)."""
+    value = U.store_value(sch, block)
+    if value is None:
+        return False
+    calls = []
+    C.post_order_visit(value, lambda n: calls.append(n) if isinstance(n, C.Call) and hasattr(n.op, "name")
+                       and str(n.op.name) in LIBM_CALLS else None)
+    if not calls and U.is_cheap(sch, block):
+        return False
+    buf = sch.get(block).writes[0].source
+    reads = 0
+    for c in consumers:
+        blk = sch.get(c)
+        loads = []
+        C.post_order_visit(blk.body, lambda n: loads.append(n) if isinstance(n, C.TensorLoad)
+                           and n.source.same_as(buf) else None)
+        reads += len(loads)
+        spatial = {str(iv.var.name) for iv in blk.iter_vars if int(iv.iter_type) == U.SPATIAL
+                   and not (isinstance(iv.dom.extent, C.tirx.IntImm) and int(iv.dom.extent) == 1)}
+        for load in loads:
+            used = set()
+            for idx in load.indices:
+                C.post_order_visit(idx, lambda n: used.add(str(n.name)) if isinstance(n, C.tirx.Var) else None)
+            if spatial - used:
+                return True            # a broadcast read: recomputed per element of the missing axes
+    return bool(calls) and reads > 1
+
+
+def _schedule_nest(func: C.PrimFunc, cfg: GenericConfig, symbolic_parallel: bool) -> tuple[C.PrimFunc, dict]:
     sch = C.Schedule(func)
-    U.inline_elementwise(sch)
+    U.inline_elementwise(sch, keep_if=_recomputed_if_folded)
     report: dict[str, dict] = {}
     order = [U.block_name(sch, b) for b in U.top_blocks(sch)]
     outputs = U.output_names(sch)
@@ -253,7 +353,10 @@ def schedule_generic(func: C.PrimFunc, target: C.Target) -> tuple[C.PrimFunc, di
     for name in reversed(order):
         block = sch.get_sblock(name)
         consumers = list(sch.get_consumers(block))
-        if len(consumers) == 1 and U.is_spatial(sch, block) and name not in outputs:
+        # (not a producer kept because folding it would recompute it: computed inside the consumer's
+        # parallel loop it would be recomputed per iteration of that loop just the same)
+        if len(consumers) == 1 and U.is_spatial(sch, block) and name not in outputs and \
+                not _recomputed_if_folded(sch, block, consumers):
             consumer = U.block_name(sch, consumers[0])
             at = report.get(consumer, {}).get("parallel_loop")
             if at is not None and _try("compute_at", name, sch.compute_at, block, at, True)[0]:
@@ -262,7 +365,7 @@ def schedule_generic(func: C.PrimFunc, target: C.Target) -> tuple[C.PrimFunc, di
                     _try("vectorize", name, _vectorize, sch, inner, cfg)
                 report[name] = {"block": name, "computed_at": consumer}
                 continue
-        report[name] = _schedule_block(sch, block, cfg)
+        report[name] = _schedule_block(sch, block, cfg, symbolic_parallel)
     for r in report.values():
         r.pop("parallel_loop", None)
     return sch.mod["main"], report

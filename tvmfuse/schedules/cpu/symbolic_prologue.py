@@ -109,8 +109,13 @@ class SymbolicNormMatmul(RowBuckets, NormMatmul, family=FAMILY, config=NormMatmu
         if not match.info.get("small", False):
             # the row-tiled nest: the last macro tile of rows is the predicated one (RowBuckets.row_macro_tiles)
             mc_tiles = self.row_macro_tiles(tile["mc_tiles"], ch, target)
-            pack = match.info["chain_len"] * k * nr * 4 > \
-                PACK_STRIP_L1_FRACTION * info.l1d_bytes and True in ch["pack_b"]
+            # packed only when a row block has the table's pack_min_block_rows rows: the row macro tile is
+            # short here (row_mc_tiles), and T5's FFN at 128 rows re-packed its 64 x 256 B every 6 rows
+            # (mr 3 x 2 tiles): 55 us per call against 33 us read in place (35 us static, which packs once
+            # per 32 rows; benchmarks/symbolic_kernel_ab.py, one thread, measured under load)
+            pack = (tile["mr"] * mc_tiles >= int(d["pack_min_block_rows"])
+                    and match.info["chain_len"] * k * nr * 4 > PACK_STRIP_L1_FRACTION * info.l1d_bytes
+                    and True in ch["pack_b"])
         else:
             mc_tiles = 1
         rf = [w for w in ch["rf_width"] if w <= d["max_rf_vectors"] * lanes]
