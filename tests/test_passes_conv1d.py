@@ -111,16 +111,18 @@ def _run(mod, passes):
 
 
 def test_rewrite_before_expected():
+    """conv1d (stride 2, padding 1) + bias + GELU, then a transpose: the conv and its epilogue in 4-D, one
+    reshape before the transpose."""
     def before(bb, x):
         c = bb.emit(op.nn.conv1d(x, relax.const(W3), strides=2, padding=1))
-        return [op.nn.gelu(op.add(c, relax.const(B3))), None]
+        return [op.permute_dims(op.nn.gelu(op.add(c, relax.const(B3))), [0, 2, 1])]
 
     def expected(bb, x):
         x4 = bb.emit(op.reshape(x, (1, 4, 1, 10)))
         c = bb.emit(op.nn.conv2d(x4, relax.const(W3.reshape(8, 4, 1, 3)), strides=(1, 2), padding=(0, 1, 0, 1),
                                      out_dtype="float32"))
         g = bb.emit(op.nn.gelu(op.add(c, relax.const(B3.reshape(1, 8, 1, 1)))))
-        return [op.reshape(g, (1, 8, 5))]
+        return [op.permute_dims(op.reshape(g, (1, 8, 5)), [0, 2, 1])]
 
     C.assert_structural_equal(_run(_func(before), [Conv1dAsConv2d()]), _run(_func(expected), []))
 
@@ -148,3 +150,20 @@ def test_other_tensor_operand_stays_3d():
     add = [b.value for b in out["main"].body.blocks[0].bindings
            if isinstance(b.value, relax.Call) and b.value.op.name == "relax.add"]
     assert len(add) == 1 and len(C.type_of(add[0]).shape) == 3
+
+
+def test_rewrite_must_not_fire_on_function_output():
+    """The epilogue's value is the function's output: its reshape back to 3-D would be a copy kernel (a view
+    only inside a dataflow block), so the conv stays a conv1d (expected = before)."""
+    mod = _func(lambda bb, x: [op.nn.gelu(op.add(op.nn.conv1d(x, relax.const(W3), padding=1), relax.const(B3)))])
+    C.assert_structural_equal(_run(mod, [Conv1dAsConv2d()]), _run(mod, []))
+
+
+def test_output_conv_keeps_its_kernel_count(host):
+    """ONNX Conv1d + Add + Gelu as the model's output: one kernel, as without the rewrite."""
+    model = _model("stride1_pad1")
+    del model.graph.node[-1]
+    model.graph.output[0].CopyFrom(helper.make_tensor_value_info("g", TensorProto.FLOAT, [1, 32, WIDTH]))
+    compiled = tvmfuse.compile(model, named_target("haswell-2"))
+    assert compiled.kernel_count == 1
+    assert any(r["rule"] == "conv1d_as_conv2d" and "function output" in r["reason"] for r in compiled.report.refused)

@@ -14,6 +14,8 @@ the grouping refuses a layout op inside a conv group (``rules.check_anchors``), 
 conv would have cut the epilogue into a kernel of its own.  A conv1d reading another's 4-D output takes it
 directly (Whisper's two front-end convs).  The 3-D reshapes nobody reads are left to DeadCodeElimination;
 those still read (a transpose, a residual add of another shape) become views (``pipeline.reshape_view_passes``).
+A conv whose epilogue's value is a function output is left a conv1d (``SKIP_OUTPUT_WHY``): the reshape there
+would be a copy kernel, one more than before.
 Tests: tests/test_passes_conv1d.py.
 """
 from __future__ import annotations
@@ -59,6 +61,12 @@ def conv1d_why_not(call) -> str | None:
     return None
 
 
+# a conv whose epilogue's value is a function output: the reshape back to 3-D would be a copy kernel there
+# (RewriteDataflowReshape makes views of dataflow vars only), one kernel more than the conv1d group
+SKIP_OUTPUT_WHY = ("its epilogue's result is a function output: the reshape back to [N, C, W] would be a copy "
+                   "kernel of its own there (a view only inside a dataflow block)")
+
+
 def _unsqueeze_const(arr: np.ndarray) -> np.ndarray:
     """A constant operand of a 3-D [N, F, W] elementwise op, broadcast the same way against [N, F, 1, W]."""
     if arr.ndim == 0:
@@ -73,9 +81,12 @@ def _with_unit_row(dims: list) -> list:
 
 @C.mutator
 class _Conv1dMutator(C.PyExprMutator):
-    def __init__(self, mod):
+    def __init__(self, mod, skip: frozenset = frozenset()):
         super().__init__(mod)
-        self.own: list = []     # the 4-D vars this pass emitted (conv2d and epilogue results)
+        self.skip = skip        # the conv1d calls (by their order in the module) left as they are
+        self.convs = 0          # conv1d calls seen so far
+        self.own: list = []     # (4-D var this pass emitted, the conv1d calls its value comes from)
+        self.refused: list = []  # (producer, reason) of each conv1d left as it is
 
     def _four_d(self, expr):
         """The 4-D var of this pass that ``expr`` (a 3-D view ``reshape(v4)``) reshapes, else None."""
@@ -85,7 +96,12 @@ class _Conv1dMutator(C.PyExprMutator):
         if not (isinstance(bound, C.relax.Call) and isinstance(bound.op, C.Op) and bound.op.name == "relax.reshape"):
             return None
         src = bound.args[0]
-        return src if any(src.same_as(v) for v in self.own) else None
+        return src if self.roots(src) else None
+
+    def roots(self, v4) -> frozenset:
+        """The conv1d calls (by order) whose epilogue the 4-D var ``v4`` of this pass holds; empty for any
+        other expression."""
+        return next((r for v, r in self.own if v.same_as(v4)), frozenset())
 
     def _constant(self, expr) -> np.ndarray | None:
         """The value of a constant operand: a Constant, or a var bound to a static reshape of one (the ONNX
@@ -101,8 +117,8 @@ class _Conv1dMutator(C.PyExprMutator):
             return None
         return C.const_value(bound.args[0]).reshape([int(d) for d in dims])
 
-    def _view(self, v4, dims3):
-        self.own.append(v4)
+    def _view(self, v4, dims3, roots: frozenset):
+        self.own.append((v4, roots))
         return C.relax.op.reshape(v4, C.relax.ShapeExpr(dims3))
 
     def visit_call_(self, call):
@@ -119,10 +135,10 @@ class _Conv1dMutator(C.PyExprMutator):
         return call if new is None else new
 
     def _conv(self, call):
-        why = conv1d_why_not(call)
+        index, self.convs = self.convs, self.convs + 1
+        why = conv1d_why_not(call) or (SKIP_OUTPUT_WHY if index in self.skip else None)
         if why is not None:
-            record_refusal(C.var_name(call.args[0]) if isinstance(call.args[0], C.relax.Var) else "conv1d",
-                           "conv1d", why, "conv1d_as_conv2d")
+            self.refused.append((C.var_name(call.args[0]) if isinstance(call.args[0], C.relax.Var) else "conv1d", why))
             return None
         x, w = call.args
         a = call.attrs
@@ -136,20 +152,20 @@ class _Conv1dMutator(C.PyExprMutator):
         y4 = self.builder_.emit(C.relax.op.nn.conv2d(
             x4, w4, strides=(1, s), padding=(0, left, 0, right), dilation=(1, d), groups=int(a.groups),
             data_layout="NCHW", kernel_layout="OIHW", out_layout="NCHW", out_dtype=str(C.type_of(call).dtype)))
-        return self._view(y4, _shape_values(call))
+        return self._view(y4, _shape_values(call), frozenset({index}))
 
     def _elementwise(self, call):
         out = _shape_values(call)
         if out is None or len(out) != 3:
             return None
-        args, any_own = [], False
+        args, roots = [], frozenset()
         for arg in call.args:
             v4 = self._four_d(arg)
             if v4 is not None:
                 if not C.structural_equal(C.type_of(arg), C.type_of(call)):
                     return None                  # the view is broadcast to a larger tensor
                 args.append(v4)
-                any_own = True
+                roots |= self.roots(v4)
                 continue
             ty = C.type_of(arg)
             if not isinstance(ty, C.TensorType):
@@ -159,10 +175,28 @@ class _Conv1dMutator(C.PyExprMutator):
             if arr is None:
                 return None                      # another tensor: its own layout, left 3-D
             args.append(C.relax.const(np.ascontiguousarray(_unsqueeze_const(arr))))
-        if not any_own:
+        if not roots:
             return None
         y4 = self.builder_.emit(C.relax.Call(call.op, args, call.attrs, call.ty_args))
-        return self._view(y4, out)
+        return self._view(y4, out, roots)
+
+    def output_views(self, func) -> frozenset:
+        """The conv1d calls whose 3-D view ``func`` (this mutator's result) binds to a var outside a dataflow
+        block's scope (a block or function output): a copy kernel there, not a view."""
+        bindings = [b for block in func.body.blocks for b in block.bindings]
+
+        def resolve(value):      # through var aliases (``gv = lv``, what the mutator binds an output to)
+            while isinstance(value, C.relax.Var):
+                value = next((b.value for b in bindings if b.var.same_as(value)), None)
+            return value
+
+        hit = frozenset()
+        for b in bindings:
+            v = resolve(b.value)
+            if (not isinstance(b.var, C.relax.DataflowVar) and isinstance(v, C.relax.Call)
+                    and isinstance(v.op, C.Op) and v.op.name == "relax.reshape"):
+                hit |= self.roots(v.args[0])
+        return hit
 
 
 @C.module_pass(opt_level=0, name="tvmfuse.Conv1dAsConv2d")
@@ -171,8 +205,17 @@ class Conv1dAsConv2d:
     4-D and one reshape after it, so the conv templates take the conv and its epilogue (module docstring)."""
 
     def transform_module(self, mod, _ctx):
-        m = _Conv1dMutator(mod)
-        for gv, func in mod.functions.items():
-            if isinstance(func, C.relax.Function) and not (func.attrs and "Primitive" in func.attrs):
-                m.builder_.update_func(gv, m.visit_expr(func))
-        return m.builder_.get()
+        skip = frozenset()
+        while True:      # each round leaves out more convs (at most one round per conv1d, plus one)
+            m = _Conv1dMutator(mod, skip)
+            out = frozenset()
+            for gv, func in mod.functions.items():
+                if isinstance(func, C.relax.Function) and not (func.attrs and "Primitive" in func.attrs):
+                    new = m.visit_expr(func)
+                    out |= m.output_views(new)
+                    m.builder_.update_func(gv, new)
+            if not out - skip:
+                for producer, why in m.refused:
+                    record_refusal(producer, "conv1d", why, "conv1d_as_conv2d")
+                return m.builder_.get()
+            skip |= out
