@@ -21,25 +21,31 @@ CASES = {
     "stride1_pad1": (dict(strides=[1], pads=[1, 1]), 32, "cpu.conv2d_lanes"),
     "stride2_pad1": (dict(strides=[2], pads=[1, 1]), 32, "cpu.conv2d_lanes"),
     "depthwise": (dict(strides=[1], pads=[1, 1], group=CI), CI, "cpu.depthwise_conv2d_epilogue"),
+    "grouped4": (dict(strides=[1], pads=[1, 1], group=4), 32, "cpu.conv2d_epilogue"),
 }
 
 
-def _model(case: str, batch=1, seed=0) -> onnx.ModelProto:
+def _model(case: str, batch=1, seed=0, batch_norm=False) -> onnx.ModelProto:
     """x [batch, CI, WIDTH] -> Conv1d (k3) -> Add bias [F, 1] -> Gelu -> Transpose [batch, W, F] (Whisper's
-    front end: the transpose reads the conv's output, as the positional add does there)."""
+    front end: the transpose reads the conv's output, as the positional add does there); ``batch_norm``: a
+    BatchNormalization (constant statistics) in place of the Add (PyTorch's Conv1d(bias=False) + BatchNorm1d)."""
     attrs, co, _ = CASES[case]
     rng = np.random.default_rng(seed)
     w = (rng.standard_normal((co, CI // attrs.get("group", 1), 3)) * 0.2).astype(np.float32)
     b = rng.standard_normal((co, 1)).astype(np.float32)
     ow = (WIDTH + sum(attrs["pads"]) - 3) // attrs["strides"][0] + 1
     nodes = [helper.make_node("Conv", ["x", "w"], ["c"], kernel_shape=[3], **attrs),
+             helper.make_node("BatchNormalization", ["c", "s", "bb", "m", "v"], ["a"]) if batch_norm else
              helper.make_node("Add", ["c", "b"], ["a"]),
              helper.make_node("Gelu", ["a"], ["g"]),
              helper.make_node("Transpose", ["g"], ["y"], perm=[0, 2, 1])]
     graph = helper.make_graph(
         nodes, f"conv1d_{case}", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [batch, CI, WIDTH])],
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, [batch, ow, co])],
-        [numpy_helper.from_array(w, "w"), numpy_helper.from_array(b, "b")])
+        [numpy_helper.from_array(w, "w"), numpy_helper.from_array(b, "b")]
+        + ([numpy_helper.from_array(v, n) for n, v in zip(["s", "bb", "m", "v"], [
+            *(a.astype(np.float32) for a in (rng.uniform(0.5, 1.5, co), rng.standard_normal(co), rng.standard_normal(co), rng.uniform(0.5, 2, co)))])]
+           if batch_norm else []))
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 20)])
 
 
@@ -167,3 +173,13 @@ def test_output_conv_keeps_its_kernel_count(host):
     compiled = tvmfuse.compile(model, named_target("haswell-2"))
     assert compiled.kernel_count == 1
     assert any(r["rule"] == "conv1d_as_conv2d" and "function output" in r["reason"] for r in compiled.report.refused)
+
+
+def test_batch_norm_folds_into_the_conv1d(rng):
+    """Conv1d + BatchNormalization + Gelu: the BN folds into the conv1d's weights (FoldBatchNorm, before the
+    rewrite), so conv, BN shift and GELU are one conv-template kernel."""
+    model = _model("stride1_pad1", batch_norm=True)
+    compiled = tvmfuse.compile(model, tvmfuse.host_target())
+    assert compiled.kernel_count == 2 and "cpu.conv2d_lanes" in _schedules(compiled).values()
+    assert not any("batch_norm" in g["ops"] for g in compiled.report.groups)
+    assert_close_to_reference(model, compiled, rng, rtol=1e-5, atol=1e-5)

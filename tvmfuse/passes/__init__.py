@@ -23,9 +23,10 @@ def pre_legalize_passes(target: C.Target, options) -> list:
     cpu_schedules = options.schedules and target.kind.name == "llvm"
     return [
         Peephole(),
-        # CPU schedules only: no CPU template takes a conv1d anchor, the conv2d ones do (before the weight layouts)
-        *([Conv1dAsConv2d()] if cpu_schedules else []),
         FoldBatchNorm(),
+        # CPU schedules only: no CPU template takes a conv1d anchor, the conv2d ones do; after FoldBatchNorm
+        # (a BatchNorm1d folds into the conv1d: its bias then moves to 4-D), before the weight layouts
+        *([Conv1dAsConv2d()] if cpu_schedules else []),
         # after FoldBatchNorm (OIHW weights); CPU schedules only (cpu.conv1x1 reads the weights [ci, co])
         *([TransposePointwiseWeights(target)] if cpu_schedules else []),
         *attention,
