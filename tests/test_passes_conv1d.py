@@ -43,10 +43,14 @@ def _model(case: str, batch=1, seed=0, batch_norm=False) -> onnx.ModelProto:
         nodes, f"conv1d_{case}", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [batch, CI, WIDTH])],
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, [batch, ow, co])],
         [numpy_helper.from_array(w, "w"), numpy_helper.from_array(b, "b")]
-        + ([numpy_helper.from_array(v, n) for n, v in zip(["s", "bb", "m", "v"], [
-            *(a.astype(np.float32) for a in (rng.uniform(0.5, 1.5, co), rng.standard_normal(co), rng.standard_normal(co), rng.uniform(0.5, 2, co)))])]
-           if batch_norm else []))
+        + (_bn_params(rng, co) if batch_norm else []))
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 20)])
+
+
+def _bn_params(rng, co: int) -> list:
+    """BatchNormalization's scale, shift, mean and variance (constant, a positive variance)."""
+    values = (rng.uniform(0.5, 1.5, co), rng.standard_normal(co), rng.standard_normal(co), rng.uniform(0.5, 2, co))
+    return [numpy_helper.from_array(v.astype(np.float32), n) for n, v in zip(["s", "bb", "m", "v"], values)]
 
 
 def _schedules(compiled) -> dict[str, str]:
