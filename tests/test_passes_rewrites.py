@@ -110,6 +110,26 @@ def test_fold_batch_norm_into_conv(host):
     C.assert_structural_equal(_run([FoldBatchNorm()], mod, host), _run([], bb.get(), host))
 
 
+def test_fold_batch_norm_into_conv1d(host):
+    """A BatchNorm1d after a conv1d (NCW/OIW) folds the same way, before Conv1dAsConv2d moves it to 4-D."""
+    w1 = W[:, :, 1, :]                                    # [6, 3, 3]: O, I, W
+    mod = _mod([(1, 3, 8)], lambda x: [relax.TupleGetItem(op.nn.batch_norm(
+        op.nn.conv1d(x, _c(w1), padding=1), _c(GAMMA), _c(BETA), _c(MEAN), _c(VAR), axis=1, epsilon=1e-5,
+        training=False), 0)])
+    s = GAMMA.astype(np.float64) / np.sqrt(VAR.astype(np.float64) + 1e-5)
+    w2 = (w1.astype(np.float64) * s.reshape(-1, 1, 1)).astype(np.float32)
+    b2 = (BETA - MEAN * s).reshape(1, -1, 1).astype(np.float32)
+
+    bb = C.BlockBuilder()
+    x = relax.Var("x0", relax.TensorType((1, 3, 8), F32))
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            c = bb.emit(op.nn.conv1d(x, relax.const(w2), padding=1))
+            gv = bb.emit_output(op.add(c, relax.const(b2)))
+        bb.emit_func_output(gv)
+    C.assert_structural_equal(_run([FoldBatchNorm()], mod, host), _run([], bb.get(), host))
+
+
 def test_fold_batch_norm_must_not_fire_on_non_constant_params(host):
     shapes = [(1, 3, 8, 8), (6,), (6,), (6,), (6,)]
     before = _mod(shapes, lambda x, g, b, m, v: [relax.TupleGetItem(_conv_bn(x, params=[g, b, m, v])[1], 0)])

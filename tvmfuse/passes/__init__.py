@@ -13,17 +13,22 @@ def pre_legalize_passes(target: C.Target, options) -> list:
     batch-norm folding computes its constants itself.
     """
     from .attention import FuseAttention
+    from .conv1d import Conv1dAsConv2d
     from .rewrites import FoldBatchNorm, Peephole, TransposePointwiseWeights
 
     attention = [
         C.relax_transform.DeadCodeElimination(),   # FuseAttention counts readers: dead ones must go first
         FuseAttention(target),
     ] if options.attention else []
+    cpu_schedules = options.schedules and target.kind.name == "llvm"
     return [
         Peephole(),
         FoldBatchNorm(),
+        # CPU schedules only: no CPU template takes a conv1d anchor, the conv2d ones do; after FoldBatchNorm
+        # (a BatchNorm1d folds into the conv1d: its bias then moves to 4-D), before the weight layouts
+        *([Conv1dAsConv2d()] if cpu_schedules else []),
         # after FoldBatchNorm (OIHW weights); CPU schedules only (cpu.conv1x1 reads the weights [ci, co])
-        *([TransposePointwiseWeights(target)] if options.schedules and target.kind.name == "llvm" else []),
+        *([TransposePointwiseWeights(target)] if cpu_schedules else []),
         *attention,
         C.relax_transform.CanonicalizeBindings(),
         C.relax_transform.EliminateCommonSubexpr(),

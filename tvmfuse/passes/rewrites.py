@@ -227,10 +227,10 @@ class _FoldBatchNormMutator(C.PyExprMutator):
             return self._refuse(name, "batch norm in training mode or without center/scale")
         prod = self.lookup_binding(data)
         if not (isinstance(prod, C.relax.Call) and isinstance(prod.op, C.Op)):
-            return self._refuse(C.var_name(data), "the batch norm's input is not a conv2d or matmul")
+            return self._refuse(C.var_name(data), "the batch norm's input is not a conv2d, conv1d or matmul")
         op = prod.op.name
-        if op not in ("relax.nn.conv2d", "relax.matmul"):
-            return self._refuse(op, "the batch norm's input is not a conv2d or matmul")
+        if op not in ("relax.nn.conv2d", "relax.nn.conv1d", "relax.matmul"):
+            return self._refuse(op, "the batch norm's input is not a conv2d, conv1d or matmul")
         if self.uses.get(data, 0) != 1:
             return self._refuse(op, "the conv/matmul output has other users (folding would compute it twice)")
         x, w = prod.args
@@ -242,11 +242,11 @@ class _FoldBatchNormMutator(C.PyExprMutator):
             return self._refuse(op, "unknown output rank")
         out_dims = [None] * int(ty.ndim)   # only the rank matters: symbolic extents (batch) fold the same
         axis = int(bn.attrs.axis) % len(out_dims)
-        if op == "relax.nn.conv2d":
+        if op in ("relax.nn.conv2d", "relax.nn.conv1d"):
             a = prod.attrs
-            if not (str(a.data_layout) == "NCHW" and str(a.kernel_layout) == "OIHW" and str(a.out_layout) == "NCHW"
-                    and axis == 1):
-                return self._refuse(op, "layout other than NCHW/OIHW with the batch norm on channels")
+            want = ("NCHW", "OIHW", "NCHW") if op == "relax.nn.conv2d" else ("NCW", "OIW", "NCW")
+            if (str(a.data_layout), str(a.kernel_layout), str(a.out_layout)) != want or axis != 1:
+                return self._refuse(op, f"layout other than {want[0]}/{want[1]} with the batch norm on channels")
             w_axis = 0
         else:
             if w_arr.ndim != 2 or axis != len(out_dims) - 1:
@@ -266,7 +266,8 @@ class _FoldBatchNormMutator(C.PyExprMutator):
 
 @C.module_pass(opt_level=0, name="tvmfuse.FoldBatchNorm")
 class FoldBatchNorm:
-    """Batch norm with constant parameters after a conv2d (any groups) or matmul folded into its weights."""
+    """Batch norm with constant parameters after a conv2d / conv1d (any groups) or matmul folded into its
+    weights."""
 
     def transform_module(self, mod, _ctx):
         return _rewrite_functions(mod, _FoldBatchNormMutator, _use_counts(mod))

@@ -1,0 +1,86 @@
+"""Whole-model A/B of ``passes.conv1d.Conv1dAsConv2d`` (Conv1d on the conv2d templates), one thread, paired
+rounds: the model compiled as the pipeline stands ("new") and with that pass left out ("before": its conv1d
+kernels on ``cpu.generic``), in one process, the outputs of the two compared, then ``run()`` timed alternately.
+
+    PYTHONPATH=. python benchmarks/conv1d_ab.py whisper_encoder [--rounds 15 --number 40 --json out.json]
+
+Per round each build runs ``--number`` calls; the calling thread's CPU time per call (``time.thread_time``;
+TVM_NUM_THREADS=1, set here unless the caller did, so the kernels run on that thread), min / median over
+rounds and the median of the per-round ratios new / before.  Every number is measured under whatever load
+the machine had: it ranks, it is not a figure to quote.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from model_knob_ab import _cpu_us, _outputs, corpus_io  # noqa: E402
+
+
+def build(path: str, rewrite: bool):
+    """tvmfuse.compile(path) on the host; without ``rewrite`` the pipeline gets a pass that returns its input
+    in place of Conv1dAsConv2d (``passes.pre_legalize_passes`` imports it from ``passes.conv1d`` per build)."""
+    import tvmfuse
+    from tvmfuse import _compat as C
+    from tvmfuse.passes import conv1d
+
+    @C.module_pass(opt_level=0, name="tvmfuse.Conv1dAsConv2d_off")
+    class Off:
+        def transform_module(self, mod, _ctx):
+            return mod
+
+    real = conv1d.Conv1dAsConv2d
+    if not rewrite:
+        conv1d.Conv1dAsConv2d = Off
+    try:
+        return tvmfuse.compile(path, tvmfuse.parse_target(None), tuning_log=None)
+    finally:
+        conv1d.Conv1dAsConv2d = real
+
+
+def main(argv=None) -> int:
+    names = [e["name"] for e in corpus_io.load_manifest()["models"]]
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("model", choices=names)
+    ap.add_argument("--rounds", type=int, default=15)
+    ap.add_argument("--number", type=int, default=40, help="calls per timed round")
+    ap.add_argument("--json", help="write the result to this JSON file")
+    a = ap.parse_args(argv)
+    os.environ.setdefault("TVM_NUM_THREADS", "1")     # before TVM starts its thread pool
+    entry = {e["name"]: e for e in corpus_io.load_manifest()["models"]}[a.model]
+    feeds = corpus_io.random_feeds(entry, np.random.default_rng(0))
+    path = corpus_io.model_path(entry, "static")
+    builds = {"new": build(path, True), "before": build(path, False)}
+    ref = _outputs(builds["before"], feeds)
+    for got, want in zip(_outputs(builds["new"], feeds), ref):
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+    times = {k: [] for k in builds}
+    for cm in builds.values():
+        cm.run(feeds)
+    for r in range(a.rounds):
+        order = list(builds) if r % 2 == 0 else list(reversed(list(builds)))
+        for k in order:
+            times[k].append(_cpu_us(lambda cm=builds[k]: cm.run(feeds), a.number))
+    ratios = [n / b for n, b in zip(times["new"], times["before"])]
+    out = {"model": a.model,
+           "kernels": {k: cm.kernel_count for k, cm in builds.items()},
+           "templates": {k: sorted({s["template"] for s in cm.report.schedules}) for k, cm in builds.items()},
+           "us_min_median": {k: [round(min(v), 1), round(statistics.median(v), 1)] for k, v in times.items()},
+           "ratio_new_over_before_median": round(statistics.median(ratios), 3),
+           "clock": "thread_time, TVM_NUM_THREADS=" + os.environ.get("TVM_NUM_THREADS", "?")
+                    + f", {a.rounds} alternating rounds x {a.number} run() calls, measured under load"}
+    print(json.dumps(out))
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump(out, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
