@@ -217,6 +217,17 @@ def test_stem_31_columns_padded_to_whole_vectors(target, lanes):
     assert S.max_unrolled_copies(res) <= MAX_UNROLLED_COPIES
 
 
+def test_pad_width_bound_comes_from_the_target_table(monkeypatch):
+    """The stem's padded rows are the default while a row's window copy fits the table's
+    pad_width_l1_share of L1; with a share of 0 they are not."""
+    t, match, func, tgt = _kernel(dict(cin=3, cout=64, h=64, w=64, s=2, pads=[0] * 4), S.SKYLAKE)
+    assert t.default_config(match, tgt)["pad_width"]
+    table = json.loads(json.dumps(tvmfuse.target.cpu_table()))
+    table["template_defaults"]["cpu.conv2d_epilogue"]["pad_width_l1_share"] = 0
+    monkeypatch.setattr(tvmfuse.target, "cpu_table", lambda: table)
+    assert not t.default_config(match, tgt)["pad_width"]
+
+
 @pytest.mark.parametrize("kwargs,why", [
     (dict(cin=3, cout=16, h=34, w=34, pads=[0] * 4), "32 columns: whole vectors already"),
     (dict(cin=3, cout=16, h=9, w=9), "7 columns: one (narrower) vector"),

@@ -56,8 +56,6 @@ MAX_FUSED_ROW_VECTORS = 8                 # widest run of pixels (in vectors) of
 # Measured slowdown of a register-tile row wider than a vector that is not a multiple of it (56x56:
 # 14 or 28 columns ran 4x slower than 8; 28x28: 14 ran 2x slower than 7).
 SPLIT_ROW_PENALTY = 4
-# Fewer parallel iterations than this many per core leave cores idle on the tail: add the channel blocks.
-MIN_PARALLEL_PER_CORE = 4
 
 
 def batch_size(info: dict) -> int:
@@ -419,13 +417,16 @@ class ConvTemplate(BatchBuckets, Template):
         if info["N"] is None:
             # a symbolic batch: the largest batch whose parallel loop (batch x the default's parallel units
             # per batch) is too short for the cores without the second parallel level (parallel_depth 2)
-            need = self.min_parallel_per_core * cpu_info(target).cores
+            need = self.min_parallel_per_core(target) * cpu_info(target).cores
             info["small_batches"] = (need - 1) // self.parallel_units(match, self.default_config(match, target))
             set_batch_bounds(info, target)
         return match
 
     # ------------------------------------------------------------------ size buckets
-    min_parallel_per_core = 0      # a family's MIN_PARALLEL_PER_CORE
+    def min_parallel_per_core(self, target: C.Target) -> int:
+        """Parallel iterations per core below which the default adds the second parallel level (fewer leave
+        cores idle on the tail): the family's ``template_defaults[...]["min_parallel_per_core"]``."""
+        return int(template_defaults(target, self.family)["min_parallel_per_core"])
 
     def parallel_units(self, match: Match, config: dict) -> int:
         """Parallel iterations per batch at ``parallel_depth`` 1."""
@@ -448,7 +449,6 @@ class ConvTemplate(BatchBuckets, Template):
 class Conv2DEpilogue(ConvTemplate):
     family = "cpu.conv2d_epilogue"
     config_type = Conv2DConfig
-    min_parallel_per_core = MIN_PARALLEL_PER_CORE
 
     def parallel_units(self, match: Match, config: dict) -> int:
         return ceil_div(match.info["OH"], config["oh_tile"])       # row bands
@@ -514,11 +514,12 @@ class Conv2DEpilogue(ConvTemplate):
         # 6.4 vs 1.15 ms (the copy dominates), 128ch@7x7 0.147 vs 0.205 ms (im2col wins)
         col = bool(col_rows)
         # im2col with padded rows where a row is an odd number of lanes wider than a vector
-        # and one row's window copy fits a quarter of L1 (skx, 2 cores: the 31x31 stem of 3 channels 746 -> 225 us
-        # with it, measured under load; alone: 64ch@56x56, a 144 kB row copy, 1.1 -> 2.0 ms with it; 32ch@28x28,
-        # 32 kB, 0.23 -> 0.31 ms)
+        # and one row's window copy fits the table's pad_width_l1_share of L1 (a quarter; skx, 2 cores: the
+        # 31x31 stem of 3 channels 746 -> 225 us with it, measured under load; alone: 64ch@56x56, a 144 kB
+        # row copy, 1.1 -> 2.0 ms with it; 32ch@28x28, 32 kB, 0.23 -> 0.31 ms)
         padded = padded_width(i, lanes) if True in ch["pad_width"] and im2col_default(i, lanes, 1, target) \
-            and i["RC"] * i["KH"] * i["KW"] * i["OW"] * 4 <= info.l1d_bytes // 4 else None
+            and i["RC"] * i["KH"] * i["KW"] * i["OW"] * 4 <= \
+            float(template_defaults(target, self.family)["pad_width_l1_share"]) * info.l1d_bytes else None
 
         def pad_score(oc, oh):
             nv = oh * padded // lanes
@@ -537,7 +538,7 @@ class Conv2DEpilogue(ConvTemplate):
             oc, ow, oh, fused = max(((a, b, c, d) for a in ch["oc_tile"] for b in ch["ow_tile"]
                                      for c in ch["oh_tile"] for d in ch["fuse_rows"]), key=lambda t: score(*t))
         bands = batch_size(i) * ceil_div(i["OH"], oh)
-        depth = 1 if bands >= MIN_PARALLEL_PER_CORE * info.cores else 2
+        depth = 1 if bands >= self.min_parallel_per_core(target) * info.cores else 2
         if padded and not fused and shared_copy_fits(i, padded, target):
             depth = 2     # the padded copy once, before the tiles (shared_copy_fits)
         return Conv2DConfig(oc_tile=oc, ow_tile=ow, lanes=lanes, oh_tile=oh,
