@@ -18,6 +18,7 @@ from onnx import TensorProto, helper
 
 import tvmfuse
 from tvmfuse import _compat as C
+from tvmfuse.records import workload_key
 from tvmfuse.schedules import schedule_prim_func
 from tvmfuse.schedules.base import schedule_with
 from tvmfuse.schedules.cpu.common import parallel_why_not
@@ -111,6 +112,31 @@ def test_shuffle_bound_comes_from_the_target_table(monkeypatch):
     assert shuffle_max_loads(tgt) == loads - 1
     assert t.default_config(small, tgt)["rows"] == "deinterleave"
     assert "shuffle" not in t.space(small, tgt).to_dict()["rows"]
+
+
+def test_unused_tuned_record_says_why(monkeypatch):
+    """A tuned record the template cannot use (outside its knob space; in it, but its schedule raises)
+    gives the target default, and the result's reason (the report's) names the record and the cause."""
+    tgt = tvmfuse.parse_target(S.NAMED_TARGETS[0])
+    kname, func = _kernel(_pool_model(**dict(CASES[0][1])), tgt)
+    key = workload_key(func)
+    default = schedule_prim_func(func, tgt, {}, kname)
+    assert (default.source, default.reason) == ("default", "")
+    outside = {key: {"template": FAMILY, "config": {**default.config, "rows": "nope"}}}
+    res = schedule_prim_func(func, tgt, outside, kname)
+    assert (res.source, res.config) == ("default", default.config)
+    assert key in res.reason and "outside cpu.window_pool's current knob space" in res.reason, res.reason
+    real = WindowPool.apply
+
+    def broken(self, sch, match, config):
+        if config["rows"] == "gather":
+            raise ValueError("gather broke")
+        return real(self, sch, match, config)
+    monkeypatch.setattr(WindowPool, "apply", broken)
+    res = schedule_prim_func(func, tgt, {key: {"template": FAMILY, "config": {**default.config, "rows": "gather"}}},
+                             kname)
+    assert (res.source, res.config) == ("default", default.config)
+    assert "does not apply (ValueError: gather broke)" in res.reason, res.reason
 
 
 @pytest.mark.parametrize("name,kwargs", [CASES[i] for i in (0, 3, 4, 6, 7, 11)],
