@@ -9,6 +9,9 @@
 from __future__ import annotations
 
 import ast
+import functools
+import re
+import sys
 from pathlib import Path
 
 import pytest
@@ -54,9 +57,15 @@ def _is_module(dotted: str) -> bool:
     return base.with_suffix(".py").is_file() or (base / "__init__.py").is_file()
 
 
+@functools.lru_cache(maxsize=None)
+def _tree(path: Path) -> ast.Module:
+    """The file's syntax tree, parsed once per test session."""
+    return ast.parse(path.read_text(), filename=str(path))
+
+
 def _imports(path: Path):
     """(line, imported module, imported name or None) of every import in the file (also inside functions)."""
-    tree = ast.parse(path.read_text(), filename=str(path))
+    tree = _tree(path)
     me = _module_name(path)
     package = me if path.name == "__init__.py" else me.rpartition(".")[0]
     for node in ast.walk(tree):
@@ -119,7 +128,7 @@ def _compat_uses() -> set[str]:
     """Names read as ``<alias of _compat>.NAME`` or imported ``from tvmfuse._compat import NAME`` anywhere."""
     used = set()
     for p in _py_files("tvmfuse", "tests", "benchmarks"):
-        tree = ast.parse(p.read_text())
+        tree = _tree(p)
         aliases = {"_compat"}
         for node in ast.walk(tree):
             if isinstance(node, ast.ImportFrom):
@@ -202,3 +211,54 @@ def test_layer_table_forbids_the_named_arrows(src, dst, allowed):
     ls, ld = PARTS[s][0], PARTS[d][0]
     ok = s == d or ld < ls or (ld == ls and (s, d) in SAME_LAYER)
     assert ok == allowed, (src, dst)
+
+
+# --------------------------------------------------------------------------- brief rules checked from the source
+PASS_DECORATORS = {"module_pass", "function_pass", "prim_func_pass", "dataflowblock_pass"}
+PICKLE_MODULES = {"pickle", "cPickle", "_pickle", "dill", "cloudpickle", "joblib", "shelve", "marshal"}
+
+
+def _calls(path: Path):
+    for node in ast.walk(_tree(path)):
+        if isinstance(node, ast.Call):
+            f = node.func
+            yield node, f.attr if isinstance(f, ast.Attribute) else getattr(f, "id", "")
+
+
+def test_every_pass_is_named():
+    """Every ``module_pass`` / ``function_pass`` (through ``_compat``) gives ``name=``: a pass shows up by
+    name in TVM's pass instrumentation and in the CLI's report (STYLE.md practice 8)."""
+    bad = [f"{p.relative_to(ROOT)}:{node.lineno}: {name}(...) without name="
+           for p in _py_files("tvmfuse", "tests", "benchmarks") if p != COMPAT
+           for node, name in _calls(p)
+           if name in PASS_DECORATORS and not any(k.arg == "name" for k in node.keywords)]
+    assert not bad, "unnamed passes:\n" + "\n".join(bad)
+
+
+def test_no_pickle_anywhere():
+    """Logs, artifacts, worker messages and feeds are JSON / .npz: nothing imports a pickle module or
+    loads an array with ``allow_pickle=True``."""
+    bad = [f"{p.relative_to(ROOT)}:{line}: imports {mod}"
+           for p in _py_files("tvmfuse", "tests", "benchmarks")
+           for line, mod, _ in _imports(p) if mod.split(".")[0] in PICKLE_MODULES]
+    bad += [f"{p.relative_to(ROOT)}:{node.lineno}: {name}(allow_pickle=True)"
+            for p in _py_files("tvmfuse", "tests", "benchmarks")
+            for node, name in _calls(p)
+            if any(k.arg == "allow_pickle" and not (isinstance(k.value, ast.Constant) and k.value.value is False)
+                   for k in node.keywords)]
+    assert not bad, "pickle is not allowed (use JSON or .npz):\n" + "\n".join(bad)
+
+
+def test_source_rules_catch_what_they_forbid(tmp_path, monkeypatch):
+    """The two checks above fail on a file that breaks them (they are not vacuous)."""
+    bad = tmp_path / "tvmfuse"
+    bad.mkdir()
+    (bad / "bad.py").write_text("import pickle\nimport numpy as np\nnp.load('x', allow_pickle=True)\n"
+                                "@C.module_pass(opt_level=0)\ndef f(mod, ctx):\n    return mod\n")
+    monkeypatch.setattr(sys.modules[__name__], "ROOT", tmp_path)
+    for test, want in ((test_every_pass_is_named, "module_pass(...) without name="),
+                       (test_no_pickle_anywhere, "imports pickle")):
+        with pytest.raises(AssertionError, match=re.escape(want)):
+            test()
+    with pytest.raises(AssertionError, match=r"load\(allow_pickle=True\)"):
+        test_no_pickle_anywhere()

@@ -313,9 +313,16 @@ def test_default_partial_sum_width(lanes, row_len, want):
     """The row-reduction default partial-sum width: the table's max_rf_vectors (2) vectors when they divide
     the row, else several vectors of a narrower dividing width where that halves the dependent steps."""
     from tvmfuse.schedules.cpu.reduction import default_rf_width, rf_chain_widths, rf_tail_widths
+    from tvmfuse.target import template_defaults
 
     widths = rf_chain_widths(lanes, row_len) or rf_tail_widths(lanes, row_len)
-    assert default_rf_width(widths, lanes, 2 * lanes, row_len) == want
+    gain = float(template_defaults(named_target(next(iter(NAMED_TARGETS))), "cpu.row_reduction")["rf_chain_gain"])
+    assert default_rf_width(widths, lanes, 2 * lanes, row_len, gain) == want
+    plain = default_rf_width(widths, lanes, 2 * lanes, row_len, float("inf"))
+    if want != plain:       # the wider width is taken for its gain: a table asking more keeps the plain one
+        gained = (row_len // plain + plain) / (row_len // want + want)
+        assert gained >= gain
+        assert default_rf_width(widths, lanes, 2 * lanes, row_len, 1.01 * gained) == plain
 
 
 @pytest.mark.parametrize("tname", list(NAMED_TARGETS))

@@ -6,6 +6,7 @@ numbers match onnx's reference evaluator on fresh random inputs, the scheduled T
 the conv output's size (the epilogue runs on the register tile), its inner loops are vectorized and its
 outer loop parallel, and configurations sampled from the knob space apply and stay correct.
 """
+import json
 import random
 
 import numpy as np
@@ -167,3 +168,21 @@ def test_conv_not_matched_by_other_families():
     assert all(by[DEPTHWISE].match(f, host) is None for f in conv.values())
     assert all(by[CONV].match(f, host) is None for f in dw.values())
     assert all(by["cpu.matmul_epilogue"].match(f, host) is None for f in list(conv.values()) + list(dw.values()))
+
+
+@pytest.mark.parametrize("case", [2, 4], ids=[IDS[2], IDS[4]])
+def test_second_parallel_level_bound_comes_from_the_target_table(case, monkeypatch):
+    """min_parallel_per_core is the family's ``template_defaults`` entry: at 0 the default keeps one parallel
+    level, past the kernel's parallel iterations per core it adds the second (channel blocks / row bands)."""
+    kwargs, family = CASES[case]
+    target = named_target(next(iter(NAMED_TARGETS)))
+    tmpl, name, func, match = _conv_kernel(_fused_prim_funcs(conv_block(**kwargs), target), target, family)
+    assert tmpl.min_parallel_per_core(target) == \
+        tvmfuse.target.cpu_table()["template_defaults"][family]["min_parallel_per_core"]
+    depths = {}
+    for bound in (0, 10 ** 6):
+        table = json.loads(json.dumps(tvmfuse.target.cpu_table()))
+        table["template_defaults"][family]["min_parallel_per_core"] = bound
+        monkeypatch.setattr(tvmfuse.target, "cpu_table", lambda table=table: table)
+        depths[bound] = tmpl.default_config(match, target)["parallel_depth"]
+    assert depths == {0: 1, 10 ** 6: 2}, depths

@@ -8,15 +8,17 @@ the unscheduled kernel on fresh random inputs (host).  Structure on named AVX2/A
 convs take im2col by default, the fused pixel loop's width, no loop scalarized, the copy's layout, the
 padding folded into the copy, generated code bounded.
 """
+import json
+
 import numpy as np
 import pytest
 
 import tvmfuse
 from tvmfuse import _compat as C
 from tvmfuse.schedules.base import schedule_with
-from tvmfuse.schedules.cpu import conv2d as conv_mod
 from tvmfuse.schedules.cpu.common import MAX_UNROLLED_COPIES
 from tvmfuse.schedules.cpu.conv2d import Conv2DEpilogue
+from tvmfuse.target import template_defaults
 
 import schedule_cases as S
 
@@ -106,9 +108,22 @@ def test_im2col_default_only_where_rows_fill_whole_vectors(target, hw, expected)
 
 
 def test_im2col_needs_enough_output_channels():
-    """The copy is shared by the output channels: below IM2COL_MIN_CHANNELS the direct tile stays."""
-    few = conv_mod.IM2COL_MIN_CHANNELS - 1
-    t, match, func, tgt = _kernel(dict(cin=16, cout=few, h=3, w=3), S.SKYLAKE)
+    """The copy is shared by the output channels: below the table's im2col_min_channels the direct tile
+    stays (at it, im2col)."""
+    need = int(template_defaults(tvmfuse.parse_target(S.SKYLAKE), "cpu.conv2d_epilogue")["im2col_min_channels"])
+    t, match, func, tgt = _kernel(dict(cin=16, cout=need - 1, h=3, w=3), S.SKYLAKE)
+    assert not t.default_config(match, tgt)["im2col"]
+    t, match, func, tgt = _kernel(dict(cin=16, cout=need, h=3, w=3), S.SKYLAKE)
+    assert t.default_config(match, tgt)["im2col"]
+
+
+def test_im2col_band_bound_comes_from_the_target_table(monkeypatch):
+    """A band copy over the table's im2col_max_band_kib keeps the direct tile (the bound is data)."""
+    t, match, func, tgt = _kernel(dict(cin=16, cout=32, h=3, w=3), S.SKYLAKE)
+    assert t.default_config(match, tgt)["im2col"]
+    table = json.loads(json.dumps(tvmfuse.target.cpu_table()))
+    table["template_defaults"]["cpu.conv2d_epilogue"]["im2col_max_band_kib"] = 0
+    monkeypatch.setattr(tvmfuse.target, "cpu_table", lambda: table)
     assert not t.default_config(match, tgt)["im2col"]
 
 
@@ -200,6 +215,17 @@ def test_stem_31_columns_padded_to_whole_vectors(target, lanes):
         f"output stores of {sorted(out)} lanes"
     assert not [str(f.loop_var.name) for f in S.loops(low) if str(f.loop_var.name).endswith("_s")]
     assert S.max_unrolled_copies(res) <= MAX_UNROLLED_COPIES
+
+
+def test_pad_width_bound_comes_from_the_target_table(monkeypatch):
+    """The stem's padded rows are the default while a row's window copy fits the table's
+    pad_width_l1_share of L1; with a share of 0 they are not."""
+    t, match, func, tgt = _kernel(dict(cin=3, cout=64, h=64, w=64, s=2, pads=[0] * 4), S.SKYLAKE)
+    assert t.default_config(match, tgt)["pad_width"]
+    table = json.loads(json.dumps(tvmfuse.target.cpu_table()))
+    table["template_defaults"]["cpu.conv2d_epilogue"]["pad_width_l1_share"] = 0
+    monkeypatch.setattr(tvmfuse.target, "cpu_table", lambda: table)
+    assert not t.default_config(match, tgt)["pad_width"]
 
 
 @pytest.mark.parametrize("kwargs,why", [

@@ -9,6 +9,7 @@ random inputs.  Structure on named AVX2 / AVX-512 targets: the template, one par
 family declines (stride 1, average pooling) keep the schedule they had.
 """
 import itertools
+import json
 
 import numpy as np
 import onnx
@@ -17,10 +18,11 @@ from onnx import TensorProto, helper
 
 import tvmfuse
 from tvmfuse import _compat as C
+from tvmfuse.records import workload_key
 from tvmfuse.schedules import schedule_prim_func
 from tvmfuse.schedules.base import schedule_with
 from tvmfuse.schedules.cpu.common import parallel_why_not
-from tvmfuse.schedules.cpu.pooling import FAMILY, SHUFFLE_MAX_LOADS, WindowPool, shuffle_loads
+from tvmfuse.schedules.cpu.pooling import FAMILY, WindowPool, shuffle_loads, shuffle_max_loads
 
 import schedule_cases as S
 from conftest import assert_close_to_reference
@@ -78,22 +80,63 @@ def test_numerics_vs_reference(name, kwargs, host, rng):
 
 @pytest.mark.parametrize("target", S.NAMED_TARGETS, ids=["haswell", "skylake"])
 def test_large_window_takes_no_shuffle(target, host, rng):
-    """A window whose unrolled 'shuffle' row block would exceed SHUFFLE_MAX_LOADS vector loads (a 30x30
+    """A window whose unrolled 'shuffle' row block would exceed shuffle_max_loads vector loads (a 30x30
     window of dilation 3, stride 10; the ONNX gate's 60x80 one of dilation 10 took LLVM 45 s to compile):
     'shuffle' is out of its space and its default; a small dilated window keeps it; numerics exact."""
     large = _pool_model(c=1, h=200, w=200, k=30, s=10, dilation=3)
     t, tgt = WindowPool(), tvmfuse.parse_target(target)
     lanes = tvmfuse.target.cpu_info(tgt).float32_lanes
     match = t.match(_kernel(large, tgt)[1], tgt)
-    assert match is not None and shuffle_loads(match.info, lanes) > SHUFFLE_MAX_LOADS
+    assert match is not None and shuffle_loads(match.info, lanes) > shuffle_max_loads(tgt)
     assert t.default_config(match, tgt)["rows"] == "deinterleave"
     assert "shuffle" not in t.space(match, tgt).to_dict()["rows"]
     small = t.match(_kernel(_pool_model(**dict(CASES[IDS.index("k3s2_dilation2")][1])), tgt)[1], tgt)
-    assert shuffle_loads(small.info, lanes) <= SHUFFLE_MAX_LOADS
+    assert shuffle_loads(small.info, lanes) <= shuffle_max_loads(tgt)
     assert t.default_config(small, tgt)["rows"] == "shuffle"
     if target == S.NAMED_TARGETS[0]:        # numerics once, on the host
         cm = tvmfuse.compile(large, host)
         assert_close_to_reference(large, cm, rng, rtol=0, atol=0)
+
+
+def test_shuffle_bound_comes_from_the_target_table(monkeypatch):
+    """shuffle_max_loads is the table's ``template_defaults["cpu.window_pool"]`` (a CPU row may override it):
+    a bound under a small dilated pool's loads takes 'shuffle' out of its space and its default."""
+    tgt = tvmfuse.parse_target(S.NAMED_TARGETS[0])
+    t, lanes = WindowPool(), tvmfuse.target.cpu_info(tgt).float32_lanes
+    small = t.match(_kernel(_pool_model(**dict(CASES[IDS.index("k3s2_dilation2")][1])), tgt)[1], tgt)
+    loads = shuffle_loads(small.info, lanes)
+    table = json.loads(json.dumps(tvmfuse.target.cpu_table()))
+    assert shuffle_max_loads(tgt) == table["template_defaults"][FAMILY]["shuffle_max_loads"]
+    table["template_defaults"][FAMILY]["shuffle_max_loads"] = loads - 1
+    monkeypatch.setattr(tvmfuse.target, "cpu_table", lambda: table)
+    assert shuffle_max_loads(tgt) == loads - 1
+    assert t.default_config(small, tgt)["rows"] == "deinterleave"
+    assert "shuffle" not in t.space(small, tgt).to_dict()["rows"]
+
+
+def test_unused_tuned_record_says_why(monkeypatch):
+    """A tuned record the template cannot use (outside its knob space; in it, but its schedule raises)
+    gives the target default, and the result's reason (the report's) names the record and the cause."""
+    tgt = tvmfuse.parse_target(S.NAMED_TARGETS[0])
+    kname, func = _kernel(_pool_model(**dict(CASES[0][1])), tgt)
+    key = workload_key(func)
+    default = schedule_prim_func(func, tgt, {}, kname)
+    assert (default.source, default.reason) == ("default", "")
+    outside = {key: {"template": FAMILY, "config": {**default.config, "rows": "nope"}}}
+    res = schedule_prim_func(func, tgt, outside, kname)
+    assert (res.source, res.config) == ("default", default.config)
+    assert key in res.reason and "outside cpu.window_pool's current knob space" in res.reason, res.reason
+    real = WindowPool.apply
+
+    def broken(self, sch, match, config):
+        if config["rows"] == "gather":
+            raise ValueError("gather broke")
+        return real(self, sch, match, config)
+    monkeypatch.setattr(WindowPool, "apply", broken)
+    res = schedule_prim_func(func, tgt, {key: {"template": FAMILY, "config": {**default.config, "rows": "gather"}}},
+                             kname)
+    assert (res.source, res.config) == ("default", default.config)
+    assert "does not apply (ValueError: gather broke)" in res.reason, res.reason
 
 
 @pytest.mark.parametrize("name,kwargs", [CASES[i] for i in (0, 3, 4, 6, 7, 11)],

@@ -105,6 +105,21 @@ def test_sampled_configs_are_legal(family):
         assert verify_gpu_schedule(sch, verification_target(target)), (family, config)
 
 
+def test_conv_weight_stage_bound_comes_from_the_arch(monkeypatch):
+    """cuda_conv2d stages at most half the arch's static shared memory of weights per step (tile_c): the
+    bound follows CudaArch.max_shared_bytes."""
+    import dataclasses
+
+    target = cuda("sm_90")
+    _, func, (template, match) = family_kernel("cuda_conv2d", target)
+    per_c = 32 * match.info["kernel"] * 4
+    tiles = template.space(match, target).to_dict()["tile_c"]
+    assert max(tiles) > 1 and all(t * per_c <= ARCHS["sm_90"].max_shared_bytes // 2 for t in tiles), tiles
+    small = dataclasses.replace(ARCHS["sm_90"], max_shared_bytes=2 * per_c)
+    monkeypatch.setitem(ARCHS, "sm_90", small)
+    assert template.space(match, target).to_dict()["tile_c"] == [1]
+
+
 def test_row_reduction_refuses_a_matmul_and_matmul_refuses_a_norm():
     target = cuda()
     rr = next(t for t in TEMPLATES if t.family == "cuda_row_reduction")

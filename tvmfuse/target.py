@@ -19,13 +19,10 @@ def physical_cores() -> int:
     """Physical cores of this host (hyper-threads do not help TVM's compute-bound kernels)."""
     try:
         import psutil
-
-        n = psutil.cpu_count(logical=False)
-        if n:
-            return int(n)
-    except ImportError:
-        pass
-    return os.cpu_count() or 1
+    except ImportError:          # psutil is optional: without it, the logical CPUs
+        return os.cpu_count() or 1
+    n = psutil.cpu_count(logical=False)
+    return int(n) if n else (os.cpu_count() or 1)
 
 
 def host_target(num_cores: int | None = None) -> C.Target:

@@ -92,13 +92,15 @@ def schedule_prim_func(func: C.PrimFunc, target: C.Target, records: dict | None 
     return Scheduled(joined, template.family,
                      {"buckets": [{"bucket": b.name, "source": d.source, "config": d.config}
                                   for b, d in zip(buckets, done)]},
-                     sources.pop() if len(sources) == 1 else "tuned")
+                     sources.pop() if len(sources) == 1 else "tuned",
+                     "; ".join(f"{b.name}: {d.reason}" for b, d in zip(buckets, done) if d.reason))
 
 
 def _schedule_one(template, match, func: C.PrimFunc, target: C.Target, rec: dict | None, name: str,
                   key: str) -> Scheduled:
     """``func`` under ``template``: with the tuned record ``rec`` (of ``key``) when it applies, else the
-    template's target default."""
+    template's target default (its ``reason`` then says why the record was not used)."""
+    why = ""
     if rec is not None and rec.get("template") == template.family:
         rec = {**rec, "config": _with_new_knobs(template, match, target, rec["config"])}
     if rec is not None and rec.get("template") == template.family and \
@@ -106,6 +108,7 @@ def _schedule_one(template, match, func: C.PrimFunc, target: C.Target, rec: dict
         # a record from an older knob space of this template (knobs added or choices changed)
         log.info("%s: tuned record for %s is outside the template's current knob space; using the "
                  "default", name, key)
+        why = f"tuned record for {key} is outside {template.family}'s current knob space"
         rec = None
     if rec is not None and rec.get("template") == template.family:
         try:
@@ -113,8 +116,10 @@ def _schedule_one(template, match, func: C.PrimFunc, target: C.Target, rec: dict
                              rec["config"], "tuned")
         except Exception as e:  # a record from another version of the template: fall back to default
             log.warning("%s: tuned record for %s does not apply (%s); using the default", name, key, e)
+            first = (str(e).strip().splitlines() or [""])[0][:200]
+            why = f"tuned record for {key} does not apply ({type(e).__name__}: {first})"
     config = template.default_config(match, target)
-    return Scheduled(schedule_with(template, match, func, config), template.family, config, "default")
+    return Scheduled(schedule_with(template, match, func, config), template.family, config, "default", why)
 
 
 def _with_new_knobs(template, match, target: C.Target, config: dict) -> dict:
@@ -245,7 +250,7 @@ def apply_schedules(target: C.Target, options) -> C.ir_transform.Pass:
                                                                   f"does not lower: {why}"[:300])
                     continue
             updates[gv] = res.func.with_attr("tirx.is_scheduled", True)
-            record_schedule(name, res.template, res.source, res.config)
+            record_schedule(name, res.template, res.source, res.config, reason=res.reason)
         if updates:
             mod = mod.clone()   # a pass returns a new module: the caller's stays unscheduled
         for gv, func in updates.items():

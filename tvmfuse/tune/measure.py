@@ -149,7 +149,7 @@ class Worker:
             try:
                 os.killpg(self.proc.pid, signal.SIGKILL)   # its own session: the worker and its children
             except ProcessLookupError:
-                pass
+                pass                  # it exited between poll() and the kill: wait() below reaps it
             self.proc.wait()
 
     def close(self) -> None:

@@ -56,13 +56,6 @@ MAX_FUSED_ROW_VECTORS = 8                 # widest run of pixels (in vectors) of
 # Measured slowdown of a register-tile row wider than a vector that is not a multiple of it (56x56:
 # 14 or 28 columns ran 4x slower than 8; 28x28: 14 ran 2x slower than 7).
 SPLIT_ROW_PENALTY = 4
-# Fewer parallel iterations than this many per core leave cores idle on the tail: add the channel blocks.
-MIN_PARALLEL_PER_CORE = 4
-# im2col copies RC*KH*KW values per output pixel, once for all F output channels (1/F of the FMAs): by
-# default only where there are at least this many output channels to share the copy ...
-IM2COL_MIN_CHANNELS = 16
-# ... and where the copy of one band (float32) stays in L2 (bytes).
-IM2COL_MAX_BAND_BYTES = 512 * 1024
 
 
 def batch_size(info: dict) -> int:
@@ -310,12 +303,15 @@ def _fused_rows_ok(info: dict, ow: int, oh: int, im2col: bool = False) -> bool:
     return bool(info.get("pointwise") or im2col) and ow == info["OW"] and info["OH"] % oh == 0
 
 
-def im2col_default(info: dict, lanes: int, oh: int) -> bool:
+def im2col_default(info: dict, lanes: int, oh: int, target: C.Target) -> bool:
     """im2col by default where the output row wastes lanes (not a multiple of the vector), F shares the
-    copy (IM2COL_MIN_CHANNELS) and one band's copy fits IM2COL_MAX_BAND_BYTES."""
+    copy and one band's copy is small: ``template_defaults["cpu.conv2d_epilogue"]``'s
+    ``im2col_min_channels`` and ``im2col_max_band_kib`` (im2col copies RC*KH*KW values per output pixel,
+    once for all F output channels: 1/F of the FMAs; the copy of one band, float32, stays in L2)."""
+    d = template_defaults(target, "cpu.conv2d_epilogue")
     band = info["RC"] * info["KH"] * info["KW"] * oh * info["OW"] * 4
-    return True in im2col_choices(info) and info["OW"] % lanes != 0 and info["F"] >= IM2COL_MIN_CHANNELS \
-        and band <= IM2COL_MAX_BAND_BYTES
+    return True in im2col_choices(info) and info["OW"] % lanes != 0 \
+        and info["F"] >= int(d["im2col_min_channels"]) and band <= int(d["im2col_max_band_kib"]) * 1024
 
 
 def whole_vectors(width: int, lanes: int) -> bool:
@@ -421,13 +417,16 @@ class ConvTemplate(BatchBuckets, Template):
         if info["N"] is None:
             # a symbolic batch: the largest batch whose parallel loop (batch x the default's parallel units
             # per batch) is too short for the cores without the second parallel level (parallel_depth 2)
-            need = self.min_parallel_per_core * cpu_info(target).cores
+            need = self.min_parallel_per_core(target) * cpu_info(target).cores
             info["small_batches"] = (need - 1) // self.parallel_units(match, self.default_config(match, target))
             set_batch_bounds(info, target)
         return match
 
     # ------------------------------------------------------------------ size buckets
-    min_parallel_per_core = 0      # a family's MIN_PARALLEL_PER_CORE
+    def min_parallel_per_core(self, target: C.Target) -> int:
+        """Parallel iterations per core below which the default adds the second parallel level (fewer leave
+        cores idle on the tail): the family's ``template_defaults[...]["min_parallel_per_core"]``."""
+        return int(template_defaults(target, self.family)["min_parallel_per_core"])
 
     def parallel_units(self, match: Match, config: dict) -> int:
         """Parallel iterations per batch at ``parallel_depth`` 1."""
@@ -450,7 +449,6 @@ class ConvTemplate(BatchBuckets, Template):
 class Conv2DEpilogue(ConvTemplate):
     family = "cpu.conv2d_epilogue"
     config_type = Conv2DConfig
-    min_parallel_per_core = MIN_PARALLEL_PER_CORE
 
     def parallel_units(self, match: Match, config: dict) -> int:
         return ceil_div(match.info["OH"], config["oh_tile"])       # row bands
@@ -509,18 +507,19 @@ class Conv2DEpilogue(ConvTemplate):
             return (fits, on_stack(oc * oh * i["OW"]), i["F"] % oc == 0, -cost, acc)
 
         col_rows = [oh for oh in ch["oh_tile"] if True in ch["fuse_rows"] and True in ch["im2col"]
-                    and _fused_rows_ok(i, i["OW"], oh, True) and im2col_default(i, lanes, oh)
+                    and _fused_rows_ok(i, i["OW"], oh, True) and im2col_default(i, lanes, oh, target)
                     and whole_vectors(oh * i["OW"], lanes) and (oh > 1 or i["OH"] == 1)
                     and i["OW"] < lanes]   # rows narrower than a vector only: measured alone (skx, 2 cores),
         # 3x3 conv+BN+ReLU+residual, im2col'd fused rows vs direct: 32ch@28x28 0.88 vs 0.22 ms, 64ch@56x56
         # 6.4 vs 1.15 ms (the copy dominates), 128ch@7x7 0.147 vs 0.205 ms (im2col wins)
         col = bool(col_rows)
         # im2col with padded rows where a row is an odd number of lanes wider than a vector
-        # and one row's window copy fits a quarter of L1 (skx, 2 cores: the 31x31 stem of 3 channels 746 -> 225 us
-        # with it, measured under load; alone: 64ch@56x56, a 144 kB row copy, 1.1 -> 2.0 ms with it; 32ch@28x28,
-        # 32 kB, 0.23 -> 0.31 ms)
-        padded = padded_width(i, lanes) if True in ch["pad_width"] and im2col_default(i, lanes, 1) \
-            and i["RC"] * i["KH"] * i["KW"] * i["OW"] * 4 <= info.l1d_bytes // 4 else None
+        # and one row's window copy fits the table's pad_width_l1_share of L1 (a quarter; skx, 2 cores: the
+        # 31x31 stem of 3 channels 746 -> 225 us with it, measured under load; alone: 64ch@56x56, a 144 kB
+        # row copy, 1.1 -> 2.0 ms with it; 32ch@28x28, 32 kB, 0.23 -> 0.31 ms)
+        padded = padded_width(i, lanes) if True in ch["pad_width"] and im2col_default(i, lanes, 1, target) \
+            and i["RC"] * i["KH"] * i["KW"] * i["OW"] * 4 <= \
+            float(template_defaults(target, self.family)["pad_width_l1_share"]) * info.l1d_bytes else None
 
         def pad_score(oc, oh):
             nv = oh * padded // lanes
@@ -539,7 +538,7 @@ class Conv2DEpilogue(ConvTemplate):
             oc, ow, oh, fused = max(((a, b, c, d) for a in ch["oc_tile"] for b in ch["ow_tile"]
                                      for c in ch["oh_tile"] for d in ch["fuse_rows"]), key=lambda t: score(*t))
         bands = batch_size(i) * ceil_div(i["OH"], oh)
-        depth = 1 if bands >= MIN_PARALLEL_PER_CORE * info.cores else 2
+        depth = 1 if bands >= self.min_parallel_per_core(target) * info.cores else 2
         if padded and not fused and shared_copy_fits(i, padded, target):
             depth = 2     # the padded copy once, before the tiles (shared_copy_fits)
         return Conv2DConfig(oc_tile=oc, ow_tile=ow, lanes=lanes, oh_tile=oh,

@@ -27,8 +27,6 @@ from .conv2d import (SPLIT_ROW_PENALTY, ConvTemplate, batch_size, ceil_div, dein
 OH_TILES = (1, 2, 4)              # output rows per register tile
 UNROLL = (0, 1, 2)                # window loops unrolled: none, kw, kh and kw
 PARALLEL_DEPTH = (1, 2)           # 1: parallel over (n, channel); 2: also over row bands
-# Fewer parallel iterations than this many per core leave cores idle on the tail: add the row bands.
-MIN_PARALLEL_PER_CORE = 4
 
 
 @dataclass(frozen=True)
@@ -49,7 +47,6 @@ class DepthwiseConv2DEpilogue(ConvTemplate):
     family = "cpu.depthwise_conv2d_epilogue"
     config_type = DepthwiseConfig
     depthwise = True
-    min_parallel_per_core = MIN_PARALLEL_PER_CORE
 
     def parallel_units(self, match: Match, config: dict) -> int:
         return match.info["F"]          # channel planes
@@ -78,7 +75,7 @@ class DepthwiseConv2DEpilogue(ConvTemplate):
 
         oh, ow = max(((a, b) for a in ch["oh_tile"] for b in ch["ow_tile"]), key=lambda t: score(*t))
         planes = batch_size(i) * i["F"]
-        depth = 1 if planes >= MIN_PARALLEL_PER_CORE * info.cores else 2
+        depth = 1 if planes >= self.min_parallel_per_core(target) * info.cores else 2  # else add the row bands
         return DepthwiseConfig(ow_tile=ow, lanes=lanes, oh_tile=oh, unroll=max(ch["unroll"]), parallel_depth=depth,
                                parallel=U.parallel_default(conv_work(i), target),
                                deinterleave=deinterleave_default(i, ch["deinterleave"])).asdict()

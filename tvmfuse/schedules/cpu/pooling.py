@@ -31,19 +31,13 @@ from dataclasses import dataclass
 
 from ... import _compat as C
 from ...analysis import var_names
-from ...target import cpu_info
+from ...target import cpu_info, template_defaults
 from ..base import Config, KnobSpace, Match, knob
 from ..buckets import BatchBuckets
 from . import common as U
 
 FAMILY = "cpu.window_pool"
 ROWS = ("shuffle", "deinterleave", "gather")
-# The most vector loads one output row's unrolled 'shuffle' block may hold (shuffle_loads); a larger pool
-# takes 'deinterleave'.  SqueezeNet's 3x3/2 pools: 3 to 6 (AVX-512), 3 to 15 (AVX2); ResNet's 112x112 one: 33
-# (AVX-512), 63 (AVX2).  The ONNX gate's 60x80 window of stride and dilation 10 on 1000x1000
-# (test_MaxPool2d_stride_padding_dilation): 6840 (AVX-512), an unrolled block that took LLVM 45 s to compile
-# (measured under load) even with its chunks bound once (shuffle_rows).
-SHUFFLE_MAX_LOADS = 256
 
 
 @dataclass(frozen=True)
@@ -137,11 +131,19 @@ def shuffle_loads(info: dict, lanes: int) -> int | None:
     return loads
 
 
-def _row_choices(match: Match, lanes: int) -> tuple:
+def shuffle_max_loads(target: C.Target) -> int:
+    """The most vector loads one output row's unrolled 'shuffle' block may hold on ``target``
+    (``template_defaults["cpu.window_pool"]["shuffle_max_loads"]``, schedules/cpu_targets.json)."""
+    return int(template_defaults(target, FAMILY)["shuffle_max_loads"])
+
+
+def _row_choices(match: Match, target: C.Target) -> tuple:
     """The ``rows`` layouts for this pool, the default first: 'shuffle' only where its unrolled row block
-    holds at most SHUFFLE_MAX_LOADS vector loads."""
-    loads = shuffle_loads(match.info, lanes)
-    return ROWS if loads is not None and loads <= SHUFFLE_MAX_LOADS else tuple(r for r in ROWS if r != "shuffle")
+    holds at most ``shuffle_max_loads(target)`` vector loads."""
+    loads = shuffle_loads(match.info, cpu_info(target).float32_lanes)
+    if loads is not None and loads <= shuffle_max_loads(target):
+        return ROWS
+    return tuple(r for r in ROWS if r != "shuffle")
 
 
 class WindowPool(BatchBuckets, U.CpuTemplate, family=FAMILY, config=WindowPoolConfig):
@@ -159,10 +161,10 @@ class WindowPool(BatchBuckets, U.CpuTemplate, family=FAMILY, config=WindowPoolCo
 
     # ------------------------------------------------------------------ knobs
     def space(self, match: Match, target: C.Target) -> KnobSpace:
-        return WindowPoolConfig.space(lanes=(cpu_info(target).float32_lanes,), rows=_row_choices(match, cpu_info(target).float32_lanes))
+        return WindowPoolConfig.space(lanes=(cpu_info(target).float32_lanes,), rows=_row_choices(match, target))
 
     def default_config(self, match: Match, target: C.Target) -> dict:
-        return WindowPoolConfig(lanes=cpu_info(target).float32_lanes, rows=_row_choices(match, cpu_info(target).float32_lanes)[0],
+        return WindowPoolConfig(lanes=cpu_info(target).float32_lanes, rows=_row_choices(match, target)[0],
                                 parallel=U.parallel_default(match.info["work"], target)).asdict()
 
     # ------------------------------------------------------------------ apply

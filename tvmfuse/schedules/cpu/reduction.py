@@ -46,9 +46,6 @@ RF_VECTORS = (1, 2, 4)           # partial-sum vectors per reduction (independen
 # (rf_chain_widths; 1000 floats: 40 = 5 x 8 lanes): the write-back adds the partial sums one by one, a
 # chain of this many dependent scalar steps per row.
 MAX_RF_WIDTH = 64
-# ... and the default takes such a width only when it cuts the dependent steps per row (default_rf_width) by
-# this factor at least: a cost model of latency alone, so only large gains (1000: 133 -> 65 steps) count.
-CHAIN_GAIN = 2
 RF_LANE_DIVISORS = (1, 2, 4)     # or a partial-sum vector of target lanes / this (at least MIN_RF_LANES)
 MIN_RF_LANES = 4
 UNROLL = (1, 2, 4)               # unroll of the vectorized elementwise passes
@@ -368,7 +365,7 @@ class RowReduction(BatchBuckets, U.CpuTemplate, family=FAMILY, config=RowReducti
             lanes=info.float32_lanes,
             rf_width=default_rf_width(space["rf_width"], info.float32_lanes,
                                       info.float32_lanes * d["max_rf_vectors"],
-                                      match.info["row_len"]),
+                                      match.info["row_len"], float(d["rf_chain_gain"])),
             vectorize_reductions=True in space["vectorize_reductions"],
             unroll=U.nearest_choice(UNROLL, d["unroll"]),
             # enough rows to split over the cores, and (a static kernel) its input over the target's fork/join
@@ -784,14 +781,15 @@ def rf_chain_widths(lanes: int, row_len: int) -> tuple:
     return tuple(sorted(set(base) | more))
 
 
-def default_rf_width(widths, lanes: int, limit: int, row_len: int) -> int:
+def default_rf_width(widths, lanes: int, limit: int, row_len: int, chain_gain: float) -> int:
     """The default partial-sum width among ``widths`` (the knob's choices): the widest up to ``limit`` lanes
     (the target table's max_rf_vectors full vectors) among the whole, half or quarter vectors
     and their 1, 2 or 4 copies (``rf_widths``).  Where that is narrower than ``limit`` and divides a
     long row (1000 floats on AVX-512: 8 lanes, one dependent chain of 125 max or add steps per row, latency
     bound: twice the time of the 63 steps over rows of 1008 on 16), a wider width that divides the row when
-    it takes at most 1 / CHAIN_GAIN of the dependent steps per row: row_len / width in the main loop plus
-    width in the write-back (40 for 1000: 25 + 40 against 125 + 8; 104 keeps 8: 13 + 8 against 2 + 52)."""
+    it takes at most 1 / ``chain_gain`` of the dependent steps per row (the table's ``rf_chain_gain``):
+    row_len / width in the main loop plus width in the write-back (40 for 1000: 25 + 40 against 125 + 8; 104
+    keeps 8: 13 + 8 against 2 + 52)."""
     base = [w for w in widths if w in _rf_candidates(lanes)] or list(widths)
     w0 = U.choices_upto(base, limit)[-1]
     if w0 >= limit or row_len % w0:
@@ -801,7 +799,7 @@ def default_rf_width(widths, lanes: int, limit: int, row_len: int) -> int:
         return row_len // w + w
 
     best = min((w for w in widths if w > w0 and row_len % w == 0), key=lambda w: (steps(w), w), default=w0)
-    return best if steps(best) * CHAIN_GAIN <= steps(w0) else w0
+    return best if steps(best) * chain_gain <= steps(w0) else w0
 
 
 def rf_widths(lanes: int, row_len: int) -> tuple:

@@ -23,7 +23,6 @@ THREADS_F = (4, 8, 16)          # threads along output channels
 THREADS_P = (8, 16, 32, 64)     # threads along output pixels: at most 16 x 64 = 1024
 MICRO = (1, 2)                  # outputs per thread per axis
 TILE_C = (1, 2, 4, 8)           # input channels staged per step
-WEIGHT_STAGE_BYTES = 24 * 1024  # at most half the static shared memory for the weight slice
 
 
 @dataclass(frozen=True)
@@ -72,7 +71,8 @@ class CudaConv2d(CudaTemplate, family="cuda_conv2d", config=Conv2dConfig):
     def space(self, match: Match, target: C.Target) -> KnobSpace:
         info = match.info
         per_c = 32 * info["kernel"] * 4            # weight bytes per staged channel at the widest tile
-        tc = [t for t in divisors_among(info["c"], TILE_C) if t * per_c <= WEIGHT_STAGE_BYTES] or [1]
+        stage = arch_of(target).max_shared_bytes // 2   # the weight slice: at most half the static shared memory
+        tc = [t for t in divisors_among(info["c"], TILE_C) if t * per_c <= stage] or [1]
         return Conv2dConfig.space(threads_f=[t for t in THREADS_F if t <= max(THREADS_F[0], info["f"])],
                                   threads_p=[t for t in THREADS_P if t <= max(THREADS_P[0], info["pixels"])],
                                   micro_f=MICRO, micro_p=MICRO, tile_c=tc)
