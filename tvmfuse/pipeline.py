@@ -581,68 +581,77 @@ def _shared_storage_body(func, kernels):
 
 
 def _share_block_storage(bindings, read_after: set, signature_vars: set, kernels):
-    """One binding block's ``bindings`` with its symbolic storages shared; None if none is."""
-    storages = {}                     # storage var -> [index, size, key]
-    aliases: dict = {}                # var -> the storages whose memory it may hold
-    last: dict = {}                   # storage var -> index of the last binding reading its memory
-    pinned: set = set()               # storages not to share
+    """One binding block's ``bindings`` with its symbolic storages' tensors re-planned: each tensor (a
+    ``memory.alloc_tensor`` of a symbolic storage) live from its allocation to the last binding reading it
+    (or anything that may alias it), tensors assigned greedily in order to shared storages free by then,
+    each shared storage allocated before its first tensor.  None if nothing changes."""
+    storages = {}                     # storage var -> (size, key)
+    tensors = {}                      # alloc_tensor binding index -> its storage var
+    aliases: dict = {}                # var -> the tensors (binding indices) whose memory it may hold
+    last: dict = {}                   # tensor -> index of the last binding reading its memory
+    pinned: set = set()               # storages left as they are
     for i, b in enumerate(bindings):
         found = _symbolic_storage(b, signature_vars)
         if found is not None:
-            storages[b.var] = [i, *found]
+            storages[b.var] = found
             continue
         read = C.relax_free_vars(b.value)
         value = b.value
         if _op_name(value) == "relax.memory.alloc_tensor" and value.args[0] in storages:
-            # the storage var itself read only as an allocation's storage
             read = [v for v in read if not v.same_as(value.args[0])]
-            aliases[b.var] = {value.args[0]}
-            last[value.args[0]] = max(last.get(value.args[0], i), i)
+            tensors[i] = value.args[0]
+            aliases[b.var] = {i}
+            last[i] = i
         held = set()
         for v in read:
             if v in storages:
                 pinned.add(v)                        # a storage var used some other way
             held |= aliases.get(v, set())
-        for s in held:
-            last[s] = i
+        for t in held:
+            last[t] = i
         is_kernel_call = isinstance(value, C.relax.Call) and value.op in kernels
         if held and not is_kernel_call:
             aliases[b.var] = aliases.get(b.var, set()) | held
     for v in read_after:
-        pinned |= aliases.get(v, set()) | ({v} if v in storages else set())
-    candidates = sorted((info[0], s) for s, info in storages.items() if s not in pinned and s in last)
+        pinned |= {tensors[t] for t in aliases.get(v, set())} | ({v} if v in storages else set())
+    units = sorted(t for t, s in tensors.items() if s not in pinned)
+    moved = {tensors[t] for t in units}
+    if len(units) < 2:
+        return None
     ana = C.Analyzer()
     for v in signature_vars:
         ana.update(v, C.ConstIntBound(0, C.ConstIntBound.POS_INF), True)
-    pools: list[dict] = []           # {"var", "size", "key", "end"}
-    member = {}                      # storage var -> its pool's var
-    for start, s in candidates:
-        _, size, key = storages[s]
-        free = [p for p in pools if p["key"] == key and p["end"] < start]
+    pools: list[dict] = []           # {"first": tensor index, "size", "key", "end"}
+    pool_of = {}                     # tensor -> its pool
+    for t in units:
+        size, key = storages[tensors[t]]
+        free = [p for p in pools if p["key"] == key and p["end"] < t]
         if not free:
-            pools.append({"var": s, "size": size, "key": key, "end": last[s]})
+            pools.append({"first": t, "size": size, "key": key, "end": last[t]})
+            pool_of[t] = pools[-1]
             continue
         fits = [p for p in free if ana.can_prove(size <= p["size"])]
         pool = fits[0] if fits else free[-1]
         if not fits:
             pool["size"] = size if ana.can_prove(pool["size"] <= size) else C.tirx.max(pool["size"], size)
-        pool["end"] = last[s]
-        member[s] = pool["var"]
-    if not member:
-        return None
-    sizes = {p["var"]: p["size"] for p in pools}
+        pool["end"] = last[t]
+        pool_of[t] = pool
+    if len(pools) >= len(moved):
+        return None                  # no fewer storages than TVM's plan
     out = []
-    for b in bindings:
-        if b.var in member:
+    for i, b in enumerate(bindings):
+        if b.var in moved:
             continue
-        value = b.value
-        if b.var in sizes and _op_name(value) == "relax.memory.alloc_storage":
-            value = C.relax.Call(value.op, [C.relax.ShapeExpr([sizes[b.var]]), *value.args[1:]], value.attrs,
-                                 value.ty_args, value.span)
-            b = C.relax.VarBinding(b.var, value, b.span)
-        elif _op_name(value) == "relax.memory.alloc_tensor" and value.args[0] in member:
-            value = C.relax.Call(value.op, [member[value.args[0]], *value.args[1:]], value.attrs,
-                                 value.ty_args, value.span)
-            b = C.relax.VarBinding(b.var, value, b.span)
+        if i in pool_of:
+            pool, value = pool_of[i], b.value
+            if pool["first"] == i:
+                proto = bindings[[j for j, c in enumerate(bindings) if c.var.same_as(tensors[i])][0]]
+                pool["var"] = C.relax.Var(f"shared_storage{len(out)}", C.type_of(proto.var))
+                alloc = proto.value
+                out.append(C.relax.VarBinding(pool["var"], C.relax.Call(
+                    alloc.op, [C.relax.ShapeExpr([pool["size"]]), *alloc.args[1:]], alloc.attrs, alloc.ty_args,
+                    alloc.span)))
+            b = C.relax.VarBinding(b.var, C.relax.Call(value.op, [pool["var"], *value.args[1:]], value.attrs,
+                                                       value.ty_args, value.span), b.span)
         out.append(b)
     return out
