@@ -514,19 +514,20 @@ def register() -> None:
 
 @C.module_pass(opt_level=0, name="tvmfuse.share_symbolic_storage")
 def _share_symbolic_storage(mod, _ctx):
-    """The storages of a Relax function sized by a symbolic expression (``alloc_storage(R.shape([8192 *
-    batch]))``) shared between intermediates whose lifetimes do not overlap, each shared storage sized the
-    largest of its members (provably, for any size of the symbols; else their ``max``).
+    """The tensors a Relax function allocates in storages of symbolic size (``alloc_storage(R.shape([8192 *
+    batch]))``) re-planned: tensors whose lifetimes do not overlap share a storage, sized the largest of
+    them (provably, for any size of the symbols; else their ``max``).
 
     Why: TVM's StaticPlanBlockMemory reuses a storage of symbolic size only for a tensor of *equal* size
     expression, so a CNN over a symbolic batch, whose activations shrink stage by stage (``32768 * batch``,
-    ``8192 * batch``, ... bytes), allocates one storage per distinct size every call: 15 ``alloc_storage``
-    per call of resnet18_dyn against 5 in its static build (the same planning at a ``shape_upper_bounds``
-    gives 5).  Runs after the planning (StaticPlanBlockMemory, LowerAllocTensor), before KillAfterLastUse.
-    Conservative: a storage is shared only when it is used by nothing but ``memory.alloc_tensor`` bindings of
-    the same binding block, none of its tensors (or anything that may alias them: every binding that reads
-    one, except a kernel call, which writes its outputs in place and returns nothing) reaches a later block
-    or the function's result, and its size reads only the function signature's symbolic dims."""
+    ``8192 * batch``, ... bytes), allocates a storage per distinct size every call: 15 ``alloc_storage`` per
+    call of resnet18_dyn and 35 of mobilenet_v3_small_dyn against 5 and 7 in their static builds (4 and 5
+    after this pass; tests/test_symbolic_storage.py, benchmarks/notes/symcnn8.md).  Runs after the planning
+    (StaticPlanBlockMemory, LowerAllocTensor), before KillAfterLastUse.  Conservative: a storage's tensors
+    are re-planned only when the storage is used by nothing but ``memory.alloc_tensor`` bindings of its
+    binding block, none of its tensors (or anything that may alias them: every binding that reads one,
+    except a kernel call, which writes its outputs in place and returns nothing) reaches a later block or
+    the function's result, and its size reads only the function signature's symbolic dims."""
     kernels = {gv for gv, f in mod.functions.items() if isinstance(f, C.PrimFunc)}
     for gv, func in list(mod.functions.items()):
         if isinstance(func, C.relax.Function) and isinstance(func.body, C.relax.SeqExpr):
@@ -567,7 +568,7 @@ def _shared_storage_body(func, kernels):
     seq = func.body
     blocks, changed = [], False
     later_free: list[set] = []          # the relax vars read after each block (later blocks and the result)
-    free = set(C.relax_free_vars(seq.body)) | set()
+    free = set(C.relax_free_vars(seq.body))
     for block in reversed(seq.blocks):
         later_free.append(set(free))
         for b in block.bindings:
