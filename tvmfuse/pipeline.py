@@ -88,12 +88,15 @@ def schedule_passes(target: C.Target, options: PipelineOptions) -> list:
 
 
 def lowering_passes(target: C.Target, options: PipelineOptions | None = None) -> list:
-    """TVM's own dataflow lowering and VM finalization for the target (with ``tvmfuse.share_shapes`` and
+    """TVM's own dataflow lowering and VM finalization for the target (with
+    ``tvmfuse.share_symbolic_storage`` before its KillAfterLastUse, ``tvmfuse.share_shapes`` and
     ``tvmfuse.drop_unused_tuples`` before its VMShapeLower), then (``element_aligned_args``, CPU targets)
     every kernel's tensor arguments declared element-aligned."""
     options = options or PipelineOptions()
     passes = ([_shape_upper_bounds_pass(options.shape_upper_bounds)] + C.backend_passes(target, "dataflow_lower")
-              + before_pass(before_pass(C.backend_passes(target, "finalize"), "VMShapeLower", _share_shapes),
+              + before_pass(before_pass(before_pass(C.backend_passes(target, "finalize"), "KillAfterLastUse",
+                                                    _share_symbolic_storage),
+                                        "VMShapeLower", _share_shapes),
                             "VMShapeLower", _drop_unused_tuples))
     passes.append(_restrict_shape_funcs)
     if options.element_aligned_args and takes_element_aligned_args(target):
@@ -507,3 +510,149 @@ def dlight_pipeline(target=None) -> C.ir_transform.Pass:
 def register() -> None:
     """Make ``tvm.compile(mod, target, relax_pipeline="tvmfuse")`` work (TVM calls it with no arguments)."""
     C.register_relax_pipeline("tvmfuse", lambda **kw: pipeline(None, **kw))
+
+
+@C.module_pass(opt_level=0, name="tvmfuse.share_symbolic_storage")
+def _share_symbolic_storage(mod, _ctx):
+    """The tensors a Relax function allocates in storages of symbolic size (``alloc_storage(R.shape([8192 *
+    batch]))``) re-planned: tensors whose lifetimes do not overlap share a storage, sized the largest of
+    them (provably, for any size of the symbols; else their ``max``).
+
+    Why: TVM's StaticPlanBlockMemory reuses a storage of symbolic size only for a tensor of *equal* size
+    expression, so a CNN over a symbolic batch, whose activations shrink stage by stage (``32768 * batch``,
+    ``8192 * batch``, ... bytes), allocates a storage per distinct size every call: 15 ``alloc_storage`` per
+    call of resnet18_dyn and 35 of mobilenet_v3_small_dyn against 5 and 7 in their static builds (4 and 5
+    after this pass; tests/test_symbolic_storage.py, benchmarks/notes/symcnn8.md).  Runs after the planning
+    (StaticPlanBlockMemory, LowerAllocTensor), before KillAfterLastUse.  Conservative: a storage's tensors
+    are re-planned only when the storage is used by nothing but ``memory.alloc_tensor`` bindings of its
+    binding block, none of its tensors (or anything that may alias them: every binding that reads one,
+    except a kernel call, which writes its outputs in place and returns nothing) reaches a later block or
+    the function's result, and its size reads only the function signature's symbolic dims."""
+    kernels = {gv for gv, f in mod.functions.items() if isinstance(f, C.PrimFunc)}
+    for gv, func in list(mod.functions.items()):
+        if isinstance(func, C.relax.Function) and isinstance(func.body, C.relax.SeqExpr):
+            body = _shared_storage_body(func, kernels)
+            if body is not None:
+                mod[gv] = C.relax.Function(func.params, body, C.ret_type(func), func.is_pure, func.attrs,
+                                           func.span)
+    return mod
+
+
+def _op_name(value) -> str | None:
+    return getattr(value.op, "name", None) if isinstance(value, C.relax.Call) else None
+
+
+def _symbolic_storage(binding, signature_vars: set):
+    """(size, group key) of a top-level ``memory.alloc_storage`` binding sized by an expression of the
+    signature's symbolic dims; None for any other binding (constant sizes are TVM's own planning)."""
+    value = binding.value if isinstance(binding, C.relax.VarBinding) else None
+    if _op_name(value) != "relax.memory.alloc_storage" or not isinstance(value.args[0], C.relax.ShapeExpr):
+        return None
+    (size,) = value.args[0].values
+    if isinstance(size, C.IntImm):
+        return None
+    names = []
+    C.post_order_visit(size, lambda n: names.append(n) if isinstance(n, C.Var) else None)
+    if not names or any(v not in signature_vars for v in names):
+        return None
+    return size, tuple(str(a) for a in value.args[1:])
+
+
+def _shared_storage_body(func, kernels):
+    """``func``'s body with its symbolic storages shared (``_share_symbolic_storage``); None if unchanged."""
+    signature_vars = set()
+    for p in func.params:
+        signature_vars.update(C.relax.analysis.definable_tir_vars_in_type(C.type_of(p)))
+    if not signature_vars:
+        return None
+    seq = func.body
+    blocks, changed = [], False
+    later_free: list[set] = []          # the relax vars read after each block (later blocks and the result)
+    free = set(C.relax_free_vars(seq.body))
+    for block in reversed(seq.blocks):
+        later_free.append(set(free))
+        for b in block.bindings:
+            free.update(C.relax_free_vars(b.value))
+    later_free.reverse()
+    for block, after in zip(seq.blocks, later_free):
+        new = _share_block_storage(list(block.bindings), after, signature_vars, kernels)
+        changed |= new is not None
+        blocks.append(block if new is None else type(block)(new))
+    return C.relax.SeqExpr(blocks, seq.body, seq.span) if changed else None
+
+
+def _share_block_storage(bindings, read_after: set, signature_vars: set, kernels):
+    """One binding block's ``bindings`` with its symbolic storages' tensors re-planned: each tensor (a
+    ``memory.alloc_tensor`` of a symbolic storage) live from its allocation to the last binding reading it
+    (or anything that may alias it), tensors assigned greedily in order to shared storages free by then,
+    each shared storage allocated before its first tensor.  None if nothing changes."""
+    storages = {}                     # storage var -> (size, key)
+    tensors = {}                      # alloc_tensor binding index -> its storage var
+    aliases: dict = {}                # var -> the tensors (binding indices) whose memory it may hold
+    last: dict = {}                   # tensor -> index of the last binding reading its memory
+    pinned: set = set()               # storages left as they are
+    for i, b in enumerate(bindings):
+        found = _symbolic_storage(b, signature_vars)
+        if found is not None:
+            storages[b.var] = found
+            continue
+        read = C.relax_free_vars(b.value)
+        value = b.value
+        if _op_name(value) == "relax.memory.alloc_tensor" and value.args[0] in storages:
+            read = [v for v in read if not v.same_as(value.args[0])]
+            tensors[i] = value.args[0]
+            aliases[b.var] = {i}
+            last[i] = i
+        held = set()
+        for v in read:
+            if v in storages:
+                pinned.add(v)                        # a storage var used some other way
+            held |= aliases.get(v, set())
+        for t in held:
+            last[t] = i
+        is_kernel_call = isinstance(value, C.relax.Call) and value.op in kernels
+        if held and not is_kernel_call:
+            aliases[b.var] = aliases.get(b.var, set()) | held
+    for v in read_after:
+        pinned |= {tensors[t] for t in aliases.get(v, set())} | ({v} if v in storages else set())
+    units = sorted(t for t, s in tensors.items() if s not in pinned)
+    moved = {tensors[t] for t in units}
+    if len(units) < 2:
+        return None
+    ana = C.Analyzer()
+    for v in signature_vars:
+        ana.update(v, C.ConstIntBound(0, C.ConstIntBound.POS_INF), True)
+    pools: list[dict] = []           # {"first": tensor index, "size", "key", "end"}
+    pool_of = {}                     # tensor -> its pool
+    for t in units:
+        size, key = storages[tensors[t]]
+        free = [p for p in pools if p["key"] == key and p["end"] < t]
+        if not free:
+            pools.append({"first": t, "size": size, "key": key, "end": last[t]})
+            pool_of[t] = pools[-1]
+            continue
+        fits = [p for p in free if ana.can_prove(size <= p["size"])]
+        pool = fits[0] if fits else free[-1]
+        if not fits:
+            pool["size"] = size if ana.can_prove(pool["size"] <= size) else C.tirx.max(pool["size"], size)
+        pool["end"] = last[t]
+        pool_of[t] = pool
+    if len(pools) >= len(moved):
+        return None                  # no fewer storages than TVM's plan
+    out = []
+    for i, b in enumerate(bindings):
+        if b.var in moved:
+            continue
+        if i in pool_of:
+            pool, value = pool_of[i], b.value
+            if pool["first"] == i:
+                proto = bindings[[j for j, c in enumerate(bindings) if c.var.same_as(tensors[i])][0]]
+                pool["var"] = C.relax.Var(f"shared_storage{len(out)}", C.type_of(proto.var))
+                alloc = proto.value
+                out.append(C.relax.VarBinding(pool["var"], C.relax.Call(
+                    alloc.op, [C.relax.ShapeExpr([pool["size"]]), *alloc.args[1:]], alloc.attrs, alloc.ty_args,
+                    alloc.span)))
+            b = C.relax.VarBinding(b.var, C.relax.Call(value.op, [pool["var"], *value.args[1:]], value.attrs,
+                                                       value.ty_args, value.span), b.span)
+        out.append(b)
+    return out
