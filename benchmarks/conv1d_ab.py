@@ -12,15 +12,13 @@ the machine had: it ranks, it is not a figure to quote.
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import statistics
 import sys
 
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from model_knob_ab import _cpu_us, _outputs, corpus_io  # noqa: E402
+from model_knob_ab import corpus_io, paired_ab, report  # noqa: E402
 
 
 def build(path: str, rewrite: bool):
@@ -57,29 +55,10 @@ def main(argv=None) -> int:
     feeds = corpus_io.random_feeds(entry, np.random.default_rng(0))
     path = corpus_io.model_path(entry, "static")
     builds = {"new": build(path, True), "before": build(path, False)}
-    ref = _outputs(builds["before"], feeds)
-    for got, want in zip(_outputs(builds["new"], feeds), ref):
-        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
-    times = {k: [] for k in builds}
-    for cm in builds.values():
-        cm.run(feeds)
-    for r in range(a.rounds):
-        order = list(builds) if r % 2 == 0 else list(reversed(list(builds)))
-        for k in order:
-            times[k].append(_cpu_us(lambda cm=builds[k]: cm.run(feeds), a.number))
-    ratios = [n / b for n, b in zip(times["new"], times["before"])]
-    out = {"model": a.model,
-           "kernels": {k: cm.kernel_count for k, cm in builds.items()},
-           "templates": {k: sorted({s["template"] for s in cm.report.schedules}) for k, cm in builds.items()},
-           "us_min_median": {k: [round(min(v), 1), round(statistics.median(v), 1)] for k, v in times.items()},
-           "ratio_new_over_before_median": round(statistics.median(ratios), 3),
-           "clock": "thread_time, TVM_NUM_THREADS=" + os.environ.get("TVM_NUM_THREADS", "?")
-                    + f", {a.rounds} alternating rounds x {a.number} run() calls, measured under load"}
-    print(json.dumps(out))
-    if a.json:
-        with open(a.json, "w") as f:
-            json.dump(out, f, indent=1)
-    return 0
+    return report(paired_ab(builds, feeds, a.rounds, a.number, {
+        "model": a.model, "kernels": {k: cm.kernel_count for k, cm in builds.items()},
+        "templates": {k: sorted({s["template"] for s in cm.report.schedules}) for k, cm in builds.items()}}),
+        a.json)
 
 
 if __name__ == "__main__":

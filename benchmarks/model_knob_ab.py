@@ -71,6 +71,36 @@ def _outputs(cm, feeds) -> list:
     return [np.array(out[k]) for k in sorted(out)]
 
 
+def paired_ab(builds: dict, feeds: dict, rounds: int, number: int, extra: dict) -> dict:
+    """The A/B both scripts run: ``builds["new"]`` and ``builds["before"]`` checked against each other on
+    ``feeds``, then ``run()`` timed in ``rounds`` alternating rounds of ``number`` calls; ``extra`` (model,
+    what differs) heads the result."""
+    ref = _outputs(builds["before"], feeds)
+    for got, want in zip(_outputs(builds["new"], feeds), ref):
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+    times = {k: [] for k in builds}
+    for cm in builds.values():
+        cm.run(feeds)
+    for r in range(rounds):
+        order = list(builds) if r % 2 == 0 else list(reversed(list(builds)))
+        for k in order:
+            times[k].append(_cpu_us(lambda cm=builds[k]: cm.run(feeds), number))
+    ratios = [n / b for n, b in zip(times["new"], times["before"])]
+    return {**extra,
+            "us_min_median": {k: [round(min(v), 1), round(statistics.median(v), 1)] for k, v in times.items()},
+            "ratio_new_over_before_median": round(statistics.median(ratios), 3),
+            "clock": "thread_time, TVM_NUM_THREADS=" + os.environ.get("TVM_NUM_THREADS", "?")
+                     + f", {rounds} alternating rounds x {number} run() calls, measured under load"}
+
+
+def report(out: dict, path: str | None) -> int:
+    print(json.dumps(out))
+    if path:
+        with open(path, "w") as f:
+            json.dump(out, f, indent=1)
+    return 0
+
+
 def main(argv=None) -> int:
     names = [e["name"] for e in corpus_io.load_manifest()["models"]]
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -87,28 +117,9 @@ def main(argv=None) -> int:
     path = corpus_io.model_path(entry, "static")
     before = json.loads(a.before)
     builds = {"new": build(path, a.family, None), "before": build(path, a.family, before)}
-    ref = _outputs(builds["before"], feeds)
-    for got, want in zip(_outputs(builds["new"], feeds), ref):
-        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
-    times = {k: [] for k in builds}
-    for cm in builds.values():
-        cm.run(feeds)
-    for r in range(a.rounds):
-        order = list(builds) if r % 2 == 0 else list(reversed(list(builds)))
-        for k in order:
-            times[k].append(_cpu_us(lambda cm=builds[k]: cm.run(feeds), a.number))
-    ratios = [n / b for n, b in zip(times["new"], times["before"])]
-    out = {"model": a.model, "family": a.family, "before": before,
-           "scheduled_kernels": {k: len(cm.report.schedules) for k, cm in builds.items()},
-           "us_min_median": {k: [round(min(v), 1), round(statistics.median(v), 1)] for k, v in times.items()},
-           "ratio_new_over_before_median": round(statistics.median(ratios), 3),
-           "clock": "thread_time, TVM_NUM_THREADS=" + os.environ.get("TVM_NUM_THREADS", "?")
-                    + f", {a.rounds} alternating rounds x {a.number} run() calls, measured under load"}
-    print(json.dumps(out))
-    if a.json:
-        with open(a.json, "w") as f:
-            json.dump(out, f, indent=1)
-    return 0
+    return report(paired_ab(builds, feeds, a.rounds, a.number, {
+        "model": a.model, "family": a.family, "before": before,
+        "scheduled_kernels": {k: len(cm.report.schedules) for k, cm in builds.items()}}), a.json)
 
 
 if __name__ == "__main__":
