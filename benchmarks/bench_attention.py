@@ -164,12 +164,7 @@ def bench_workload(w: dict, args) -> dict:
                 with np.load(npz) as z:
                     workers[engine].outputs = {k: z[k] for k in z.files}
                 time.sleep(args.pause)
-            rounds = {e: [] for e in workers}
-            order = list(workers)
-            for r in range(args.rounds):
-                for engine in order[r % len(order):] + order[:r % len(order)]:
-                    rounds[engine].append(workers[engine].block(args.block, args.min_calls)["per_call_s"])
-                    time.sleep(args.pause)
+            rounds = bench_models.interleaved_rounds(workers, args.rounds, args.block, args.min_calls, args.pause)
         finally:
             for wk in workers.values():
                 wk.close()

@@ -272,6 +272,19 @@ class Worker:
             self.proc.wait(timeout=60)
 
 
+def interleaved_rounds(workers: dict, n_rounds: int, block_s: float, min_calls: int, pause_s: float) -> dict:
+    """Per-call seconds of each worker, one figure per round: in each round every worker in turn times one
+    block of back-to-back calls, the order rotated round by round (no engine always runs first), with
+    ``pause_s`` idle seconds after each block so idle runtime workers stop spinning."""
+    rounds = {e: [] for e in workers}
+    order = list(workers)
+    for r in range(n_rounds):
+        for engine in order[r % len(order):] + order[:r % len(order)]:
+            rounds[engine].append(workers[engine].block(block_s, min_calls)["per_call_s"])
+            time.sleep(pause_s)
+    return rounds
+
+
 def _reference_outputs(path: str, feeds: dict) -> dict:
     import onnx
     from onnx.reference import ReferenceEvaluator
@@ -306,12 +319,7 @@ def bench_model(entry: dict, args) -> dict:
                 with np.load(npz) as z:
                     workers[engine].outputs = {k: z[k] for k in z.files}
                 time.sleep(args.pause)
-            rounds = {e: [] for e in workers}
-            order = list(workers)
-            for r in range(args.rounds):     # the order rotated each round: no engine always runs first
-                for engine in order[r % len(order):] + order[:r % len(order)]:
-                    rounds[engine].append(workers[engine].block(args.block, args.min_calls)["per_call_s"])
-                    time.sleep(args.pause)
+            rounds = interleaved_rounds(workers, args.rounds, args.block, args.min_calls, args.pause)
         finally:
             for w in workers.values():
                 w.close()

@@ -303,6 +303,22 @@ def lowered_vectorized(func):
                          st.LowerOpaqueBlock(), tx.FlattenBuffer(), tx.VectorizeLoop(True)])(mod)["main"]
 
 
+def compacted(func):
+    """``func`` with its blocks lowered and its intermediate buffers compacted to the region each loop nest
+    uses (the allocation sizes the structural tests of fused kernels check)."""
+    st = C.s_tir.transform
+    mod = C.IRModule({"main": func})
+    return C.Sequential([st.LowerInitBlock(), st.PlanAndUpdateBufferAllocationLocation(),
+                         st.ConvertBlocksToOpaque(), st.CompactBufferAllocation()])(mod)["main"]
+
+
+def numel(shape) -> int:
+    n = 1
+    for d in shape:
+        n *= int(d)
+    return n
+
+
 def nodes(func) -> list:
     out = []
     C.post_order_visit(func.body, out.append)

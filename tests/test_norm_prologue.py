@@ -27,6 +27,7 @@ from tvmfuse.schedules.cpu.prologue import NormMatmul
 
 import schedule_cases as S
 from conftest import assert_close_to_reference, named_target
+from schedule_cases import compacted as _lowered, nodes as _nodes, numel as _numel
 
 FAMILY = "cpu.norm_matmul"
 RULE = "norm_prologue"
@@ -54,27 +55,6 @@ def _graph_funcs(model, target):
     with target:
         mod = C.Sequential(graph_stage(target, PipelineOptions()))(mod)
     return {str(gv.name_hint): f for gv, f in mod.functions.items() if isinstance(f, C.PrimFunc)}
-
-
-def _lowered(func):
-    mod = C.IRModule({"main": func})
-    return C.Sequential([C.s_tir.transform.LowerInitBlock(),
-                         C.s_tir.transform.PlanAndUpdateBufferAllocationLocation(),
-                         C.s_tir.transform.ConvertBlocksToOpaque(),
-                         C.s_tir.transform.CompactBufferAllocation()])(mod)["main"]
-
-
-def _nodes(func):
-    out = []
-    C.post_order_visit(func.body, out.append)
-    return out
-
-
-def _numel(shape):
-    n = 1
-    for d in shape:
-        n *= int(d)
-    return n
 
 
 def _run(func, target, args):

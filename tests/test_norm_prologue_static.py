@@ -19,6 +19,7 @@ from tvmfuse.schedules.cpu.prologue import NormMatmul
 
 import schedule_cases as S
 from conftest import named_target
+from schedule_cases import compacted as _lowered
 
 # llama's gate/up at batch 8 x sequence 17 (136 rows: 17 per batch, a prime) and at 1 x 128; a
 # LayerNorm Q/K/V case whose N divides the vector width (nothing padded)
@@ -39,13 +40,6 @@ def _scheduled(func, match, config):
     sch = C.Schedule(func)
     NormMatmul().apply(sch, match, config)
     return sch.mod["main"]
-
-
-def _lowered(func):
-    mod = C.IRModule({"main": func})
-    st = C.s_tir.transform
-    return C.Sequential([st.LowerInitBlock(), st.PlanAndUpdateBufferAllocationLocation(),
-                         st.ConvertBlocksToOpaque(), st.CompactBufferAllocation()])(mod)["main"]
 
 
 def _block_predicates(func) -> dict:

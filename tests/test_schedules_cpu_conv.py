@@ -23,6 +23,7 @@ from tvmfuse.schedules.cpu.common import parallel_why_not
 from tvmfuse.schedules.cpu.conv2d import conv_work
 
 from conftest import NAMED_TARGETS, assert_close_to_reference, named_target
+from schedule_cases import numel as _numel
 from test_schedules_cpu import _structure
 
 CONV = "cpu.conv2d_epilogue"
@@ -90,13 +91,6 @@ def _conv_kernel(funcs, target, family):
     found = [x for x in found if x[2] is not None]
     assert len(found) == 1, f"{family}: expected one matching kernel, got {[x[0] for x in found]}"
     return tmpl, *found[0]
-
-
-def _numel(shape):
-    n = 1
-    for d in shape:
-        n *= int(d)
-    return n
 
 
 @pytest.mark.parametrize("kwargs,family", CASES, ids=IDS)

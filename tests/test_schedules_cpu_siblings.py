@@ -18,6 +18,7 @@ from tvmfuse.schedules.cpu.reduction import RowReduction
 from tvmfuse.schedules.cpu.siblings import SiblingMatmuls
 
 from conftest import NAMED_TARGETS, assert_close_to_reference, named_target
+from schedule_cases import compacted as _lowered, nodes as _nodes, numel as _numel
 
 SIBLINGS = "cpu.sibling_matmuls"
 
@@ -43,27 +44,6 @@ def _sibling_func(model, target):
     found = [(n, f) for n, f in _graph_funcs(model, target).items() if SiblingMatmuls().match(f, target)]
     assert len(found) == 1, f"expected one sibling-matmul kernel, got {[n for n, _ in found]}"
     return found[0]
-
-
-def _lowered(func):
-    mod = C.IRModule({"main": func})
-    return C.Sequential([C.s_tir.transform.LowerInitBlock(),
-                         C.s_tir.transform.PlanAndUpdateBufferAllocationLocation(),
-                         C.s_tir.transform.ConvertBlocksToOpaque(),
-                         C.s_tir.transform.CompactBufferAllocation()])(mod)["main"]
-
-
-def _nodes(func):
-    out = []
-    C.post_order_visit(func.body, out.append)
-    return out
-
-
-def _numel(shape):
-    n = 1
-    for d in shape:
-        n *= int(d)
-    return n
 
 
 def _run(func, target, args):

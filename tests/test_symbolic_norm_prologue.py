@@ -24,6 +24,7 @@ from tvmfuse.schedules.cpu.symbolic_prologue import SymbolicNormMatmul
 import lowered_bounds
 import schedule_cases as S
 from conftest import named_target
+from schedule_cases import compacted as _lowered
 
 FAMILY = SymbolicNormMatmul.family
 RULE = "norm_prologue"
@@ -147,14 +148,6 @@ def _row_block_loops(func) -> list:
 
     visit(func.body, False)
     return out
-
-
-def _lowered(func):
-    mod = C.IRModule({"main": func})
-    return C.Sequential([C.s_tir.transform.LowerInitBlock(),
-                         C.s_tir.transform.PlanAndUpdateBufferAllocationLocation(),
-                         C.s_tir.transform.ConvertBlocksToOpaque(),
-                         C.s_tir.transform.CompactBufferAllocation()])(mod)["main"]
 
 
 def _allocs(func) -> list:
