@@ -28,7 +28,8 @@ from conftest import assert_close_to_reference
 from test_schedules_cpu import _structure
 
 
-def fire(cin=16, e1=32, e3=32, hw=7, out=16, k_next=1, concat_output=False, seed=0, batch=1, branch_output=False):
+def fire(cin=16, e1=32, e3=32, hw=7, out=16, k_next=1, concat_output=False, seed=0, batch=1, branch_output=False,
+         stride_next=1):
     """A fire module (squeeze output ``x`` -> expand 1x1 + ReLU, expand 3x3 + ReLU -> concat) and the next conv
     (``k_next`` x ``k_next``) + ReLU; ``concat_output``: the concat is a graph output too; ``branch_output``: the
     expand 1x1 branch ``r1`` is a graph output too."""
@@ -45,9 +46,11 @@ def fire(cin=16, e1=32, e3=32, hw=7, out=16, k_next=1, concat_output=False, seed
              helper.make_node("Conv", ["x", "W3", "B3"], ["c3"], kernel_shape=[3, 3], pads=[1, 1, 1, 1]),
              helper.make_node("Relu", ["c3"], ["r3"]),
              helper.make_node("Concat", ["r1", "r3"], ["cat"], axis=1),
-             helper.make_node("Conv", ["cat", "W", "B"], ["c"], kernel_shape=[k_next, k_next], pads=[pad] * 4),
+             helper.make_node("Conv", ["cat", "W", "B"], ["c"], kernel_shape=[k_next, k_next], pads=[pad] * 4,
+                              strides=[stride_next] * 2),
              helper.make_node("Relu", ["c"], ["y"])]
-    outs = [helper.make_tensor_value_info("y", TensorProto.FLOAT, [batch, out, hw, hw])]
+    ohw = (hw + 2 * pad - k_next) // stride_next + 1
+    outs = [helper.make_tensor_value_info("y", TensorProto.FLOAT, [batch, out, ohw, ohw])]
     if concat_output:
         outs.append(helper.make_tensor_value_info("cat", TensorProto.FLOAT, [batch, e1 + e3, hw, hw]))
     if branch_output:
@@ -127,7 +130,8 @@ def test_branches_the_unroll_does_not_divide_keep_the_select():
 @pytest.mark.parametrize("kwargs,why", [
     (dict(concat_output=True), "is also read by the function's result"),
     (dict(k_next=3), "not a 1x1 conv with constant weights"),
-], ids=["concat_is_an_output", "next_conv_3x3"])
+    (dict(stride_next=2, out=10), "does not read the concat's plane pixel for pixel"),
+], ids=["concat_is_an_output", "next_conv_3x3", "next_conv_1x1_stride2"])
 @pytest.mark.parametrize("target", S.NAMED_TARGETS, ids=["haswell", "skylake"])
 def test_must_not_fire(kwargs, why, target):
     """The concat stays a kernel of its own; the refusal (tvmfuse.explain's record) names why."""

@@ -149,6 +149,11 @@ def check_concat_prologue(members: list[NodeInfo]) -> str | None:
             or weight[0][2:4] != [1, 1]:
         return (f"{conv.name} is not a 1x1 conv with constant weights (cpu.conv1x1, blocked weights, and "
                 "cpu.conv2d_epilogue, OIHW, read a pointwise conv's concat through their input loads)")
+    concat_plane = [tuple(p.shape)[2:] for p in prologue[-1].func.params[-1:]][0]
+    if conv.out_shape is None or len(conv.out_shape) != 4 or \
+            list(conv.out_shape[2:]) != [int(d) for d in concat_plane]:
+        return (f"{conv.name} does not read the concat's plane pixel for pixel (a strided or padded 1x1 conv): "
+                "the templates read a concat through the loads of a stride-1 unpadded 1x1 conv only")
     return None
 
 
