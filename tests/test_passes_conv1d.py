@@ -162,21 +162,71 @@ def test_other_tensor_operand_stays_3d():
     assert len(add) == 1 and len(C.type_of(add[0]).shape) == 3
 
 
-def test_rewrite_must_not_fire_on_function_output():
-    """The epilogue's value is the function's output: its reshape back to 3-D would be a copy kernel (a view
-    only inside a dataflow block), so the conv stays a conv1d (expected = before)."""
+def _func_no_dataflow(body):
+    """``_func`` without a dataflow block: every binding is a function-level var."""
+    bb = C.BlockBuilder()
+    x = relax.Var("x", relax.TensorType((1, 4, 10), "float32"))
+    with bb.function("main", [x]):
+        out = None
+        for e in body(bb, x):
+            out = bb.emit(e) if e is not None else out
+        bb.emit_func_output(out)
+    return bb.get()
+
+
+def test_rewrite_must_not_fire_outside_a_dataflow_block():
+    """The epilogue's value bound outside a dataflow block: its reshape back to 3-D would be a copy kernel
+    (RewriteDataflowReshape rewrites dataflow blocks only), so the conv stays a conv1d (expected = before) and
+    the refusal says why."""
+    from tvmfuse.explain import Recorder
+
+    mod = _func_no_dataflow(
+        lambda bb, x: [op.nn.gelu(op.add(op.nn.conv1d(x, relax.const(W3), padding=1), relax.const(B3)))])
+    with Recorder() as rec:
+        got = _run(mod, [Conv1dAsConv2d()])
+    C.assert_structural_equal(got, _run(mod, []))
+    assert any(r["rule"] == "conv1d_as_conv2d" and "outside a dataflow block" in r["reason"] for r in rec.refused)
+
+
+def test_rewrite_fires_on_dataflow_output():
+    """The epilogue's value is the dataflow block's output (the function's result): rewritten as any other,
+    the reshape back to 3-D bound to the output var (OutputReshapeView makes it a view after the grouping)."""
     mod = _func(lambda bb, x: [op.nn.gelu(op.add(op.nn.conv1d(x, relax.const(W3), padding=1), relax.const(B3)))])
-    C.assert_structural_equal(_run(mod, [Conv1dAsConv2d()]), _run(mod, []))
+    ops = [b.value.op.name for b in _run(mod, [Conv1dAsConv2d()])["main"].body.blocks[0].bindings
+           if isinstance(b.value, relax.Call)]
+    assert "relax.nn.conv2d" in ops and "relax.nn.conv1d" not in ops and ops[-1] == "relax.reshape", ops
 
 
-def test_output_conv_keeps_its_kernel_count(host):
-    """ONNX Conv1d + Add + Gelu as the model's output: one kernel, as without the rewrite."""
+def _output_model() -> onnx.ModelProto:
     model = _model("stride1_pad1")
     del model.graph.node[-1]
     model.graph.output[0].CopyFrom(helper.make_tensor_value_info("g", TensorProto.FLOAT, [1, 32, WIDTH]))
-    compiled = tvmfuse.compile(model, named_target("haswell-2"))
-    assert compiled.kernel_count == 1
-    assert any(r["rule"] == "conv1d_as_conv2d" and "function output" in r["reason"] for r in compiled.report.refused)
+    return model
+
+
+@pytest.mark.parametrize("target", ["haswell-2", "skx-2"])
+def test_output_conv_takes_the_conv_template(target):
+    """ONNX Conv1d + Add + Gelu as the model's output: one kernel (no reshape copy after it, as without the
+    rewrite) and it is the conv template's (it was cpu.generic's while the conv stayed a conv1d)."""
+    compiled = tvmfuse.compile(_output_model(), named_target(target))
+    assert compiled.kernel_count == 1, _schedules(compiled)
+    assert list(_schedules(compiled).values()) == ["cpu.conv2d_lanes"], _schedules(compiled)
+    assert not any(r["rule"] == "conv1d_as_conv2d" for r in compiled.report.refused), compiled.report.refused
+
+
+def test_output_conv_numerics_and_runs_keep_their_outputs(host, rng):
+    """The output is a view of the conv kernel's output: right on fresh inputs, and a second run does not
+    overwrite the first run's result (the memory planner does not reuse a returned view's storage)."""
+    model = _output_model()
+    compiled = tvmfuse.compile(model, host)
+    assert_close_to_reference(model, compiled, rng, rtol=1e-5, atol=1e-5)
+    f = compiled.vm["main"]
+    x1, x2 = (rng.standard_normal((1, CI, WIDTH)).astype(np.float32) for _ in range(2))
+    r1 = f(C.tensor(x1))
+    first = r1.numpy().copy()
+    r2 = f(C.tensor(x2))
+    np.testing.assert_array_equal(r1.numpy(), first)
+    assert not np.array_equal(r2.numpy(), first)
 
 
 def test_batch_norm_folds_into_the_conv1d(rng):

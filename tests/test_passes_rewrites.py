@@ -183,3 +183,40 @@ def test_outer_product_matmul_matches_the_matmul(rows, rng, host):
     xs = rng.standard_normal((rows, 1)).astype(np.float32)
     (got,) = cm.run({"x": xs}).values()
     np.testing.assert_allclose(got, xs @ w, rtol=1e-6, atol=0)
+
+
+# --------------------------------------------------------------------------- OutputReshapeView
+def _reshape_output_module(of_param: bool):
+    """``main(x)`` whose result is ``reshape(exp(x))`` (a kernel's output) or ``reshape(x)`` (the parameter),
+    legalized: the reshape a call_tir bound to the dataflow block's output var."""
+    relax, op = C.relax, C.relax.op
+    bb = C.BlockBuilder()
+    x = relax.Var("x", relax.TensorType((2, 3, 1, 4), "float32"))
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            src = x if of_param else bb.emit(op.exp(x))
+            gv = bb.emit_output(op.reshape(src, (2, 3, 4)))
+        bb.emit_func_output(gv)
+    return C.relax_transform.LegalizeOps()(bb.get())
+
+
+def _reshape_kernels(mod) -> int:
+    return sum(1 for gv, f in mod.functions.items() if isinstance(f, C.PrimFunc) and "reshape" in gv.name_hint)
+
+
+@pytest.mark.parametrize("of_param", [False, True], ids=["kernel_output", "parameter"])
+def test_output_reshape_view(of_param, host):
+    """A reshape of a kernel's output that is the function's result becomes a view (no reshape kernel left);
+    a reshape of a parameter stays a kernel (a view would hand the caller the input's storage).  Run through
+    the pipeline's reshape_view_passes; numerics through TVM's build on both."""
+    from tvmfuse.pipeline import reshape_view_passes
+
+    mod = _reshape_output_module(of_param)
+    assert _reshape_kernels(mod) == 1
+    out = C.Sequential(reshape_view_passes())(mod)
+    assert _reshape_kernels(out) == (1 if of_param else 0), out.script()
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((2, 3, 1, 4)).astype(np.float32)
+    vm = C.VirtualMachine(C.build_vm(out, host), C.cpu())
+    want = (x if of_param else np.exp(x)).reshape(2, 3, 4)
+    np.testing.assert_allclose(vm["main"](C.tensor(x)).numpy(), want, rtol=1e-6)

@@ -6,8 +6,11 @@ SqueezeNet's fire modules concatenate their two expand branches and feed the nex
 copy kernel of its own.  Numerics: fire modules (equal and unequal branches, branches the reduction unroll does
 not divide) through tvmfuse.compile against onnx's reference on fresh random inputs.  Structure on named AVX2 /
 AVX-512 targets: no concat kernel, one cpu.conv1x1 kernel reading both branches, no select left after TVM's
-simplifier, the input-channel loop in one part per branch.  Must not fire: a concat that is also a graph output,
-a concat read by a 3x3 conv, a concat read by a 1x1 conv whose channels no vector divides (OIHW weights).
+simplifier, the input-channel loop in one part per branch.  A 1x1 conv whose output channels no vector divides
+keeps OIHW weights and ``cpu.conv2d_epilogue`` (SqueezeNet's 512 -> 10 classifier): it reads the concat through
+its input loads the same way.  Numerics also against onnxruntime, with a branch that is a graph output too (the
+branch is written anyway; only the concat's other readers stop the rule).  Must not fire: a concat that is also a
+graph output, a concat read by a 3x3 conv.
 """
 import numpy as np
 import onnx
@@ -22,11 +25,14 @@ from tvmfuse.schedules import schedule_prim_func
 
 import schedule_cases as S
 from conftest import assert_close_to_reference
+from test_schedules_cpu import _structure
 
 
-def fire(cin=16, e1=32, e3=32, hw=7, out=16, k_next=1, concat_output=False, seed=0, batch=1):
+def fire(cin=16, e1=32, e3=32, hw=7, out=16, k_next=1, concat_output=False, seed=0, batch=1, branch_output=False,
+         stride_next=1):
     """A fire module (squeeze output ``x`` -> expand 1x1 + ReLU, expand 3x3 + ReLU -> concat) and the next conv
-    (``k_next`` x ``k_next``) + ReLU; ``concat_output``: the concat is a graph output too."""
+    (``k_next`` x ``k_next``) + ReLU; ``concat_output``: the concat is a graph output too; ``branch_output``: the
+    expand 1x1 branch ``r1`` is a graph output too."""
     rng = np.random.default_rng(seed)
 
     def w(name, shape):
@@ -40,11 +46,15 @@ def fire(cin=16, e1=32, e3=32, hw=7, out=16, k_next=1, concat_output=False, seed
              helper.make_node("Conv", ["x", "W3", "B3"], ["c3"], kernel_shape=[3, 3], pads=[1, 1, 1, 1]),
              helper.make_node("Relu", ["c3"], ["r3"]),
              helper.make_node("Concat", ["r1", "r3"], ["cat"], axis=1),
-             helper.make_node("Conv", ["cat", "W", "B"], ["c"], kernel_shape=[k_next, k_next], pads=[pad] * 4),
+             helper.make_node("Conv", ["cat", "W", "B"], ["c"], kernel_shape=[k_next, k_next], pads=[pad] * 4,
+                              strides=[stride_next] * 2),
              helper.make_node("Relu", ["c"], ["y"])]
-    outs = [helper.make_tensor_value_info("y", TensorProto.FLOAT, [batch, out, hw, hw])]
+    ohw = (hw + 2 * pad - k_next) // stride_next + 1
+    outs = [helper.make_tensor_value_info("y", TensorProto.FLOAT, [batch, out, ohw, ohw])]
     if concat_output:
         outs.append(helper.make_tensor_value_info("cat", TensorProto.FLOAT, [batch, e1 + e3, hw, hw]))
+    if branch_output:
+        outs.append(helper.make_tensor_value_info("r1", TensorProto.FLOAT, [batch, e1, hw, hw]))
     g = helper.make_graph(nodes, "fire", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [batch, cin, hw, hw])],
                           outs, inits)
     model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 18)])
@@ -119,9 +129,9 @@ def test_branches_the_unroll_does_not_divide_keep_the_select():
 
 @pytest.mark.parametrize("kwargs,why", [
     (dict(concat_output=True), "is also read by the function's result"),
-    (dict(k_next=3), "not a 1x1 conv with blocked constant weights"),
-    (dict(out=10), "not a 1x1 conv with blocked constant weights"),
-], ids=["concat_is_an_output", "next_conv_3x3", "10_channels_oihw"])
+    (dict(k_next=3), "not a 1x1 conv with constant weights"),
+    (dict(stride_next=2, out=10), "does not read the concat's plane pixel for pixel"),
+], ids=["concat_is_an_output", "next_conv_3x3", "next_conv_1x1_stride2"])
 @pytest.mark.parametrize("target", S.NAMED_TARGETS, ids=["haswell", "skylake"])
 def test_must_not_fire(kwargs, why, target):
     """The concat stays a kernel of its own; the refusal (tvmfuse.explain's record) names why."""
@@ -143,3 +153,55 @@ def test_check_names_the_cause():
     assert not R.channel_concat(other)
     why = R.check_rules([R.RULES_BY_NAME["concat_prologue"]], [other, conv])
     assert why is not None and "not a channel concat" in why
+
+
+# squeezenet1_1's classifier (fire 9's expand branches 256 + 256 -> concat -> 1x1 conv to 10 classes on 3x3) and a
+# larger plane with an odd channel count; the 10 / 6 output channels keep OIHW weights (no vector divides them)
+OIHW_CASES = [
+    ("squeezenet_classifier", dict(cin=64, e1=256, e3=256, hw=3, out=10)),
+    ("plane_13x13_6ch", dict(cin=8, e1=16, e3=32, hw=13, out=6)),
+]
+
+
+@pytest.mark.parametrize("name,kwargs", OIHW_CASES, ids=[c[0] for c in OIHW_CASES])
+def test_oihw_pointwise_conv_numerics(name, kwargs, host, rng):
+    model = fire(**kwargs)
+    cm = tvmfuse.compile(model, host)
+    assert cm.kernel_count == 3, [s["kernel"] for s in cm.report.schedules]
+    assert_close_to_reference(model, cm, rng, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("target", S.NAMED_TARGETS, ids=["haswell", "skylake"])
+@pytest.mark.parametrize("name,kwargs", OIHW_CASES, ids=[c[0] for c in OIHW_CASES])
+def test_oihw_pointwise_conv_structure(name, kwargs, target):
+    """The concat joins the 1x1 conv's kernel (cpu.conv2d_epilogue): no concat kernel, no per-band copy of the
+    concat (no buffer of its shape inside the kernel), no select left after TVM's simplifier."""
+    tgt = tvmfuse.parse_target(target)
+    funcs = S.graph_funcs(fire(**kwargs), tgt)
+    assert len(funcs) == 3, list(funcs)
+    (kname,) = _concat_kernels(funcs)
+    assert "conv2d" in kname, f"the concat is a kernel of its own: {list(funcs)}"
+    res = schedule_prim_func(funcs[kname], tgt, {}, kname)
+    assert res is not None and res.template == "cpu.conv2d_epilogue", res and res.template
+    # a copy of the concat would hold every concat channel of whole rows (a row band): none may
+    row = (kwargs["e1"] + kwargs["e3"]) * kwargs["hw"]
+    allocs, _ = _structure(res.func)
+    assert not any(n % row == 0 for _, n in allocs), f"the concat is copied in the kernel: {allocs}"
+    low = C.tirx.transform.StmtSimplify()(C.IRModule({"main": S.lowered_vectorized(res.func)}))["main"]
+    assert "if_then_else" not in low.script(), "a select per input load is left"
+
+
+def test_numerics_vs_onnxruntime_branch_is_an_output(host, rng):
+    """A fire whose expand 1x1 branch is also a graph output: the concat still joins the next conv (the branch
+    is written to memory anyway); every output against onnxruntime on fresh inputs."""
+    ort = pytest.importorskip("onnxruntime")
+    model = fire(cin=16, e1=64, e3=64, hw=15, out=16, branch_output=True)
+    cm = tvmfuse.compile(model, host)
+    assert cm.kernel_count == 3 and any("concatenate" in s["kernel"] and "conv2d" in s["kernel"]
+                                        for s in cm.report.schedules), cm.report.schedules
+    sess = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    x = rng.standard_normal((1, 16, 15, 15)).astype(np.float32)
+    want = dict(zip([o.name for o in sess.get_outputs()], sess.run(None, {"x": x})))
+    got = cm.run({"x": x})
+    for name, ref in want.items():
+        np.testing.assert_allclose(got[name], ref, rtol=1e-4, atol=1e-4, err_msg=name)

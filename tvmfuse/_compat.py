@@ -34,6 +34,7 @@ PrimFunc = tirx.PrimFunc
 VirtualMachine = relax.VirtualMachine
 BlockBuilder = relax.BlockBuilder
 relax_free_vars = relax.analysis.free_vars
+has_reshape_pattern = relax.analysis.has_reshape_pattern   # a PrimFunc that only reshapes (RewriteDataflowReshape's test)
 relax_get_pipeline = relax.get_pipeline   # TVM's named Relax pipelines ("static_shape_tuning", ...)
 structural_hash = _tvm_ffi.structural_hash
 structural_equal = _tvm_ffi.structural_equal

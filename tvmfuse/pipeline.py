@@ -408,8 +408,12 @@ def reshape_view_passes() -> list:
     which the static build's attention kernel writes flat) becomes ``R.reshape``, a view of its input
     without a copy.  TVM's dataflow lowering (RewriteDataflowReshape) does the same later; done here, the
     report counts the kernels that run and no schedule is made for a kernel that never does.  Then the
-    PrimFuncs no call reads are dropped.  test_symbolic_token_models::test_reshape_kernel_becomes_a_view"""
-    return [C.relax_transform.RewriteDataflowReshape(), C.relax_transform.DeadCodeElimination()]
+    PrimFuncs no call reads are dropped.  test_symbolic_token_models::test_reshape_kernel_becomes_a_view
+    ``OutputReshapeView`` first: a reshape of a kernel's output bound to the function's result is bound to a
+    dataflow var, which RewriteDataflowReshape rewrites (test_passes_conv1d::test_output_conv_takes_the_conv_template)"""
+    from .passes.rewrites import OutputReshapeView
+
+    return [OutputReshapeView(), C.relax_transform.RewriteDataflowReshape(), C.relax_transform.DeadCodeElimination()]
 
 
 class Stages:

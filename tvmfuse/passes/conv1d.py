@@ -14,8 +14,10 @@ the grouping refuses a layout op inside a conv group (``rules.check_anchors``), 
 conv would have cut the epilogue into a kernel of its own.  A conv1d reading another's 4-D output takes it
 directly (Whisper's two front-end convs).  The 3-D reshapes nobody reads are left to DeadCodeElimination;
 those still read (a transpose, a residual add of another shape) become views (``pipeline.reshape_view_passes``).
-A conv whose epilogue's value is a function output is left a conv1d (``SKIP_OUTPUT_WHY``): the reshape there
-would be a copy kernel, one more than before.
+A conv whose epilogue's value is a dataflow block's output (the function's result) is rewritten too: after
+the grouping, ``rewrites.OutputReshapeView`` binds the reshape back to 3-D to a dataflow var of its own, so
+RewriteDataflowReshape (dataflow vars only) makes it a view there as well.  Outside a dataflow block the conv
+is left a conv1d (``SKIP_OUTPUT_WHY``): the reshape there would be a copy kernel, one more than before.
 Tests: tests/test_passes_conv1d.py.
 """
 from __future__ import annotations
@@ -61,10 +63,10 @@ def conv1d_why_not(call) -> str | None:
     return None
 
 
-# a conv whose epilogue's value is a function output: the reshape back to 3-D would be a copy kernel there
-# (RewriteDataflowReshape makes views of dataflow vars only), one kernel more than the conv1d group
-SKIP_OUTPUT_WHY = ("its epilogue's result is a function output: the reshape back to [N, C, W] would be a copy "
-                   "kernel of its own there (a view only inside a dataflow block)")
+# a conv whose epilogue's value is bound outside a dataflow block: the reshape back to 3-D would be a copy
+# kernel there (RewriteDataflowReshape makes views of dataflow vars only), one kernel more than the conv1d group
+SKIP_OUTPUT_WHY = ("its epilogue's result is bound outside a dataflow block: the reshape back to [N, C, W] would "
+                   "be a copy kernel of its own there (a view only for a dataflow var)")
 
 
 def _unsqueeze_const(arr: np.ndarray) -> np.ndarray:
@@ -181,9 +183,11 @@ class _Conv1dMutator(C.PyExprMutator):
         return self._view(y4, out, roots)
 
     def output_views(self, func) -> frozenset:
-        """The conv1d calls whose 3-D view ``func`` (this mutator's result) binds to a var outside a dataflow
-        block's scope (a block or function output): a copy kernel there, not a view."""
-        bindings = [b for block in func.body.blocks for b in block.bindings]
+        """The conv1d calls whose 3-D view ``func`` (this mutator's result) binds in a binding block outside
+        any dataflow block: a copy kernel there, not a view (in a dataflow block, a view bound to an output var
+        is made a view by ``rewrites.OutputReshapeView``)."""
+        bindings = [b for block in func.body.blocks if not isinstance(block, C.relax.DataflowBlock)
+                    for b in block.bindings]
 
         def resolve(value):      # through var aliases (``gv = lv``, what the mutator binds an output to)
             while isinstance(value, C.relax.Var):
@@ -197,6 +201,7 @@ class _Conv1dMutator(C.PyExprMutator):
                     and isinstance(v.op, C.Op) and v.op.name == "relax.reshape"):
                 hit |= self.roots(v.args[0])
         return hit
+
 
 
 @C.module_pass(opt_level=0, name="tvmfuse.Conv1dAsConv2d")

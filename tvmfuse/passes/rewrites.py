@@ -345,3 +345,65 @@ class TransposePointwiseWeights:
 
     def transform_module(self, mod, _ctx):
         return _rewrite_functions(mod, _TransposePointwiseMutator, self.target)
+
+
+def _kernel_output_reshape(binding, kernels: set) -> bool:
+    """``gv = call_tir(reshape PrimFunc, (lv,))`` bound to an output var, ``lv`` a kernel's output of the same
+    dataflow block (not a parameter or a constant: a view of those would hand the caller their storage)."""
+    v = binding.value
+    if (isinstance(binding.var, C.relax.DataflowVar) or not isinstance(v, C.relax.Call)
+            or not (isinstance(v.op, C.Op) and v.op.name == "relax.call_tir")):
+        return False
+    args = v.args[1].fields if isinstance(v.args[1], C.relax.Tuple) else ()
+    return len(args) == 1 and isinstance(args[0], C.relax.Var) and any(args[0].same_as(k) for k in kernels)
+
+
+@C.module_pass(opt_level=0, name="tvmfuse.OutputReshapeView")
+class OutputReshapeView:
+    """A reshape kernel whose result is a dataflow block's output (the function's result) and whose input is
+    another kernel's output: bound to a dataflow var first (``lv = reshape(k); gv = lv``), so
+    RewriteDataflowReshape, which rewrites dataflow vars only, makes it a view of ``k`` instead of a copy kernel
+    (a Conv1d rewritten as a Conv2d one row high whose epilogue is the model's output: its squeeze back to
+    [N, C, W]).  Run right before RewriteDataflowReshape (CanonicalizeBindings would fold the alias back).
+    The memory planner keeps a view's storage as it keeps an output's: the view is returned, its storage is
+    not reused.  Tests: test_passes_conv1d::test_output_conv_takes_the_conv_template."""
+
+    def transform_module(self, mod, _ctx):
+        updates = {}
+        for gv, func in mod.functions.items():
+            if not isinstance(func, C.relax.Function) or (func.attrs and "Primitive" in func.attrs):
+                continue
+            body = func.body
+            if not isinstance(body, C.relax.SeqExpr):
+                continue
+            blocks, changed = [], False
+            for block in body.blocks:
+                if not isinstance(block, C.relax.DataflowBlock):
+                    blocks.append(block)
+                    continue
+                kernels, bindings = set(), []
+                for b in block.bindings:
+                    if _kernel_output_reshape(b, kernels) and self._is_reshape(mod, b.value.args[0]):
+                        lv = C.relax.DataflowVar(f"{C.var_name(b.var)}_view", C.type_of(b.var))
+                        bindings += [C.relax.VarBinding(lv, b.value), C.relax.VarBinding(b.var, lv)]
+                        changed = True
+                        continue
+                    bindings.append(b)
+                    v = getattr(b, "value", None)
+                    if (isinstance(v, C.relax.Call) and isinstance(v.op, C.Op) and v.op.name == "relax.call_tir"):
+                        kernels.add(b.var)
+                blocks.append(C.relax.DataflowBlock(bindings) if changed else block)
+            if changed:
+                updates[gv] = C.relax.Function(func.params, C.relax.SeqExpr(blocks, body.body), func.ret_ty,
+                                               func.is_pure, func.attrs, func.span)
+        if not updates:
+            return mod
+        mbb = C.BlockBuilder(mod)
+        for gv, func in updates.items():
+            mbb.update_func(gv, func)
+        return mbb.get()
+
+    @staticmethod
+    def _is_reshape(mod, gvar) -> bool:
+        func = mod[gvar] if isinstance(gvar, C.GlobalVar) else None
+        return isinstance(func, C.PrimFunc) and bool(C.has_reshape_pattern(func))

@@ -125,9 +125,11 @@ def channel_concat(m: NodeInfo) -> bool:
 
 
 def check_concat_prologue(members: list[NodeInfo]) -> str | None:
-    """A channel concat read by one pointwise conv with blocked constant weights (``cpu.conv1x1``, which inlines
-    it into its input loads): the concat is never written to memory, so nothing outside the group may read it.
-    (SqueezeNet's fire modules: the two expand branches concatenated, then the next squeeze conv.)"""
+    """A channel concat read by one pointwise conv with constant weights, blocked (``cpu.conv1x1``) or OIHW
+    (``cpu.conv2d_epilogue``: output channels no vector divides, SqueezeNet's 512 -> 10 classifier); both inline
+    it into their input loads and cut the input-channel loop at its boundaries: the concat is never written to
+    memory, so nothing outside the group may read it (its branches may have other readers: they are written
+    anyway).  (SqueezeNet's fire modules: the two expand branches concatenated, then the next squeeze conv.)"""
     anchors = [m for m in members if m.kind == CONTRACTION]
     prologue = prologue_of(members)
     if len(anchors) != 1 or not prologue:
@@ -143,9 +145,15 @@ def check_concat_prologue(members: list[NodeInfo]) -> str | None:
             what = "the function's result" if outside[0] is None else outside[0].name
             return f"the concat {m.name} is also read by {what}: it would have to be written to memory"
     weight = [_static_dims(p) for p in conv.func.params[1:2]]
-    if conv.reduce_axes != 3 or not weight or weight[0] is None or len(weight[0]) != 5 or weight[0][2:4] != [1, 1]:
-        return (f"{conv.name} is not a 1x1 conv with blocked constant weights (cpu.conv1x1, the family that "
-                "reads a concat through its input loads, takes those)")
+    if conv.reduce_axes != 3 or not weight or weight[0] is None or len(weight[0]) not in (4, 5) \
+            or weight[0][2:4] != [1, 1]:
+        return (f"{conv.name} is not a 1x1 conv with constant weights (cpu.conv1x1, blocked weights, and "
+                "cpu.conv2d_epilogue, OIHW, read a pointwise conv's concat through their input loads)")
+    concat_plane = [tuple(p.shape)[2:] for p in prologue[-1].func.params[-1:]][0]
+    if conv.out_shape is None or len(conv.out_shape) != 4 or \
+            list(conv.out_shape[2:]) != [int(d) for d in concat_plane]:
+        return (f"{conv.name} does not read the concat's plane pixel for pixel (a strided or padded 1x1 conv): "
+                "the templates read a concat through the loads of a stride-1 unpadded 1x1 conv only")
     return None
 
 
@@ -288,7 +296,7 @@ RULES: tuple[Rule, ...] = (
          "test_fusion_patterns[matmul_bias_gelu], [conv_bn_relu_residual]", check_anchors, "matmul"),
     Rule("concat_prologue", "edge", (INJECTIVE,), (CONTRACTION,),
          "a channel concat read by a 1x1 conv: the conv reads each input channel from its concat operand, the "
-         "concat is no copy kernel (SqueezeNet's fire modules); test_schedules_cpu_concat_prologue",
+         "concat is no copy kernel (SqueezeNet's fire modules and classifier); test_schedules_cpu_concat_prologue",
          check_concat_prologue, "conv1x1"),
     Rule("norm_prologue", "edge", (REDUCTION, ELEMWISE), (CONTRACTION,),
          "LayerNorm/RMSNorm rows normalised while packing the A panel of the matmul(s) they feed (Q/K/V, "

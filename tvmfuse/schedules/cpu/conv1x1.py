@@ -29,7 +29,7 @@ from ...target import cpu_info, template_defaults
 from ..base import Config, KnobSpace, Match, knob
 from . import common as U
 from ..buckets import BatchBuckets
-from .conv2d import batch_size, find_conv, set_batch_bounds
+from .conv2d import batch_size, concat_parts, find_conv, set_batch_bounds
 from .matmul import K_UNROLL, MR_CHOICES, NVEC_CHOICES, lane_choices, pick_register_tile, stack_accumulator_vectors
 
 FAMILY = "cpu.conv1x1"
@@ -88,18 +88,6 @@ def weight_block(plane: int, out_channels: int, in_channels: int, target: C.Targ
     channel's nr weights lay a row of co apart)."""
     _, nvec, lanes = default_tile(plane, out_channels, in_channels, target)
     return nvec * lanes
-
-
-def concat_parts(sch: C.Schedule, data_block: str) -> list[int]:
-    """The channels of each operand, in order, when the conv's data producer is a channel concat (several
-    inputs [n, c_i, h, w]: ``passes.rules.check_concat_prologue``), else []."""
-    block = sch.get(sch.get_sblock(data_block))
-    params = [str(p.name) for p in sch.mod["main"].params]
-    reads = [str(r.source.name) for r in block.reads]
-    if len(reads) < 2 or not all(r in params for r in reads):
-        return []
-    shapes = {str(r.source.name): C.tensor_shape(r.source) for r in block.reads}
-    return [int(shapes[r][1]) for r in sorted(reads, key=params.index)]
 
 
 def small_plane_why(info: dict, target: C.Target) -> str | None:

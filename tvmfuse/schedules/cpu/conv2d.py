@@ -326,6 +326,18 @@ def _load_pieces(width: int, lanes: int) -> int:
     return width // lanes + bin(width % lanes).count("1")
 
 
+def concat_parts(sch: C.Schedule, data_block: str) -> list[int]:
+    """The channels of each operand, in order, when the conv's data producer is a channel concat (several
+    inputs [n, c_i, h, w]: ``passes.rules.check_concat_prologue``), else []."""
+    block = sch.get(sch.get_sblock(data_block))
+    params = [str(p.name) for p in sch.mod["main"].params]
+    reads = [str(r.source.name) for r in block.reads]
+    if len(reads) < 2 or not all(r in params for r in reads):
+        return []
+    shapes = {str(r.source.name): C.tensor_shape(r.source) for r in block.reads}
+    return [int(shapes[r][1]) for r in sorted(reads, key=params.index)]
+
+
 def prepare_conv(sch: C.Schedule, info: dict, deinterleave: bool):
     """Steps shared by the conv templates: the elementwise chain folded into one epilogue block (the padding
     block stays), the padded input deinterleaved if asked, and without an epilogue a cache block to
@@ -561,9 +573,14 @@ class Conv2DEpilogue(ConvTemplate):
         deinterleave = cfg.deinterleave and not col
 
         # Step 1. Fold the elementwise chain into one epilogue block (the padding block stays); without an
-        # epilogue, accumulate into a cache block and write back from it; im2col: the windows' copy.
+        # epilogue, accumulate into a cache block and write back from it; im2col: the windows' copy.  A
+        # pointwise conv's channel concat (rule concat_prologue: a 1x1 conv with OIHW weights, SqueezeNet's
+        # classifier) is read through the conv's input loads, not copied per parallel iteration.
         conv, epi = prepare_conv(sch, info, deinterleave)
-        input_block = im2col(sch, conv, info) if col else info["pad"]
+        parts = concat_parts(sch, info["pad"]) if info["pad"] and info.get("pointwise") else []
+        if parts:
+            sch.compute_inline(sch.get_sblock(info["pad"]))
+        input_block = im2col(sch, conv, info) if col else (None if parts else info["pad"])
         if padded:
             input_block = pad_columns(sch, conv, input_block, padded)
             ow_t = padded          # one tile of the padded row; the epilogue stores the valid columns
@@ -608,5 +625,9 @@ class Conv2DEpilogue(ConvTemplate):
         # of a band split over channel blocks (parallel_depth 2) once before the tiles, not per block.
         shared = col and cfg.parallel_depth > 1
         finish_conv(sch, conv, rc0, input_block, None if shared else band, cfg.lanes, cfg.parallel)
+        # a concat read through the input loads: the input-channel loop cut at the concat's boundaries, so
+        # that each part reads one operand (TVM's simplifier then drops the select per load)
+        if len(parts) > 1 and all(c % cfg.ic_tile == 0 for c in parts):
+            sch.loop_partition(rc0, [c // cfg.ic_tile for c in parts[:-1]] + [None])
         if padded:
             store_valid_columns(sch, x1, info["OW"], cfg.lanes)
