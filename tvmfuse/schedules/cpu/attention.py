@@ -546,18 +546,21 @@ class AttentionConfig(Config):
     rows: int = knob("query rows whose P @ V accumulators are in registers together")
     tile_keys: int = knob("keys of a score register tile")
     tile_qvecs: int = knob("row vectors of a score register tile (at most q_block / lanes)")
-    q_blocks: int = knob("query blocks per parallel task (one after the other, sharing the task's packed K/V)")
+    # before=: the kernel built before the knob existed (a tuning record of then lacks it; schedules'
+    # _with_new_knobs gives it this value, the behaviour it was measured with, not today's default)
+    q_blocks: int = knob("query blocks per parallel task (one after the other, sharing the task's packed K/V)",
+                         before=1)
     pack_kv: int = knob("1: each task first copies the K and V rows it reads into contiguous local rows "
-                        "(static key length only); 0: K and V are read in place")
+                        "(static key length only); 0: K and V are read in place", before=0)
     prefetch: int = knob("software prefetches into L2 during each key block (static sequence only): 0 none; "
                          "1 the next query block's Q rows and this block's output rows; 2 also the next "
-                         "task's K and V rows (packed K/V)")
+                         "task's K and V rows (packed K/V)", before=0)
     exp2: int = knob("1: the softmax's exps as powers of 2 (2^(x log2(e) - m log2(e)), the offset rounded up "
                      "and shared with the rescale factors: tvmfuse.fastmath's exp2 of arguments <= 0, no ln 2 "
-                     "reduction); 0: e^(x - m)")
+                     "reduction); 0: e^(x - m)", before=0)
     serial_work: int = knob("the row nest (q_block 1) runs its (batch x heads x rows) loop serial when the "
                             "kernel's multiply-adds at run time are fewer than this (the target's fork/join "
-                            "cost); 0: always parallel")
+                            "cost); 0: always parallel", before=0)
 
 
 class Attention(Template):
