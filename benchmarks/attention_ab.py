@@ -10,6 +10,10 @@ and the median over rounds of its time / the default's time in the same round).
 Each kernel goes through tvmfuse.fastmath after scheduling, as the pipeline's kernels do.
     PYTHONPATH=. python benchmarks/attention_ab.py --seq 512 --quick      # a check that it runs
 
+``--models`` also times, in the same interleaved rounds, the whole compiled model through
+``CompiledModel.run`` with the attention rule on (``model:fused``) and off (``model:unfused``, the S x S
+scores through memory): issue 14's ratio, paired per round (``unfused_over_fused_paired_median``).
+
 With ``--threads 1`` the figure is the calling thread's CPU time (``time.thread_time``: time the thread
 spent descheduled by other load does not count).  Timings are only comparable within one run (interleaved); under load only large differences count.
 """
@@ -61,6 +65,8 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=11)
     ap.add_argument("--number", type=int, default=0, help="calls per timing (0: about 0.1 s)")
     ap.add_argument("--quick", action="store_true", help="small shapes, 2 rounds: a check that it runs")
+    ap.add_argument("--models", action="store_true",
+                    help="also time the compiled model with the attention rule on and off (CompiledModel.run)")
     ap.add_argument("--mattr", default=None, help="LLVM -mattr for the host target (e.g. -avx512f: AVX2 code)")
     args = ap.parse_args()
     if args.threads:
@@ -98,17 +104,39 @@ def main() -> None:
         elif not np.allclose(out, expect, rtol=1e-4, atol=1e-5):
             raise SystemExit(f"variant {name} disagrees with the default")
         runs.append((name, cfg, lib, arr))
+    model_runs = []
+    if args.models:
+        import tvmfuse
+
+        onnx_model = bench_attention.attention_model(args.seq, args.heads, args.head_dim, args.causal)
+        feeds = dict(zip("qkv", inputs[:3])) if len(inputs) == 3 else None
+        if feeds is None:
+            raise SystemExit("--models needs the q, k, v kernel (no mask operand)")
+        for name, on in (("model:fused", True), ("model:unfused", False)):
+            cm = tvmfuse.compile(onnx_model, target, num_threads=args.threads, attention=on)
+            out = cm.run(feeds)
+            y = out["y"] if isinstance(out, dict) else out[0]
+            if not np.allclose(np.asarray(y).reshape(expect.shape), expect, rtol=1e-4, atol=1e-5):
+                raise SystemExit(f"{name} disagrees with the kernel")
+            model_runs.append((name, {"attention": on, "kernels": cm.kernel_count}, cm, feeds))
     number = args.number
     if not number:
         f, a = runs[0][2]["main"], runs[0][3]
         t0 = time.perf_counter()
         f(*a)
         number = max(1, int(0.1 / max(time.perf_counter() - t0, 1e-6)))
-    times = {name: [] for name, *_ in runs}
+    everything = runs + model_runs
+    times = {name: [] for name, *_ in everything}
     for r in range(args.rounds):
-        order = runs[r % len(runs):] + runs[:r % len(runs)]
+        order = everything[r % len(everything):] + everything[:r % len(everything)]
         for name, cfg, lib, arr in order:
-            if args.threads == 1:      # the calling thread runs the kernel: its CPU time (not the wall clock)
+            if name.startswith("model:"):      # CompiledModel.run(feeds): calls per timing as the kernel's
+                clock = time.thread_time if args.threads == 1 else time.perf_counter
+                t0 = clock()
+                for _ in range(number):
+                    lib.run(arr)
+                times[name].append((clock() - t0) / number * 1e3)
+            elif args.threads == 1:      # the calling thread runs the kernel: its CPU time (not the wall clock)
                 f = lib["main"]
                 t0 = time.thread_time()
                 for _ in range(number):
@@ -120,7 +148,7 @@ def main() -> None:
                 times[name].append(ev(*arr).mean * 1e3)
     flops = 4.0 * args.heads * args.seq * args.seq * args.head_dim * (0.5 if args.causal else 1.0)
     base = times["default"]
-    for name, cfg, *_ in runs:
+    for name, cfg, *_ in everything:
         med = statistics.median(times[name])
         # per round, this variant's time over the default's (the same round: load drifts cancel)
         paired = statistics.median(t / b for t, b in zip(times[name], base))
@@ -129,8 +157,12 @@ def main() -> None:
                           "median_ms": round(med, 4), "min_ms": round(min(times[name]), 4),
                           "gflops_median": round(flops / med / 1e6, 1),
                           "vs_default_paired_median": round(paired, 4), "config": cfg,
+                          **({"unfused_over_fused_paired_median": round(statistics.median(
+                              u / f for u, f in zip(times["model:unfused"], times["model:fused"])), 4)}
+                             if name == "model:unfused" else {}),
                           "clock": "thread_time (one thread)" if args.threads == 1 else "wall (time evaluator)",
-                          "note": "kernel only, interleaved, measured under load"}))
+                          "note": ("CompiledModel.run" if name.startswith("model:") else "kernel only")
+                          + ", interleaved, measured under load"}))
 
 
 if __name__ == "__main__":

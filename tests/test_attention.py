@@ -440,6 +440,43 @@ def test_kernel_exps_take_the_nonpositive_variant(target, mask):
     assert stats["nonpositive_exp"] == 2 and "T.exp(" not in new.script() and "T.exp2(" not in new.script()
 
 
+def test_record_from_before_the_exp2_knob_keeps_the_base_e_kernel(host, rng, tmp_path):
+    """A tuning record written before the exp2 knob existed (its config lacks exp2, and prefetch/pack_kv/
+    q_blocks/serial_work of earlier sessions) was measured with the base-e kernel: it still applies (source
+    "tuned") with each missing knob at its pre-knob value (exp2 0: e^x, no exp2), not the target default
+    (exp2 1); a record that names exp2 keeps its value.  Structure on a named target, numerics through a
+    tuning log on the host."""
+    import json
+
+    from tvmfuse.records import target_key
+    from tvmfuse.tune.tasks import extract_tasks
+
+    model = _chain(b=1, h=2, sq=40, sk=40, d=16, dv=16)
+    pre = ("exp2", "prefetch", "pack_kv", "q_blocks", "serial_work")
+    for target in (SKYLAKE, host):
+        (task,) = [t for t in extract_tasks(model, target) if t.template.family == "cpu.attention"]
+        func, key = task.func, task.workload_key         # the kernel (and key) the schedule pass sees
+        default = schedule_prim_func(func, target).config
+        assert default["exp2"] == 1, default          # the target table's default
+        old = {k: v for k, v in default.items() if k not in pre}
+        res = schedule_prim_func(func, target, {key: {"template": "cpu.attention", "config": old}})
+        assert res.source == "tuned", res.reason
+        assert res.config == {**old, "exp2": 0, "prefetch": 0, "pack_kv": 0, "q_blocks": 1, "serial_work": 0}
+        text = res.func.script()
+        assert text.count("T.exp(") == 2 and "T.exp2(" not in text
+        named = schedule_prim_func(func, target, {key: {"template": "cpu.attention", "config": default}})
+        assert named.source == "tuned" and named.config["exp2"] == 1 and "T.exp2(" in named.func.script()
+    # the host: the old record through a tuning log, as compile reads it, and the result vs the reference
+    log_path = tmp_path / "old_attention.jsonl"
+    log_path.write_text(json.dumps({"type": "measure", "target_key": target_key(host), "workload_key": key,
+                                    "template": "cpu.attention", "config": old, "costs": [1e-4],
+                                    "tvm": C.TVM_VERSION}) + "\n")
+    cm = tvmfuse.compile(model, host, tuning_log=str(log_path))
+    sched = [s for s in cm.report.schedules if s["template"] == "cpu.attention"]
+    assert len(sched) == 1 and sched[0]["source"] == "tuned" and sched[0]["knobs"]["exp2"] == 0, sched
+    _check(model, cm, _feeds(model, rng))
+
+
 @pytest.mark.parametrize("target,lanes", [(HASWELL, 8), (SKYLAKE, 16)], ids=["avx2", "avx512"])
 def test_query_block_is_transposed_by_shuffles_where_rows_are_vectors(target, lanes):
     """Head dim a multiple of the vector width and contiguous in Q: the query block is transposed in

@@ -31,6 +31,7 @@ EMERALD = tvmfuse.parse_target({"kind": "llvm", "mcpu": "emeraldrapids", "mtripl
                                 "num-cores": 2})
 SAPPHIRE = tvmfuse.parse_target({"kind": "llvm", "mcpu": "sapphirerapids", "mtriple": "x86_64-linux-gnu",
                                  "num-cores": 2})
+ZEN5 = tvmfuse.parse_target({"kind": "llvm", "mcpu": "znver5", "mtriple": "x86_64-linux-gnu", "num-cores": 2})
 
 
 def _causal(s):
@@ -109,9 +110,9 @@ def test_pv_rescale_is_folded_into_the_first_key_step(target):
 
 
 @pytest.mark.parametrize("target,plain,causal", [
-    (EMERALD, (64, 64), (64, 32)), (SAPPHIRE, (64, 64), (64, 32)),
+    (EMERALD, (64, 64), (64, 32)), (SAPPHIRE, (64, 64), (64, 32)), (ZEN5, (64, 64), (64, 32)),
     (SKYLAKE, (32, 32), (32, 32)), (HASWELL, (32, 32), (32, 32)),
-], ids=["emeraldrapids", "sapphirerapids", "skylake-avx512", "haswell"])
+], ids=["emeraldrapids", "sapphirerapids", "znver5", "skylake-avx512", "haswell"])
 def test_default_key_block_follows_the_l1_share_of_the_target(target, plain, causal):
     """Head dim 64, 12 heads, S=512: (query block, key block) of the plain and the causal kernel.  The key
     block is the largest whose K and V rows fit the target's l1_share_kv (causal: causal_l1_share_kv) of
@@ -129,6 +130,31 @@ def test_default_key_block_follows_the_l1_share_of_the_target(target, plain, cau
         kb = cfg["k_block"]
         largest = max(next(k.choices for k in t.space(t.match(func, target), target).knobs if k.name == "k_block"))
         assert 128 * kb * 4 <= share * l1 and (kb == largest or share * l1 < 128 * 2 * kb * 4), cfg
+
+
+def test_zen5_packs_kv_only_for_many_query_blocks_and_reads_in_place_with_its_own_share():
+    """znver5's row (48 KiB L1, 1 MiB L2; benchmarks/notes/attn9.md): a task packs its K/V rows only when
+    at least pack_kv_min_q_blocks query blocks share them (S=512: 8, packed, 64-key blocks); S=128 (2 query
+    blocks; causal 4) reads K/V in place, and in place (also S=2048, whose rows exceed the L2 share) the key
+    block follows l1_share_kv_in_place (32 keys).  Emerald Rapids (no such keys: the base table's, 2 and
+    none) keeps packing at S=128 with 64-key blocks; a rule that must not fire there."""
+    t = Attention()
+    z5 = template_defaults(ZEN5, "cpu.attention")
+    assert z5["pack_kv_min_q_blocks"] == 8 and z5["l1_share_kv_in_place"] == 0.5
+    want = {  # (seq, causal): (q_block, k_block, q_blocks, pack_kv, prefetch)
+        (ZEN5, 512, False): (64, 64, 8, 1, 2), (ZEN5, 128, False): (64, 32, 1, 0, 1),
+        (ZEN5, 128, True): (32, 32, 1, 0, 1), (ZEN5, 2048, False): (64, 32, 1, 0, 1),
+        (EMERALD, 128, False): (64, 64, 2, 1, 2), (EMERALD, 128, True): (32, 32, 4, 1, 2),
+    }
+    for (target, seq, causal), expect in want.items():
+        model = _chain(b=1, h=12, sq=seq, sk=seq, d=64, dv=64, mask=_causal(seq) if causal else None)
+        func = _attention_func(tvmfuse.compile(model, target, schedules=False))
+        cfg = t.default_config(t.match(func, target), target)
+        got = tuple(cfg[k] for k in ("q_block", "k_block", "q_blocks", "pack_kv", "prefetch"))
+        assert got == expect, (str(target.attrs["mcpu"]), seq, causal, cfg)
+        if not cfg["pack_kv"]:      # in place: no local copy of the key length's rows
+            allocs, _ = _allocs_and_loops(schedule_with(t, t.match(func, target), func, cfg))
+            assert all(n < seq * 64 for _, n, _ in allocs), allocs
 
 
 @pytest.mark.parametrize("seq,mask", [(128, None), (512, "input"), (77, "causal"), (77, "input")],

@@ -123,14 +123,17 @@ def _schedule_one(template, match, func: C.PrimFunc, target: C.Target, rec: dict
 
 
 def _with_new_knobs(template, match, target: C.Target, config: dict) -> dict:
-    """A record made before knobs were added to its template (e.g. ``pad_n``) gets their defaults; any
+    """A record made before knobs were added to its template gets, for each missing knob, the value its
+    typed config declares as the knob's pre-knob behaviour (``knob(before=...)``: cpu.attention's exp2 0,
+    the base-e kernel such a record was measured with), else the target default (e.g. ``pad_n``); any
     other difference is left for the knob-space check."""
     names = template.space(match, target).names
     missing = [k for k in names if k not in config]
     if not missing or not set(config) <= set(names):
         return config
     default = template.default_config(match, target)
-    return {**config, **{k: default[k] for k in missing}}
+    before = template.config_type.pre_knob_values() if template.config_type is not None else {}
+    return {**config, **{k: before.get(k, default[k]) for k in missing}}
 
 
 def _load_records(options, target: C.Target) -> dict:

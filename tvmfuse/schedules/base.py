@@ -135,10 +135,18 @@ class KnobSpace:
         return {k.name: list(k.choices) for k in self.knobs}
 
 
-def knob(doc: str, candidates: tuple = ()):
+_NO_PRE_KNOB = object()      # ``knob(before=...)`` not given: the knob has no value from before it existed
+
+
+def knob(doc: str, candidates: tuple = (), before=_NO_PRE_KNOB):
     """A field of a typed config: one knob, with what it controls (the knob's doc) and, optionally, the
-    family's candidate values (``Config.space`` takes them when it is given no choices for the knob)."""
-    return field(metadata={"doc": doc, "candidates": tuple(candidates)})
+    family's candidate values (``Config.space`` takes them when it is given no choices for the knob) and
+    ``before``: the value that gives the kernel the template built before the knob was added (a tuning
+    record written then lacks the knob and was measured with that behaviour, ``Config.pre_knob_values``)."""
+    meta = {"doc": doc, "candidates": tuple(candidates)}
+    if before is not _NO_PRE_KNOB:
+        meta["before"] = before
+    return field(metadata=meta)
 
 
 class Config:
@@ -162,6 +170,11 @@ class Config:
             raise ValueError(f"{cls.__name__} space: choices missing for {missing}, not knobs: {extra}")
         return KnobSpace(tuple(Knob(f.name, tuple(choices[f.name]), f.metadata.get("doc", ""))
                                for f in fields(cls)), tuple(exclusions))
+
+    @classmethod
+    def pre_knob_values(cls) -> dict:
+        """The knobs declared with ``knob(before=...)``: their values for a record that predates them."""
+        return {f.name: f.metadata["before"] for f in fields(cls) if "before" in f.metadata}
 
     @classmethod
     def from_dict(cls, config: dict):

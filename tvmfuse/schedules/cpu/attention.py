@@ -546,18 +546,21 @@ class AttentionConfig(Config):
     rows: int = knob("query rows whose P @ V accumulators are in registers together")
     tile_keys: int = knob("keys of a score register tile")
     tile_qvecs: int = knob("row vectors of a score register tile (at most q_block / lanes)")
-    q_blocks: int = knob("query blocks per parallel task (one after the other, sharing the task's packed K/V)")
+    # before=: the kernel built before the knob existed (a tuning record of then lacks it; schedules'
+    # _with_new_knobs gives it this value, the behaviour it was measured with, not today's default)
+    q_blocks: int = knob("query blocks per parallel task (one after the other, sharing the task's packed K/V)",
+                         before=1)
     pack_kv: int = knob("1: each task first copies the K and V rows it reads into contiguous local rows "
-                        "(static key length only); 0: K and V are read in place")
+                        "(static key length only); 0: K and V are read in place", before=0)
     prefetch: int = knob("software prefetches into L2 during each key block (static sequence only): 0 none; "
                          "1 the next query block's Q rows and this block's output rows; 2 also the next "
-                         "task's K and V rows (packed K/V)")
+                         "task's K and V rows (packed K/V)", before=0)
     exp2: int = knob("1: the softmax's exps as powers of 2 (2^(x log2(e) - m log2(e)), the offset rounded up "
                      "and shared with the rescale factors: tvmfuse.fastmath's exp2 of arguments <= 0, no ln 2 "
-                     "reduction); 0: e^(x - m)")
+                     "reduction); 0: e^(x - m)", before=0)
     serial_work: int = knob("the row nest (q_block 1) runs its (batch x heads x rows) loop serial when the "
                             "kernel's multiply-adds at run time are fewer than this (the target's fork/join "
-                            "cost); 0: always parallel")
+                            "cost); 0: always parallel", before=0)
 
 
 class Attention(Template):
@@ -609,9 +612,35 @@ class Attention(Template):
             # the row nest: every choice is single but the key block (the largest: one block where the
             # bucket bounds the keys) and the serial threshold (the target's fork/join cost)
             return {name: choices[-1] if name == "k_block" else choices[0] for name, choices in space.items()}
+        blocks = self._blocks(spec, match, target, table, space, info, in_place=False)
+        share_in_place = table.get("l1_share_kv_in_place")
+        if not blocks["pack"] and spec.causal_offset is None and share_in_place is not None:
+            # K/V read in place (rows heads x dim apart, in few cache sets): the in-place share of L1
+            blocks = self._blocks(spec, match, target, table, space, info, in_place=True)
+        kb, qb, rows, keys, qvecs = blocks["kb"], blocks["qb"], blocks["rows"], blocks["keys"], blocks["qvecs"]
+        pack, q_blocks, lanes = blocks["pack"], blocks["q_blocks"], info.float32_lanes
+        # software prefetch (the target table's "prefetch" level, where the sequence is static): the rows
+        # the next query block reads and this one writes; with packed K/V, the next task's K/V rows too
+        # where both tasks' rows fit the L2 share (else they would evict the rows being read)
+        prefetch = 0
+        if 1 in space["prefetch"]:
+            prefetch = min(int(table["prefetch"]), 2)
+            both = 2 * sk_rows(spec, kb) * (spec.d + spec.dv) * 4 <= table["l2_share_kv"] * info.l2_bytes
+            if prefetch == 2 and not (pack and both):
+                prefetch = 1
+        return AttentionConfig(q_block=qb, k_block=kb, lanes=lanes, rows=rows, tile_keys=keys,
+                               tile_qvecs=qvecs, q_blocks=q_blocks, pack_kv=pack, prefetch=prefetch,
+                               exp2=int(table["exp2"]), serial_work=0).asdict()
+
+    @staticmethod
+    def _blocks(spec, match: Match, target: C.Target, table: dict, space: dict, info, in_place: bool) -> dict:
+        """The default blocks, register tiles and K/V packing (``default_config``); ``in_place``: the key
+        block from the table's ``l1_share_kv_in_place`` and no packing (K/V rows read where they are)."""
         # the K tile and the V rows of one key block in a share of L1 (a causal kernel's own share: its
         # query block is at most its key block or a small share of the sequence, see below)
         kv_share = table["l1_share_kv" if spec.causal_offset is None else "causal_l1_share_kv"]
+        if in_place:
+            kv_share = table["l1_share_kv_in_place"]
         kb = space["k_block"][0]
         for c in space["k_block"]:
             if (spec.d + spec.dv) * c * 4 <= kv_share * info.l1d_bytes:
@@ -645,24 +674,18 @@ class Attention(Template):
         # enough tasks for every core (a task of one query block: no packing, it would copy as much as it
         # reads)
         pack, q_blocks = 0, 1
-        if 1 in space["pack_kv"] and sk_rows(spec, kb) * (spec.d + spec.dv) * 4 <= table["l2_share_kv"] * info.l2_bytes:
+        if not in_place and 1 in space["pack_kv"] and \
+                sk_rows(spec, kb) * (spec.d + spec.dv) * 4 <= table["l2_share_kv"] * info.l2_bytes:
             nqb = math.ceil(static(spec.sq) / qb)
             for c in space["q_blocks"]:
                 if c <= nqb and tasks_rows * math.ceil(nqb / c) >= table["min_tasks_per_core"] * info.cores:
                     q_blocks = c
-            pack = int(q_blocks > 1)
-        # software prefetch (the target table's "prefetch" level, where the sequence is static): the rows
-        # the next query block reads and this one writes; with packed K/V, the next task's K/V rows too
-        # where both tasks' rows fit the L2 share (else they would evict the rows being read)
-        prefetch = 0
-        if 1 in space["prefetch"]:
-            prefetch = min(int(table["prefetch"]), 2)
-            both = 2 * sk_rows(spec, kb) * (spec.d + spec.dv) * 4 <= table["l2_share_kv"] * info.l2_bytes
-            if prefetch == 2 and not (pack and both):
-                prefetch = 1
-        return AttentionConfig(q_block=qb, k_block=kb, lanes=lanes, rows=rows, tile_keys=keys,
-                               tile_qvecs=qvecs, q_blocks=q_blocks, pack_kv=pack, prefetch=prefetch,
-                               exp2=int(table["exp2"]), serial_work=0).asdict()
+            # a task of one query block would copy as much as it reads; below the table's
+            # pack_kv_min_q_blocks the copy costs more than it saves
+            pack = int(q_blocks > 1 and q_blocks >= table["pack_kv_min_q_blocks"])
+            if not pack:
+                q_blocks = 1
+        return {"kb": kb, "qb": qb, "rows": rows, "keys": keys, "qvecs": qvecs, "pack": pack, "q_blocks": q_blocks}
 
     # ------------------------------------------------------------------ size buckets (symbolic sequence)
     def buckets(self, match: Match, target: C.Target) -> tuple[Bucket, ...]:
