@@ -129,6 +129,9 @@ def test_every_prefetch_level_matches_reference(mask, host, rng):
         scheduled = schedule_with(t, match, func, config)
         assert bool(_prefetches(scheduled)) == bool(config["prefetch"])
         got = _run_kernel(scheduled, args_np, ref.shape, host)
-        np.testing.assert_allclose(got, ref, rtol=RTOL, atol=ATOL, err_msg=str(config))
+        # relative to the output's scale: with logits ~1e4 an output element can be a near-cancelling sum
+        # of values ~60 (seed 2937163442: 8e-5 off at an element with |ref| < 0.7), so a 1e-5 floor is noise
+        scale = float(np.nanmax(np.abs(ref)))
+        np.testing.assert_allclose(got, ref, rtol=RTOL, atol=max(ATOL, RTOL * scale), err_msg=str(config))
         if "mask" in feeds:
             assert np.isnan(got[0, :, 4]).all() and np.isnan(ref[0, :, 4]).all()
