@@ -64,9 +64,10 @@ class Spy:
             return r
 
         monkeypatch.setattr(model, "_main", lambda: main)
-        # run()'s per-model plan binds the VM's function once (tvmfuse.io._static_run): a fresh one binds
-        # the spy (monkeypatch puts the model's own plan back afterwards)
+        # run()'s per-model plan binds the VM's function once (tvmfuse.io._static_run) and, for a static
+        # model, becomes its run: a fresh one binds the spy (monkeypatch puts the model's own back)
         monkeypatch.delitem(model.__dict__, "_plan", raising=False)
+        monkeypatch.delitem(model.__dict__, "run", raising=False)
 
 
 def _feeds(rng, alloc=tvmfuse.empty):
@@ -532,6 +533,34 @@ def test_the_static_path_hands_what_it_cannot_take_to_the_full_checks(model, rng
     with pytest.raises(tvmfuse.InputError, match="output 'y' has dtype float64"):
         model.run(feeds, outputs={"y": np.empty(N, np.float64)})
     np.testing.assert_allclose(model.run(feeds)["y"], _reference(feeds), rtol=1e-5, atol=1e-6)
+
+
+def test_compiled_model_and_runner_share_one_static_run(compiled, tmp_path, rng, monkeypatch):
+    # after the first call a static model's run is the plan's function itself (no method lookups on the
+    # way to the VM), one code for CompiledModel and Runner; a copy makes its own (its own _main), and a
+    # feed it cannot take still reaches the full checks (InputError)
+    import copy
+
+    import tvmfuse.io as io
+
+    cm = copy.copy(compiled)
+    runner = tvmfuse.load(tvmfuse.export(compiled, str(tmp_path / "chain")))
+    feeds = _feeds(rng, np.empty)
+    for m in (cm, runner):
+        assert "run" not in m.__dict__
+        np.testing.assert_allclose(m.run(feeds)["y"], _reference(feeds), rtol=1e-5, atol=1e-6)
+        assert m.run is m._io_plan().run_static and m.run.__name__ == "run"
+        assert m.run.__doc__ == io.Executes.run.__doc__
+    assert cm.run.__code__ is runner.run.__code__
+    calls = []
+    inner = cm._main()
+    monkeypatch.setattr(cm, "_main", lambda: lambda *a: calls.append(1) or inner(*a))
+    other = copy.copy(cm)                              # its plan binds the replaced _main
+    assert "run" not in other.__dict__ and "_plan" not in other.__dict__
+    np.testing.assert_allclose(other.run(feeds)["y"], _reference(feeds), rtol=1e-5, atol=1e-6)
+    assert calls == [1] and other.run is not cm.run
+    with pytest.raises(tvmfuse.InputError, match=r"input 'a' has dtype float64"):
+        runner.run({**feeds, "a": feeds["a"].astype(np.float64)})
 
 
 def test_a_symbolic_model_takes_the_symbolic_path(host, rng, monkeypatch):

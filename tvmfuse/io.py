@@ -12,10 +12,12 @@ ones, so an earlier result is never overwritten.  The VM's pooled allocator hand
 again once nothing holds them (a loop that drops each result reuses two buffers: no page faults).
 
 Cost per call: ``run()`` checks ordinary numpy feeds against a plan made at the first call (``_Plan``:
-dtype and shape compares, contiguity and alignment, one DLPack import per input), 2-3 us over the VM
-call (one thread, CPU time; ``benchmarks/io_overhead.py``); a model whose input shapes are all static
-does it in one function made once per model (``_Plan.run_static``: the VM's function handle, names,
-dtypes and shapes bound, no loop for one input), a symbolic one checks its named dims each call
+dtype and shape compares, contiguity and alignment, one DLPack import per input), about 1 us over the
+VM call for one input, 0.4 us more per further input (one thread, CPU time, Zen 5;
+``benchmarks/io_overhead.py``, its step-by-step table); a model whose input shapes are all static does it
+in one function made once per model, which becomes the model's ``run`` after the first call
+(``_Plan.run_static``: the VM's function handle, names, dtypes and shapes bound, no loop for one input,
+no method lookup on the way), a symbolic one checks its named dims each call
 (``_Plan.in_place``); only feeds that fail either (a wrong name, dtype or shape, a TVM tensor, an array to
 copy) go through the full checks (``validate_feeds``), which name what is wrong.  Outputs are not
 allocated by ``run()``: the VM allocates them from its pool, which gives the same two buffers back call
@@ -316,11 +318,14 @@ class Executes:
         the output's shape and dtype}) receives those results instead (one copy each).
         """
         plan = self.__dict__.get("_plan") or self._io_plan()
-        fast = plan.run_static
-        if fast is not None:              # a static model (_static_run): checks, VM call and views in one step
-            out = fast(feeds, outputs)
-            if out is not None:
-                return out
+        if plan.run_static is not None:   # a static model's first call (_io_plan made it the model's run)
+            return plan.run_static(feeds, outputs)
+        return self._run_checked(feeds, outputs, plan)
+
+    def _run_checked(self, feeds: dict, outputs: dict | None, plan: "_Plan") -> dict[str, np.ndarray]:
+        """``run()`` of a model with a symbolic input, and of every call the static path (``_static_run``)
+        does not take: the per-dim checks (``_Plan.in_place``), else the full ones, which copy what must
+        be copied and raise the InputError that names what is wrong."""
         placed = plan.in_place(feeds)
         if placed is None:                # not the common case: the full checks (and their clear errors)
             values = validate_feeds(feeds, self.inputs, self.shape_upper_bounds)
@@ -342,11 +347,27 @@ class Executes:
 
     def _io_plan(self) -> _Plan:
         """What every call checks, worked out at the first call (the specs, device and alignment of a
-        model do not change after it is built)."""
+        model do not change after it is built).  A static model's ``run`` becomes the plan's
+        ``run_static`` (an instance attribute: later calls reach it without this method's lookups)."""
         plan = self.__dict__.get("_plan")
         if plan is None:
             plan = self.__dict__["_plan"] = _Plan(self)
+            if plan.run_static is not None:
+                self.__dict__["run"] = plan.run_static
         return plan
+
+    def _reset_plan(self) -> None:
+        """Drop the per-model plan (and the ``run`` made from it): the next call makes them again, e.g.
+        after ``_main`` was replaced."""
+        self.__dict__.pop("_plan", None)
+        self.__dict__.pop("run", None)
+
+    def __copy__(self):
+        # a copy makes its own plan: the one cached here binds this object's VM function and _finish
+        new = object.__new__(type(self))
+        new.__dict__.update(self.__dict__)
+        new._reset_plan()
+        return new
 
     def bind(self, feeds: dict) -> Binding:
         """Place ``feeds`` on the device once for many ``Binding.run()`` calls (see ``Binding``)."""
@@ -450,10 +471,11 @@ class _Plan:
 
 
 def _static_run(plan: _Plan, model: "Executes"):
-    """``run(feeds, outputs)`` for a model whose inputs all have static shapes, as one function with
+    """``run(feeds, outputs=None)`` for a model whose inputs all have static shapes, as one function with
     everything per model bound once (the VM's function handle, names, dtypes, shapes, alignments, the
-    output checks), or None from it (before any VM call) when a feed or output is not the ordinary case:
-    then ``run()`` takes its other paths, which copy what must be copied or raise the InputError.
+    output checks); ``_io_plan`` makes it the model's ``run`` (CompiledModel and Runner alike).  A feed or
+    output that is not the ordinary case goes, before any VM call, to ``Executes._run_checked``, which
+    copies what must be copied or raises the InputError.
 
     Per call: per input a type, shape, dtype and flags compare and, for an array object not given in the
     last call, its DLPack import; the VM call; for one fresh output its numpy view (else ``_finish``).
@@ -461,6 +483,7 @@ def _static_run(plan: _Plan, model: "Executes"):
     tiny model.)"""
     main = model._main()
     finish = model._finish
+    checked = model._run_checked
     specs = tuple((name, dtype, shape, alignment) for name, dtype, shape, _, alignment in plan.checks)
     count = len(specs)
     single = plan.single
@@ -484,9 +507,9 @@ def _static_run(plan: _Plan, model: "Executes"):
                 return False
         return True
 
-    def run(feeds, outputs):
+    def run(feeds, outputs=None):
         if type(feeds) is not dict or len(feeds) != count or (outputs and not outputs_ok(outputs)):
-            return None
+            return checked(feeds, outputs, plan)
         args, ptrs = [None] * count, [0] * count
         i = 0
         for name, dtype, shape, alignment in specs:
@@ -495,7 +518,7 @@ def _static_run(plan: _Plan, model: "Executes"):
             # numpy's dtype of a native type is one object: ``is`` first, the compare only otherwise
             if (type(v) is not ndarray or v.shape != shape or (v.dtype is not dtype and v.dtype != dtype)
                     or not v.flags.carray):
-                return None
+                return checked(feeds, outputs, plan)
             seen = last[i] if last is not None else None
             if seen is not None and seen[0] is v:       # the same array object: same memory and shape
                 t, ptr = seen[1], seen[2]
@@ -503,7 +526,7 @@ def _static_run(plan: _Plan, model: "Executes"):
                 t = from_dlpack(v)
                 ptr = t.data_ptr()
                 if ptr % alignment:
-                    return None
+                    return checked(feeds, outputs, plan)
                 if last is not None:
                     last[i] = (v, t, ptr, shape)
             args[i] = t
@@ -518,17 +541,17 @@ def _static_run(plan: _Plan, model: "Executes"):
         return finish(result, outputs, args)
 
     if count != 1:
-        return run
+        return _like_run(run)
     (name0, dtype0, shape0, alignment0), = specs
 
-    def run_one(feeds, outputs):
+    def run_one(feeds, outputs=None):
         """``run`` for one input (most models): no loop, no lists."""
         if type(feeds) is not dict or len(feeds) != 1 or (outputs and not outputs_ok(outputs)):
-            return None
+            return checked(feeds, outputs, plan)
         v = feeds.get(name0)
         if (type(v) is not ndarray or v.shape != shape0 or (v.dtype is not dtype0 and v.dtype != dtype0)
                 or not v.flags.carray):
-            return None
+            return checked(feeds, outputs, plan)
         seen = last[0] if last is not None else None
         if seen is not None and seen[0] is v:
             t, ptr = seen[1], seen[2]
@@ -536,7 +559,7 @@ def _static_run(plan: _Plan, model: "Executes"):
             t = from_dlpack(v)
             ptr = t.data_ptr()
             if ptr % alignment0:
-                return None
+                return checked(feeds, outputs, plan)
             if last is not None:
                 last[0] = (v, t, ptr, shape0)
         result = main(t)
@@ -545,7 +568,13 @@ def _static_run(plan: _Plan, model: "Executes"):
             return {single: numpy_view(result)}
         return finish(result, outputs, [t])
 
-    return run_one
+    return _like_run(run_one)
+
+
+def _like_run(fn):
+    """``fn`` (a model's ``run`` made by ``_static_run``) named and documented as ``Executes.run``."""
+    fn.__name__, fn.__qualname__, fn.__doc__ = "run", "Executes.run", Executes.run.__doc__
+    return fn
 
 
 # numpy 2 made ``ndarray.data`` read-only: an array object's memory never moves (``_Plan.last``)
