@@ -7,7 +7,8 @@ Table 3c of ``benchmarks/README.md``: one command prints it (markdown, parts (a)
 Models: two tiny ones (the kernels take about a microsecond, so what is timed is the Python around them):
 LayerNorm over [2, 16] (one input) and the sigmoid chain over 64 elements (three inputs); and the
 ``resnet_block`` workload of ``bench_cpu.py`` (one input of 100 KB, a kernel of a few hundred us: there
-run()'s steps run after the kernel has swept the caches).  Each compiled and as an exported artifact
+run()'s steps run after the kernel has swept the caches); ``resnet_4x4_batch``, a tiny ResNet block with a
+symbolic batch (run at batch 1: the symbolic models' path, ``_Plan.run_symbolic``).  Each compiled and as an exported artifact
 (``Runner.run``: the same code, ``tvmfuse.io``).  Per model, microseconds per call of:
 
 - ``vm_call``: the VM's ``main`` on device tensors (TVM's own copies of the inputs; Table 3's baseline),
@@ -17,8 +18,8 @@ run()'s steps run after the kernel has swept the caches).  Each compiled and as 
   every call went before a static model's ``run`` became the static path itself; the A/B pair of ``run``),
   ``run_kept``: the same with each result kept until the next call (a caller that holds its outputs),
   ``run_out``: ``run(feeds, outputs=...)`` into preallocated arrays (one copy per output),
-  ``bind_run``: ``bind(feeds).run()``, ``run_general``: ``run()`` without the static path
-  (``_Plan.run_static``: the symbolic models' path, ``_Plan.in_place``);
+  ``bind_run``: ``bind(feeds).run()``, ``run_general``: ``run()`` without its fast path
+  (``_Plan.run_static`` / ``run_symbolic``): ``_Plan.in_place``'s checks, the path before io9 for symbolic models;
 - run()'s steps (ours), each on its own, the timing loop's own cost (``empty``) taken off:
   ``input_checks`` (the static path's per-input tests, a replica), ``dlpack_import`` (a fresh DLPack
   import of every input: what an array not seen in the last call costs), ``output_refs`` (the reference
@@ -62,6 +63,8 @@ MODELS = {
     "layernorm_2x16": (lambda: M.layernorm(rows=2, d=16, decomposed=False), 2000),
     "sigmoid_chain_64": (lambda: M.elementwise_chain(n=64), 2000),
     "resnet_block": (lambda: M.resnet_block(), 40),
+    # a symbolic batch (run at batch 1): run()'s symbolic path (``_Plan.run_symbolic``), tiny kernels
+    "resnet_4x4_batch": (lambda: M.resnet_block(channels=4, size=4, batch="batch"), 2000),
 }
 
 
@@ -74,7 +77,7 @@ def paths(m, feeds, cm) -> dict:
     bound = m.bind(feeds)
     plan = m._io_plan()
     held = f(*views)
-    outs = {s.name: np.empty(s.shape, s.dtype) for s in m.outputs}
+    outs = {s.name: np.empty([d if isinstance(d, int) else 1 for d in s.shape], s.dtype) for s in m.outputs}
     kept = [None]
     general = _without_static_path(m)
     arrays = [feeds[s.name] for s in m.inputs]
@@ -105,24 +108,40 @@ def paths(m, feeds, cm) -> dict:
 
 
 def _static_checks(plan, feeds):
-    """The static path's per-input tests (``tvmfuse.io._static_run``: type, shape, dtype, flags, the last
-    call's DLPack view reused) for every input, as one callable: a replica for timing them alone."""
+    """The fast path's per-input tests for every input, as one callable (a replica for timing them alone):
+    ``tvmfuse.io._static_run``'s (type, shape, dtype, flags, the last call's DLPack view reused) or, for a
+    symbolic model, ``_symbolic_run``'s (the shapes compared, as a tuple, with the last that passed)."""
     specs = [(name, dtype, shape) for name, dtype, shape, _, _ in plan.checks]
     last = plan.last
     ndarray = np.ndarray
+    if all(shape is not None for _, _, shape in specs):
+        def checks():
+            args = []
+            for i, (name, dtype, shape) in enumerate(specs):
+                v = feeds.get(name)
+                if (type(v) is not ndarray or v.shape != shape or (v.dtype is not dtype and v.dtype != dtype)
+                        or not v.flags.carray):
+                    return None
+                seen = last[i] if last is not None else None
+                args.append(seen[1] if seen is not None and seen[0] is v else None)
+            return args
 
-    def checks():
-        args = []
-        for i, (name, dtype, shape) in enumerate(specs):
+        return checks
+    passed = tuple(feeds[name].shape for name, _, _ in specs)
+
+    def symbolic_checks():
+        args, shapes = [], []
+        for i, (name, dtype, _) in enumerate(specs):
             v = feeds.get(name)
-            if (type(v) is not ndarray or v.shape != shape or (v.dtype is not dtype and v.dtype != dtype)
-                    or not v.flags.carray):
+            if type(v) is not ndarray or (v.dtype is not dtype and v.dtype != dtype) or not v.flags.carray:
                 return None
+            shape = v.shape
             seen = last[i] if last is not None else None
-            args.append(seen[1] if seen is not None and seen[0] is v else None)
-        return args
+            args.append(seen[1] if seen is not None and seen[0] is v and seen[3] == shape else None)
+            shapes.append(shape)
+        return args if tuple(shapes) == passed else None
 
-    return checks
+    return symbolic_checks
 
 
 def vm_program(cm) -> dict:
@@ -161,6 +180,8 @@ def vm_steps(m, cm) -> dict:
     lib = _library(m)
     rng = np.random.default_rng(1)
     calls = []
+    if any(isinstance(d, str) for spec in m.inputs for d in spec.shape):
+        return {"ffi_call": C.global_func("vm.builtin.null_value")}     # kernels with shape arguments: not timed
     for name in vm_program(cm)["kernels"]:
         params = C.prim_func_params(cm.fused_module[name])
         calls.append((lib.get_function(name, query_imports=True),
@@ -184,6 +205,8 @@ def _without_static_path(m):
     g.__dict__.pop("run", None)
     plan = IO._Plan(g)
     plan.run_static = None
+    if hasattr(plan, "run_symbolic"):
+        plan.run_symbolic = None
     g.__dict__["_plan"] = plan
     return g
 
@@ -270,7 +293,8 @@ def measure(m, feeds, cm, calls: int, rounds: int, clock) -> dict:
            # paired per round: each path minus the VM call on views of the same arrays (median, p25, p75)
            "over_vm_views_us": {k: _spread(t[k] - t["vm_views"]) for k in OVER_VM},
            # each step alone, minus the timing loop's own cost (``empty``) in the same round
-           "steps_us": {k: _spread(t[k] - t["empty"]) for k in OUR_STEPS + VM_STEPS + ("checks", "full_checks")}}
+           "steps_us": {k: _spread(t[k] - t["empty"]) for k in OUR_STEPS + VM_STEPS + ("checks", "full_checks")
+                        if k in t}}
     for base in ("vm_views", "vm_call"):         # the keys of earlier JSONs
         out[f"run_minus_{base}_us"] = _spread(t["run"] - t[base])
     return out
@@ -281,29 +305,32 @@ def vm_table_row(row: dict) -> dict:
     each took to time it alone) and the VM's own work (derived: the rest), also per VM instruction."""
     st = {k: v[0] for k, v in row["steps_us"].items()}
     ffi = st["ffi_call"]
-    kernels = st["kernels"] - len(row["program"]["kernels"]) * ffi
     vm = row["us_median"]["vm_views"] - row["us_median"]["empty"]
+    if "kernels" not in st:            # a symbolic model: its kernels are not timed alone
+        return {"ffi_call": ffi, "kernels": float("nan"), "vm_own": float("nan"),
+                "vm_own_per_instruction": float("nan"), "vm_views": vm}
+    kernels = st["kernels"] - len(row["program"]["kernels"]) * ffi
     rest = vm - ffi - kernels
     return {"ffi_call": ffi, "kernels": kernels, "vm_own": rest,
             "vm_own_per_instruction": rest / sum(row["program"]["instructions"].values()), "vm_views": vm}
 
 
 def _f(x, digits=2) -> str:
-    return f"{x:.{digits}f}"
+    return "-" if x != x else f"{x:.{digits}f}"
 
 
 def print_tables(rows: list, header: str) -> None:
     """Table 3c, markdown: (a) run()'s paths over the VM call, (b) the steps of run() and of the VM call."""
     print(f"\n### Table 3c (a): run() over the VM call, us per call ({header})\n")
     print("Paired per round: each path minus the VM's `main` on DLPack views of the same arrays, median [p25-p75].\n")
-    print("| model | kind | inputs | VM instructions (kernels) | VM call on views | run() | run() via the class "
-          "method | run() without the static path | run(), result kept | run(outputs=) | bind().run() |")
-    print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    print("| model | kind | path | inputs | VM instructions (kernels) | VM call on views | run() | run() via the "
+          "class method | run() without the fast path | run(), result kept | run(outputs=) | bind().run() |")
+    print("|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for r in rows:
         o = r["over_vm_views_us"]
         prog = r["program"]
         cell = lambda k: f"+{_f(o[k][0])} [{_f(o[k][1])}, {_f(o[k][2])}]"   # noqa: E731
-        print(f"| {r['model']} | {r['kind']} | {r['inputs']} | {sum(prog['instructions'].values())} "
+        print(f"| {r['model']} | {r['kind']} | {r['fast_path']} | {r['inputs']} | {sum(prog['instructions'].values())} "
               f"({len(prog['kernels'])}) | {_f(r['us_median']['vm_views'])} | {cell('run')} | {cell('run_method')} | "
               f"{cell('run_general')} | {cell('run_kept')} | {cell('run_out')} | {cell('bind_run')} |")
     print(f"\n### Table 3c (b): the steps, us per call, each timed alone ({header})\n")
@@ -348,8 +375,10 @@ def main(argv=None) -> int:
         make, calls = MODELS[name]
         model = make()
         rng = np.random.default_rng(0)
-        feeds = {k: rng.standard_normal(v.shape).astype(v.dtype) for k, v in M.random_feeds(model).items()}
         cm = tvmfuse.compile(model, tuning_log=None)
+        # a symbolic dim at 1
+        feeds = {s.name: rng.standard_normal([d if isinstance(d, int) else 1 for d in s.shape]).astype(s.dtype)
+                 for s in cm.inputs}
         program = vm_program(cm)
         for kind, m in [("compiled", cm), ("artifact", tvmfuse.load(tvmfuse.export(cm, os.path.join(work, name))))]:
             n = max(1, int(calls * args.scale))

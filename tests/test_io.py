@@ -564,21 +564,35 @@ def test_compiled_model_and_runner_share_one_static_run(compiled, tmp_path, rng,
 
 
 def test_a_symbolic_model_takes_the_symbolic_path(host, rng, monkeypatch):
-    # a symbolic input: no static path; every call checks rank, fixed and named dims (_Plan.in_place)
+    # a symbolic input: no static path; run() is the plan's run_symbolic, which checks rank, fixed and
+    # named dims (_Plan.shapes_ok) only when the shapes differ from the last call's that passed; wrong
+    # shapes and preallocated outputs still get the full checks (InputError, the copy)
     import tvmfuse.io as io
 
     g = M._G("symbolic_scale")
     x = g.input("x", ("batch", 16))
     g.op("Mul", x, g.const(np.full(16, 2.0, np.float32)))
     g.rename_last("y", ("batch", 16))
-    cm = tvmfuse.compile(g.model(), host)
+    cm = tvmfuse.compile(g.model(), host, shape_upper_bounds={"batch": 8})
+    shape_checks = _count_calls(monkeypatch, io._Plan, "shapes_ok")
+    checked = _count_calls(monkeypatch, io._Plan, "in_place")
+    cm._reset_plan()                                  # a plan that binds the counting shapes_ok
     plan = cm._io_plan()
-    assert plan.path == "symbolic" and plan.run_static is None
-    symbolic = _count_calls(monkeypatch, io._Plan, "in_place")
-    for b in (3, 5):
+    assert plan.path == "symbolic" and plan.run_static is None and cm.run is plan.run_symbolic
+    for b in (3, 5, 5, 3):
         xa = rng.standard_normal((b, 16)).astype(np.float32)
         np.testing.assert_allclose(cm.run({"x": xa})["y"], 2 * xa, rtol=1e-6)
-    assert symbolic == [1, 1]
+    assert len(shape_checks) == 3 and checked == []   # the second 5 reused the last check
+    xa.shape = (3, 2, 8)                              # the same array object, reshaped in place
+    with pytest.raises(tvmfuse.InputError, match=r"input 'x' has shape \[3, 2, 8\]"):
+        cm.run({"x": xa})
+    with pytest.raises(tvmfuse.InputError, match=r"symbolic dim 'batch' is 9 .* above the bound 8"):
+        cm.run({"x": np.zeros((9, 16), np.float32)})
+    xa.shape = (3, 16)
+    dst = np.empty((3, 16), np.float32)
+    assert cm.run({"x": xa}, outputs={"y": dst})["y"] is dst
+    np.testing.assert_allclose(dst, 2 * xa, rtol=1e-6)
+    assert len(checked) == 3
 
 
 def test_bind_run_outputs_are_fresh_and_never_an_input(compiled, host, rng):

@@ -318,8 +318,9 @@ class Executes:
         the output's shape and dtype}) receives those results instead (one copy each).
         """
         plan = self.__dict__.get("_plan") or self._io_plan()
-        if plan.run_static is not None:   # a static model's first call (_io_plan made it the model's run)
-            return plan.run_static(feeds, outputs)
+        fast = plan.run_static or plan.run_symbolic
+        if fast is not None:              # the first call (_io_plan made it the model's run)
+            return fast(feeds, outputs)
         return self._run_checked(feeds, outputs, plan)
 
     def _run_checked(self, feeds: dict, outputs: dict | None, plan: "_Plan") -> dict[str, np.ndarray]:
@@ -347,13 +348,14 @@ class Executes:
 
     def _io_plan(self) -> _Plan:
         """What every call checks, worked out at the first call (the specs, device and alignment of a
-        model do not change after it is built).  A static model's ``run`` becomes the plan's
-        ``run_static`` (an instance attribute: later calls reach it without this method's lookups)."""
+        model do not change after it is built).  The model's ``run`` becomes the plan's ``run_static`` or
+        ``run_symbolic`` (an instance attribute: later calls reach it without this method's lookups)."""
         plan = self.__dict__.get("_plan")
         if plan is None:
             plan = self.__dict__["_plan"] = _Plan(self)
-            if plan.run_static is not None:
-                self.__dict__["run"] = plan.run_static
+            fast = plan.run_static or plan.run_symbolic
+            if fast is not None:
+                self.__dict__["run"] = fast
         return plan
 
     def _reset_plan(self) -> None:
@@ -385,7 +387,8 @@ class _Plan:
     assume), else None: then ``run()`` takes the full path (``validate_feeds`` + ``_to_device``), which
     copies what must be copied and raises the InputError that names what is wrong."""
 
-    __slots__ = ("on_cpu", "checks", "output_names", "fast", "bounds", "single", "last", "path", "run_static")
+    __slots__ = ("on_cpu", "checks", "output_names", "fast", "bounds", "single", "last", "path", "run_static",
+                 "run_symbolic")
 
     def __init__(self, model: "Executes"):
         self.on_cpu = model._on_cpu()
@@ -418,10 +421,35 @@ class _Plan:
         static = self.fast and all(c[2] is not None for c in self.checks)
         self.path = "static" if static else "symbolic" if self.fast else "checked"
         self.run_static = _static_run(self, model) if static else None
+        self.run_symbolic = _symbolic_run(self, model) if self.path == "symbolic" else None
 
     def in_place_args(self, feeds) -> list | None:
         placed = self.in_place(feeds)
         return None if placed is None else placed[0]
+
+    def shapes_ok(self, shapes: tuple) -> bool:
+        """Whether input shapes (one tuple per input, in order) are what the model takes: static dims
+        equal, named dims agreeing across inputs and within their bounds (``in_place``'s shape checks)."""
+        sizes: dict = {}
+        for (_, _, shape, dims, _), shp in zip(self.checks, shapes):
+            if shape is not None:
+                if shp != shape:
+                    return False
+                continue
+            ndim, fixed, named = dims
+            if len(shp) != ndim:
+                return False
+            for axis, n in fixed:
+                if shp[axis] != n:
+                    return False
+            for axis, d in named:
+                n = shp[axis]
+                if sizes.setdefault(d, n) != n:
+                    return False
+        for d, bound in self.bounds:
+            if sizes.get(d, 0) > bound:
+                return False
+        return True
 
     def in_place(self, feeds) -> tuple[list, list] | None:
         """(the VM's arguments, their data pointers) when every feed can be read in place, else None."""
@@ -569,6 +597,63 @@ def _static_run(plan: _Plan, model: "Executes"):
         return finish(result, outputs, [t])
 
     return _like_run(run_one)
+
+
+def _symbolic_run(plan: _Plan, model: "Executes"):
+    """``run(feeds, outputs=None)`` for a model with a symbolic input (``batch``), bound once per model as
+    ``_static_run`` is.  Per call: per input a type, dtype and flags test and its shape; the shape checks
+    (``_Plan.shapes_ok``: rank, fixed dims, named dims agreeing across inputs, bounds) only when the shapes
+    differ from the last call's that passed them (a loop over one size pays them once); the VM call; for
+    one fresh output its numpy view.  Preallocated outputs, feeds it cannot take (a wrong name, dtype or
+    shape, an array to copy) go to ``Executes._run_checked`` before any VM call."""
+    main = model._main()
+    finish = model._finish
+    checked = model._run_checked
+    specs = tuple((name, dtype, alignment) for name, dtype, _, _, alignment in plan.checks)
+    count = len(specs)
+    single = plan.single
+    last = plan.last                   # None: numpy 1.x (an array's memory may move), no view reuse
+    shapes_ok = plan.shapes_ok
+    passed = [None]                    # the input shapes of the last call that passed shapes_ok
+    ndarray, tensor_type, from_dlpack = np.ndarray, C.Tensor, C.from_dlpack
+    refs, numpy_view = C.strong_ref_count, np.from_dlpack
+
+    def run(feeds, outputs=None):
+        if type(feeds) is not dict or len(feeds) != count or outputs:
+            return checked(feeds, outputs, plan)
+        args, ptrs, shapes = [None] * count, [0] * count, [None] * count
+        i = 0
+        for name, dtype, alignment in specs:
+            v = feeds.get(name)
+            if type(v) is not ndarray or (v.dtype is not dtype and v.dtype != dtype) or not v.flags.carray:
+                return checked(feeds, outputs, plan)
+            shape = v.shape
+            seen = last[i] if last is not None else None
+            if seen is not None and seen[0] is v and seen[3] == shape:
+                t, ptr = seen[1], seen[2]
+            else:
+                t = from_dlpack(v)
+                ptr = t.data_ptr()
+                if ptr % alignment:
+                    return checked(feeds, outputs, plan)
+                if last is not None:
+                    last[i] = (v, t, ptr, shape)
+            args[i] = t
+            ptrs[i] = ptr
+            shapes[i] = shape
+            i += 1
+        shapes = tuple(shapes)
+        if shapes != passed[0]:
+            if not shapes_ok(shapes):
+                return checked(feeds, outputs, plan)
+            passed[0] = shapes
+        result = main(*args)
+        if (single is not None and type(result) is tensor_type and refs(result) <= 2
+                and result.data_ptr() not in ptrs):
+            return {single: numpy_view(result)}
+        return finish(result, outputs, args)
+
+    return _like_run(run)
 
 
 def _like_run(fn):
