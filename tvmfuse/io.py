@@ -17,9 +17,11 @@ VM call for one input, 0.4 us more per further input (one thread, CPU time, Zen 
 ``benchmarks/io_overhead.py``, its step-by-step table); a model whose input shapes are all static does it
 in one function made once per model, which becomes the model's ``run`` after the first call
 (``_Plan.run_static``: the VM's function handle, names, dtypes and shapes bound, no loop for one input,
-no method lookup on the way), a symbolic one checks its named dims each call
-(``_Plan.in_place``); only feeds that fail either (a wrong name, dtype or shape, a TVM tensor, an array to
-copy) go through the full checks (``validate_feeds``), which name what is wrong.  Outputs are not
+no method lookup on the way); a model with a symbolic input likewise (``_Plan.run_symbolic``), which
+checks ranks, fixed and named dims (``_Plan.shapes_ok``) only when the input shapes differ from those of
+the last call that passed them.  Feeds that either cannot take (a wrong name, dtype or shape, a TVM
+tensor, an array to copy) and, for a symbolic model, preallocated outputs go through the plan's per-dim
+checks (``_Plan.in_place``) or the full ones (``validate_feeds``), which name what is wrong.  Outputs are not
 allocated by ``run()``: the VM allocates them from its pool, which gives the same two buffers back call
 after call while the caller drops each result (no page faults after the first calls; a caller that keeps
 every result gets fresh memory each time, or passes ``outputs=``).  The same array object given
