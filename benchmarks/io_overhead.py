@@ -8,8 +8,8 @@ Models: two tiny ones (the kernels take about a microsecond, so what is timed is
 LayerNorm over [2, 16] (one input) and the sigmoid chain over 64 elements (three inputs); and the
 ``resnet_block`` workload of ``bench_cpu.py`` (one input of 100 KB, a kernel of a few hundred us: there
 run()'s steps run after the kernel has swept the caches); ``resnet_4x4_batch``, a tiny ResNet block with a
-symbolic batch (run at batch 1: the symbolic models' path, ``_Plan.run_symbolic``).  Each compiled and as an exported artifact
-(``Runner.run``: the same code, ``tvmfuse.io``).  Per model, microseconds per call of:
+symbolic batch (run at batch 1: the symbolic models' path, ``_Plan.run_symbolic``).  Each compiled and as
+an exported artifact (``Runner.run``: the same code, ``tvmfuse.io``).  Per model, microseconds per call of:
 
 - ``vm_call``: the VM's ``main`` on device tensors (TVM's own copies of the inputs; Table 3's baseline),
   ``vm_views``: on DLPack views of the very numpy arrays ``run()`` gets (the same memory);
@@ -393,7 +393,8 @@ def main(argv=None) -> int:
                   + ", ".join(f"{k} {v}" for k, v in r["function_calls_per_call"].items()), flush=True)
     date = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
     header = (f"{date}, {C.llvm_system_cpu()}, TVM_NUM_THREADS={threads or '(default)'}, {clock_name}, "
-              f"{args.rounds} rounds, load average {load_start[0]:.1f} at the start, {os.getloadavg()[0]:.1f} at the end")
+              f"{args.rounds} rounds, load average {load_start[0]:.1f} at the start, "
+              f"{os.getloadavg()[0]:.1f} at the end")
     print_tables(rows, header)
     out = {"date": date, "cpu": C.llvm_system_cpu(),
            "tvm_num_threads": threads, "clock": clock_name, "load_avg_start": load_start,

@@ -589,10 +589,19 @@ def test_a_symbolic_model_takes_the_symbolic_path(host, rng, monkeypatch):
     with pytest.raises(tvmfuse.InputError, match=r"symbolic dim 'batch' is 9 .* above the bound 8"):
         cm.run({"x": np.zeros((9, 16), np.float32)})
     xa.shape = (3, 16)
-    dst = np.empty((3, 16), np.float32)
+    assert len(checked) == 2
+    dst = np.empty((3, 16), np.float32)                # a preallocated output of this call's batch
     assert cm.run({"x": xa}, outputs={"y": dst})["y"] is dst
     np.testing.assert_allclose(dst, 2 * xa, rtol=1e-6)
-    assert len(checked) == 3
+    assert len(checked) == 2
+    with pytest.raises(tvmfuse.InputError, match=r"output 'y' has shape \[4, 16\], this call's result has "
+                                                 r"shape \[3, 16\]"):
+        cm.run({"x": xa}, outputs={"y": np.empty((4, 16), np.float32)})
+    one = rng.standard_normal((1, 16)).astype(np.float32)   # a batch-1 result is not broadcast into dst
+    with pytest.raises(tvmfuse.InputError, match=r"output 'y' has shape \[3, 16\], this call's result has "
+                                                 r"shape \[1, 16\]"):
+        cm.run({"x": one}, outputs={"y": dst})
+    assert len(checked) == 4
 
 
 def test_bind_run_outputs_are_fresh_and_never_an_input(compiled, host, rng):

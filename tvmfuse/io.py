@@ -287,6 +287,10 @@ class Executes:
         for spec, name, (t, holders) in zip(self.outputs, plan.output_names, flat):
             if name in given:
                 dst = given[name]
+                # a symbolic output: its size is known only now (a static one was checked before the call)
+                if name in plan.symbolic_outputs and tuple(dst.shape) != tuple(t.shape):
+                    raise InputError(f"output {name!r} has shape {list(dst.shape)}, this call's result has "
+                                     f"shape {list(t.shape)}")
                 if plan.on_cpu and type(dst) is np.ndarray:
                     np.copyto(dst, np.from_dlpack(t))
                     out[name] = dst
@@ -390,12 +394,15 @@ class _Plan:
     copies what must be copied and raises the InputError that names what is wrong."""
 
     __slots__ = ("on_cpu", "checks", "output_names", "fast", "bounds", "single", "last", "path", "run_static",
-                 "run_symbolic")
+                 "run_symbolic", "symbolic_outputs")
 
     def __init__(self, model: "Executes"):
         self.on_cpu = model._on_cpu()
         self.bounds = tuple(model.shape_upper_bounds.items())
         self.output_names = [s.name for s in model.outputs]
+        # outputs whose shape has a symbolic dim: a preallocated one is compared with the result (_finish)
+        self.symbolic_outputs = frozenset(s.name for s in model.outputs
+                                          if not all(isinstance(d, int) for d in s.shape))
         # the output's name when the model has exactly one (run()'s shortest path)
         self.single = self.output_names[0] if len(self.output_names) == 1 else None
         # per input: (name, numpy dtype, static shape or None, its symbolic dims (_symbolic_dims), alignment
@@ -606,8 +613,10 @@ def _symbolic_run(plan: _Plan, model: "Executes"):
     ``_static_run`` is.  Per call: per input a type, dtype and flags test and its shape; the shape checks
     (``_Plan.shapes_ok``: rank, fixed dims, named dims agreeing across inputs, bounds) only when the shapes
     differ from the last call's that passed them (a loop over one size pays them once); the VM call; for
-    one fresh output its numpy view.  Preallocated outputs, feeds it cannot take (a wrong name, dtype or
-    shape, an array to copy) go to ``Executes._run_checked`` before any VM call."""
+    one fresh output its numpy view.  Preallocated numpy outputs are checked against this call's sizes of
+    the named dims (an output whose dims are numbers or the inputs' named dims; others, and feeds it
+    cannot take: a wrong name, dtype or shape, an array to copy) go to ``Executes._run_checked`` before
+    any VM call."""
     main = model._main()
     finish = model._finish
     checked = model._run_checked
@@ -619,9 +628,30 @@ def _symbolic_run(plan: _Plan, model: "Executes"):
     passed = [None]                    # the input shapes of the last call that passed shapes_ok
     ndarray, tensor_type, from_dlpack = np.ndarray, C.Tensor, C.from_dlpack
     refs, numpy_view = C.strong_ref_count, np.from_dlpack
+    # (input index, axis, name) of every named dim of the inputs: the sizes of a call, for its outputs
+    named_at = tuple((i, axis, d) for i, (_, _, _, dims, _) in enumerate(plan.checks) if dims is not None
+                     for axis, d in dims[2])
+    named = {d for _, _, d in named_at}
+    # output name -> (numpy dtype, dims: numbers and the inputs' named dims): preallocated outputs checked here
+    out_checks = {}
+    for spec in model.outputs:
+        dtype = _numpy_dtype(spec.dtype)
+        if dtype is not None and all(isinstance(d, int) or d in named for d in spec.shape):
+            out_checks[spec.name] = (dtype, tuple(spec.shape))
+
+    def outputs_ok(outputs, shapes) -> bool:
+        if type(outputs) is not dict:
+            return False
+        sizes = {d: shapes[i][axis] for i, axis, d in named_at}
+        for name, dst in outputs.items():
+            check = out_checks.get(name)
+            if (check is None or type(dst) is not ndarray or dst.dtype != check[0] or not dst.flags.writeable
+                    or dst.shape != tuple(d if type(d) is int else sizes[d] for d in check[1])):
+                return False
+        return True
 
     def run(feeds, outputs=None):
-        if type(feeds) is not dict or len(feeds) != count or outputs:
+        if type(feeds) is not dict or len(feeds) != count:
             return checked(feeds, outputs, plan)
         args, ptrs, shapes = [None] * count, [0] * count, [None] * count
         i = 0
@@ -649,6 +679,10 @@ def _symbolic_run(plan: _Plan, model: "Executes"):
             if not shapes_ok(shapes):
                 return checked(feeds, outputs, plan)
             passed[0] = shapes
+        if outputs:
+            if not outputs_ok(outputs, shapes):
+                return checked(feeds, outputs, plan)
+            return finish(main(*args), outputs, args)
         result = main(*args)
         if (single is not None and type(result) is tensor_type and refs(result) <= 2
                 and result.data_ptr() not in ptrs):
