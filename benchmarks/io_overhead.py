@@ -18,8 +18,9 @@ an exported artifact (``Runner.run``: the same code, ``tvmfuse.io``).  Per model
   every call went before a static model's ``run`` became the static path itself; the A/B pair of ``run``),
   ``run_kept``: the same with each result kept until the next call (a caller that holds its outputs),
   ``run_out``: ``run(feeds, outputs=...)`` into preallocated arrays (one copy per output),
-  ``bind_run``: ``bind(feeds).run()``, ``run_general``: ``run()`` without its fast path
-  (``_Plan.run_static`` / ``run_symbolic``): ``_Plan.in_place``'s checks, the path before io9 for symbolic models;
+  ``bind_run``: ``bind(feeds).run()`` (``bind_run_out``: with ``outputs=``), ``run_general``: ``run()``
+  without its fast path (``_Plan.run_static`` / ``run_symbolic``): ``_Plan.in_place``'s checks, the path
+  before io9 for symbolic models;
 - run()'s steps (ours), each on its own, the timing loop's own cost (``empty``) taken off:
   ``input_checks`` (the static path's per-input tests, a replica), ``dlpack_import`` (a fresh DLPack
   import of every input: what an array not seen in the last call costs), ``output_refs`` (the reference
@@ -94,6 +95,7 @@ def paths(m, feeds, cm) -> dict:
         "run_kept": lambda: kept.__setitem__(0, m.run(feeds)),
         "run_out": lambda: m.run(feeds, outputs=outs),
         "bind_run": bound.run,
+        "bind_run_out": lambda: bound.run(outputs=outs),
         "empty": lambda: None,
         "input_checks": _static_checks(plan, feeds),
         "checks": lambda: plan.in_place(feeds),
@@ -238,7 +240,7 @@ def page_faults(ps: dict, calls: int = 200) -> dict:
     return out
 
 
-CALL_PATHS = ("vm_views", "run", "run_method", "run_general", "run_out", "bind_run")
+CALL_PATHS = ("vm_views", "run", "run_method", "run_general", "run_out", "bind_run", "bind_run_out")
 
 
 def function_calls(ps: dict) -> dict:
@@ -268,7 +270,7 @@ def _spread(d) -> list:
     return [float(np.median(d)), float(np.percentile(d, 25)), float(np.percentile(d, 75))]
 
 
-OVER_VM = ("vm_call", "run", "run_method", "run_general", "run_kept", "run_out", "bind_run")
+OVER_VM = ("vm_call", "run", "run_method", "run_general", "run_kept", "run_out", "bind_run", "bind_run_out")
 
 
 def measure(m, feeds, cm, calls: int, rounds: int, clock) -> dict:
@@ -324,15 +326,17 @@ def print_tables(rows: list, header: str) -> None:
     print(f"\n### Table 3c (a): run() over the VM call, us per call ({header})\n")
     print("Paired per round: each path minus the VM's `main` on DLPack views of the same arrays, median [p25-p75].\n")
     print("| model | kind | path | inputs | VM instructions (kernels) | VM call on views | run() | run() via the "
-          "class method | run() without the fast path | run(), result kept | run(outputs=) | bind().run() |")
-    print("|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+          "class method | run() without the fast path | run(), result kept | run(outputs=) | bind().run() | "
+          "bind().run(outputs=) |")
+    print("|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for r in rows:
         o = r["over_vm_views_us"]
         prog = r["program"]
         cell = lambda k: f"+{_f(o[k][0])} [{_f(o[k][1])}, {_f(o[k][2])}]"   # noqa: E731
         print(f"| {r['model']} | {r['kind']} | {r['fast_path']} | {r['inputs']} | {sum(prog['instructions'].values())} "
               f"({len(prog['kernels'])}) | {_f(r['us_median']['vm_views'])} | {cell('run')} | {cell('run_method')} | "
-              f"{cell('run_general')} | {cell('run_kept')} | {cell('run_out')} | {cell('bind_run')} |")
+              f"{cell('run_general')} | {cell('run_kept')} | {cell('run_out')} | {cell('bind_run')} | "
+              f"{cell('bind_run_out')} |")
     print(f"\n### Table 3c (b): the steps, us per call, each timed alone ({header})\n")
     print("Ours: the static path's input checks (all inputs; the last call's DLPack view reused), the result "
           "tests (reference count; not an input's memory), the numpy view, the result dict; a DLPack import "

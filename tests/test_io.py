@@ -284,6 +284,25 @@ def test_bind_keeps_inputs_in_place_across_runs(model, rng, monkeypatch):
     np.testing.assert_allclose(mis.run()["y"], _reference(feeds), rtol=1e-5, atol=1e-6)
 
 
+def test_bind_run_checks_preallocated_outputs(model, rng):
+    # Binding.run takes right outputs without the full checks (_Plan.static_outputs_ok) and still names
+    # what is wrong with the others
+    feeds = _feeds(rng)
+    b = model.bind(feeds)
+    dst = np.empty(N, np.float32)
+    assert b.run(outputs={"y": dst})["y"] is dst
+    np.testing.assert_allclose(dst, _reference(feeds), rtol=1e-5, atol=1e-6)
+    with pytest.raises(tvmfuse.InputError, match="output 'y' has dtype float64"):
+        b.run(outputs={"y": np.empty(N, np.float64)})
+    with pytest.raises(tvmfuse.InputError, match=r"output 'y' has shape \[2\]"):
+        b.run(outputs={"y": np.empty(2, np.float32)})
+    dst.flags.writeable = False
+    with pytest.raises(tvmfuse.InputError, match="read-only"):
+        b.run(outputs={"y": dst})
+    with pytest.raises(tvmfuse.InputError, match="unknown output name"):
+        b.run(outputs={"z": np.empty(N, np.float32)})
+
+
 def test_an_output_that_views_an_input_is_copied(host):
     # Identity and Flatten return the input tensor itself from the VM (0 kernels): the output must not
     # alias the caller's array, or refilling the input would change the result

@@ -206,10 +206,10 @@ class Binding:
 
     def run(self, outputs: dict | None = None) -> dict[str, np.ndarray]:
         model = self._model
-        if outputs:
+        plan = model.__dict__.get("_plan") or model._io_plan()
+        if outputs and not plan.static_outputs_ok(outputs):
             model._validate_outputs(outputs)
         result = model._main()(*self._args)
-        plan = model.__dict__.get("_plan") or model._io_plan()
         # one fresh output on a CPU, none given: its view at once, as run() (else _finish)
         if (plan.single is not None and plan.on_cpu and not outputs and type(result) is C.Tensor
                 and C.strong_ref_count(result) <= 2 and result.data_ptr() not in self._ptrs):
@@ -394,12 +394,14 @@ class _Plan:
     copies what must be copied and raises the InputError that names what is wrong."""
 
     __slots__ = ("on_cpu", "checks", "output_names", "fast", "bounds", "single", "last", "path", "run_static",
-                 "run_symbolic", "symbolic_outputs")
+                 "run_symbolic", "symbolic_outputs", "static_outputs_ok")
 
     def __init__(self, model: "Executes"):
         self.on_cpu = model._on_cpu()
         self.bounds = tuple(model.shape_upper_bounds.items())
         self.output_names = [s.name for s in model.outputs]
+        # preallocated outputs that need no full check (static_outputs_ok(outputs) -> bool)
+        self.static_outputs_ok = _static_outputs_check(model)
         # outputs whose shape has a symbolic dim: a preallocated one is compared with the result (_finish)
         self.symbolic_outputs = frozenset(s.name for s in model.outputs
                                           if not all(isinstance(d, int) for d in s.shape))
@@ -525,24 +527,9 @@ def _static_run(plan: _Plan, model: "Executes"):
     count = len(specs)
     single = plan.single
     last = plan.last                   # None: numpy 1.x (an array's memory may move), no view reuse
-    # output name -> (numpy dtype, static shape): preallocated outputs that need no full check
-    out_checks = {}
-    for spec in model.outputs:
-        dtype = _numpy_dtype(spec.dtype)
-        if dtype is not None and all(isinstance(d, int) for d in spec.shape):
-            out_checks[spec.name] = (dtype, tuple(spec.shape))
+    outputs_ok = plan.static_outputs_ok
     ndarray, tensor_type, from_dlpack = np.ndarray, C.Tensor, C.from_dlpack
     refs, numpy_view = C.strong_ref_count, np.from_dlpack
-
-    def outputs_ok(outputs) -> bool:
-        if type(outputs) is not dict:
-            return False
-        for name, dst in outputs.items():
-            check = out_checks.get(name)
-            if (check is None or type(dst) is not ndarray or dst.dtype != check[0] or dst.shape != check[1]
-                    or not dst.flags.writeable):
-                return False
-        return True
 
     def run(feeds, outputs=None):
         if type(feeds) is not dict or len(feeds) != count or (outputs and not outputs_ok(outputs)):
@@ -606,6 +593,30 @@ def _static_run(plan: _Plan, model: "Executes"):
         return finish(result, outputs, [t])
 
     return _like_run(run_one)
+
+
+def _static_outputs_check(model: "Executes"):
+    """``outputs_ok(outputs) -> bool``: whether preallocated outputs need no full check
+    (``Executes._validate_outputs``): a dict of writeable numpy arrays, each of a static output's dtype and
+    shape.  False sends them to the full check, which names what is wrong."""
+    out_checks = {}                    # output name -> (numpy dtype, static shape)
+    for spec in model.outputs:
+        dtype = _numpy_dtype(spec.dtype)
+        if dtype is not None and all(isinstance(d, int) for d in spec.shape):
+            out_checks[spec.name] = (dtype, tuple(spec.shape))
+    ndarray = np.ndarray
+
+    def outputs_ok(outputs) -> bool:
+        if type(outputs) is not dict:
+            return False
+        for name, dst in outputs.items():
+            check = out_checks.get(name)
+            if (check is None or type(dst) is not ndarray or dst.dtype != check[0] or dst.shape != check[1]
+                    or not dst.flags.writeable):
+                return False
+        return True
+
+    return outputs_ok
 
 
 def _symbolic_run(plan: _Plan, model: "Executes"):
