@@ -207,7 +207,8 @@ class Binding:
     def run(self, outputs: dict | None = None) -> dict[str, np.ndarray]:
         model = self._model
         plan = model.__dict__.get("_plan") or model._io_plan()
-        if outputs and not plan.static_outputs_ok(outputs):
+        # preallocated outputs: static ones checked by the plan, a model with a symbolic output fully
+        if outputs and (plan.symbolic_outputs or not plan.static_outputs_ok(outputs)):
             model._validate_outputs(outputs)
         result = model._main()(*self._args)
         # one fresh output on a CPU, none given: its view at once, as run() (else _finish)
