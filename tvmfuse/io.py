@@ -331,9 +331,9 @@ class Executes:
         return self._run_checked(feeds, outputs, plan)
 
     def _run_checked(self, feeds: dict, outputs: dict | None, plan: "_Plan") -> dict[str, np.ndarray]:
-        """``run()`` of a model with a symbolic input, and of every call the static path (``_static_run``)
-        does not take: the per-dim checks (``_Plan.in_place``), else the full ones, which copy what must
-        be copied and raise the InputError that names what is wrong."""
+        """``run()`` of every call the fast paths (``_static_run``, ``_symbolic_run``) do not take, and of a
+        model without one (a dtype numpy lacks, a GPU): the per-dim checks (``_Plan.in_place``), else the
+        full ones, which copy what must be copied and raise the InputError that names what is wrong."""
         placed = plan.in_place(feeds)
         if placed is None:                # not the common case: the full checks (and their clear errors)
             values = validate_feeds(feeds, self.inputs, self.shape_upper_bounds)
@@ -705,7 +705,8 @@ def _symbolic_run(plan: _Plan, model: "Executes"):
 
 
 def _like_run(fn):
-    """``fn`` (a model's ``run`` made by ``_static_run``) named and documented as ``Executes.run``."""
+    """``fn`` (a model's ``run`` made by ``_static_run`` or ``_symbolic_run``) named and documented as
+    ``Executes.run``."""
     fn.__name__, fn.__qualname__, fn.__doc__ = "run", "Executes.run", Executes.run.__doc__
     return fn
 
