@@ -64,9 +64,10 @@ class Spy:
             return r
 
         monkeypatch.setattr(model, "_main", lambda: main)
-        # run()'s per-model plan binds the VM's function once (tvmfuse.io._static_run): a fresh one binds
-        # the spy (monkeypatch puts the model's own plan back afterwards)
+        # run()'s per-model plan binds the VM's function once (tvmfuse.io._static_run) and, for a static
+        # model, becomes its run: a fresh one binds the spy (monkeypatch puts the model's own back)
         monkeypatch.delitem(model.__dict__, "_plan", raising=False)
+        monkeypatch.delitem(model.__dict__, "run", raising=False)
 
 
 def _feeds(rng, alloc=tvmfuse.empty):
@@ -281,6 +282,25 @@ def test_bind_keeps_inputs_in_place_across_runs(model, rng, monkeypatch):
     mis = model.bind({**feeds, "a": _at_offset(feeds["a"], 2)})
     assert set(mis.copied) == {"a"} and "aligned" in mis.copied["a"]
     np.testing.assert_allclose(mis.run()["y"], _reference(feeds), rtol=1e-5, atol=1e-6)
+
+
+def test_bind_run_checks_preallocated_outputs(model, rng):
+    # Binding.run takes right outputs without the full checks (_Plan.static_outputs_ok) and still names
+    # what is wrong with the others
+    feeds = _feeds(rng)
+    b = model.bind(feeds)
+    dst = np.empty(N, np.float32)
+    assert b.run(outputs={"y": dst})["y"] is dst
+    np.testing.assert_allclose(dst, _reference(feeds), rtol=1e-5, atol=1e-6)
+    with pytest.raises(tvmfuse.InputError, match="output 'y' has dtype float64"):
+        b.run(outputs={"y": np.empty(N, np.float64)})
+    with pytest.raises(tvmfuse.InputError, match=r"output 'y' has shape \[2\]"):
+        b.run(outputs={"y": np.empty(2, np.float32)})
+    dst.flags.writeable = False
+    with pytest.raises(tvmfuse.InputError, match="read-only"):
+        b.run(outputs={"y": dst})
+    with pytest.raises(tvmfuse.InputError, match="unknown output name"):
+        b.run(outputs={"z": np.empty(N, np.float32)})
 
 
 def test_an_output_that_views_an_input_is_copied(host):
@@ -534,22 +554,73 @@ def test_the_static_path_hands_what_it_cannot_take_to_the_full_checks(model, rng
     np.testing.assert_allclose(model.run(feeds)["y"], _reference(feeds), rtol=1e-5, atol=1e-6)
 
 
+def test_compiled_model_and_runner_share_one_static_run(compiled, tmp_path, rng, monkeypatch):
+    # after the first call a static model's run is the plan's function itself (no method lookups on the
+    # way to the VM), one code for CompiledModel and Runner; a copy makes its own (its own _main), and a
+    # feed it cannot take still reaches the full checks (InputError)
+    import copy
+
+    import tvmfuse.io as io
+
+    cm = copy.copy(compiled)
+    runner = tvmfuse.load(tvmfuse.export(compiled, str(tmp_path / "chain")))
+    feeds = _feeds(rng, np.empty)
+    for m in (cm, runner):
+        assert "run" not in m.__dict__
+        np.testing.assert_allclose(m.run(feeds)["y"], _reference(feeds), rtol=1e-5, atol=1e-6)
+        assert m.run is m._io_plan().run_static and m.run.__name__ == "run"
+        assert m.run.__doc__ == io.Executes.run.__doc__
+    assert cm.run.__code__ is runner.run.__code__
+    calls = []
+    inner = cm._main()
+    monkeypatch.setattr(cm, "_main", lambda: lambda *a: calls.append(1) or inner(*a))
+    other = copy.copy(cm)                              # its plan binds the replaced _main
+    assert "run" not in other.__dict__ and "_plan" not in other.__dict__
+    np.testing.assert_allclose(other.run(feeds)["y"], _reference(feeds), rtol=1e-5, atol=1e-6)
+    assert calls == [1] and other.run is not cm.run
+    with pytest.raises(tvmfuse.InputError, match=r"input 'a' has dtype float64"):
+        runner.run({**feeds, "a": feeds["a"].astype(np.float64)})
+
+
 def test_a_symbolic_model_takes_the_symbolic_path(host, rng, monkeypatch):
-    # a symbolic input: no static path; every call checks rank, fixed and named dims (_Plan.in_place)
+    # a symbolic input: no static path; run() is the plan's run_symbolic, which checks rank, fixed and
+    # named dims (_Plan.shapes_ok) only when the shapes differ from the last call's that passed; wrong
+    # shapes and preallocated outputs still get the full checks (InputError, the copy)
     import tvmfuse.io as io
 
     g = M._G("symbolic_scale")
     x = g.input("x", ("batch", 16))
     g.op("Mul", x, g.const(np.full(16, 2.0, np.float32)))
     g.rename_last("y", ("batch", 16))
-    cm = tvmfuse.compile(g.model(), host)
+    cm = tvmfuse.compile(g.model(), host, shape_upper_bounds={"batch": 8})
+    shape_checks = _count_calls(monkeypatch, io._Plan, "shapes_ok")
+    checked = _count_calls(monkeypatch, io._Plan, "in_place")
+    cm._reset_plan()                                  # a plan that binds the counting shapes_ok
     plan = cm._io_plan()
-    assert plan.path == "symbolic" and plan.run_static is None
-    symbolic = _count_calls(monkeypatch, io._Plan, "in_place")
-    for b in (3, 5):
+    assert plan.path == "symbolic" and plan.run_static is None and cm.run is plan.run_symbolic
+    for b in (3, 5, 5, 3):
         xa = rng.standard_normal((b, 16)).astype(np.float32)
         np.testing.assert_allclose(cm.run({"x": xa})["y"], 2 * xa, rtol=1e-6)
-    assert symbolic == [1, 1]
+    assert len(shape_checks) == 3 and checked == []   # the second 5 reused the last check
+    xa.shape = (3, 2, 8)                              # the same array object, reshaped in place
+    with pytest.raises(tvmfuse.InputError, match=r"input 'x' has shape \[3, 2, 8\]"):
+        cm.run({"x": xa})
+    with pytest.raises(tvmfuse.InputError, match=r"symbolic dim 'batch' is 9 .* above the bound 8"):
+        cm.run({"x": np.zeros((9, 16), np.float32)})
+    xa.shape = (3, 16)
+    assert len(checked) == 2
+    dst = np.empty((3, 16), np.float32)                # a preallocated output of this call's batch
+    assert cm.run({"x": xa}, outputs={"y": dst})["y"] is dst
+    np.testing.assert_allclose(dst, 2 * xa, rtol=1e-6)
+    assert len(checked) == 2
+    with pytest.raises(tvmfuse.InputError, match=r"output 'y' has shape \[4, 16\], this call's result has "
+                                                 r"shape \[3, 16\]"):
+        cm.run({"x": xa}, outputs={"y": np.empty((4, 16), np.float32)})
+    one = rng.standard_normal((1, 16)).astype(np.float32)   # a batch-1 result is not broadcast into dst
+    with pytest.raises(tvmfuse.InputError, match=r"output 'y' has shape \[3, 16\], this call's result has "
+                                                 r"shape \[1, 16\]"):
+        cm.run({"x": one}, outputs={"y": dst})
+    assert len(checked) == 4
 
 
 def test_bind_run_outputs_are_fresh_and_never_an_input(compiled, host, rng):

@@ -330,6 +330,11 @@ def set_runtime_threads(n: int) -> None:
     _tvm_ffi.get_global_func("runtime.config_threadpool")(1, int(n))
 
 
+def global_func(name: str):
+    """A function registered with TVM's FFI by name (``vm.builtin.match_shape``, ...)."""
+    return _tvm_ffi.get_global_func(name)
+
+
 def runtime_threads() -> int:
     return int(_tvm_ffi.get_global_func("runtime.NumThreads")())
 

@@ -12,12 +12,16 @@ ones, so an earlier result is never overwritten.  The VM's pooled allocator hand
 again once nothing holds them (a loop that drops each result reuses two buffers: no page faults).
 
 Cost per call: ``run()`` checks ordinary numpy feeds against a plan made at the first call (``_Plan``:
-dtype and shape compares, contiguity and alignment, one DLPack import per input), 2-3 us over the VM
-call (one thread, CPU time; ``benchmarks/io_overhead.py``); a model whose input shapes are all static
-does it in one function made once per model (``_Plan.run_static``: the VM's function handle, names,
-dtypes and shapes bound, no loop for one input), a symbolic one checks its named dims each call
-(``_Plan.in_place``); only feeds that fail either (a wrong name, dtype or shape, a TVM tensor, an array to
-copy) go through the full checks (``validate_feeds``), which name what is wrong.  Outputs are not
+dtype and shape compares, contiguity and alignment, one DLPack import per input), about 1 us over the
+VM call for one input, 0.4 us more per further input (one thread, CPU time, Zen 5;
+``benchmarks/io_overhead.py``, its step-by-step table); a model whose input shapes are all static does it
+in one function made once per model, which becomes the model's ``run`` after the first call
+(``_Plan.run_static``: the VM's function handle, names, dtypes and shapes bound, no loop for one input,
+no method lookup on the way); a model with a symbolic input likewise (``_Plan.run_symbolic``), which
+checks ranks, fixed and named dims (``_Plan.shapes_ok``) only when the input shapes differ from those of
+the last call that passed them.  Feeds that either cannot take (a wrong name, dtype or shape, a TVM
+tensor, an array to copy) and, for a symbolic model, preallocated outputs go through the plan's per-dim
+checks (``_Plan.in_place``) or the full ones (``validate_feeds``), which name what is wrong.  Outputs are not
 allocated by ``run()``: the VM allocates them from its pool, which gives the same two buffers back call
 after call while the caller drops each result (no page faults after the first calls; a caller that keeps
 every result gets fresh memory each time, or passes ``outputs=``).  The same array object given
@@ -202,10 +206,11 @@ class Binding:
 
     def run(self, outputs: dict | None = None) -> dict[str, np.ndarray]:
         model = self._model
-        if outputs:
+        plan = model.__dict__.get("_plan") or model._io_plan()
+        # preallocated outputs: static ones checked by the plan, a model with a symbolic output fully
+        if outputs and (plan.symbolic_outputs or not plan.static_outputs_ok(outputs)):
             model._validate_outputs(outputs)
         result = model._main()(*self._args)
-        plan = model.__dict__.get("_plan") or model._io_plan()
         # one fresh output on a CPU, none given: its view at once, as run() (else _finish)
         if (plan.single is not None and plan.on_cpu and not outputs and type(result) is C.Tensor
                 and C.strong_ref_count(result) <= 2 and result.data_ptr() not in self._ptrs):
@@ -283,6 +288,10 @@ class Executes:
         for spec, name, (t, holders) in zip(self.outputs, plan.output_names, flat):
             if name in given:
                 dst = given[name]
+                # a symbolic output: its size is known only now (a static one was checked before the call)
+                if name in plan.symbolic_outputs and tuple(dst.shape) != tuple(t.shape):
+                    raise InputError(f"output {name!r} has shape {list(dst.shape)}, this call's result has "
+                                     f"shape {list(t.shape)}")
                 if plan.on_cpu and type(dst) is np.ndarray:
                     np.copyto(dst, np.from_dlpack(t))
                     out[name] = dst
@@ -316,11 +325,15 @@ class Executes:
         the output's shape and dtype}) receives those results instead (one copy each).
         """
         plan = self.__dict__.get("_plan") or self._io_plan()
-        fast = plan.run_static
-        if fast is not None:              # a static model (_static_run): checks, VM call and views in one step
-            out = fast(feeds, outputs)
-            if out is not None:
-                return out
+        fast = plan.run_static or plan.run_symbolic
+        if fast is not None:              # the first call (_io_plan made it the model's run)
+            return fast(feeds, outputs)
+        return self._run_checked(feeds, outputs, plan)
+
+    def _run_checked(self, feeds: dict, outputs: dict | None, plan: "_Plan") -> dict[str, np.ndarray]:
+        """``run()`` of every call the fast paths (``_static_run``, ``_symbolic_run``) do not take, and of a
+        model without one (a dtype numpy lacks, a GPU): the per-dim checks (``_Plan.in_place``), else the
+        full ones, which copy what must be copied and raise the InputError that names what is wrong."""
         placed = plan.in_place(feeds)
         if placed is None:                # not the common case: the full checks (and their clear errors)
             values = validate_feeds(feeds, self.inputs, self.shape_upper_bounds)
@@ -342,11 +355,28 @@ class Executes:
 
     def _io_plan(self) -> _Plan:
         """What every call checks, worked out at the first call (the specs, device and alignment of a
-        model do not change after it is built)."""
+        model do not change after it is built).  The model's ``run`` becomes the plan's ``run_static`` or
+        ``run_symbolic`` (an instance attribute: later calls reach it without this method's lookups)."""
         plan = self.__dict__.get("_plan")
         if plan is None:
             plan = self.__dict__["_plan"] = _Plan(self)
+            fast = plan.run_static or plan.run_symbolic
+            if fast is not None:
+                self.__dict__["run"] = fast
         return plan
+
+    def _reset_plan(self) -> None:
+        """Drop the per-model plan (and the ``run`` made from it): the next call makes them again, e.g.
+        after ``_main`` was replaced."""
+        self.__dict__.pop("_plan", None)
+        self.__dict__.pop("run", None)
+
+    def __copy__(self):
+        # a copy makes its own plan: the one cached here binds this object's VM function and _finish
+        new = object.__new__(type(self))
+        new.__dict__.update(self.__dict__)
+        new._reset_plan()
+        return new
 
     def bind(self, feeds: dict) -> Binding:
         """Place ``feeds`` on the device once for many ``Binding.run()`` calls (see ``Binding``)."""
@@ -364,12 +394,18 @@ class _Plan:
     assume), else None: then ``run()`` takes the full path (``validate_feeds`` + ``_to_device``), which
     copies what must be copied and raises the InputError that names what is wrong."""
 
-    __slots__ = ("on_cpu", "checks", "output_names", "fast", "bounds", "single", "last", "path", "run_static")
+    __slots__ = ("on_cpu", "checks", "output_names", "fast", "bounds", "single", "last", "path", "run_static",
+                 "run_symbolic", "symbolic_outputs", "static_outputs_ok")
 
     def __init__(self, model: "Executes"):
         self.on_cpu = model._on_cpu()
         self.bounds = tuple(model.shape_upper_bounds.items())
         self.output_names = [s.name for s in model.outputs]
+        # preallocated outputs that need no full check (static_outputs_ok(outputs) -> bool)
+        self.static_outputs_ok = _static_outputs_check(model)
+        # outputs whose shape has a symbolic dim: a preallocated one is compared with the result (_finish)
+        self.symbolic_outputs = frozenset(s.name for s in model.outputs
+                                          if not all(isinstance(d, int) for d in s.shape))
         # the output's name when the model has exactly one (run()'s shortest path)
         self.single = self.output_names[0] if len(self.output_names) == 1 else None
         # per input: (name, numpy dtype, static shape or None, its symbolic dims (_symbolic_dims), alignment
@@ -397,10 +433,35 @@ class _Plan:
         static = self.fast and all(c[2] is not None for c in self.checks)
         self.path = "static" if static else "symbolic" if self.fast else "checked"
         self.run_static = _static_run(self, model) if static else None
+        self.run_symbolic = _symbolic_run(self, model) if self.path == "symbolic" else None
 
     def in_place_args(self, feeds) -> list | None:
         placed = self.in_place(feeds)
         return None if placed is None else placed[0]
+
+    def shapes_ok(self, shapes: tuple) -> bool:
+        """Whether input shapes (one tuple per input, in order) are what the model takes: static dims
+        equal, named dims agreeing across inputs and within their bounds (``in_place``'s shape checks)."""
+        sizes: dict = {}
+        for (_, _, shape, dims, _), shp in zip(self.checks, shapes):
+            if shape is not None:
+                if shp != shape:
+                    return False
+                continue
+            ndim, fixed, named = dims
+            if len(shp) != ndim:
+                return False
+            for axis, n in fixed:
+                if shp[axis] != n:
+                    return False
+            for axis, d in named:
+                n = shp[axis]
+                if sizes.setdefault(d, n) != n:
+                    return False
+        for d, bound in self.bounds:
+            if sizes.get(d, 0) > bound:
+                return False
+        return True
 
     def in_place(self, feeds) -> tuple[list, list] | None:
         """(the VM's arguments, their data pointers) when every feed can be read in place, else None."""
@@ -450,10 +511,11 @@ class _Plan:
 
 
 def _static_run(plan: _Plan, model: "Executes"):
-    """``run(feeds, outputs)`` for a model whose inputs all have static shapes, as one function with
+    """``run(feeds, outputs=None)`` for a model whose inputs all have static shapes, as one function with
     everything per model bound once (the VM's function handle, names, dtypes, shapes, alignments, the
-    output checks), or None from it (before any VM call) when a feed or output is not the ordinary case:
-    then ``run()`` takes its other paths, which copy what must be copied or raise the InputError.
+    output checks); ``_io_plan`` makes it the model's ``run`` (CompiledModel and Runner alike).  A feed or
+    output that is not the ordinary case goes, before any VM call, to ``Executes._run_checked``, which
+    copies what must be copied or raises the InputError.
 
     Per call: per input a type, shape, dtype and flags compare and, for an array object not given in the
     last call, its DLPack import; the VM call; for one fresh output its numpy view (else ``_finish``).
@@ -461,32 +523,18 @@ def _static_run(plan: _Plan, model: "Executes"):
     tiny model.)"""
     main = model._main()
     finish = model._finish
+    checked = model._run_checked
     specs = tuple((name, dtype, shape, alignment) for name, dtype, shape, _, alignment in plan.checks)
     count = len(specs)
     single = plan.single
     last = plan.last                   # None: numpy 1.x (an array's memory may move), no view reuse
-    # output name -> (numpy dtype, static shape): preallocated outputs that need no full check
-    out_checks = {}
-    for spec in model.outputs:
-        dtype = _numpy_dtype(spec.dtype)
-        if dtype is not None and all(isinstance(d, int) for d in spec.shape):
-            out_checks[spec.name] = (dtype, tuple(spec.shape))
+    outputs_ok = plan.static_outputs_ok
     ndarray, tensor_type, from_dlpack = np.ndarray, C.Tensor, C.from_dlpack
     refs, numpy_view = C.strong_ref_count, np.from_dlpack
 
-    def outputs_ok(outputs) -> bool:
-        if type(outputs) is not dict:
-            return False
-        for name, dst in outputs.items():
-            check = out_checks.get(name)
-            if (check is None or type(dst) is not ndarray or dst.dtype != check[0] or dst.shape != check[1]
-                    or not dst.flags.writeable):
-                return False
-        return True
-
-    def run(feeds, outputs):
+    def run(feeds, outputs=None):
         if type(feeds) is not dict or len(feeds) != count or (outputs and not outputs_ok(outputs)):
-            return None
+            return checked(feeds, outputs, plan)
         args, ptrs = [None] * count, [0] * count
         i = 0
         for name, dtype, shape, alignment in specs:
@@ -495,7 +543,7 @@ def _static_run(plan: _Plan, model: "Executes"):
             # numpy's dtype of a native type is one object: ``is`` first, the compare only otherwise
             if (type(v) is not ndarray or v.shape != shape or (v.dtype is not dtype and v.dtype != dtype)
                     or not v.flags.carray):
-                return None
+                return checked(feeds, outputs, plan)
             seen = last[i] if last is not None else None
             if seen is not None and seen[0] is v:       # the same array object: same memory and shape
                 t, ptr = seen[1], seen[2]
@@ -503,7 +551,7 @@ def _static_run(plan: _Plan, model: "Executes"):
                 t = from_dlpack(v)
                 ptr = t.data_ptr()
                 if ptr % alignment:
-                    return None
+                    return checked(feeds, outputs, plan)
                 if last is not None:
                     last[i] = (v, t, ptr, shape)
             args[i] = t
@@ -518,17 +566,17 @@ def _static_run(plan: _Plan, model: "Executes"):
         return finish(result, outputs, args)
 
     if count != 1:
-        return run
+        return _like_run(run)
     (name0, dtype0, shape0, alignment0), = specs
 
-    def run_one(feeds, outputs):
+    def run_one(feeds, outputs=None):
         """``run`` for one input (most models): no loop, no lists."""
         if type(feeds) is not dict or len(feeds) != 1 or (outputs and not outputs_ok(outputs)):
-            return None
+            return checked(feeds, outputs, plan)
         v = feeds.get(name0)
         if (type(v) is not ndarray or v.shape != shape0 or (v.dtype is not dtype0 and v.dtype != dtype0)
                 or not v.flags.carray):
-            return None
+            return checked(feeds, outputs, plan)
         seen = last[0] if last is not None else None
         if seen is not None and seen[0] is v:
             t, ptr = seen[1], seen[2]
@@ -536,7 +584,7 @@ def _static_run(plan: _Plan, model: "Executes"):
             t = from_dlpack(v)
             ptr = t.data_ptr()
             if ptr % alignment0:
-                return None
+                return checked(feeds, outputs, plan)
             if last is not None:
                 last[0] = (v, t, ptr, shape0)
         result = main(t)
@@ -545,7 +593,122 @@ def _static_run(plan: _Plan, model: "Executes"):
             return {single: numpy_view(result)}
         return finish(result, outputs, [t])
 
-    return run_one
+    return _like_run(run_one)
+
+
+def _static_outputs_check(model: "Executes"):
+    """``outputs_ok(outputs) -> bool``: whether preallocated outputs need no full check
+    (``Executes._validate_outputs``): a dict of writeable numpy arrays, each of a static output's dtype and
+    shape.  False sends them to the full check, which names what is wrong."""
+    out_checks = {}                    # output name -> (numpy dtype, static shape)
+    for spec in model.outputs:
+        dtype = _numpy_dtype(spec.dtype)
+        if dtype is not None and all(isinstance(d, int) for d in spec.shape):
+            out_checks[spec.name] = (dtype, tuple(spec.shape))
+    ndarray = np.ndarray
+
+    def outputs_ok(outputs) -> bool:
+        if type(outputs) is not dict:
+            return False
+        for name, dst in outputs.items():
+            check = out_checks.get(name)
+            if (check is None or type(dst) is not ndarray or dst.dtype != check[0] or dst.shape != check[1]
+                    or not dst.flags.writeable):
+                return False
+        return True
+
+    return outputs_ok
+
+
+def _symbolic_run(plan: _Plan, model: "Executes"):
+    """``run(feeds, outputs=None)`` for a model with a symbolic input (``batch``), bound once per model as
+    ``_static_run`` is.  Per call: per input a type, dtype and flags test and its shape; the shape checks
+    (``_Plan.shapes_ok``: rank, fixed dims, named dims agreeing across inputs, bounds) only when the shapes
+    differ from the last call's that passed them (a loop over one size pays them once); the VM call; for
+    one fresh output its numpy view.  Preallocated numpy outputs are checked against this call's sizes of
+    the named dims (an output whose dims are numbers or the inputs' named dims; others, and feeds it
+    cannot take: a wrong name, dtype or shape, an array to copy) go to ``Executes._run_checked`` before
+    any VM call."""
+    main = model._main()
+    finish = model._finish
+    checked = model._run_checked
+    specs = tuple((name, dtype, alignment) for name, dtype, _, _, alignment in plan.checks)
+    count = len(specs)
+    single = plan.single
+    last = plan.last                   # None: numpy 1.x (an array's memory may move), no view reuse
+    shapes_ok = plan.shapes_ok
+    passed = [None]                    # the input shapes of the last call that passed shapes_ok
+    ndarray, tensor_type, from_dlpack = np.ndarray, C.Tensor, C.from_dlpack
+    refs, numpy_view = C.strong_ref_count, np.from_dlpack
+    # (input index, axis, name) of every named dim of the inputs: the sizes of a call, for its outputs
+    named_at = tuple((i, axis, d) for i, (_, _, _, dims, _) in enumerate(plan.checks) if dims is not None
+                     for axis, d in dims[2])
+    named = {d for _, _, d in named_at}
+    # output name -> (numpy dtype, dims: numbers and the inputs' named dims): preallocated outputs checked here
+    out_checks = {}
+    for spec in model.outputs:
+        dtype = _numpy_dtype(spec.dtype)
+        if dtype is not None and all(isinstance(d, int) or d in named for d in spec.shape):
+            out_checks[spec.name] = (dtype, tuple(spec.shape))
+
+    def outputs_ok(outputs, shapes) -> bool:
+        if type(outputs) is not dict:
+            return False
+        sizes = {d: shapes[i][axis] for i, axis, d in named_at}
+        for name, dst in outputs.items():
+            check = out_checks.get(name)
+            if (check is None or type(dst) is not ndarray or dst.dtype != check[0] or not dst.flags.writeable
+                    or dst.shape != tuple(d if type(d) is int else sizes[d] for d in check[1])):
+                return False
+        return True
+
+    def run(feeds, outputs=None):
+        if type(feeds) is not dict or len(feeds) != count:
+            return checked(feeds, outputs, plan)
+        args, ptrs, shapes = [None] * count, [0] * count, [None] * count
+        i = 0
+        for name, dtype, alignment in specs:
+            v = feeds.get(name)
+            if type(v) is not ndarray or (v.dtype is not dtype and v.dtype != dtype) or not v.flags.carray:
+                return checked(feeds, outputs, plan)
+            shape = v.shape
+            seen = last[i] if last is not None else None
+            if seen is not None and seen[0] is v and seen[3] == shape:
+                t, ptr = seen[1], seen[2]
+            else:
+                t = from_dlpack(v)
+                ptr = t.data_ptr()
+                if ptr % alignment:
+                    return checked(feeds, outputs, plan)
+                if last is not None:
+                    last[i] = (v, t, ptr, shape)
+            args[i] = t
+            ptrs[i] = ptr
+            shapes[i] = shape
+            i += 1
+        shapes = tuple(shapes)
+        if shapes != passed[0]:
+            if not shapes_ok(shapes):
+                return checked(feeds, outputs, plan)
+            passed[0] = shapes
+        if outputs:
+            if not outputs_ok(outputs, shapes):
+                return checked(feeds, outputs, plan)
+            return finish(main(*args), outputs, args)
+        result = main(*args)
+        if (single is not None and type(result) is tensor_type and refs(result) <= 2
+                and result.data_ptr() not in ptrs):
+            return {single: numpy_view(result)}
+        return finish(result, outputs, args)
+
+    return _like_run(run)
+
+
+def _like_run(fn):
+    """``fn`` (a model's ``run`` made by ``_static_run`` or ``_symbolic_run``) named and documented as
+    ``Executes.run``."""
+    fn.__name__, fn.__qualname__, fn.__doc__ = "run", "Executes.run", Executes.run.__doc__
+    return fn
 
 
 # numpy 2 made ``ndarray.data`` read-only: an array object's memory never moves (``_Plan.last``)
