@@ -463,6 +463,14 @@ def _one_store_of_loads(func):
     return None if calls else body.value
 
 
+def scalar_arg(arg) -> bool:
+    """Whether a ``call_tir`` argument is a symbolic scalar, not a tensor: LegalizeOps passes ``batch`` to a
+    PrimFunc whose buffers are sized ``batch * 16`` only (Swin's windows over a symbolic batch), since no
+    buffer shape defines it.  Such an argument is no tensor the group reads: it stays in the group's
+    function, with its symbols from the group's shape parameter (``grouping._undefined_symbols``)."""
+    return C.is_prim_expr(arg) and isinstance(C.type_of(arg), C.PrimType)
+
+
 def classify(func, call, var_ty) -> NodeInfo:
     """The NodeInfo of ``var = call_tir(func, args)``."""
     name = str(call.args[0].name_hint)
@@ -485,7 +493,8 @@ def classify(func, call, var_ty) -> NodeInfo:
     if pattern == 8 and (symbolic_injective(func) or gather_injective(func)):
         pattern = 2
     info.pattern = pattern
-    if out_shape is None or any(_shape_of(C.type_of(a)) is None for a in call.args[1].fields):
+    if out_shape is None or any(_shape_of(C.type_of(a)) is None for a in call.args[1].fields
+                                if not scalar_arg(a)):
         # symbolic extents are fine (FuseTIR makes symbolic PrimFuncs); an unknown rank is not
         info.why_opaque = "unknown shape or rank (no shape expression to check a fusion against)"
         return info
