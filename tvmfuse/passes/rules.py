@@ -112,14 +112,22 @@ def _static_dims(buffer) -> list[int] | None:
     return [int(d) for d in dims] if all(isinstance(d, C.IntImm) for d in dims) else None
 
 
+def buffer_shapes(func) -> list[list]:
+    """The shapes of a PrimFunc's buffer parameters, in order (a symbolic scalar parameter, ``batch`` for a
+    PrimFunc sized ``batch * 16`` only, has none and is left out)."""
+    return [list(p.shape) for p in func.params if C.is_buffer_var(p)]
+
+
 def channel_concat(m: NodeInfo) -> bool:
     """Whether ``m`` is a concat of NCHW tensors along the channels: TVM's ``concatenate`` PrimFunc, several
     inputs [n, c_i, h, w] and one output [n, sum c_i, h, w], static but for the batch n (symbolic: one shared
     extent, as a model exported with a dynamic batch has)."""
     func = m.func
-    if m.kind != INJECTIVE or func is None or not m.name.startswith("concatenate") or len(func.params) < 3:
+    if m.kind != INJECTIVE or func is None or not m.name.startswith("concatenate"):
         return False
-    dims = [list(p.shape) for p in func.params]
+    dims = buffer_shapes(func)
+    if len(dims) < 3:
+        return False
     if any(len(d) != 4 or not all(isinstance(x, C.IntImm) for x in d[1:]) for d in dims):
         return False
     analyzer = C.Analyzer()
@@ -159,10 +167,10 @@ def channel_scale(m: NodeInfo) -> bool:
     and a gate [n or 1, C, 1, 1] (squeeze-excitation's ``x * sigmoid(fc(pool(x)))``), static but for the
     batch n (symbolic: one shared extent)."""
     func = m.func
-    if m.kind != ELEMWISE or func is None or not m.name.startswith("multiply") or len(func.params) != 3:
+    if m.kind != ELEMWISE or func is None or not m.name.startswith("multiply"):
         return False
-    dims = [list(p.shape) for p in func.params]
-    if any(len(d) != 4 for d in dims):
+    dims = buffer_shapes(func)
+    if len(dims) != 3 or any(len(d) != 4 for d in dims):
         return False
     *ins, out = dims
     if not all(isinstance(x, C.IntImm) for x in out[1:]) or int(out[2]) * int(out[3]) == 1:
