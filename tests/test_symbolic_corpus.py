@@ -40,9 +40,8 @@ DEFAULT_SUBSET = ("mobilenet_v3_small", "bert")
 # Symbolic models that fail today, with the error seen (benchmarks/symbolic_check.py, 2026-12-01).
 # strict=True: a fix makes the test XPASS, which fails the run until the entry is removed.
 KNOWN_FAILURES: dict[str, str] = {
-    # session 8 (benchmarks/notes/corpus8.md): numerics match at every batch, but the symbolic build loses
-    # the window attention's grouping (no cpu.attention kernel over a symbolic batch * windows)
-    "swin": "swin: symbolic 88 kernels vs static 44",
+    # none: swin (88 symbolic kernels vs 44 in session 8) has the static groups since session 9
+    # (benchmarks/notes/swin9.md, tests/test_symbolic_windows.py)
 }
 # sizes per model in the default run (fewer than the full grid: CI time); "all" uses the grid
 # of symbolic_check.size_points

@@ -470,6 +470,9 @@ def _converter_overrides() -> dict:
                 if idx.ndim > 0 and len(picked) == idx.size and all(isinstance(d, C.IntImm) for d in picked):
                     return C.relax.const(np.array([int(d.value) for d in picked], np.int64).reshape(idx.shape),
                                          "int64")
+            taken = _constant_index_take(data, indices, int(attr.get("axis", 0)))
+            if taken is not None:
+                return taken
             return F.Gather.get_converter(13)(bb, inputs, attr, params)
 
     class SymbolicBoundSlice(F.OnnxOpConverter):
@@ -488,6 +491,33 @@ def _converter_overrides() -> dict:
 
     return {"Range": SymbolicRange, "ConstantOfShape": ScalarSafeConstantOfShape, "Gather": StaticShapeGather,
             "Slice": SymbolicBoundSlice}
+
+
+def _constant_index_take(data, indices, axis: int):
+    """``take(data, indices, axis)`` with the constant indices normalised at import when the sign of every
+    index is known against the axis extent (non-negative, or negative against a static extent); None
+    otherwise.  TVM's Gather converter normalises negative indices at run time from ``shape_of(data)``;
+    over a tensor with a symbolic dim (Swin's ``qkv[0]`` of [3, batch * 16, ...]) that computed index is no
+    constant, so the take is an opaque gather instead of the static build's slice (one kernel per take)."""
+    if not isinstance(indices, C.GenericConst) or isinstance(data, C.GenericConst) or C.is_prim_expr(data):
+        return None
+    ty = C.type_of(data)
+    if not isinstance(ty, C.TensorType) or not isinstance(ty.shape, C.relax.ShapeExpr):
+        return None
+    idx = indices.value.numpy()
+    if not np.issubdtype(idx.dtype, np.integer):
+        return None
+    dims = list(ty.shape.values)
+    if not -len(dims) <= axis < len(dims):
+        return None
+    extent = dims[axis]
+    if (idx < 0).any():
+        if not isinstance(extent, C.IntImm):
+            return None
+        idx = np.where(idx < 0, idx + int(extent.value), idx)
+    if isinstance(extent, C.IntImm) and (idx >= int(extent.value)).any() or (idx < 0).any():
+        return None     # out of range: TVM's converter (and its error) decides
+    return C.relax.op.take(data, C.relax.const(idx.astype(indices.value.numpy().dtype)), axis)
 
 
 def _symbolic_slice_bounds(F, inputs, params) -> tuple | None:

@@ -42,10 +42,37 @@ def _dims(expr) -> tuple | None:
     return tuple(int(d.value) if isinstance(d, C.IntImm) else d for d in ty.shape.values)
 
 
-def _plain_extents(dims: tuple) -> bool:
-    """Every extent an int or a plain symbol: what the kernel spec takes (a merge of symbolic axes, such as
-    ``batch * sequence``, is not one)."""
-    return all(isinstance(n, (int, C.tirx.Var)) for n in dims)
+def _plain_extents(dims: tuple, batch_extents: tuple = ()) -> bool:
+    """Every extent an int, a plain symbol, or (provably) one of ``batch_extents``: what the kernel spec
+    takes (a batch extent such as Swin's windows ``batch * 16`` becomes a symbol of the kernel's own,
+    ``_own_batch_symbols``; a merge of a batch axis with the sequence, ``batch * sequence``, is not one)."""
+    return all(isinstance(n, (int, C.tirx.Var)) or any(R.same_shape(n, b) for b in batch_extents
+                                                       if not isinstance(b, int)) for n in dims)
+
+
+def _own_batch_symbols(batch: tuple) -> dict:
+    """A symbol of the kernel's own for each logical batch extent that is a symbolic expression, not a
+    plain symbol (Swin's window batch ``batch * 16``: windows of a symbolic batch): index -> (expression,
+    var).  The kernel's buffers are sized by the var, which call_tir binds from the tensors it is given
+    (``batch * 16`` at run time); the spec and its JSON then hold plain symbols only.  Legal because the
+    kernel only loops over a batch axis (row-major, no split of it): its extent's value is all it needs."""
+    own = {}
+    for k, n in enumerate(batch):
+        if not isinstance(n, (int, C.tirx.Var)):
+            dtype = str(getattr(n, "dtype", None) or "int64")
+            own[k] = (n, C.tirx.Var(f"attn_b{k}", dtype))
+    return own
+
+
+def _with_own_symbols(spec: AttentionSpec, own: dict) -> AttentionSpec:
+    """``spec`` with each extent provably equal to an expression of ``own`` replaced by its var."""
+    pairs = list(own.values())
+
+    def sub(n):
+        if isinstance(n, (int, C.tirx.Var)):
+            return n
+        return next((v for e, v in pairs if R.same_shape(n, e)), n)
+    return spec.map_dims(sub)
 
 
 def _is1(n) -> bool:
@@ -615,7 +642,7 @@ def match(fn: _Function, var, target) -> tuple | None:
             continue
         rs = fn.call(user, "relax.reshape") if user is not None else None
         runs = _runs(_dims(out_var), _dims(user)) if rs is not None and _dims(user) is not None else None
-        if runs is None or not _plain_extents(_dims(user)):
+        if runs is None or not _plain_extents(_dims(user), tuple(batch)):
             break      # e.g. GPT-2's [batch * sequence, 768] before its Gemm: the kernel's output stops short
         out_labels, out_var = _merge(out_labels, runs), user
         ops.append("reshape")
@@ -624,6 +651,7 @@ def match(fn: _Function, var, target) -> tuple | None:
                          mask=mask[1] if mask is not None else None,
                          guard=Operand(tuple(glabels), gdims, "bool") if guard is not None else None,
                          scale=float(np.float32(scale)), causal_offset=causal, zero_empty_rows=zero_empty)
+    spec = _with_own_symbols(spec, _own_batch_symbols(tuple(batch)))
     try:
         spec.validate()
     except ValueError as e:
@@ -684,8 +712,10 @@ class FuseAttention:
                     prim = prim.with_attr("tvmfuse.template", family)
                     kernel = mbb.add_func(prim, "fused_attention")
                     record_group(str(kernel.name_hint), ops, RULE, outputs=1, template=family)
+                    # the result in the function's own extents (a window batch ``batch * 16``, not the
+                    # kernel's symbol for it)
                     call = C.relax.call_tir(kernel, C.relax.Tuple(args),
-                                            C.TensorType(spec.out.shape, "float32"))
+                                            C.TensorType(_dims(out_var), "float32"))
                     replace[out_var] = call
                     log.debug("attention: %s -> %s (%s)", C.var_name(b.var), kernel.name_hint, " + ".join(ops))
             if not replace:

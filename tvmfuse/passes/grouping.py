@@ -279,7 +279,7 @@ def partition(g: _BlockGraph) -> list[tuple[str, str, str, str]]:
         if info is None or not g.fusable(i):
             continue
         for a in g.bindings[i].value.args[1].fields:
-            if isinstance(a, C.relax.Var):
+            if isinstance(a, C.relax.Var) and not R.scalar_arg(a):
                 readers.setdefault(a, []).append(i)
     for var, rs in readers.items():
         for x in range(len(rs)):
@@ -329,7 +329,7 @@ def _group_function(g: _BlockGraph, members: list[int], name: str, rule: str, te
         if k in g.alias_of:
             continue
         for a in v.args[1].fields:
-            if isinstance(a, C.relax.Var) and g.index.get(a) in member_set:
+            if isinstance(a, C.relax.Var) and g.index.get(a) in member_set or R.scalar_arg(a):
                 continue
             key = a
             if any(key.same_as(o) for o in outer_args):
@@ -357,7 +357,7 @@ def _group_function(g: _BlockGraph, members: list[int], name: str, rule: str, te
                 if k in g.alias_of:
                     new = C.relax.TupleGetItem(vmap[v.tuple_value], v.index)
                 else:
-                    args = [vmap[a] if (isinstance(a, C.relax.Var) and a in vmap) else
+                    args = [a if R.scalar_arg(a) else vmap[a] if (isinstance(a, C.relax.Var) and a in vmap) else
                             next(p for o, p in pmap.items() if o.same_as(a)) for a in v.args[1].fields]
                     new = C.relax.Call(v.op, [v.args[0], C.relax.Tuple(args)] + list(v.args[2:]), v.attrs,
                                        v.ty_args)
@@ -381,10 +381,15 @@ def _undefined_symbols(g: _BlockGraph, members: list[int], params: list) -> list
         tys = [C.type_of(b.var)]
         if k not in g.alias_of:      # the tensors it reads, and the symbols a call_tir passes (tir_vars)
             tys += [C.type_of(a) for a in b.value.args[1].fields] + [C.type_of(a) for a in b.value.args[2:]]
-        for ty in tys:
-            for v in C.relax.analysis.tir_vars_in_type(ty):
-                if str(v.name) not in defined:
-                    used.setdefault(str(v.name), v)
+        found = [v for ty in tys for v in C.relax.analysis.tir_vars_in_type(ty)]
+        if k not in g.alias_of:      # a symbolic scalar argument (``batch``) is its own expression
+            for a in b.value.args[1].fields:
+                if R.scalar_arg(a):
+                    C.post_order_visit(a, lambda n: found.append(n) if isinstance(n, C.tirx.Var)
+                                       and isinstance(C.type_of(n), C.PrimType) else None)
+        for v in found:
+            if str(v.name) not in defined:
+                used.setdefault(str(v.name), v)
     return list(used.values())
 
 

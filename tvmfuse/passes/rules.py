@@ -61,10 +61,15 @@ class Rule:
     # ``accepts``): another schedule would undo what the rule buys (a norm recomputed a row at a time, or
     # the generic schedule of a matmul)
     needs_family: bool = False
+    # edge rule: what the producer itself must be (``channel_scale``) for the rule to cover the pair at all;
+    # other pairs of its kinds stay "no rule" refusals
+    producer: object = None   # Callable[[NodeInfo], bool]
 
     def matches(self, a: NodeInfo, b: NodeInfo, a_group_kinds=None) -> bool:
         """Whether the rule covers ``a`` and ``b``; ``a_group_kinds``: the kinds in ``a``'s group so far."""
         if a.kind not in self.first or b.kind not in self.second:
+            return False
+        if self.producer is not None and not self.producer(a):
             return False
         if self.producer_group and not set(self.producer_group) & set(a_group_kinds or (a.kind,)):
             return False
@@ -107,14 +112,22 @@ def _static_dims(buffer) -> list[int] | None:
     return [int(d) for d in dims] if all(isinstance(d, C.IntImm) for d in dims) else None
 
 
+def buffer_shapes(func) -> list[list]:
+    """The shapes of a PrimFunc's buffer parameters, in order (a symbolic scalar parameter, ``batch`` for a
+    PrimFunc sized ``batch * 16`` only, has none and is left out)."""
+    return [list(p.shape) for p in func.params if C.is_buffer_var(p)]
+
+
 def channel_concat(m: NodeInfo) -> bool:
     """Whether ``m`` is a concat of NCHW tensors along the channels: TVM's ``concatenate`` PrimFunc, several
     inputs [n, c_i, h, w] and one output [n, sum c_i, h, w], static but for the batch n (symbolic: one shared
     extent, as a model exported with a dynamic batch has)."""
     func = m.func
-    if m.kind != INJECTIVE or func is None or not m.name.startswith("concatenate") or len(func.params) < 3:
+    if m.kind != INJECTIVE or func is None or not m.name.startswith("concatenate"):
         return False
-    dims = [list(p.shape) for p in func.params]
+    dims = buffer_shapes(func)
+    if len(dims) < 3:
+        return False
     if any(len(d) != 4 or not all(isinstance(x, C.IntImm) for x in d[1:]) for d in dims):
         return False
     analyzer = C.Analyzer()
@@ -154,6 +167,66 @@ def check_concat_prologue(members: list[NodeInfo]) -> str | None:
             list(conv.out_shape[2:]) != [int(d) for d in concat_plane]:
         return (f"{conv.name} does not read the concat's plane pixel for pixel (a strided or padded 1x1 conv): "
                 "the templates read a concat through the loads of a stride-1 unpadded 1x1 conv only")
+    return None
+
+
+def channel_scale(m: NodeInfo) -> bool:
+    """Whether ``m`` is a per-channel scale of an NCHW tensor: TVM's ``multiply`` PrimFunc of x [n, C, H, W]
+    and a gate [n or 1, C, 1, 1] (squeeze-excitation's ``x * sigmoid(fc(pool(x)))``), static but for the
+    batch n (symbolic: one shared extent)."""
+    func = m.func
+    if m.kind != ELEMWISE or func is None or not m.name.startswith("multiply"):
+        return False
+    dims = buffer_shapes(func)
+    if len(dims) != 3 or any(len(d) != 4 for d in dims):
+        return False
+    *ins, out = dims
+    if not all(isinstance(x, C.IntImm) for x in out[1:]) or int(out[2]) * int(out[3]) == 1:
+        return False
+    analyzer = C.Analyzer()
+    whole = [d for d in ins if all(analyzer.can_prove_equal(a, b) for a, b in zip(d, out))]
+    gate = [d for d in ins if d is not (whole[0] if whole else None)]
+    if len(whole) != 1 or len(gate) != 1:
+        return False
+    g = gate[0]
+    return (all(isinstance(x, C.IntImm) for x in g[1:]) and [int(x) for x in g[1:]] == [int(out[1]), 1, 1]
+            and (isinstance(g[0], C.IntImm) and int(g[0]) == 1 or analyzer.can_prove_equal(g[0], out[0])))
+
+
+def _blocked_pointwise(conv: NodeInfo) -> bool:
+    """A 1x1 conv whose constant weights the graph rewrite stored blocked (``OIHW<B>o``, 5-D): the pointwise
+    convs ``cpu.conv1x1`` takes (``passes.rewrites.TransposePointwiseWeights`` blocks only those)."""
+    weight = [_static_dims(p) for p in conv.func.params[1:2]]
+    return conv.reduce_axes == 3 and bool(weight) and weight[0] is not None and len(weight[0]) == 5 \
+        and weight[0][2:4] == [1, 1]
+
+
+def check_scale_prologue(members: list[NodeInfo]) -> str | None:
+    """A per-channel scale (``channel_scale``) read by one pointwise conv with blocked constant weights
+    (``cpu.conv1x1``, which inlines it into its input loads: one multiply per broadcast input element): the
+    scaled tensor is never written to memory, so nothing outside the group may read it, and the scale is the
+    only op before the conv (a costlier prologue would be recomputed for every block of output channels)."""
+    anchors = [m for m in members if m.kind == CONTRACTION]
+    prologue = [m for m in prologue_of(members) if not channel_concat(m)]
+    if len(anchors) != 1 or not prologue:
+        return None
+    conv = anchors[0]
+    if len(prologue) > 1:
+        return (f"{len(prologue)} ops before {conv.name} ({', '.join(m.name for m in prologue)}): the conv's input "
+                "loads take one per-channel scale")
+    m = prologue[0]
+    if not channel_scale(m):
+        return (f"{m.name} before the conv is not a per-channel scale of its input (x [n, C, H, W] * "
+                "g [n, C, 1, 1]): the conv's input loads take that one")
+    if m.var is None or conv.data_arg is None or not conv.data_arg.same_as(m.var):
+        return f"{conv.name} does not read the scaled tensor {m.name} as its data operand"
+    outside = [r for r in m.readers if r is None or r is not conv]
+    if outside:
+        what = "the function's result" if outside[0] is None else outside[0].name
+        return f"the scaled tensor {m.name} is also read by {what}: it would have to be written to memory"
+    if not _blocked_pointwise(conv):
+        return (f"{conv.name} is not a 1x1 conv with blocked constant weights (cpu.conv1x1, the family that "
+                "scales its input loads, takes those)")
     return None
 
 
@@ -302,6 +375,10 @@ RULES: tuple[Rule, ...] = (
          "LayerNorm/RMSNorm rows normalised while packing the A panel of the matmul(s) they feed (Q/K/V, "
          "gate/up): the normalised tensor never reaches memory; test_norm_prologue", check_norm_prologue,
          "norm_matmul", producer_group=(REDUCTION,), needs_family=True),
+    Rule("scale_prologue", "edge", (ELEMWISE,), (CONTRACTION,),
+         "squeeze-excitation's per-channel scale read by the next 1x1 conv: the conv scales each input "
+         "element as it loads it, the scaled activation is never written (regnet_y, efficientnet_b0); "
+         "test_fusion_rules_scale_prologue", check_scale_prologue, "conv1x1", producer=channel_scale),
     Rule("reduction_prologue", "edge", _MOVABLE, (REDUCTION,),
          "the producer of a reduction computed inside the reduction loop (x*x -> mean); "
          "test_fusion_patterns[rmsnorm]", check_rows, "reduction"),
@@ -471,6 +548,14 @@ def _one_store_of_loads(func):
     return None if calls else body.value
 
 
+def scalar_arg(arg) -> bool:
+    """Whether a ``call_tir`` argument is a symbolic scalar, not a tensor: LegalizeOps passes ``batch`` to a
+    PrimFunc whose buffers are sized ``batch * 16`` only (Swin's windows over a symbolic batch), since no
+    buffer shape defines it.  Such an argument is no tensor the group reads: it stays in the group's
+    function, with its symbols from the group's shape parameter (``grouping._undefined_symbols``)."""
+    return C.is_prim_expr(arg) and isinstance(C.type_of(arg), C.PrimType)
+
+
 def classify(func, call, var_ty) -> NodeInfo:
     """The NodeInfo of ``var = call_tir(func, args)``."""
     name = str(call.args[0].name_hint)
@@ -493,7 +578,8 @@ def classify(func, call, var_ty) -> NodeInfo:
     if pattern == 8 and (symbolic_injective(func) or gather_injective(func)):
         pattern = 2
     info.pattern = pattern
-    if out_shape is None or any(_shape_of(C.type_of(a)) is None for a in call.args[1].fields):
+    if out_shape is None or any(_shape_of(C.type_of(a)) is None for a in call.args[1].fields
+                                if not scalar_arg(a)):
         # symbolic extents are fine (FuseTIR makes symbolic PrimFuncs); an unknown rank is not
         info.why_opaque = "unknown shape or rank (no shape expression to check a fusion against)"
         return info

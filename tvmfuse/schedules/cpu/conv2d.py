@@ -335,7 +335,10 @@ def concat_parts(sch: C.Schedule, data_block: str) -> list[int]:
     if len(reads) < 2 or not all(r in params for r in reads):
         return []
     shapes = {str(r.source.name): C.tensor_shape(r.source) for r in block.reads}
-    return [int(shapes[r][1]) for r in sorted(reads, key=params.index)]
+    parts = [int(shapes[r][1]) for r in sorted(reads, key=params.index)]
+    # a per-channel scale (rule scale_prologue: x [n, C, H, W] * g [n, C, 1, 1]) reads its operands whole:
+    # only a concat's operand channels add up to its output's
+    return parts if sum(parts) == int(C.tensor_shape(block.writes[0].source)[1]) else []
 
 
 def prepare_conv(sch: C.Schedule, info: dict, deinterleave: bool):
