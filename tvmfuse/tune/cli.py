@@ -88,6 +88,12 @@ def cmd_tune(args) -> int:
         raise InputError("--tracker and --key go together")
     if args.tracker and ":" not in args.tracker:
         raise InputError(f"--tracker must be HOST:PORT, got {args.tracker!r}")
+    warm_logs = tuple(args.warm_start or ())
+    for p in warm_logs:
+        if not os.path.isfile(p):
+            raise InputError(f"--warm-start {p}: no such file (a tuning log of other workloads is expected)")
+    if args.warm_start_seeds < 0:
+        raise InputError("--warm-start-seeds must be 0 or more")
     target = parse_target(args.target)
     model = _model(args)
     tasks = extract_tasks(model, target)
@@ -103,12 +109,6 @@ def cmd_tune(args) -> int:
                         run_timeout=args.run_timeout)
     inputs = _kernel_inputs(args, model, tasks, target) if args.inputs else None
     bar = ProgressBar()
-    warm_logs = tuple(args.warm_start or ())
-    for p in warm_logs:
-        if not os.path.isfile(p):
-            raise InputError(f"--warm-start {p}: no such file (a tuning log of other workloads is expected)")
-    if args.warm_start_seeds < 0:
-        raise InputError("--warm-start-seeds must be 0 or more")
     tuner = Tuner(tasks, target, args.log, TuneOptions(trials=args.trials, batch=args.batch, seed=args.seed,
                                                        transfer_logs=warm_logs,
                                                        transfer_seeds=args.warm_start_seeds),
