@@ -173,3 +173,21 @@ def test_first_reach_and_marks():
     assert r["tuners"]["tvmfuse"]["reach_ms_best"] == (3, 3)
     assert r["tuners"]["MetaSchedule"]["reach_default"] == (4, 40)
     assert r["tuners"]["MetaSchedule"]["reach_ms_best"] == (4, 40)
+
+
+@pytest.mark.parametrize("mcpu", ["znver3", "skylake-avx512"])
+def test_transfer_sources_are_kernels_of_the_same_template(mcpu):
+    """Every shape of the warm-start study (quick, and the sources of the full study) is a kernel of its
+    workload's template on x86 targets: a source of another template would add no records (a conv below
+    28x28 goes to cpu.conv2d_lanes)."""
+    from tvmfuse.target import parse_target
+
+    target = parse_target(f"llvm -mtriple=x86_64-linux-gnu -mcpu={mcpu} -num-cores=2")
+    for name in T.WORKLOADS:
+        shapes = [T.QUICK_ARGS[name], *T.QUICK_TRANSFER_SOURCES[name], *T.TRANSFER_SOURCES[name]]
+        main_shapes = [T.WORKLOADS[name][2], T.WORKLOADS[name][3], T.QUICK_ARGS[name]]
+        for shape in shapes:
+            task, _ = T.main_task(name, shape, target)
+            assert task.family == T.WORKLOADS[name][1]
+        for src in T.TRANSFER_SOURCES[name]:
+            assert src not in main_shapes[:2], f"{name}: source {src} is a main shape (its records would be its own)"
