@@ -335,7 +335,11 @@ def main(argv=None) -> int:
         readme = f.read().splitlines()
     missing = []
     for t in args.tables:
-        lines = {**TABLES, **EXTRA, **PENDING}[t]()
+        try:
+            lines = {**TABLES, **EXTRA, **PENDING}[t]()
+        except FileNotFoundError as e:
+            print(f"check_readme.py: table {t}: {e}", file=sys.stderr)
+            return 2
         print("\n".join(lines) + "\n")
         if args.check and t in TABLES:
             missing += [(t, line) for line in missing_rows(readme, lines)]
