@@ -22,8 +22,11 @@ inputs), not against tvmfuse's default schedule.
 
 ``--transfer`` adds the warm-start study (tvmfuse): the workload's shape tuned with ``--budgets`` trials
 from scratch, and again after the records of TRANSFER_SOURCES shapes (tuned first, ``--transfer-source-
-trials`` each) are given as ``transfer_logs``; both curves are kept.  MetaSchedule keys its database by the
-workload's structural hash, so records of other shapes do not carry over; it has no such row.
+trials`` each) are given as ``transfer_logs`` (the cost model trains on them, and the ``--transfer-seeds``
+best configurations of each source that fit the shape's space are measured first); both curves are kept,
+and each budget's pick of both runs is timed and checked like the main study's.  ``--transfer-only``: that
+study alone.  MetaSchedule keys its database by the workload's structural hash, so records of other shapes
+do not carry over; it has no such row.
 
 Cost-model quality on held-out records (``cost_model_quality``, off with ``--no-cost-model``): the records
 of each tvmfuse run (every measured configuration of the kernel, with its program features) are split
@@ -42,8 +45,13 @@ STUDY.json --out DIR``).
     python benchmarks/bench_tuner.py --quick                                # smoke run (minutes)
     python benchmarks/bench_tuner.py --quick --skip-ms --workloads matmul_bias_gelu   # + cost model, quickest
 
-The long study in pieces (one workload x one seed x one budget list per command, e.g. on a quiet machine
-bit by bit); each piece is merged into one JSON (``--merge-into``, see ``merge_results``):
+The long study in pieces: with ``--merge-into STUDY.json`` every (part, workload, seed) piece (part: the
+study, or the transfer study) is merged into the file as soon as it is done (``merge_results``), so an
+interrupted run keeps every finished piece and the same command, run again, skips the pieces the file holds
+(same shape, every budget asked, no error; ``--redo`` reruns them) and retries those recorded as errors.
+A study of another target, shape set or check is refused before any tuning.  A failure inside a piece
+(a tuner crash, a budget with no successful trial, a pick that fails its check) is recorded as an error in
+the JSON; the run goes on and exits 1 naming the failed pieces.
 
     python benchmarks/bench_tuner.py --workloads matmul_bias_gelu --seeds 0 --budgets 64 256 1000 \
         --merge-into benchmarks/bench_tuner_study.json
@@ -402,14 +410,19 @@ def study(name, shape, args, target, budgets, seeds) -> dict:
 
 
 def transfer_study(name, shape, sources, args, target, budgets, seeds) -> dict:
-    """tvmfuse on ``shape`` from scratch vs with the records of ``sources`` (other shapes) as transfer logs."""
+    """tvmfuse on ``shape`` from scratch vs with the records of ``sources`` (other shapes) as transfer logs;
+    each budget's pick of both runs (and the default) then built, timed in interleaved rounds and checked
+    against the ONNX reference like the main study's."""
     task, model = main_task(name, shape, target)
-    inputs = kernel_inputs_from_samples(model, target, _feeds(model), [task])[task.workload_key]
+    feeds = _feeds(model)
+    inputs = kernel_inputs_from_samples(model, target, feeds, [task])[task.workload_key]
+    reference = onnx_reference_args(task, inputs, model, feeds)
     out = {"shape": shape, "sources": sources, "source_trials": args.transfer_source_trials,
            "transfer_seeds": args.transfer_seeds, "seeds": {}}
     for seed in seeds:
         work = tempfile.mkdtemp(prefix=f"bench_transfer_{name}_{seed}_")
         t_seed = time.time()
+        measurer = None
         try:
             logs = []
             for i, src in enumerate(sources):
@@ -421,9 +434,18 @@ def transfer_study(name, shape, sources, args, target, budgets, seeds) -> dict:
             cold_pts, cold, _ = run_tvmfuse(task, target, budgets, work, seed, inputs, tag="cold")
             warm_pts, warm, _ = run_tvmfuse(task, target, budgets, work, seed, inputs, transfer_logs=logs,
                                             tag="warm", transfer_seeds=args.transfer_seeds)
-            out["seeds"][seed] = {"without_records": cold, "with_records": warm,
-                                  "budgets": {b: {"without_records": {k: v for k, v in cold_pts[b].items()},
-                                                  "with_records": {k: v for k, v in warm_pts[b].items()}}
+            measurer = Measurer(target, MeasureOptions(repeat=args.repeat))
+            libs = {"default": build_final(measurer, C.IRModule({"main": _default_func(task)}), work, "default")}
+            for form, pts in (("without_records", cold_pts), ("with_records", warm_pts)):
+                for b in budgets:
+                    if pts[b]["config"] is not None:
+                        libs[f"{form}{b}"] = build_final(measurer, C.IRModule(
+                            {"main": _scheduled(task, pts[b]["config"])}), work, f"{form}{b}")
+            finals = time_finals(measurer, task, libs, work, args.repeat, args.rounds, inputs, reference)
+            out["seeds"][seed] = {"without_records": cold, "with_records": warm, "default": finals["default"],
+                                  "budgets": {b: {"without_records": {**cold_pts[b],
+                                                                      **finals.get(f"without_records{b}", {})},
+                                                  "with_records": {**warm_pts[b], **finals.get(f"with_records{b}", {})}}
                                               for b in budgets},
                                   "budgets_run": budgets, "piece_s": time.time() - t_seed,
                                   "sources_s": t_main - t_seed}
@@ -431,6 +453,8 @@ def transfer_study(name, shape, sources, args, target, budgets, seeds) -> dict:
                   f"{cold['from_default'][-1]} s without, {warm['from_default'][-1]} s with other shapes' records "
                   f"(warm start: {warm.get('warm_start')})", flush=True)
         finally:
+            if measurer is not None:
+                measurer.close()
             shutil.rmtree(work, ignore_errors=True)
     return out
 
@@ -549,7 +573,12 @@ def main(argv=None) -> int:
     if args.plot:
         from plot_tuner import plot_study
 
-        plot_study(study_doc if args.merge_into and study_doc else results, args.plot)
+        try:
+            plot_study(study_doc if args.merge_into and study_doc else results, args.plot)
+        except ImportError as e:
+            print(f"no plots: matplotlib does not import here ({e}); draw them from the JSON with an interpreter "
+                  f"that has it: /work/venv-corpus/bin/python benchmarks/plot_tuner.py "
+                  f"{args.merge_into or args.output or 'STUDY.json'} --out {args.plot}")
     if failed:
         print("failed pieces (recorded as errors; rerun the command to retry them):\n  " + "\n  ".join(failed))
         return 1
@@ -690,7 +719,11 @@ def print_table(results) -> None:
                 f"{c['from_default'][-1] * 1e3:.3f} ms")
             print(f"transfer {name} seed {seed}: best after {len(cs['without_records']['trial_costs'])} trials "
                   f"{best(cs['without_records'])} without, {best(cs['with_records'])} with the other shapes' "
-                  f"records (warm start {cs['with_records'].get('warm_start')})")
+                  f"records (tuner's measurements; warm start {cs['with_records'].get('warm_start')})")
+            for b, cell in cs.get("budgets", {}).items():
+                w, c = cell["with_records"], cell["without_records"]
+                print(f"  {b} trials, picks timed and checked: without {fmt(c)} ms, with {fmt(w)} ms"
+                      + (f", default {fmt(cs['default'])} ms" if "default" in cs else ""))
     cms = [(name, seed, cs["cost_model"]) for name, row in results["workloads"].items()
            for seed, cs in row.get("seeds", {}).items() if "cost_model" in cs]
     if cms:
