@@ -694,9 +694,10 @@ def _scheduled(task, config):
 
 
 def print_table(results) -> None:
-    print("\n| workload | seed | trials | tvmfuse (ms) | tvmfuse tuning (s) | MetaSchedule (ms) | "
-          "MetaSchedule tuning (s) |")
-    print("|---|---:|---:|---:|---:|---:|---:|")
+    if any(row.get("seeds") for row in results["workloads"].values()):
+        print("\n| workload | seed | trials | tvmfuse (ms) | tvmfuse tuning (s) | MetaSchedule (ms) | "
+              "MetaSchedule tuning (s) |")
+        print("|---|---:|---:|---:|---:|---:|---:|")
     fmt = lambda d: f"{d['median_s'] * 1e3:.3f}" if "median_s" in d else "err"  # noqa: E731
     sec = lambda x: "-" if x is None else f"{x:.0f}"  # noqa: E731
     for name, row in results["workloads"].items():

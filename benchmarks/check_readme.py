@@ -233,23 +233,47 @@ def table_2b() -> list[str]:
 
 
 def table_5() -> list[str]:
-    d = load("bench_tuner_study.json")
+    d = load(JSON_OVERRIDE.get("5", "bench_tuner_study.json"))
     out = []
     for p in d["pieces"]:
         out += [f"## Table 5 piece  (bench_tuner_study.json, {p['date']})", f"command: {p['command']}"]
+    cell_ms = lambda c: f"{c['median_s'] * 1e3:.2f}" if "median_s" in c else "error"  # noqa: E731
+    secs = lambda c: f"{c['wall_s']:.0f}" if c.get("wall_s") is not None else "-"  # noqa: E731
     for w, wd in d["workloads"].items():
+        if "seeds" not in wd:
+            out.append(f"workload {w}: skipped: {wd.get('skipped')}")
+            continue
         shape = "x".join(str(v) for v in wd["shape"].values())
         for seed, sd in wd["seeds"].items():
+            if "error" in sd:
+                out.append(f"workload {w} {shape}, seed {seed}: error: {sd['error'][:200]}")
+                continue
             out += [f"workload {w} {shape}, seed {seed}",
                     "| trials | tvmfuse (ms) | tvmfuse tuning (s) | MetaSchedule (ms) | MetaSchedule tuning (s) |",
                     "|---:|---:|---:|---:|---:|",
-                    f"| default | {sd['default']['median_s'] * 1e3:.2f} | | | |"]
+                    f"| default | {cell_ms(sd['default'])} | | | |"]
             for b, cell in sorted(sd["budgets"].items(), key=lambda kv: int(kv[0])):
                 t, m = cell.get("tvmfuse", {}), cell.get("metaschedule", {})
-                out.append(f"| {b} | {t['median_s'] * 1e3:.2f} | {t['wall_s']:.0f} | "
-                           + (f"{m['median_s'] * 1e3:.2f} | {m['wall_s']:.0f} |" if m else "- | - |"))
+                out.append(f"| {b} | {cell_ms(t)} | {secs(t)} | "
+                           + (f"{cell_ms(m)} | {secs(m)} |" if m else "- | - |"))
             cm = sd.get("cost_model")
             out.append(f"cost model (held out): {'none recorded' if not cm else json.dumps(cm)[:200]}")
+    for w, tr in d.get("transfer", {}).items():
+        if "seeds" not in tr:
+            out.append(f"transfer {w}: skipped: {tr.get('skipped')}")
+            continue
+        shape = "x".join(str(v) for v in tr["shape"].values())
+        for seed, sd in tr["seeds"].items():
+            if "error" in sd or "default" not in sd:       # an error, or a cell from before the picks were timed
+                out.append(f"transfer {w} {shape}, seed {seed}: {sd.get('error', 'no timed picks')}"[:300])
+                continue
+            out += [f"transfer {w} {shape}, seed {seed}, sources {tr['sources']} ({tr.get('source_trials')} trials each)",
+                    "| trials | without the other shapes' records (ms) | with them (ms) | tuning without (s) | "
+                    "tuning with (s) |", "|---:|---:|---:|---:|---:|",
+                    f"| default | {cell_ms(sd['default'])} | | | |"]
+            for b, cell in sorted(sd["budgets"].items(), key=lambda kv: int(kv[0])):
+                c, wr = cell["without_records"], cell["with_records"]
+                out.append(f"| {b} | {cell_ms(c)} | {cell_ms(wr)} | {secs(c)} | {secs(wr)} |")
     return out
 
 
@@ -323,13 +347,13 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--tables", nargs="+", choices=[*TABLES, *EXTRA, *PENDING], default=list(TABLES))
     ap.add_argument("--json", default=None,
-                    help="with one of --tables 1 or 7: read this JSON (e.g. a fresh run) instead of the committed one")
+                    help="with one of --tables 1, 5 or 7: read this JSON (e.g. a fresh run) instead of the committed one")
     ap.add_argument("--check", action="store_true",
                     help="list the printed table rows (lines starting with '| ') benchmarks/README.md lacks")
     args = ap.parse_args(argv)
     if args.json:
-        if len(args.tables) != 1 or args.tables[0] not in ("1", "7"):
-            ap.error("--json goes with exactly one of --tables 1 or --tables 7")
+        if len(args.tables) != 1 or args.tables[0] not in ("1", "5", "7"):
+            ap.error("--json goes with exactly one of --tables 1, 5 or 7")
         JSON_OVERRIDE[args.tables[0]] = os.path.abspath(args.json)
     with open(README, encoding="utf-8") as f:
         readme = f.read().splitlines()
