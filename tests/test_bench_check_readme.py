@@ -73,3 +73,20 @@ def test_table_1_names_failed_checks_and_skipped_engines(tmp_path, monkeypatch):
     lines = R.table_1()
     assert "| w | 2.000 [1.500-2.500] | - | 1.000 [1.500-2.500] | FAIL: tvmfuse | 2.00x |" in lines, lines
     assert "not run: torch_compile: no torch" in lines
+
+
+def test_table_5_prints_errors_and_the_warm_start_picks(tmp_path, monkeypatch):
+    t = {"median_s": 1e-3, "wall_s": 10.0}
+    study = {"pieces": [{"date": "d", "command": "c"}],
+             "workloads": {"mm": {"shape": {"m": 8}, "seeds": {"0": {"error": "RuntimeError: boom", "budgets": {}}}},
+                           "conv": {"shape": {"c": 8}, "skipped": "no kernel matches"}},
+             "transfer": {"mm": {"shape": {"m": 8}, "sources": [{"m": 4}], "source_trials": 64, "seeds": {"0": {
+                 "default": {"median_s": 2e-3},
+                 "budgets": {"64": {"without_records": t, "with_records": {"error": "x", "wall_s": 12.0}}}}}}}}
+    path = tmp_path / "study.json"
+    path.write_text(json.dumps(study))
+    monkeypatch.setitem(R.JSON_OVERRIDE, "5", str(path))
+    lines = R.table_5()
+    assert "workload mm 8, seed 0: error: RuntimeError: boom" in lines
+    assert "workload conv: skipped: no kernel matches" in lines
+    assert "| default | 2.00 | | | |" in lines and "| 64 | 1.00 | error | 10 | 12 |" in lines, lines
