@@ -191,3 +191,68 @@ def test_transfer_sources_are_kernels_of_the_same_template(mcpu):
             assert task.family == T.WORKLOADS[name][1]
         for src in T.TRANSFER_SOURCES[name]:
             assert src not in main_shapes[:2], f"{name}: source {src} is a main shape (its records would be its own)"
+
+
+# ---- main(): pieces merged as they finish, failures recorded, a rerun resumes (tuning stubbed out) ----
+
+def test_main_records_a_failed_piece_and_a_rerun_resumes(tmp_path, monkeypatch, capsys):
+    calls = []
+
+    def fake_study(name, shape, args, target, budgets, seeds):
+        (seed,) = seeds
+        calls.append(seed)
+        if seed == 1 and calls.count(1) == 1:
+            raise RuntimeError("the measurer's worker died")
+        cell = {"budgets": {b: {"tvmfuse": {"median_s": 1e-3, "wall_s": 1.0}} for b in budgets},
+                "tvmfuse_curves": {"trial_costs": [1e-3] * max(budgets)}, "default": {"median_s": 2e-3}}
+        return {"kernel": "k", "shape": shape, "seeds": {seed: cell}}
+
+    monkeypatch.setattr(T, "study", fake_study)
+    out = str(tmp_path / "study.json")
+    argv = ["--quick", "--skip-ms", "--workloads", "matmul_bias_gelu", "--seeds", "0", "1", "--budgets", "4",
+            "--merge-into", out]
+    assert T.main(argv) == 1                                  # a failed piece: the run says so
+    study = json.load(open(out))
+    seeds = study["workloads"]["matmul_bias_gelu"]["seeds"]
+    assert "error" not in seeds["0"] and "worker died" in seeds["1"]["error"]
+    assert "failed pieces" in capsys.readouterr().out
+    assert T.main(argv) == 0                                  # the rerun: seed 0 skipped, seed 1 retried
+    assert calls == [0, 1, 1]
+    study = json.load(open(out))
+    assert sorted(study["workloads"]["matmul_bias_gelu"]["seeds"]) == ["0", "1"]
+    assert "error" not in study["workloads"]["matmul_bias_gelu"]["seeds"]["1"]
+    assert [p["seeds"] for p in study["pieces"]] == [[0], [1], [1]]
+
+
+def test_run_tvmfuse_records_a_budget_without_a_successful_trial(tmp_path, monkeypatch):
+    """Every trial of the first budget failed: that budget is an error (no config), the next has a pick."""
+    import tvmfuse
+    from tvmfuse.tune import log as L
+
+    target = tvmfuse.host_target()
+
+    class Task:
+        workload_key, default_config = "wk", {"a": 0}
+
+    class FakeTuner:
+        def __init__(self, tasks, target, log_path, options, *a, **k):
+            self.log_path, self.options = log_path, options
+
+        def run(self):
+            with L.LogWriter(self.log_path) as w:
+                for i in range(self.options.trials):
+                    ok = i >= 2
+                    w.write(L.make_measure_record(target=target, workload_key="wk", workload={}, template="t",
+                                                  config={"a": i}, costs=[1e-3 / (i + 1)] if ok else None,
+                                                  error=None if ok else {"kind": "build", "message": "no"}))
+
+            class R:
+                warm_start = {}
+            return R()
+
+    monkeypatch.setattr(T, "Tuner", FakeTuner)
+    pts, curves, _ = T.run_tvmfuse(Task(), target, [2, 4], str(tmp_path), 0, [])
+    assert pts[2]["config"] is None and "none of the first 2 trials succeeded" in pts[2]["error"]
+    assert pts[2]["error_kinds"] == {"build": 2}
+    assert pts[4]["config"] == {"a": 3} and pts[4]["errors"] == 2
+    assert curves["from_default"][:2] == [None, None]
