@@ -521,7 +521,7 @@ def main(argv=None) -> int:
         check_mergeable(study_doc, results)          # before any tuning: a piece of another study is refused
     failed = []
 
-    def piece(part: str, name: str, seed: int, payload: dict) -> None:
+    def piece(part: str, name: str, seed: int, payload: dict, load_start) -> None:
         """One (workload, seed) piece done: into this run's results and, with --merge-into, the study file
         at once (an interrupted run keeps every finished piece)."""
         nonlocal study_doc
@@ -534,7 +534,7 @@ def main(argv=None) -> int:
         if args.merge_into:
             one = {**results, "workloads": {}, "transfer": {}, "seeds": [seed], "part": part,
                    "run_started": results["date"], "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-                   "load_avg_end": os.getloadavg(), key: {name: payload}}
+                   "load_avg_start": load_start, "load_avg_end": os.getloadavg(), key: {name: payload}}
             study_doc = merge_results(study_doc, one)
             write_json_atomic(args.merge_into, study_doc)
             print(f"merged {part} {name} seed {seed} into {args.merge_into} (piece {len(study_doc['pieces']) - 1})",
@@ -551,6 +551,7 @@ def main(argv=None) -> int:
                     print(f"== {part} {name} seed {seed}: already in {args.merge_into} ({have}); skipped "
                           f"(--redo runs it again)", flush=True)
                     continue
+                load_start = os.getloadavg()
                 try:
                     if part == "study":
                         payload = study(name, shape, args, target, budgets, [seed])
@@ -559,14 +560,14 @@ def main(argv=None) -> int:
                         payload = transfer_study(name, shape, sources, args, target, budgets, [seed])
                 except LookupError as e:
                     print(f"== {name}: skipped: {e}", flush=True)
-                    piece(part, name, seed, {"shape": shape, "skipped": str(e)})
+                    piece(part, name, seed, {"shape": shape, "skipped": str(e)}, load_start)
                     break
                 except Exception as e:  # noqa: BLE001  recorded in the study as this piece's error, run fails
                     msg = f"{type(e).__name__}: {str(e)[:2000]}"
                     print(f"== {part} {name} seed {seed}: FAILED: {msg}", flush=True)
                     failed.append(f"{part} {name} seed {seed}: {msg}")
                     payload = {"shape": shape, "seeds": {seed: {"error": msg, "budgets": {}}}}
-                piece(part, name, seed, payload)
+                piece(part, name, seed, payload, load_start)
     results["load_avg_end"] = os.getloadavg()
     save()
     print_table(study_doc if args.merge_into and study_doc else results)
