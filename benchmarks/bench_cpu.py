@@ -82,6 +82,12 @@ import tempfile
 import time
 import types
 
+if os.environ.get(APPEND_PATH_ENV := "BENCH_CPU_APPEND_SITE"):   # a --torch-python worker: this project's
+    import site                                                   # packages after the interpreter's own
+
+    for _dir in os.environ[APPEND_PATH_ENV].split(os.pathsep):
+        site.addsitedir(_dir)
+
 import numpy as np
 import onnx
 
@@ -554,9 +560,16 @@ class Worker:
             json.dump(spec, f)
         self.log_path = os.path.join(work_dir, f"{tag}.log")
         self.log = open(self.log_path, "w")
-        self.proc = subprocess.Popen([sys.executable, os.path.abspath(__file__), "--worker", spec_path],
+        python, env = sys.executable, None
+        if engine == "torch_compile" and getattr(args, "torch_python", None):
+            # torch (and onnx2torch) from that interpreter, then this one's packages (TVM, tvmfuse, onnx)
+            import site
+
+            python = args.torch_python
+            env = {**os.environ, APPEND_PATH_ENV: os.pathsep.join(site.getsitepackages())}
+        self.proc = subprocess.Popen([python, os.path.abspath(__file__), "--worker", spec_path],
                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.log, text=True,
-                                     bufsize=1)
+                                     bufsize=1, env=env)
 
     def ask(self, cmd=None):
         if cmd is not None:
@@ -745,6 +758,11 @@ def main(argv=None):
                     help="tvm_metaschedule: no tuning, compile from the databases in --ms-work-dir (static_shape_"
                     "tuning with total_trials=0: MetaScheduleApplyDatabase)")
     ap.add_argument("--workloads", nargs="+", default=None, help="only these workloads (names as printed)")
+    ap.add_argument("--torch-python", default=None,
+                    help="torch_compile: run its worker with this interpreter (one with torch and onnx2torch, e.g. "
+                    "/work/venv-corpus/bin/python after `pip install onnx2torch` there), this interpreter's "
+                    "packages (TVM, tvmfuse, onnx) appended to its path; the same Python minor version and numpy "
+                    "are needed (default: this interpreter)")
     ap.add_argument("--json", default=None, help="default: benchmarks/bench_cpu[_ms|_io].json")
     ap.add_argument("--no-models", action="store_true", help="skip the demo models end to end")
     ap.add_argument("--io", action="store_true", help="time tvmfuse's I/O paths (VM call, run() numpy, run() "
@@ -797,7 +815,7 @@ def main(argv=None):
            "cpus": os.cpu_count(), "threads": args.threads, "load_avg_start": load_start,
            "load_avg_end": os.getloadavg(), "repeat": args.repeat, "pause_s": args.pause,
            "block_s": BLOCK_SECONDS, "ms_trials": args.ms_trials, "ms_work_dir": args.ms_work_dir,
-           "ms_from_db": args.ms_from_db, "quick": args.quick,
+           "ms_from_db": args.ms_from_db, "quick": args.quick, "torch_python": args.torch_python,
            "check": {"rtol": CHECK_RTOL, "atol": CHECK_ATOL, "reference": "onnx.reference.ReferenceEvaluator"},
            "command": " ".join(["python", os.path.relpath(__file__)] + (argv if argv is not None else sys.argv[1:])),
            "engines": {e: desc[e] for e in engines}, "floors": fl, "rows": rows}

@@ -22,8 +22,11 @@ inputs), not against tvmfuse's default schedule.
 
 ``--transfer`` adds the warm-start study (tvmfuse): the workload's shape tuned with ``--budgets`` trials
 from scratch, and again after the records of TRANSFER_SOURCES shapes (tuned first, ``--transfer-source-
-trials`` each) are given as ``transfer_logs``; both curves are kept.  MetaSchedule keys its database by the
-workload's structural hash, so records of other shapes do not carry over; it has no such row.
+trials`` each) are given as ``transfer_logs`` (the cost model trains on them, and the ``--transfer-seeds``
+best configurations of each source that fit the shape's space are measured first); both curves are kept,
+and each budget's pick of both runs is timed and checked like the main study's.  ``--transfer-only``: that
+study alone.  MetaSchedule keys its database by the workload's structural hash, so records of other shapes
+do not carry over; it has no such row.
 
 Cost-model quality on held-out records (``cost_model_quality``, off with ``--no-cost-model``): the records
 of each tvmfuse run (every measured configuration of the kernel, with its program features) are split
@@ -32,7 +35,9 @@ parameters, trained from scratch) and the rest; on the rest it reports the Spear
 predicted vs measured speed, the recall of the true k fastest among the model's k picks (CM_TOP_K), and
 ``ranking_quality``'s TenSet top-k score and pairwise accuracy; mean and range over the splits.
 
-``--plot DIR`` writes the curves as PNG (needs matplotlib: ``pip install -e '.[plot]'``).
+``--plot DIR`` writes the curves as PNG (``benchmarks/plot_tuner.py``, needs matplotlib: ``pip install -e
+'.[plot]'``; or afterwards from the JSON alone: ``/work/venv-corpus/bin/python benchmarks/plot_tuner.py
+STUDY.json --out DIR``).
 
     python benchmarks/bench_tuner.py -o benchmarks/bench_tuner.json         # issue shapes, budgets 32 64 128
     python benchmarks/bench_tuner.py --small --budgets 64 256 1000 --seeds 0 1 2 --transfer \
@@ -40,8 +45,13 @@ predicted vs measured speed, the recall of the true k fastest among the model's 
     python benchmarks/bench_tuner.py --quick                                # smoke run (minutes)
     python benchmarks/bench_tuner.py --quick --skip-ms --workloads matmul_bias_gelu   # + cost model, quickest
 
-The long study in pieces (one workload x one seed x one budget list per command, e.g. on a quiet machine
-bit by bit); each piece is merged into one JSON (``--merge-into``, see ``merge_results``):
+The long study in pieces: with ``--merge-into STUDY.json`` every (part, workload, seed) piece (part: the
+study, or the transfer study) is merged into the file as soon as it is done (``merge_results``), so an
+interrupted run keeps every finished piece and the same command, run again, skips the pieces the file holds
+(same shape, every budget asked, no error; ``--redo`` reruns them) and retries those recorded as errors.
+A study of another target, shape set or check is refused before any tuning.  A failure inside a piece
+(a tuner crash, a budget with no successful trial, a pick that fails its check) is recorded as an error in
+the JSON; the run goes on and exits 1 naming the failed pieces.
 
     python benchmarks/bench_tuner.py --workloads matmul_bias_gelu --seeds 0 --budgets 64 256 1000 \
         --merge-into benchmarks/bench_tuner_study.json
@@ -84,14 +94,15 @@ CM_TRAIN_FRACTION = 0.6   # share of a run's records the model is trained on (as
 CM_SPLITS = 5             # random train/test splits, reported as mean and range
 CM_TOP_K = (1, 5, 10)     # recall of the true k fastest among the model's k best-scored (k capped at the test size)
 
-QUICK_ARGS = {"matmul_bias_gelu": dict(m=32, k=64, n=128), "conv_bn_relu_residual": dict(channels=8, size=8)}
+# (a conv below 28x28 is cpu.conv2d_lanes' on x86, not cpu.conv2d_epilogue's: the quick and source shapes keep 28)
+QUICK_ARGS = {"matmul_bias_gelu": dict(m=32, k=64, n=128), "conv_bn_relu_residual": dict(channels=16, size=28)}
 # warm-start study: other shapes of the same workload whose records are given to the tuner of the main shape
 TRANSFER_SOURCES = {
     "matmul_bias_gelu": [dict(m=64, k=256, n=512), dict(m=128, k=128, n=256)],
-    "conv_bn_relu_residual": [dict(channels=16, size=28), dict(channels=32, size=14)],
+    "conv_bn_relu_residual": [dict(channels=16, size=28), dict(channels=64, size=28)],
 }
 QUICK_TRANSFER_SOURCES = {"matmul_bias_gelu": [dict(m=16, k=64, n=128)],
-                          "conv_bn_relu_residual": [dict(channels=8, size=4)]}
+                          "conv_bn_relu_residual": [dict(channels=8, size=28)]}
 
 
 def _measure_callback(apply):
@@ -126,11 +137,16 @@ def best_curve(costs: list, start=None) -> list:
     return out
 
 
-def run_tvmfuse(task, target, budgets, work, seed, inputs, transfer_logs=(), tag="tvmfuse"):
+def run_tvmfuse(task, target, budgets, work, seed, inputs, transfer_logs=(), tag="tvmfuse", transfer_seeds=2):
+    """tvmfuse's tuner to ``max(budgets)`` trials: per budget the best record of the first B trials (or an
+    ``error`` when none of them succeeded), the curves, the log's path (and the warm start's summary in
+    ``curves["warm_start"]`` when ``transfer_logs`` are given)."""
     log_path = os.path.join(work, f"{tag}_{seed}_{task.workload_key}.jsonl")
     t0 = time.time()
-    Tuner([task], target, log_path, TuneOptions(trials=max(budgets), seed=seed, transfer_logs=tuple(transfer_logs)),
-          MeasureOptions(), inputs={task.workload_key: inputs}).run()
+    res = Tuner([task], target, log_path, TuneOptions(trials=max(budgets), seed=seed,
+                                                      transfer_logs=tuple(transfer_logs),
+                                                      transfer_seeds=transfer_seeds),
+                MeasureOptions(), inputs={task.workload_key: inputs}).run()
     recs = L.load(log_path, target).measures
     costs = [L.median_cost(r) for r in recs]
     default_cost = next((c for r, c in zip(recs, costs) if r["config"] == task.default_config), None)
@@ -139,12 +155,22 @@ def run_tvmfuse(task, target, budgets, work, seed, inputs, transfer_logs=(), tag
     for b in budgets:
         head = recs[:b]
         ok = [r for r in head if L.median_cost(r) is not None]
-        best = min(ok, key=L.median_cost)
-        out[b] = {"config": best["config"], "tuner_cost": L.median_cost(best),
-                  "wall_s": head[-1]["time"] - t0, "errors": sum(1 for r in head if r["error"]),
-                  "trials_run": len(head)}
+        errors = {}
+        for r in head:
+            if r["error"]:
+                errors[r["error"]["kind"]] = errors.get(r["error"]["kind"], 0) + 1
+        out[b] = {"wall_s": head[-1]["time"] - t0 if head else None, "errors": sum(errors.values()),
+                  "error_kinds": errors, "trials_run": len(head)}
+        if ok:
+            best = min(ok, key=L.median_cost)
+            out[b].update(config=best["config"], tuner_cost=L.median_cost(best))
+        else:        # recorded, and the final timing of this budget is skipped
+            out[b].update(config=None, tuner_cost=None,
+                          error=f"none of the first {len(head)} trials succeeded ({errors or 'no trial ran'})")
     curves = {"trial_costs": costs, "trial_wall_s": [r["time"] - t0 for r in recs], "default_cost": default_cost,
               "cold": best_curve(search), "from_default": best_curve(costs)}
+    if transfer_logs:
+        curves["warm_start"] = res.warm_start
     return out, curves, log_path
 
 
@@ -332,6 +358,7 @@ def study(name, shape, args, target, budgets, seeds) -> dict:
         work = tempfile.mkdtemp(prefix=f"bench_tuner_{name}_{seed}_")
         measurer = Measurer(target, MeasureOptions(repeat=args.repeat))
         cell_seed = {"budgets": {}}
+        t_seed = time.time()
         try:
             tf_points, tf_curves, tf_log = run_tvmfuse(task, target, budgets, work, seed, inputs)
             cell_seed["tvmfuse_curves"] = tf_curves
@@ -343,27 +370,35 @@ def study(name, shape, args, target, budgets, seeds) -> dict:
                                                            for k, v in cm["summary"].items()
                                                            if k not in ("train", "test")), flush=True)
             if not args.skip_ms:
-                ms_points, ms_import, ms_curves = run_metaschedule(task, target, budgets, work, seed,
-                                                                   args.ms_trials_per_iter or min(budgets),
-                                                                   tf_curves["default_cost"])
-                cell_seed["ms_tensor_intrin_import_s"] = ms_import
-                cell_seed["ms_curves"] = ms_curves
+                try:
+                    ms_points, ms_import, ms_curves = run_metaschedule(task, target, budgets, work, seed,
+                                                                       args.ms_trials_per_iter or min(budgets),
+                                                                       tf_curves["default_cost"])
+                    cell_seed["ms_tensor_intrin_import_s"] = ms_import
+                    cell_seed["ms_curves"] = ms_curves
+                except Exception as e:  # noqa: BLE001  MetaSchedule's failure is recorded in the cell
+                    msg = f"MetaSchedule tuning failed: {type(e).__name__}: {str(e)[:2000]}"
+                    print(f"== {name} seed {seed}: {msg}", flush=True)
+                    ms_points = {b: {"tuner_cost": None, "mod": None, "error": msg} for b in budgets}
             libs = {"default": build_final(measurer, C.IRModule({"main": _default_func(task)}), work, "default")}
             for b in budgets:
-                libs[f"tvmfuse{b}"] = build_final(
-                    measurer, C.IRModule({"main": _scheduled(task, tf_points[b]["config"])}), work, f"tvmfuse{b}")
+                if tf_points[b]["config"] is not None:
+                    libs[f"tvmfuse{b}"] = build_final(measurer, C.IRModule(
+                        {"main": _scheduled(task, tf_points[b]["config"])}), work, f"tvmfuse{b}")
                 if not args.skip_ms and ms_points[b]["mod"] is not None:
                     libs[f"ms{b}"] = build_final(measurer, ms_points[b]["mod"], work, f"ms{b}")
             finals = time_finals(measurer, task, libs, work, args.repeat, args.rounds, inputs, reference)
             cell_seed["default"] = finals["default"]
             for b in budgets:
-                cell = {"tvmfuse": {**tf_points[b], **finals[f"tvmfuse{b}"]}}
+                cell = {"tvmfuse": {**tf_points[b], **finals.get(f"tvmfuse{b}", {})}}
                 if not args.skip_ms:
                     mp = ms_points[b]
-                    cell["metaschedule"] = {k: v for k, v in mp.items() if k != "mod"} | finals.get(
-                        f"ms{b}", {"error": "no valid schedule"})
+                    cell["metaschedule"] = ({k: v for k, v in mp.items() if k != "mod"}
+                                            | finals.get(f"ms{b}", {} if "error" in mp else
+                                                         {"error": "no valid schedule"}))
                 cell_seed["budgets"][b] = cell
                 print(json.dumps({"seed": seed, b: cell}, default=float), flush=True)
+            cell_seed["piece_s"] = time.time() - t_seed
         finally:
             measurer.close()
             if args.keep:
@@ -375,12 +410,19 @@ def study(name, shape, args, target, budgets, seeds) -> dict:
 
 
 def transfer_study(name, shape, sources, args, target, budgets, seeds) -> dict:
-    """tvmfuse on ``shape`` from scratch vs with the records of ``sources`` (other shapes) as transfer logs."""
+    """tvmfuse on ``shape`` from scratch vs with the records of ``sources`` (other shapes) as transfer logs;
+    each budget's pick of both runs (and the default) then built, timed in interleaved rounds and checked
+    against the ONNX reference like the main study's."""
     task, model = main_task(name, shape, target)
-    inputs = kernel_inputs_from_samples(model, target, _feeds(model), [task])[task.workload_key]
-    out = {"shape": shape, "sources": sources, "source_trials": args.transfer_source_trials, "seeds": {}}
+    feeds = _feeds(model)
+    inputs = kernel_inputs_from_samples(model, target, feeds, [task])[task.workload_key]
+    reference = onnx_reference_args(task, inputs, model, feeds)
+    out = {"shape": shape, "sources": sources, "source_trials": args.transfer_source_trials,
+           "transfer_seeds": args.transfer_seeds, "seeds": {}}
     for seed in seeds:
         work = tempfile.mkdtemp(prefix=f"bench_transfer_{name}_{seed}_")
+        t_seed = time.time()
+        measurer = None
         try:
             logs = []
             for i, src in enumerate(sources):
@@ -388,13 +430,31 @@ def transfer_study(name, shape, sources, args, target, budgets, seeds) -> dict:
                 si = kernel_inputs_from_samples(sm, target, _feeds(sm), [st])[st.workload_key]
                 _, _, lp = run_tvmfuse(st, target, [args.transfer_source_trials], work, seed, si, tag=f"source{i}")
                 logs.append(lp)
-            _, cold, _ = run_tvmfuse(task, target, budgets, work, seed, inputs, tag="cold")
-            _, warm, _ = run_tvmfuse(task, target, budgets, work, seed, inputs, transfer_logs=logs, tag="warm")
-            out["seeds"][seed] = {"without_records": cold, "with_records": warm}
+            t_main = time.time()
+            cold_pts, cold, _ = run_tvmfuse(task, target, budgets, work, seed, inputs, tag="cold")
+            warm_pts, warm, _ = run_tvmfuse(task, target, budgets, work, seed, inputs, transfer_logs=logs,
+                                            tag="warm", transfer_seeds=args.transfer_seeds)
+            measurer = Measurer(target, MeasureOptions(repeat=args.repeat))
+            libs = {"default": build_final(measurer, C.IRModule({"main": _default_func(task)}), work, "default")}
+            for form, pts in (("without_records", cold_pts), ("with_records", warm_pts)):
+                for b in budgets:
+                    if pts[b]["config"] is not None:
+                        libs[f"{form}{b}"] = build_final(measurer, C.IRModule(
+                            {"main": _scheduled(task, pts[b]["config"])}), work, f"{form}{b}")
+            finals = time_finals(measurer, task, libs, work, args.repeat, args.rounds, inputs, reference)
+            out["seeds"][seed] = {"without_records": cold, "with_records": warm, "default": finals["default"],
+                                  "budgets": {b: {"without_records": {**cold_pts[b],
+                                                                      **finals.get(f"without_records{b}", {})},
+                                                  "with_records": {**warm_pts[b], **finals.get(f"with_records{b}", {})}}
+                                              for b in budgets},
+                                  "budgets_run": budgets, "piece_s": time.time() - t_seed,
+                                  "sources_s": t_main - t_seed}
             print(f"== transfer {name} seed {seed}: best after {max(budgets)} trials "
-                  f"{cold['from_default'][-1]} s without, {warm['from_default'][-1]} s with other shapes' records",
-                  flush=True)
+                  f"{cold['from_default'][-1]} s without, {warm['from_default'][-1]} s with other shapes' records "
+                  f"(warm start: {warm.get('warm_start')})", flush=True)
         finally:
+            if measurer is not None:
+                measurer.close()
             shutil.rmtree(work, ignore_errors=True)
     return out
 
@@ -416,12 +476,19 @@ def main(argv=None) -> int:
                    help="cost-model quality on held-out records of each tvmfuse run (default: on)")
     p.add_argument("--transfer", action="store_true", help="add the warm-start study (tvmfuse)")
     p.add_argument("--transfer-source-trials", type=int, default=64, help="trials per source shape")
+    p.add_argument("--transfer-seeds", type=int, default=2,
+                   help="best configurations per source shape measured first in the warm run (0: cost model only)")
+    p.add_argument("--transfer-only", action="store_true", help="only the warm-start study (with --transfer)")
+    p.add_argument("--redo", action="store_true",
+                   help="with --merge-into: rerun pieces the study already holds (default: skip them)")
     p.add_argument("--plot", default=None, help="write the curves as PNG into this folder (matplotlib)")
     p.add_argument("-o", "--output", default=None, help="write the results as JSON here")
     p.add_argument("--merge-into", default=None,
                    help="merge this run (a piece of the study) into this JSON, created if missing")
     p.add_argument("--keep", action="store_true", help="keep the work directories (logs of both tuners)")
     args = p.parse_args(argv)
+    if args.transfer_only and not args.transfer:
+        p.error("--transfer-only needs --transfer")
     if args.quick:
         args.budgets = [8, 16] if args.budgets == [32, 64, 128] else args.budgets
         args.rounds, args.repeat = min(args.rounds, 2), min(args.repeat, 3)
@@ -447,41 +514,117 @@ def main(argv=None) -> int:
             with open(args.output, "w") as f:
                 f.write(json.dumps(results, indent=2, default=float) + "\n")
 
+    study_doc = None
+    if args.merge_into and os.path.exists(args.merge_into):
+        with open(args.merge_into) as f:
+            study_doc = json.load(f)
+        check_mergeable(study_doc, results)          # before any tuning: a piece of another study is refused
+    failed = []
+
+    def piece(part: str, name: str, seed: int, payload: dict, load_start) -> None:
+        """One (workload, seed) piece done: into this run's results and, with --merge-into, the study file
+        at once (an interrupted run keeps every finished piece)."""
+        nonlocal study_doc
+        key = "workloads" if part == "study" else "transfer"
+        dst = results[key].setdefault(name, {k: v for k, v in payload.items() if k != "seeds"} | {"seeds": {}})
+        dst["seeds"].update(payload.get("seeds", {}))
+        if "skipped" in payload:
+            results[key][name] = payload
+        save()
+        if args.merge_into:
+            one = {**results, "workloads": {}, "transfer": {}, "seeds": [seed], "part": part,
+                   "run_started": results["date"], "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+                   "load_avg_start": load_start, "load_avg_end": os.getloadavg(), key: {name: payload}}
+            study_doc = merge_results(study_doc, one)
+            write_json_atomic(args.merge_into, study_doc)
+            print(f"merged {part} {name} seed {seed} into {args.merge_into} (piece {len(study_doc['pieces']) - 1})",
+                  flush=True)
+
     for name in args.workloads:
         _, _, full, little = WORKLOADS[name]
         shape = QUICK_ARGS[name] if args.quick else little if args.small else full
-        try:
-            results["workloads"][name] = study(name, shape, args, target, budgets, args.seeds)
-        except LookupError as e:
-            print(f"== {name}: skipped: {e}", flush=True)
-            results["workloads"][name] = {"skipped": str(e)}
-        save()
-        if args.transfer:
-            sources = (QUICK_TRANSFER_SOURCES if args.quick else TRANSFER_SOURCES)[name]
-            try:
-                results["transfer"][name] = transfer_study(name, shape, sources, args, target, budgets, args.seeds)
-            except LookupError as e:
-                results["transfer"][name] = {"skipped": str(e)}
-            save()
+        parts = ([] if args.transfer_only else ["study"]) + (["transfer"] if args.transfer else [])
+        for part in parts:
+            for seed in args.seeds:
+                have = piece_done(study_doc, part, name, seed, budgets, shape)
+                if have and not args.redo:
+                    print(f"== {part} {name} seed {seed}: already in {args.merge_into} ({have}); skipped "
+                          f"(--redo runs it again)", flush=True)
+                    continue
+                load_start = os.getloadavg()
+                try:
+                    if part == "study":
+                        payload = study(name, shape, args, target, budgets, [seed])
+                    else:
+                        sources = (QUICK_TRANSFER_SOURCES if args.quick else TRANSFER_SOURCES)[name]
+                        payload = transfer_study(name, shape, sources, args, target, budgets, [seed])
+                except LookupError as e:
+                    print(f"== {name}: skipped: {e}", flush=True)
+                    piece(part, name, seed, {"shape": shape, "skipped": str(e)}, load_start)
+                    break
+                except Exception as e:  # noqa: BLE001  recorded in the study as this piece's error, run fails
+                    msg = f"{type(e).__name__}: {str(e)[:2000]}"
+                    print(f"== {part} {name} seed {seed}: FAILED: {msg}", flush=True)
+                    failed.append(f"{part} {name} seed {seed}: {msg}")
+                    payload = {"shape": shape, "seeds": {seed: {"error": msg, "budgets": {}}}}
+                piece(part, name, seed, payload, load_start)
     results["load_avg_end"] = os.getloadavg()
     save()
-    if args.merge_into:
-        merged = None
-        if os.path.exists(args.merge_into):
-            with open(args.merge_into) as f:
-                merged = json.load(f)
-        results = merge_results(merged, results)
-        with open(args.merge_into, "w") as f:
-            f.write(json.dumps(results, indent=2, default=float) + "\n")
-        print(f"merged into {args.merge_into} (piece {len(results['pieces']) - 1})")
-    print_table(results)
+    print_table(study_doc if args.merge_into and study_doc else results)
     if args.plot:
-        plot_curves(results, args.plot)
+        from plot_tuner import plot_study
+
+        try:
+            plot_study(study_doc if args.merge_into and study_doc else results, args.plot)
+        except ImportError as e:
+            print(f"no plots: matplotlib does not import here ({e}); draw them from the JSON with an interpreter "
+                  f"that has it: /work/venv-corpus/bin/python benchmarks/plot_tuner.py "
+                  f"{args.merge_into or args.output or 'STUDY.json'} --out {args.plot}")
+    if failed:
+        print("failed pieces (recorded as errors; rerun the command to retry them):\n  " + "\n  ".join(failed))
+        return 1
     return 0
 
 
+def write_json_atomic(path: str, doc: dict) -> None:
+    tmp = path + ".tmp"
+    with open(tmp, "w") as f:
+        f.write(json.dumps(doc, indent=2, default=float) + "\n")
+    os.replace(tmp, path)
+
+
+def check_mergeable(study_doc: dict, run: dict) -> None:
+    for k in SAME_KEYS:
+        if study_doc.get(k) != json.loads(json.dumps(run.get(k), default=float)):
+            raise SystemExit(f"cannot merge into this study: this run's {k} is {run.get(k)!r}, the study's is "
+                             f"{study_doc.get(k)!r} (another host, shape set or check; write a new study JSON)")
+
+
+def piece_done(study_doc: dict | None, part: str, name: str, seed: int, budgets: list, shape: dict) -> str | None:
+    """Why the (part, workload, seed) piece need not run again: the study holds it, without an error, for
+    the same shape and every budget asked (None: run it)."""
+    if not study_doc:
+        return None
+    row = study_doc.get("workloads" if part == "study" else "transfer", {}).get(name)
+    if row and "skipped" in row and row.get("shape") == json.loads(json.dumps(shape)):
+        return f"skipped on this target: {row['skipped']}"
+    if not row or "seeds" not in row or row.get("shape") != json.loads(json.dumps(shape)):
+        return None
+    cell = row["seeds"].get(str(seed))
+    if not cell or "error" in cell:
+        return None
+    if part == "study":
+        have = {int(b) for b in cell.get("budgets", {})}
+    else:
+        have = set(cell.get("budgets_run") or []) or {len(cell.get("with_records", {}).get("trial_costs", []))}
+        have = {b for b in budgets if any(h >= b for h in have)} if not cell.get("budgets_run") else have
+    if not set(budgets) <= have:
+        return None
+    return f"piece {cell.get('piece')}, budgets {sorted(have)}"
+
+
 PIECE_KEYS = ("date", "command", "host", "cpus", "load_avg_start", "load_avg_end", "budgets", "seeds",
-              "ms_trials_per_iter")
+              "ms_trials_per_iter", "part", "run_started")
 SAME_KEYS = ("target", "small", "quick", "check")   # pieces merged into one study must agree on these
 
 
@@ -490,7 +633,9 @@ def merge_results(old: dict | None, new: dict) -> dict:
     Each run is a piece (``pieces``: its date, command, load, budgets, seeds); every budget cell and
     transfer cell records the piece it came from.  Cells of a (workload, seed) already present are kept
     unless this piece has the same budget (then replaced); the seed's curves and default timing are the
-    piece's with the longest curve.  Pieces of another target, shape set or check are refused."""
+    piece's with the longest curve.  A seed recorded as an error (``{"error": ...}``) is replaced by the
+    next piece of that seed; an error never replaces a seed that has results (it is kept as
+    ``later_errors``).  Pieces of another target, shape set or check are refused."""
     new = json.loads(json.dumps(new, default=float))            # int keys -> str, as read back from JSON
     if old is None:
         old = {**{k: new[k] for k in SAME_KEYS}, "pieces": [], "workloads": {}, "transfer": {}}
@@ -498,7 +643,8 @@ def merge_results(old: dict | None, new: dict) -> dict:
         if old.get(k) != new.get(k):
             raise ValueError(f"cannot merge: this run's {k} is {new.get(k)!r}, the study's is {old.get(k)!r}")
     idx = len(old["pieces"])
-    old["pieces"].append({k: new.get(k) for k in PIECE_KEYS} | {"workloads": list(new["workloads"])})
+    old["pieces"].append({k: new.get(k) for k in PIECE_KEYS}
+                         | {"workloads": sorted({*new["workloads"], *new.get("transfer", {})})})
     for name, row in new["workloads"].items():
         if "seeds" not in row:
             old["workloads"].setdefault(name, row | {"piece": idx})
@@ -511,67 +657,31 @@ def merge_results(old: dict | None, new: dict) -> dict:
                 c["piece"] = idx
             cell["piece"] = idx
             have = dst["seeds"].get(seed)
-            if have is None:
+            if have is None or "error" in have:
                 dst["seeds"][seed] = cell
                 continue
-            longer = cell if (len(cell["tvmfuse_curves"]["trial_costs"])
-                              >= len(have["tvmfuse_curves"]["trial_costs"])) else have
+            if "error" in cell:
+                have.setdefault("later_errors", []).append({"piece": idx, "error": cell["error"]})
+                continue
+            n = lambda c: len(c.get("tvmfuse_curves", {}).get("trial_costs", []))  # noqa: E731
+            longer = cell if n(cell) >= n(have) else have
             budgets = {**have["budgets"], **cell["budgets"]}
             dst["seeds"][seed] = {**longer, "budgets": dict(sorted(budgets.items(), key=lambda kv: int(kv[0])))}
     for name, tr in new.get("transfer", {}).items():
-        dst = old["transfer"].setdefault(name, {k: v for k, v in tr.items() if k != "seeds"} | {"seeds": {}})
-        if dst.get("shape") != tr.get("shape") or dst.get("sources") != tr.get("sources"):
-            raise ValueError(f"cannot merge the transfer study of {name}: shape/sources differ from the study's")
-        for seed, cell in tr.get("seeds", {}).items():
-            dst.setdefault("seeds", {})[seed] = cell | {"piece": idx}
-    return old
-
-
-def plot_curves(results, folder) -> None:
-    """Best cost so far vs trials, per workload: both tuners, cold and from default, every seed; and the
-    transfer study.  PNG files in ``folder``."""
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        print("no plots: matplotlib is not installed (pip install -e '.[plot]')")
-        return
-    os.makedirs(folder, exist_ok=True)
-    for name, row in results["workloads"].items():
-        if "seeds" not in row:
-            continue
-        fig, ax = plt.subplots(figsize=(7, 4.5))
-        for seed, cell in row["seeds"].items():
-            for tuner, key in (("tvmfuse", "tvmfuse_curves"), ("MetaSchedule", "ms_curves")):
-                cur = cell.get(key)
-                if not cur:
-                    continue
-                for form, style in (("cold", "--"), ("from_default", "-")):
-                    ys = [None if c is None else c * 1e3 for c in cur[form]]
-                    ax.plot(range(1, len(ys) + 1), ys, style, label=f"{tuner} {form} seed {seed}")
-        ax.set(xlabel="trials", ylabel="best kernel time so far (ms, tuner's own measurement)", xscale="log",
-               title=f"{name} {row['shape']}")
-        ax.legend(fontsize=7)
-        fig.tight_layout()
-        fig.savefig(os.path.join(folder, f"tuner_{name}.png"), dpi=120)
-        plt.close(fig)
-    for name, tr in results.get("transfer", {}).items():
         if "seeds" not in tr:
+            old["transfer"].setdefault(name, tr | {"piece": idx})
             continue
-        fig, ax = plt.subplots(figsize=(7, 4.5))
+        dst = old["transfer"].setdefault(name, {k: v for k, v in tr.items() if k != "seeds"} | {"seeds": {}})
+        for k in ("shape", "sources", "source_trials", "transfer_seeds"):
+            if k in dst and k in tr and dst[k] != tr[k]:
+                raise ValueError(f"cannot merge the transfer study of {name}: {k} {tr[k]} vs the study's {dst[k]}")
         for seed, cell in tr["seeds"].items():
-            for form, style in (("without_records", "--"), ("with_records", "-")):
-                ys = [None if c is None else c * 1e3 for c in cell[form]["from_default"]]
-                ax.plot(range(1, len(ys) + 1), ys, style, label=f"{form.replace('_', ' ')} seed {seed}")
-        ax.set(xlabel="trials", ylabel="best kernel time so far (ms)", xscale="log",
-               title=f"tvmfuse warm start: {name} {tr['shape']} after {tr['sources']}")
-        ax.legend(fontsize=7)
-        fig.tight_layout()
-        fig.savefig(os.path.join(folder, f"transfer_{name}.png"), dpi=120)
-        plt.close(fig)
-    print(f"plots written to {folder}")
+            have = dst.setdefault("seeds", {}).get(seed)
+            if "error" in cell and have is not None and "error" not in have:
+                have.setdefault("later_errors", []).append({"piece": idx, "error": cell["error"]})
+                continue
+            dst["seeds"][seed] = cell | {"piece": idx}
+    return old
 
 
 def _default_func(task):
@@ -585,18 +695,37 @@ def _scheduled(task, config):
 
 
 def print_table(results) -> None:
-    print("\n| workload | seed | trials | tvmfuse (ms) | tvmfuse tuning (s) | MetaSchedule (ms) | "
-          "MetaSchedule tuning (s) |")
-    print("|---|---:|---:|---:|---:|---:|---:|")
+    if any(row.get("seeds") for row in results["workloads"].values()):
+        print("\n| workload | seed | trials | tvmfuse (ms) | tvmfuse tuning (s) | MetaSchedule (ms) | "
+              "MetaSchedule tuning (s) |")
+        print("|---|---:|---:|---:|---:|---:|---:|")
     fmt = lambda d: f"{d['median_s'] * 1e3:.3f}" if "median_s" in d else "err"  # noqa: E731
+    sec = lambda x: "-" if x is None else f"{x:.0f}"  # noqa: E731
     for name, row in results["workloads"].items():
         for seed, cs in row.get("seeds", {}).items():
+            if "error" in cs:
+                print(f"| {name} | {seed} | error | {cs['error'][:100]} | | | |")
+                continue
             for b, cell in cs["budgets"].items():
                 t = cell["tvmfuse"]
                 m = cell.get("metaschedule", {})
-                print(f"| {name} | {seed} | {b} | {fmt(t)} | {t['wall_s']:.0f} | {fmt(m) if m else '-'} | "
-                      f"{m.get('wall_s', float('nan')):.0f} |")
+                print(f"| {name} | {seed} | {b} | {fmt(t)} | {sec(t.get('wall_s'))} | {fmt(m) if m else '-'} | "
+                      f"{sec(m.get('wall_s'))} |")
             print(f"| {name} | {seed} | default | {fmt(cs['default'])} | | | |")
+    for name, tr in results.get("transfer", {}).items():
+        for seed, cs in tr.get("seeds", {}).items():
+            if "error" in cs:
+                print(f"transfer {name} seed {seed}: error {cs['error'][:100]}")
+                continue
+            best = lambda c: "-" if not c["from_default"] or c["from_default"][-1] is None else (  # noqa: E731
+                f"{c['from_default'][-1] * 1e3:.3f} ms")
+            print(f"transfer {name} seed {seed}: best after {len(cs['without_records']['trial_costs'])} trials "
+                  f"{best(cs['without_records'])} without, {best(cs['with_records'])} with the other shapes' "
+                  f"records (tuner's measurements; warm start {cs['with_records'].get('warm_start')})")
+            for b, cell in cs.get("budgets", {}).items():
+                w, c = cell["with_records"], cell["without_records"]
+                print(f"  {b} trials, picks timed and checked: without {fmt(c)} ms, with {fmt(w)} ms"
+                      + (f", default {fmt(cs['default'])} ms" if "default" in cs else ""))
     cms = [(name, seed, cs["cost_model"]) for name, row in results["workloads"].items()
            for seed, cs in row.get("seeds", {}).items() if "cost_model" in cs]
     if cms:

@@ -18,7 +18,8 @@ Tables covered (README section: JSON file):
   11  space_fuzz.json                 candidates per family and target, failures
   8b  cuda_corpus_build.json, cuda_corpus_build_sm90.json   kernels per arch, on a CUDA template
 Not covered (no JSON or no table): 1 (bench_cpu.json holds an older run; printed with --tables 1),
-3c (io_overhead*.json: measured under load only), 5c (no measured run), 6e and 7 (no run recorded).
+3c (io_overhead*.json: measured under load only), 5c (no measured run), 6e and 7 (no run recorded;
+7 is printed with --tables 7, from export_bench.json or --json FILE; 1 likewise takes --json FILE).
 Only the standard library: runs anywhere, reads only the JSON files.
 """
 from __future__ import annotations
@@ -31,6 +32,9 @@ import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 README = os.path.join(HERE, "README.md")
+
+
+JSON_OVERRIDE: dict[str, str] = {}   # table -> JSON path given with --json (a fresh run, not yet committed)
 
 
 def load(name: str):
@@ -187,16 +191,30 @@ def table_1t() -> list[str]:
 
 
 def table_1() -> list[str]:
-    d = load("bench_cpu.json")
-    out = header("Table 1 (all default engines)", d, "bench_cpu.json")
-    engines = d["engines"].keys()
-    out += ["| workload | " + " | ".join(engines) + " |", "|---|" + "---:|" * len(engines)]
+    """Every engine of one bench_cpu.py run: median [p25-p75] ms, '-' where an engine did not run; the
+    checks (every output against the ONNX reference) and tvmfuse's ratio to onnxruntime (default options)."""
+    name = JSON_OVERRIDE.get("1", "bench_cpu.json")
+    d = load(name)
+    out = header("Table 1 (every engine of one run)", d, name)
+    engines = [e for e in d["engines"] if e != "onnx_reference"]
+    out += ["| workload | " + " | ".join(f"{e} ms" for e in engines) + " | checks | ort_default / tvmfuse |",
+            "|---|" + "---:|" * len(engines) + "---|---:|"]
     for r in d["rows"]:
-        cells = []
+        cells, fails = [], []
         for e in engines:
             x = r["engines"].get(e, {})
-            cells.append(f"{x['ms']['median']:.3f}" if x.get("ms") else "-")
-        out.append(f"| {r['workload']} | " + " | ".join(cells) + " |")
+            cells.append(spread(x["ms"]) if x.get("ms") else "-")
+            if x.get("check") not in (None, "pass"):
+                fails.append(e)
+        ran = [e for e in d["engines"] if r["engines"].get(e, {}).get("check") == "pass"]
+        checks = f"FAIL: {', '.join(fails)}" if fails else f"{len(ran)} pass"
+        o, t = (r["engines"].get(e, {}).get("ms") for e in ("ort_default", "tvmfuse"))
+        ratio = f"{o['median'] / t['median']:.2f}x" if o and t else "-"
+        out.append(f"| {r['workload']} | " + " | ".join(cells) + f" | {checks} | {ratio} |")
+    skipped = sorted({f"{e}: {x.get('skipped') or x.get('error', '')[:120]}" for r in d["rows"]
+                      for e, x in r["engines"].items() if not x.get("ms") and e != "onnx_reference"
+                      and (x.get("skipped") or x.get("error"))})
+    out += [f"not run: {s}" for s in skipped]
     return out
 
 
@@ -215,24 +233,68 @@ def table_2b() -> list[str]:
 
 
 def table_5() -> list[str]:
-    d = load("bench_tuner_study.json")
+    d = load(JSON_OVERRIDE.get("5", "bench_tuner_study.json"))
     out = []
     for p in d["pieces"]:
         out += [f"## Table 5 piece  (bench_tuner_study.json, {p['date']})", f"command: {p['command']}"]
+    cell_ms = lambda c: f"{c['median_s'] * 1e3:.2f}" if "median_s" in c else "error"  # noqa: E731
+    secs = lambda c: f"{c['wall_s']:.0f}" if c.get("wall_s") is not None else "-"  # noqa: E731
     for w, wd in d["workloads"].items():
+        if "seeds" not in wd:
+            out.append(f"workload {w}: skipped: {wd.get('skipped')}")
+            continue
         shape = "x".join(str(v) for v in wd["shape"].values())
         for seed, sd in wd["seeds"].items():
+            if "error" in sd:
+                out.append(f"workload {w} {shape}, seed {seed}: error: {sd['error'][:200]}")
+                continue
             out += [f"workload {w} {shape}, seed {seed}",
                     "| trials | tvmfuse (ms) | tvmfuse tuning (s) | MetaSchedule (ms) | MetaSchedule tuning (s) |",
                     "|---:|---:|---:|---:|---:|",
-                    f"| default | {sd['default']['median_s'] * 1e3:.2f} | | | |"]
+                    f"| default | {cell_ms(sd['default'])} | | | |"]
             for b, cell in sorted(sd["budgets"].items(), key=lambda kv: int(kv[0])):
                 t, m = cell.get("tvmfuse", {}), cell.get("metaschedule", {})
-                out.append(f"| {b} | {t['median_s'] * 1e3:.2f} | {t['wall_s']:.0f} | "
-                           + (f"{m['median_s'] * 1e3:.2f} | {m['wall_s']:.0f} |" if m else "- | - |"))
+                out.append(f"| {b} | {cell_ms(t)} | {secs(t)} | "
+                           + (f"{cell_ms(m)} | {secs(m)} |" if m else "- | - |"))
             cm = sd.get("cost_model")
             out.append(f"cost model (held out): {'none recorded' if not cm else json.dumps(cm)[:200]}")
+    for w, tr in d.get("transfer", {}).items():
+        if "seeds" not in tr:
+            out.append(f"transfer {w}: skipped: {tr.get('skipped')}")
+            continue
+        shape = "x".join(str(v) for v in tr["shape"].values())
+        for seed, sd in tr["seeds"].items():
+            if "error" in sd or "default" not in sd:       # an error, or a cell from before the picks were timed
+                out.append(f"transfer {w} {shape}, seed {seed}: {sd.get('error', 'no timed picks')}"[:300])
+                continue
+            out += [f"transfer {w} {shape}, seed {seed}, sources {tr['sources']} ({tr.get('source_trials')} trials each)",
+                    "| trials | without the other shapes' records (ms) | with them (ms) | tuning without (s) | "
+                    "tuning with (s) |", "|---:|---:|---:|---:|---:|",
+                    f"| default | {cell_ms(sd['default'])} | | | |"]
+            for b, cell in sorted(sd["budgets"].items(), key=lambda kv: int(kv[0])):
+                c, wr = cell["without_records"], cell["with_records"]
+                out.append(f"| {b} | {cell_ms(c)} | {cell_ms(wr)} | {secs(c)} | {secs(wr)} |")
     return out
+
+
+def table_7_rows(d: dict) -> list[str]:
+    """Table 7's rows from an export_bench.py JSON: median over the fresh-interpreter loads [min-max]."""
+    out = ["| model | form | size (kB) | import tvmfuse (s) | load (ms) | first run (ms) | run (ms) | check |",
+           "|---|---|---:|---:|---:|---:|---:|---|"]
+    for r in d["rows"]:
+        def rng(k, scale, fmt):
+            lo, hi = r[k + "_range"]
+            return f"{r[k] * scale:{fmt}} [{lo * scale:{fmt}}-{hi * scale:{fmt}}]"
+
+        out.append(f"| {r['model']} | {r['form']} | {r['bytes'] / 1e3:.1f} | {rng('import_s', 1, '.2f')} | "
+                   f"{rng('load_s', 1e3, '.1f')} | {rng('first_run_s', 1e3, '.2f')} | {rng('run_s', 1e3, '.3f')} | "
+                   f"{r['check']} |")
+    return out
+
+
+def table_7() -> list[str]:
+    d = load(JSON_OVERRIDE.get("7", "export_bench.json"))
+    return header("Table 7", d, JSON_OVERRIDE.get("7", "export_bench.json")) + table_7_rows(d)
 
 
 def table_11() -> list[str]:
@@ -272,6 +334,7 @@ def table_8b() -> list[str]:
 TABLES = {"1t": table_1t, "2b": table_2b, "3": table_3, "3b": table_3b, "5": table_5, "6": table_6,
           "9": table_9, "9b": table_9b, "10": table_10, "11": table_11, "8b": table_8b}
 EXTRA = {"1": table_1}    # printed when named only: bench_cpu.json is the second session's run
+PENDING = {"7": table_7}  # no committed JSON yet: printed when named (with --json for a fresh run's file)
 
 
 def missing_rows(readme_lines, table_lines: list[str]) -> list[str]:
@@ -282,15 +345,25 @@ def missing_rows(readme_lines, table_lines: list[str]) -> list[str]:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--tables", nargs="+", choices=[*TABLES, *EXTRA], default=list(TABLES))
+    ap.add_argument("--tables", nargs="+", choices=[*TABLES, *EXTRA, *PENDING], default=list(TABLES))
+    ap.add_argument("--json", default=None,
+                    help="with one of --tables 1, 5 or 7: read this JSON (e.g. a fresh run) instead of the committed one")
     ap.add_argument("--check", action="store_true",
                     help="list the printed table rows (lines starting with '| ') benchmarks/README.md lacks")
     args = ap.parse_args(argv)
+    if args.json:
+        if len(args.tables) != 1 or args.tables[0] not in ("1", "5", "7"):
+            ap.error("--json goes with exactly one of --tables 1, 5 or 7")
+        JSON_OVERRIDE[args.tables[0]] = os.path.abspath(args.json)
     with open(README, encoding="utf-8") as f:
         readme = f.read().splitlines()
     missing = []
     for t in args.tables:
-        lines = {**TABLES, **EXTRA}[t]()
+        try:
+            lines = {**TABLES, **EXTRA, **PENDING}[t]()
+        except FileNotFoundError as e:
+            print(f"check_readme.py: table {t}: {e}", file=sys.stderr)
+            return 2
         print("\n".join(lines) + "\n")
         if args.check and t in TABLES:
             missing += [(t, line) for line in missing_rows(readme, lines)]

@@ -44,3 +44,49 @@ def test_a_missing_json_names_the_file(tmp_path, monkeypatch):
     monkeypatch.setattr(R, "HERE", str(tmp_path))
     with pytest.raises(FileNotFoundError, match="bench_attention.json"):
         R.table_9()
+
+
+def test_table_7_rows_from_an_export_bench_json(tmp_path, monkeypatch):
+    """Table 7 (no committed run yet) from a JSON as export_bench.py writes it: median [min-max] per form."""
+    row = {"model": "resnet_block", "form": "tar", "bytes": 61400, "check": "pass", "max_abs_error": 1e-6}
+    for k, v in {"import_s": 2.5, "load_s": 0.0183, "first_run_s": 0.0047, "run_s": 2.2e-5}.items():
+        row[k], row[k + "_range"] = v, [v * 0.5, v * 2]
+    path = tmp_path / "export_bench.json"
+    path.write_text(json.dumps({"date": "d", "command": "c", "rows": [row]}))
+    monkeypatch.setitem(R.JSON_OVERRIDE, "7", str(path))
+    lines = R.table_7()
+    assert "| resnet_block | tar | 61.4 | 2.50 [1.25-5.00] | 18.3 [9.2-36.6] | 4.70 [2.35-9.40] | 0.022 [0.011-0.044] " \
+           "| pass |" in lines, lines
+
+
+def test_table_1_names_failed_checks_and_skipped_engines(tmp_path, monkeypatch):
+    ms = {"median": 2.0, "p25": 1.5, "p75": 2.5}
+    d = {"date": "d", "command": "c", "engines": {"onnx_reference": "", "ort_default": "", "torch_compile": "",
+                                                  "tvmfuse": ""},
+         "rows": [{"workload": "w", "engines": {"onnx_reference": {"check": "pass"},
+                                                "ort_default": {"ms": ms, "check": "pass"},
+                                                "torch_compile": {"skipped": "no torch"},
+                                                "tvmfuse": {"ms": {**ms, "median": 1.0}, "check": "FAIL"}}}]}
+    path = tmp_path / "cpu.json"
+    path.write_text(json.dumps(d))
+    monkeypatch.setitem(R.JSON_OVERRIDE, "1", str(path))
+    lines = R.table_1()
+    assert "| w | 2.000 [1.500-2.500] | - | 1.000 [1.500-2.500] | FAIL: tvmfuse | 2.00x |" in lines, lines
+    assert "not run: torch_compile: no torch" in lines
+
+
+def test_table_5_prints_errors_and_the_warm_start_picks(tmp_path, monkeypatch):
+    t = {"median_s": 1e-3, "wall_s": 10.0}
+    study = {"pieces": [{"date": "d", "command": "c"}],
+             "workloads": {"mm": {"shape": {"m": 8}, "seeds": {"0": {"error": "RuntimeError: boom", "budgets": {}}}},
+                           "conv": {"shape": {"c": 8}, "skipped": "no kernel matches"}},
+             "transfer": {"mm": {"shape": {"m": 8}, "sources": [{"m": 4}], "source_trials": 64, "seeds": {"0": {
+                 "default": {"median_s": 2e-3},
+                 "budgets": {"64": {"without_records": t, "with_records": {"error": "x", "wall_s": 12.0}}}}}}}}
+    path = tmp_path / "study.json"
+    path.write_text(json.dumps(study))
+    monkeypatch.setitem(R.JSON_OVERRIDE, "5", str(path))
+    lines = R.table_5()
+    assert "workload mm 8, seed 0: error: RuntimeError: boom" in lines
+    assert "workload conv: skipped: no kernel matches" in lines
+    assert "| default | 2.00 | | | |" in lines and "| 64 | 1.00 | error | 10 | 12 |" in lines, lines

@@ -103,3 +103,156 @@ def test_cost_model_quality_of_an_unlearnable_set_is_near_chance():
 def test_cost_model_quality_refuses_too_few_records():
     with pytest.raises(ValueError, match="too few records"):
         T.cost_model_quality(_synthetic_records(n=2), splits=1)
+
+
+# ---- resuming a study: pieces already in the JSON are skipped, errors are recorded and retried ----
+
+def test_piece_done_skips_only_complete_error_free_pieces():
+    study = json.loads(json.dumps(T.merge_results(None, _piece([64, 256]))))
+    shape = {"m": 8}
+    assert T.piece_done(study, "study", "mm", 0, [64, 256], shape)          # held: skipped
+    assert T.piece_done(study, "study", "mm", 0, [64], shape)
+    assert T.piece_done(study, "study", "mm", 0, [64, 1000], shape) is None  # a budget it lacks: run
+    assert T.piece_done(study, "study", "mm", 1, [64], shape) is None        # another seed: run
+    assert T.piece_done(study, "study", "mm", 0, [64], {"m": 16}) is None    # another shape: run
+    assert T.piece_done(None, "study", "mm", 0, [64], shape) is None
+    failed = {**_piece([1000], seed=2), "transfer": {}}
+    failed["workloads"]["mm"]["seeds"] = {2: {"error": "RuntimeError: worker died", "budgets": {}}}
+    study = json.loads(json.dumps(T.merge_results(study, failed)))
+    assert study["workloads"]["mm"]["seeds"]["2"]["error"].startswith("RuntimeError")
+    assert T.piece_done(study, "study", "mm", 2, [1000], shape) is None      # an error is retried
+    # the retry replaces the error; a later error never replaces results (kept as later_errors)
+    study = T.merge_results(study, _piece([1000], seed=2))
+    assert "error" not in study["workloads"]["mm"]["seeds"]["2"]
+    study = T.merge_results(study, failed)
+    cell = study["workloads"]["mm"]["seeds"]["2"]
+    assert "error" not in cell and cell["later_errors"][0]["error"].startswith("RuntimeError")
+    assert list(cell["budgets"]) == ["1000"]
+
+
+def test_transfer_piece_done_and_seeds_added_without_losing_entries():
+    study = T.merge_results(None, _piece([64]))
+    tr = {"shape": {"m": 8}, "sources": [], "seeds": {"1": {"with_records": {"trial_costs": [1.0] * 64},
+                                                            "without_records": {}, "budgets_run": [64]}}}
+    piece = {**_piece([64], seed=1), "transfer": {"mm": tr}}
+    study = json.loads(json.dumps(T.merge_results(study, piece)))
+    assert sorted(study["workloads"]["mm"]["seeds"]) == ["0", "1"]
+    assert sorted(study["transfer"]["mm"]["seeds"]) == ["0", "1"]
+    assert T.piece_done(study, "transfer", "mm", 1, [64], {"m": 8})
+    assert T.piece_done(study, "transfer", "mm", 1, [256], {"m": 8}) is None
+
+
+def test_check_mergeable_refuses_another_study_before_tuning():
+    study = T.merge_results(None, _piece([64]))
+    with pytest.raises(SystemExit, match="target"):
+        T.check_mergeable(study, {"target": "llvm -mcpu=other", "small": False, "quick": True,
+                                  "check": {"rtol": 1e-3}})
+    T.check_mergeable(study, {"target": "llvm -mcpu=x", "small": False, "quick": True, "check": {"rtol": 1e-3}})
+
+
+# ---- plot_tuner: the marks it prints (no matplotlib needed) ----
+
+_pspec = importlib.util.spec_from_file_location("plot_tuner", os.path.join(_ROOT, "benchmarks", "plot_tuner.py"))
+P = importlib.util.module_from_spec(_pspec)
+_pspec.loader.exec_module(P)
+
+
+def test_first_reach_and_marks():
+    assert P.first_reach([None, 5.0, 3.0, 2.0], [1, 2, 3, 4], 3.0) == (3, 3)
+    assert P.first_reach([None, 5.0, 3.3], [1, 2, 3], 3.0) is None
+    assert P.first_reach([None, 5.0, 3.3], [1, 2, 3], 3.0, tolerance=0.1) == (3, 3)
+    assert P.first_reach([1.0], [1], None) is None
+    cell = {"tvmfuse_curves": {"default_cost": 2.0, "from_default": [2.0, 2.0, 1.5], "trial_wall_s": [1, 2, 3]},
+            "ms_curves": {"cold": [None, 9.0, 4.0, 1.8], "trial_wall_s": [10, 20, 30, 40]}}
+    study = {"workloads": {"mm": {"shape": {"m": 8}, "seeds": {"0": cell, "1": {"error": "boom"}}}}}
+    rows = P.marks(study)
+    assert rows[1] == {"workload": "mm", "seed": "1", "error": "boom"}
+    r = rows[0]
+    assert r["default_s"] == 2.0 and r["ms_best_s"] == 1.8
+    assert r["tuners"]["tvmfuse"]["reach_default"] == (1, 1)
+    assert r["tuners"]["tvmfuse"]["reach_ms_best"] == (3, 3)
+    assert r["tuners"]["MetaSchedule"]["reach_default"] == (4, 40)
+    assert r["tuners"]["MetaSchedule"]["reach_ms_best"] == (4, 40)
+
+
+@pytest.mark.parametrize("mcpu", ["znver3", "skylake-avx512"])
+def test_transfer_sources_are_kernels_of_the_same_template(mcpu):
+    """Every shape of the warm-start study (quick, and the sources of the full study) is a kernel of its
+    workload's template on x86 targets: a source of another template would add no records (a conv below
+    28x28 goes to cpu.conv2d_lanes)."""
+    from tvmfuse.target import parse_target
+
+    target = parse_target(f"llvm -mtriple=x86_64-linux-gnu -mcpu={mcpu} -num-cores=2")
+    for name in T.WORKLOADS:
+        shapes = [T.QUICK_ARGS[name], *T.QUICK_TRANSFER_SOURCES[name], *T.TRANSFER_SOURCES[name]]
+        main_shapes = [T.WORKLOADS[name][2], T.WORKLOADS[name][3], T.QUICK_ARGS[name]]
+        for shape in shapes:
+            task, _ = T.main_task(name, shape, target)
+            assert task.family == T.WORKLOADS[name][1]
+        for src in T.TRANSFER_SOURCES[name]:
+            assert src not in main_shapes[:2], f"{name}: source {src} is a main shape (its records would be its own)"
+
+
+# ---- main(): pieces merged as they finish, failures recorded, a rerun resumes (tuning stubbed out) ----
+
+def test_main_records_a_failed_piece_and_a_rerun_resumes(tmp_path, monkeypatch, capsys):
+    calls = []
+
+    def fake_study(name, shape, args, target, budgets, seeds):
+        (seed,) = seeds
+        calls.append(seed)
+        if seed == 1 and calls.count(1) == 1:
+            raise RuntimeError("the measurer's worker died")
+        cell = {"budgets": {b: {"tvmfuse": {"median_s": 1e-3, "wall_s": 1.0}} for b in budgets},
+                "tvmfuse_curves": {"trial_costs": [1e-3] * max(budgets)}, "default": {"median_s": 2e-3}}
+        return {"kernel": "k", "shape": shape, "seeds": {seed: cell}}
+
+    monkeypatch.setattr(T, "study", fake_study)
+    out = str(tmp_path / "study.json")
+    argv = ["--quick", "--skip-ms", "--workloads", "matmul_bias_gelu", "--seeds", "0", "1", "--budgets", "4",
+            "--merge-into", out]
+    assert T.main(argv) == 1                                  # a failed piece: the run says so
+    study = json.load(open(out))
+    seeds = study["workloads"]["matmul_bias_gelu"]["seeds"]
+    assert "error" not in seeds["0"] and "worker died" in seeds["1"]["error"]
+    assert "failed pieces" in capsys.readouterr().out
+    assert T.main(argv) == 0                                  # the rerun: seed 0 skipped, seed 1 retried
+    assert calls == [0, 1, 1]
+    study = json.load(open(out))
+    assert sorted(study["workloads"]["matmul_bias_gelu"]["seeds"]) == ["0", "1"]
+    assert "error" not in study["workloads"]["matmul_bias_gelu"]["seeds"]["1"]
+    assert [p["seeds"] for p in study["pieces"]] == [[0], [1], [1]]
+
+
+def test_run_tvmfuse_records_a_budget_without_a_successful_trial(tmp_path, monkeypatch):
+    """Every trial of the first budget failed: that budget is an error (no config), the next has a pick."""
+    import tvmfuse
+    from tvmfuse.tune import log as L
+
+    target = tvmfuse.host_target()
+
+    class Task:
+        workload_key, default_config = "wk", {"a": 0}
+
+    class FakeTuner:
+        def __init__(self, tasks, target, log_path, options, *a, **k):
+            self.log_path, self.options = log_path, options
+
+        def run(self):
+            with L.LogWriter(self.log_path) as w:
+                for i in range(self.options.trials):
+                    ok = i >= 2
+                    w.write(L.make_measure_record(target=target, workload_key="wk", workload={}, template="t",
+                                                  config={"a": i}, costs=[1e-3 / (i + 1)] if ok else None,
+                                                  error=None if ok else {"kind": "build", "message": "no"}))
+
+            class R:
+                warm_start = {}
+            return R()
+
+    monkeypatch.setattr(T, "Tuner", FakeTuner)
+    pts, curves, _ = T.run_tvmfuse(Task(), target, [2, 4], str(tmp_path), 0, [])
+    assert pts[2]["config"] is None and "none of the first 2 trials succeeded" in pts[2]["error"]
+    assert pts[2]["error_kinds"] == {"build": 2}
+    assert pts[4]["config"] == {"a": 3} and pts[4]["errors"] == 2
+    assert curves["from_default"][:2] == [None, None]

@@ -209,3 +209,67 @@ def test_progress_line_and_curve_png(tmp_path):
         return
     assert plot_curve([(1, 2e-3), (4, 1e-3)], str(png)) == str(png)
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_warm_start_from_another_shapes_log(tmp_path, host, measurer):
+    """``transfer_logs``: the records of another shape train the model and its best configurations (those
+    the task's own space holds) are measured first, on the task; a record of the other workload is never
+    taken as one of this workload (a fake 1 ns record stays out of the result); a corrupt line, a record of
+    another template family and one of another target are left out, the corrupt line named with its number."""
+    small = task_for(scale_add_func(32, 128), host, "small", templates=[SplitVec()])
+    src = tmp_path / "small.jsonl"
+    Tuner([small], host, src, TuneOptions(trials=8, batch=8, seed=3), FAST, measurer=measurer).run()
+    recs = L.load(src, host).measures
+    assert len(recs) == 8 and all(r["costs"] for r in recs)
+    ranked = sorted(recs[1:], key=L.median_cost)         # the default (first record) is never a seed
+    fake = ranked[-1]                                    # the slowest becomes a fake 1 ns record
+    lines = src.read_text().splitlines()
+    out = []
+    for line in lines:
+        r = json.loads(line)
+        if r.get("type") == "measure" and r["config"] == fake["config"]:
+            r["costs"] = [1e-9]
+        out.append(json.dumps(r))
+    outside = dict(fake, config={**fake["config"], "unused": 7}, costs=[1e-10])     # not in the space
+    other_family = dict(ranked[0], template="test.faulty", costs=[1e-10])
+    other_target = dict(ranked[0], target_key="llvm,mcpu=other", costs=[1e-10])
+    out += [json.dumps(outside), json.dumps(other_family), "{not json", json.dumps(other_target)]
+    src.write_text("\n".join(out) + "\n")
+    corrupt_line = len(lines) + 3
+
+    big = task_for(scale_add_func(64, 512), host, "big", templates=[SplitVec()])
+    dst = tmp_path / "big.jsonl"
+    res = Tuner([big], host, dst, TuneOptions(trials=6, batch=6, seed=0, transfer_logs=(str(src),),
+                                              transfer_seeds=2), FAST, measurer=measurer,
+                templates=[SplitVec()]).run()
+    ws = res.warm_start
+    assert ws["workloads"] == 1 and ws["records"] == 9, ws      # 8 of the other shape + the out-of-space one
+    assert ws["seeds"] == 2
+    assert len(ws["skipped_lines"]) == 1 and f"{src}:{corrupt_line}:" in ws["skipped_lines"][0]
+    mine = L.load(dst, host)
+    assert {r["workload_key"] for r in mine.measures} == {big.workload_key}
+    assert set(mine.workloads) == {big.workload_key}
+    got = [r["config"] for r in mine.measures]
+    assert got[0] == big.default_config
+    assert got[1:3] == [fake["config"], ranked[0]["config"]], "the other shape's two best (in-space) go first"
+    measured_fake = L.median_cost(mine.measures[1])
+    assert measured_fake > 1e-7, "the seed is measured on this workload, not copied from the other log"
+    assert res.tasks[0]["best"] == min(L.median_cost(r) for r in mine.measures) > 1e-7
+    assert res.tasks[0]["trials"] == 6
+
+
+def test_warm_start_seeds_off_and_missing_log(tmp_path, host, measurer):
+    """``transfer_seeds=0``: the records train the model only; a missing transfer log is a clear error."""
+    small = task_for(scale_add_func(32, 128), host, "small", templates=[SplitVec()])
+    src = tmp_path / "small.jsonl"
+    Tuner([small], host, src, TuneOptions(trials=4, batch=4), FAST, measurer=measurer).run()
+    big = task_for(scale_add_func(64, 512), host, "big", templates=[SplitVec()])
+    res = Tuner([big], host, tmp_path / "b.jsonl", TuneOptions(trials=1, transfer_logs=(str(src),),
+                                                                transfer_seeds=0),
+                FAST, measurer=measurer, templates=[SplitVec()]).run()
+    assert res.warm_start["records"] == 4 and res.warm_start["seeds"] == 0
+    from tvmfuse.errors import TuningLogError
+
+    with pytest.raises(TuningLogError, match="cannot read tuning log .*nope.jsonl"):
+        Tuner([big], host, tmp_path / "c.jsonl", TuneOptions(trials=1, transfer_logs=(str(tmp_path / "nope.jsonl"),)),
+              FAST, measurer=measurer, templates=[SplitVec()]).run()

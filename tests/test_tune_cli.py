@@ -147,3 +147,18 @@ def test_kernel_inputs_from_user_samples(host):
     assert [list(a.shape) for a in first] == [p[0] for p in tasks[0].workload["params"]]
     x = next(iter(feeds.values()))
     assert any(a.shape == x.shape and np.array_equal(a, x) for a in first), "the sample reached the kernel"
+
+
+def test_tune_warm_start_missing_log_is_one_error_line(tmp_path, capsys):
+    """``--warm-start`` names a log of other workloads; a missing one is an error naming it, before any work."""
+    from tvmfuse.cli import main
+
+    model = tmp_path / "chain.onnx"
+    onnx.save(M.matmul_bias_act(8, 16, 16, act="Relu"), model)
+    missing = tmp_path / "other.jsonl"
+    rc = main(["tune", str(model), "--trials", "1", "--log", str(tmp_path / "t.jsonl"), "--warm-start", str(missing)])
+    err = capsys.readouterr().err
+    assert rc == 2 and f"--warm-start {missing}: no such file" in err and "Traceback" not in err, err
+    assert not (tmp_path / "t.jsonl").exists(), "nothing tuned, no log written"
+    rc = main(["tune", str(model), "--trials", "1", "--log", str(tmp_path / "t.jsonl"), "--warm-start-seeds", "-1"])
+    assert rc == 2 and "--warm-start-seeds must be 0 or more" in capsys.readouterr().err

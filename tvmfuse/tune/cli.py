@@ -88,6 +88,12 @@ def cmd_tune(args) -> int:
         raise InputError("--tracker and --key go together")
     if args.tracker and ":" not in args.tracker:
         raise InputError(f"--tracker must be HOST:PORT, got {args.tracker!r}")
+    warm_logs = tuple(args.warm_start or ())
+    for p in warm_logs:
+        if not os.path.isfile(p):
+            raise InputError(f"--warm-start {p}: no such file (a tuning log of other workloads is expected)")
+    if args.warm_start_seeds < 0:
+        raise InputError("--warm-start-seeds must be 0 or more")
     target = parse_target(args.target)
     model = _model(args)
     tasks = extract_tasks(model, target)
@@ -103,10 +109,19 @@ def cmd_tune(args) -> int:
                         run_timeout=args.run_timeout)
     inputs = _kernel_inputs(args, model, tasks, target) if args.inputs else None
     bar = ProgressBar()
-    tuner = Tuner(tasks, target, args.log, TuneOptions(trials=args.trials, batch=args.batch, seed=args.seed),
+    tuner = Tuner(tasks, target, args.log, TuneOptions(trials=args.trials, batch=args.batch, seed=args.seed,
+                                                       transfer_logs=warm_logs,
+                                                       transfer_seeds=args.warm_start_seeds),
                   mo, progress=bar, inputs=inputs)
     result = tuner.run()
     bar.finish()
+    ws = result.warm_start
+    if warm_logs:
+        print(f"warm start from {len(warm_logs)} log(s): cost model trained on {ws.get('records', 0)} records of "
+              f"{ws.get('workloads', 0)} other workload(s); {ws.get('seeds', 0)} of their best configuration(s) "
+              f"measured first")
+    for msg in ws.get("skipped_lines", []):
+        print(f"  {msg}")
     print(f"{result.trials_run} trials measured in {result.seconds:.1f} s "
           f"({result.trials_total} in the log for these kernels); records in {args.log}")
     for row in result.tasks:
@@ -205,6 +220,12 @@ def add_commands(sub) -> None:
     t.add_argument("--inputs", default=None, help=".npz of sample model inputs (default: normal random)")
     t.add_argument("--batch", type=int, default=8, help="configurations per round")
     t.add_argument("--seed", type=int, default=0)
+    t.add_argument("--warm-start", action="append", default=None, metavar="LOG",
+                   help="tuning log of other workloads (other shapes, other models; repeatable): its records of "
+                   "the same templates train the cost model first, and its best configurations that fit a "
+                   "kernel's knob space are measured first; never taken as measurements of this model's kernels")
+    t.add_argument("--warm-start-seeds", type=int, default=2,
+                   help="best configurations per workload of the --warm-start logs measured first (0: none)")
     t.add_argument("--build-timeout", type=float, default=60.0, help="seconds per candidate build")
     t.add_argument("--run-timeout", type=float, default=30.0, help="seconds per candidate run")
     t.add_argument("--plot", default=None, help="tuning-curve PNG (default: LOG.png; 'none' for no plot)")

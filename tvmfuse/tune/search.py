@@ -11,6 +11,10 @@ and retrains the model.
   candidates the model did not pick.
 - Warm start: the model first trains on the log's records of the same template families (other
   workloads, other shapes: their PrimFunc is in the log's workload records), then on each measurement.
+  ``transfer_logs`` (``tvmfuse tune --warm-start LOG``) adds the records of other logs (read only), and
+  the ``transfer_seeds`` best configurations of each of their workloads that the task's own knob space
+  holds are measured first (on the task: a record of another workload is never taken as a measurement
+  of this one).  Unreadable lines of those logs are skipped and named (file:line) in the result.
 """
 from __future__ import annotations
 
@@ -42,6 +46,7 @@ class TuneOptions:
     seed: int = 0
     warm_start: bool = True              # train on the log's records of the same template families first
     transfer_logs: tuple = ()            # more logs to warm-start from (read only)
+    transfer_seeds: int = 2              # best configs per workload of transfer_logs measured first
 
 
 @dataclass
@@ -53,6 +58,7 @@ class TaskState:
     rounds: int = 0
     history: list = field(default_factory=list)      # best cost after each round
     exhausted: bool = False
+    seeds: list = field(default_factory=list)        # configs to measure first (transfer_seeds)
 
     @property
     def best(self) -> tuple[float | None, dict | None]:
@@ -71,10 +77,11 @@ class TuneResult:
     trials_total: int
     seconds: float
     curve: list[tuple[int, float]]   # (trials done, weighted sum of best latencies), this job's points
+    warm_start: dict = field(default_factory=dict)   # what the warm start used (``Tuner.warm_info``)
 
     def to_dict(self) -> dict:
         return {"tasks": self.tasks, "trials_run": self.trials_run, "trials_total": self.trials_total,
-                "seconds": self.seconds, "curve": self.curve}
+                "seconds": self.seconds, "curve": self.curve, "warm_start": dict(self.warm_start)}
 
 
 class Tuner:
@@ -93,6 +100,9 @@ class Tuner:
         self.rng = random.Random(options.seed)
         self.model = CostModel(seed=options.seed)
         self.warm: list[Sample] = []
+        # records: warm-start samples; workloads: other workloads they came from; seeds: configs measured
+        # first; skipped_lines: "file:line: reason" of unreadable lines of the transfer logs
+        self.warm_info: dict = {"records": 0, "workloads": 0, "seeds": 0, "skipped_lines": []}
 
     # ------------------------------------------------------------------ helpers
     def _weighted_total(self, states) -> float | None:
@@ -125,17 +135,29 @@ class Tuner:
         return out
 
     def _warm_start(self, measurer: Measurer, tl: TuningLog, states) -> None:
-        """Samples from the log's other workloads of the same template families (transfer)."""
+        """Samples from the other workloads of the same template families (transfer), in this job's log and
+        in ``transfer_logs``; the best ``transfer_seeds`` configurations of each workload of the transfer
+        logs that a task's space contains become that task's seeds (measured first, on the task)."""
         families = {s.task.family for s in states}
         own = {s.task.key for s in states}
-        logs = [tl] + [load(p, self.target) for p in self.options.transfer_logs]
+        logs = [tl]
+        for p in self.options.transfer_logs:
+            t = load(p, self.target)
+            for msg in t.skipped:
+                log.warning("warm start: %s", msg)
+            self.warm_info["skipped_lines"] += t.skipped
+            logs.append(t)
         by_wk: dict[str, list[dict]] = {}
+        from_transfer: set[str] = set()
         workloads: dict[str, dict] = {}
-        for t in logs:
+        for i, t in enumerate(logs):
             workloads.update(t.workloads)
             for r in t.measures:
                 if record_key(r) not in own and r["template"] in families and median_cost(r) is not None:
                     by_wk.setdefault(record_key(r), []).append(r)
+                    if i > 0:
+                        from_transfer.add(record_key(r))
+        used = set()
         for key, recs in by_wk.items():
             wk = recs[0]["workload_key"]
             if wk not in workloads or len(recs) < 2:
@@ -150,8 +172,27 @@ class Tuner:
             for r, f in zip(recs, feats):
                 if f.get("ok"):
                     self.warm.append(Sample(key, np.asarray(f["features"]), r["config"], median_cost(r)))
+                    used.add(key)
+        self.warm_info.update(records=len(self.warm), workloads=len(used))
+        if self.options.transfer_seeds > 0:
+            for st in states:
+                have = set(st.measured) | {config_id(st.task.default_config)}
+                for key in sorted(from_transfer):
+                    recs = [r for r in by_wk[key] if r["template"] == st.task.family]
+                    best: dict[str, dict] = {}
+                    for r in sorted(recs, key=median_cost):
+                        cid = config_id(r["config"])
+                        if cid not in have and cid not in best and st.task.space.contains(r["config"]):
+                            best[cid] = r["config"]
+                        if len(best) >= self.options.transfer_seeds:
+                            break
+                    for cid, cfg in best.items():
+                        st.seeds.append(dict(cfg))
+                        have.add(cid)
+                self.warm_info["seeds"] += len(st.seeds)
         if self.warm:
-            log.info("warm start: %d records of %d other workloads", len(self.warm), len(by_wk))
+            log.info("warm start: %d records of %d other workloads, %d seed configuration(s)", len(self.warm),
+                     len(used), self.warm_info["seeds"])
 
     def _candidates(self, st: TaskState) -> list[dict]:
         """The task's candidate pool, topped up: a small space whole; a large one keeps its unmeasured
@@ -182,6 +223,10 @@ class Tuner:
         return list(st.pool.values())
 
     def _pick(self, st: TaskState, measurer: Measurer, n: int) -> list[dict]:
+        seeds = [c for c in st.seeds if config_id(c) not in st.measured][:n]
+        if seeds:                     # the transfer logs' best configurations go first, alone in their round
+            st.seeds = [c for c in st.seeds if config_id(c) not in st.measured and c not in seeds]
+            return seeds
         cands = self._candidates(st)
         if not cands:
             return []
@@ -339,7 +384,8 @@ class Tuner:
                          "weight": s.task.weight, "trials": len(s.measured), "errors": errors,
                          "best": best, "default": default, "best_config": cfg,
                          "space_size": s.task.space.size()})
-        return TuneResult(rows, ran, done, time.perf_counter() - t_start, curve)
+        return TuneResult(rows, ran, done, time.perf_counter() - t_start, curve,
+                          {**self.warm_info, "skipped_lines": list(self.warm_info["skipped_lines"])})
 
 
 def tune(model, target=None, *, trials: int, log_path, tracker: str | None = None, key: str | None = None,
