@@ -526,7 +526,8 @@ def _share_symbolic_storage(mod, _ctx):
     (StaticPlanBlockMemory, LowerAllocTensor), before KillAfterLastUse.  Conservative: a storage's tensors
     are re-planned only when the storage is used by nothing but ``memory.alloc_tensor`` bindings of its
     binding block, none of its tensors (or anything that may alias them: every binding that reads one,
-    except a kernel call, which writes its outputs in place and returns nothing) reaches a later block or
+    except a kernel call, which writes its outputs in place and returns nothing; a field read from a kernel's
+    output tuple aliases that field's tensor only) reaches a later block or
     the function's result, and its size reads only the function signature's symbolic dims."""
     kernels = {gv for gv, f in mod.functions.items() if isinstance(f, C.PrimFunc)}
     for gv, func in list(mod.functions.items()):
