@@ -107,3 +107,29 @@ def test_scheduled_kernel_takes_each_log_once_per_diagonal(target):
     assert log_blocks, scheduled.script()
     for extents in log_blocks:
         assert extents == ["T.int64(2)", "sequence"], extents
+
+
+def _summed_over_rows():
+    """log(|j - i| + 1) summed over i (a function of j, not of j - i): the sum stays over [s, s] (only the
+    log's chain is per diagonal), x [batch, sequence] + that sum."""
+    g = M._G("relpos_rowsum")
+    x = g.input("x", ("batch", "sequence"))
+    s = g.op("Gather", g.op("Shape", x), g.const(np.array(1, np.int64)), axis=0)
+    pos = g.op("Range", g.const(np.array(0, np.int64)), s, g.const(np.array(1, np.int64)))
+    rel = g.op("Sub", g.op("Unsqueeze", pos, g.const(np.array([0], np.int64))),
+               g.op("Unsqueeze", pos, g.const(np.array([1], np.int64))))
+    f = g.op("Log", g.op("Add", g.op("Cast", g.op("Abs", rel), to=onnx.TensorProto.FLOAT),
+                         g.const(np.array(1.0, np.float32))))
+    g.op("Add", x, g.op("ReduceSum", f, g.const(np.array([0], np.int64)), keepdims=1))
+    g.rename_last("y", ("batch", "sequence"))
+    return g.model()
+
+
+def test_reduction_over_rows_stays_over_rows(host, rng):
+    model = _summed_over_rows()
+    assert _log_shapes(_pre_legalized(model)) == ["R.shape([2, sequence])"]
+    cm = tvmfuse.compile(model, target=host)
+    for b, s in ((1, 1), (2, 7), (1, 33)):
+        feeds = {"x": rng.standard_normal((b, s)).astype(np.float32)}
+        np.testing.assert_allclose(cm.run(feeds)["y"], M.reference_outputs(model, feeds)["y"], rtol=1e-5,
+                                   atol=1e-4, err_msg=f"batch {b} x sequence {s}")

@@ -88,6 +88,7 @@ class _Cone:
         self.rel = {}                                       # var -> (s, plus operand var, minus operand var)
         self.members = {}                                   # var -> s (the rel extent of its cone)
         self.expensive = set()                              # extents whose cone holds an EXPENSIVE op
+        self.stacked = set()                                # members made by ``stack`` (axis 0 not (i, j))
         for b in bindings:
             self._visit(b)
 
@@ -128,6 +129,8 @@ class _Cone:
         s = self._member_extent(value, op)
         if s is not None:
             self.members[var] = s
+            if op == "relax.stack":
+                self.stacked.add(var)
             if op in EXPENSIVE:
                 self.expensive.add(str(s))
 
@@ -147,7 +150,8 @@ class _Cone:
             x = value.args[0]
             axes = [int(a) for a in value.attrs.axis] if value.attrs.axis is not None else None
             shape = _shape(x)
-            if x in self.members and axes == [0] and shape is not None and len(shape) == 3 \
+            # over the stacked axis only (a reduction over i or j would not be a function of j - i)
+            if x in self.stacked and axes == [0] and shape is not None and len(shape) == 3 \
                     and not value.attrs.keepdims:
                 return self.members[x]
             return None
