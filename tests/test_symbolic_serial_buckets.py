@@ -96,6 +96,57 @@ def test_symbolic_elementwise_numbers_on_both_sides_of_the_bound(host, rng):
                                    err_msg=f"batch {b} x sequence {s}")
 
 
+def _rotary(static_table=False):
+    """llama's rotary kernel in small (Table 10's llama b1 s1): cos of a position table, an output of its
+    own over [sequence] x 16 ([16]: ``static_table``), times the queries over [batch, sequence] x 16: one
+    kernel whose outputs' symbolic extents differ (``sequence`` vs ``batch x sequence``)."""
+    g = M._G("rotary_sym")
+    p = g.input("p", (16,) if static_table else ("sequence", 16))
+    x = g.input("x", ("batch", "sequence", 16))
+    g.op("Cos", p)
+    c = g.rename_last("c", (16,) if static_table else ("sequence", 16))
+    g.op("Mul", x, c)
+    g.rename_last("y", ("batch", "sequence", 16))
+    return g.model()
+
+
+@pytest.mark.parametrize("target", ["haswell-2", "skx-2"])
+@pytest.mark.parametrize("static_table", [False, True])
+def test_elementwise_outputs_over_different_symbolic_extents_get_a_serial_bucket(target, static_table):
+    """Outputs over ``sequence`` (or static extents) next to one over ``batch x sequence``: buckets over the
+    covering ``batch x sequence`` whose bound counts every output's elements per row (16 + 16), a serial
+    nest under it.  Before, the kernel had one parallel nest: llama's rotary kernel forked the thread pool
+    at b1 s1 (11.9 us in the model against 1.5 us on one thread, measured under load, notes/sym9.md)."""
+    tgt = parse_target(NAMED_TARGETS[target])
+    (kname, func), = S.graph_funcs(_rotary(static_table), tgt).items()
+    assert len(func.params) == 4, func            # one kernel: both inputs, both outputs
+    res = schedule_prim_func(func, tgt, {}, kname)
+    assert res is not None and res.template == Elementwise.family, res and res.template
+    bound = (_limit(tgt) - 1) // (16 + 16)
+    buckets = res.config["buckets"]
+    assert [b["bucket"] for b in buckets] == [f"batch<={bound}", f"batch>{bound}"]
+    assert [b["config"]["parallel"] for b in buckets] == [False, True]
+    serial, parallel = _branches(res.func)
+    assert _parallel_loops(serial) == 0 and _parallel_loops(parallel) >= 1
+    # the dispatch is on the covering product, not on the position table's extent
+    cond = str(res.func.body.block.body.condition)
+    assert "batch" in cond and "sequence" in cond, cond
+
+
+@pytest.mark.parametrize("static_table", [False, True])
+def test_elementwise_outputs_over_different_symbolic_extents_numbers(host, rng, static_table):
+    model = _rotary(static_table)
+    cm = tvmfuse.compile(model, target=host)
+    (sched,) = cm.report.schedules
+    bound = int(sched["knobs"]["buckets"][0]["bucket"].split("<=")[1])
+    for b, s in ((1, 1), (3, 17), (1, bound), (1, bound + 1), (2, bound)):
+        feeds = {"p": rng.standard_normal((16,) if static_table else (s, 16)).astype(np.float32),
+                 "x": rng.standard_normal((b, s, 16)).astype(np.float32)}
+        got, want = cm.run(feeds), M.reference_outputs(model, feeds)
+        for k in ("c", "y"):
+            np.testing.assert_allclose(got[k], want[k], rtol=1e-5, atol=1e-6, err_msg=f"{k} {b} x {s}")
+
+
 # the kernels Table 10e's profile (benchmarks/HISTORY.md) found parallel over the symbolic batch and serial in
 # the static build: three 1x1 convs (cpu.conv2d_lanes), the max pool, the global mean (names follow TVM's op
 # counters: with the numpy constant fold, passes/fold.py, no reshape is left before the mean's)

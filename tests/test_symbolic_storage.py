@@ -182,3 +182,54 @@ def test_pass_follows_views_and_keeps_returned_storage():
     # read; the result's storage (s3) is left as it is
     assert used[0] == used[2] != used[1] and used[3] == "s3", main
     assert len(re.findall(r"R\.memory\.alloc_storage\(", main)) == 3
+
+
+def _tuple_outputs_module():
+    """A kernel writing two outputs read back through their tuple (``lv = t[0]``, as FuseTIR's multi-output
+    kernels are): ``t1`` (field 1) is last read before ``t3``'s allocation, ``t0`` (field 0) after it."""
+    I, R, T = C.script_ir, C.script_relax, C.script_tir
+
+    @I.ir_module
+    class Tupled:
+        @T.prim_func
+        def copy(a: T.handle, b: T.handle):
+            T.evaluate(0)
+
+        @T.prim_func
+        def two(a: T.handle, b: T.handle, c: T.handle):
+            T.evaluate(0)
+
+        @R.function(pure=False)
+        def main(x: R.Tensor(("n", 16), "float32")):
+            n = T.int64()
+            cls = Tupled
+            s0 = R.memory.alloc_storage(R.shape([n * 64]), 0, "global", "float32")
+            t0 = R.memory.alloc_tensor(s0, 0, R.shape([n, 16]), "float32")
+            s1 = R.memory.alloc_storage(R.shape([n * 64]), 0, "global", "float32")
+            t1 = R.memory.alloc_tensor(s1, 0, R.shape([n, 16]), "float32")
+            cls.two(x, t0, t1)
+            tup = (t0, t1)
+            a = tup[0]
+            b = tup[1]
+            s2 = R.memory.alloc_storage(R.shape([n * 64]), 0, "global", "float32")
+            t2 = R.memory.alloc_tensor(s2, 0, R.shape([n, 16]), "float32")
+            cls.copy(b, t2)
+            s3 = R.memory.alloc_storage(R.shape([n * 64]), 0, "global", "float32")
+            t3 = R.memory.alloc_tensor(s3, 0, R.shape([n, 16]), "float32")
+            cls.two(a, t2, t3)
+            s4 = R.memory.alloc_storage(R.shape([n * 64]), 0, "global", "float32")
+            out = R.memory.alloc_tensor(s4, 0, R.shape([n, 16]), "float32")
+            cls.copy(t3, out)
+            return out
+
+    return Tupled
+
+
+def test_pass_reads_a_tuple_field_as_that_output_only():
+    """Reading ``a = tup[0]`` keeps ``t0`` alive, not its sibling ``t1``: ``t3`` takes ``t1``'s storage (before,
+    every field of a kernel's output tuple lived as long as any one was read: llama_dyn kept 11 storages per
+    call, 9 now)."""
+    main = _share_symbolic_storage(_tuple_outputs_module())["main"].script()
+    used = re.findall(r"R\.memory\.alloc_tensor\((\w+),", main)
+    assert used[3] == used[1] and len({used[0], used[1], used[2]}) == 3 and used[4] == "s4", main
+    assert len(re.findall(r"R\.memory\.alloc_storage\(", main)) == 4

@@ -530,7 +530,8 @@ def _share_symbolic_storage(mod, _ctx):
     (StaticPlanBlockMemory, LowerAllocTensor), before KillAfterLastUse.  Conservative: a storage's tensors
     are re-planned only when the storage is used by nothing but ``memory.alloc_tensor`` bindings of its
     binding block, none of its tensors (or anything that may alias them: every binding that reads one,
-    except a kernel call, which writes its outputs in place and returns nothing) reaches a later block or
+    except a kernel call, which writes its outputs in place and returns nothing; a field read from a kernel's
+    output tuple aliases that field's tensor only) reaches a later block or
     the function's result, and its size reads only the function signature's symbolic dims."""
     kernels = {gv for gv, f in mod.functions.items() if isinstance(f, C.PrimFunc)}
     for gv, func in list(mod.functions.items()):
@@ -593,6 +594,7 @@ def _share_block_storage(bindings, read_after: set, signature_vars: set, kernels
     storages = {}                     # storage var -> (size, key)
     tensors = {}                      # alloc_tensor binding index -> its storage var
     aliases: dict = {}                # var -> the tensors (binding indices) whose memory it may hold
+    fields: dict = {}                 # tuple var -> the aliases of each of its fields
     last: dict = {}                   # tensor -> index of the last binding reading its memory
     pinned: set = set()               # storages left as they are
     for i, b in enumerate(bindings):
@@ -617,6 +619,13 @@ def _share_block_storage(bindings, read_after: set, signature_vars: set, kernels
         is_kernel_call = isinstance(value, C.relax.Call) and value.op in kernels
         if held and not is_kernel_call:
             aliases[b.var] = aliases.get(b.var, set()) | held
+        if isinstance(value, C.relax.Tuple):
+            fields[b.var] = [set(aliases.get(f, set())) if isinstance(f, C.relax.Var) else held
+                             for f in value.fields]
+        elif isinstance(value, C.relax.TupleGetItem) and value.tuple_value in fields:
+            # a field of a kernel's output tuple holds that field's memory only, not its siblings' (without
+            # this, reading one output kept every output of the kernel alive: llama_dyn, 11 storages)
+            aliases[b.var] = set(fields[value.tuple_value][value.index])
     for v in read_after:
         pinned |= {tensors[t] for t in aliases.get(v, set())} | ({v} if v in storages else set())
     units = sorted(t for t, s in tensors.items() if s not in pinned)

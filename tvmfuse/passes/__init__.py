@@ -14,6 +14,7 @@ def pre_legalize_passes(target: C.Target, options) -> list:
     """
     from .attention import FuseAttention
     from .conv1d import Conv1dAsConv2d
+    from .relpos import DiagonalRelativePosition
     from .rewrites import FoldBatchNorm, Peephole, TransposePointwiseWeights
 
     attention = [
@@ -23,6 +24,8 @@ def pre_legalize_passes(target: C.Target, options) -> list:
     cpu_schedules = options.schedules and target.kind.name == "llvm"
     return [
         Peephole(),
+        # T5's relative-position bucket over a symbolic sequence: once per diagonal, not per (i, j)
+        DiagonalRelativePosition(),
         FoldBatchNorm(),
         # CPU schedules only: no CPU template takes a conv1d anchor, the conv2d ones do; after FoldBatchNorm
         # (a BatchNorm1d folds into the conv1d: its bias then moves to 4-D), before the weight layouts

@@ -9,6 +9,7 @@ Knobs: a typed ``ElementwiseConfig``; default values come from the target (``cpu
 """
 from __future__ import annotations
 
+import collections
 from dataclasses import dataclass
 
 from ... import _compat as C
@@ -51,13 +52,15 @@ class Elementwise(BatchBuckets, U.CpuTemplate, family=FAMILY, config=Elementwise
             sizes.append(-1 if -1 in extents else total)   # -1: a symbolic extent (batch, seq)
         info = {"blocks": left, "elements": -1 if -1 in sizes else max(sizes)}
         split = [_static_and_symbolic(sch, b) for b in blocks]
-        if all(batch is not None for _, batch in split) and \
-                all(C.Analyzer().can_prove_equal(batch, split[0][1]) for _, batch in split[1:]):
-            # outputs over the same symbolic extents (one output; or gpt2's Q/K/V head split, [batch x
-            # sequence] x 64 each): size buckets over their product (BatchBuckets), a serial nest while the
-            # elements of all outputs stay under the target's fork/join cost (the static default's rule)
+        covering = _covering_extent([batch for _, batch in split])
+        if covering is not None:
+            # outputs over symbolic extents that one of them covers (one output; gpt2's Q/K/V head split,
+            # [batch x sequence] x 64 each; llama's rotary kernel: cos/sin over [sequence] x 16 next to the
+            # rotated Q/K over [batch x sequence] x 64): size buckets over the covering product
+            # (BatchBuckets), a serial nest while the elements of all outputs (at most their static parts'
+            # sum x the covering product) stay under the target's fork/join cost (the static default's rule)
             static = sum(st for st, _ in split)
-            info.update(batch=split[0][1], elements_per_batch=static,
+            info.update(batch=covering, elements_per_batch=static,
                         serial_batches_work=U.serial_batches(static, target))
         return Match(self.family, info)
 
@@ -104,6 +107,28 @@ class Elementwise(BatchBuckets, U.CpuTemplate, family=FAMILY, config=Elementwise
         for name in match.info["blocks"]:
             U.schedule_injective(sch, sch.get_sblock(name), cfg.lanes * cfg.vector_mult, unroll=cfg.unroll,
                                  parallel=cfg.parallel)
+
+
+def _factors(expr) -> list[str]:
+    """The factors of a product of extents (``batch * sequence``: ["batch", "sequence"]), as text."""
+    if isinstance(expr, C.tirx.Mul):
+        return _factors(expr.a) + _factors(expr.b)
+    return [str(expr)]
+
+
+def _covering_extent(batches: list):
+    """Of the symbolic parts of the outputs' extents (None: an output with static extents only, the empty
+    product), the one every other divides (its factors a sub-multiset of that one's, so it is never larger:
+    extents are >= 1), or None (no symbolic extent at all, or two products neither of which covers the
+    other: ``batch`` and ``sequence``)."""
+    batches = [b for b in batches if b is not None]
+    if not batches:
+        return None
+    counts = [collections.Counter(_factors(b)) for b in batches]
+    for b, c in zip(batches, counts):
+        if all(not (other - c) for other in counts):
+            return b
+    return None
 
 
 def _static_and_symbolic(sch: C.Schedule, block) -> tuple[int, object]:
