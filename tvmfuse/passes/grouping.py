@@ -74,7 +74,7 @@ class _BlockGraph:
             if _is_call_tir(v):
                 func = mod[v.args[0]] if v.args[0] in mod.get_global_vars() else None
                 info = R.classify(func, v, C.type_of(b.var))
-                if not all(isinstance(a, (C.relax.Var, C.Constant)) for a in v.args[1].fields):
+                if not all(isinstance(a, (C.relax.Var, C.Constant)) or R.is_symbol_arg(a) for a in v.args[1].fields):
                     info.kind, info.why_opaque = R.OPAQUE, "an argument is neither a tensor var nor a constant"
                 info.name = f"{info.name}({C.var_name(b.var)})"
                 self.info[i] = info
@@ -279,7 +279,7 @@ def partition(g: _BlockGraph) -> list[tuple[str, str, str, str]]:
         if info is None or not g.fusable(i):
             continue
         for a in g.bindings[i].value.args[1].fields:
-            if isinstance(a, C.relax.Var):
+            if isinstance(a, C.relax.Var) and not R.is_symbol_arg(a):   # a symbol passed is read by no kernel
                 readers.setdefault(a, []).append(i)
     for var, rs in readers.items():
         for x in range(len(rs)):
@@ -329,6 +329,8 @@ def _group_function(g: _BlockGraph, members: list[int], name: str, rule: str, te
         if k in g.alias_of:
             continue
         for a in v.args[1].fields:
+            if R.is_symbol_arg(a):      # stays in the body: its symbol is a parameter's extent or in the
+                continue                # shape parameter below (_undefined_symbols reads the PrimValue's type)
             if isinstance(a, C.relax.Var) and g.index.get(a) in member_set:
                 continue
             key = a
@@ -357,7 +359,8 @@ def _group_function(g: _BlockGraph, members: list[int], name: str, rule: str, te
                 if k in g.alias_of:
                     new = C.relax.TupleGetItem(vmap[v.tuple_value], v.index)
                 else:
-                    args = [vmap[a] if (isinstance(a, C.relax.Var) and a in vmap) else
+                    args = [a if R.is_symbol_arg(a) else
+                            vmap[a] if (isinstance(a, C.relax.Var) and a in vmap) else
                             next(p for o, p in pmap.items() if o.same_as(a)) for a in v.args[1].fields]
                     new = C.relax.Call(v.op, [v.args[0], C.relax.Tuple(args)] + list(v.args[2:]), v.attrs,
                                        v.ty_args)

@@ -463,6 +463,16 @@ def _one_store_of_loads(func):
     return None if calls else body.value
 
 
+def is_symbol_arg(arg) -> bool:
+    """A call_tir argument that is a symbolic extent passed as a scalar (``R.prim_value(batch)``): LegalizeOps
+    adds one when a PrimFunc's symbols cannot be read off its buffers' shapes (a transpose of [batch * 128,
+    2, 4, 2]: ``batch`` is in no extent on its own; MobileViT's and Swin's patch reshapes over a symbolic
+    batch).  Its value is an integer expression of the function's symbols, which a fused group keeps as is."""
+    if not C.is_prim_expr(arg):    # TVM 0.27: the TIR expression itself (a TIR var is also a relax.Var)
+        return False
+    return "int" in str(getattr(arg, "dtype", None) or arg.ty)
+
+
 def classify(func, call, var_ty) -> NodeInfo:
     """The NodeInfo of ``var = call_tir(func, args)``."""
     name = str(call.args[0].name_hint)
@@ -485,8 +495,10 @@ def classify(func, call, var_ty) -> NodeInfo:
     if pattern == 8 and (symbolic_injective(func) or gather_injective(func)):
         pattern = 2
     info.pattern = pattern
-    if out_shape is None or any(_shape_of(C.type_of(a)) is None for a in call.args[1].fields):
-        # symbolic extents are fine (FuseTIR makes symbolic PrimFuncs); an unknown rank is not
+    if out_shape is None or any(_shape_of(C.type_of(a)) is None for a in call.args[1].fields
+                                if not is_symbol_arg(a)):
+        # symbolic extents are fine (FuseTIR makes symbolic PrimFuncs); an unknown rank is not.  A symbol
+        # passed as a scalar (``is_symbol_arg``) is no tensor: it has no shape to check
         info.why_opaque = "unknown shape or rank (no shape expression to check a fusion against)"
         return info
     if pattern <= 1:
