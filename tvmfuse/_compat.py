@@ -16,6 +16,7 @@ from tvm import IRModule, relax, rpc, s_tir, te, tirx, topi
 from tvm import sym as _sym  # 0.27: tvm.arith -> tvm.sym
 from tvm.ir import transform as ir_transform
 from tvm.relax import transform as relax_transform
+from tvm.relax.analysis import has_reshape_pattern   # what RewriteDataflowReshape turns into a free view
 from tvm.relax.expr_functor import PyExprMutator, mutator
 from tvm.s_tir import SBlock, SBlockRealize, Schedule, ScheduleError, dlight, meta_schedule
 from tvm.s_tir.schedule import SBlockRV

@@ -495,6 +495,12 @@ def classify(func, call, var_ty) -> NodeInfo:
     if pattern == 8 and (symbolic_injective(func) or gather_injective(func)):
         pattern = 2
     info.pattern = pattern
+    symbol_args = [a for a in call.args[1].fields if is_symbol_arg(a)]
+    if symbol_args and C.has_reshape_pattern(func):
+        # a reshape stays out of groups: RewriteDataflowReshape makes it a free view (vm.builtin.reshape);
+        # in a kernel it would be one more index remap over symbolic extents
+        info.why_opaque = "a reshape over symbols it is passed as scalars (a free view, no kernel)"
+        return info
     if out_shape is None or any(_shape_of(C.type_of(a)) is None for a in call.args[1].fields
                                 if not is_symbol_arg(a)):
         # symbolic extents are fine (FuseTIR makes symbolic PrimFuncs); an unknown rank is not.  A symbol
