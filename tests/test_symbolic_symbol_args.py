@@ -27,9 +27,13 @@ from conftest import named_target
 C_, H_, W_ = 8, 8, 8
 
 
-def _unfold_model() -> onnx.ModelProto:
+def _unfold_model(fold_batch: bool = False) -> onnx.ModelProto:
+    """``fold_batch``: the last reshape keeps batch folded into the channels, ``[batch * C, H*W/4, 4]``
+    (no extent of its input or output is ``batch`` alone: LegalizeOps passes the reshape the symbol too)."""
     def const(name, v):
         return nh.from_array(np.array(v, np.int64), name)
+
+    out_shape = ["batch_c", H_ * W_ // 4, 4] if fold_batch else ["batch", C_, H_ * W_ // 4, 4]
 
     nodes = [
         h.make_node("Relu", ["x"], ["xr"]),
@@ -42,17 +46,18 @@ def _unfold_model() -> onnx.ModelProto:
         h.make_node("Concat", ["u", "two", "nw", "two"], ["shp"], axis=0),
         h.make_node("Reshape", ["xr", "shp"], ["r"]),
         h.make_node("Transpose", ["r"], ["t"], perm=[0, 2, 1, 3]),
-        h.make_node("Unsqueeze", ["b", "ax0"], ["ub"]),
-        h.make_node("Concat", ["ub", "cpatch"], ["shp2"], axis=0),
+        h.make_node("Unsqueeze", ["bc" if fold_batch else "b", "ax0"], ["ub"]),
+        h.make_node("Concat", ["ub", "patch" if fold_batch else "cpatch"], ["shp2"], axis=0),
         h.make_node("Reshape", ["t", "shp2"], ["p"]),
         h.make_node("Sigmoid", ["p"], ["sg"]),
         h.make_node("Mul", ["p", "sg"], ["y"]),
     ]
     g = h.make_graph(
         nodes, "unfold", [h.make_tensor_value_info("x", T.FLOAT, ["batch", C_, H_, W_])],
-        [h.make_tensor_value_info("y", T.FLOAT, ["batch", C_, H_ * W_ // 4, 4])],
+        [h.make_tensor_value_info("y", T.FLOAT, out_shape)],
         initializer=[const("i0", 0), const("i1", 1), const("nh", H_ // 2), const("ax0", [0]), const("two", [2]),
-                     const("nw", [W_ // 2]), const("cpatch", [C_, H_ * W_ // 4, 4])])
+                     const("nw", [W_ // 2]), const("cpatch", [C_, H_ * W_ // 4, 4]),
+                     const("patch", [H_ * W_ // 4, 4])])
     return h.make_model(g, opset_imports=[h.make_opsetid("", 17)])
 
 
@@ -85,3 +90,19 @@ def test_is_symbol_arg():
     assert R.is_symbol_arg(batch * 4)
     assert not R.is_symbol_arg(C.tirx.FloatImm("float32", 1.0))
     assert not R.is_symbol_arg(C.relax.Var("x", C.relax.TensorType((2,), "float32")))
+
+
+def test_reshape_passed_a_symbol_stays_a_view(host, rng):
+    """Must not fire: a reshape that is passed the symbol stays out of every group (RewriteDataflowReshape
+    makes it a free view; in a kernel it would be one more index remap), with its own refusal reason; the
+    transpose before it still joins the Relu's kernel; numbers against the reference."""
+    model = _unfold_model(fold_batch=True)
+    d = explain(model, named_target("skx-2"))
+    assert any("a reshape over symbols" in r["reason"] for r in d["refused"]), d["refused"]
+    ops = [g["ops"] for g in d["groups"]]
+    assert ["relu", "reshape", "transpose"] in ops and not any(o.count("reshape") > 1 for o in ops), ops
+    cm = tvmfuse.compile(model, host)
+    ref = ReferenceEvaluator(model)
+    for batch in (1, 3):
+        x = rng.standard_normal((batch, C_, H_, W_)).astype(np.float32)
+        np.testing.assert_allclose(cm.run({"x": x})["y"], ref.run(None, {"x": x})[0], rtol=1e-5, atol=1e-6)
