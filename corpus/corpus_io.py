@@ -18,7 +18,9 @@ MANIFEST = os.path.join(CORPUS_DIR, "manifest.json")
 # Models the benchmarks run only when named (or with ``--all``): session 8's architectures tvmfuse had not been
 # tuned against (benchmarks/notes/corpus8.md).  Their default runs (bench_models.py's table, symbolic_check.py's
 # numerics) keep the 13 models and the length they had.
-OPT_IN_MODELS = ("regnet_y", "densenet", "swin", "whisper_encoder")
+OPT_IN_MODELS = ("regnet_y", "densenet", "swin", "whisper_encoder",
+                 # session 9 (benchmarks/notes/corpus9.md)
+                 "resnext", "googlenet", "mobilevit", "wav2vec2", "phi", "qwen2")
 
 
 def default_models(entries) -> list[str]:

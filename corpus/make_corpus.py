@@ -208,6 +208,64 @@ def _tv_swin():
                "num_classes": CLASSES, "torchvision": tv.__version__}
 
 
+def _tv_resnext():
+    """torchvision ResNeXt topology (Bottleneck blocks with grouped 3x3 convs, 8 groups) at reduced
+    width/depth: resnext50_32x4d is layers (3, 4, 6, 3), 32 groups of width 4 at stage widths 128..1024;
+    here one block per stage, ``planes`` 8/16/32/64 with ``width_per_group`` 32 (inner widths 32..256,
+    group widths 4..32), rebuilt with torchvision's own ``_make_layer``."""
+    import torch
+    tv = _import_torchvision()
+    from torchvision.models.resnet import Bottleneck, ResNet
+
+    planes, layers, groups, wpg = [8, 16, 32, 64], [1, 1, 1, 1], 8, 32
+    m = ResNet(Bottleneck, layers, num_classes=CLASSES, groups=groups, width_per_group=wpg)
+    m.inplanes = planes[0]
+    m.conv1 = torch.nn.Conv2d(3, planes[0], kernel_size=7, stride=2, padding=3, bias=False)
+    m.bn1 = torch.nn.BatchNorm2d(planes[0])
+    m.layer1 = m._make_layer(Bottleneck, planes[0], layers[0])
+    m.layer2 = m._make_layer(Bottleneck, planes[1], layers[1], stride=2)
+    m.layer3 = m._make_layer(Bottleneck, planes[2], layers[2], stride=2)
+    m.layer4 = m._make_layer(Bottleneck, planes[3], layers[3], stride=2)
+    m.fc = torch.nn.Linear(planes[3] * Bottleneck.expansion, CLASSES)
+    return m, {"class": "torchvision.models.resnet.ResNet", "block": "Bottleneck", "like": "resnext50_32x4d",
+               "layers": layers, "planes": planes, "groups": groups, "width_per_group": wpg,
+               "num_classes": CLASSES, "torchvision": tv.__version__}
+
+
+# GoogLeNet's nine Inception blocks: (in, 1x1, 3x3 reduce, 3x3, 5x5 reduce, 5x5, pool proj), torchvision's
+# channel counts divided by GOOGLENET_DIV (the full net is 6.6 M parameters)
+_GOOGLENET_BLOCKS = {
+    "inception3a": (192, 64, 96, 128, 16, 32, 32), "inception3b": (256, 128, 128, 192, 32, 96, 64),
+    "inception4a": (480, 192, 96, 208, 16, 48, 64), "inception4b": (512, 160, 112, 224, 24, 64, 64),
+    "inception4c": (512, 128, 128, 256, 24, 64, 64), "inception4d": (512, 112, 144, 288, 32, 64, 64),
+    "inception4e": (528, 256, 160, 320, 32, 128, 128), "inception5a": (832, 256, 160, 320, 32, 128, 128),
+    "inception5b": (832, 384, 192, 384, 48, 128, 128),
+}
+GOOGLENET_DIV = 8
+
+
+def _tv_googlenet():
+    """torchvision GoogLeNet (Inception v1: four parallel branches 1x1 / 1x1->3x3 / 1x1->3x3 / maxpool->1x1
+    concatenated, ceil-mode max pools) with every channel count divided by GOOGLENET_DIV, no auxiliary heads
+    (eval mode drops them anyway), ``transform_input=False``; the stem and the nine blocks are rebuilt with
+    torchvision's own ``BasicConv2d`` / ``Inception``."""
+    import torch
+    tv = _import_torchvision()
+    from torchvision.models.googlenet import BasicConv2d, GoogLeNet, Inception
+
+    d = GOOGLENET_DIV
+    m = GoogLeNet(num_classes=CLASSES, aux_logits=False, transform_input=False, init_weights=True)
+    m.conv1 = BasicConv2d(3, 64 // d, kernel_size=7, stride=2, padding=3)
+    m.conv2 = BasicConv2d(64 // d, 64 // d, kernel_size=1)
+    m.conv3 = BasicConv2d(64 // d, 192 // d, kernel_size=3, padding=1)
+    for name, chans in _GOOGLENET_BLOCKS.items():
+        setattr(m, name, Inception(*(c // d for c in chans)))
+    m.fc = torch.nn.Linear(1024 // d, CLASSES)
+    return m, {"class": "torchvision.models.googlenet.GoogLeNet", "like": "googlenet", "channel_divisor": d,
+               "aux_logits": False, "transform_input": False, "num_classes": CLASSES,
+               "torchvision": tv.__version__}
+
+
 _HF_COMMON = dict(initializer_range=0.1)
 
 
@@ -220,12 +278,25 @@ def _hf(cls_name: str, cfg_name: str, attn: str = "eager", **cfg):
     import transformers
 
     if attn == "sdpa_without_vmap":
-        from transformers.integrations.executorch import sdpa_mask_without_vmap
-        from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS
-        from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+        try:
+            from transformers.integrations.executorch import sdpa_mask_without_vmap
+        except ImportError:
+            # transformers >= 5 dropped it: its sdpa mask builder no longer uses vmap unless a mask
+            # function needs it (masking_utils.sdpa_mask(use_vmap=False) by default), so eager attention
+            # exports (not sdpa: the exporter cannot convert scaled_dot_product_attention with enable_gqa).
+            # Its causal mask does look for packed sequences in the position ids (torch.diff, which the
+            # TorchScript exporter cannot export, then a CumSum of bools that ONNX rejects); the corpus
+            # feeds one sequence per row, for which that search returns None: skip it.
+            import transformers.masking_utils as masking_utils
 
-        ALL_MASK_ATTENTION_FUNCTIONS.register(attn, sdpa_mask_without_vmap)
-        ALL_ATTENTION_FUNCTIONS.register(attn, ALL_ATTENTION_FUNCTIONS["sdpa"])
+            masking_utils.find_packed_sequence_indices = lambda position_ids: None
+            attn = "eager"
+        else:
+            from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS
+            from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+            ALL_MASK_ATTENTION_FUNCTIONS.register(attn, sdpa_mask_without_vmap)
+            ALL_ATTENTION_FUNCTIONS.register(attn, ALL_ATTENTION_FUNCTIONS["sdpa"])
     config = getattr(transformers, cfg_name)(**_HF_COMMON, **cfg)
     config._attn_implementation = attn
     model = getattr(transformers, cls_name)(config)
@@ -294,8 +365,56 @@ def _hf_whisper_encoder():
                    "attn_implementation": "eager", "transformers": transformers.__version__}
 
 
+def _hf_mobilevit():
+    """transformers MobileViT (MobileNetV2 inverted residuals, then MobileViT blocks: a conv, an unfold of
+    2x2 patches into sequences, a transformer, a fold back, a fusion conv over the concatenation with the
+    block input) at a tiny config: mobilevit-small is hidden (144, 192, 240), neck (16, 32, 64, 96, 128,
+    160, 640) at 256x256."""
+    return _hf("MobileViTModel", "MobileViTConfig", image_size=IMAGE, patch_size=2, hidden_sizes=[32, 48, 64],
+               neck_hidden_sizes=[8, 16, 24, 32, 40, 48, 96], num_attention_heads=2, mlp_ratio=2.0,
+               expand_ratio=2.0, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0,
+               classifier_dropout_prob=0.0)
+
+
+AUDIO_SAMPLES = 1600   # wav2vec2 input: raw waveform samples (0.1 s at 16 kHz)
+
+
+def _hf_wav2vec2():
+    """transformers Wav2Vec2 (a strided Conv1d feature extractor with GroupNorm on the first layer, a
+    feature projection, a grouped Conv1d positional embedding (weight norm), post-LN attention) at a tiny
+    config: wav2vec2-base is conv_dim 7 x 512, hidden 768, 12 layers, 12 heads, 128-wide pos conv in 16
+    groups."""
+    return _hf("Wav2Vec2Model", "Wav2Vec2Config", hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+               intermediate_size=256, conv_dim=[32, 32, 32], conv_stride=[5, 2, 2], conv_kernel=[10, 3, 3],
+               num_conv_pos_embeddings=16, num_conv_pos_embedding_groups=4, hidden_dropout=0.0,
+               activation_dropout=0.0, attention_dropout=0.0, feat_proj_dropout=0.0, layerdrop=0.0,
+               apply_spec_augment=False, mask_time_prob=0.0)
+
+
+def _hf_phi():
+    """transformers Phi (phi-2 family: parallel attention + MLP off one LayerNorm, partial rotary embedding
+    on half of each head, biased projections, gelu_new) at a tiny config with GQA (4 heads / 2 KV heads):
+    phi-2 is hidden 2560, 32 layers, 32 heads."""
+    return _hf("PhiModel", "PhiConfig", vocab_size=VOCAB, hidden_size=64, intermediate_size=256,
+               num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128,
+               use_cache=False, attn="sdpa_without_vmap")
+
+
+def _hf_qwen2():
+    """transformers Qwen2 (RMSNorm, full rotary, GQA, biased q/k/v projections, SwiGLU) at a tiny config:
+    Qwen2-0.5B is hidden 896, 24 layers, 14 heads / 2 KV heads."""
+    return _hf("Qwen2Model", "Qwen2Config", vocab_size=VOCAB, hidden_size=64, intermediate_size=176,
+               num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=1, max_position_embeddings=128,
+               use_cache=False, attn="sdpa_without_vmap")
+
+
 def _audio_inputs():
     return [{"name": "input_features", "shape": [1, MEL_BINS, FRAMES], "dyn_shape": ["batch", MEL_BINS, FRAMES],
+             "dtype": "float32"}]
+
+
+def _waveform_inputs():
+    return [{"name": "input_values", "shape": [1, AUDIO_SAMPLES], "dyn_shape": ["batch", AUDIO_SAMPLES],
              "dtype": "float32"}]
 
 
@@ -333,6 +452,13 @@ MODELS = [
     ("densenet", _tv_densenet, "torchvision", _image_inputs(), "logits"),
     ("swin", _tv_swin, "torchvision", _image_inputs(), "logits"),
     ("whisper_encoder", _hf_whisper_encoder, "transformers", _audio_inputs(), "last_hidden_state"),
+    # session 9: more unseen families (benchmarks/notes/corpus9.md)
+    ("resnext", _tv_resnext, "torchvision", _image_inputs(), "logits"),
+    ("googlenet", _tv_googlenet, "torchvision", _image_inputs(), "logits"),
+    ("mobilevit", _hf_mobilevit, "transformers", _image_inputs(), "last_hidden_state"),
+    ("wav2vec2", _hf_wav2vec2, "transformers", _waveform_inputs(), "last_hidden_state"),
+    ("phi", _hf_phi, "transformers", _token_inputs(), "last_hidden_state"),
+    ("qwen2", _hf_qwen2, "transformers", _token_inputs(), "last_hidden_state"),
 ]
 
 
@@ -448,14 +574,18 @@ def main(argv=None) -> int:
 
     tv = _import_torchvision()
     manifest_path = os.path.join(args.out, "manifest.json")
-    old = {}
+    old, old_versions = {}, None
     if args.only and os.path.exists(manifest_path):
         with open(manifest_path, encoding="utf-8") as f:
-            old = {e["name"]: e for e in json.load(f)["models"]}
+            previous = json.load(f)
+        old, old_versions = {e["name"]: e for e in previous["models"]}, previous.get("versions")
     wanted = set(args.only or [n for n, *_ in MODELS])
     unknown = wanted - {n for n, *_ in MODELS}
     if unknown:
         ap.error(f"unknown model(s) {sorted(unknown)}; known: {[n for n, *_ in MODELS]}")
+    versions = {"torch": torch.__version__, "torchvision": tv.__version__,
+                "transformers": transformers.__version__, "onnx": onnx.__version__,
+                "onnxruntime": onnxruntime.__version__}
     entries, dropped = [], {}
     for name, _, library, inputs, output in MODELS:
         if name not in wanted:
@@ -471,15 +601,15 @@ def main(argv=None) -> int:
             dropped[name] = f"{type(e).__name__}: {str(e).strip().splitlines()[0][:300] if str(e).strip() else ''}"
             print(f"{name}: DROPPED ({dropped[name]})", flush=True)
             continue
+        entry["versions"] = versions   # what wrote these files (a --only run may differ from the others')
         entries.append(entry)
         sizes = ", ".join(f"{v} {f['bytes'] / 1e6:.2f} MB ({f['nodes']} nodes)" for v, f in entry["files"].items())
         print(f"{name}: {entry['parameters']} params; {sizes}", flush=True)
     manifest = {
         "generator": "corpus/make_corpus.py",
         "generated": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
-        "versions": {"torch": torch.__version__, "torchvision": tv.__version__,
-                     "transformers": transformers.__version__, "onnx": onnx.__version__,
-                     "onnxruntime": onnxruntime.__version__},
+        # a full run's versions; a --only run keeps the previous ones here (its entries carry their own)
+        "versions": old_versions if args.only and old_versions else versions,
         "exporter": "torch.onnx.export(dynamo=False)", "opset": OPSET, "seed": SEED,
         "dropped": dropped, "models": entries,
     }

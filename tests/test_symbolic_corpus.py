@@ -40,8 +40,13 @@ DEFAULT_SUBSET = ("mobilenet_v3_small", "bert")
 # Symbolic models that fail today, with the error seen (benchmarks/symbolic_check.py, 2026-12-01).
 # strict=True: a fix makes the test XPASS, which fails the run until the entry is removed.
 KNOWN_FAILURES: dict[str, str] = {
-    # none: swin (88 symbolic kernels vs 44 in session 8) has the static groups since session 9
-    # (benchmarks/notes/swin9.md, tests/test_symbolic_windows.py)
+    # swin: 88 symbolic kernels vs 44 in session 8; 44 with swin9's window grouping, 46 once a reshape passed a
+    # symbol as a scalar stays a free view (corpus9, tests/test_symbolic_symbol_args.py): two window reshapes
+    # between elementwise ops split their groups (benchmarks/notes/swin9.md, corpus9.md)
+    "swin": "swin: symbolic 46 kernels vs static 44",
+    # session 9 (benchmarks/notes/corpus9.md): the attention refusal ("symbolic extent batch * 4 is not a
+    # plain symbol") over MobileViT's patches, numerics match
+    "mobilevit": "mobilevit: symbolic 128 kernels vs static 98",
 }
 # sizes per model in the default run (fewer than the issue's full grid: CI time); "all" uses the grid
 # of symbolic_check.size_points

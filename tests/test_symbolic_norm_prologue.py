@@ -273,3 +273,46 @@ def test_packed_row_tiled_nest_matches_the_reference(host, monkeypatch, rng):
         feeds = {"x": rng.standard_normal((b, s, T5_FFN["d"])).astype(np.float32)}
         want = M.reference_outputs(model, feeds)["y0"]
         np.testing.assert_allclose(cm.run(feeds)["y0"], want, rtol=RTOL, atol=ATOL, err_msg=f"{b}x{s}")
+
+
+# SwiGLU's gate/up at N = 176 (Qwen2's FFN: 11 vectors of 16 lanes, no whole 8 x 16 column tile on AVX-512;
+# 22 vectors of 8 on AVX2)
+QWEN2_FFN = dict(norm="rmsnorm_reciprocal", rows=8, d=64, n=176, batch=2, bias=False, swiglu=True)
+
+
+@pytest.mark.parametrize("tname", ["skx-2", "haswell-2"])
+def test_columns_off_the_column_tile_compile(tname):
+    """Regression (session 9, qwen2_dyn): with N whole vectors but not whole column tiles, the column-tile
+    loop carries a predicate; a loop-partition hint on it made TVM's LoopPartition put an int32 0 in place
+    of its int64 variable and the TIR build failed ("mismatched types. int32 vs. int64").  The hint sits on
+    row loops only (each one bound to the symbolic row iterator), and the whole kernel builds for the
+    target."""
+    target = named_target(tname)
+    model = S.symbolic_dims(M.norm_matmul(**QWEN2_FFN))
+    (kname, func), = S.graph_funcs(model, target).items()
+    res = schedule_prim_func(func, target, {}, kname)
+    assert res is not None and res.template == FAMILY, res
+    hinted = [lp for lp in S.loops(res.func) if "pragma_loop_partition_hint" in lp.annotations]
+    assert hinted, "no whole register tiles split from the tail"
+    # each hinted loop feeds a block iterator over the symbolic rows, never the static columns
+    row_vars, col_vars = set(), set()
+
+    def visit(n):
+        if isinstance(n, C.SBlockRealize):
+            for iv, value in zip(n.block.iter_vars, n.iter_values):
+                dest = col_vars if isinstance(iv.dom.extent, C.IntImm) else row_vars
+                C.post_order_visit(value, lambda v: dest.add(str(v.name)) if isinstance(v, C.tirx.Var) else None)
+
+    C.post_order_visit(res.func.body, visit)
+    assert all(str(lp.loop_var.name) in row_vars for lp in hinted), [str(lp.loop_var.name) for lp in hinted]
+    assert tvmfuse.compile(model, target).kernel_count == 1
+
+
+def test_columns_off_the_column_tile_match_the_reference(host, rng):
+    model = S.symbolic_dims(M.norm_matmul(**QWEN2_FFN))
+    cm = tvmfuse.compile(model, host)
+    assert cm.kernel_count == 1, cm.report.after.kernel_names
+    for b, s in SIZES:
+        feeds = {"x": rng.standard_normal((b, s, QWEN2_FFN["d"])).astype(np.float32)}
+        want = M.reference_outputs(model, feeds)["y"]
+        np.testing.assert_allclose(cm.run(feeds)["y"], want, rtol=RTOL, atol=ATOL, err_msg=f"at {b}x{s}")

@@ -16,6 +16,7 @@ from tvm import IRModule, relax, rpc, s_tir, te, tirx, topi
 from tvm import sym as _sym  # 0.27: tvm.arith -> tvm.sym
 from tvm.ir import transform as ir_transform
 from tvm.relax import transform as relax_transform
+from tvm.relax.analysis import has_reshape_pattern   # what RewriteDataflowReshape turns into a free view
 from tvm.relax.expr_functor import PyExprMutator, mutator
 from tvm.s_tir import SBlock, SBlockRealize, Schedule, ScheduleError, dlight, meta_schedule
 from tvm.s_tir.schedule import SBlockRV
@@ -34,7 +35,6 @@ PrimFunc = tirx.PrimFunc
 VirtualMachine = relax.VirtualMachine
 BlockBuilder = relax.BlockBuilder
 relax_free_vars = relax.analysis.free_vars
-has_reshape_pattern = relax.analysis.has_reshape_pattern   # a PrimFunc that only reshapes (RewriteDataflowReshape's test)
 relax_get_pipeline = relax.get_pipeline   # TVM's named Relax pipelines ("static_shape_tuning", ...)
 structural_hash = _tvm_ffi.structural_hash
 structural_equal = _tvm_ffi.structural_equal

@@ -74,7 +74,7 @@ class _BlockGraph:
             if _is_call_tir(v):
                 func = mod[v.args[0]] if v.args[0] in mod.get_global_vars() else None
                 info = R.classify(func, v, C.type_of(b.var))
-                if not all(isinstance(a, (C.relax.Var, C.Constant)) for a in v.args[1].fields):
+                if not all(isinstance(a, (C.relax.Var, C.Constant)) or R.scalar_arg(a) for a in v.args[1].fields):
                     info.kind, info.why_opaque = R.OPAQUE, "an argument is neither a tensor var nor a constant"
                 info.name = f"{info.name}({C.var_name(b.var)})"
                 self.info[i] = info

@@ -485,7 +485,14 @@ def _partition_tiles_in_row_block(sch: C.Schedule, top) -> None:
     zero-padded panel wrongly: its tail partition runs even when the row count is a multiple of the row
     block, with the statistics' row guards dropped, so it writes past the end of the statistics buffers
     (heap corruption: ``free(): invalid pointer`` in t5_encoder_dyn; tests/test_symbolic_norm_prologue.py
-    ``test_lowered_kernel_stays_in_bounds``)."""
+    ``test_lowered_kernel_stays_in_bounds``).
+
+    Only the row loops get the hint (those bound to a block iterator over the symbolic row count), never a
+    column-tile loop: when N is whole vectors but no whole column tile (Qwen2's FFN, N = 176 = 11 x 16 on
+    AVX-512), the column-tile loop carries the "column exists" predicate, and TVM 0.27's LoopPartition
+    replaces its int64 variable by an int32 0 in the one-tile partition, which HoistIfThenElse then rejects
+    ("mismatched types. int32 vs. int64": qwen2_dyn did not compile; tests/test_symbolic_norm_prologue.py
+    ``test_columns_off_the_column_tile_compile``)."""
     top_var = sch.get(top).loop_var
     names = []
     C.post_order_visit(sch.mod["main"].body, lambda n: names.append(str(n.name_hint))
@@ -496,9 +503,24 @@ def _partition_tiles_in_row_block(sch: C.Schedule, top) -> None:
             continue
         loops = list(sch.get_loops(block))
         depth = next(i for i, lp in enumerate(loops) if sch.get(lp).loop_var.same_as(top_var))
+        row_vars = _row_loop_vars(sch, block)
         for loop in loops[depth + 1:]:
-            if sch.get(loop).kind == C.ForKind.SERIAL:
+            lp = sch.get(loop)
+            if lp.kind == C.ForKind.SERIAL and str(lp.loop_var.name) in row_vars:
                 sch.annotate(loop, "pragma_loop_partition_hint", 1)
+
+
+def _row_loop_vars(sch: C.Schedule, block) -> set[str]:
+    """Names of the loop variables bound to ``block``'s iterators whose domain is symbolic (the rows)."""
+    realize = sch.get(sch.get_loops(block)[-1]).body
+    out: set[str] = set()
+    if not isinstance(realize, C.SBlockRealize):
+        return out
+    for iv, value in zip(sch.get(block).iter_vars, realize.iter_values):
+        if isinstance(iv.dom.extent, C.IntImm):
+            continue
+        C.post_order_visit(value, lambda n: out.add(str(n.name)) if isinstance(n, C.tirx.Var) else None)
+    return out
 
 
 def _static_extent(sch: C.Schedule, loop) -> int | None:
