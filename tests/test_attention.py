@@ -20,6 +20,7 @@ from tvmfuse.explain_cli import explain
 from tvmfuse.schedules import schedule_prim_func
 from tvmfuse.schedules.base import schedule_with
 from tvmfuse.schedules.cpu.attention import ATTR, Attention, AttentionSpec, reference_prim_func
+from conftest import assert_close_scaled
 
 RTOL, ATOL = 1e-4, 1e-5
 HASWELL = tvmfuse.parse_target({"kind": "llvm", "mcpu": "haswell", "mtriple": "x86_64-linux-gnu",
@@ -76,7 +77,7 @@ def _check(model, cm, feeds):
     ref = M.reference_outputs(model, feeds)
     out = cm.run(feeds)
     for name, r in ref.items():
-        np.testing.assert_allclose(out[name], r, rtol=RTOL, atol=ATOL, err_msg=f"output {name}")
+        assert_close_scaled(out[name], r, RTOL, ATOL, err_msg=f"output {name}")
     return out, ref
 
 
@@ -230,7 +231,7 @@ def test_knob_space_and_every_config_match_reference(host, rng):
         lib = C.build_prim_module(C.IRModule({"main": scheduled.with_attr("global_symbol", "main")}), host)
         args = [C.tensor(a) for a in args_np]
         lib["main"](*args)
-        np.testing.assert_allclose(args[-1].numpy(), ref, rtol=RTOL, atol=ATOL, err_msg=str(config))
+        assert_close_scaled(args[-1].numpy(), ref, RTOL, ATOL, err_msg=str(config))
 
 
 def test_reference_kernel_alone_matches(host, rng):
@@ -619,7 +620,7 @@ def test_configs_with_several_row_vectors_match_reference(host, rng):
             lib = C.build_prim_module(C.IRModule({"main": scheduled.with_attr("global_symbol", "main")}), host)
             args = [C.tensor(a) for a in args_np + [np.zeros(ref.shape, np.float32)]]
             lib["main"](*args)
-            np.testing.assert_allclose(args[-1].numpy(), ref, rtol=RTOL, atol=ATOL, err_msg=str(config))
+            assert_close_scaled(args[-1].numpy(), ref, RTOL, ATOL, err_msg=str(config))
 
 
 def _loads_of(func) -> dict:
@@ -666,7 +667,7 @@ def test_packed_kv_configs_match_reference(host, rng):
             lib = C.build_prim_module(C.IRModule({"main": scheduled.with_attr("global_symbol", "main")}), host)
             args = [C.tensor(a) for a in args_np + [np.zeros(ref.shape, np.float32)]]
             lib["main"](*args)
-            np.testing.assert_allclose(args[-1].numpy(), ref, rtol=RTOL, atol=ATOL, err_msg=str(config))
+            assert_close_scaled(args[-1].numpy(), ref, RTOL, ATOL, err_msg=str(config))
 
 
 def test_packed_kv_with_symbolic_batch_matches_onnxruntime(host, rng):
@@ -686,7 +687,7 @@ def test_packed_kv_with_symbolic_batch_matches_onnxruntime(host, rng):
         ref = _ort_outputs(model, feeds)["y"]
         args = [C.tensor(feeds[n]) for n in ("q", "k", "v", "mask")] + [C.tensor(np.zeros(ref.shape, np.float32))]
         lib["main"](*args)
-        np.testing.assert_allclose(args[-1].numpy(), ref, rtol=RTOL, atol=ATOL, err_msg=f"batch {b}")
+        assert_close_scaled(args[-1].numpy(), ref, RTOL, ATOL, err_msg=f"batch {b}")
 
 
 @pytest.mark.parametrize("target,seq", [(HASWELL, 256), (SKYLAKE, 512)], ids=["avx2", "avx512"])
@@ -753,7 +754,7 @@ def test_symbolic_chain_is_one_kernel_and_matches_onnxruntime(kw, sizes, host, r
         feeds = _sym_feeds(rng, b, sq, sk=sk, mask="mask" in kw)
         out, ref = cm.run(feeds)["y"], _ort_outputs(model, feeds)["y"]
         assert out.shape == ref.shape == (b, 3, sq, 8)
-        np.testing.assert_allclose(out, ref, rtol=RTOL, atol=ATOL, err_msg=f"batch {b}, q {sq}, k {sk}")
+        assert_close_scaled(out, ref, RTOL, ATOL, err_msg=f"batch {b}, q {sq}, k {sk}")
 
 
 @pytest.mark.parametrize("target", [HASWELL, SKYLAKE], ids=["avx2", "avx512"])
@@ -956,4 +957,4 @@ def test_symbolic_register_tile_configs_match_reference(host, rng):
             ref = _ort_outputs(model, feeds)["y"]
             args = [C.tensor(feeds[n]) for n in ("q", "k", "v", "mask")] + [C.tensor(np.zeros(ref.shape, np.float32))]
             lib["main"](*args)
-            np.testing.assert_allclose(args[-1].numpy(), ref, rtol=RTOL, atol=ATOL, err_msg=f"{config}, {b}x{s}")
+            assert_close_scaled(args[-1].numpy(), ref, RTOL, ATOL, err_msg=f"{config}, {b}x{s}")
