@@ -20,7 +20,7 @@ from tvmfuse.explain_cli import explain
 from tvmfuse.schedules import schedule_prim_func
 from tvmfuse.schedules.base import schedule_with
 from tvmfuse.schedules.cpu.attention import ATTR, Attention, AttentionSpec, reference_prim_func
-from conftest import assert_close_scaled
+from conftest import RTOL_LARGE_LOGITS, assert_close_scaled
 
 RTOL, ATOL = 1e-4, 1e-5
 HASWELL = tvmfuse.parse_target({"kind": "llvm", "mcpu": "haswell", "mtriple": "x86_64-linux-gnu",
@@ -73,11 +73,11 @@ def _feeds(model, rng, scale=1.0):
             for k, v in M.random_feeds(model).items()}
 
 
-def _check(model, cm, feeds):
+def _check(model, cm, feeds, rtol=RTOL):
     ref = M.reference_outputs(model, feeds)
     out = cm.run(feeds)
     for name, r in ref.items():
-        assert_close_scaled(out[name], r, RTOL, ATOL, err_msg=f"output {name}")
+        assert_close_scaled(out[name], r, rtol, ATOL, err_msg=f"output {name}")
     return out, ref
 
 
@@ -128,7 +128,7 @@ def test_fully_masked_row_and_large_magnitudes(host, rng):
     feeds = _feeds(model, rng, scale=30.0)                    # q.k up to ~1e4: exp needs the running max
     feeds["mask"][0, 0, 4, :] = -np.inf
     feeds["mask"][1, 0, :, 5:] = -np.inf                      # whole key blocks masked for batch 1
-    out, ref = _check(model, cm, feeds)
+    out, ref = _check(model, cm, feeds, rtol=RTOL_LARGE_LOGITS)
     assert np.isnan(ref["y"][0, :, 4]).all() and np.isnan(out["y"][0, :, 4]).all()
     assert np.isfinite(out["y"][1]).all()
 

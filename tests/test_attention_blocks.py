@@ -25,7 +25,7 @@ from tvmfuse.target import cpu_info, template_defaults
 
 from test_attention import HASWELL, SKYLAKE, _allocs_and_loops, _attention_func, _chain, _feeds, _run_kernel
 from schedule_cases import stmts_with_loops
-from conftest import assert_close_scaled
+from conftest import RTOL_LARGE_LOGITS, assert_close_scaled
 
 RTOL, ATOL = 1e-4, 1e-5
 EMERALD = tvmfuse.parse_target({"kind": "llvm", "mcpu": "emeraldrapids", "mtriple": "x86_64-linux-gnu",
@@ -180,7 +180,7 @@ def test_64_key_blocks_and_folded_rescale_match_reference(seq, mask, host, rng):
         config = {**base, **over}
         assert t.space(match, host).contains(config), config
         got = _run_kernel(schedule_with(t, match, func, config), args_np, ref.shape, host)
-        assert_close_scaled(got, ref, RTOL, ATOL, err_msg=str(config))
+        assert_close_scaled(got, ref, RTOL_LARGE_LOGITS, ATOL, err_msg=str(config))
         if "mask" in feeds:
             assert np.isnan(got[0, :, 4]).all() and np.isnan(ref[0, :, 4]).all()
             assert np.isfinite(np.delete(got, 4, axis=2)).all()

@@ -22,7 +22,7 @@ from tvmfuse.target import template_defaults
 
 from test_attention import HASWELL, SKYLAKE, _attention_func, _chain, _feeds, _run_kernel
 from test_attention_prefetch import attention_ab
-from conftest import assert_close_scaled
+from conftest import RTOL_LARGE_LOGITS, assert_close_scaled
 
 RTOL, ATOL = 1e-4, 1e-5
 
@@ -79,6 +79,6 @@ def test_both_bases_match_reference(mask, host, rng):
         assert t.space(match, host).contains(config), config
         fast, _ = F.rewrite(schedule_with(t, match, func, config))
         got = _run_kernel(fast, args_np, ref.shape, host)
-        assert_close_scaled(got, ref, RTOL, ATOL, err_msg=str(config))
+        assert_close_scaled(got, ref, RTOL_LARGE_LOGITS, ATOL, err_msg=str(config))
         if "mask" in feeds:
             assert np.isnan(got[0, :, 4]).all() and np.isnan(ref[0, :, 4]).all()
