@@ -3,6 +3,12 @@ under knob variants, next to onnxruntime (one thread) running the same one-conv 
 
     PYTHONPATH=. python benchmarks/conv_kernel_ab.py --cases fire3x3_15,stem \
         --variants '{"fire3x3_15": [{"ow_tile": 5, "nvec": 2}], "stem": [{"oc_tile": 8}]}'
+    PYTHONPATH=. python benchmarks/conv_kernel_ab.py --cases dw336_2 \
+        --variants '{"dw336_2": [{"template_defaults": {"lanes_plane_pixels_below": 0}}]}'
+
+A variant's ``template_defaults`` entry is not a knob: the variant is the default config computed with those
+entries of the case's family in ``schedules/cpu_targets.json`` replaced (the default before a table change),
+then its other knobs applied.
 
 Why one core and CPU time: on a shared 2-core machine wall-clock times of a 2-thread kernel swing 1.5-3x
 between runs (benchmarks/gaps_cnn.md); the calling thread's CPU time (``time.thread_time``) of a kernel run
@@ -38,8 +44,9 @@ from tvmfuse.pipeline import PipelineOptions, graph_stage
 from tvmfuse.schedules import find_template, templates_for
 from tvmfuse.schedules.base import schedule_with
 
-# (input channels, output channels, input height = width, kernel, stride, padding): squeezenet1_1's convs and
-# bench_cpu.py's conv3x3_bn_relu_res workload (its BatchNorm folds into the bias; no residual here)
+# (input channels, output channels, input height = width, kernel, stride, padding[, groups]): squeezenet1_1's
+# convs, bench_cpu.py's conv3x3_bn_relu_res workload (its BatchNorm folds into the bias; no residual here) and
+# the depthwise convs of mobilenet_v2 / mnasnet at the corpus' 64x64 input (dw<channels>_<plane>[_k5][s2])
 CASES = {
     "stem": (3, 64, 64, 3, 2, 0),
     "fire3x3_15": (16, 64, 15, 3, 1, 1),
@@ -49,17 +56,28 @@ CASES = {
     "fire1x1_15": (16, 64, 15, 1, 1, 0),
     "squeeze_15": (128, 16, 15, 1, 1, 0),
     "conv64_56": (64, 64, 56, 3, 1, 1),
+    "dw336_2": (336, 336, 2, 3, 1, 1, 336),
+    "dw288_2_k5": (288, 288, 2, 5, 1, 2, 288),
+    "dw144_4": (144, 144, 4, 3, 1, 1, 144),
+    "dw144_4_k5": (144, 144, 4, 5, 1, 2, 144),
+    "dw192_4s2": (192, 192, 4, 3, 2, 1, 192),
+    "dw96_8": (96, 96, 8, 3, 1, 1, 96),
+    "dw48_8_k5": (48, 48, 8, 5, 1, 2, 48),
+    "dw48_16": (48, 48, 16, 3, 1, 1, 48),
+    "dw160_7": (160, 160, 7, 3, 1, 1, 160),
+    "dw16_32": (16, 16, 32, 3, 1, 1, 16),
 }
 
 
-def conv_relu(ci: int, co: int, hw: int, k: int, stride: int, pad: int, seed: int = 1) -> onnx.ModelProto:
-    """Conv (bias) + Relu on a [1, ci, hw, hw] input, constant random weights."""
+def conv_relu(ci: int, co: int, hw: int, k: int, stride: int, pad: int, group: int = 1,
+              seed: int = 1) -> onnx.ModelProto:
+    """Conv (bias, ``group`` groups) + Relu on a [1, ci, hw, hw] input, constant random weights."""
     rng = np.random.default_rng(seed)
-    w = numpy_helper.from_array((rng.standard_normal((co, ci, k, k)) * 0.1).astype("float32"), "W")
+    w = numpy_helper.from_array((rng.standard_normal((co, ci // group, k, k)) * 0.1).astype("float32"), "W")
     b = numpy_helper.from_array(rng.standard_normal(co).astype("float32"), "B")
     oh = (hw + 2 * pad - k) // stride + 1
     nodes = [helper.make_node("Conv", ["x", "W", "B"], ["c"], kernel_shape=[k, k], strides=[stride] * 2,
-                              pads=[pad] * 4),
+                              pads=[pad] * 4, group=group),
              helper.make_node("Relu", ["c"], ["y"])]
     g = helper.make_graph(nodes, "conv_relu", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, ci, hw, hw])],
                           [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, co, oh, oh])], [w, b])
@@ -105,6 +123,22 @@ def interleaved(contenders: dict, rounds: int, number: int) -> dict:
     return {k: (round(min(v), 1), round(float(np.median(v)), 1)) for k, v in times.items()}
 
 
+def default_with_table(template, match, target: C.Target, entries: dict) -> dict:
+    """The template's default config with ``entries`` of its family's ``template_defaults`` replaced."""
+    table = TG.cpu_table()
+    unknown = sorted(set(entries) - set(table["template_defaults"][template.family]))
+    if unknown:
+        raise SystemExit(f"template_defaults of {template.family} has no {unknown}")
+    patched = json.loads(json.dumps({k: v for k, v in table.items()}))
+    patched["template_defaults"][template.family].update(entries)
+    real = TG.cpu_table
+    TG.cpu_table = lambda: patched
+    try:
+        return template.default_config(match, target)
+    finally:
+        TG.cpu_table = real
+
+
 def run_case(name: str, variants: list, target: C.Target, rounds: int, number: int) -> dict:
     import onnxruntime as ort
 
@@ -117,7 +151,10 @@ def run_case(name: str, variants: list, target: C.Target, rounds: int, number: i
     contenders = {"default": lambda fn=fn, args=args: fn(*args)}
     configs = {"default": default}
     for i, over in enumerate(variants):
-        cfg = {**default, **over}
+        knobs = {k: v for k, v in over.items() if k != "template_defaults"}
+        base = default_with_table(template, match, target, over["template_defaults"]) \
+            if "template_defaults" in over else default
+        cfg = {**base, **knobs}
         vfn, vargs, vout = build(func, template, match, cfg, target)
         vfn(*vargs)
         np.testing.assert_allclose(vout.numpy(), reference, rtol=1e-4, atol=1e-4,

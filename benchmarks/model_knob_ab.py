@@ -5,6 +5,10 @@ process, the outputs of the two compared, then ``run()`` timed alternately.
     TVM_NUM_THREADS=1 PYTHONPATH=. python benchmarks/model_knob_ab.py squeezenet1_1 \
         --family cpu.conv2d_lanes --before '{"pad_in_loads": false}' [--rounds 15 --number 40 --json out.json]
 
+A ``template_defaults`` entry in ``--before`` is not a knob: "before" compiles with those entries of the
+family's ``template_defaults`` in ``schedules/cpu_targets.json`` replaced (the defaults before a table change:
+``--before '{"template_defaults": {"lanes_plane_pixels_below": 0}}'``), then its other overrides applied.
+
 The override replaces the family's ``default_config`` while "before" compiles (configs from a tuning log are
 not touched: compile with none).  Per round each build runs ``--number`` calls; the calling thread's CPU
 time per call (``time.thread_time``; TVM_NUM_THREADS=1, set here unless the caller did, so the kernels run
@@ -41,10 +45,20 @@ def _template_class(family: str, target):
 def build(path: str, family: str, before: dict | None):
     """tvmfuse.compile(path), with ``before`` merged into ``family``'s default configs when given."""
     import tvmfuse
+    from tvmfuse import target as TG
 
     target = tvmfuse.parse_target(None)
     cls = _template_class(family, target)
-    real = cls.default_config
+    real, real_table = cls.default_config, TG.cpu_table
+    before = dict(before or {})
+    entries = before.pop("template_defaults", None)
+    if entries:
+        table = json.loads(json.dumps(real_table()))
+        unknown = sorted(set(entries) - set(table["template_defaults"][family]))
+        if unknown:
+            raise SystemExit(f"template_defaults of {family} has no {unknown}")
+        table["template_defaults"][family].update(entries)
+        TG.cpu_table = lambda: table
     if before:
         def patched(self, match, tgt):
             cfg = real(self, match, tgt)
@@ -57,6 +71,7 @@ def build(path: str, family: str, before: dict | None):
         return tvmfuse.compile(path, target, tuning_log=None)
     finally:
         cls.default_config = real
+        TG.cpu_table = real_table
 
 
 def _cpu_us(fn, number: int) -> float:
