@@ -85,6 +85,9 @@ CASES = [
     ("pointwise_large_plane", dict(cin=8, cout=24, h=28, w=28, k=1), [CONV]),
     ("depthwise_residual", dict(cin=24, cout=24, h=14, w=14, group=24), [DEPTHWISE]),
     ("depthwise_stride2", dict(cin=16, cout=16, h=15, w=15, group=16, stride=2, residual=False), [DEPTHWISE]),
+    # small planes: the channels on the lanes (channel_lanes), the padding folded (4x4) or read in the loads
+    ("depthwise_4x4_plane", dict(cin=48, cout=48, h=4, w=4, group=48), [DEPTHWISE]),
+    ("depthwise_5x5_on_2x2", dict(cin=32, cout=32, h=2, w=2, k=5, group=32, residual=False), [DEPTHWISE]),
     ("conv3x3_7x7_plane", dict(cin=32, cout=32, h=7, w=7), [LANES]),
     ("stem_7x7_plane", dict(cin=3, cout=32, h=7, w=7), [CONV]),      # a stem: cpu.conv2d_lanes declines it
     ("conv_maxpool", dict(cin=3, cout=16, h=16, w=16, residual=False, pool="max"), [CONV, POOL]),

@@ -68,7 +68,8 @@ class DepthwiseConv2DEpilogue(ConvTemplate):
     depthwise = True
 
     def parallel_units(self, match: Match, config: dict) -> int:
-        return match.info["F"]          # channel planes
+        # channel planes, or blocks of channel_lanes channels (a record from before the knob: planes)
+        return match.info["F"] // (config.get("channel_lanes") or 1)
 
     # ------------------------------------------------------------------ knobs
     def space(self, match: Match, target: C.Target) -> KnobSpace:
@@ -102,17 +103,19 @@ class DepthwiseConv2DEpilogue(ConvTemplate):
             # most: the rest hold the weight vector and the inputs); first one spanning the plane and folding
             # the padding, then the most pixels, then whole-row tiles (first: tiles that divide the rows: a
             # tail tile is predicated, 7x7 plane 1 x 7 3.1 us vs 2 x 7 3.9, benchmarks/notes/cnn10.md); parallel over channel blocks, with the
-            # row bands too where the blocks are few per core
+            # row bands too where the blocks are few per core (one band where the tile spans the rows: the
+            # same loop, so a symbolic batch's size buckets differ in this knob as in the column nest's)
             cap = min(int(template_defaults(target, self.family)["lanes_max_pixels"]), regs // 2)
 
             def lscore(t):
                 a, b = lanes_tile(i, *t)
-                return (a * b <= cap, i["OH"] % a == 0, folds_padding(i, a, b), a * b if a * b <= cap else -a * b, b)
+                fits = a * b <= cap
+                return (fits, i["OH"] % a == 0, folds_padding(i, a, b), a * b if fits else -a * b, b)
 
             oh, ow = max(((a, b) for a in ch["oh_tile"] for b in ch["ow_tile"]), key=lscore)
             oh, ow = lanes_tile(i, oh, ow)
             blocks = batch_size(i) * i["F"] // cl
-            depth = 1 if blocks >= self.min_parallel_per_core(target) * info.cores or oh == i["OH"] else 2
+            depth = 1 if blocks >= self.min_parallel_per_core(target) * info.cores else 2
         return DepthwiseConfig(ow_tile=ow, lanes=lanes, oh_tile=oh, unroll=max(ch["unroll"]), parallel_depth=depth,
                                parallel=U.parallel_default(conv_work(i), target),
                                deinterleave=deinterleave_default(i, ch["deinterleave"]) and not cl,
