@@ -177,6 +177,8 @@ def main(argv=None) -> int:
     ap.add_argument("--cases", default=",".join(CASES), help=f"comma-separated, of {sorted(CASES)}")
     ap.add_argument("--variants", default="{}", help='JSON {case: [knob overrides, ...]}')
     ap.add_argument("--cores", type=int, default=2, help="num-cores of the target the kernels are scheduled for")
+    ap.add_argument("--target", help="a target (JSON or string) the host can run, e.g. '{\"kind\": \"llvm\", "
+                                     "\"mcpu\": \"haswell\", \"num-cores\": 2}' for AVX2 code; default: the host's")
     ap.add_argument("--rounds", type=int, default=9)
     ap.add_argument("--number", type=int, default=20, help="calls per timed round")
     a = ap.parse_args(argv)
@@ -189,7 +191,8 @@ def main(argv=None) -> int:
     if unknown:
         raise SystemExit(f"unknown case(s) {unknown}; known: {sorted(CASES)}")
     variants = json.loads(a.variants)
-    target = TG.host_target(a.cores)
+    target = tvmfuse.parse_target(json.loads(a.target) if a.target and a.target.lstrip().startswith("{")
+                                  else a.target) if a.target else TG.host_target(a.cores)
     for name in names:
         print(json.dumps(run_case(name, variants.get(name, []), target, a.rounds, a.number)), flush=True)
     return 0

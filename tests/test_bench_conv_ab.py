@@ -70,3 +70,18 @@ def test_conv_relu_shapes():
     assert dims == [1, 8, 4, 4]
     w = [i for i in m.graph.initializer if i.name == "W"][0]
     assert list(w.dims) == [8, 3, 3, 3] and np.prod(w.dims) > 0
+
+
+def test_template_defaults_variant_recomputes_the_default():
+    """A variant's ``template_defaults`` entry gives the default under those table entries (the kernel of
+    before a table change: the depthwise 2x2 plane back on the columns), and leaves the table as it was; an
+    entry the family does not have is refused by name."""
+    target = named_target("skx-2")
+    _, template, match = A.conv_kernel(A.conv_relu(*A.CASES["dw336_2"]), target)
+    assert template.family == "cpu.depthwise_conv2d_epilogue"
+    assert template.default_config(match, target)["channel_lanes"] == 16
+    before = A.default_with_table(template, match, target, {"lanes_plane_pixels_below": 0})
+    assert before["channel_lanes"] == 0
+    assert template.default_config(match, target)["channel_lanes"] == 16
+    with pytest.raises(SystemExit, match="no \\['no_such_entry'\\]"):
+        A.default_with_table(template, match, target, {"no_such_entry": 1})
