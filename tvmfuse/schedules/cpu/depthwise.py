@@ -99,12 +99,13 @@ class DepthwiseConv2DEpilogue(ConvTemplate):
         depth = 1 if planes >= self.min_parallel_per_core(target) * info.cores else 2  # else add the row bands
         cl = self.default_channel_lanes(match, target)
         if cl:
-            # channel_lanes: the pixel tile of at most lanes_max_pixels accumulators (half the registers at
-            # most: the rest hold the weight vector and the inputs); first one spanning the plane and folding
-            # the padding, then the most pixels, then whole-row tiles (first: tiles that divide the rows: a
-            # tail tile is predicated, 7x7 plane 1 x 7 3.1 us vs 2 x 7 3.9, benchmarks/notes/cnn10.md); parallel over channel blocks, with the
-            # row bands too where the blocks are few per core (one band where the tile spans the rows: the
-            # same loop, so a symbolic batch's size buckets differ in this knob as in the column nest's)
+            # channel_lanes: a pixel tile of at most lanes_max_pixels accumulators (and half the registers: the
+            # rest hold the weight vector and the inputs); among those, tiles that divide the rows (a tail tile
+            # is predicated: 7x7 plane, 1 x 7 ran 3.1 us, 2 x 7 3.9, benchmarks/notes/cnn10.md), then one that
+            # spans the plane and folds the padding, then the most pixels, then the widest.  Parallel over
+            # channel blocks, with the row bands too where the blocks are few per core (a single band where the
+            # tile spans the rows: the same loop, so a symbolic batch's size buckets differ in this knob as
+            # the column nest's do)
             cap = min(int(template_defaults(target, self.family)["lanes_max_pixels"]), regs // 2)
 
             def lscore(t):
