@@ -13,9 +13,12 @@ A model is OK when its symbolic build has as many kernels as the static one (or 
 ``EXPLAINED_EXTRA_KERNELS`` explains: what the static build folds to a constant), none unscheduled, and
 every size within ``REL_TOL`` of onnxruntime.  Numerics only by default; ``--latency`` times the symbolic build
 against a build pinned to each size (``input_shapes``): ``--rounds`` interleaved rounds (symbolic, pinned,
-symbolic, ...) of ``--repeat`` back-to-back calls each, the best round's time per call reported (``dyn_ms``,
-``static_ms``; the medians over rounds too), so that a scheduler stall on a shared machine hits one round,
-not the ratio.  On a shared machine report them as measured under load.  ``--shape-bound batch=64`` compiles
+symbolic, then pinned first, ...: the order alternates) of ``--repeat`` back-to-back calls each, the best
+round's time per call reported (``dyn_ms``, ``static_ms``; the medians over rounds too), so that a scheduler
+stall on a shared machine hits one round, not the ratio.  ``ratio`` (Table 10) is the ratio of the minima;
+each size also records the per-round times and the median of the paired per-round ratios with a bootstrap
+95% interval (``ratio_paired_median``, ``ratio_paired_ci95``): a ratio whose interval straddles 1.2 is not
+decided by the run.  On a shared machine report them as measured under load.  ``--shape-bound batch=64`` compiles
 the symbolic build with that ``shape_upper_bounds`` (memory planned once for the bound).  ``--thread-time``
 (a loaded machine): one runtime thread, timed on the calling thread's CPU time.
 Models: those named, else ``--all`` (every corpus model), else with ``--latency`` Table 10's
@@ -65,6 +68,8 @@ QUICK_REPEAT = 2
 REPEAT = 20                  # --latency: back-to-back calls per round
 ROUNDS = 15                  # --latency: interleaved rounds (symbolic, pinned) per size
 QUICK_ROUNDS = 2
+BOOTSTRAP_RESAMPLES = 2000   # --latency: resamples of the rounds for the paired ratio's interval
+BOOTSTRAP_LEVEL = 0.95       # ... and its coverage
 
 
 def size_points(entry: dict, batches=BATCHES, sequences=SEQUENCES) -> list[dict]:
@@ -89,10 +94,13 @@ def templates(cm) -> dict[str, int]:
     return dict(sorted(counts.items()))
 
 
-def interleaved_ms(builds: dict, feeds: dict, repeat: int, rounds: int, clock=time.perf_counter) -> dict[str, dict]:
-    """Per build (name -> CompiledModel): {"min_ms", "median_ms"} of the time per call over ``rounds``
-    interleaved rounds of ``repeat`` back-to-back VM calls (inputs placed on the device once), read on
-    ``clock`` (wall time; ``time.thread_time`` with one runtime thread: ``--thread-time``)."""
+def interleaved_ms(builds: dict, feeds: dict, repeat: int, rounds: int, clock=time.perf_counter,
+                   alternate: bool = True) -> dict[str, dict]:
+    """Per build (name -> CompiledModel): {"min_ms", "median_ms", "rounds_ms"} of the time per call over
+    ``rounds`` interleaved rounds of ``repeat`` back-to-back VM calls (inputs placed on the device once), read
+    on ``clock`` (wall time; ``time.thread_time`` with one runtime thread: ``--thread-time``).  ``alternate``:
+    the builds' order is reversed every other round, so that neither always runs right after the other
+    (a build timed second inherits the first one's cache and thread-pool state)."""
     calls = {}
     for name, cm in builds.items():
         args = [cm._to_device(v)[0] for v in cm_inputs(cm, feeds)]
@@ -101,14 +109,32 @@ def interleaved_ms(builds: dict, feeds: dict, repeat: int, rounds: int, clock=ti
             f(*args)
         calls[name] = (f, args)
     per_call: dict[str, list[float]] = {name: [] for name in builds}
-    for _ in range(rounds):
-        for name, (f, args) in calls.items():
+    order = list(calls.items())
+    for r in range(rounds):
+        for name, (f, args) in (order[::-1] if alternate and r % 2 else order):
             t0 = clock()
             for _ in range(repeat):
                 f(*args)
             per_call[name].append((clock() - t0) / repeat)
-    return {name: {"min_ms": min(ts) * 1e3, "median_ms": float(np.median(ts)) * 1e3}
+    return {name: {"min_ms": min(ts) * 1e3, "median_ms": float(np.median(ts)) * 1e3,
+                   "rounds_ms": [t * 1e3 for t in ts]}
             for name, ts in per_call.items()}
+
+
+def paired_ratio(a_ms: list[float], b_ms: list[float], resamples: int = BOOTSTRAP_RESAMPLES,
+                 seed: int = 0) -> dict:
+    """The per-round ratios a / b of two builds timed in the same rounds: their median and a bootstrap
+    interval of that median (``BOOTSTRAP_LEVEL``, rounds resampled with replacement, a fixed seed: the same
+    rounds give the same interval).  A round hit by a stall of the shared machine moves one ratio, not the
+    median; the interval says how far the rounds' spread leaves the median undecided."""
+    r = np.asarray(a_ms, dtype=np.float64) / np.asarray(b_ms, dtype=np.float64)
+    if r.size == 0:
+        raise ValueError("paired_ratio: no rounds")
+    rng = np.random.default_rng(seed)
+    meds = np.median(r[rng.integers(0, r.size, size=(resamples, r.size))], axis=1)
+    tail = (1.0 - BOOTSTRAP_LEVEL) / 2 * 100
+    lo, hi = np.percentile(meds, [tail, 100 - tail])
+    return {"median": float(np.median(r)), "ci": [float(lo), float(hi)]}
 
 
 def cm_inputs(cm, feeds: dict) -> list:
@@ -169,6 +195,9 @@ def check_model(entry: dict, *, latency: bool = False, repeat: int = REPEAT, rou
             row["dyn_median_ms"], row["static_median_ms"] = t["dyn"]["median_ms"], t["static"]["median_ms"]
             row["pinned_kernels"] = pinned.kernel_count
             row["ratio"] = row["dyn_ms"] / row["static_ms"]
+            paired = paired_ratio(t["dyn"]["rounds_ms"], t["static"]["rounds_ms"])
+            row["ratio_paired_median"], row["ratio_paired_ci95"] = paired["median"], paired["ci"]
+            row["dyn_rounds_ms"], row["static_rounds_ms"] = t["dyn"]["rounds_ms"], t["static"]["rounds_ms"]
         rec["sizes"].append(row)
     # issue 13: the same kernel count as the static build (tests/test_symbolic_corpus.py), or more by the
     # explained kernels (EXPLAINED_EXTRA_KERNELS)
@@ -186,7 +215,9 @@ def _line(rec: dict) -> str:
     sizes = " ".join(
         f"{'x'.join(str(v) for v in r['dims'].values())}:"
         + (f"{r['rel_err']:.1e}" if "rel_err" in r else "ERR")
-        + (f"({r['ratio']:.2f}x)" if "ratio" in r else "") for r in rec["sizes"])
+        + (f"({r['ratio']:.2f}x" + (f", paired {r['ratio_paired_median']:.2f} [{r['ratio_paired_ci95'][0]:.2f}-"
+                                     f"{r['ratio_paired_ci95'][1]:.2f}]" if "ratio_paired_median" in r else "")
+           + ")" if "ratio" in r else "") for r in rec["sizes"])
     return (f"{rec['model']:20s} static {rec['static_kernels']:4d}  dyn {rec['dyn_kernels']:4d}  "
             f"unsched {len(rec['unscheduled'])}  {'OK ' if rec['ok'] else 'BAD'}  {sizes}")
 

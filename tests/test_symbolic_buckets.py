@@ -225,3 +225,60 @@ def test_join_buckets_refuses_bad_buckets():
         join_buckets([func, func], [Bucket("a", 4), Bucket("a", None)], rows)
     with pytest.raises(ValueError, match="2 size buckets"):
         join_buckets([func], [Bucket("a", 4), Bucket("b", None)], rows)
+
+
+def _wide_mlp(rows="batch", k=64, n=256):
+    """gelu(x @ W + b) over x [rows, k], W k x n (64 x 256, 64 KiB: convnext_dyn's MLP up-projection;
+    128 x 512: its third stage's, over the fork/join cost at one row on two cores)."""
+    g = M._G("wide_mlp_sym")
+    x = g.input("x", (rows, k))
+    M._gelu_erf(g, g.op("Add", g.op("MatMul", x, g.weight((k, n))), g.weight((n,), 0.1)))
+    g.rename_last("y", (rows, n))
+    return g.model()
+
+
+@pytest.mark.parametrize("k, n", [(64, 256), (128, 512)])
+@pytest.mark.parametrize("target", ["haswell-2", "skx-2", "znver5-2", "neoverse-n1-4"])
+def test_a_weight_over_the_l1_share_leaves_the_gemv_nest_at_the_serial_bound(target, k, n):
+    """The GEMV-like nest reads the whole weight per row: with a weight over gemv_weight_l1_share of L1 it
+    keeps only the rows under the fork/join cost (serial), the row-tiled nest takes every other count
+    (convnext_dyn b1's 16- and 4-row MLPs ran 2-3x the static kernels in the GEMV-like nest).  A weight
+    within the share keeps the three buckets (the other tests here)."""
+    spec = {"znver5-2": '{"kind": "llvm", "mtriple": "x86_64-linux-gnu", "mcpu": "znver5", "num-cores": 2}',
+            "neoverse-n1-4": '{"kind": "llvm", "mtriple": "aarch64-linux-gnu", "mcpu": "neoverse-n1", '
+                             '"num-cores": 4}'}
+    tgt = parse_target(spec[target] if target in spec else NAMED_TARGETS[target])
+    (kname, func), = _kernels(_wide_mlp(k=k, n=n), tgt).items()
+    t = SymbolicMatmulEpilogue()
+    match = t.match(func, tgt)
+    share = float(TG.template_defaults(tgt, FAMILY)["gemv_weight_l1_share"])
+    assert k * n * 4 > share * TG.cpu_info(tgt).l1d_bytes
+    bound = max(1, min(t.serial_rows(match, tgt), _small_rows(tgt)))
+    assert bound < _small_rows(tgt)
+    res = schedule_prim_func(func, tgt, {}, kname)
+    assert res is not None and res.template == FAMILY
+    buckets = res.config["buckets"]
+    assert [b["bucket"] for b in buckets] == [f"rows<={bound}", f"rows>{bound}"]
+    gemv, tiled = (b["config"] for b in buckets)
+    # serial where its rows are under the fork/join cost (one row of a weight over it: parallel columns)
+    assert gemv["mr"] == 1 and gemv["parallel"] == (t.serial_rows(match, tgt) < bound)
+    assert tiled["mr"] > 1 and tiled["parallel"]
+    # the kernel: one branch on the row count, the row-tiled nest (predicated last row tile) in the else
+    (cond, _), (_, large) = _branches(res.func)
+    assert int(cond.b) == bound
+    assert _loops_and_predicates(large)[1]
+    # the narrow weights of this file's other tests keep the GEMV-like bucket up to small_rows
+    (kname, func), = _kernels(_mlp(), tgt).items()
+    assert f"rows<={_small_rows(tgt)}" in [b.name for b in t.buckets(t.match(func, tgt), tgt)]
+
+
+@pytest.mark.parametrize("k, n", [(64, 256), (128, 512)])
+def test_wide_weight_numbers_on_both_sides_of_the_serial_bound(host, rng, k, n):
+    model = _wide_mlp(k=k, n=n)
+    cm = tvmfuse.compile(model, target=host)
+    assert [s["template"] for s in cm.report.schedules] == [FAMILY]
+    assert cm.report.schedules[0]["source"] == "default"      # no fallback: every bucket scheduled
+    for rows in (1, 2, 3, 4, 16, 17):
+        feeds = {"x": rng.standard_normal((rows, k)).astype(np.float32)}
+        ref = M.reference_outputs(model, feeds)
+        np.testing.assert_allclose(cm.run(feeds)["y"], ref["y"], rtol=1e-4, atol=1e-4, err_msg=f"{rows} rows")

@@ -404,7 +404,7 @@ def schedule_injective(sch: C.Schedule, block, lanes: int, unroll: int = 1, para
         return
     if not vectorizable(sch, block):
         lanes = 1
-    if lanes > 1 and _symbolic_outer_static_inner(sch, loops, lanes, unroll, parallel):
+    if lanes > 1 and _symbolic_outer_static_inner(sch, block, loops, lanes, unroll, parallel):
         return
     fused = sch.fuse(*loops) if len(loops) > 1 else loops[0]
     total = static_extent(sch, fused)
@@ -424,7 +424,8 @@ def schedule_injective(sch: C.Schedule, block, lanes: int, unroll: int = 1, para
     vectorize_parts(sch, partition_tail(sch, fused, lanes), lanes, unroll, parallel=go_parallel)
 
 
-def _symbolic_outer_static_inner(sch: C.Schedule, loops, lanes: int, unroll: int, parallel: bool) -> bool:
+def _symbolic_outer_static_inner(sch: C.Schedule, block, loops, lanes: int, unroll: int,
+                                 parallel: bool) -> bool:
     """An injective block whose loops are symbolic outside and static inside (``[batch, heads, sequence,
     16]``): the symbolic loops fused into one (parallel) outer loop, the trailing static ones (whole vectors
     of them) fused into the vector part.  Fusing everything instead puts a
@@ -462,11 +463,69 @@ def _symbolic_outer_static_inner(sch: C.Schedule, loops, lanes: int, unroll: int
         outer = [_fresh_loop(sch, g) for g in groups]
     else:
         outer = [sch.fuse(*loops[:split]) if split > 1 else loops[0]]
+    bounds = lane_condition_bounds(sch, block, len(loops) - split)
     vec = sch.fuse(*loops[split:]) if len(loops) - split > 1 else loops[split]
     if parallel:
         sch.parallel(outer[0])
+    piece = math.gcd(inner, *bounds) if bounds else inner
+    if 1 < piece < inner:
+        # a select on the inner axes (llama's rotate-half: concat(-x[8:], x[:8]) over 16 lanes, its
+        # other half read at (h * 16 + i + 8) % 32): the vector loop split where the condition changes, a
+        # loop-partition hint on the pieces' loop, so each piece has the condition constant and the index
+        # affine.  Without it TVM's vectorizer scalarized the lane loop (llama_dyn's rotary kernels
+        # 14.9 -> 1.15 us at sequence 128, kernel-only, one thread, under load).
+        pieces, vec = sch.split(vec, factors=[None, piece])
+        sch.annotate(pieces, "pragma_loop_partition_hint", 1)
+        if piece <= lanes or piece % lanes:
+            _, vec = sch.split(vec, factors=[None, math.gcd(piece, lanes) if piece > lanes else piece])
+            sch.vectorize(vec)
+            return True
     vectorize_parts(sch, [("main", vec)], lanes, unroll)
     return True
+
+
+def lane_condition_bounds(sch: C.Schedule, block, n_inner: int) -> list[int]:
+    """Where a select in ``block``'s value changes along its ``n_inner`` innermost iterators (static ones,
+    fused into the vector loop): for each ``if_then_else`` / ``Select`` condition comparing one of them
+    with a constant (``8 <= v_ax3``: a folded concat), that constant times the extents inside that
+    iterator, i.e. an offset in the fused inner index at which the condition flips (it flips there again in
+    each period of the fused index).  Empty: no such condition."""
+    iters = list(sch.get(block).iter_vars)
+    inner = iters[len(iters) - n_inner:] if n_inner else []
+    strides, stride = {}, 1
+    for iv in reversed(inner):
+        ext = iv.dom.extent
+        if not isinstance(ext, C.tirx.IntImm):
+            return []
+        strides[iv.var] = (stride, int(ext))
+        stride *= int(ext)
+    conds = []
+
+    def visit(node):
+        if isinstance(node, C.tirx.Select):
+            conds.append(node.condition)
+        elif getattr(getattr(node, "op", None), "name", "") == "prim.if_then_else":
+            conds.append(node.args[0])
+
+    C.post_order_visit(sch.get(block).body, visit)
+    bounds = []
+    for cond in conds:
+        if not isinstance(cond, (C.tirx.LE, C.tirx.LT, C.tirx.GE, C.tirx.GT, C.tirx.EQ, C.tirx.NE)):
+            continue
+        for var_is_a, (var, const) in ((True, (cond.a, cond.b)), (False, (cond.b, cond.a))):
+            if not (isinstance(var, C.tirx.Var) and isinstance(const, C.tirx.IntImm)):
+                continue
+            found = [(s, e) for v, (s, e) in strides.items() if v.same_as(var)]
+            if not found:
+                continue
+            stride, extent = found[0]
+            c = int(const.value)
+            if isinstance(cond, (C.tirx.EQ, C.tirx.NE)):
+                flips = [c, c + 1]
+            else:   # v < c, c <= v, v >= c, c > v flip at c; v <= c, c < v, v > c, c >= v at c + 1
+                flips = [c + 1 if isinstance(cond, (C.tirx.LE, C.tirx.GT)) == var_is_a else c]
+            bounds += [f * stride for f in flips if 0 < f < extent]
+    return bounds
 
 
 def _constant_division_groups(sch: C.Schedule, loops) -> list[list]:

@@ -197,6 +197,22 @@ class SymbolicMatmulEpilogue(RowBuckets, MM.MatmulEpilogue, family="cpu.symbolic
     def analyze(self, sch: C.Schedule, red, target: C.Target) -> dict | None:
         return analyze_symbolic_rows_matmul(sch, red, target)
 
+    def buckets(self, match: Match, target: C.Target) -> tuple[Bucket, ...]:
+        """``RowBuckets.buckets``, except for a weight over the table's ``gemv_weight_l1_share`` of L1: the
+        GEMV-like nest reads the whole weight again for every row, so it keeps the rows under the fork/join
+        cost (``serial_rows``: the serial nest; one row at least) and more rows take the row-tiled nest (convnext_dyn b1's
+        MLPs at 16 and 4 rows: 2-3x faster row-tiled, kernel-only, measured under load).
+        tests/test_symbolic_buckets.py::test_a_weight_over_the_l1_share_leaves_the_gemv_nest_at_the_serial_bound"""
+        d = self.table_defaults(target)
+        weight = match.info["N"] * match.info["K"] * 4
+        if weight <= float(d["gemv_weight_l1_share"]) * cpu_info(target).l1d_bytes:
+            return super().buckets(match, target)
+        serial = match.info["serial_rows"] if "serial_rows" in match.info else self.serial_rows(match, target)
+        # one row at least (a tuner's task per bucket needs a bounded one): a single row reads the weight
+        # once either way, and the GEMV-like nest has no predicated rows
+        small = max(1, min(serial, int(d["small_rows"])))
+        return Bucket(f"rows<={small}", small), Bucket(f"rows>{small}", None)
+
     def finish(self, func: C.PrimFunc, info: dict, target: C.Target) -> Match | None:
         return self.if_every_bucket_schedules(func, self.match_rows(Match(self.family, info), target), target)
 
