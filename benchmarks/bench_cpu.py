@@ -58,7 +58,7 @@ Method: each engine runs in its own worker process per workload (this file with 
 the engine, runs it once on the workload's inputs (an .npz written by this process) and writes its
 outputs to an .npz, which this process checks against the ONNX reference (CHECK_RTOL, CHECK_ATOL).
 Commands and replies are JSON lines on the worker's stdin/stdout; no pickle.  Then ``--repeat`` rounds:
-in each round every engine, in turn (the order rotated each round), times one block of back-to-back calls
+in each round every engine, in turn (a fresh seeded order each round), times one block of back-to-back calls
 about BLOCK_SECONDS long, with a ``--pause`` between engines so that one runtime's idle spinning workers
 do not run into the next one's block (alternating single calls in one process made either engine up to
 10x slower).  Each figure is the median over rounds of the block's seconds per call, with p25/p75 and
@@ -77,6 +77,7 @@ import argparse
 import json
 import os
 import platform
+import random
 import statistics
 import subprocess
 import sys
@@ -105,6 +106,7 @@ BLOCK_SECONDS = 0.05   # each engine runs a block of calls this long per round (
 BOOTSTRAP_RESAMPLES = 2000   # paired_ratio: resamples of the rounds for the interval of the median ratio
 BOOTSTRAP_LEVEL = 0.9        # ... and that interval's coverage
 MAX_BLOCK_CALLS = 200
+ORDER_SEED = 0               # the engines' order in each round: a seeded shuffle (bench_workload)
 # Output check against the float32 ONNX reference: |out - ref| <= CHECK_ATOL + CHECK_RTOL * |ref|.  Fused
 # kernels reorder sums (K up to 768 here) and tvmfuse uses approximations of exp/erf (fast math).
 CHECK_RTOL, CHECK_ATOL = 1e-3, 1e-4
@@ -737,9 +739,12 @@ def bench_workload(name, model, engines, args, root):
             procs.append(w)
         times = {e: [] for e in live}
         order = list(live)
+        shuffle = random.Random(ORDER_SEED).shuffle
         for r in range(args.repeat):
-            k = r % max(1, len(order))
-            for e in order[k:] + order[:k]:          # rotated: no engine always runs right after another
+            # a fresh order each round (seeded): a rotation keeps every engine right after the same other
+            # one (io10: in --io that put run() after the VM on the same arrays in every round but one)
+            shuffle(order)
+            for e in list(order):
                 times[e].append(live[e].ask({"cmd": "time"})["s"])
                 time.sleep(args.pause)
         for e, ts in times.items():
