@@ -22,7 +22,7 @@ the memory grows with it):
 
 Also per path: minor page faults per call (``getrusage``, after warm-up) and how many distinct result
 addresses six calls return (the VM's pool alternates two buffers while results are dropped).  Timing:
-blocks of back-to-back calls, every path once per round in a rotated order, one untimed call before each
+blocks of back-to-back calls, every path once per round in a fresh seeded order, one untimed call before each
 block; reported per path: the median per-call time and the paired per-round difference to the round's
 baseline (``vm_views``; ``tiny_vm`` / ``tiny_vm_swept`` for the tiny pairs), median [p25, p75], in us.
 Clock: the calling thread's CPU time (``--clock thread``, with ``TVM_NUM_THREADS=1``) or wall time.
@@ -32,6 +32,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import random
 import resource
 import time
 
@@ -76,7 +77,26 @@ def _steps_replica(feeds: dict, name: str, other):
     return steps
 
 
-def paths(cm, feeds: dict) -> dict:
+def _other_run(cm, io_path: str):
+    """``run`` of model ``cm`` as the ``tvmfuse/io.py`` at ``io_path`` (e.g. the file at an earlier commit:
+    ``git show REV:tvmfuse/io.py > /tmp/io_before.py``) makes it: its ``_Plan`` built on the same model
+    and VM, so the two runs differ only in that file's code (a same-process A/B)."""
+    import importlib.util
+    import sys
+
+    spec = importlib.util.spec_from_file_location("tvmfuse._io_baseline", io_path)
+    mod = importlib.util.module_from_spec(spec)
+    mod.__package__ = "tvmfuse"
+    sys.modules[spec.name] = mod
+    spec.loader.exec_module(mod)
+    plan = mod._Plan(cm)
+    fast = plan.run_static or plan.run_symbolic
+    if fast is None:
+        raise SystemExit(f"{io_path}: no fast path for this model (path {plan.path!r})")
+    return fast
+
+
+def paths(cm, feeds: dict, baseline_io: str | None = None) -> dict:
     f = cm._main()
     name = cm.outputs[0].name
     views = [C.from_dlpack(feeds[s.name]) for s in cm.inputs]
@@ -85,7 +105,7 @@ def paths(cm, feeds: dict) -> dict:
     aligned_views = [C.from_dlpack(aligned[s.name]) for s in cm.inputs]
     other = C.tensor(np.zeros(16, np.float32))
     steps = _steps_replica(feeds, name, other)
-    return {
+    ps = {
         "vm_views": lambda: f(*views),
         "run": lambda: cm.run(feeds),
         "vm_numpy_out": lambda: {name: np.from_dlpack(f(*views))},
@@ -94,9 +114,13 @@ def paths(cm, feeds: dict) -> dict:
         "vm_aligned": lambda: f(*aligned_views),
         "run_aligned": lambda: cm.run(aligned),
     }
+    if baseline_io:
+        other = _other_run(cm, baseline_io)
+        ps["run_baseline_io"] = lambda: other(feeds)
+    return ps
 
 
-def tiny_paths(sweep_mb: float) -> dict:
+def tiny_paths(sweep_mb: float, baseline_io: str | None = None) -> dict:
     cm = tvmfuse.compile(M.layernorm(rows=2, d=16, decomposed=False), tuning_log=None)
     feeds = {s.name: np.random.default_rng(1).standard_normal(tuple(s.shape)).astype(np.float32)
              for s in cm.inputs}
@@ -107,8 +131,13 @@ def tiny_paths(sweep_mb: float) -> dict:
     def sweep():
         np.add(buf, 1.0, out=buf)                 # reads and writes the buffer: the caches hold it after
 
-    return {"tiny_vm": lambda: f(*views), "tiny_run": lambda: cm.run(feeds),
-            "tiny_vm_swept": lambda: (sweep(), f(*views)), "tiny_run_swept": lambda: (sweep(), cm.run(feeds))}
+    ps = {"tiny_vm": lambda: f(*views), "tiny_run": lambda: cm.run(feeds),
+          "tiny_vm_swept": lambda: (sweep(), f(*views)), "tiny_run_swept": lambda: (sweep(), cm.run(feeds))}
+    if baseline_io:
+        other = _other_run(cm, baseline_io)
+        ps["tiny_run_baseline_io"] = lambda: other(feeds)
+        ps["tiny_run_swept_baseline_io"] = lambda: (sweep(), other(feeds))
+    return ps
 
 
 def _block(fn, calls: int, clock) -> float:
@@ -151,9 +180,10 @@ def measure(ps: dict, calls: dict, rounds: int, clock, baselines: dict) -> dict:
         _block(fn, max(1, calls[k] // 10), clock)
     times = {k: [] for k in ps}
     keys = list(ps)
-    for r in range(rounds):
-        k0 = r % len(keys)
-        for k in keys[k0:] + keys[:k0]:
+    shuffle = random.Random(0).shuffle
+    for _ in range(rounds):
+        shuffle(keys)                      # a fresh seeded order each round (no path always after another)
+        for k in keys:
             times[k].append(_block(ps[k], calls[k], clock))
     out = {}
     for k, v in times.items():
@@ -172,6 +202,10 @@ def main(argv=None) -> int:
     ap.add_argument("--block-ms", type=float, default=10.0, help="about this long per block")
     ap.add_argument("--sweep-mb", type=float, default=3.0, help="tiny_*_swept: megabytes swept per call")
     ap.add_argument("--no-tiny", action="store_true")
+    ap.add_argument("--only-tiny", action="store_true")
+    ap.add_argument("--paths", nargs="+", default=None, help="only these paths (and their baselines)")
+    ap.add_argument("--baseline-io", default=None, help="also time run() as the tvmfuse/io.py at this path "
+                    "makes it (run_baseline_io: a same-process A/B of two versions of io.py)")
     ap.add_argument("--clock", choices=("thread", "wall"), default="thread")
     ap.add_argument("--json", default=os.path.join(HERE, "io_gap.json"))
     args = ap.parse_args(argv)
@@ -180,18 +214,21 @@ def main(argv=None) -> int:
            "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "clock": args.clock,
            "threads": os.environ.get("TVM_NUM_THREADS"), "rounds": args.rounds,
            "load_avg_start": os.getloadavg(), "models": {}}
-    todo = [(m, MODELS[m]) for m in args.models] + ([] if args.no_tiny else [("tiny_layernorm_2x16", None)])
+    todo = ([] if args.only_tiny else [(m, MODELS[m]) for m in args.models]) + \
+        ([] if args.no_tiny else [("tiny_layernorm_2x16", None)])
     for label, make in todo:
         if make is None:
-            ps = tiny_paths(args.sweep_mb)
-            baselines = {"tiny_vm": "tiny_vm", "tiny_run": "tiny_vm", "tiny_vm_swept": "tiny_vm_swept",
-                         "tiny_run_swept": "tiny_vm_swept"}
+            ps = tiny_paths(args.sweep_mb, args.baseline_io)
+            baselines = {k: "tiny_vm_swept" if "swept" in k else "tiny_vm" for k in ps}
         else:
             cm = tvmfuse.compile(make(), tuning_log=None)
             feeds = {s.name: np.random.default_rng(0).standard_normal(tuple(s.shape)).astype(np.float32)
                      for s in cm.inputs}
-            ps = paths(cm, feeds)
+            ps = paths(cm, feeds, args.baseline_io)
             baselines = {k: "vm_views" for k in ps}
+        if args.paths:
+            keep = set(args.paths) | {baselines[k] for k in args.paths if k in baselines}
+            ps = {k: v for k, v in ps.items() if k in keep}
         one = {k: _block(fn, 3, time.perf_counter_ns) for k, fn in ps.items()}
         calls = {k: max(3, int(args.block_ms * 1e3 / max(us, 0.05))) for k, us in one.items()}
         res = measure(ps, calls, args.rounds, clock, baselines)
