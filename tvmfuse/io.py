@@ -28,7 +28,10 @@ every result gets fresh memory each time, or passes ``outputs=``).  The same arr
 again (the zero-copy loop: refill it in place, call again) reuses its DLPack view, so the plan holds the
 last inputs until the next call.  A single fresh output is wrapped in one step.  Every Python step after a
 kernel that streams megabytes through the caches runs cold (measured, one thread, CPU time, under load:
-``run()``'s own steps 3 us after a tiny kernel, 8-12 us after a 3 MB sweep), hence so few of them.
+``run()``'s own steps 3 us after a tiny kernel, 8-12 us after a 3 MB sweep), hence so few of them.  Alone
+at two threads that is 2-4 us per call over the VM call after layernorm [512, 768]'s, resnet_block's and
+transformer_block's kernels (0.9 us with warm caches): a fixed cost, 5-8% of layernorm's 45 us call, 2-3%
+of the others (``benchmarks/notes/io10.md``, Table 3's rounds in us per call).
 
 Which alignment: by default (``PipelineOptions.element_aligned_args``) tvmfuse compiles CPU kernels that
 assume their tensor arguments aligned to the element size only (4 bytes for float32), as every numpy array
