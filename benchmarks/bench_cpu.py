@@ -43,7 +43,9 @@ Engines (``--engines`` picks; ENGINES below says what each one is):
   the VM call on DLPack views of the very numpy arrays ``run()`` gets (``*_vm_views``: the same kernels on
   the same memory, so run() / it is what run() itself adds), ``CompiledModel.run()`` with numpy in and
   out (ordinary numpy inputs and ``tvmfuse.empty`` (64-byte aligned) inputs: both read in place since
-  ``PipelineOptions.element_aligned_args``; before it numpy inputs were copied once) and the same three for
+  ``PipelineOptions.element_aligned_args``; before it numpy inputs were copied once), ``run()`` on numpy
+  views of the VM call's own device tensors (``*_run_same``: ``run_same/vm`` differs from the VM call in
+  nothing but run()'s steps: same input memory, same VM and output pool; io10) and the same four for
   ``Runner.run`` of the exported artifact (``tvmfuse.export`` + ``tvmfuse.load``).
 - ``--tails`` (issue 11: a row the vector does not divide within 10% of a padded row): Softmax over rows
   of TAIL_ROWS elements (104, 1000, 3071: a scalar tail after the vector main loop on AVX-512, and on AVX2
@@ -56,7 +58,7 @@ Method: each engine runs in its own worker process per workload (this file with 
 the engine, runs it once on the workload's inputs (an .npz written by this process) and writes its
 outputs to an .npz, which this process checks against the ONNX reference (CHECK_RTOL, CHECK_ATOL).
 Commands and replies are JSON lines on the worker's stdin/stdout; no pickle.  Then ``--repeat`` rounds:
-in each round every engine, in turn (the order rotated each round), times one block of back-to-back calls
+in each round every engine, in turn (a fresh seeded order each round), times one block of back-to-back calls
 about BLOCK_SECONDS long, with a ``--pause`` between engines so that one runtime's idle spinning workers
 do not run into the next one's block (alternating single calls in one process made either engine up to
 10x slower).  Each figure is the median over rounds of the block's seconds per call, with p25/p75 and
@@ -75,6 +77,7 @@ import argparse
 import json
 import os
 import platform
+import random
 import statistics
 import subprocess
 import sys
@@ -103,6 +106,7 @@ BLOCK_SECONDS = 0.05   # each engine runs a block of calls this long per round (
 BOOTSTRAP_RESAMPLES = 2000   # paired_ratio: resamples of the rounds for the interval of the median ratio
 BOOTSTRAP_LEVEL = 0.9        # ... and that interval's coverage
 MAX_BLOCK_CALLS = 200
+ORDER_SEED = 0               # the engines' order in each round: a seeded shuffle (bench_workload)
 # Output check against the float32 ONNX reference: |out - ref| <= CHECK_ATOL + CHECK_RTOL * |ref|.  Fused
 # kernels reorder sums (K up to 768 here) and tvmfuse uses approximations of exp/erf (fast math).
 CHECK_RTOL, CHECK_ATOL = 1e-3, 1e-4
@@ -135,7 +139,8 @@ IO_ENGINES = {f"io_{p}{e}": f"{'artifact ' if p else ''}{d}"
               for p in ("", "artifact_")
               for e, d in (("vm", "VM call, device tensors"),
                            ("vm_views", "VM call, DLPack views of the numpy inputs run() gets"),
-                           ("run_numpy", "run(), numpy in/out"), ("run_aligned", "run(), tvmfuse.empty inputs"))}
+                           ("run_numpy", "run(), numpy in/out"), ("run_aligned", "run(), tvmfuse.empty inputs"),
+                           ("run_same", "run(), numpy views of the VM call's own device tensors"))}
 
 
 # --tails: softmax row lengths with a tail on some vector width, and the padding that removes it
@@ -407,15 +412,22 @@ def _io(kind, model, feeds, work_dir):
     if "artifact" in kind and "artifact" not in _BUILT:
         _BUILT["artifact"] = tvmfuse.load(tvmfuse.export(cm, os.path.join(work_dir, "artifact")))
     m = _BUILT["artifact"] if "artifact" in kind else cm
+    # the VM call's device tensors (TVM's copies, 64-byte aligned), made once per model: ``*_run_same``
+    # gives run() numpy views of these very tensors, so that pair differs in nothing but run()'s own steps
+    key = ("device_args", "artifact" in kind)
+    if key not in _BUILT:
+        _BUILT[key] = [C.tensor(feeds[s.name]) for s in m.inputs]
     if kind.endswith("_vm") or kind.endswith("_vm_views"):
         # device tensors: TVM's copies (64-byte aligned); views: the very arrays run() is given
-        args = [(C.from_dlpack if kind.endswith("_views") else C.tensor)(feeds[s.name]) for s in m.inputs]
+        args = _BUILT[key] if kind.endswith("_vm") else [C.from_dlpack(feeds[s.name]) for s in m.inputs]
         f = m._main()
         fn = lambda: f(*args)                                  # noqa: E731
         fn.info = {"input_offsets": _offsets({s.name: a.data_ptr() for s, a in zip(m.inputs, args)})}
         return fn
     if kind.endswith("run_numpy"):
         given = feeds
+    elif kind.endswith("run_same"):
+        given = {s.name: np.from_dlpack(t) for s, t in zip(m.inputs, _BUILT[key])}
     else:
         given = {}
         for k, v in feeds.items():
@@ -526,6 +538,7 @@ def worker(spec_path: str) -> int:
         np.savez(spec["outputs"] if "engine" in spec else spec["outputs"][e],
                  **{f"out{i}": a for i, a in enumerate(outs)})
         built[e] = {"ok": True, "build_s": build_s, "n_outputs": len(outs), **getattr(fn, "info", {})}
+        del outs          # a result kept would hold one of the VM pool's buffers while the others are timed
         fns[e] = fn
     reply(built[names[0]] if "engine" in spec else {"ok": True, "engines": built})
     for line in sys.stdin:
@@ -669,8 +682,10 @@ def paired_ratios(rows: list, pairs: dict) -> dict:
 
 # --io: run() on numpy against the VM call, paired round by round (paired_ratio)
 # (and run() on tvmfuse.empty inputs against the VM call: both 64-byte aligned, the pair placed alike)
+# (and run() on numpy views of the VM call's own device tensors: the same memory, in and out, io10)
 IO_PAIRS = {**{f"{p}run/{v}": (f"io_{p}run_numpy", f"io_{p}{v}") for p in ("", "artifact_") for v in ("vm", "vm_views")},
-            **{f"{p}run_aligned/vm": (f"io_{p}run_aligned", f"io_{p}vm") for p in ("", "artifact_")}}
+            **{f"{p}run_aligned/vm": (f"io_{p}run_aligned", f"io_{p}vm") for p in ("", "artifact_")},
+            **{f"{p}run_same/vm": (f"io_{p}run_same", f"io_{p}vm") for p in ("", "artifact_")}}
 # --tails: rows of d against rows padded to TAIL_PAD, for the VM call and run()
 TAIL_PAIRS = {k: (f"tail_{k}", f"tail_padded_{k}") for k in ("vm", "run")}
 
@@ -724,9 +739,12 @@ def bench_workload(name, model, engines, args, root):
             procs.append(w)
         times = {e: [] for e in live}
         order = list(live)
+        shuffle = random.Random(ORDER_SEED).shuffle
         for r in range(args.repeat):
-            k = r % max(1, len(order))
-            for e in order[k:] + order[:k]:          # rotated: no engine always runs right after another
+            # a fresh order each round (seeded): a rotation keeps every engine right after the same other
+            # one (io10: in --io that put run() after the VM on the same arrays in every round but one)
+            shuffle(order)
+            for e in list(order):
                 times[e].append(live[e].ask({"cmd": "time"})["s"])
                 time.sleep(args.pause)
         for e, ts in times.items():

@@ -101,7 +101,7 @@ def paths(m, feeds, cm) -> dict:
         "checks": lambda: plan.in_place(feeds),
         "dlpack_import": lambda: [C.from_dlpack(a) for a in arrays],
         "full_checks": lambda: [m._to_device(v)[0] for v in IO.validate_feeds(feeds, m.inputs)],
-        "output_refs": lambda: C.strong_ref_count(held),
+        "output_refs": lambda: C.strong_ref_word(held.__chandle__()).value <= 2,     # as run() reads it (io10)
         "output_ptr": lambda: type(held) is C.Tensor and held.data_ptr() not in ptrs,
         "output_view": lambda: np.from_dlpack(held) if type(held) is C.Tensor else None,
         "result_dict": lambda: {out_name: view},

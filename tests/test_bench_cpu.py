@@ -155,20 +155,30 @@ def test_io_engines_state_where_their_inputs_start(tmp_path, rng, monkeypatch):
     x = rng.standard_normal((ROWS, D)).astype("float32")
     feeds = {"x": _aligned_at(x, 16)}
     assert feeds["x"].ctypes.data % 64 == 16
-    expect = {"io_vm": 0, "io_vm_views": 16, "io_run_numpy": 16, "io_run_aligned": 0,
+    expect = {"io_vm": 0, "io_vm_views": 16, "io_run_numpy": 16, "io_run_aligned": 0, "io_run_same": 0,
               "io_artifact_vm": 0, "io_artifact_vm_views": 16, "io_artifact_run_numpy": 16,
-              "io_artifact_run_aligned": 0}
+              "io_artifact_run_aligned": 0, "io_artifact_run_same": 0}
     results = {}
     for engine, offset in expect.items():
         fn = B._io(engine, model, feeds, str(tmp_path))
         assert fn.info == {"input_offsets": {"x": offset}}, engine
         results[engine] = B._as_arrays(fn())[0]
+    # run_same reads the very device tensors the VM call gets (one set per model, compiled and artifact)
+    for prefix, artifact in (("", False), ("artifact_", True)):
+        (t,) = B._BUILT[("device_args", artifact)]
+        same = B._io(f"io_{prefix}run_same", model, feeds, str(tmp_path))
+        assert same.info == {"input_offsets": {"x": t.data_ptr() % 64}}
+        m = B._BUILT["artifact"] if artifact else B._BUILT["compiled"]
+        same()
+        assert m._io_plan().last[0][2] == t.data_ptr()      # run() took that memory in place, no copy
     ref = list(M.reference_outputs(model, {"x": x}).values())[0]
     for engine, got in results.items():
         np.testing.assert_allclose(got, ref, rtol=1e-4, atol=1e-5, err_msg=engine)
     # the pairs Table 3 reports include the two columns fed alike (aligned run() / VM call)
     assert B.IO_PAIRS["run_aligned/vm"] == ("io_run_aligned", "io_vm")
     assert B.IO_PAIRS["artifact_run_aligned/vm"] == ("io_artifact_run_aligned", "io_artifact_vm")
+    assert B.IO_PAIRS["run_same/vm"] == ("io_run_same", "io_vm")
+    assert B.IO_PAIRS["artifact_run_same/vm"] == ("io_artifact_run_same", "io_artifact_vm")
 
 
 def test_align_ab_places_the_same_values_at_each_offset(rng):

@@ -357,6 +357,55 @@ def test_a_constant_output_is_copied(host):
     np.testing.assert_array_equal(again["y"], np.zeros(4, np.float32))
 
 
+def test_a_single_constant_output_is_copied(host):
+    # one input, one output computed from constants only: the static one-input path (run_one) reads the
+    # result's strong reference count (C.strong_ref_word, no frame) and copies what the VM also holds
+    from tvmfuse import _compat as C
+
+    g = M._G("const_single")
+    g.input("x", (4,))
+    g.op("Add", g.const(np.ones(4, np.float32)), g.const(np.ones(4, np.float32)))
+    g.rename_last("z", (4,))
+    cm = tvmfuse.compile(g.model(), host)
+    x = tvmfuse.zeros(4)
+    first = cm.run({"x": x})
+    assert cm.run is cm._io_plan().run_static
+    first["z"][...] = 7.0
+    again = cm.run({"x": x})
+    np.testing.assert_array_equal(again["z"], np.full(4, 2.0, np.float32))
+    held = cm._main()(C.from_dlpack(x))
+    assert C.strong_ref_word(held.__chandle__()).value == C.strong_ref_count(held) > 2
+
+
+def test_strong_ref_word_counts_the_vm_register_and_the_wrapper(host, rng):
+    # a fresh result is held by its Python wrapper and the VM's last-result register (2): run()'s test
+    # for a view it may hand out; the next call releases the register's reference (1)
+    from tvmfuse import _compat as C
+
+    cm = tvmfuse.compile(M.layernorm(rows=2, d=16, decomposed=False), host)
+    x = C.from_dlpack(rng.standard_normal((2, 16)).astype(np.float32))
+    f = cm._main()
+    r1 = f(x)
+    assert C.strong_ref_word(r1.__chandle__()).value == C.strong_ref_count(r1) == 2
+    r2 = f(x)
+    assert C.strong_ref_count(r1) == 1 and C.strong_ref_count(r2) == 2
+
+
+def test_one_input_one_output_with_preallocated_outputs(host, rng):
+    # the one-input path hands preallocated outputs to the general static path: written in place,
+    # the given array returned; an empty dict is no outputs (a fresh view); a wrong one is an InputError
+    cm = tvmfuse.compile(M.layernorm(rows=2, d=16, decomposed=False), host)
+    x = rng.standard_normal((2, 16)).astype(np.float32)
+    ref = cm.run({"x": x})["y"].copy()
+    out = np.empty((2, 16), np.float32)
+    got = cm.run({"x": x}, outputs={"y": out})
+    assert got["y"] is out
+    np.testing.assert_array_equal(out, ref)
+    np.testing.assert_array_equal(cm.run({"x": x}, outputs={})["y"], ref)
+    with pytest.raises(tvmfuse.InputError, match="'y'"):
+        cm.run({"x": x}, outputs={"y": np.empty((2, 15), np.float32)})
+
+
 # ------------------------------------------------------------------ loading: onnx.checker complaints
 def _graph_model(nodes, outputs, inputs=(("x", [2, 3]),)):
     from onnx import TensorProto, helper

@@ -9,6 +9,7 @@ re-exports names and bridges renamed calls (a few lines each); code that *uses* 
 from __future__ import annotations
 
 import ctypes as _ctypes
+import sys as _sys
 
 import tvm as _tvm
 import tvm_ffi as _tvm_ffi
@@ -300,10 +301,17 @@ def with_element_aligned_params(func):
 def strong_ref_count(obj) -> int:
     """Strong references to a TVM FFI object: the low 32 bits of ``combined_ref_count``, the first field of
     the TVMFFIObject header (tvm-ffi's stable C ABI, include/tvm/ffi/c_api.h)."""
-    return _u64_at(obj.__chandle__()).value & 0xFFFFFFFF
+    return strong_ref_word(obj.__chandle__()).value
 
 
-_u64_at = _ctypes.c_uint64.from_address     # strong_ref_count runs once per run() output
+def _strong_ref_word_big_endian(handle: int):
+    return _ctypes.c_uint32.from_address(handle + 4)
+
+
+# ``strong_ref_word(obj.__chandle__()).value`` is ``strong_ref_count(obj)`` without a Python frame: run()'s
+# per-call path reads it once per output (issue 11: every step after a kernel that swept the caches runs
+# cold).  The strong count is the low half of the 64-bit word: its first 4 bytes on a little-endian host.
+strong_ref_word = (_ctypes.c_uint32.from_address if _sys.byteorder == "little" else _strong_ref_word_big_endian)
 
 
 def cpu(index: int = 0):

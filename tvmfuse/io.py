@@ -28,7 +28,10 @@ every result gets fresh memory each time, or passes ``outputs=``).  The same arr
 again (the zero-copy loop: refill it in place, call again) reuses its DLPack view, so the plan holds the
 last inputs until the next call.  A single fresh output is wrapped in one step.  Every Python step after a
 kernel that streams megabytes through the caches runs cold (measured, one thread, CPU time, under load:
-``run()``'s own steps 3 us after a tiny kernel, 8-12 us after a 3 MB sweep), hence so few of them.
+``run()``'s own steps 3 us after a tiny kernel, 8-12 us after a 3 MB sweep), hence so few of them.  Alone
+at two threads that is 2-4 us per call over the VM call after layernorm [512, 768]'s, resnet_block's and
+transformer_block's kernels (0.9 us with warm caches): a fixed cost, 5-8% of layernorm's 45 us call, 2-3%
+of the others (``benchmarks/notes/io10.md``, Table 3's rounds in us per call).
 
 Which alignment: by default (``PipelineOptions.element_aligned_args``) tvmfuse compiles CPU kernels that
 assume their tensor arguments aligned to the element size only (4 bytes for float32), as every numpy array
@@ -530,7 +533,7 @@ def _static_run(plan: _Plan, model: "Executes"):
     last = plan.last                   # None: numpy 1.x (an array's memory may move), no view reuse
     outputs_ok = plan.static_outputs_ok
     ndarray, tensor_type, from_dlpack = np.ndarray, C.Tensor, C.from_dlpack
-    refs, numpy_view = C.strong_ref_count, np.from_dlpack
+    ref_word, numpy_view = C.strong_ref_word, np.from_dlpack     # ref_word(h).value: C.strong_ref_count
 
     def run(feeds, outputs=None):
         if type(feeds) is not dict or len(feeds) != count or (outputs and not outputs_ok(outputs)):
@@ -560,24 +563,30 @@ def _static_run(plan: _Plan, model: "Executes"):
         result = main(*args)
         # one fresh output, none given: a tensor only our wrapper and the VM's last-result register hold,
         # not an input's memory (see run())
-        if (single is not None and not outputs and type(result) is tensor_type and refs(result) <= 2
-                and result.data_ptr() not in ptrs):
+        if (single is not None and not outputs and type(result) is tensor_type
+                and ref_word(result.__chandle__()).value <= 2 and result.data_ptr() not in ptrs):
             return {single: numpy_view(result)}
         return finish(result, outputs, args)
 
-    if count != 1:
+    if count != 1 or single is None:
         return _like_run(run)
     (name0, dtype0, shape0, alignment0), = specs
+    seen0 = last if last is not None else [None]      # numpy 1.x: nothing is stored, nothing matches
 
     def run_one(feeds, outputs=None):
-        """``run`` for one input (most models): no loop, no lists."""
-        if type(feeds) is not dict or len(feeds) != 1 or (outputs and not outputs_ok(outputs)):
+        """``run`` for one input and one output (most models): no loop, no lists, no test made per model
+        (issue 11: after a kernel that swept the caches each step costs several times its warm price;
+        io10: fewer tests per call and the reference count read without a frame).  Preallocated
+        ``outputs`` take the general static path."""
+        if outputs is not None:                      # preallocated outputs: the loop's path checks them
+            return run(feeds, outputs)
+        if type(feeds) is not dict or len(feeds) != 1:
             return checked(feeds, outputs, plan)
         v = feeds.get(name0)
         if (type(v) is not ndarray or v.shape != shape0 or (v.dtype is not dtype0 and v.dtype != dtype0)
                 or not v.flags.carray):
             return checked(feeds, outputs, plan)
-        seen = last[0] if last is not None else None
+        seen = seen0[0]
         if seen is not None and seen[0] is v:
             t, ptr = seen[1], seen[2]
         else:
@@ -588,10 +597,9 @@ def _static_run(plan: _Plan, model: "Executes"):
             if last is not None:
                 last[0] = (v, t, ptr, shape0)
         result = main(t)
-        if (single is not None and not outputs and type(result) is tensor_type and refs(result) <= 2
-                and result.data_ptr() != ptr):
+        if type(result) is tensor_type and ref_word(result.__chandle__()).value <= 2 and result.data_ptr() != ptr:
             return {single: numpy_view(result)}
-        return finish(result, outputs, [t])
+        return finish(result, None, [t])
 
     return _like_run(run_one)
 
@@ -639,7 +647,7 @@ def _symbolic_run(plan: _Plan, model: "Executes"):
     shapes_ok = plan.shapes_ok
     passed = [None]                    # the input shapes of the last call that passed shapes_ok
     ndarray, tensor_type, from_dlpack = np.ndarray, C.Tensor, C.from_dlpack
-    refs, numpy_view = C.strong_ref_count, np.from_dlpack
+    ref_word, numpy_view = C.strong_ref_word, np.from_dlpack     # ref_word(h).value: C.strong_ref_count
     # (input index, axis, name) of every named dim of the inputs: the sizes of a call, for its outputs
     named_at = tuple((i, axis, d) for i, (_, _, _, dims, _) in enumerate(plan.checks) if dims is not None
                      for axis, d in dims[2])
@@ -696,7 +704,7 @@ def _symbolic_run(plan: _Plan, model: "Executes"):
                 return checked(feeds, outputs, plan)
             return finish(main(*args), outputs, args)
         result = main(*args)
-        if (single is not None and type(result) is tensor_type and refs(result) <= 2
+        if (single is not None and type(result) is tensor_type and ref_word(result.__chandle__()).value <= 2
                 and result.data_ptr() not in ptrs):
             return {single: numpy_view(result)}
         return finish(result, outputs, args)
