@@ -20,7 +20,9 @@ MANIFEST = os.path.join(CORPUS_DIR, "manifest.json")
 # numerics) keep the 13 models and the length they had.
 OPT_IN_MODELS = ("regnet_y", "densenet", "swin", "whisper_encoder",
                  # session 9 (benchmarks/notes/corpus9.md)
-                 "resnext", "googlenet", "mobilevit", "wav2vec2", "phi", "qwen2")
+                 "resnext", "googlenet", "mobilevit", "wav2vec2", "phi", "qwen2",
+                 # session 10 (benchmarks/notes/corpus10.md)
+                 "opt", "bloom", "albert", "efficientnet_v2", "inception_v3")
 
 
 def default_models(entries) -> list[str]:

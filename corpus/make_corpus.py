@@ -408,6 +408,99 @@ def _hf_qwen2():
                use_cache=False, attn="sdpa_without_vmap")
 
 
+# ---- session 10: more unseen families (benchmarks/notes/corpus10.md) ----
+
+INCEPTION_IMAGE = 80   # inception_v3 input side: its valid (unpadded) stride-2 convs need >= 75 pixels
+INCEPTION_DIV = 8      # every inception_v3 channel count divided by this (the full net is 27 M parameters)
+
+
+def _tv_inception_v3():
+    """torchvision Inception v3 (factorised 1x7 / 7x1 and 1x3 / 3x1 convolutions, grid reductions by
+    parallel stride-2 branches, valid stem convs) with every channel count divided by INCEPTION_DIV, no
+    auxiliary head, ``transform_input=False``, at INCEPTION_IMAGE pixels (inception_v3: 299); built with
+    torchvision's own blocks through ``Inception3(inception_blocks=...)`` and a conv block that divides."""
+    import functools
+
+    import torch
+    tv = _import_torchvision()
+    from torchvision.models import inception as inc
+
+    d = INCEPTION_DIV
+
+    def conv_block(in_channels, out_channels, **kwargs):
+        return inc.BasicConv2d(in_channels if in_channels == 3 else in_channels // d, out_channels // d, **kwargs)
+
+    blocks = [conv_block] + [functools.partial(b, conv_block=conv_block) for b in
+                             (inc.InceptionA, inc.InceptionB, inc.InceptionC, inc.InceptionD, inc.InceptionE,
+                              inc.InceptionAux)]
+    m = inc.Inception3(num_classes=CLASSES, aux_logits=False, transform_input=False, inception_blocks=blocks,
+                       init_weights=True)
+    m.fc = torch.nn.Linear(2048 // d, CLASSES)
+    return m, {"class": "torchvision.models.inception.Inception3", "like": "inception_v3", "channel_divisor": d,
+               "aux_logits": False, "transform_input": False, "image": INCEPTION_IMAGE, "num_classes": CLASSES,
+               "torchvision": tv.__version__}
+
+
+def _tv_efficientnet_v2():
+    """torchvision EfficientNetV2 (Fused-MBConv stages: one full 3x3 conv in place of 1x1 expand + depthwise,
+    then MBConv stages with squeeze-excite) at a reduced width/depth: efficientnet_v2_s is widths 24..256,
+    layers (2, 4, 4, 6, 9, 15), last channel 1280."""
+    import functools
+
+    import torch
+    tv = _import_torchvision()
+    from torchvision.models.efficientnet import EfficientNet, FusedMBConvConfig, MBConvConfig
+
+    # (expand_ratio, kernel, stride, input_channels, out_channels, num_layers), the order of v2_s's setting
+    fused = [(1, 3, 1, 8, 8, 1), (4, 3, 2, 8, 16, 2), (4, 3, 2, 16, 24, 2)]
+    mb = [(4, 3, 2, 24, 32, 2), (6, 3, 1, 32, 48, 2), (6, 3, 2, 48, 64, 2)]
+    last = 256
+    setting = [FusedMBConvConfig(*r) for r in fused] + [MBConvConfig(*r, width_mult=1.0, depth_mult=1.0)
+                                                        for r in mb]
+    # v2's BatchNorm eps as torchvision's efficientnet_v2_s builder sets it
+    m = EfficientNet(setting, dropout=0.2, stochastic_depth_prob=0.0, num_classes=CLASSES, last_channel=last,
+                     norm_layer=functools.partial(torch.nn.BatchNorm2d, eps=1e-3))
+    return m, {"class": "torchvision.models.efficientnet.EfficientNet", "like": "efficientnet_v2_s",
+               "fused_mbconv": [list(r) for r in fused], "mbconv": [list(r) for r in mb], "last_channel": last, "bn_eps": 1e-3,
+               "num_classes": CLASSES, "torchvision": tv.__version__}
+
+
+def _hf_opt():
+    """transformers OPT (learned positions with an offset of 2, ReLU FFN, post-LN blocks as opt-350m with
+    ``do_layer_norm_before=False``, embeddings projected 32 -> 64 -> 32 by bias-free project_in/out) at a
+    tiny config: opt-350m is hidden 1024, 24 layers, 16 heads, word_embed_proj_dim 512."""
+    return _hf("OPTModel", "OPTConfig", vocab_size=VOCAB, hidden_size=64, num_hidden_layers=2, ffn_dim=256,
+               num_attention_heads=4, max_position_embeddings=128, word_embed_proj_dim=32,
+               do_layer_norm_before=False, dropout=0.0, attention_dropout=0.0, activation_dropout=0.0,
+               layerdrop=0.0, use_cache=False, attn="sdpa_without_vmap")
+
+
+def _hf_bloom():
+    """transformers BLOOM (ALiBi: a per-head linear bias on key positions in place of position embeddings,
+    LayerNorm on the word embeddings, fused query_key_value, tanh-approximate GELU) at a tiny config:
+    bloom-560m is hidden 1024, 24 layers, 16 heads."""
+    return _hf("BloomModel", "BloomConfig", vocab_size=VOCAB, hidden_size=64, n_layer=2, n_head=4,
+               hidden_dropout=0.0, attention_dropout=0.0, use_cache=False, attn="sdpa_without_vmap")
+
+
+def _hf_albert():
+    """transformers ALBERT (factorised embedding 32 -> 64, one transformer layer's weights shared by every
+    layer, GELU-new FFN) at a tiny config without pooler: albert-base-v2 is embedding 128, hidden 768,
+    12 layers sharing one, 12 heads."""
+    _import_torchvision()
+    import transformers
+
+    cfg = dict(vocab_size=VOCAB, embedding_size=32, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+               intermediate_size=256, max_position_embeddings=128, hidden_dropout_prob=0.0,
+               attention_probs_dropout_prob=0.0, classifier_dropout_prob=0.0)
+    config = transformers.AlbertConfig(**_HF_COMMON, **cfg)
+    config._attn_implementation = "eager"
+    model = transformers.AlbertModel(config, add_pooling_layer=False)
+    return model, {"class": "transformers.AlbertModel", "config_class": "transformers.AlbertConfig",
+                   "config": {**_HF_COMMON, **cfg}, "add_pooling_layer": False, "attn_implementation": "eager",
+                   "transformers": transformers.__version__}
+
+
 def _audio_inputs():
     return [{"name": "input_features", "shape": [1, MEL_BINS, FRAMES], "dyn_shape": ["batch", MEL_BINS, FRAMES],
              "dtype": "float32"}]
@@ -418,8 +511,8 @@ def _waveform_inputs():
              "dtype": "float32"}]
 
 
-def _image_inputs():
-    return [{"name": "pixel_values", "shape": [1, 3, IMAGE, IMAGE], "dyn_shape": ["batch", 3, IMAGE, IMAGE],
+def _image_inputs(side: int = IMAGE):
+    return [{"name": "pixel_values", "shape": [1, 3, side, side], "dyn_shape": ["batch", 3, side, side],
              "dtype": "float32"}]
 
 
@@ -459,6 +552,12 @@ MODELS = [
     ("wav2vec2", _hf_wav2vec2, "transformers", _waveform_inputs(), "last_hidden_state"),
     ("phi", _hf_phi, "transformers", _token_inputs(), "last_hidden_state"),
     ("qwen2", _hf_qwen2, "transformers", _token_inputs(), "last_hidden_state"),
+    # session 10 (benchmarks/notes/corpus10.md)
+    ("opt", _hf_opt, "transformers", _token_inputs(), "last_hidden_state"),
+    ("bloom", _hf_bloom, "transformers", _token_inputs(), "last_hidden_state"),
+    ("albert", _hf_albert, "transformers", _token_inputs(mask=True), "last_hidden_state"),
+    ("efficientnet_v2", _tv_efficientnet_v2, "torchvision", _image_inputs(), "logits"),
+    ("inception_v3", _tv_inception_v3, "torchvision", _image_inputs(INCEPTION_IMAGE), "logits"),
 ]
 
 

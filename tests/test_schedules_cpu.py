@@ -147,7 +147,8 @@ def test_matmul_knob_space_is_legal(host):
     match = tmpl.match(func, host)
     assert match is not None
     space = tmpl.space(match, host)
-    assert 100 <= space.size() <= 40000      # 2 x (the parallel knob: common.parallel_knob) 20000
+    # 2 x (the parallel knob: common.parallel_knob) x 2 (pad_m, less the tiles that divide the 13 rows)
+    assert 100 <= space.size() <= 80000
     ref = C.build_prim_module(C.IRModule({"main": func.with_attr("global_symbol", "main")}), target=host)
     args = [np.random.default_rng(0).standard_normal([int(d) for d in p.shape]).astype("float32")
             for p in func.params]

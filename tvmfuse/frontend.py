@@ -235,6 +235,56 @@ def fold_static_shapes(model: onnx.ModelProto) -> tuple[onnx.ModelProto, int]:
     return out, folded
 
 
+def tile_leading_repeats(model: onnx.ModelProto) -> tuple[onnx.ModelProto, int]:
+    """Tile(x, Concat(r0, 1, .., 1)) -- a run-time repeat count on axis 0 only (BLOOM's ALiBi slopes
+    tiled by the batch: [heads, 1, seq] x [batch, 1, 1]) -- as Reshape(Expand(Unsqueeze(x, 0),
+    Concat(r0, 1, .., 1)), Concat(-1, Shape(x)[1:])): TVM's importer refuses a Tile whose repeats are a shape
+    of symbols ("cannot handle ShapeExpr inputs"), while Unsqueeze, Expand, Shape, Slice, Concat and Reshape
+    take them.  Repeats whose other elements are not constant 1s stay a Tile.  Returns the model and the
+    number of Tiles rewritten."""
+    if not any(n.op_type == "Tile" for n in model.graph.node):
+        return model, 0
+    out = onnx.ModelProto()
+    out.CopyFrom(model)
+    model, graph = out, out.graph
+    consts = {i.name: numpy_helper.to_array(i) for i in graph.initializer}
+    for n in graph.node:
+        if n.op_type == "Constant" and n.attribute and n.attribute[0].name == "value":
+            consts[n.output[0]] = numpy_helper.to_array(n.attribute[0].t)
+    producer = {o: n for n in graph.node for o in n.output}
+    nodes, count = [], 0
+    for node in graph.node:
+        reps = producer.get(node.input[1]) if node.op_type == "Tile" and len(node.input) == 2 else None
+        parts = list(reps.input) if reps is not None and reps.op_type == "Concat" else []
+        rest = [consts.get(p) for p in parts[1:]]
+        if len(parts) < 2 or parts[0] in consts or any(
+                v is None or v.size != 1 or int(v.reshape(-1)[0]) != 1 for v in rest):
+            nodes.append(node)
+            continue
+        count += 1
+        x, out, tag = node.input[0], node.output[0], f"{node.output[0]}__tile0"
+        n_axes = len(parts)
+        inits = {f"{tag}_axes0": np.array([0], np.int64), f"{tag}_ones": np.ones(n_axes, np.int64),
+                 f"{tag}_minus1": np.array([-1], np.int64), f"{tag}_from1": np.array([1], np.int64),
+                 f"{tag}_to": np.array([n_axes], np.int64)}
+        graph.initializer.extend(numpy_helper.from_array(v, k) for k, v in inits.items())
+        H = onnx.helper
+        nodes += [
+            H.make_node("Unsqueeze", [x, f"{tag}_axes0"], [f"{tag}_u"]),
+            H.make_node("Concat", [parts[0], f"{tag}_ones"], [f"{tag}_target"], axis=0),   # [r0, 1, .., 1]
+            H.make_node("Expand", [f"{tag}_u", f"{tag}_target"], [f"{tag}_e"]),
+            H.make_node("Shape", [x], [f"{tag}_shape"]),
+            H.make_node("Slice", [f"{tag}_shape", f"{tag}_from1", f"{tag}_to"], [f"{tag}_tail"]),
+            H.make_node("Concat", [f"{tag}_minus1", f"{tag}_tail"], [f"{tag}_newshape"], axis=0),
+            H.make_node("Reshape", [f"{tag}_e", f"{tag}_newshape"], [out]),
+        ]
+    if not count:
+        return model, 0
+    del graph.node[:]
+    graph.node.extend(nodes)
+    return model, count
+
+
 # How many rounds ``fold_static_shapes_fully`` runs at most: each round's shape inference sees the shapes the
 # previous round's constants made static (ONNX's function-expanded Attention reshapes Q by a Shape -> Concat
 # target, then reads Shape of the result: one round folds the target, the next the Shape after it).  Four
@@ -489,8 +539,53 @@ def _converter_overrides() -> dict:
             return C.relax.op.strided_slice(inputs[0], axes, [C.relax.prim_value(b) for b in begin],
                                             [C.relax.prim_value(e) for e in end], assume_inbound=True)
 
+    class SymbolicDataExpand(F.OnnxOpConverter):
+        """Expand to a constant shape of data with a symbolic dim (BLOOM's ALiBi: [batch * heads, 1, seq]
+        expanded to [1, 1, 1]-style constant shapes): TVM's converter reads ``dim.value`` of every data dim
+        and fails on a symbol ("'Var' object has no attribute 'value'"). Here ONNX's right-aligned
+        broadcast is resolved per dim (``expand_shape``) and the data broadcast to it; static data goes to
+        TVM's converter."""
+
+        @classmethod
+        def _impl_v13(cls, bb, inputs, attr, params):
+            data, shape = inputs[0], F.get_constant(inputs[1], params)
+            ty = C.type_of(data)
+            dims = list(ty.shape.values) if getattr(ty, "shape", None) is not None and \
+                isinstance(ty.shape, C.relax.ShapeExpr) else None
+            if not isinstance(shape, C.GenericConst) or dims is None or all(isinstance(d, C.IntImm) for d in dims):
+                return F.Expand.get_converter(13)(bb, inputs, attr, params)
+            target = expand_shape(dims, [int(v) for v in shape.value.numpy().reshape(-1)])
+            if len(target) == len(dims) and all(t.same_as(d) if not isinstance(t, int) else
+                                                isinstance(d, C.IntImm) and int(d) == t
+                                                for t, d in zip(target, dims)):
+                return data
+            return C.relax.op.broadcast_to(data, C.relax.ShapeExpr(target))
+
     return {"Range": SymbolicRange, "ConstantOfShape": ScalarSafeConstantOfShape, "Gather": StaticShapeGather,
-            "Slice": SymbolicBoundSlice}
+            "Slice": SymbolicBoundSlice, "Expand": SymbolicDataExpand}
+
+
+def expand_shape(data_dims: list, shape: list[int]) -> list:
+    """ONNX Expand's output shape (numpy broadcasting, right-aligned) of data dims (ints or TIR
+    expressions) and a constant target ``shape``: per dim the data dim where the target is 1 or -1 (or the
+    data dim equals it), the target where the data dim is 1 or symbolic (a symbolic dim must then be the
+    target or 1 at run time, as broadcasting requires).  A static mismatch is a ValueError naming both."""
+    n = max(len(data_dims), len(shape))
+    data = [1] * (n - len(data_dims)) + list(data_dims)
+    want = [1] * (n - len(shape)) + list(shape)
+    out = []
+    for i, (d, t) in enumerate(zip(data, want)):
+        static = int(d) if isinstance(d, (int, C.IntImm)) else None
+        if t in (1, -1) or static == t:
+            out.append(d)
+        elif static == 1 or static is None:
+            if t < 1:
+                raise ValueError(f"Expand: target dim {t} at axis {i} of {shape} (dims must be >= 1)")
+            out.append(C.IntImm("int64", t))
+        else:
+            raise ValueError(f"Expand: data dims {[str(x) for x in data_dims]} do not broadcast to {shape} "
+                             f"(axis {i}: {static} vs {t})")
+    return [C.IntImm("int64", x) if isinstance(x, int) else x for x in out]
 
 
 def _constant_index_take(data, indices, axis: int):
@@ -606,6 +701,9 @@ def load_onnx(path_or_model, *, keep_params_in_input: bool = False, fold_shapes:
         model, n = fold_static_shapes_fully(model, max_rounds=None)
         if n:
             log.info("folded %d constant/shape nodes before import", n)
+    model, n = tile_leading_repeats(model)
+    if n:
+        log.info("rewrote %d Tile(s) of a run-time leading repeat as Unsqueeze/Expand/Reshape", n)
     missing = _unsupported_ops(model)
     if missing:
         op, nodes = next(iter(missing.items()))

@@ -218,9 +218,13 @@ def find_conv(func: C.PrimFunc, depthwise: bool) -> dict | None:
 def im2col_choices(info: dict) -> tuple:
     """Knob choices of ``im2col``: (False, True) for a conv with a window (not 1x1 stride 1) whose input
     channels are shared by all output channels, else (False,): a grouped conv's copy would be indexed by
-    the output channel too (one copy per group member); a 1x1 strided conv has no window to copy."""
-    single = info["KH"] == info["KW"] == 1          # 1x1 strided: reindex drops the unit window axes
-    return (False,) if info.get("pointwise") or info.get("grouped") or single else IM2COL
+    the output channel too (one copy per group member); a 1x1 strided conv has no window to copy.  Nor
+    does a conv with any unit window or output axis (Inception v3's 1x7 / 7x1 / 1x3 / 3x1 convs, a 3x3 conv
+    on a 1x1 map): ``reindex`` drops the axis from the copy and ``im2col``'s 6-D layout map fails ("args.size()
+    == initial_indices_orig.size()"), which sent 7 of inception_v3's convs to cpu.generic / the fallback
+    (benchmarks/notes/corpus10.md)."""
+    unit = 1 in (info["KH"], info["KW"], info["OH"], info["OW"])   # reindex drops unit axes of the copy
+    return (False,) if info.get("pointwise") or info.get("grouped") or unit else IM2COL
 
 
 def deinterleave_choices(info: dict) -> tuple:

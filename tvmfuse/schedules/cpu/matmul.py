@@ -37,6 +37,7 @@ MIN_TILE_FILL = 0.5
 PACK_B = (False, True)                   # copy the B panel of a macro tile into a contiguous buffer
 PAD_N = (True, False)                    # N not a multiple of nr: zero-pad j (True) or predicate each lane
 FLATTEN_BATCH = (True, False)            # shared weight: batch rows flattened into M
+PAD_M = (True, False)                    # static rows not a multiple of mr: zero-pad i (A's rows) or predicate
 # Half-width vectors instead of padding when they divide N and fewer rows than this many full vectors'
 # lanes share each padded B panel: the padded path costs one (scalar) copy per B element plus a scalar
 # epilogue tail, the half-width path half the FMA throughput, i.e. M*K*N/(2*lanes) more FMA cycles vs
@@ -49,6 +50,21 @@ HALF_LANES_BELOW_ROWS_PER_LANE = 2
 # padded tile 0.4-0.9 s (CPU seconds, under load).  Bigger predicated tiles are not in the space: a tuner
 # would spend that build on each such candidate, for scalar code that the padded tile beats.
 MAX_PREDICATED_TILE_LANES = 512
+
+
+def pad_rows_knob():
+    """The ``pad_m`` field (static rows): with a row count that the chosen ``mr`` does not divide, the
+    matmul's i domain is zero-padded up to a multiple of ``mr`` (``pad_rows_and_columns``: A's rows copied
+    per register-row tile, the padded rows never stored), so the k loop of every register tile runs without
+    a "row exists" predicate.  Without it the predicate is on every tile: ``partition_row_tiles``'s hint
+    does nothing on a static kernel (TVM 0.27's NarrowDataType gives the loops new int32 variables and
+    leaves the hint's AttrStmt on the old int64 one), and LLVM keeps a predicated tile's accumulators in
+    memory.  ``before=False``: records written before the knob ran predicated; families that never pad
+    (symbolic rows) construct the config without it (default False)."""
+    f = knob("rows not a multiple of mr (static): pad i (A's rows zero-padded per register-row tile) "
+             "instead of a per-row predicate inside the k loop", PAD_M, before=False)
+    f.default = False
+    return f
 
 
 @dataclass(frozen=True)
@@ -75,6 +91,7 @@ class MatmulConfig(RegisterTileConfig):
     flatten_batch: bool = knob("a weight shared by the batches: their rows as one M (each B panel read once)",
                                FLATTEN_BATCH)
     parallel: bool = U.parallel_knob(default=True)
+    pad_m: bool = pad_rows_knob()
 
 
 def register_tile_choices(m: int, n: int, k: int, lanes: int) -> dict:
@@ -84,6 +101,17 @@ def register_tile_choices(m: int, n: int, k: int, lanes: int) -> dict:
     return {"mr": U.choices_upto(MR_CHOICES, m), "nvec": U.choices_upto(NVEC_CHOICES, vectors),
             "lanes": lane_choices(lanes), "mc_tiles": U.choices_upto(MC_TILES, max(1, m)),
             "nc_tiles": U.choices_upto(NC_TILES, vectors), "k_unroll": U.choices_upto(K_UNROLL, k)}
+
+
+def unpadded_rows_exclusion(m) -> Exclusion:
+    """``pad_m`` True with an ``mr`` that divides the ``m`` rows pads nothing: the same kernel as False,
+    left out so the tuner does not measure it twice."""
+    def nothing_padded(mr: int, pad_m: bool) -> str | None:
+        if pad_m and isinstance(m, int) and m % mr == 0:
+            return f"pad_m with mr {mr} dividing the {m} rows pads nothing (the pad_m False kernel)"
+        return None
+
+    return Exclusion(("mr", "pad_m"), nothing_padded)
 
 
 def predicated_tile_exclusion(ns) -> Exclusion:
@@ -372,6 +400,51 @@ def pad_columns(sch: C.Schedule, red, info: dict, nr: int):
     return None, pad_name
 
 
+def pad_rows_and_columns(sch: C.Schedule, red, info: dict, mr: int, nr: int | None):
+    """``pad_columns`` with the row domain (i) padded to a multiple of ``mr`` as well (``nr`` None: rows
+    only): A gets a zero-padded copy (``<A>_pad``, scheduled by the caller: per register-row tile), C a
+    padded buffer, the crop is folded into the epilogue or is the write-back.  Returns (write-back or
+    None, {"a" | "b": pad block name})."""
+    padding = [1] * info["n_iters"]
+    padding[info["j_iter"] - 1] = mr           # C's axes end (i, j): i is the iterator before j
+    if nr is not None:
+        padding[info["j_iter"]] = nr
+    before = {U.block_name(sch, b) for b in U.top_blocks(sch)}
+    sch.pad_einsum(red, padding)
+    new = [b for b in U.top_blocks(sch) if U.block_name(sch, b) not in before]
+    crop = [b for b in new if sch.get_producers(b) and any(U.block_name(sch, p) == U.block_name(sch, red)
+                                                           for p in sch.get_producers(b))]
+    pads = [b for b in new if b not in crop]
+    want = 1 + (nr is not None)
+    if len(crop) != 1 or len(pads) != want:
+        raise ValueError(f"pad_einsum of {U.block_name(sch, red)} made {len(new)} blocks, expected {want} "
+                         "operand pad(s) and a crop")
+    roles = {info["a_buffer"]: "a", info["b_buffer"]: "b"}
+    pad_names = {}
+    for b in pads:
+        read = [str(r.source.name) for r in sch.get(b).reads]
+        role = next((roles[n] for n in read if n in roles), None)
+        if role is None:
+            raise ValueError(f"pad_einsum of {U.block_name(sch, red)}: pad block {U.block_name(sch, b)} reads "
+                             f"{read}, neither A ({info['a_buffer']}) nor B ({info['b_buffer']})")
+        pad_names[role] = U.block_name(sch, b)
+    crop_name = U.block_name(sch, crop[0])
+    if crop_name in U.output_names(sch):
+        return crop_name, pad_names
+    sch.compute_inline(crop[0])
+    return None, pad_names
+
+
+def pads_rows(info: dict, mr: int, pad_m: bool) -> bool:
+    """Whether ``cpu.matmul_epilogue`` pads the rows (``pad_m``): static rows not a multiple of ``mr`` in
+    one batch (a batch product of 1: the flattened rows are the matmul's own; padding each of several
+    batches would break the affine (b, i) -> row map of ``flatten_rows``)."""
+    batch = 1
+    for b in info["batch"]:
+        batch *= b
+    return pad_m and batch == 1 and isinstance(info["M"], int) and info["M"] % mr != 0
+
+
 def pad_epilogue(sch: C.Schedule, epi, nr: int):
     """The epilogue ``epi`` of matmuls whose columns were padded (``pad_columns``) computed over the padded
     columns too (``pad_einsum``: its j domain a multiple of ``nr``, into a padded buffer), and a crop block
@@ -532,9 +605,15 @@ class MatmulEpilogue(U.CpuTemplate, family="cpu.matmul_epilogue", config=MatmulC
     # ------------------------------------------------------------------ knobs
     def space(self, match: Match, target: C.Target) -> KnobSpace:
         m, n, k = match.info.get("rows", match.info["M"]), match.info["N"], match.info["K"]
+        batch = 1
+        for b in match.info["batch"]:
+            batch *= b
         return MatmulConfig.space(**register_tile_choices(m, n, k, cpu_info(target).float32_lanes),
                                   **({} if flattenable(match.info) else {"flatten_batch": (False,)}),
-                                  exclusions=(predicated_tile_exclusion([n]),))
+                                  # padded rows: static rows of one batch (pads_rows)
+                                  **({} if batch == 1 and isinstance(match.info["M"], int)
+                                     else {"pad_m": (False,)}),
+                                  exclusions=(predicated_tile_exclusion([n]), unpadded_rows_exclusion(m)))
 
     def default_config(self, match: Match, target: C.Target) -> dict:
         info, d = cpu_info(target), self.table_defaults(target)
@@ -543,8 +622,11 @@ class MatmulEpilogue(U.CpuTemplate, family="cpu.matmul_epilogue", config=MatmulC
         m, n, k = match.info.get("rows", match.info["M"]) if flat else match.info["M"], match.info["N"], \
             match.info["K"]
         lanes = pick_lanes(m, n, info.float32_lanes)
+        # rows padded to the tile (pad_m, the table's default; one batch): any tile, the fill rule of
+        # pick_register_tile; else a tile that divides the rows at any fill (whole_rows)
+        pad_m = d["pad_m"] and "pad_m" in ch and True in ch["pad_m"]
         tile = register_tile_default(m, n, k, lanes, info, ch, d, table_accumulator_cap(d, lanes),
-                                     whole_rows=not self.buckets(match, target))
+                                     whole_rows=not self.buckets(match, target) and not pad_m)
         nr = tile["nvec"] * tile["lanes"]
         n_macro_j = -(-n // (nr * tile["nc_tiles"]))
         n_macro_i = -(-m // (tile["mr"] * rows_macro_tiles(m, tile, ch)))
@@ -560,7 +642,8 @@ class MatmulEpilogue(U.CpuTemplate, family="cpu.matmul_epilogue", config=MatmulC
         return MatmulConfig(**{**tile, "mc_tiles": rows_macro_tiles(m, tile, ch)}, order=d["order"],
                             parallel_depth=depth, pack_b=pack and depth == 1,
                             pad_n=d["pad_n"], flatten_batch=flat,
-                            parallel=U.parallel_default(work, target)).asdict()
+                            parallel=U.parallel_default(work, target),
+                            pad_m=pads_rows(match.info, tile["mr"], pad_m)).asdict()
 
     # ------------------------------------------------------------------ apply
     def apply(self, sch: C.Schedule, match: Match, config: dict) -> None:
@@ -574,10 +657,17 @@ class MatmulEpilogue(U.CpuTemplate, family="cpu.matmul_epilogue", config=MatmulC
         red = sch.get_sblock(info["reduction"])
 
         # Step 2. Columns not a multiple of the register tile: pad the matmul's j domain (B and C padded,
-        # B per panel in Step 7), so the register tile has no per-lane predicate.
+        # B per panel in Step 7), so the register tile has no per-lane predicate.  Static rows not a
+        # multiple of mr (pad_m): pad its i domain too (A's rows per register-row tile in Step 7), so the
+        # k loop has no per-row predicate.
         # Step 2b. Without an epilogue, accumulate into a cache block and write back from it.
-        b_pad = None
-        if cfg.pad_n and info["N"] % nr:
+        b_pad = a_pad = None
+        pad_cols = bool(cfg.pad_n and info["N"] % nr)
+        if pads_rows(info, mr, cfg.pad_m):
+            writeback, pads = pad_rows_and_columns(sch, red, info, mr, nr if pad_cols else None)
+            a_pad, b_pad = pads.get("a"), pads.get("b")
+            epi = sch.get_sblock(writeback or info["epilogue"])
+        elif pad_cols:
             writeback, b_pad = pad_columns(sch, red, info, nr)
             epi = sch.get_sblock(writeback or info["epilogue"])
         elif info["epilogue"] is None:
@@ -586,8 +676,14 @@ class MatmulEpilogue(U.CpuTemplate, family="cpu.matmul_epilogue", config=MatmulC
             epi = sch.get_sblock(info["epilogue"])
 
         # Step 2c. A weight shared by the batches: the batch rows flattened into M (2-D from here on).
+        # (Rows padded: the matmul's rows are M rounded up to mr, the epilogue's M; one batch, so both
+        # maps are the identity on the rows.)
         if cfg.flatten_batch and flattenable(info):
-            flatten_rows(sch, red, epi, info)
+            if a_pad is not None:
+                flatten_matmul(sch, red, {**info, "M": -(-info["M"] // mr) * mr})
+                sch.transform_block_layout(epi, row_map(info, 1))
+            else:
+                flatten_rows(sch, red, epi, info)
             nbatch = 0
 
         # Step 3. Tile the epilogue: batch, macro tiles (mc x nc), register tiles (mr x nr).
@@ -624,6 +720,13 @@ class MatmulEpilogue(U.CpuTemplate, family="cpu.matmul_epilogue", config=MatmulC
             pack = sch.cache_read(red, b_index, "global")
             sch.compute_at(pack, pack_at, preserve_unit_loops=True)
             U.vectorize_inner(sch, pack, lanes)
+
+        # Step 7b. A's rows padded (Step 2): the register-row tile's rows (mr x K, zeros past M) copied
+        # once per row tile, before its column tiles read them.
+        if a_pad is not None:
+            pack_a = sch.get_sblock(a_pad)
+            sch.compute_at(pack_a, i1, preserve_unit_loops=True)
+            U.vectorize_inner(sch, pack_a, column_lanes(info["K"], lanes))
 
         # Step 8. Leftover elementwise producers: fused, parallel (as the matmul), vectorized on their own.
         for name in info["others"]:

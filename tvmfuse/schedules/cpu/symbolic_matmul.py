@@ -228,7 +228,8 @@ class SymbolicMatmulEpilogue(RowBuckets, MM.MatmulEpilogue, family="cpu.symbolic
             k_unroll=U.choices_upto(MM.K_UNROLL, k),   # order, parallel_depth: MatmulConfig's candidates
             pack_b=(False,),          # B is shared by every row tile; no packing over symbolic rows
             pad_n=(False,),           # N is a multiple of the vector width (match)
-            flatten_batch=(True,))    # batch and sequence rows as one symbolic row axis
+            flatten_batch=(True,),    # batch and sequence rows as one symbolic row axis
+            pad_m=(False,))           # symbolic rows: the row-tiled nest's loop-partition hint instead
 
     def default_config(self, match: Match, target: C.Target) -> dict:
         info, d = cpu_info(target), self.table_defaults(target)
