@@ -155,6 +155,29 @@ def test_check_names_the_cause():
     assert why is not None and "not a channel concat" in why
 
 
+def test_check_reads_the_concat_plane_past_a_scalar_parameter():
+    """A concat over a window batch ``n * 16`` takes ``n`` as a scalar parameter after its output buffer
+    (LegalizeOps: no buffer shape defines it); check_concat_prologue reads the concat's plane from its
+    output buffer, not from its last parameter (it raised AttributeError: a Var has no shape)."""
+    n = C.tirx.Var("n", "int64")
+    a = C.te.placeholder((n * 16, 8, 4, 4), "float32", "a")
+    b = C.te.placeholder((n * 16, 8, 4, 4), "float32", "b")
+    cat_func = C.te.create_prim_func([a, b, C.topi.concatenate([a, b], axis=1), n])
+    assert not C.is_buffer_var(cat_func.params[-1])       # the scalar n, after the output
+    x = C.te.placeholder((n * 16, 16, 4, 4), "float32", "x")
+    w = C.te.placeholder((32, 16, 1, 1), "float32", "w")
+    conv_func = C.te.create_prim_func([x, w, C.topi.nn.conv2d_nchw(x, w, 1, 0, 1), n])
+    lv = C.relax.Var("lv", C.TensorType([n * 16, 16, 4, 4], "float32"))
+    for plane, why in (((4, 4), None), ((2, 2), "does not read the concat's plane pixel for pixel")):
+        cat = R.NodeInfo("concatenate(lv)", R.INJECTIVE, 2, func=cat_func, var=lv)
+        conv = R.NodeInfo("conv2d(lv1)", R.CONTRACTION, 4, reduce_axes=3, data_arg=lv,
+                          out_shape=(n * 16, 32, *plane), func=conv_func)
+        cat.readers, conv.readers = (conv,), ()
+        assert R.channel_concat(cat)
+        got = R.check_concat_prologue([cat, conv])
+        assert got == why if why is None else why in got, got
+
+
 # squeezenet1_1's classifier (fire 9's expand branches 256 + 256 -> concat -> 1x1 conv to 10 classes on 3x3) and a
 # larger plane with an odd channel count; the 10 / 6 output channels keep OIHW weights (no vector divides them)
 OIHW_CASES = [
