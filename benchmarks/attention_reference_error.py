@@ -9,7 +9,8 @@ and run on the inputs each test draws from ``numpy.random.default_rng(seed)`` (t
 
 Per case and seed: ``kernel`` = max |kernel - f64| / max |f64| (NaNs where the reference has them
 skipped), ``ref32`` = the same of the float32 reference, ``kernel_vs_ref32`` = max |kernel - ref32| / max
-|ref32| (what session 9's check measured).  The tests' bound is 1e-4 of the output's scale.
+|ref32| (what session 9's check measured), ``logit_abs`` = max |float32 logits - float64 logits| (numpy,
+Q scaled first as the kernel does).  The tests' bound is 1e-4 of the output's scale.
 
     PYTHONPATH=. python benchmarks/attention_reference_error.py --inputs gaussian --seeds 0:100 1311701824 \\
         2937163442 --out benchmarks/notes/review10_reference_error_gaussian.json
@@ -31,6 +32,29 @@ def _scaled(got, ref):
     finite = ~np.isnan(ref)
     assert np.isnan(got[~finite]).all(), "NaN pattern differs"
     return float(np.max(np.abs(got[finite] - ref[finite])) / np.max(np.abs(ref[finite])))
+
+
+def _logit_error(model, fe) -> float:
+    """max |float32 logits - float64 logits| over the visible keys: (Q s) . K (+ mask) in numpy float32 (the
+    kernel's order of the scale: Q scaled first) against float64 from the same inputs."""
+    s = next(float(np.asarray(onnx_numpy(i))) for i in model.graph.initializer if i.name == "s")
+    if any(n.op_type == "Div" for n in model.graph.node):
+        s = 1.0 / s
+    q, k = fe["q"], fe["k"]
+    l32 = (q * np.float32(s)) @ np.swapaxes(k, -1, -2)
+    l64 = (q.astype(np.float64) * s) @ np.swapaxes(k, -1, -2).astype(np.float64)
+    mask = fe.get("mask")
+    if mask is None:
+        mask = next((onnx_numpy(i) for i in model.graph.initializer if i.name == "mask"), None)
+    if mask is not None:
+        l32, l64 = l32 + mask, l64 + mask.astype(np.float64)
+    ok = np.isfinite(l64)
+    return float(np.max(np.abs(l32.astype(np.float64)[ok] - l64[ok])))
+
+
+def onnx_numpy(tensor):
+    from onnx import numpy_helper
+    return numpy_helper.to_array(tensor)
 
 
 def cases(host, whole: bool):
@@ -120,7 +144,7 @@ def main(argv=None):
     ap.add_argument("--inputs", choices=("gaussian", "whole"), default="whole",
                     help="gaussian: q, k, v, mask ~ N(0, 30^2) (session 9's tests); whole: q, k and mask rounded "
                          "to whole numbers (the tests' _large_logit_feeds: exact float32 logits)")
-    ap.add_argument("--only", default=None, help="run the cases whose name starts with this")
+    ap.add_argument("--only", nargs="+", default=None, help="run the cases whose name starts with one of these")
     ap.add_argument("--out", default=None, help="JSON file of every (case, config, seed) figure")
     args = ap.parse_args(argv)
     import tvmfuse
@@ -131,22 +155,25 @@ def main(argv=None):
     seeds = _seeds(args.seeds)
     rows = []
     for name, model, feeds_of, runners in cases(host, args.inputs == "whole"):
-        if args.only and not name.startswith(args.only):
+        if args.only and not name.startswith(tuple(args.only)):
             continue
         for seed in seeds:
             fe = feeds_of(np.random.default_rng(seed))
             r64 = reference_outputs_f64(model, fe)["y"]
             r32 = M.reference_outputs(model, fe)["y"]
             e_ref = _scaled(r32.astype(np.float64), r64)
+            e_logit = _logit_error(model, fe)
             for cfg, run in runners.items():
                 got = run(fe).astype(np.float64)
                 rows.append(dict(case=name, config=cfg, seed=seed, kernel=_scaled(got, r64), ref32=e_ref,
+                                 logit_abs=e_logit,
                                  kernel_vs_ref32=_scaled(got, r32.astype(np.float64))))
         sub = [r for r in rows if r["case"] == name]
         worst = max(sub, key=lambda r: r["kernel"])
         print(json.dumps(dict(case=name, seeds=len(seeds), kernel_max=worst["kernel"], at=worst["seed"],
                               config=worst["config"], ref32_max=max(r["ref32"] for r in sub),
                               kernel_vs_ref32_max=max(r["kernel_vs_ref32"] for r in sub),
+                              logit_abs_max=max(r["logit_abs"] for r in sub),
                               kernel_over_1e4=sum(r["kernel"] > 1e-4 for r in sub),
                               ref32_over_1e4=sum(r["ref32"] > 1e-4 for r in sub) // max(1, len(runners)),
                               runs=len(sub))), flush=True)
