@@ -22,7 +22,7 @@ from tvmfuse import models as M
 from tvmfuse.explain_cli import explain
 from tvmfuse.schedules.cpu.attention import ATTR, AttentionSpec
 
-from conftest import compile_shared
+from conftest import compile_shared, reference_outputs_f64
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 _spec = importlib.util.spec_from_file_location("corpus_io", os.path.join(ROOT, "corpus", "corpus_io.py"))
@@ -146,7 +146,7 @@ def test_sdpa_form_is_one_kernel_with_the_scale_folded(host, rng):
     assert spec.causal_offset == 0 and spec.mask is None and spec.zero_empty_rows
     assert spec.scale == pytest.approx(1 / np.sqrt(8), rel=1e-6)
     feeds = _feeds(model, rng)
-    np.testing.assert_allclose(cm.run(feeds)["y"], M.reference_outputs(model, feeds)["y"], rtol=RTOL, atol=ATOL)
+    np.testing.assert_allclose(cm.run(feeds)["y"], reference_outputs_f64(model, feeds)["y"], rtol=RTOL, atol=ATOL)
 
 
 def test_sdpa_form_fully_masked_row_gives_zero(host, rng):
@@ -157,7 +157,7 @@ def test_sdpa_form_fully_masked_row_gives_zero(host, rng):
     feeds = _feeds(model, rng)
     feeds["mask"][0, 0, 3, :] = -np.inf
     feeds["mask"][0, 0, 7, 2:] = -np.inf
-    ref = M.reference_outputs(model, feeds)["y"]
+    ref = reference_outputs_f64(model, feeds)["y"]
     out = cm.run(feeds)["y"]
     assert (ref[0, :, 3] == 0).all() and (out[0, :, 3] == 0).all()
     np.testing.assert_allclose(out, ref, rtol=RTOL, atol=ATOL)
@@ -179,7 +179,7 @@ def test_attention_option_off_keeps_the_scores_in_memory(causal, host, rng):
     seq, heads, dim = 24, 2, 8
     model = bench_attention.attention_model(seq, heads, dim, causal)
     feeds = bench_attention.feeds_for({"seq": seq, "heads": heads, "head_dim": dim}, int(rng.integers(1 << 30)))
-    ref = M.reference_outputs(model, feeds)["y"]
+    ref = reference_outputs_f64(model, feeds)["y"]
     fused = tvmfuse.compile(model, host)
     off = tvmfuse.compile(model, host, attention=False)
     assert fused.kernel_count == 1 and [g["rule"] for g in fused.report.groups] == ["attention"]

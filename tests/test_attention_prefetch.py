@@ -5,7 +5,7 @@ K/V, the next task's K/V rows are prefetched into L2 a few per row of score tile
 Structure: the default at S=512 (12 heads x 64, the benchmark's heads-interleaved graph) on named AVX-512 and
 AVX2 targets (the level chosen from the target table), where the prefetches sit (in the score-tile loop, not in
 the head-dim FMA loop), one per cache line, and no S x S buffer.  Numerics: every prefetch level vs onnx's
-ReferenceEvaluator on fresh random inputs, with a fully masked row, large magnitudes and causal masking.
+ReferenceEvaluator in float64 (conftest.reference_outputs_f64) on fresh random inputs, with a fully masked row, large magnitudes and causal masking.
 """
 import importlib.util
 import os
@@ -15,15 +15,15 @@ import pytest
 
 import tvmfuse
 from tvmfuse import _compat as C
-from tvmfuse import models as M
 from tvmfuse.schedules import schedule_prim_func
 from tvmfuse.schedules.base import schedule_with
 from tvmfuse.schedules.cpu.attention import LINE_FLOATS, Attention
 from tvmfuse.target import template_defaults
 
-from test_attention import HASWELL, SKYLAKE, _allocs_and_loops, _attention_func, _chain, _feeds, _run_kernel
+from test_attention import (HASWELL, SKYLAKE, _allocs_and_loops, _attention_func, _chain, _large_logit_feeds,
+                            _run_kernel)
 from schedule_cases import stmts_with_loops
-from conftest import RTOL_LARGE_LOGITS, assert_close_scaled
+from conftest import assert_close_scaled, reference_outputs_f64
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 _spec = importlib.util.spec_from_file_location("attention_ab", os.path.join(ROOT, "benchmarks", "attention_ab.py"))
@@ -118,10 +118,10 @@ def test_every_prefetch_level_matches_reference(mask, host, rng):
     match = t.match(func, host)
     base = t.default_config(match, host)
     lanes = base["lanes"]
-    feeds = _feeds(model, rng, scale=30.0)
+    feeds = _large_logit_feeds(model, rng)
     if "mask" in feeds:
         feeds["mask"][0, 0, 4, :] = -np.inf
-    ref = M.reference_outputs(model, feeds)["y"]
+    ref = reference_outputs_f64(model, feeds)["y"]
     args_np = [feeds["q"], feeds["k"], feeds["v"]] + ([feeds["mask"]] if "mask" in feeds else [])
     for over in (dict(q_block=lanes, q_blocks=2, pack_kv=1, prefetch=2),
                  dict(q_block=lanes, q_blocks=1, pack_kv=0, prefetch=1)):
@@ -130,7 +130,6 @@ def test_every_prefetch_level_matches_reference(mask, host, rng):
         scheduled = schedule_with(t, match, func, config)
         assert bool(_prefetches(scheduled)) == bool(config["prefetch"])
         got = _run_kernel(scheduled, args_np, ref.shape, host)
-        # seed 2937163442: 8e-5 off at an element with |ref| < 0.7 of outputs ~60 (conftest.assert_close_scaled)
-        assert_close_scaled(got, ref, RTOL_LARGE_LOGITS, ATOL, err_msg=str(config))
+        assert_close_scaled(got, ref, RTOL, ATOL, err_msg=str(config))
         if "mask" in feeds:
             assert np.isnan(got[0, :, 4]).all() and np.isnan(ref[0, :, 4]).all()

@@ -133,3 +133,20 @@ def test_reduction_over_rows_stays_over_rows(host, rng):
         feeds = {"x": rng.standard_normal((b, s)).astype(np.float32)}
         np.testing.assert_allclose(cm.run(feeds)["y"], M.reference_outputs(model, feeds)["y"], rtol=1e-5,
                                    atol=1e-4, err_msg=f"batch {b} x sequence {s}")
+
+
+def test_square_constant_without_j_minus_i_is_left_alone():
+    """log(full([s, s], 2)) + x: a square cone with a transcendental op but no ``j - i`` in it has no
+    diagonal to read its result back by; the pass leaves the function as it is (it raised "no j - i over s")."""
+    from tvmfuse.passes.relpos import DiagonalRelativePosition
+
+    s = C.tirx.Var("s", "int64")
+    x = C.relax.Var("x", C.TensorType([s, s], "float32"))
+    bb = C.BlockBuilder()
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            c = bb.emit(C.relax.op.full(C.relax.ShapeExpr([s, s]), C.relax.const(2.0, "float32"), "float32"))
+            y = bb.emit_output(C.relax.op.add(bb.emit(C.relax.op.log(c)), x))
+        bb.emit_func_output(y)
+    mod = bb.get()
+    C.assert_structural_equal(DiagonalRelativePosition()(mod), mod)

@@ -86,18 +86,30 @@ def _concat_kernels(funcs: dict) -> list[str]:
     return [n for n in funcs if "concatenate" in n]
 
 
-@pytest.mark.parametrize("target", S.NAMED_TARGETS, ids=["haswell", "skylake"])
-@pytest.mark.parametrize("name,kwargs", CASES[:3], ids=IDS[:3])
-def test_structure(name, kwargs, target):
+def _scheduled_concat_conv(kwargs, target, family):
+    """The fire's kernel of the concat and the 1x1 conv after it (one of three kernels), scheduled on the named
+    ``target``; its template must be ``family``."""
     tgt = tvmfuse.parse_target(target)
     funcs = S.graph_funcs(fire(**kwargs), tgt)
     assert len(funcs) == 3, list(funcs)
     (kname,) = _concat_kernels(funcs)
     assert "conv2d" in kname, f"the concat is a kernel of its own: {list(funcs)}"
     res = schedule_prim_func(funcs[kname], tgt, {}, kname)
-    assert res is not None and res.template == "cpu.conv1x1", res and res.template
-    low = C.tirx.transform.StmtSimplify()(C.IRModule({"main": S.lowered_vectorized(res.func)}))["main"]
-    assert "if_then_else" not in low.script(), "a select per input load is left"
+    assert res is not None and res.template == family, res and res.template
+    return res
+
+
+def _selects_left(func) -> bool:
+    """Whether the lowered, vectorized kernel still selects per input load after TVM's simplifier."""
+    low = C.tirx.transform.StmtSimplify()(C.IRModule({"main": S.lowered_vectorized(func)}))["main"]
+    return "if_then_else" in low.script()
+
+
+@pytest.mark.parametrize("target", S.NAMED_TARGETS, ids=["haswell", "skylake"])
+@pytest.mark.parametrize("name,kwargs", CASES[:3], ids=IDS[:3])
+def test_structure(name, kwargs, target):
+    res = _scheduled_concat_conv(kwargs, target, "cpu.conv1x1")
+    assert not _selects_left(res.func), "a select per input load is left"
     # the input-channel loop in one part per branch: two serial loops, each over its branch's channels
     ku = res.config["k_unroll"]
     parts = sorted(int(f.extent) for f in S.loops(res.func) if int(f.kind) == int(C.ForKind.SERIAL)
@@ -107,13 +119,7 @@ def test_structure(name, kwargs, target):
 
 def test_symbolic_batch_fuses_the_same():
     """A fire exported with a dynamic batch: the concat joins the 1x1 conv as in the static build."""
-    tgt = tvmfuse.parse_target(S.SKYLAKE)
-    funcs = S.graph_funcs(fire(batch="N"), tgt)
-    assert len(funcs) == 3, list(funcs)
-    (kname,) = _concat_kernels(funcs)
-    assert "conv2d" in kname, list(funcs)
-    res = schedule_prim_func(funcs[kname], tgt, {}, kname)
-    assert res is not None and res.template == "cpu.conv1x1", res and res.template
+    _scheduled_concat_conv(dict(batch="N"), S.SKYLAKE, "cpu.conv1x1")
 
 
 def test_branches_the_unroll_does_not_divide_keep_the_select():
@@ -155,6 +161,29 @@ def test_check_names_the_cause():
     assert why is not None and "not a channel concat" in why
 
 
+def test_check_reads_the_concat_plane_past_a_scalar_parameter():
+    """A concat over a window batch ``n * 16`` takes ``n`` as a scalar parameter after its output buffer
+    (LegalizeOps: no buffer shape defines it); check_concat_prologue reads the concat's plane from its
+    output buffer, not from its last parameter (it raised AttributeError: a Var has no shape)."""
+    n = C.tirx.Var("n", "int64")
+    a = C.te.placeholder((n * 16, 8, 4, 4), "float32", "a")
+    b = C.te.placeholder((n * 16, 8, 4, 4), "float32", "b")
+    cat_func = C.te.create_prim_func([a, b, C.topi.concatenate([a, b], axis=1), n])
+    assert not C.is_buffer_var(cat_func.params[-1])       # the scalar n, after the output
+    x = C.te.placeholder((n * 16, 16, 4, 4), "float32", "x")
+    w = C.te.placeholder((32, 16, 1, 1), "float32", "w")
+    conv_func = C.te.create_prim_func([x, w, C.topi.nn.conv2d_nchw(x, w, 1, 0, 1), n])
+    lv = C.relax.Var("lv", C.TensorType([n * 16, 16, 4, 4], "float32"))
+    for plane, why in (((4, 4), None), ((2, 2), "does not read the concat's plane pixel for pixel")):
+        cat = R.NodeInfo("concatenate(lv)", R.INJECTIVE, 2, func=cat_func, var=lv)
+        conv = R.NodeInfo("conv2d(lv1)", R.CONTRACTION, 4, reduce_axes=3, data_arg=lv,
+                          out_shape=(n * 16, 32, *plane), func=conv_func)
+        cat.readers, conv.readers = (conv,), ()
+        assert R.channel_concat(cat)
+        got = R.check_concat_prologue([cat, conv])
+        assert got == why if why is None else why in got, got
+
+
 # squeezenet1_1's classifier (fire 9's expand branches 256 + 256 -> concat -> 1x1 conv to 10 classes on 3x3) and a
 # larger plane with an odd channel count; the 10 / 6 output channels keep OIHW weights (no vector divides them)
 OIHW_CASES = [
@@ -176,19 +205,12 @@ def test_oihw_pointwise_conv_numerics(name, kwargs, host, rng):
 def test_oihw_pointwise_conv_structure(name, kwargs, target):
     """The concat joins the 1x1 conv's kernel (cpu.conv2d_epilogue): no concat kernel, no per-band copy of the
     concat (no buffer of its shape inside the kernel), no select left after TVM's simplifier."""
-    tgt = tvmfuse.parse_target(target)
-    funcs = S.graph_funcs(fire(**kwargs), tgt)
-    assert len(funcs) == 3, list(funcs)
-    (kname,) = _concat_kernels(funcs)
-    assert "conv2d" in kname, f"the concat is a kernel of its own: {list(funcs)}"
-    res = schedule_prim_func(funcs[kname], tgt, {}, kname)
-    assert res is not None and res.template == "cpu.conv2d_epilogue", res and res.template
+    res = _scheduled_concat_conv(kwargs, target, "cpu.conv2d_epilogue")
     # a copy of the concat would hold every concat channel of whole rows (a row band): none may
     row = (kwargs["e1"] + kwargs["e3"]) * kwargs["hw"]
     allocs, _ = _structure(res.func)
     assert not any(n % row == 0 for _, n in allocs), f"the concat is copied in the kernel: {allocs}"
-    low = C.tirx.transform.StmtSimplify()(C.IRModule({"main": S.lowered_vectorized(res.func)}))["main"]
-    assert "if_then_else" not in low.script(), "a select per input load is left"
+    assert not _selects_left(res.func), "a select per input load is left"
 
 
 def test_numerics_vs_onnxruntime_branch_is_an_output(host, rng):

@@ -203,7 +203,6 @@ class _Conv1dMutator(C.PyExprMutator):
         return hit
 
 
-
 @C.module_pass(opt_level=0, name="tvmfuse.Conv1dAsConv2d")
 class Conv1dAsConv2d:
     """CPU: ``conv1d`` (NCW/OIW, constant weights) as a ``conv2d`` one row high, its elementwise epilogue in

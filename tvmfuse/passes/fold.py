@@ -23,6 +23,7 @@ from typing import Callable
 import numpy as np
 
 from .. import _compat as C
+from .rewrites import rewrite_functions
 
 # float16 left to TVM: numpy computes it through float32, LLVM may not
 FLOAT_DTYPES = frozenset({"float32", "float64"})
@@ -150,8 +151,4 @@ class FoldConstantsNumpy:
     FoldConstant, which builds an LLVM module per call."""
 
     def transform_module(self, mod, _ctx):
-        m = _FoldMutator(mod)
-        for gv, func in mod.functions.items():
-            if isinstance(func, C.relax.Function) and not (func.attrs and "Primitive" in func.attrs):
-                m.builder_.update_func(gv, m.visit_expr(func))
-        return m.builder_.get()
+        return rewrite_functions(mod, _FoldMutator)

@@ -475,29 +475,39 @@ class FuseGroups:
     def transform_module(self, mod, _ctx):
         mbb = C.BlockBuilder(mod)
         taken = {str(gv.name_hint) for gv in mod.get_global_vars()}
-        updates, stats = {}, []
-        for gv, func in mod.functions.items():
-            if not isinstance(func, C.relax.Function) or (func.attrs and "Primitive" in func.attrs):
-                continue
-            body = func.body
-            if not isinstance(body, C.relax.SeqExpr):
-                continue
-            blocks, changed = [], False
-            for block in body.blocks:
-                if not isinstance(block, C.relax.DataflowBlock):
-                    blocks.append(block)
-                    continue
-                g = _BlockGraph(mod, block, self.limits, self.target)
-                for producer, consumer, reason, rule in partition(g):
-                    record_refusal(producer, consumer, reason, rule)
-                new = _rewrite_block(g, mbb, taken, stats)
-                blocks.append(new if new is not None else block)
-                changed |= new is not None
-            if changed:
-                updates[gv] = C.relax.Function(func.params, C.relax.SeqExpr(blocks, body.body), func.ret_ty,
-                                               func.is_pure, func.attrs, func.span)
+        stats = []
+
+        def fuse(block):
+            g = _BlockGraph(mod, block, self.limits, self.target)
+            for producer, consumer, reason, rule in partition(g):
+                record_refusal(producer, consumer, reason, rule)
+            return _rewrite_block(g, mbb, taken, stats)
+
+        out = rewrite_dataflow_blocks(mod, mbb, fuse)
         log.debug("tvmfuse.FuseGroups: %d groups", len(stats))
-        return with_functions(mod, mbb, updates)
+        return out
+
+
+def rewrite_dataflow_blocks(mod, mbb, rewrite) -> C.IRModule:
+    """``mod`` with each dataflow block of each Relax function (not a fused kernel's Primitive function, and
+    with a SeqExpr body) replaced by ``rewrite(block)``, a new block or None (unchanged); the functions ``mbb``
+    gained are added (with_functions).  Shared by FuseGroups and rewrites.OutputReshapeView."""
+    updates = {}
+    for gv, func in mod.functions.items():
+        if not isinstance(func, C.relax.Function) or (func.attrs and "Primitive" in func.attrs):
+            continue
+        body = func.body
+        if not isinstance(body, C.relax.SeqExpr):
+            continue
+        blocks, changed = [], False
+        for block in body.blocks:
+            new = rewrite(block) if isinstance(block, C.relax.DataflowBlock) else None
+            blocks.append(block if new is None else new)
+            changed |= new is not None
+        if changed:
+            updates[gv] = C.relax.Function(func.params, C.relax.SeqExpr(blocks, body.body), func.ret_ty,
+                                           func.is_pure, func.attrs, func.span)
+    return with_functions(mod, mbb, updates)
 
 
 def with_functions(mod, mbb, updates: dict):

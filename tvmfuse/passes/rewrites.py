@@ -13,6 +13,7 @@ import numpy as np
 
 from .. import _compat as C
 from ..explain import record_refusal
+from .grouping import rewrite_dataflow_blocks
 
 
 def _const_array(expr) -> np.ndarray | None:
@@ -166,10 +167,12 @@ class Peephole:
     over one element -> a broadcast multiply."""
 
     def transform_module(self, mod, _ctx):
-        return _rewrite_functions(mod, _PeepholeMutator)
+        return rewrite_functions(mod, _PeepholeMutator)
 
 
-def _rewrite_functions(mod, mutator_cls, *extra):
+def rewrite_functions(mod, mutator_cls, *extra):
+    """``mod`` with each Relax function (not a fused kernel's Primitive function) through one
+    ``mutator_cls(mod, *extra)``; shared by the expression-mutator passes (here, fold.py, relpos.py)."""
     m = mutator_cls(mod, *extra)
     for gv, func in mod.functions.items():
         if isinstance(func, C.relax.Function) and not (func.attrs and "Primitive" in func.attrs):
@@ -270,7 +273,7 @@ class FoldBatchNorm:
     weights."""
 
     def transform_module(self, mod, _ctx):
-        return _rewrite_functions(mod, _FoldBatchNormMutator, _use_counts(mod))
+        return rewrite_functions(mod, _FoldBatchNormMutator, _use_counts(mod))
 
 
 # --------------------------------------------------------------------------- pointwise conv weights
@@ -344,7 +347,7 @@ class TransposePointwiseWeights:
         self.target = target
 
     def transform_module(self, mod, _ctx):
-        return _rewrite_functions(mod, _TransposePointwiseMutator, self.target)
+        return rewrite_functions(mod, _TransposePointwiseMutator, self.target)
 
 
 def _kernel_output_reshape(binding, kernels: set) -> bool:
@@ -369,39 +372,21 @@ class OutputReshapeView:
     not reused.  Tests: test_passes_conv1d::test_output_conv_takes_the_conv_template."""
 
     def transform_module(self, mod, _ctx):
-        updates = {}
-        for gv, func in mod.functions.items():
-            if not isinstance(func, C.relax.Function) or (func.attrs and "Primitive" in func.attrs):
-                continue
-            body = func.body
-            if not isinstance(body, C.relax.SeqExpr):
-                continue
-            blocks, changed = [], False
-            for block in body.blocks:
-                if not isinstance(block, C.relax.DataflowBlock):
-                    blocks.append(block)
+        def with_views(block):
+            kernels, bindings, changed = set(), [], False
+            for b in block.bindings:
+                if _kernel_output_reshape(b, kernels) and self._is_reshape(mod, b.value.args[0]):
+                    lv = C.relax.DataflowVar(f"{C.var_name(b.var)}_view", C.type_of(b.var))
+                    bindings += [C.relax.VarBinding(lv, b.value), C.relax.VarBinding(b.var, lv)]
+                    changed = True
                     continue
-                kernels, bindings = set(), []
-                for b in block.bindings:
-                    if _kernel_output_reshape(b, kernels) and self._is_reshape(mod, b.value.args[0]):
-                        lv = C.relax.DataflowVar(f"{C.var_name(b.var)}_view", C.type_of(b.var))
-                        bindings += [C.relax.VarBinding(lv, b.value), C.relax.VarBinding(b.var, lv)]
-                        changed = True
-                        continue
-                    bindings.append(b)
-                    v = getattr(b, "value", None)
-                    if (isinstance(v, C.relax.Call) and isinstance(v.op, C.Op) and v.op.name == "relax.call_tir"):
-                        kernels.add(b.var)
-                blocks.append(C.relax.DataflowBlock(bindings) if changed else block)
-            if changed:
-                updates[gv] = C.relax.Function(func.params, C.relax.SeqExpr(blocks, body.body), func.ret_ty,
-                                               func.is_pure, func.attrs, func.span)
-        if not updates:
-            return mod
-        mbb = C.BlockBuilder(mod)
-        for gv, func in updates.items():
-            mbb.update_func(gv, func)
-        return mbb.get()
+                bindings.append(b)
+                v = getattr(b, "value", None)
+                if (isinstance(v, C.relax.Call) and isinstance(v.op, C.Op) and v.op.name == "relax.call_tir"):
+                    kernels.add(b.var)
+            return C.relax.DataflowBlock(bindings) if changed else None
+
+        return rewrite_dataflow_blocks(mod, C.BlockBuilder(mod), with_views)
 
     @staticmethod
     def _is_reshape(mod, gvar) -> bool:

@@ -137,6 +137,18 @@ def channel_concat(m: NodeInfo) -> bool:
     return all(sh[1:] == out[1:] for sh in ins) and sum(sh[0] for sh in ins) == out[0]
 
 
+def _read_only_by_the_conv(m: NodeInfo, conv: NodeInfo, what: str) -> str | None:
+    """None when ``m`` (a conv's prologue op, ``what`` it makes) is the conv's data operand and read by
+    nothing else (it is never written to memory), else why not."""
+    if m.var is None or conv.data_arg is None or not conv.data_arg.same_as(m.var):
+        return f"{conv.name} does not read {what} {m.name} as its data operand"
+    outside = [r for r in m.readers if r is None or r is not conv]
+    if outside:
+        reader = "the function's result" if outside[0] is None else outside[0].name
+        return f"{what} {m.name} is also read by {reader}: it would have to be written to memory"
+    return None
+
+
 def check_concat_prologue(members: list[NodeInfo]) -> str | None:
     """A channel concat read by one pointwise conv with constant weights, blocked (``cpu.conv1x1``) or OIHW
     (``cpu.conv2d_epilogue``: output channels no vector divides, SqueezeNet's 512 -> 10 classifier); both inline
@@ -151,18 +163,15 @@ def check_concat_prologue(members: list[NodeInfo]) -> str | None:
     for m in prologue:
         if not channel_concat(m):
             return f"{m.name} before the conv is not a channel concat (the conv's prologue takes a concat only)"
-        if m.var is None or conv.data_arg is None or not conv.data_arg.same_as(m.var):
-            return f"{conv.name} does not read the concat {m.name} as its data operand"
-        outside = [r for r in m.readers if r is None or r is not conv]
-        if outside:
-            what = "the function's result" if outside[0] is None else outside[0].name
-            return f"the concat {m.name} is also read by {what}: it would have to be written to memory"
+        why = _read_only_by_the_conv(m, conv, "the concat")
+        if why is not None:
+            return why
     weight = [_static_dims(p) for p in conv.func.params[1:2]]
     if conv.reduce_axes != 3 or not weight or weight[0] is None or len(weight[0]) not in (4, 5) \
             or weight[0][2:4] != [1, 1]:
         return (f"{conv.name} is not a 1x1 conv with constant weights (cpu.conv1x1, blocked weights, and "
                 "cpu.conv2d_epilogue, OIHW, read a pointwise conv's concat through their input loads)")
-    concat_plane = [tuple(p.shape)[2:] for p in prologue[-1].func.params[-1:]][0]
+    concat_plane = buffer_shapes(prologue[-1].func)[-1][2:]     # its output (a symbol passed as a scalar: none)
     if conv.out_shape is None or len(conv.out_shape) != 4 or \
             list(conv.out_shape[2:]) != [int(d) for d in concat_plane]:
         return (f"{conv.name} does not read the concat's plane pixel for pixel (a strided or padded 1x1 conv): "
@@ -218,12 +227,9 @@ def check_scale_prologue(members: list[NodeInfo]) -> str | None:
     if not channel_scale(m):
         return (f"{m.name} before the conv is not a per-channel scale of its input (x [n, C, H, W] * "
                 "g [n, C, 1, 1]): the conv's input loads take that one")
-    if m.var is None or conv.data_arg is None or not conv.data_arg.same_as(m.var):
-        return f"{conv.name} does not read the scaled tensor {m.name} as its data operand"
-    outside = [r for r in m.readers if r is None or r is not conv]
-    if outside:
-        what = "the function's result" if outside[0] is None else outside[0].name
-        return f"the scaled tensor {m.name} is also read by {what}: it would have to be written to memory"
+    why = _read_only_by_the_conv(m, conv, "the scaled tensor")
+    if why is not None:
+        return why
     if not _blocked_pointwise(conv):
         return (f"{conv.name} is not a 1x1 conv with blocked constant weights (cpu.conv1x1, the family that "
                 "scales its input loads, takes those)")
