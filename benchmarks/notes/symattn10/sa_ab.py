@@ -6,7 +6,7 @@ sys.path.insert(0, "corpus")
 import corpus_io
 import tvmfuse
 
-ART = "/tmp/sa_art"
+ART = os.environ.get("ART", "/tmp/sa_art")   # where sa_export.py wrote each tree's artifacts (base/, new/)
 ROUNDS, NUMBER = int(os.environ.get("ROUNDS", 15)), int(os.environ.get("NUMBER", 20))
 entries = {e["name"]: e for e in corpus_io.load_manifest()["models"]}
 out = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "load_start": os.getloadavg()[0],

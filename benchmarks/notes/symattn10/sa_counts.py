@@ -1,3 +1,5 @@
+"""Kernel count (tvmfuse explain, graph stage) of every corpus model, static and dynamic: python sa_counts.py OUT.json
+(run from a tree's root with PYTHONPATH=. ; symattn10.md section 3)."""
 import json, sys, os
 sys.path.insert(0, "corpus")
 import corpus_io
