@@ -37,17 +37,12 @@ COMPILE_TIMEOUT_S = 900      # a hard stop per model for a compile that hangs; n
 # default subset stays two models (CI time: gpt2_dyn alone compiles for minutes on 2 cores).  llama_dyn
 # passes too (its rotary kernel: tests/test_symbolic_rotary.py).
 DEFAULT_SUBSET = ("mobilenet_v3_small", "bert")
-# Symbolic models that fail today, with the error seen (benchmarks/symbolic_check.py, 2026-12-01).
-# strict=True: a fix makes the test XPASS, which fails the run until the entry is removed.
-KNOWN_FAILURES: dict[str, str] = {
-    # swin: 88 symbolic kernels vs 44 in session 8; 44 with swin9's window grouping, 46 once a reshape passed a
-    # symbol as a scalar stays a free view (corpus9, tests/test_symbolic_symbol_args.py): two window reshapes
-    # between elementwise ops split their groups (benchmarks/notes/swin9.md, corpus9.md)
-    "swin": "swin: symbolic 46 kernels vs static 44",
-    # session 9 (benchmarks/notes/corpus9.md): the attention refusal ("symbolic extent batch * 4 is not a
-    # plain symbol") over MobileViT's patches, numerics match
-    "mobilevit": "mobilevit: symbolic 128 kernels vs static 98",
-}
+# Symbolic models that fail today, with the error seen (benchmarks/symbolic_check.py).
+# strict=True: a fix makes the test XPASS, which fails the run until the entry is removed.  Empty since session
+# 10 (benchmarks/notes/symattn10.md): swin (46 vs 44) and mobilevit (92 vs 98) have the static count since a
+# reshape between two ops of a group fuses, one at a symbolic group's edge stays a view and a group of
+# reshapes only is split into views (grouping, tests/test_symbolic_symbol_args.py).
+KNOWN_FAILURES: dict[str, str] = {}
 # sizes per model in the default run (fewer than the issue's full grid: CI time); "all" uses the grid
 # of symbolic_check.size_points
 QUICK_SIZES = {"batch": (1, 3), "sequence": (17, 128)}

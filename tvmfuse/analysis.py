@@ -37,6 +37,7 @@ class NodeInfo:
     out_shape: tuple | None = None      # ints and symbolic TIR expressions (see rules.same_shape)
     why_opaque: str = ""
     func: object = None                 # its PrimFunc (not for an opaque op): block roles, calls
+    view: bool = False                  # its PrimFunc is a reshape (TVM's has_reshape_pattern): alone, a free view
     # where it sits in its dataflow block (set by grouping): the relax var of its result, and the op of
     # each binding that reads it (None for a reader that is no call_tir op, or the function's result)
     var: object = field(default=None, repr=False, compare=False)

@@ -106,6 +106,8 @@ class _BlockGraph:
         for i, info in enumerate(self.info):
             if info is None:
                 continue
+            if self.external[i]:
+                info.view = False        # RewriteDataflowReshape rewrites dataflow vars only
             info.var = self.bindings[i].var
             info.readers = tuple(self.info[s] for s in sorted(self.succs[i])) + ((None,) if self.external[i] else ())
         self.uf = _UnionFind(n)
@@ -297,18 +299,25 @@ def partition(g: _BlockGraph) -> list[tuple[str, str, str, str]]:
     for a, b, _reason, name in retry:
         if g.uf.find(a) != g.uf.find(b):
             _fuse(g, a, b, R.RULES_BY_NAME[name], pending)
-    # Step 3. Groups the target cannot take as finished are split back into their ops.
+    # Step 2c. A group leaves out the reshapes passed a symbol at its edges (free views alone).
+    for root in list(g.uf.members):
+        _trim_edge_views(g, root, out_refused)
+    # Step 3. Groups the target cannot take as finished, and groups of reshapes only (each op alone a free
+    # view), are split back into their ops.
     for root in list(g.uf.members):
         members = g.uf.members.get(root)
         if members is None or len(g.group_infos(members)) < 2:
             continue
         reason = R.check_final_group(g.group_infos(members), len(g.outputs(set(members))), g.limits)
+        reason = "not supported by the target: " + reason if reason is not None else None
+        if reason is None and R.views_only(g.group_infos(members)) is not None:
+            reason = "not profitable: " + R.views_only(g.group_infos(members))
         if reason is not None:
             rules = "+".join(g.group_rules.pop(root, []))
             g.group_template.pop(root, None)
             g.group_declined.pop(root, None)
             ops = [g._name(k) for k in sorted(members) if k not in g.alias_of]
-            out_refused.append((ops[0], ops[-1], "not supported by the target: " + reason, rules))
+            out_refused.append((ops[0], ops[-1], reason, rules))
             g.dissolve(root)
     # Step 4. What is still apart is a refusal the user sees.
     out, seen = out_refused, set()
@@ -317,6 +326,98 @@ def partition(g: _BlockGraph) -> list[tuple[str, str, str, str]]:
             seen.add((a, b))
             out.append((g._name(a), g._name(b), reason, rule))
     return out
+
+
+def _edge_views(g: _BlockGraph, members: set) -> list[int]:
+    """The reshapes (``NodeInfo.view``) of a group that are not between two of its other ops: no path inside
+    the group leads to them from an op that is no reshape, or none leads from them to one."""
+    calls = [k for k in members if k not in g.alias_of and g.info[k] is not None]
+    anchors = {k for k in calls if not g.info[k].view}
+    if not anchors:
+        return []
+
+    def reach(start, step):
+        seen, stack = set(start), list(start)
+        while stack:
+            for y in step[stack.pop()]:
+                if y in members and y not in seen:
+                    seen.add(y)
+                    stack.append(y)
+        return seen
+    between = reach(anchors, g.succs) & reach(anchors, g.preds)
+    return [k for k in calls if g.info[k].view and k not in between]
+
+
+def _symbol_edge_views(g: _BlockGraph, members: set, edge: list[int]) -> list[int]:
+    """The edge reshapes to take out: each connected run of ``edge`` (reshapes reading one another) that holds
+    a reshape LegalizeOps passes a symbol as a scalar (``rules.scalar_arg``: ``[batch * C, 16, 4]``, no
+    extent is ``batch`` alone, so its index remap divides by the symbol).  A whole run goes: what is left
+    reads no taken-out reshape through a kept one, and stays acyclic."""
+    left, out = set(edge), []
+    while left:
+        run, stack = set(), [left.pop()]
+        while stack:
+            k = stack.pop()
+            run.add(k)
+            for n in g.preds[k] | g.succs[k]:
+                if n in left:
+                    left.discard(n)
+                    stack.append(n)
+        if any(R.scalar_arg(a) for k in run for a in g.bindings[k].value.args[1].fields):
+            out.extend(run)
+    return sorted(out)
+
+
+def _trim_edge_views(g: _BlockGraph, root: int, refused: list) -> None:
+    """Take the edge reshapes passed a symbol (``_edge_views``, ``_symbol_edge_views``) out of a group: alone
+    each is a free view (RewriteDataflowReshape), in the kernel an index remap by the symbol (``% batch``)
+    that saves no kernel.  A reshape between two ops of the group stays (one kernel, not two: Swin's window
+    reshapes around its shifted-window mask), and so does any other reshape (a static build's, a flatten of
+    ``[batch, C, 1, 1]``: the symbolic build keeps the static build's groups).  Taking out ops no path of the
+    group's other ops passes through leaves it acyclic; the rest is asked for a template family again (kept
+    whole if none takes it)."""
+    members = g.uf.members.get(root)
+    if members is None or len(g.group_infos(members)) < 2:
+        return
+    member_set = set(members)
+    edge = _symbol_edge_views(g, member_set, _edge_views(g, member_set))
+    if not edge:
+        return
+    keep = member_set - set(edge) - {i for i, j in g.alias_of.items() if j in edge}
+    infos = g.group_infos(keep)
+    rules = g.group_rules.get(root, [])
+    template, declined = g.group_template.get(root), g.group_declined.get(root, "")
+    if len(infos) >= 2:
+        formed = [R.RULES_BY_NAME[n] for n in rules]
+        outs = g.outputs(keep)
+        group = R.GroupInfo(infos, [g.info[k] for k in outs if g.info[k] is not None])
+        template, reason, declined = R.check_template(formed[-1], group, g.target, tuple(formed[:-1]))
+        if reason is not None:
+            return
+    g.group_rules.pop(root, None)
+    g.group_template.pop(root, None)
+    g.group_declined.pop(root, None)
+    g.dissolve(root)
+    keep_calls = sorted(k for k in keep if k not in g.alias_of)
+    for k in keep_calls[1:]:
+        g.uf.union(keep_calls[0], k)
+    if len(infos) >= 2:
+        new_root = g.uf.find(keep_calls[0])
+        g.group_rules[new_root] = rules
+        if template is not None:
+            g.group_template[new_root] = template
+        elif declined:
+            g.group_declined[new_root] = declined
+    why = ("not profitable: a reshape passed a symbol, at the edge of a group: alone a free view, in the "
+           "kernel an index remap by the symbol")
+    told = set()
+    for k in edge:
+        pairs = [(g.node(p), k) for p in sorted(g.preds[k]) if g.node(p) in member_set] + \
+                [(k, g.node(s)) for s in sorted(g.succs[k]) if g.node(s) in member_set]
+        for a, b in pairs[:1]:
+            if (a, b) not in told:
+                told.add((a, b))
+                refused.append((g._name(a), g._name(b), why, "+".join(rules)))
 
 
 # ----------------------------------------------------------------------------------------- rewriting

@@ -563,6 +563,24 @@ def scalar_arg(arg) -> bool:
             and "int" in str(C.type_of(arg).dtype))   # an extent, never a float constant
 
 
+def _is_view(func, call, out_shape) -> bool:
+    """Whether RewriteDataflowReshape makes ``call`` (bound to a dataflow var: ``grouping`` checks that) a free
+    view: its PrimFunc has TVM's reshape pattern and it reads one tensor with as many elements as it writes
+    (a slice from the start, ``x[:, :sequence]``, has the pattern too but is a copy)."""
+    tensors = [a for a in call.args[1].fields if not scalar_arg(a)]
+    if len(tensors) != 1 or out_shape is None or any(_is_shape(d) for d in out_shape):
+        return False
+    in_shape = _shape_of(C.type_of(tensors[0]))
+    if in_shape is None or not C.has_reshape_pattern(func):
+        return False
+    count_in, count_out = 1, 1
+    for d in in_shape:
+        count_in = count_in * d
+    for d in out_shape:
+        count_out = count_out * d
+    return same_shape(count_in, count_out)
+
+
 def classify(func, call, var_ty) -> NodeInfo:
     """The NodeInfo of ``var = call_tir(func, args)``."""
     name = str(call.args[0].name_hint)
@@ -585,11 +603,10 @@ def classify(func, call, var_ty) -> NodeInfo:
     if pattern == 8 and (symbolic_injective(func) or gather_injective(func)):
         pattern = 2
     info.pattern = pattern
-    if any(scalar_arg(a) for a in call.args[1].fields) and C.has_reshape_pattern(func):
-        # a reshape stays out of groups: RewriteDataflowReshape makes it a free view (vm.builtin.reshape);
-        # in a kernel it would be one more index remap over symbolic extents (tests/test_symbolic_symbol_args.py)
-        info.why_opaque = "a reshape over symbols it is passed as scalars (a free view, no kernel)"
-        return info
+    # a reshape (a transpose that moves unit axes only is one too): alone, RewriteDataflowReshape makes it a
+    # free view (vm.builtin.reshape); it fuses like any injective op, but a group of such ops only is split
+    # back into views (grouping, Step 3: ``views_only``)
+    info.view = pattern <= 2 and _is_view(func, call, out_shape)
     if out_shape is None or any(_shape_of(C.type_of(a)) is None for a in call.args[1].fields
                                 if not scalar_arg(a)):
         # symbolic extents are fine (FuseTIR makes symbolic PrimFuncs); an unknown rank is not
@@ -712,6 +729,18 @@ def weight_bytes(anchor: NodeInfo) -> int:
                 return 0
             k *= int(iv.dom.extent.value)
     return 4 * k * anchor.out_shape[-1]
+
+
+def views_only(members: list[NodeInfo]) -> str | None:
+    """Profitability of a finished group: one made of reshapes only (``NodeInfo.view``: a reshape, or a
+    transpose that moves unit axes) would be a copy kernel where each op alone is a free view
+    (RewriteDataflowReshape: ``vm.builtin.reshape``); such a group is split back into its ops.  A reshape
+    between other ops stays in their group (one kernel, not two: Swin's window reshapes around the shifted
+    window mask, tests/test_symbolic_symbol_args.py)."""
+    if len(members) >= 2 and all(m.view for m in members):
+        return ("reshapes only: each op alone is a free view (RewriteDataflowReshape), as one group a copy "
+                "kernel")
+    return None
 
 
 def check_final_group(members: list[NodeInfo], n_outputs: int, limits: TargetLimits) -> str | None:
