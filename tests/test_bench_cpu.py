@@ -94,9 +94,69 @@ def test_tuning_refuses_an_existing_database(tmp_path):
         B._ms_tune(tvmfuse.load_onnx(_model()), named_target("skx-2"), 4, str(tmp_path))
 
 
-def test_from_db_needs_a_work_dir():
+def test_from_db_without_databases_for_this_cpu_exits(tmp_path, monkeypatch, capsys):
+    """--ms-from-db without --ms-work-dir reads MS_DB_ROOT/<host mcpu>; none there: a usage error naming it."""
+    monkeypatch.setattr(B, "MS_DB_ROOT", str(tmp_path))
     with pytest.raises(SystemExit):
         B.main(["--ms-from-db", "--no-models"])
+    assert "no MetaSchedule databases for this CPU in " + str(tmp_path / C.llvm_system_cpu()) in capsys.readouterr().err
+
+
+def test_default_work_dir_is_per_cpu():
+    assert B.ms_default_work_dir(named_target("skx-2")) == os.path.join(B.MS_DB_ROOT, "skylake-avx512")
+    assert B.ms_default_work_dir(named_target("neon-4")) == os.path.join(B.MS_DB_ROOT, "neoverse-n1")
+
+
+@pytest.mark.parametrize("other", ["haswell-2", "skx-32", "neon-4"])
+def test_from_db_refuses_a_database_of_another_target(tmp_path, other):
+    """A database tuned for skylake-avx512 on 2 cores is refused for another CPU, core count or triple
+    (MetaScheduleApplyDatabase would apply it silently: it matches records by workload only), with the
+    differing field named; the same target is accepted."""
+    _hand_database(_model(), named_target("skx-2"), tmp_path)
+    assert B._ms_info(str(tmp_path), 0, named_target("skx-2"))["trials_per_task"] == 1
+    field = {"haswell-2": "mcpu 'skylake-avx512' there, 'haswell' here", "skx-32": "num-cores 2 there, 32 here",
+             "neon-4": "mtriple 'x86_64-linux-gnu' there, 'aarch64-linux-gnu' here"}[other]
+    with pytest.raises(ValueError, match=f"tuned for another target \\(tuning record 1: .*{field}"):
+        B._ms_info(str(tmp_path), 0, named_target(other))
+
+
+def test_from_db_refuses_tuning_info_of_another_target(tmp_path):
+    """The tuning info's target counts too (a database copied into another CPU's folder)."""
+    _hand_database(_model(), named_target("skx-2"), tmp_path)
+    info_path = tmp_path / B.MS_TUNING_INFO
+    info = json.loads(info_path.read_text())
+    info_path.write_text(json.dumps({**info, "target": str(named_target("haswell-2"))}))
+    with pytest.raises(ValueError, match="tuning_info.json: mcpu 'haswell' there, 'skylake-avx512' here"):
+        B._ms_info(str(tmp_path), 0, named_target("skx-2"))
+
+
+def test_stored_databases_match_their_cpu_folder():
+    """Every committed database under MS_DB_ROOT/<cpu>/<workload>/ was tuned for <cpu> (records and info)."""
+    checked = 0
+    for cpu in sorted(os.listdir(B.MS_DB_ROOT)):
+        cpu_dir = os.path.join(B.MS_DB_ROOT, cpu)
+        if not os.path.isdir(cpu_dir) or os.path.exists(os.path.join(cpu_dir, B.MS_TUNING_INFO)):
+            continue                                   # a workload folder of the session-8 layout
+        for wl in sorted(os.listdir(cpu_dir)):
+            db_dir = os.path.join(cpu_dir, wl)
+            if os.path.exists(os.path.join(db_dir, B.MS_TUNING_INFO)):
+                with open(os.path.join(db_dir, B.MS_TUNING_INFO)) as f:
+                    target = C.Target(json.loads(json.load(f)["target"]))
+                assert str(target.attrs["mcpu"]) == cpu, db_dir
+                B._ms_check_target(db_dir, target)
+                checked += 1
+    if checked == 0:
+        pytest.skip(f"no per-CPU database under {B.MS_DB_ROOT}")
+
+
+def test_load_sampler_records_the_load_during_the_run():
+    with B._LoadSampler(every_s=0.01) as load:
+        deadline = B.time.perf_counter() + 0.1
+        while B.time.perf_counter() < deadline:
+            pass
+    s = load.summary()
+    assert s["tuning_load_avg_1min_samples"] == len(load.samples) >= 3
+    assert s["tuning_load_avg_1min_min"] <= s["tuning_load_avg_1min_mean"] <= s["tuning_load_avg_1min_max"]
 
 
 def test_check_outputs_fails_on_wrong_values_and_shapes(tmp_path, rng):
