@@ -38,7 +38,9 @@ Engines (``--engines`` picks; ENGINES below says what each one is):
   trial budget, its tuning time and load, and how many tasks had a record.  Off unless ``--ms-trials N``
   or ``--ms-from-db``.
 - ``torch_compile``: ``torch.compile`` of the model converted by onnx2torch, when both import (else the
-  row says why it was skipped).  ``--torch-python PY`` runs its worker under another interpreter: this
+  row says why it was skipped); a model with an op form onnx2torch cannot convert is converted at
+  TORCH_FALLBACK_OPSET first (onnx.version_converter; the row's ``onnx2torch_opset`` says so), else skipped
+  with onnx2torch's reason; a module torch.compile fails on (its first call) is skipped with that error.  ``--torch-python PY`` runs its worker under another interpreter: this
   project's one is /work/venv-corpus (torch 2.13 CPU), where onnx2torch was installed with
   ``/work/venv-corpus/bin/pip install --no-deps onnx2torch==1.5.15`` (its dependencies numpy, onnx, torch,
   torchvision are there already; torchvision's compiled ops do not load with PyPI's CPU torch, see
@@ -131,6 +133,10 @@ MS_SEED = 0                    # the evolutionary search's seed (recorded with t
 MS_DB_ROOT = os.path.join(HERE, "ms_db")   # --ms-from-db without --ms-work-dir: MS_DB_ROOT/<host mcpu>/<workload>/
 MS_TARGET_KEYS = ("kind", "mtriple", "mcpu", "mattr", "num-cores")   # what a database's target must share
 MS_LOAD_SAMPLE_S = 30          # the 1-min load average is sampled this often during a tuning run
+# torch_compile: onnx2torch (1.5.15) has no converter for some opset-18 forms (ReduceMean-18 takes its axes
+# as an input: transformer_block); such a model is converted to this opset by onnx.version_converter first
+TORCH_FALLBACK_OPSET = 17
+TORCH_WHY_CHARS = 600          # how much of torch.compile's error a skipped row keeps (its cause and user-code line)
 LOADED_PER_CPU = 0.5           # a 1-min load average above this x CPUs marks the tuning as run under load
 
 ENGINES = {
@@ -491,13 +497,33 @@ def _torch(model, feeds, threads):
     except ImportError as e:
         raise Skipped(f"torch.compile skipped: {e}") from e
     torch.set_num_threads(threads)
-    net = torch.compile(onnx2torch.convert(model).eval())
+    info = {"torch": torch.__version__}
+    try:
+        module = onnx2torch.convert(model)
+    except NotImplementedError as e:      # an op form onnx2torch has no converter for: try the older opset
+        from onnx import version_converter
+
+        try:
+            module = onnx2torch.convert(version_converter.convert_version(model, TORCH_FALLBACK_OPSET))
+        except NotImplementedError as e2:
+            raise Skipped(f"torch.compile skipped: onnx2torch cannot convert the model ({e}), nor at opset "
+                          f"{TORCH_FALLBACK_OPSET} ({e2})") from e2
+        info.update(onnx2torch_opset=TORCH_FALLBACK_OPSET,
+                    onnx2torch_why=f"converted at opset {TORCH_FALLBACK_OPSET} (onnx.version_converter): {e}")
+    net = torch.compile(module.eval())
     args = [torch.from_numpy(v) for v in feeds.values()]
 
     def run():
         with torch.inference_mode():
             return net(*args)
 
+    try:      # torch.compile compiles on the first call: a module it cannot compile fails here
+        run()
+    except Exception as e:  # noqa: BLE001  the row says why (dynamo/inductor raise many types)
+        why = " ".join(str(e).split())[:TORCH_WHY_CHARS]
+        raise Skipped(f"torch.compile failed on the onnx2torch module ({info.get('onnx2torch_why', 'as converted')}): "
+                      f"{type(e).__name__}: {why}") from e
+    run.info = info
     return run
 
 

@@ -240,3 +240,54 @@ def test_align_ab_places_the_same_values_at_each_offset(rng):
         y = A.placed(x, offset)
         assert y.ctypes.data % A.PAGE == offset and y.flags.c_contiguous and y.flags.writeable
         np.testing.assert_array_equal(y, x)
+
+
+def test_torch_engine_converts_at_the_fallback_opset_or_says_why(monkeypatch):
+    """torch_compile (no torch here: torch and onnx2torch stand-ins record what they are given): a model
+    onnx2torch cannot convert at its opset (18) is converted at TORCH_FALLBACK_OPSET and the row says so; if
+    that fails too, the engine is skipped naming both reasons."""
+    import contextlib
+    import sys
+    import types
+
+    seen = []
+
+    def convert(model, ok_opsets):
+        opset = model.opset_import[0].version
+        seen.append(opset)
+        if opset not in ok_opsets:
+            raise NotImplementedError(f"Converter is not implemented (ReduceMean, version={opset})")
+        return types.SimpleNamespace(eval=lambda: (lambda *a: "ran"))
+
+    fake_torch = types.ModuleType("torch")
+    fake_torch.__version__ = "stand-in"
+    fake_torch.set_num_threads = lambda n: None
+    fake_torch.compile = lambda m: m
+    fake_torch.from_numpy = lambda a: a
+    fake_torch.inference_mode = contextlib.nullcontext
+    monkeypatch.setitem(sys.modules, "torch", fake_torch)
+    model = M.transformer_block()
+    assert model.opset_import[0].version == 18
+    monkeypatch.setattr(B, "_import_onnx2torch",
+                        lambda: types.SimpleNamespace(convert=lambda m: convert(m, {B.TORCH_FALLBACK_OPSET})))
+    run = B._torch(model, {}, 1)
+    assert seen == [18, B.TORCH_FALLBACK_OPSET] and run.info["onnx2torch_opset"] == B.TORCH_FALLBACK_OPSET
+    assert "ReduceMean, version=18" in run.info["onnx2torch_why"]
+    seen.clear()
+    monkeypatch.setattr(B, "_import_onnx2torch", lambda: types.SimpleNamespace(convert=lambda m: convert(m, {18})))
+    assert B._torch(model, {}, 1).info == {"torch": "stand-in"} and seen == [18]     # converted as it is
+    monkeypatch.setattr(B, "_import_onnx2torch", lambda: types.SimpleNamespace(convert=lambda m: convert(m, set())))
+    with pytest.raises(B.Skipped, match="cannot convert the model .*version=18.*nor at opset 17 .*version=17"):
+        B._torch(model, {}, 1)
+
+
+    def failing_compile(m):
+        def call(*a):
+            raise TypeError("torch.Size() takes an iterable of 'int'\n\nfrom user code:\n  reshape.py, line 23")
+        return call
+
+    monkeypatch.setattr(fake_torch, "compile", failing_compile)
+    monkeypatch.setattr(B, "_import_onnx2torch", lambda: types.SimpleNamespace(convert=lambda m: convert(m, {17})))
+    with pytest.raises(B.Skipped, match=r"torch.compile failed on the onnx2torch module \(converted at opset 17 .*\): "
+                       r"TypeError: torch.Size\(\) takes an iterable of 'int' from user code: reshape.py, line 23"):
+        B._torch(model, {}, 1)
