@@ -136,6 +136,7 @@ MS_LOAD_SAMPLE_S = 30          # the 1-min load average is sampled this often du
 # torch_compile: onnx2torch (1.5.15) has no converter for some opset-18 forms (ReduceMean-18 takes its axes
 # as an input: transformer_block); such a model is converted to this opset by onnx.version_converter first
 TORCH_FALLBACK_OPSET = 17
+WORKER_EXIT_TIMEOUT_S = 300    # a worker's exit after quit (bench_models' took over 60 s under load 20); then killed
 TORCH_WHY_CHARS = 600          # how much of torch.compile's error a skipped row keeps (its cause and user-code line)
 LOADED_PER_CPU = 0.5           # a 1-min load average above this x CPUs marks the tuning as run under load
 
@@ -715,13 +716,21 @@ class Worker:
         return json.loads(line)
 
     def close(self):
+        """Ask the worker to quit; one still running WORKER_EXIT_TIMEOUT_S later (its results are in) is
+        killed with a line on stderr instead of failing the run."""
         if self.proc.poll() is None:
             try:
                 self.proc.stdin.write(json.dumps({"cmd": "quit"}) + "\n")
                 self.proc.stdin.close()
             except BrokenPipeError:
                 pass
-            self.proc.wait(timeout=60)
+            try:
+                self.proc.wait(timeout=WORKER_EXIT_TIMEOUT_S)
+            except subprocess.TimeoutExpired:
+                print(f"  {self.engine} worker for {self.workload} (pid {self.proc.pid}) still running "
+                      f"{WORKER_EXIT_TIMEOUT_S} s after quit: killed", file=sys.stderr, flush=True)
+                self.proc.kill()
+                self.proc.wait()
         self.log.close()
 
 

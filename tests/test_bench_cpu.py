@@ -291,3 +291,17 @@ def test_torch_engine_converts_at_the_fallback_opset_or_says_why(monkeypatch):
     with pytest.raises(B.Skipped, match=r"torch.compile failed on the onnx2torch module \(converted at opset 17 .*\): "
                        r"TypeError: torch.Size\(\) takes an iterable of 'int' from user code: reshape.py, line 23"):
         B._torch(model, {}, 1)
+
+
+def test_worker_close_kills_a_worker_that_does_not_quit(tmp_path, monkeypatch, capsys):
+    import subprocess
+    import sys
+
+    monkeypatch.setattr(B, "WORKER_EXIT_TIMEOUT_S", 0.5)
+    w = object.__new__(B.Worker)
+    w.engine, w.workload = "stuck", "wl"
+    w.log = open(tmp_path / "log", "w")
+    w.proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], stdin=subprocess.PIPE, text=True)
+    w.close()
+    assert w.proc.returncode is not None and w.proc.returncode != 0 and w.log.closed
+    assert "stuck worker for wl" in capsys.readouterr().err
