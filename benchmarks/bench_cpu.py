@@ -1027,6 +1027,13 @@ def tail_ratios(rows: list) -> dict:
     return out
 
 
+def _error_cause(error: str, chars: int = 300) -> str:
+    """A worker's error for the printed table: its exception line (the traceback's last line), not its head."""
+    lines = [ln.strip() for ln in error.splitlines() if ln.strip()]
+    cause = lines[-1] if lines else "(no message)"
+    return cause if len(cause) <= chars else cause[:chars] + "..."
+
+
 def print_table(out) -> None:
     """Markdown: one row per workload and engine, ms per call (median of the rounds, p25-p75, min-max)."""
     print(f"\n{out['date']}, {out['cpu']}, {out['threads']} threads, {out['repeat']} interleaved rounds, "
@@ -1039,7 +1046,7 @@ def print_table(out) -> None:
                 print(f"| {r['workload']} | {e} | - | - | - | {d['check']} | {d['build_s']:.1f} | |")
                 continue
             if "ms" not in d:
-                why = d.get("skipped") or (d.get("error", "")[:80].replace("\n", " ") + "...")
+                why = d.get("skipped") or _error_cause(d.get("error", ""))
                 print(f"| {r['workload']} | {e} | - | - | - | not run: {why} | | |")
                 continue
             m = d["ms"]

@@ -305,3 +305,9 @@ def test_worker_close_kills_a_worker_that_does_not_quit(tmp_path, monkeypatch, c
     w.close()
     assert w.proc.returncode is not None and w.proc.returncode != 0 and w.log.closed
     assert "stuck worker for wl" in capsys.readouterr().err
+
+
+def test_printed_error_is_the_exception_line_not_the_traceback_head():
+    err = 'worker exited (1): Traceback (most recent call last):\n  File "x.py", line 3\nValueError: no database in /d\n'
+    assert B._error_cause(err) == "ValueError: no database in /d"
+    assert B._error_cause("E: " + "x" * 400, chars=10) == "E: xxxxxxx..." and B._error_cause("") == "(no message)"
