@@ -3,10 +3,11 @@
     python benchmarks/bench_cpu.py                      # table 1: engines x workloads -> benchmarks/bench_cpu.json
     python benchmarks/bench_cpu.py --ms-trials 64       # table 2: + TVM MetaSchedule -> benchmarks/bench_cpu_ms.json
     # table 2 in two steps: tune once (long; checks the build, times nothing), then time from the databases
-    # (databases per CPU: benchmarks/ms_db/<mcpu>/<workload>/; the Intel host's of session 8 are in ms_db/<workload>/)
+    # (databases per CPU: benchmarks/ms_db/<mcpu>/<workload>/; session 8's Intel ones: ms_db/<workload>/)
     python benchmarks/bench_cpu.py --engines onnx_reference tvm_metaschedule --ms-trials 64 \
-        --ms-work-dir benchmarks/ms_db/znver5 --repeat 0 --workloads qkv --json benchmarks/ms_db/znver5/qkv.tuning_check.json
-    python benchmarks/bench_cpu.py --ms-from-db      # -> benchmarks/bench_cpu_ms.json, from benchmarks/ms_db/<host mcpu>/
+        --ms-work-dir benchmarks/ms_db/znver5 --repeat 0 --workloads qkv \
+        --json benchmarks/ms_db/znver5/qkv.tuning_check.json
+    python benchmarks/bench_cpu.py --ms-from-db      # from benchmarks/ms_db/<host mcpu>/ -> bench_cpu_ms.json
     # table 1, every engine in one run (torch_compile's worker under an interpreter with torch and onnx2torch)
     python benchmarks/bench_cpu.py --engines onnx_reference ort_default ort_nospin tvm_dlight tvm_metaschedule \
         torch_compile tvmfuse_separate tvmfuse --ms-from-db --torch-python /work/venv-corpus/bin/python \
@@ -34,14 +35,15 @@ Engines (``--engines`` picks; ENGINES below says what each one is):
   average sampled through the tuning); ``--ms-from-db`` compiles from them without tuning, by default from
   ``benchmarks/ms_db/<host mcpu>/`` (MS_DB_ROOT; a database is only valid for the CPU it was tuned on).  A
   database whose records or tuning info name another target than the compile target (kind, triple, CPU,
-  attributes, cores: MS_TARGET_KEYS) is refused with the differing fields, never silently applied.  The row records which database, its
-  trial budget, its tuning time and load, and how many tasks had a record.  Off unless ``--ms-trials N``
-  or ``--ms-from-db``.
+  attributes, cores: MS_TARGET_KEYS) is refused with the differing fields, never silently applied.  The
+  row records which database, its trial budget, its tuning time and load, and how many tasks had a record.
+  Off unless ``--ms-trials N`` or ``--ms-from-db``.
 - ``torch_compile``: ``torch.compile`` of the model converted by onnx2torch, when both import (else the
   row says why it was skipped); a model with an op form onnx2torch cannot convert is converted at
   TORCH_FALLBACK_OPSET first (onnx.version_converter; the row's ``onnx2torch_opset`` says so), else skipped
-  with onnx2torch's reason; a module torch.compile fails on (its first call) is skipped with that error.  ``--torch-python PY`` runs its worker under another interpreter: this
-  project's one is /work/venv-corpus (torch 2.13 CPU), where onnx2torch was installed with
+  with onnx2torch's reason; a module torch.compile fails on (its first call) is skipped with that error.
+  ``--torch-python PY`` runs its worker under another interpreter: this project's one is
+  /work/venv-corpus (torch 2.13 CPU), where onnx2torch was installed with
   ``/work/venv-corpus/bin/pip install --no-deps onnx2torch==1.5.15`` (its dependencies numpy, onnx, torch,
   torchvision are there already; torchvision's compiled ops do not load with PyPI's CPU torch, see
   _TorchvisionPlaceholder).

@@ -28,8 +28,8 @@ and each budget's pick of both runs is timed and checked like the main study's. 
 study alone.  The run "without records" is the main study's tvmfuse run of the same seed (same kernel, seed
 and trial count), so when the study holds that run (this run's study piece, or the ``--merge-into`` file's)
 it is reused instead of tuned again (``study_tvmfuse_run``; its picks are still timed again beside the warm
-run's); ``--no-reuse-study-run`` tunes it again.  MetaSchedule keys its database by the workload's structural hash, so records of other shapes
-do not carry over; it has no such row.
+run's); ``--no-reuse-study-run`` tunes it again.  MetaSchedule keys its database by the workload's
+structural hash, so records of other shapes do not carry over; it has no such row.
 
 Cost-model quality on held-out records (``cost_model_quality``, off with ``--no-cost-model``): the records
 of each tvmfuse run (every measured configuration of the kernel, with its program features) are split
