@@ -3,9 +3,15 @@
     python benchmarks/bench_cpu.py                      # table 1: engines x workloads -> benchmarks/bench_cpu.json
     python benchmarks/bench_cpu.py --ms-trials 64       # table 2: + TVM MetaSchedule -> benchmarks/bench_cpu_ms.json
     # table 2 in two steps: tune once (long; checks the build, times nothing), then time from the databases
+    # (databases per CPU: benchmarks/ms_db/<mcpu>/<workload>/; session 8's Intel ones: ms_db/<workload>/)
     python benchmarks/bench_cpu.py --engines onnx_reference tvm_metaschedule --ms-trials 64 \
-        --ms-work-dir benchmarks/ms_db --repeat 0 --json benchmarks/ms_db/tuning_check.json
-    python benchmarks/bench_cpu.py --ms-from-db --ms-work-dir benchmarks/ms_db   # -> benchmarks/bench_cpu_ms.json
+        --ms-work-dir benchmarks/ms_db/znver5 --repeat 0 --workloads qkv \
+        --json benchmarks/ms_db/znver5/qkv.tuning_check.json
+    python benchmarks/bench_cpu.py --ms-from-db      # from benchmarks/ms_db/<host mcpu>/ -> bench_cpu_ms.json
+    # table 1, every engine in one run (torch_compile's worker under an interpreter with torch and onnx2torch)
+    python benchmarks/bench_cpu.py --engines onnx_reference ort_default ort_nospin tvm_dlight tvm_metaschedule \
+        torch_compile tvmfuse_separate tvmfuse --ms-from-db --torch-python /work/venv-corpus/bin/python \
+        --json benchmarks/bench_cpu.json
     python benchmarks/bench_cpu.py --io                 # table 3: tvmfuse I/O paths  -> benchmarks/bench_cpu_io.json
     python benchmarks/bench_cpu.py --tails              # softmax rows with a tail vs padded -> bench_cpu_tails.json
     python benchmarks/bench_cpu.py --quick --repeat 3 --no-models    # smoke run (quarter-size workloads)
@@ -26,11 +32,21 @@ Engines (``--engines`` picks; ENGINES below says what each one is):
   is always ``static_shape_tuning`` with total_trials=0 on the database folder, i.e. the same passes with
   MetaScheduleApplyDatabase(work_dir).  ``--ms-work-dir DIR`` keeps each workload's database in
   DIR/<workload>/ (MetaSchedule's own JSON files, plus MS_TUNING_INFO: budget, tuning time, machine, load
-  average); ``--ms-from-db`` compiles from them without tuning.  The row records which database, its
-  trial budget, its tuning time and load, and how many tasks had a record.  Off unless ``--ms-trials N``
-  or ``--ms-from-db``.
+  average sampled through the tuning); ``--ms-from-db`` compiles from them without tuning, by default from
+  ``benchmarks/ms_db/<host mcpu>/`` (MS_DB_ROOT; a database is only valid for the CPU it was tuned on).  A
+  database whose records or tuning info name another target than the compile target (kind, triple, CPU,
+  attributes, cores: MS_TARGET_KEYS) is refused with the differing fields, never silently applied.  The
+  row records which database, its trial budget, its tuning time and load, and how many tasks had a record.
+  Off unless ``--ms-trials N`` or ``--ms-from-db``.
 - ``torch_compile``: ``torch.compile`` of the model converted by onnx2torch, when both import (else the
-  row says why it was skipped).
+  row says why it was skipped); a model with an op form onnx2torch cannot convert is converted at
+  TORCH_FALLBACK_OPSET first (onnx.version_converter; the row's ``onnx2torch_opset`` says so), else skipped
+  with onnx2torch's reason; a module torch.compile fails on (its first call) is skipped with that error.
+  ``--torch-python PY`` runs its worker under another interpreter: this project's one is
+  /work/venv-corpus (torch 2.13 CPU), where onnx2torch was installed with
+  ``/work/venv-corpus/bin/pip install --no-deps onnx2torch==1.5.15`` (its dependencies numpy, onnx, torch,
+  torchvision are there already; torchvision's compiled ops do not load with PyPI's CPU torch, see
+  _TorchvisionPlaceholder).
 - ``tvm_fuseops``: TVM's fusion with no schedule at all (what the old "stock TVM" column was; no user
   deploys it). Off by default: slow at full size.
 - ``tvmfuse_separate``: no fusion, every op its own kernel scheduled by tvmfuse's templates.
@@ -82,6 +98,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import types
 
@@ -119,6 +136,14 @@ MS_TRIALS_PER_ITER = 64        # TVM's tune_relax default: candidates measured p
 MS_BUILD_TIMEOUT_S = 600       # per build; TVM's 30 s default timed every build out on a loaded 2-core host
 MS_RUN_TIMEOUT_S = 120         # per measurement
 MS_SEED = 0                    # the evolutionary search's seed (recorded with the database)
+MS_DB_ROOT = os.path.join(HERE, "ms_db")   # --ms-from-db without --ms-work-dir: MS_DB_ROOT/<host mcpu>/<workload>/
+MS_TARGET_KEYS = ("kind", "mtriple", "mcpu", "mattr", "num-cores")   # what a database's target must share
+MS_LOAD_SAMPLE_S = 30          # the 1-min load average is sampled this often during a tuning run
+# torch_compile: onnx2torch (1.5.15) has no converter for some opset-18 forms (ReduceMean-18 takes its axes
+# as an input: transformer_block); such a model is converted to this opset by onnx.version_converter first
+TORCH_FALLBACK_OPSET = 17
+WORKER_EXIT_TIMEOUT_S = 300    # a worker's exit after quit (bench_models' took over 60 s under load 20); then killed
+TORCH_WHY_CHARS = 600          # how much of torch.compile's error a skipped row keeps (its cause and user-code line)
 LOADED_PER_CPU = 0.5           # a 1-min load average above this x CPUs marks the tuning as run under load
 
 ENGINES = {
@@ -274,6 +299,90 @@ def _ms_db_files(db_dir):
     return [os.path.join(db_dir, f) for f in MS_DB_FILES]
 
 
+def ms_default_work_dir(target) -> str:
+    """--ms-from-db without --ms-work-dir: the databases tuned for this target's CPU, MS_DB_ROOT/<mcpu>."""
+    mcpu = str(target.attrs.get("mcpu", "")) if "mcpu" in target.attrs else ""
+    if not mcpu:
+        raise ValueError(f"--ms-from-db: target {target} names no -mcpu, so no default database folder under "
+                         f"{MS_DB_ROOT}; pass --ms-work-dir DIR")
+    return os.path.join(MS_DB_ROOT, mcpu)
+
+
+def _ms_target_fields(target) -> dict:
+    """The MS_TARGET_KEYS of a target (a tvm Target, its JSON text, or the dict a tuning record stores);
+    lists (mattr) as sorted tuples, numbers as int, absent keys left out."""
+    if not isinstance(target, dict):
+        target = json.loads(str(target))
+    out = {}
+    for k in MS_TARGET_KEYS:
+        v = target.get(k)
+        if v in (None, "", []):
+            continue
+        out[k] = tuple(sorted(str(x) for x in v)) if isinstance(v, (list, tuple)) else \
+            int(v) if k == "num-cores" else str(v)
+    return out
+
+
+def _ms_check_target(db_dir, target) -> None:
+    """Refuses a database tuned for another target than ``target`` (MetaScheduleApplyDatabase matches
+    records by workload only, so it would apply another CPU's schedules silently): every tuning record's
+    target and the tuning info's must agree with ``target`` on MS_TARGET_KEYS."""
+    want = _ms_target_fields(target)
+    seen = []
+    info_path = os.path.join(db_dir, MS_TUNING_INFO)
+    if os.path.exists(info_path):
+        with open(info_path) as f:
+            info_target = json.load(f).get("target")
+        if info_target:
+            seen.append((MS_TUNING_INFO, _ms_target_fields(json.loads(info_target))))
+    with open(os.path.join(db_dir, "database_tuning_record.json")) as f:
+        for i, line in enumerate(f):
+            if line.strip():
+                rec = json.loads(line)
+                seen.append((f"tuning record {i + 1}", _ms_target_fields(rec[1][2])))
+    for where, got in seen:
+        if got != want:
+            diff = {k: (got.get(k), want.get(k)) for k in sorted(set(got) | set(want)) if got.get(k) != want.get(k)}
+            raise ValueError(
+                f"MetaSchedule database in {db_dir} was tuned for another target ({where}: "
+                + ", ".join(f"{k} {a!r} there, {b!r} here" for k, (a, b) in diff.items())
+                + f"); its schedules are not for this compile target ({target}). Use the database of this CPU "
+                f"(--ms-work-dir {os.path.join(MS_DB_ROOT, str(want.get('mcpu', '<mcpu>')))}) or tune one with "
+                "--ms-trials N --ms-work-dir DIR")
+
+
+class _LoadSampler:
+    """The 1-min load average every MS_LOAD_SAMPLE_S seconds while a tuning run lasts (a thread), so the
+    tuning info says how loaded the machine was throughout, not only at the start and the end."""
+
+    def __init__(self, every_s=MS_LOAD_SAMPLE_S):
+        self.every_s, self.samples = every_s, []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="ms-load-sampler", daemon=True)
+
+    def _run(self):
+        while True:
+            self.samples.append(os.getloadavg()[0])
+            if self._stop.wait(self.every_s):
+                return
+
+    def __enter__(self):
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self._stop.set()
+        self._thread.join()
+        self.samples.append(os.getloadavg()[0])
+        return False
+
+    def summary(self) -> dict:
+        s = self.samples
+        return {"tuning_load_avg_1min_samples": len(s), "tuning_load_avg_1min_every_s": self.every_s,
+                "tuning_load_avg_1min_mean": statistics.fmean(s), "tuning_load_avg_1min_max": max(s),
+                "tuning_load_avg_1min_min": min(s)}
+
+
 def _ms_records(db_dir, tasks) -> int:
     """How many of ``tasks`` the database in ``db_dir`` holds a record for (a task without one keeps
     TVM's default loop nest after MetaScheduleApplyDatabase)."""
@@ -302,7 +411,7 @@ def _ms_tune(mod, target, trials, db_dir):
     os.makedirs(db_dir, exist_ok=True)
     tasks = _ms_tasks(mod, target)
     load_start, t0 = os.getloadavg(), time.perf_counter()
-    with target:
+    with target, _LoadSampler() as load:
         ms.relax_integration.tune_relax(
             _ms_prefix()(mod), {}, target, db_dir, max_trials_global=trials * len(tasks),
             max_trials_per_task=trials, num_trials_per_iter=min(MS_TRIALS_PER_ITER, trials),
@@ -315,15 +424,17 @@ def _ms_tune(mod, target, trials, db_dir):
             "tuning_s": tuning_s, "tuning_date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
             "tuning_cpu": C.llvm_system_cpu(), "tuning_cpus": os.cpu_count(), "target": str(target),
             "tvm": C.TVM_VERSION, "seed": MS_SEED,
-            "tuning_load_avg_start": load_start, "tuning_load_avg_end": load_end,
-            "tuning_on_loaded_machine": max(load_start[0], load_end[0]) > LOADED_PER_CPU * os.cpu_count()}
+            "tuning_load_avg_start": load_start, "tuning_load_avg_end": load_end, **load.summary(),
+            "tuning_on_loaded_machine": max(load_start[0], load_end[0], *load.samples)
+            > LOADED_PER_CPU * os.cpu_count()}
     with open(os.path.join(db_dir, MS_TUNING_INFO), "w") as f:
         json.dump(info, f, indent=1)
     return info
 
 
-def _ms_info(db_dir, trials):
-    """--ms-from-db: what the stored database's tuning run recorded (MS_TUNING_INFO beside it)."""
+def _ms_info(db_dir, trials, target=None):
+    """--ms-from-db: what the stored database's tuning run recorded (MS_TUNING_INFO beside it); with
+    ``target``, refuses a database tuned for another one (_ms_check_target)."""
     missing = [f for f in _ms_db_files(db_dir) + [os.path.join(db_dir, MS_TUNING_INFO)] if not os.path.exists(f)]
     if missing:
         raise ValueError(f"--ms-from-db: no MetaSchedule database for this workload in {db_dir} (missing "
@@ -333,6 +444,8 @@ def _ms_info(db_dir, trials):
     if trials and trials != info["trials_per_task"]:
         raise ValueError(f"--ms-trials {trials} but the database in {db_dir} was tuned with "
                          f"{info['trials_per_task']} trials per task")
+    if target is not None:
+        _ms_check_target(db_dir, target)
     return info
 
 
@@ -341,7 +454,7 @@ def _metaschedule(model, target, trials, db_dir, from_db):
     ``db_dir`` first unless ``from_db``; the compile is always ``static_shape_tuning`` with total_trials=0,
     i.e. the same passes with MetaScheduleApplyDatabase(db_dir) and no tuning."""
     mod = tvmfuse.load_onnx(model)
-    info = _ms_info(db_dir, trials) if from_db else _ms_tune(mod, target, trials, db_dir)
+    info = _ms_info(db_dir, trials, target) if from_db else _ms_tune(mod, target, trials, db_dir)
     info = {**info, "from_db": from_db, "tasks_with_records": _ms_records(db_dir, _ms_tasks(mod, target))}
     with target:
         mod = C.relax_get_pipeline("static_shape_tuning", total_trials=0, target=target, work_dir=db_dir)(mod)
@@ -392,13 +505,33 @@ def _torch(model, feeds, threads):
     except ImportError as e:
         raise Skipped(f"torch.compile skipped: {e}") from e
     torch.set_num_threads(threads)
-    net = torch.compile(onnx2torch.convert(model).eval())
+    info = {"torch": torch.__version__}
+    try:
+        module = onnx2torch.convert(model)
+    except NotImplementedError as e:      # an op form onnx2torch has no converter for: try the older opset
+        from onnx import version_converter
+
+        try:
+            module = onnx2torch.convert(version_converter.convert_version(model, TORCH_FALLBACK_OPSET))
+        except NotImplementedError as e2:
+            raise Skipped(f"torch.compile skipped: onnx2torch cannot convert the model ({e}), nor at opset "
+                          f"{TORCH_FALLBACK_OPSET} ({e2})") from e2
+        info.update(onnx2torch_opset=TORCH_FALLBACK_OPSET,
+                    onnx2torch_why=f"converted at opset {TORCH_FALLBACK_OPSET} (onnx.version_converter): {e}")
+    net = torch.compile(module.eval())
     args = [torch.from_numpy(v) for v in feeds.values()]
 
     def run():
         with torch.inference_mode():
             return net(*args)
 
+    try:      # torch.compile compiles on the first call: a module it cannot compile fails here
+        run()
+    except Exception as e:  # noqa: BLE001  the row says why (dynamo/inductor raise many types)
+        why = " ".join(str(e).split())[:TORCH_WHY_CHARS]
+        raise Skipped(f"torch.compile failed on the onnx2torch module ({info.get('onnx2torch_why', 'as converted')}): "
+                      f"{type(e).__name__}: {why}") from e
+    run.info = info
     return run
 
 
@@ -598,13 +731,21 @@ class Worker:
         return json.loads(line)
 
     def close(self):
+        """Ask the worker to quit; one still running WORKER_EXIT_TIMEOUT_S later (its results are in) is
+        killed with a line on stderr instead of failing the run."""
         if self.proc.poll() is None:
             try:
                 self.proc.stdin.write(json.dumps({"cmd": "quit"}) + "\n")
                 self.proc.stdin.close()
             except BrokenPipeError:
                 pass
-            self.proc.wait(timeout=60)
+            try:
+                self.proc.wait(timeout=WORKER_EXIT_TIMEOUT_S)
+            except subprocess.TimeoutExpired:
+                print(f"  {self.engine} worker for {self.workload} (pid {self.proc.pid}) still running "
+                      f"{WORKER_EXIT_TIMEOUT_S} s after quit: killed", file=sys.stderr, flush=True)
+                self.proc.kill()
+                self.proc.wait()
         self.log.close()
 
 
@@ -771,14 +912,17 @@ def main(argv=None):
     ap.add_argument("--ms-work-dir", default=None,
                     help="tvm_metaschedule: keep MetaSchedule's JSON database per workload in DIR/<workload>/ "
                     f"({', '.join(MS_DB_FILES)}, {MS_TUNING_INFO}); tuning refuses a workload that has one "
-                    "(default: a temporary folder, thrown away)")
+                    "(default: a temporary folder, thrown away; with --ms-from-db: MS_DB_ROOT/<host mcpu>, "
+                    "e.g. benchmarks/ms_db/znver5)")
     ap.add_argument("--ms-from-db", action="store_true",
                     help="tvm_metaschedule: no tuning, compile from the databases in --ms-work-dir (static_shape_"
-                    "tuning with total_trials=0: MetaScheduleApplyDatabase)")
+                    "tuning with total_trials=0: MetaScheduleApplyDatabase); a database tuned for another target "
+                    "(CPU, triple, attributes, cores) is refused")
     ap.add_argument("--workloads", nargs="+", default=None, help="only these workloads (names as printed)")
     ap.add_argument("--torch-python", default=None,
                     help="torch_compile: run its worker with this interpreter (one with torch and onnx2torch, e.g. "
-                    "/work/venv-corpus/bin/python after `pip install onnx2torch` there), this interpreter's "
+                    "/work/venv-corpus/bin/python after `/work/venv-corpus/bin/pip install --no-deps "
+                    "onnx2torch==1.5.15` there), this interpreter's "
                     "packages (TVM, tvmfuse, onnx) appended to its path; the same Python minor version and numpy "
                     "are needed (default: this interpreter)")
     ap.add_argument("--json", default=None, help="default: benchmarks/bench_cpu[_ms|_io].json")
@@ -802,7 +946,13 @@ def main(argv=None):
             engines.insert(engines.index("tvmfuse_separate") if "tvmfuse_separate" in engines else len(engines),
                            "tvm_metaschedule")
         if args.ms_from_db and not args.ms_work_dir:
-            ap.error("--ms-from-db needs --ms-work-dir DIR (the databases of a tuning run)")
+            try:
+                args.ms_work_dir = ms_default_work_dir(tvmfuse.host_target())
+            except ValueError as e:
+                ap.error(str(e))
+            if not os.path.isdir(args.ms_work_dir):
+                ap.error(f"--ms-from-db: no MetaSchedule databases for this CPU in {args.ms_work_dir}; tune them "
+                         f"(--ms-trials N --ms-work-dir {os.path.relpath(args.ms_work_dir)}) or pass --ms-work-dir DIR")
         if args.ms_work_dir:
             args.ms_work_dir = os.path.abspath(args.ms_work_dir)
         if "tvm_metaschedule" in engines and args.ms_trials <= 0 and not args.ms_from_db:
@@ -897,6 +1047,13 @@ def tail_ratios(rows: list) -> dict:
     return out
 
 
+def _error_cause(error: str, chars: int = 300) -> str:
+    """A worker's error for the printed table: its exception line (the traceback's last line), not its head."""
+    lines = [ln.strip() for ln in error.splitlines() if ln.strip()]
+    cause = lines[-1] if lines else "(no message)"
+    return cause if len(cause) <= chars else cause[:chars] + "..."
+
+
 def print_table(out) -> None:
     """Markdown: one row per workload and engine, ms per call (median of the rounds, p25-p75, min-max)."""
     print(f"\n{out['date']}, {out['cpu']}, {out['threads']} threads, {out['repeat']} interleaved rounds, "
@@ -909,7 +1066,7 @@ def print_table(out) -> None:
                 print(f"| {r['workload']} | {e} | - | - | - | {d['check']} | {d['build_s']:.1f} | |")
                 continue
             if "ms" not in d:
-                why = d.get("skipped") or (d.get("error", "")[:80].replace("\n", " ") + "...")
+                why = d.get("skipped") or _error_cause(d.get("error", ""))
                 print(f"| {r['workload']} | {e} | - | - | - | not run: {why} | | |")
                 continue
             m = d["ms"]

@@ -72,6 +72,7 @@ ATTENTION_ENGINES = ("tvmfuse", "tvmfuse_noattn", "ort")
 REFERENCE_ENGINE = "ort"
 REL_TOL = 1e-4          # the corpus target: an engine above it is reported as a mismatch
 WORKER_START_TIMEOUT_S = 900   # compile + first run of one model in a worker
+WORKER_EXIT_TIMEOUT_S = 300    # a worker's exit after "quit" (on a loaded host one took over 60 s); then killed
 
 
 class EngineSkipped(RuntimeError):
@@ -266,10 +267,21 @@ class Worker:
         return self._reply()
 
     def close(self):
+        """Ask the worker to quit; one still running after WORKER_EXIT_TIMEOUT_S (its results are in by
+        then) is killed, with a line on stderr, instead of failing the run."""
         if self.proc.poll() is None:
-            self.proc.stdin.write(json.dumps({"op": "quit"}) + "\n")
-            self.proc.stdin.flush()
-            self.proc.wait(timeout=60)
+            try:
+                self.proc.stdin.write(json.dumps({"op": "quit"}) + "\n")
+                self.proc.stdin.flush()
+            except BrokenPipeError:
+                pass
+            try:
+                self.proc.wait(timeout=WORKER_EXIT_TIMEOUT_S)
+            except subprocess.TimeoutExpired:
+                print(f"  {self.engine} worker (pid {self.proc.pid}) still running {WORKER_EXIT_TIMEOUT_S} s after "
+                      "quit: killed", file=sys.stderr, flush=True)
+                self.proc.kill()
+                self.proc.wait()
 
 
 def interleaved_rounds(workers: dict, n_rounds: int, block_s: float, min_calls: int, pause_s: float) -> dict:

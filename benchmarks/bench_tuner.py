@@ -25,8 +25,11 @@ from scratch, and again after the records of TRANSFER_SOURCES shapes (tuned firs
 trials`` each) are given as ``transfer_logs`` (the cost model trains on them, and the ``--transfer-seeds``
 best configurations of each source that fit the shape's space are measured first); both curves are kept,
 and each budget's pick of both runs is timed and checked like the main study's.  ``--transfer-only``: that
-study alone.  MetaSchedule keys its database by the workload's structural hash, so records of other shapes
-do not carry over; it has no such row.
+study alone.  The run "without records" is the main study's tvmfuse run of the same seed (same kernel, seed
+and trial count), so when the study holds that run (this run's study piece, or the ``--merge-into`` file's)
+it is reused instead of tuned again (``study_tvmfuse_run``; its picks are still timed again beside the warm
+run's); ``--no-reuse-study-run`` tunes it again.  MetaSchedule keys its database by the workload's
+structural hash, so records of other shapes do not carry over; it has no such row.
 
 Cost-model quality on held-out records (``cost_model_quality``, off with ``--no-cost-model``): the records
 of each tvmfuse run (every measured configuration of the kernel, with its program features) are split
@@ -409,10 +412,45 @@ def study(name, shape, args, target, budgets, seeds) -> dict:
     return row
 
 
-def transfer_study(name, shape, sources, args, target, budgets, seeds) -> dict:
+POINT_KEYS = ("wall_s", "errors", "error_kinds", "trials_run", "config", "tuner_cost")  # run_tvmfuse's, per budget
+
+
+def study_tvmfuse_run(cell: dict | None, budgets: list, where: str):
+    """The main study's tvmfuse run of one seed as the transfer study's run "without records" (it is the
+    same run: ``run_tvmfuse`` on the same kernel, seed and ``max(budgets)`` trials, no transfer logs):
+    ``(points, curves, note)``, or ``(None, None, why not)`` when ``cell`` (a study seed cell, as in this
+    run's results or read back from a study JSON) is missing, an error, of another trial count, or holds a
+    budget's pick from another piece than its curves."""
+    if not cell:
+        return None, None, f"no study run of this seed in {where}"
+    cell = json.loads(json.dumps(cell, default=float))          # int keys -> str, as read back from JSON
+    if "error" in cell:
+        return None, None, f"the study run of this seed in {where} is an error"
+    costs = cell.get("tvmfuse_curves", {}).get("trial_costs")
+    if costs is None or len(costs) != max(budgets):
+        return None, None, (f"the study run of this seed in {where} ran {None if costs is None else len(costs)} "
+                            f"trials, not {max(budgets)}")
+    points = {}
+    for b in budgets:
+        bc = cell.get("budgets", {}).get(str(b))
+        if not bc or "tvmfuse" not in bc:
+            return None, None, f"the study run of this seed in {where} has no budget {b}"
+        if bc.get("piece") != cell.get("piece"):
+            return None, None, (f"budget {b}'s pick in {where} is of piece {bc.get('piece')}, the curves of piece "
+                                f"{cell.get('piece')}")
+        tf = bc["tvmfuse"]
+        points[b] = {k: tf[k] for k in POINT_KEYS if k in tf}
+        if tf.get("config") is None and "error" in tf:
+            points[b]["error"] = tf["error"]
+    piece = f" (piece {cell['piece']})" if "piece" in cell else ""
+    return points, cell["tvmfuse_curves"], f"reused: the study's tvmfuse run of this seed in {where}{piece}"
+
+
+def transfer_study(name, shape, sources, args, target, budgets, seeds, cold_runs=None) -> dict:
     """tvmfuse on ``shape`` from scratch vs with the records of ``sources`` (other shapes) as transfer logs;
     each budget's pick of both runs (and the default) then built, timed in interleaved rounds and checked
-    against the ONNX reference like the main study's."""
+    against the ONNX reference like the main study's.  ``cold_runs`` ({seed: (points, curves, note)}, from
+    ``study_tvmfuse_run``) gives a seed's run from scratch instead of tuning it again."""
     task, model = main_task(name, shape, target)
     feeds = _feeds(model)
     inputs = kernel_inputs_from_samples(model, target, feeds, [task])[task.workload_key]
@@ -431,7 +469,10 @@ def transfer_study(name, shape, sources, args, target, budgets, seeds) -> dict:
                 _, _, lp = run_tvmfuse(st, target, [args.transfer_source_trials], work, seed, si, tag=f"source{i}")
                 logs.append(lp)
             t_main = time.time()
-            cold_pts, cold, _ = run_tvmfuse(task, target, budgets, work, seed, inputs, tag="cold")
+            cold_pts, cold, cold_note = (cold_runs or {}).get(seed) or (None, None, None)
+            if cold_pts is None:
+                cold_pts, cold, _ = run_tvmfuse(task, target, budgets, work, seed, inputs, tag="cold")
+                cold_note = "tuned in this piece"
             warm_pts, warm, _ = run_tvmfuse(task, target, budgets, work, seed, inputs, transfer_logs=logs,
                                             tag="warm", transfer_seeds=args.transfer_seeds)
             measurer = Measurer(target, MeasureOptions(repeat=args.repeat))
@@ -448,6 +489,7 @@ def transfer_study(name, shape, sources, args, target, budgets, seeds) -> dict:
                                                   "with_records": {**warm_pts[b], **finals.get(f"with_records{b}", {})}}
                                               for b in budgets},
                                   "budgets_run": budgets, "piece_s": time.time() - t_seed,
+                                  "without_records_run": cold_note,
                                   "sources_s": t_main - t_seed}
             print(f"== transfer {name} seed {seed}: best after {max(budgets)} trials "
                   f"{cold['from_default'][-1]} s without, {warm['from_default'][-1]} s with other shapes' records "
@@ -479,6 +521,9 @@ def main(argv=None) -> int:
     p.add_argument("--transfer-seeds", type=int, default=2,
                    help="best configurations per source shape measured first in the warm run (0: cost model only)")
     p.add_argument("--transfer-only", action="store_true", help="only the warm-start study (with --transfer)")
+    p.add_argument("--reuse-study-run", action=argparse.BooleanOptionalAction, default=True,
+                   help="the warm-start study's run without records is the main study's tvmfuse run of the same "
+                   "seed: reuse it when this run or the --merge-into study holds it (default: on)")
     p.add_argument("--redo", action="store_true",
                    help="with --merge-into: rerun pieces the study already holds (default: skip them)")
     p.add_argument("--plot", default=None, help="write the curves as PNG into this folder (matplotlib)")
@@ -557,7 +602,14 @@ def main(argv=None) -> int:
                         payload = study(name, shape, args, target, budgets, [seed])
                     else:
                         sources = (QUICK_TRANSFER_SOURCES if args.quick else TRANSFER_SOURCES)[name]
-                        payload = transfer_study(name, shape, sources, args, target, budgets, [seed])
+                        cold_runs = None
+                        if args.reuse_study_run:
+                            pts, curves, note = find_study_run(results, study_doc, args.merge_into, name, seed,
+                                                               shape, budgets)
+                            print(f"== transfer {name} seed {seed}: run without records: "
+                                  f"{note if pts is not None else 'tuned again (' + note + ')'}", flush=True)
+                            cold_runs = {seed: (pts, curves, note)} if pts is not None else None
+                        payload = transfer_study(name, shape, sources, args, target, budgets, [seed], cold_runs)
                 except LookupError as e:
                     print(f"== {name}: skipped: {e}", flush=True)
                     piece(part, name, seed, {"shape": shape, "skipped": str(e)}, load_start)
@@ -584,6 +636,27 @@ def main(argv=None) -> int:
         print("failed pieces (recorded as errors; rerun the command to retry them):\n  " + "\n  ".join(failed))
         return 1
     return 0
+
+
+def find_study_run(results: dict, study_doc: dict | None, study_path, name: str, seed: int, shape: dict,
+                   budgets: list):
+    """``study_tvmfuse_run`` of (``name``, ``seed``) from this run's study piece, else from the study file;
+    only for the same shape (the study file's target, shape set and check were checked by check_mergeable)."""
+    why = []
+    for doc, where in ((results, "this run"), (study_doc, study_path)):
+        row = (doc or {}).get("workloads", {}).get(name)
+        if not row or "seeds" not in row:
+            why.append(f"no study row of {name} in {where}")
+            continue
+        if json.loads(json.dumps(row.get("shape"))) != json.loads(json.dumps(shape)):
+            why.append(f"the study row of {name} in {where} has shape {row.get('shape')}, not {shape}")
+            continue
+        seeds = json.loads(json.dumps(row["seeds"], default=float))
+        pts, curves, note = study_tvmfuse_run(seeds.get(str(seed)), budgets, where)
+        if pts is not None:
+            return pts, curves, note
+        why.append(note)
+    return None, None, "; ".join(why)
 
 
 def write_json_atomic(path: str, doc: dict) -> None:
@@ -721,7 +794,8 @@ def print_table(results) -> None:
                 f"{c['from_default'][-1] * 1e3:.3f} ms")
             print(f"transfer {name} seed {seed}: best after {len(cs['without_records']['trial_costs'])} trials "
                   f"{best(cs['without_records'])} without, {best(cs['with_records'])} with the other shapes' "
-                  f"records (tuner's measurements; warm start {cs['with_records'].get('warm_start')})")
+                  f"records (tuner's measurements; warm start {cs['with_records'].get('warm_start')}; run without "
+                  f"records: {cs.get('without_records_run', 'tuned in this piece')})")
             for b, cell in cs.get("budgets", {}).items():
                 w, c = cell["with_records"], cell["without_records"]
                 print(f"  {b} trials, picks timed and checked: without {fmt(c)} ms, with {fmt(w)} ms"

@@ -94,9 +94,69 @@ def test_tuning_refuses_an_existing_database(tmp_path):
         B._ms_tune(tvmfuse.load_onnx(_model()), named_target("skx-2"), 4, str(tmp_path))
 
 
-def test_from_db_needs_a_work_dir():
+def test_from_db_without_databases_for_this_cpu_exits(tmp_path, monkeypatch, capsys):
+    """--ms-from-db without --ms-work-dir reads MS_DB_ROOT/<host mcpu>; none there: a usage error naming it."""
+    monkeypatch.setattr(B, "MS_DB_ROOT", str(tmp_path))
     with pytest.raises(SystemExit):
         B.main(["--ms-from-db", "--no-models"])
+    assert "no MetaSchedule databases for this CPU in " + str(tmp_path / C.llvm_system_cpu()) in capsys.readouterr().err
+
+
+def test_default_work_dir_is_per_cpu():
+    assert B.ms_default_work_dir(named_target("skx-2")) == os.path.join(B.MS_DB_ROOT, "skylake-avx512")
+    assert B.ms_default_work_dir(named_target("neon-4")) == os.path.join(B.MS_DB_ROOT, "neoverse-n1")
+
+
+@pytest.mark.parametrize("other", ["haswell-2", "skx-32", "neon-4"])
+def test_from_db_refuses_a_database_of_another_target(tmp_path, other):
+    """A database tuned for skylake-avx512 on 2 cores is refused for another CPU, core count or triple
+    (MetaScheduleApplyDatabase would apply it silently: it matches records by workload only), with the
+    differing field named; the same target is accepted."""
+    _hand_database(_model(), named_target("skx-2"), tmp_path)
+    assert B._ms_info(str(tmp_path), 0, named_target("skx-2"))["trials_per_task"] == 1
+    field = {"haswell-2": "mcpu 'skylake-avx512' there, 'haswell' here", "skx-32": "num-cores 2 there, 32 here",
+             "neon-4": "mtriple 'x86_64-linux-gnu' there, 'aarch64-linux-gnu' here"}[other]
+    with pytest.raises(ValueError, match=f"tuned for another target \\(tuning record 1: .*{field}"):
+        B._ms_info(str(tmp_path), 0, named_target(other))
+
+
+def test_from_db_refuses_tuning_info_of_another_target(tmp_path):
+    """The tuning info's target counts too (a database copied into another CPU's folder)."""
+    _hand_database(_model(), named_target("skx-2"), tmp_path)
+    info_path = tmp_path / B.MS_TUNING_INFO
+    info = json.loads(info_path.read_text())
+    info_path.write_text(json.dumps({**info, "target": str(named_target("haswell-2"))}))
+    with pytest.raises(ValueError, match="tuning_info.json: mcpu 'haswell' there, 'skylake-avx512' here"):
+        B._ms_info(str(tmp_path), 0, named_target("skx-2"))
+
+
+def test_stored_databases_match_their_cpu_folder():
+    """Every committed database under MS_DB_ROOT/<cpu>/<workload>/ was tuned for <cpu> (records and info)."""
+    checked = 0
+    for cpu in sorted(os.listdir(B.MS_DB_ROOT)):
+        cpu_dir = os.path.join(B.MS_DB_ROOT, cpu)
+        if not os.path.isdir(cpu_dir) or os.path.exists(os.path.join(cpu_dir, B.MS_TUNING_INFO)):
+            continue                                   # a workload folder of the session-8 layout
+        for wl in sorted(os.listdir(cpu_dir)):
+            db_dir = os.path.join(cpu_dir, wl)
+            if os.path.exists(os.path.join(db_dir, B.MS_TUNING_INFO)):
+                with open(os.path.join(db_dir, B.MS_TUNING_INFO)) as f:
+                    target = C.Target(json.loads(json.load(f)["target"]))
+                assert str(target.attrs["mcpu"]) == cpu, db_dir
+                B._ms_check_target(db_dir, target)
+                checked += 1
+    if checked == 0:
+        pytest.skip(f"no per-CPU database under {B.MS_DB_ROOT}")
+
+
+def test_load_sampler_records_the_load_during_the_run():
+    with B._LoadSampler(every_s=0.01) as load:
+        deadline = B.time.perf_counter() + 0.1
+        while B.time.perf_counter() < deadline:
+            pass
+    s = load.summary()
+    assert s["tuning_load_avg_1min_samples"] == len(load.samples) >= 3
+    assert s["tuning_load_avg_1min_min"] <= s["tuning_load_avg_1min_mean"] <= s["tuning_load_avg_1min_max"]
 
 
 def test_check_outputs_fails_on_wrong_values_and_shapes(tmp_path, rng):
@@ -190,3 +250,74 @@ def test_align_ab_places_the_same_values_at_each_offset(rng):
         y = A.placed(x, offset)
         assert y.ctypes.data % A.PAGE == offset and y.flags.c_contiguous and y.flags.writeable
         np.testing.assert_array_equal(y, x)
+
+
+def test_torch_engine_converts_at_the_fallback_opset_or_says_why(monkeypatch):
+    """torch_compile (no torch here: torch and onnx2torch stand-ins record what they are given): a model
+    onnx2torch cannot convert at its opset (18) is converted at TORCH_FALLBACK_OPSET and the row says so; if
+    that fails too, the engine is skipped naming both reasons."""
+    import contextlib
+    import sys
+    import types
+
+    seen = []
+
+    def convert(model, ok_opsets):
+        opset = model.opset_import[0].version
+        seen.append(opset)
+        if opset not in ok_opsets:
+            raise NotImplementedError(f"Converter is not implemented (ReduceMean, version={opset})")
+        return types.SimpleNamespace(eval=lambda: (lambda *a: "ran"))
+
+    fake_torch = types.ModuleType("torch")
+    fake_torch.__version__ = "stand-in"
+    fake_torch.set_num_threads = lambda n: None
+    fake_torch.compile = lambda m: m
+    fake_torch.from_numpy = lambda a: a
+    fake_torch.inference_mode = contextlib.nullcontext
+    monkeypatch.setitem(sys.modules, "torch", fake_torch)
+    model = M.transformer_block()
+    assert model.opset_import[0].version == 18
+    monkeypatch.setattr(B, "_import_onnx2torch",
+                        lambda: types.SimpleNamespace(convert=lambda m: convert(m, {B.TORCH_FALLBACK_OPSET})))
+    run = B._torch(model, {}, 1)
+    assert seen == [18, B.TORCH_FALLBACK_OPSET] and run.info["onnx2torch_opset"] == B.TORCH_FALLBACK_OPSET
+    assert "ReduceMean, version=18" in run.info["onnx2torch_why"]
+    seen.clear()
+    monkeypatch.setattr(B, "_import_onnx2torch", lambda: types.SimpleNamespace(convert=lambda m: convert(m, {18})))
+    assert B._torch(model, {}, 1).info == {"torch": "stand-in"} and seen == [18]     # converted as it is
+    monkeypatch.setattr(B, "_import_onnx2torch", lambda: types.SimpleNamespace(convert=lambda m: convert(m, set())))
+    with pytest.raises(B.Skipped, match="cannot convert the model .*version=18.*nor at opset 17 .*version=17"):
+        B._torch(model, {}, 1)
+
+
+    def failing_compile(m):
+        def call(*a):
+            raise TypeError("torch.Size() takes an iterable of 'int'\n\nfrom user code:\n  reshape.py, line 23")
+        return call
+
+    monkeypatch.setattr(fake_torch, "compile", failing_compile)
+    monkeypatch.setattr(B, "_import_onnx2torch", lambda: types.SimpleNamespace(convert=lambda m: convert(m, {17})))
+    with pytest.raises(B.Skipped, match=r"torch.compile failed on the onnx2torch module \(converted at opset 17 .*\): "
+                       r"TypeError: torch.Size\(\) takes an iterable of 'int' from user code: reshape.py, line 23"):
+        B._torch(model, {}, 1)
+
+
+def test_worker_close_kills_a_worker_that_does_not_quit(tmp_path, monkeypatch, capsys):
+    import subprocess
+    import sys
+
+    monkeypatch.setattr(B, "WORKER_EXIT_TIMEOUT_S", 0.5)
+    w = object.__new__(B.Worker)
+    w.engine, w.workload = "stuck", "wl"
+    w.log = open(tmp_path / "log", "w")
+    w.proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], stdin=subprocess.PIPE, text=True)
+    w.close()
+    assert w.proc.returncode is not None and w.proc.returncode != 0 and w.log.closed
+    assert "stuck worker for wl" in capsys.readouterr().err
+
+
+def test_printed_error_is_the_exception_line_not_the_traceback_head():
+    err = 'worker exited (1): Traceback (most recent call last):\n  File "x.py", line 3\nValueError: no database in /d\n'
+    assert B._error_cause(err) == "ValueError: no database in /d"
+    assert B._error_cause("E: " + "x" * 400, chars=10) == "E: xxxxxxx..." and B._error_cause("") == "(no message)"

@@ -119,3 +119,17 @@ def test_an_unknown_model_is_refused_naming_the_corpus(capsys):
     assert e.value.code == 2
     err = capsys.readouterr().err
     assert "unknown model(s) ['swin_t']" in err and "'swin'" in err
+
+
+def test_worker_close_kills_a_worker_that_does_not_quit(monkeypatch, capsys):
+    """A worker whose exit after "quit" outlasts WORKER_EXIT_TIMEOUT_S is killed, not left to fail the run."""
+    import subprocess
+    import sys
+
+    monkeypatch.setattr(B, "WORKER_EXIT_TIMEOUT_S", 0.5)
+    w = object.__new__(B.Worker)
+    w.engine = "stuck"
+    w.proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], stdin=subprocess.PIPE, text=True)
+    w.close()
+    assert w.proc.returncode is not None and w.proc.returncode != 0
+    assert "stuck worker" in capsys.readouterr().err

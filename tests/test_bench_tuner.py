@@ -256,3 +256,123 @@ def test_run_tvmfuse_records_a_budget_without_a_successful_trial(tmp_path, monke
     assert pts[2]["error_kinds"] == {"build": 2}
     assert pts[4]["config"] == {"a": 3} and pts[4]["errors"] == 2
     assert curves["from_default"][:2] == [None, None]
+
+
+# ---- the warm-start study reuses the main study's tvmfuse run of the same seed as its run without records ----
+
+def _study_cell(budgets, trials=None, piece=None):
+    trials = trials or max(budgets)
+    cell = {"budgets": {b: {"tvmfuse": {"config": {"tile": b}, "tuner_cost": 1e-3 / b, "wall_s": float(b),
+                                        "errors": 0, "error_kinds": {}, "trials_run": b, "median_s": 2e-3,
+                                        "check": "ok vs ONNX reference"}} for b in budgets},
+            "tvmfuse_curves": {"trial_costs": [1e-3] * trials, "from_default": [1e-3] * trials},
+            "default": {"median_s": 2e-3}}
+    if piece is not None:
+        cell["piece"] = piece
+        for c in cell["budgets"].values():
+            c["piece"] = piece
+    return cell
+
+
+def test_study_tvmfuse_run_gives_run_tvmfuse_points_or_says_why_not():
+    pts, curves, note = T.study_tvmfuse_run(_study_cell([4, 8]), [4, 8], "this run")
+    assert pts == {b: {"config": {"tile": b}, "tuner_cost": 1e-3 / b, "wall_s": float(b), "errors": 0,
+                       "error_kinds": {}, "trials_run": b} for b in (4, 8)}     # the picks, not their timings
+    assert curves["trial_costs"] == [1e-3] * 8 and note.startswith("reused")
+    for cell, budgets, why in ((None, [4, 8], "no study run"),
+                               ({"error": "died", "budgets": {}}, [4, 8], "is an error"),
+                               (_study_cell([4, 16]), [4, 8], "ran 16 trials, not 8"),
+                               (_study_cell([8]), [4, 8], "has no budget 4")):
+        assert T.study_tvmfuse_run(cell, budgets, "f.json")[0] is None
+        assert why in T.study_tvmfuse_run(cell, budgets, "f.json")[2]
+    mixed = _study_cell([4, 8], piece=2)                    # budget 4 merged from another piece than the curves
+    mixed["budgets"][4]["piece"] = 0
+    assert "of piece 0, the curves of piece 2" in T.study_tvmfuse_run(mixed, [4, 8], "f.json")[2]
+    assert T.study_tvmfuse_run(_study_cell([4, 8], piece=2), [4, 8], "f.json")[2].endswith("f.json (piece 2)")
+
+
+def test_transfer_study_tunes_no_run_without_records_when_given_one(monkeypatch):
+    """transfer_study with the study's run: only the sources and the warm run are tuned; the reused picks are
+    still built and timed beside the warm run's, and the cell says where its run without records came from."""
+    import types
+
+    tuned = []
+
+    class Task:
+        workload_key, default_config = "wk", {"tile": 0}
+
+    def fake_run_tvmfuse(task, target, budgets, work, seed, inputs, transfer_logs=(), tag="tvmfuse",
+                         transfer_seeds=2):
+        tuned.append(tag)
+        pts = {b: {"config": {"tile": 100 + b}, "tuner_cost": 1e-4} for b in budgets}
+        return pts, {"from_default": [1e-4] * max(budgets), "trial_costs": [1e-4] * max(budgets)}, f"{tag}.jsonl"
+
+    class FakeMeasurer:
+        def __init__(self, *a, **k):
+            pass
+
+        def close(self):
+            pass
+
+    timed = []
+
+    def fake_time_finals(measurer, task, libs, *a):
+        timed.append(sorted(libs))
+        return {tag: {"median_s": 1e-3, "check": "ok vs ONNX reference"} for tag in libs}
+
+    monkeypatch.setattr(T, "main_task", lambda name, shape, target: (Task(), None))
+    monkeypatch.setattr(T, "_feeds", lambda model: {})
+    monkeypatch.setattr(T, "kernel_inputs_from_samples", lambda model, target, feeds, tasks: {"wk": []})
+    monkeypatch.setattr(T, "onnx_reference_args", lambda task, inputs, model, feeds: [])
+    monkeypatch.setattr(T, "run_tvmfuse", fake_run_tvmfuse)
+    monkeypatch.setattr(T, "Measurer", FakeMeasurer)
+    monkeypatch.setattr(T, "build_final", lambda measurer, mod, work, tag: tag)
+    monkeypatch.setattr(T, "_scheduled", lambda task, config: config)
+    monkeypatch.setattr(T, "_default_func", lambda task: task.default_config)
+    monkeypatch.setattr(T, "C", types.SimpleNamespace(IRModule=dict))
+    monkeypatch.setattr(T, "time_finals", fake_time_finals)
+    args = types.SimpleNamespace(transfer_source_trials=4, transfer_seeds=2, repeat=1, rounds=1)
+    sources = [{"m": 1}, {"m": 2}]
+
+    reused = T.study_tvmfuse_run(_study_cell([4, 8]), [4, 8], "this run")
+    out = T.transfer_study("mm", {"m": 8}, sources, args, None, [4, 8], [0], cold_runs={0: reused})
+    assert tuned == ["source0", "source1", "warm"]
+    assert timed == [["default", "with_records4", "with_records8", "without_records4", "without_records8"]]
+    cell = out["seeds"][0]
+    assert cell["without_records_run"] == "reused: the study's tvmfuse run of this seed in this run"
+    assert cell["budgets"][8]["without_records"]["config"] == {"tile": 8}          # the study's pick, timed here
+    assert cell["budgets"][8]["without_records"]["median_s"] == 1e-3
+
+    tuned.clear()
+    out = T.transfer_study("mm", {"m": 8}, sources, args, None, [4, 8], [0])
+    assert tuned == ["source0", "source1", "cold", "warm"]
+    assert out["seeds"][0]["without_records_run"] == "tuned in this piece"
+
+
+def test_main_hands_the_transfer_study_this_runs_or_the_files_study_run(tmp_path, monkeypatch):
+    got = []
+
+    def fake_study(name, shape, args, target, budgets, seeds):
+        (seed,) = seeds
+        return {"kernel": "k", "shape": shape, "seeds": {seed: _study_cell(budgets)}}
+
+    def fake_transfer(name, shape, sources, args, target, budgets, seeds, cold_runs=None):
+        (seed,) = seeds
+        got.append(None if cold_runs is None else cold_runs[seed][2])
+        curve = {"trial_costs": [1.0] * max(budgets), "from_default": [1.0] * max(budgets)}
+        cell = {"without_records": curve, "with_records": curve,
+                "budgets": {}, "budgets_run": budgets}
+        return {"shape": shape, "sources": sources, "source_trials": 8, "transfer_seeds": 2, "seeds": {seed: cell}}
+
+    monkeypatch.setattr(T, "study", fake_study)
+    monkeypatch.setattr(T, "transfer_study", fake_transfer)
+    out = str(tmp_path / "study.json")
+    base = ["--quick", "--skip-ms", "--workloads", "matmul_bias_gelu", "--budgets", "4", "8", "--merge-into", out]
+    assert T.main(base + ["--seeds", "0", "--transfer"]) == 0
+    assert got == ["reused: the study's tvmfuse run of this seed in this run"]
+    assert T.main(base + ["--seeds", "0", "--transfer", "--transfer-only", "--redo"]) == 0
+    assert got[1] == f"reused: the study's tvmfuse run of this seed in {out} (piece 0)"
+    assert T.main(base + ["--seeds", "0", "--transfer", "--transfer-only", "--redo", "--no-reuse-study-run"]) == 0
+    assert got[2] is None
+    assert T.main(base + ["--seeds", "1", "--transfer", "--transfer-only"]) == 0       # seed 1 never studied
+    assert got[3] is None
