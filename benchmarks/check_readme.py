@@ -136,8 +136,11 @@ def table_10() -> list[str]:
     out = header("Table 10", None, "symbolic_check.json")
     out.append(f"rounds {d['rounds']} x {d['repeat']} calls per size, thread_time {d['thread_time']}, "
                f"shape bounds {d['shape_bounds'] or 'none'}; ratio = symbolic min / static min")
-    out += ["| model | size | kernels (symbolic / static) | symbolic ms (min) | static ms (min) | ratio |",
-            "|---|---|---|---:|---:|---:|"]
+    # Files written since session 10 also carry the paired per-round ratio with its 95% interval.
+    has_paired = any("ratio_paired_median" in s for r in d["records"] for s in r.get("sizes", []))
+    extra_h, extra_sep = (" paired ratio [95% CI] |", "---:|") if has_paired else ("", "")
+    out += ["| model | size | kernels (symbolic / static) | symbolic ms (min) | static ms (min) | ratio |" + extra_h,
+            "|---|---|---|---:|---:|---:|" + extra_sep]
     over = []
     for r in d["records"]:
         for s in r.get("sizes", []):
@@ -147,8 +150,13 @@ def table_10() -> list[str]:
             mark = f"**{s['ratio']:.2f}**" if s["ratio"] > 1.2 else f"{s['ratio']:.2f}"
             if s["ratio"] > 1.2:
                 over.append(f"{r['model']} {_dims(s['dims'])} {s['ratio']:.2f}")
+            extra = ""
+            if has_paired:
+                lo_hi = s.get("ratio_paired_ci95")
+                extra = (f" {s['ratio_paired_median']:.2f} [{lo_hi[0]:.2f}-{lo_hi[1]:.2f}] |"
+                         if "ratio_paired_median" in s else " - |")
             out.append(f"| {r['model']} | {_dims(s['dims'])} | {r['dyn_kernels']} / {s['pinned_kernels']} | "
-                       f"{s['dyn_ms']:.3f} | {s['static_ms']:.3f} | {mark} |")
+                       f"{s['dyn_ms']:.3f} | {s['static_ms']:.3f} | {mark} |" + extra)
     n = sum(1 for r in d["records"] for s in r.get("sizes", []) if "ratio" in s)
     out.append(f"over 1.2x: {len(over)} of {n} sizes: {'; '.join(over)}")
     return out
@@ -158,10 +166,14 @@ def table_3() -> list[str]:
     d = load("bench_cpu_io.json")
     out = header("Table 3", d, "bench_cpu_io.json")
     keys = ["run/vm", "run/vm_views", "artifact_run/vm", "artifact_run/vm_views"]
-    out += ["| workload | run() / VM call | run() / VM on views | artifact run / VM call | "
-            "artifact run / VM on views |", "|---|---:|---:|---:|---:|"]
+    heads = ["run() / VM call", "run() / VM on views", "artifact run / VM call", "artifact run / VM on views"]
+    # Files written since session 10 also pair run() on the VM call's own device tensors (same memory).
+    if any("run_same/vm" in p for p in d["io_paired"].values()):
+        keys += ["run_same/vm", "artifact_run_same/vm"]
+        heads += ["run() on the VM's tensors / VM call", "artifact run on the VM's tensors / VM call"]
+    out += ["| workload | " + " | ".join(heads) + " |", "|---|" + "---:|" * len(heads)]
     for w, p in d["io_paired"].items():
-        out.append(f"| {w} | " + " | ".join(paired(p[k]) for k in keys) + " |")
+        out.append(f"| {w} | " + " | ".join(paired(p[k]) if k in p else "-" for k in keys) + " |")
     return out
 
 

@@ -90,3 +90,25 @@ def test_table_5_prints_errors_and_the_warm_start_picks(tmp_path, monkeypatch):
     assert "workload mm 8, seed 0: error: RuntimeError: boom" in lines
     assert "workload conv: skipped: no kernel matches" in lines
     assert "| default | 2.00 | | | |" in lines and "| 64 | 1.00 | error | 10 | 12 |" in lines, lines
+
+
+def test_tables_3_and_10_add_the_paired_columns_only_when_the_json_has_them(tmp_path, monkeypatch):
+    """Session 10's JSON fields (Table 10's paired per-round ratio, Table 3's run() on the VM's own tensors)
+    become columns; a JSON without them keeps the old layout (older files stay readable)."""
+    monkeypatch.setattr(R, "HERE", str(tmp_path))
+    p = {"median": 1.01, "ci": [0.99, 1.03]}
+    size = {"dims": {"batch": 1}, "ratio": 1.25, "dyn_ms": 0.125, "static_ms": 0.1, "pinned_kernels": 7}
+    sym = {"rounds": 3, "repeat": 2, "thread_time": False, "shape_bounds": None,
+           "records": [{"model": "m", "dyn_kernels": 7, "sizes": [dict(size)]}]}
+    (tmp_path / "symbolic_check.json").write_text(json.dumps(sym))
+    (tmp_path / "bench_cpu_io.json").write_text(json.dumps({"io_paired": {"w": {k: p for k in (
+        "run/vm", "run/vm_views", "artifact_run/vm", "artifact_run/vm_views")}}}))
+    assert "| m | b1 | 7 / 7 | 0.125 | 0.100 | **1.25** |" in R.table_10()
+    assert R.table_3()[-1].count("|") == 6
+    sym["records"][0]["sizes"][0].update(ratio_paired_median=1.12, ratio_paired_ci95=[1.05, 1.31])
+    (tmp_path / "symbolic_check.json").write_text(json.dumps(sym))
+    (tmp_path / "bench_cpu_io.json").write_text(json.dumps({"io_paired": {"w": {k: p for k in (
+        "run/vm", "run/vm_views", "artifact_run/vm", "artifact_run/vm_views", "run_same/vm",
+        "artifact_run_same/vm")}}}))
+    assert "| m | b1 | 7 / 7 | 0.125 | 0.100 | **1.25** | 1.12 [1.05-1.31] |" in R.table_10()
+    assert R.table_3()[-1].count("|") == 8 and R.table_3()[-1].endswith("| 1.010 [0.990-1.030] |")
