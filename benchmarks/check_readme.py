@@ -6,7 +6,7 @@
 
 The JSON beside the README is the source: a README row that differs from the row printed here is wrong.
 Tables covered (README section: JSON file):
-  1t  bench_cpu_torch.json            onnxruntime / tvmfuse / torch.compile medians, ratio
+  1   bench_cpu.json                  every engine of one run: medians [p25-p75], checks, ort / tvmfuse
   2b  bench_cpu_ms.json, bench_cpu_ms2.json, bench_cpu_ms3.json   MetaSchedule from the stored databases
   3   bench_cpu_io.json               paired per-round ratios (io_paired), median [90% bootstrap interval]
   3b  bench_cpu_tails.json            paired per-round ratios (tail_paired)
@@ -17,7 +17,7 @@ Tables covered (README section: JSON file):
   10  symbolic_check.json             symbolic / static per size (ratio of the minima over rounds)
   11  space_fuzz.json                 candidates per family and target, failures
   8b  cuda_corpus_build.json, cuda_corpus_build_sm90.json   kernels per arch, on a CUDA template
-Not covered (no JSON or no table): 1 (bench_cpu.json holds an older run; printed with --tables 1),
+Not covered (no JSON or no table): 1t (bench_cpu_torch.json, an older run now in HISTORY.md; --tables 1t),
 3c (io_overhead*.json: measured under load only), 5c (no measured run), 6e and 7 (no run recorded;
 7 is printed with --tables 7, from export_bench.json or --json FILE; 1 likewise takes --json FILE).
 Only the standard library: runs anywhere, reads only the JSON files.
@@ -343,9 +343,9 @@ def table_8b() -> list[str]:
     return out
 
 
-TABLES = {"1t": table_1t, "2b": table_2b, "3": table_3, "3b": table_3b, "5": table_5, "6": table_6,
+TABLES = {"1": table_1, "2b": table_2b, "3": table_3, "3b": table_3b, "5": table_5, "6": table_6,
           "9": table_9, "9b": table_9b, "10": table_10, "11": table_11, "8b": table_8b}
-EXTRA = {"1": table_1}    # printed when named only: bench_cpu.json is the second session's run
+EXTRA = {"1t": table_1t}  # printed when named only: Table 1's older torch.compile run, now in HISTORY.md
 PENDING = {"7": table_7}  # no committed JSON yet: printed when named (with --json for a fresh run's file)
 
 
