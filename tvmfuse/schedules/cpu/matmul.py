@@ -372,6 +372,21 @@ def compute_on_register_tile(sch: C.Schedule, red, at_loop, lanes: int, k_unroll
     sch.vectorize(sch.get_loops(init)[-1])
 
 
+def _pad_einsum_blocks(sch: C.Schedule, red, padding: list[int], n_pads: int) -> tuple:
+    """``sch.pad_einsum(red, padding)`` and the blocks it made: (the crop block, the operand pad blocks).
+    Any other outcome than one crop and ``n_pads`` pads is a broken invariant of the callers."""
+    before = {U.block_name(sch, b) for b in U.top_blocks(sch)}
+    sch.pad_einsum(red, padding)
+    new = [b for b in U.top_blocks(sch) if U.block_name(sch, b) not in before]
+    crop = [b for b in new if sch.get_producers(b) and any(U.block_name(sch, p) == U.block_name(sch, red)
+                                                           for p in sch.get_producers(b))]
+    pads = [b for b in new if b not in crop]
+    if len(crop) != 1 or len(pads) != n_pads:
+        raise ValueError(f"pad_einsum of {U.block_name(sch, red)} made {len(new)} blocks, expected {n_pads} "
+                         "operand pad(s) and a crop")
+    return crop[0], pads
+
+
 def pad_columns(sch: C.Schedule, red, info: dict, nr: int):
     """Pad the matmul's column domain (j) up to a multiple of the register-tile width ``nr``.
 
@@ -384,19 +399,11 @@ def pad_columns(sch: C.Schedule, red, info: dict, nr: int):
     """
     padding = [1] * info["n_iters"]
     padding[info["j_iter"]] = nr
-    before = {U.block_name(sch, b) for b in U.top_blocks(sch)}
-    sch.pad_einsum(red, padding)
-    new = [b for b in U.top_blocks(sch) if U.block_name(sch, b) not in before]
-    crop = [b for b in new if sch.get_producers(b) and any(U.block_name(sch, p) == U.block_name(sch, red)
-                                                           for p in sch.get_producers(b))]
-    pads = [b for b in new if b not in crop]
-    if len(crop) != 1 or len(pads) != 1:
-        raise ValueError(f"pad_einsum of {U.block_name(sch, red)} made {len(new)} blocks, expected a B pad "
-                         "and a crop")
-    crop_name, pad_name = U.block_name(sch, crop[0]), U.block_name(sch, pads[0])
+    crop, pads = _pad_einsum_blocks(sch, red, padding, 1)
+    crop_name, pad_name = U.block_name(sch, crop), U.block_name(sch, pads[0])
     if crop_name in U.output_names(sch):
         return crop_name, pad_name
-    sch.compute_inline(crop[0])
+    sch.compute_inline(crop)
     return None, pad_name
 
 
@@ -409,16 +416,7 @@ def pad_rows_and_columns(sch: C.Schedule, red, info: dict, mr: int, nr: int | No
     padding[info["j_iter"] - 1] = mr           # C's axes end (i, j): i is the iterator before j
     if nr is not None:
         padding[info["j_iter"]] = nr
-    before = {U.block_name(sch, b) for b in U.top_blocks(sch)}
-    sch.pad_einsum(red, padding)
-    new = [b for b in U.top_blocks(sch) if U.block_name(sch, b) not in before]
-    crop = [b for b in new if sch.get_producers(b) and any(U.block_name(sch, p) == U.block_name(sch, red)
-                                                           for p in sch.get_producers(b))]
-    pads = [b for b in new if b not in crop]
-    want = 1 + (nr is not None)
-    if len(crop) != 1 or len(pads) != want:
-        raise ValueError(f"pad_einsum of {U.block_name(sch, red)} made {len(new)} blocks, expected {want} "
-                         "operand pad(s) and a crop")
+    crop, pads = _pad_einsum_blocks(sch, red, padding, 1 + (nr is not None))
     roles = {info["a_buffer"]: "a", info["b_buffer"]: "b"}
     pad_names = {}
     for b in pads:
@@ -428,10 +426,10 @@ def pad_rows_and_columns(sch: C.Schedule, red, info: dict, mr: int, nr: int | No
             raise ValueError(f"pad_einsum of {U.block_name(sch, red)}: pad block {U.block_name(sch, b)} reads "
                              f"{read}, neither A ({info['a_buffer']}) nor B ({info['b_buffer']})")
         pad_names[role] = U.block_name(sch, b)
-    crop_name = U.block_name(sch, crop[0])
+    crop_name = U.block_name(sch, crop)
     if crop_name in U.output_names(sch):
         return crop_name, pad_names
-    sch.compute_inline(crop[0])
+    sch.compute_inline(crop)
     return None, pad_names
 
 
