@@ -26,7 +26,8 @@ import numpy as np
 from .. import _compat as C
 from ..explain import record_group, record_refusal
 from ..schedules import templates_for
-from ..schedules.cpu.attention import AttentionSpec, Operand, axis_parts, reference_prim_func, same_extent
+from ..schedules.cpu.attention import (AttentionSpec, Operand, axis_parts, part_extent, reference_prim_func,
+                                       same_extent, static)
 from . import rules as R
 from .grouping import with_functions
 
@@ -64,9 +65,11 @@ def _own_batch_symbols(batch: tuple) -> dict:
     return own
 
 
-def _with_own_symbols(spec: AttentionSpec, own: dict) -> AttentionSpec:
-    """``spec`` with each extent provably equal to an expression of ``own`` replaced by its var."""
-    pairs = list(own.values())
+def _with_own_symbols(spec: AttentionSpec, own: dict, batch: tuple = ()) -> AttentionSpec:
+    """``spec`` with each extent provably equal to an expression of ``own`` replaced by its var, and each
+    provably equal to a plain-symbol batch extent by that symbol (BLOOM's output
+    ``[T.Div(batch * 4, 4), 4, ..]``: ``batch``)."""
+    pairs = list(own.values()) + [(b, b) for b in batch if isinstance(b, C.tirx.Var)]
 
     def sub(n):
         if isinstance(n, (int, C.tirx.Var)):
@@ -161,6 +164,16 @@ def _folded_mask(fn: _Function, expr):
     return C.relax.const(np.where(arr, np.float32(keep_v), np.float32(drop_v)).astype("float32"))
 
 
+# the float32 lowest value: what BLOOM's export (``torch.finfo(float32).min``) adds where a key is masked
+_F32_LOWEST = float(np.finfo(np.float32).min)
+
+
+def _masked_value(v) -> bool:
+    """-inf or the float32 lowest value: a logit a mask makes weigh 0 after the softmax (exp underflows
+    to 0 as long as the row has one finite logit, which a causal mask with an offset >= 0 keeps)."""
+    return v is not None and (bool(np.isneginf(v)) or v == _F32_LOWEST)
+
+
 def _causal_offset(expr, sq, sk) -> int | None:
     """k if ``expr`` is a constant 0/-inf mask that allows exactly j <= i + k, else None.  Leading axes may
     repeat the same [sq, sk] mask (a static build folds llama's causal mask expanded to [batch, 1, sq, sk]:
@@ -175,10 +188,13 @@ def _causal_offset(expr, sq, sk) -> int | None:
         return None
     arr = arr[0]
     allowed = arr == 0
-    if not np.all(allowed | np.isneginf(arr)):
+    lowest = arr == np.float32(_F32_LOWEST)
+    if not np.all(allowed | np.isneginf(arr) | lowest):
         return None
     k = int(allowed[0].sum()) - 1
     ii, jj = np.arange(sq)[:, None], np.arange(sk)[None, :]
+    if lowest.any() and k < 0:
+        return None                 # a row without a visible key: -FLT_MAX there is no -inf (uniform weights)
     return k if np.array_equal(allowed, jj <= ii + k) else None
 
 
@@ -242,7 +258,8 @@ def _computed_causal_offset(fn: _Function, expr, sq, sk) -> int | None:
         return None
     cond, keep, drop = w.args
     cond = _unalias(fn, cond)
-    if _scalar_const(keep) != 0.0 or not np.isneginf(_scalar_const(drop) or 0.0):
+    drop_v = _scalar_const(_unalias(fn, drop))
+    if _scalar_const(_unalias(fn, keep)) != 0.0 or not _masked_value(drop_v):
         return None
     # Step 1. Through the layout ops that keep the [sq, sk] meaning of the last two axes.
     while True:
@@ -272,7 +289,10 @@ def _computed_causal_offset(fn: _Function, expr, sq, sk) -> int | None:
         if not (same_extent(r[2], sk) and same_extent(c[2], sq)):
             return None
         # j + r_start <= i + c_start (+ bias for "<")
-        return c[1] - r[1] + bias
+        k = c[1] - r[1] + bias
+        if k < 0 and not np.isneginf(drop_v):
+            return None             # a row without a visible key: -FLT_MAX there is no -inf
+        return k
     return None
 
 
@@ -315,16 +335,46 @@ def _runs(fine: tuple, coarse: tuple) -> list[list[int]] | None:
     return runs
 
 
-def _merge(labels: list, runs: list[list[int]]) -> list:
-    """The labels of the coarse axes: a composite (row-major tuple) where a run has several labels."""
+def _merge(labels: list, runs: list[list[int]], ext: dict | None = None) -> list:
+    """The labels of the coarse axes: a composite (row-major tuple) where a run has several labels; the
+    digits of one label that together hold all of it (``ext``: the logical extents) merge back into it
+    (Swin's window batch split for the shift mask and merged again)."""
     out = []
     for run in runs:
         subs = []
         for r in run:
             subs.extend(axis_parts(labels[r]))
         subs = [x for x in subs if x != "1"]
+        whole = _whole_label(subs, ext)
+        if whole is not None:
+            subs = [whole]
         out.append("1" if not subs else (subs[0] if len(subs) == 1 else tuple(subs)))
     return out
+
+
+def _is_digit(part) -> bool:
+    return isinstance(part, tuple) and len(part) == 4 and part[0] == "%"
+
+
+def _whole_label(subs: list, ext: dict | None):
+    """The label that the digits ``subs`` (most significant first) hold all of, else None."""
+    if ext is None or len(subs) < 2 or not all(_is_digit(x) for x in subs):
+        return None
+    base = subs[0][1]
+    if base not in ext or any(x[1] != base for x in subs) or not same_extent(subs[-1][2], 1):
+        return None
+    if not all(same_extent(a[2], b[2] * b[3]) for a, b in zip(subs, subs[1:])):
+        return None
+    return base if same_extent(subs[0][2] * subs[0][3], ext[base]) else None
+
+
+def _relabel(labels: list, from_dims: tuple, to_dims: tuple, ext: dict | None) -> list | None:
+    """Labels of the axes of ``reshape(x, to_dims)`` given those of x (``from_dims``), for a reshape that
+    merges or splits neighbouring axes; None for any other."""
+    runs = _runs(from_dims, to_dims)
+    if runs is not None:
+        return _merge(labels, runs, ext)
+    return _split(labels, to_dims, from_dims, ext)
 
 
 def _permute(labels: list, axes) -> list:
@@ -332,7 +382,7 @@ def _permute(labels: list, axes) -> list:
     return list(range(n))[::-1] if axes is None else [int(a) % n for a in axes]
 
 
-def _peel_layout(fn: _Function, expr, labels: list, ops: list) -> tuple:
+def _peel_layout(fn: _Function, expr, labels: list, ops: list, ext: dict | None = None) -> tuple:
     """Read through the ``permute_dims`` and axis split/merge ``reshape`` producers of an operand:
     (tensor read, labels of its axes)."""
     while True:
@@ -349,11 +399,15 @@ def _peel_layout(fn: _Function, expr, labels: list, ops: list) -> tuple:
             src, cur = _dims(r.args[0]), _dims(expr)
             runs = _runs(cur, src) if src is not None and cur is not None else None
             if runs is not None:          # the source's axes merge the operand's (head split)
-                expr, labels = r.args[0], _merge(labels, runs)
+                expr, labels = r.args[0], _merge(labels, runs, ext)
                 ops.append("reshape")
                 continue
-            split = _split(labels, src, cur) if src is not None and cur is not None else None
-            if split is not None:         # the source's axes split the operand's (grouped heads)
+            split = _split(labels, src, cur, ext) if src is not None and cur is not None else None
+            if split is not None and all(isinstance(x, int) for lab in split for part in axis_parts(lab)
+                                         if _is_digit(part) for x in part[2:]):
+                # the source's axes split the operand's (grouped heads); not into a digit of symbolic stride
+                # or extent (``batch * 4`` split into [batch, 4]: the kernel indexes digits by static strides
+                # only, so the operand is read before that reshape)
                 expr, labels = r.args[0], split
                 ops.append("reshape")
                 continue
@@ -376,9 +430,10 @@ def _peel_layout(fn: _Function, expr, labels: list, ops: list) -> tuple:
         return expr, labels
 
 
-def _split(labels: list, src: tuple, cur: tuple) -> list | None:
+def _split(labels: list, src: tuple, cur: tuple, ext: dict | None = None) -> list | None:
     """Labels of ``src`` when each axis of ``cur`` (labelled) is a run of ``src`` axes: a split plain
-    label becomes digits (``("%", label, stride, extent)``), most significant first; else None."""
+    label becomes digits (``("%", label, stride, extent)``), most significant first; a composite split
+    back into its parts (``ext``: their extents) becomes those parts; else None."""
     runs = _runs(src, cur)
     if runs is None:
         return None
@@ -386,6 +441,21 @@ def _split(labels: list, src: tuple, cur: tuple) -> list | None:
     for lab, run in zip(labels, runs):
         if len(run) <= 1:
             out.extend([lab] * len(run))
+            continue
+        parts = axis_parts(lab)
+        if ext is not None and len(parts) > 1:
+            got, k = [], 0              # each axis of the run takes the next part of its extent, or is a unit
+            for t in run:
+                if k < len(parts) and same_extent(part_extent(parts[k], ext), src[t]):
+                    got.append(parts[k])
+                    k += 1
+                elif _is1(src[t]):
+                    got.append("1")
+                else:
+                    return None
+            if k != len(parts):
+                return None
+            out.extend(got)
             continue
         if not isinstance(lab, str):
             return None           # a split of a composite or digit axis: not expressible, stop here
@@ -432,9 +502,12 @@ def _softmax(fn: _Function, p) -> tuple | None:
     return arg, axis, 1
 
 
-def _scores_chain(fn: _Function, expr, first_readers: int = 1) -> tuple:
-    """(Q @ K^T call, scale, additive terms) of the softmax input; every step read only by the next
-    (the input itself by ``first_readers`` ops of the softmax)."""
+def _scores_chain(fn: _Function, expr, first_readers: int, labels: list, ext: dict, ops: list) -> tuple:
+    """(Q @ K^T call, scale, additive terms as (tensor, labels of its axes), labels of Q @ K^T's axes) of the
+    softmax input, whose axes ``labels`` names; every step read only by the next (the input itself by
+    ``first_readers`` ops of the softmax).  A reshape that keeps the query and key axes and splits or merges
+    batch axes relabels them (BLOOM's [b * h, q, k] -> [b, h, q, k] for its mask, Swin's window batch split
+    into [batch, windows] for the shift mask and merged again)."""
     scale, terms = 1.0, []
     readers = first_readers
     while True:
@@ -455,15 +528,31 @@ def _scores_chain(fn: _Function, expr, first_readers: int = 1) -> tuple:
             continue
         mm = fn.call(expr, "relax.matmul")
         if mm is not None:
-            return mm, scale, terms
+            return mm, scale, terms, labels
         add = fn.call(expr, "relax.add")
         if add is not None:
             a, b = add.args
             x, t = (a, b) if _leads_to_matmul(fn, a) else (b, a)
             if scale != 1.0:
                 raise _Refused("the mask is added before the scale (the kernel scales the scores only)")
-            terms.append(t)
+            dims, tdims, xdims = _dims(expr), _dims(t), _dims(x)
+            if dims is None or tdims is None or xdims is None:
+                raise _Refused("unknown shape of a term of the scores")
+            terms.append((t, _aligned_labels(tdims, dims, labels, "mask")))
+            labels = _aligned_labels(xdims, dims, labels, "scores")
             expr = x
+            continue
+        rs = fn.call(expr, "relax.reshape")
+        if rs is not None:
+            src, cur = _dims(rs.args[0]), _dims(expr)
+            if src is None or cur is None or len(src) < 2 or not (same_extent(src[-2], cur[-2])
+                                                                  and same_extent(src[-1], cur[-1])):
+                raise _Refused("a reshape of the scores moves the query or key axis")
+            new = _relabel(labels, cur, src, ext)
+            if new is None or new[-2:] != ["i", "j"]:
+                raise _Refused("a reshape of the scores is no split or merge of their batch axes")
+            labels, expr = new, rs.args[0]
+            ops.append("reshape")
             continue
         for op, inv in (("relax.multiply", False), ("relax.divide", True)):
             mul = fn.call(expr, op)
@@ -504,14 +593,19 @@ def _scalar_factors(fn: _Function, expr, ops: list) -> tuple:
 
 
 def _leads_to_matmul(fn: _Function, expr, depth: int = 8) -> bool:
-    """Whether ``expr`` is a matmul, through at most ``depth`` add/multiply/divide steps."""
+    """Whether ``expr`` is a matmul, through at most ``depth`` add/multiply/divide steps, aliases and
+    reshapes (the scores viewed with a split batch: BLOOM, Swin's shifted windows)."""
     if depth == 0 or not isinstance(expr, C.relax.Var) or expr not in fn.value:
         return False
     v = fn.value[expr]
+    if isinstance(v, C.relax.Var):
+        return _leads_to_matmul(fn, v, depth - 1)
     if not (isinstance(v, C.relax.Call) and isinstance(v.op, C.Op)):
         return False
     if v.op.name == "relax.matmul":
         return True
+    if v.op.name == "relax.reshape":
+        return _leads_to_matmul(fn, v.args[0], depth - 1)
     if v.op.name not in ("relax.add", "relax.multiply", "relax.divide"):
         return False
     return any(_leads_to_matmul(fn, a, depth - 1) for a in v.args)
@@ -535,6 +629,73 @@ def _identity_casts(fn: _Function, p) -> tuple:
     return p, count
 
 
+def _one_mask(fn: _Function, masks: list, batch: tuple, ext: dict, ops: list) -> tuple | None:
+    """(tensor, Operand) of the one additive mask the kernel reads, from the scores' additive terms
+    ``masks`` [(tensor, labels)]: none; one, read through the reshapes / broadcasts that make it when its
+    extents are not plain symbols (BLOOM's symbolic ALiBi ``[batch * heads, 1, sequence]`` from
+    ``[heads, 1, sequence]``); several constants summed into one (Swin's relative-position bias [heads, 16,
+    16] and shift mask [windows, 1, 16, 16]).  Raises _Refused for several terms not all constants."""
+    if not masks:
+        return None
+    if len(masks) > 1:
+        if not all(isinstance(_unalias(fn, t), C.Constant) for t, _ in masks):
+            raise _Refused(f"{len(masks)} additive masks, not all constants (the kernel adds one mask)")
+        arr, labels = _sum_constants([(C.const_value(_unalias(fn, t)), labs) for t, labs in masks], ext)
+        ops.append("sum masks")
+        const = C.relax.const(arr, "float32")
+        return const, Operand(tuple(labels), tuple(int(n) for n in arr.shape), "float32")
+    t, labels = masks[0]
+    tdims = _dims(t)
+    if not _plain_extents(tdims, batch):
+        t, labels = _peel_layout(fn, _unalias(fn, t), list(labels), ops, ext)
+        tdims = _dims(t)
+    return t, Operand(tuple(labels), tdims, _dtype(t))
+
+
+def _label_order(part) -> tuple:
+    """Sort key of an atomic label: batch axes b0, b1, .. then i, j; a label's digits most significant first."""
+    base = part[1] if _is_digit(part) else part
+    rank = int(base[1:]) if base.startswith("b") else {"i": 10_000, "j": 10_001}[base]
+    return (rank, 0 if not _is_digit(part) else -int(part[2]))
+
+
+def _sum_constants(terms: list, ext: dict) -> tuple:
+    """The sum of constant additive terms [(array, labels of its axes)] as one array over the union of their
+    axes (each composite axis split into its parts), and that array's labels.  _Refused when a label is
+    symbolic in one of them or one term holds a label whole and another its digits."""
+    parts_of = []
+    for arr, labels in terms:
+        atoms, shape = [], []
+        for lab in labels:
+            for part in axis_parts(lab):
+                n = 1 if part == "1" else part_extent(part, ext)
+                if not isinstance(n, int):
+                    n = static(n)
+                if n is None:
+                    raise _Refused(f"a constant mask axis {part} has a symbolic extent")
+                atoms.append(part)
+                shape.append(n)
+        parts_of.append((np.asarray(arr, dtype="float32").reshape(shape), atoms))
+    union = sorted({a for _, atoms in parts_of for a in atoms if a != "1"}, key=_label_order)
+    bases = {}
+    for a in union:
+        bases.setdefault(a[1] if _is_digit(a) else a, set()).add(_is_digit(a))
+    if any(len(kinds) > 1 for kinds in bases.values()):
+        raise _Refused("the constant masks index one axis whole and by its digits (not summed)")
+    total = None
+    for arr, atoms in parts_of:
+        keep = [k for k, a in enumerate(atoms) if a != "1"]
+        arr = arr.reshape([arr.shape[k] for k in keep])
+        names = [atoms[k] for k in keep]
+        present = [a for a in union if a in names]
+        arr = np.transpose(arr, [names.index(a) for a in present])
+        arr = arr.reshape([arr.shape[present.index(a)] if a in names else 1 for a in union])
+        total = arr if total is None else total + arr
+    if not union:
+        return np.asarray(total, dtype="float32").reshape(1), ["1"]
+    return np.ascontiguousarray(total, dtype="float32"), list(union)
+
+
 def match(fn: _Function, var, target) -> tuple | None:
     """(the var to replace, the spec, the call's arguments, the ops it covers) for ``var = P @ V``;
     None when ``var`` is not the end of an attention chain.  Raises _Refused for a near miss."""
@@ -543,6 +704,16 @@ def match(fn: _Function, var, target) -> tuple | None:
         return None
     p, v = mm.args
     p, casts = _identity_casts(fn, p)
+    views = []          # reshapes of the probabilities that keep the query and key axes (BLOOM's [b * h, q, k])
+    while fn.single_use(p):
+        rs = fn.call(p, "relax.reshape")
+        src, cur = (_dims(rs.args[0]), _dims(p)) if rs is not None else (None, None)
+        if src is None or cur is None or len(src) < 2 or len(cur) < 2 or \
+                not (same_extent(src[-2], cur[-2]) and same_extent(src[-1], cur[-1])):
+            break
+        views.append((src, cur))
+        p, more = _identity_casts(fn, rs.args[0])
+        casts += more
     guard, zero_empty, p_readers = None, False, 1
     wh = fn.call(p, "relax.where")
     if wh is not None and _scalar_const(wh.args[1]) == 0.0 and \
@@ -568,15 +739,27 @@ def match(fn: _Function, var, target) -> tuple | None:
         raise _Refused(f"softmax over axis {axis}, not the last (key) axis")
     if len(fn.users.get(p, [])) != p_readers:
         raise _Refused("the probabilities are read outside the attention chain")
-    qk, scale, terms = _scores_chain(fn, x, x_readers)
     ops = ["matmul", "softmax", "matmul"] + (["isnan", "where"] if zero_empty else []) + ["astype"] * casts
+    ops += ["reshape"] * len(views)
+    # the logical batch: the softmax's (its scores' batch axes b0, b1, ..)
+    batch = tuple(dims_x[:-2])
+    blabels = [f"b{k}" for k in range(len(batch))]
+    ext = {**{lab: n for lab, n in zip(blabels, batch)}, "i": dims_x[-2], "j": dims_x[-1]}
+    p_labels = blabels + ["i", "j"]
+    for src, cur in reversed(views):
+        p_labels = _relabel(p_labels, src, cur, ext)
+        if p_labels is None or p_labels[-2:] != ["i", "j"]:
+            raise _Refused("a reshape of the probabilities is no split or merge of their batch axes")
+    qk, scale, terms, qk_labels = _scores_chain(fn, x, x_readers, blabels + ["i", "j"], ext, ops)
+    if qk_labels[-2:] != ["i", "j"]:
+        raise _Refused("the scores broadcast Q @ K^T over the query or key axis")
     peeled = []
     for t in qk.args:      # (Q * c) @ (K^T * c'): the scale split over both operands, as SDPA exports it
         t, c = _scalar_factors(fn, t, ops)
         scale *= c
         peeled.append(t)
     q, kt = peeled
-    reason = R.check_attention_operands([q, kt, v, var] + terms + ([guard] if guard is not None else []),
+    reason = R.check_attention_operands([q, kt, v, var] + [t for t, _ in terms] + ([guard] if guard is not None else []),
                                         target)
     if reason is not None:
         raise _Refused(reason)
@@ -586,25 +769,25 @@ def match(fn: _Function, var, target) -> tuple | None:
     sk = _dims(kt)[-1]
     dv = _dims(v)[-1]
     out_dims = _dims(var)
-    batch = out_dims[:-2]
-    if not R.same_shape(tuple(dims_x[:-2]), tuple(batch)):
+    p_dims = views[0][1] if views else dims_x
+    if not R.same_shape(tuple(p_dims[:-2]), tuple(out_dims[:-2])):
         raise _Refused("the scores and the output have different batch shapes")
 
-    blabels = [f"b{k}" for k in range(len(batch))]
-
-    def operand(expr, tail, what):
+    def operand(expr, tail, what, bdims, blabs):
         dims = _dims(expr)
-        labels = _aligned_labels(dims[:-2], batch, blabels, what) + list(tail)
-        src, labels = _peel_layout(fn, expr, labels, ops)
+        labels = _aligned_labels(dims[:-2], bdims, blabs, what) + list(tail)
+        src, labels = _peel_layout(fn, expr, labels, ops, ext)
         return src, Operand(tuple(labels), _dims(src), _dtype(src))
 
     args, specs = [], {}
-    for name, expr, tail in (("q", q, "id"), ("k", kt, "dj"), ("v", v, "je")):
-        src, op = operand(expr, tail, name)
+    qk_batch = (_dims(qk)[:-2], qk_labels[:-2])
+    for name, expr, tail, (bdims, blabs) in (("q", q, "id", qk_batch), ("k", kt, "dj", qk_batch),
+                                             ("v", v, "je", (out_dims[:-2], p_labels[:-2]))):
+        src, op = operand(expr, tail, name, bdims, blabs)
         args.append(src)
         specs[name] = op
-    causal, mask = None, None
-    for t in terms:
+    causal, masks = None, []
+    for t, tlabels in terms:
         off = _causal_offset(t, sq, sk)
         if off is None:
             off = _causal_offset(_folded_mask(fn, t), sq, sk)
@@ -614,12 +797,9 @@ def match(fn: _Function, var, target) -> tuple | None:
             causal = off
             ops.append("causal mask")
             continue
-        if mask is not None:
-            raise _Refused("more than one additive mask")
-        tdims = _dims(t)
-        labels = _aligned_labels(tdims, (*batch, sq, sk), blabels + ["i", "j"], "mask")
-        mask = (t, Operand(tuple(labels), tdims, _dtype(t)))
+        masks.append((t, tlabels))
         ops.append("add mask")
+    mask = _one_mask(fn, masks, batch, ext, ops)
     if mask is not None:
         args.append(mask[0])
     glabels = None
@@ -631,7 +811,7 @@ def match(fn: _Function, var, target) -> tuple | None:
         args.append(guard)
         ops.append("row guard")
     # the output, through the permute_dims / reshapes that consume it alone (head merge)
-    out_var, out_labels = var, [f"b{k}" for k in range(len(batch))] + ["i", "e"]
+    out_var, out_labels = var, list(p_labels[:-2]) + ["i", "e"]
     while fn.single_use(out_var):
         user = fn.users[out_var][0]
         pd = fn.call(user, "relax.permute_dims") if user is not None else None
@@ -641,17 +821,19 @@ def match(fn: _Function, var, target) -> tuple | None:
             ops.append("permute_dims")
             continue
         rs = fn.call(user, "relax.reshape") if user is not None else None
-        runs = _runs(_dims(out_var), _dims(user)) if rs is not None and _dims(user) is not None else None
-        if runs is None or not _plain_extents(_dims(user), tuple(batch)):
+        new = _relabel(out_labels, _dims(out_var), _dims(user), ext) \
+            if rs is not None and _dims(user) is not None else None
+        if new is None or any(_is_digit(x) for lab in new for x in axis_parts(lab)) or \
+                not _plain_extents(_dims(user), tuple(batch)):
             break      # e.g. GPT-2's [batch * sequence, 768] before its Gemm: the kernel's output stops short
-        out_labels, out_var = _merge(out_labels, runs), user
+        out_labels, out_var = new, user
         ops.append("reshape")
     spec = AttentionSpec(batch=tuple(batch), sq=sq, sk=sk, d=d, dv=dv, q=specs["q"], k=specs["k"],
                          v=specs["v"], out=Operand(tuple(out_labels), _dims(out_var), "float32"),
                          mask=mask[1] if mask is not None else None,
                          guard=Operand(tuple(glabels), gdims, "bool") if guard is not None else None,
                          scale=float(np.float32(scale)), causal_offset=causal, zero_empty_rows=zero_empty)
-    spec = _with_own_symbols(spec, _own_batch_symbols(tuple(batch)))
+    spec = _with_own_symbols(spec, _own_batch_symbols(tuple(batch)), tuple(batch))
     try:
         spec.validate()
     except ValueError as e:

@@ -371,6 +371,10 @@ def operand_index(op: Operand, env: dict, ext: dict) -> list:
     return _index(op, env, ext)
 
 
+def part_extent(part, ext: dict):
+    return _part_extent(part, ext)
+
+
 def batch_env(spec: AttentionSpec, bidx) -> dict:
     return _batch_env(spec, bidx)
 
