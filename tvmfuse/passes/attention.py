@@ -10,7 +10,14 @@ by the ``cpu.attention`` template into an online softmax).  Q, K and V are read 
 ``permute_dims`` and axis-splitting/merging ``reshape`` that produce them (head split, K^T) and through
 ``expand_dims`` + ``broadcast_to`` (grouped-query K/V), the output through the ``permute_dims`` and
 ``reshape`` that consume it alone (head merge); a constant 0/-inf lower-triangular mask becomes the
-kernel's causal flag.
+kernel's causal flag (0 / float32-lowest too, BLOOM's, when every row sees a key).  Between Q @ K^T and the
+softmax and between the softmax and P @ V, reshapes that keep the query and key axes and split or merge
+batch axes relabel them (BLOOM: scores ``[b * h, q, k]`` viewed as ``[b, h, q, k]`` for the mask and back;
+Swin's shifted windows: ``[batch * windows, h, n, n]`` viewed as ``[batch, windows, h, n, n]`` for the shift
+mask); the logical batch is the softmax's.  The kernel adds one mask: several constant additive terms
+(Swin's relative-position bias and shift mask) are summed into one constant over the union of their axes
+(``_sum_constants``; one float32 rounding of bias + mask where the graph rounds (s + bias) + mask); terms
+not all constants are refused.  notes/attn11.md, tests/test_attention_variants.py.
 Matching happens before LegalizeOps because after it softmax is four PrimFuncs and Q @ K^T a batch
 matmul whose transpose is another kernel; on Relax ops each step is one call with its attributes.
 

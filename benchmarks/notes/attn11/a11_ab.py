@@ -1,6 +1,7 @@
 """Paired A/B of exported builds, base tree vs new tree (a11_export.py into ART/base and ART/new): bloom and
-swin, static build at the model's batch and the symbolic build at batch 1 and 3; one process, one runtime
-thread, thread CPU time, interleaved rounds with a rotating order; median of the per-round new/base ratio.
+swin (env MODELS: others), static build at the model's batch and the symbolic build at batch 1 and 3 (32
+tokens); one process, one runtime thread, thread CPU time, interleaved rounds alternating the order; median of
+the per-round new/base ratio.
 python a11_ab.py OUT.json   (env ART, ROUNDS, NUMBER)"""
 import json
 import os
@@ -20,7 +21,7 @@ entries = {e["name"]: e for e in corpus_io.load_manifest()["models"]}
 out = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "load_start": os.getloadavg()[0],
        "clock": f"thread_time, TVM_NUM_THREADS=1, {ROUNDS} rounds x {NUMBER} run() calls, rotating order",
        "rows": []}
-for name in ("bloom", "swin"):
+for name in os.environ.get("MODELS", "bloom,swin").split(","):
     for tag, batch in (("static", None), ("sym", 1), ("sym", 3)):
         builds = {tree: tvmfuse.load(os.path.join(ART, tree, f"{name}_{tag}"), num_threads=1)
                   for tree in ("base", "new")}
