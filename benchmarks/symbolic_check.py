@@ -63,6 +63,9 @@ QUICK_SIZES = {"batch": (1, 3), "sequence": (17,)}  # --quick: sizes per symboli
 # one kernel per call over a symbolic sequence (tests/test_symbolic_token_models.py).
 EXPLAINED_EXTRA_KERNELS = {
     "t5_encoder": (1, "the relative position bias, computed per call from the symbolic sequence", "arange"),
+    # BLOOM's ALiBi slopes x positions [heads, 1, sequence] (the attention kernel reads it as its mask since
+    # attn11; a constant of the static build; notes/attn11.md)
+    "bloom": (1, "the ALiBi bias, computed per call from the symbolic sequence", "arange"),
 }
 QUICK_REPEAT = 2
 REPEAT = 20                  # --latency: back-to-back calls per round
