@@ -521,8 +521,9 @@ def _scores_chain(fn: _Function, expr, first_readers: int, labels: list, ext: di
         n = len(fn.users.get(expr, [])) if isinstance(expr, C.relax.Var) else 0
         ok, readers = n == readers, 1
         if not ok:
-            raise _Refused(f"{C.var_name(expr) if isinstance(expr, C.relax.Var) else expr} "
-                           "(part of the scores) is read outside the attention chain")
+            what = C.var_name(expr) if isinstance(expr, C.relax.Var) else \
+                "a constant" if isinstance(expr, C.Constant) else type(expr).__name__
+            raise _Refused(f"{what} (part of the scores) is read outside the attention chain")
         # a plain alias (what Peephole leaves of a cast to the same dtype) or such a cast: T5's
         # scores + position bias go through a float -> float cast before the softmax
         alias = fn.value.get(expr) if isinstance(expr, C.relax.Var) else None
