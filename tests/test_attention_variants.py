@@ -233,3 +233,29 @@ def test_corpus_exports_get_their_attention_kernels(name):
     assert len(groups) == {"bloom_dyn": 2, "swin_dyn": 4}[name], d["refused"]
     assert {g["template"] for g in groups} == {"cpu.attention"}
     assert not [r for r in d["refused"] if r.get("rule") == "attention"]
+
+
+# ------------------------------------------------------------------------------ CUDA (structure only)
+@pytest.mark.parametrize("form", ["bloom", "swin"])
+def test_cuda_template_schedules_the_variants(form):
+    """The same kernels on a CUDA target (sm_90): one attention PrimFunc, ``cuda_attention`` takes it and its
+    default schedule passes TVM's GPU verification (the composite and digit mask labels index on the GPU as
+    on the CPU: ``operand_index``)."""
+    from tvmfuse import _compat as C
+    from tvmfuse.pipeline import PipelineOptions, graph_stage
+    from tvmfuse.schedules import templates_for
+    from tvmfuse.schedules.base import find_template
+    from tvmfuse.schedules.cuda._common import verification_target, verify_gpu_schedule
+
+    target = C.Target({"kind": "cuda", "arch": "sm_90"}, host=SKX)
+    model = bloom_chain() if form == "bloom" else swin_chain()
+    mod = tvmfuse.load_onnx(model)
+    with target:
+        mod = C.Sequential(graph_stage(target, PipelineOptions()))(mod)
+    funcs = [f for f in mod.functions.values() if isinstance(f, C.PrimFunc) and ATTR in (f.attrs or {})]
+    assert len(funcs) == 1, [str(gv.name_hint) for gv in mod.functions]
+    template, match = find_template(funcs[0], target, templates_for(target))
+    assert template.family == "cuda_attention"
+    sch = C.Schedule(funcs[0])
+    template.apply(sch, match, template.default_config(match, target))
+    assert verify_gpu_schedule(sch, verification_target(target))
