@@ -55,6 +55,7 @@ from __future__ import annotations
 import numpy as np
 
 from . import _compat as C
+from . import runtime_native
 from .errors import InputError, TvmfuseError
 
 # Bytes: the alignment TVM's generated CPU kernels assume of every tensor argument unless compiled with
@@ -424,7 +425,8 @@ class _Plan:
             self.checks.append((spec.name, dtype, tuple(spec.shape) if static else None,
                                 None if static else _symbolic_dims(spec.shape),
                                 arg_alignment(dtype, model.element_aligned_args)))
-        # per input: (the array last given, its DLPack view, its data pointer, its shape) or None.  The
+        # per input: (the array last given, its DLPack view, its data pointer, its shape, the view's tvm-ffi
+        # handle: runtime_native's argument) or None.  The
         # same array object in the next call reuses its view (no DLPack import): its memory cannot have
         # moved (numpy 2 has no writable ``.data``; resizing an exported array is refused) and its shape
         # is compared.  The plan keeps the last inputs alive until the next call, as the VM keeps its
@@ -504,7 +506,7 @@ class _Plan:
                 if ptr % alignment:
                     return None
                 if last is not None:
-                    last[i] = (v, t, ptr, v.shape)
+                    last[i] = (v, t, ptr, v.shape, t.__chandle__())
             args.append(t)
             ptrs.append(ptr)
         for d, bound in self.bounds:          # above its bound: the full path names it (InputError)
@@ -556,7 +558,7 @@ def _static_run(plan: _Plan, model: "Executes"):
                 if ptr % alignment:
                     return checked(feeds, outputs, plan)
                 if last is not None:
-                    last[i] = (v, t, ptr, shape)
+                    last[i] = (v, t, ptr, shape, t.__chandle__())
             args[i] = t
             ptrs[i] = ptr
             i += 1
@@ -572,6 +574,10 @@ def _static_run(plan: _Plan, model: "Executes"):
         return _like_run(run)
     (name0, dtype0, shape0, alignment0), = specs
     seen0 = last if last is not None else [None]      # numpy 1.x: nothing is stored, nothing matches
+    call_one = _native_call_one(plan, model, main)
+    if call_one is not None:
+        return _like_run(_native_run_one(run, main, call_one, checked, finish, plan, specs[0], last, seen0,
+                                         _numpy_typenum_of_output(model)))
 
     def run_one(feeds, outputs=None):
         """``run`` for one input and one output (most models): no loop, no lists, no test made per model
@@ -595,13 +601,66 @@ def _static_run(plan: _Plan, model: "Executes"):
             if ptr % alignment0:
                 return checked(feeds, outputs, plan)
             if last is not None:
-                last[0] = (v, t, ptr, shape0)
+                last[0] = (v, t, ptr, shape0, t.__chandle__())
         result = main(t)
         if type(result) is tensor_type and ref_word(result.__chandle__()).value <= 2 and result.data_ptr() != ptr:
             return {single: numpy_view(result)}
         return finish(result, None, [t])
 
     return _like_run(run_one)
+
+
+def _native_call_one(plan: "_Plan", model: "Executes", main):
+    """``runtime_native``'s ``call_one`` when this model's one-input one-output run can use it (a CPU, an
+    output dtype it produces, ``main`` a tvm-ffi function, the extension built or loaded), else None (the
+    Python path)."""
+    if type(main) is not C.FfiFunction or not plan.on_cpu or plan.single is None or len(plan.checks) != 1 or _numpy_typenum_of_output(model) is None:
+        return None
+    module = runtime_native.load()
+    return None if module is None else module.call_one
+
+
+def _numpy_typenum_of_output(model: "Executes") -> int | None:
+    return runtime_native.numpy_typenum(model.outputs[0].dtype) if _numpy_dtype(model.outputs[0].dtype) else None
+
+
+def _native_run_one(run, main, call_one, checked, finish, plan: "_Plan", spec, last, seen0, typenum: int):
+    """``run`` for one input and one output with the VM call and the result's numpy array made in C
+    (``runtime_native``: after a kernel that swept the caches every Python step there runs cold, issue 11).
+    The input checks are ``_static_run``'s ``run_one``'s; a result the C step does not take (an error, an
+    unexpected kind of result) is made again through tvm-ffi's Python call and ``_finish``, which raise or
+    handle it as without the native step."""
+    name0, dtype0, shape0, alignment0 = spec
+    single = plan.single
+    main_handle = main.__chandle__()            # ``main`` (held by this closure) keeps the handle valid
+    ndarray, from_dlpack = np.ndarray, C.from_dlpack
+
+    def run_native(feeds, outputs=None):
+        if outputs is not None:                      # preallocated outputs: the loop's path checks them
+            return run(feeds, outputs)
+        if type(feeds) is not dict or len(feeds) != 1:
+            return checked(feeds, outputs, plan)
+        v = feeds.get(name0)
+        if (type(v) is not ndarray or v.shape != shape0 or (v.dtype is not dtype0 and v.dtype != dtype0)
+                or not v.flags.carray):
+            return checked(feeds, outputs, plan)
+        seen = seen0[0]
+        if seen is not None and seen[0] is v:
+            t, ptr, handle = seen[1], seen[2], seen[4]
+        else:
+            t = from_dlpack(v)
+            ptr = t.data_ptr()
+            if ptr % alignment0:
+                return checked(feeds, outputs, plan)
+            handle = t.__chandle__()
+            if last is not None:
+                last[0] = (v, t, ptr, shape0, handle)
+        out = call_one(main_handle, handle, ptr, single, typenum)
+        if out is not None:
+            return out
+        return finish(main(t), None, [t])
+
+    return run_native
 
 
 def _static_outputs_check(model: "Executes"):
@@ -689,7 +748,7 @@ def _symbolic_run(plan: _Plan, model: "Executes"):
                 if ptr % alignment:
                     return checked(feeds, outputs, plan)
                 if last is not None:
-                    last[i] = (v, t, ptr, shape)
+                    last[i] = (v, t, ptr, shape, t.__chandle__())
             args[i] = t
             ptrs[i] = ptr
             shapes[i] = shape
