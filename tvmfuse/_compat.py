@@ -315,6 +315,7 @@ strong_ref_word = (_ctypes.c_uint32.from_address if _sys.byteorder == "little" e
 
 
 FfiFunction = _tvm_ffi.Function     # a VM function's type: runtime_native calls it through its C handle
+tvm_ffi_function = _tvm_ffi.convert  # a Python callable as a tvm-ffi Function (tests of runtime_native)
 
 
 def tvm_ffi_build_paths() -> tuple[list[str], str, str]:
