@@ -13,6 +13,9 @@ would be 1.000 if the method resolved a few percent.
   different buffers (and a different copy of the code) differ by.
 - ``vm_views/vm``: the VM call on views of the numpy inputs against the one on TVM's copies: the same VM,
   other input memory.
+- ``artifact_run/run``: ``Runner.run`` of the artifact against ``CompiledModel.run``, both on the same numpy
+  arrays: the same Python function (``_static_run``) over the two VMs; what is left is the libraries'
+  kernels and output pools (issue 11's second half: why the artifact's ratios differ from run()'s).
 
 For every pair: the median of the per-round ratios with a 90% bootstrap interval (``paired_ratio``, as the
 table), and its **split-half repeatability**: the same median over the first and over the second half of
@@ -31,7 +34,8 @@ sys.path.insert(0, HERE)
 
 from bench_cpu import IO_PAIRS, paired_ratio  # noqa: E402
 
-CONTROL_PAIRS = {"artifact_vm/vm": ("io_artifact_vm", "io_vm"), "vm_views/vm": ("io_vm_views", "io_vm")}
+CONTROL_PAIRS = {"artifact_vm/vm": ("io_artifact_vm", "io_vm"), "vm_views/vm": ("io_vm_views", "io_vm"),
+                 "artifact_run/run": ("io_artifact_run_numpy", "io_run_numpy")}
 ISSUE_PAIRS = ("run/vm", "artifact_run/vm", "run_same/vm", "artifact_run_same/vm")
 
 

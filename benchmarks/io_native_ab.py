@@ -2,7 +2,8 @@
 
     TVM_NUM_THREADS=1 python benchmarks/io_native_ab.py --rounds 31 --json out.json
     python benchmarks/io_native_ab.py --clock wall --models layernorm_512 softmax_512 sigmoid_chain_4m
-    valgrind --tool=cachegrind ... python benchmarks/io_native_ab.py --drive PATH --models layernorm_512 --calls 200
+    python benchmarks/io_native_ab.py --models layernorm_512 --target "llvm -mcpu=haswell -num-cores=1" --export /tmp/ln
+    valgrind --tool=cachegrind ... python benchmarks/io_native_ab.py --drive PATH --artifact /tmp/ln --calls 200
 
 Per model, in one process: the model compiled once and used through three objects (``copy.copy``: each
 its own plan over the same VM), whose ``run`` is the native step (``run_native``), the Python path
@@ -49,10 +50,11 @@ PATHS = ("vm", "run_native", "run_python")
 ORDER_SEED = 11
 
 
-def make_paths(model) -> tuple[dict, dict]:
-    """({path: callable}, feeds): the three paths on one compiled model and one numpy input."""
-    cm = tvmfuse.compile(model, tuning_log=None)
-    feeds = M.random_feeds(model)
+def make_paths(cm) -> tuple[dict, dict]:
+    """({path: callable}, feeds): the three paths on one compiled model (or loaded artifact) and one numpy
+    input."""
+    rng = np.random.default_rng(0)
+    feeds = {s.name: rng.standard_normal(s.shape).astype(s.dtype) for s in cm.inputs}
     if len(cm.inputs) != 1 or len(cm.outputs) != 1:
         raise SystemExit(f"io_native_ab: needs a one-input one-output model, got {len(cm.inputs)} inputs, "
                          f"{len(cm.outputs)} outputs")
@@ -117,9 +119,19 @@ def main(argv=None) -> int:
     ap.add_argument("--drive", choices=PATHS, help="no timing: call this path (for cachegrind)")
     ap.add_argument("--warmup", type=int, default=20)
     ap.add_argument("--calls", type=int, default=200)
+    ap.add_argument("--target", help="compile for this target (default: the host's)")
+    ap.add_argument("--export", help="with --drive: export the model's artifact to this directory and stop")
+    ap.add_argument("--artifact", help="with --drive: load this artifact (tvmfuse.load) instead of compiling")
     args = ap.parse_args(argv)
+
+    def build(name):
+        return tvmfuse.compile(MODELS[name](), args.target, tuning_log=None)
+
+    if args.export:
+        tvmfuse.export(build(args.models[0]), args.export)
+        return 0
     if args.drive:
-        paths, _ = make_paths(MODELS[args.models[0]]())
+        paths, _ = make_paths(tvmfuse.load(args.artifact) if args.artifact else build(args.models[0]))
         fn = paths[args.drive]
         for _ in range(args.warmup + args.calls):
             fn()
@@ -130,7 +142,7 @@ def main(argv=None) -> int:
               "rounds": args.rounds, "command": "python benchmarks/io_native_ab.py " + " ".join(argv or sys.argv[1:]),
               "models": {}}
     for name in args.models:
-        paths, _ = make_paths(MODELS[name]())
+        paths, _ = make_paths(build(name))
         res = measure(paths, args.rounds, clock, args.block_s)
         report["models"][name] = res
         print(f"{name}: vm {res['us']['vm']:.2f} us | run native - vm {res['run_native-vm_us']['median']:+.2f} "
