@@ -185,3 +185,23 @@ def test_off_by_environment_and_unbuildable_fall_back(host, rng, monkeypatch, tm
     assert _path_name(cm) == "run_one"
     assert "no-such-cc" in runtime_native.reason() and "cannot build" in runtime_native.reason()
     runtime_native._reset_for_tests()
+
+
+def test_bind_run_takes_the_native_step_too(way, host, rng):
+    cm = tvmfuse.compile(M.softmax(rows=4, d=40, decomposed=False), host)
+    name = cm.inputs[0].name
+    x = rng.standard_normal((4, 40)).astype(np.float32)
+    b = cm.bind({name: x})
+    y1 = b.run()[cm.outputs[0].name]
+    assert (b._native[1] is not None) == (way == "native")
+    np.testing.assert_allclose(y1, _softmax_reference(x), rtol=1e-5, atol=1e-6)
+    want1 = _softmax_reference(x)                    # update() writes into x itself (bound in place)
+    x2 = rng.standard_normal((4, 40)).astype(np.float32)
+    b.update({name: x2})
+    y2 = b.run()[cm.outputs[0].name]
+    np.testing.assert_allclose(y2, _softmax_reference(x2), rtol=1e-5, atol=1e-6)
+    np.testing.assert_array_equal(x, x2)
+    np.testing.assert_allclose(y1, want1, rtol=1e-5, atol=1e-6)   # still valid, not overwritten
+    buf = np.empty((4, 40), np.float32)
+    assert b.run(outputs={cm.outputs[0].name: buf})[cm.outputs[0].name] is buf
+    np.testing.assert_array_equal(buf, y2)

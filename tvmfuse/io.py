@@ -193,6 +193,9 @@ class Binding:
         self.inputs: dict = {s.name: t for s, t in zip(model.inputs, tensors)}
         self._args = tensors
         self._ptrs = [t.data_ptr() for t in tensors]     # an output at one of these is an input: copied
+        # (the VM function, runtime_native's call_one or None, the function's and the input's handles, the
+        # output's numpy type number): made at the first run() of a one-input model, again if _main changed
+        self._native = None
 
     def update(self, feeds: dict) -> None:
         """Copy new values into bound inputs (same shape and dtype), e.g. the next batch."""
@@ -214,7 +217,19 @@ class Binding:
         # preallocated outputs: static ones checked by the plan, a model with a symbolic output fully
         if outputs and (plan.symbolic_outputs or not plan.static_outputs_ok(outputs)):
             model._validate_outputs(outputs)
-        result = model._main()(*self._args)
+        main = model._main()
+        if not outputs and len(self._args) == 1:     # one input, one output: runtime_native's step
+            native = self._native
+            if native is None or native[0] is not main:
+                call_one = _native_call_one(plan, model, main) if _is_tensor(self._args[0]) else None
+                native = self._native = (main, call_one, main.__chandle__() if call_one else None,
+                                         self._args[0].__chandle__() if call_one else None,
+                                         _numpy_typenum_of_output(model) if call_one else None)
+            if native[1] is not None:
+                out = native[1](native[2], native[3], self._ptrs[0], plan.single, native[4])
+                if out is not None:
+                    return out
+        result = main(*self._args)
         # one fresh output on a CPU, none given: its view at once, as run() (else _finish)
         if (plan.single is not None and plan.on_cpu and not outputs and type(result) is C.Tensor
                 and C.strong_ref_count(result) <= 2 and result.data_ptr() not in self._ptrs):
