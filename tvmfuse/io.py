@@ -31,7 +31,10 @@ kernel that streams megabytes through the caches runs cold (measured, one thread
 ``run()``'s own steps 3 us after a tiny kernel, 8-12 us after a 3 MB sweep), hence so few of them.  Alone
 at two threads that is 2-4 us per call over the VM call after layernorm [512, 768]'s, resnet_block's and
 transformer_block's kernels (0.9 us with warm caches): a fixed cost, 5-8% of layernorm's 45 us call, 2-3%
-of the others (``benchmarks/notes/io10.md``, Table 3's rounds in us per call).
+of the others (``benchmarks/notes/io10.md``, Table 3's rounds in us per call).  So a one-input,
+one-output model (``run`` and ``bind().run``) makes the VM call and the result's numpy array in C
+(``runtime_native``, built at first use; the Python path when it cannot be built): +0.3 us over the VM call
+instead of +0.9-1.2 (one thread, under load, ``benchmarks/notes/io11.md``).
 
 Which alignment: by default (``PipelineOptions.element_aligned_args``) tvmfuse compiles CPU kernels that
 assume their tensor arguments aligned to the element size only (4 bytes for float32), as every numpy array
