@@ -205,3 +205,31 @@ def test_bind_run_takes_the_native_step_too(way, host, rng):
     buf = np.empty((4, 40), np.float32)
     assert b.run(outputs={cm.outputs[0].name: buf})[cm.outputs[0].name] is buf
     np.testing.assert_array_equal(buf, y2)
+
+
+def test_a_result_handed_back_is_made_in_python_and_later_calls_skip_the_c_step(host, rng, monkeypatch):
+    # call_one returning None (an error, an unexpected result): run() makes the call through tvm-ffi's Python
+    # path and _finish, then stops asking the C step (no second VM call per run)
+    calls = []
+
+    class HandsBack:
+        @staticmethod
+        def call_one(*args):
+            calls.append(args)
+            return None
+
+    runtime_native._reset_for_tests()
+    monkeypatch.setitem(runtime_native._state, "module", HandsBack)
+    monkeypatch.setitem(runtime_native._state, "reason", None)
+    cm = tvmfuse.compile(M.softmax(rows=3, d=24, decomposed=False), host)
+    name = cm.inputs[0].name
+    x = rng.standard_normal((3, 24)).astype(np.float32)
+    for _ in range(3):
+        y = cm.run({name: x})[cm.outputs[0].name]
+        np.testing.assert_allclose(y, _softmax_reference(x), rtol=1e-5, atol=1e-6)
+    assert _path_name(cm) == "run_native" and len(calls) == 1
+    b = cm.bind({name: x})
+    for _ in range(3):
+        np.testing.assert_allclose(b.run()[cm.outputs[0].name], _softmax_reference(x), rtol=1e-5, atol=1e-6)
+    assert len(calls) == 2
+    runtime_native._reset_for_tests()

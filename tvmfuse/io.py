@@ -232,6 +232,7 @@ class Binding:
                 out = native[1](native[2], native[3], self._ptrs[0], plan.single, native[4])
                 if out is not None:
                     return out
+                self._native = (main, None, None, None, None)    # handed back: the Python path from now on
         result = main(*self._args)
         # one fresh output on a CPU, none given: its view at once, as run() (else _finish)
         if (plan.single is not None and plan.on_cpu and not outputs and type(result) is C.Tensor
@@ -592,11 +593,6 @@ def _static_run(plan: _Plan, model: "Executes"):
         return _like_run(run)
     (name0, dtype0, shape0, alignment0), = specs
     seen0 = last if last is not None else [None]      # numpy 1.x: nothing is stored, nothing matches
-    call_one = _native_call_one(plan, model, main)
-    if call_one is not None:
-        return _like_run(_native_run_one(run, main, call_one, checked, finish, plan, specs[0], last, seen0,
-                                         _numpy_typenum_of_output(model)))
-
     def run_one(feeds, outputs=None):
         """``run`` for one input and one output (most models): no loop, no lists, no test made per model
         (issue 11: after a kernel that swept the caches each step costs several times its warm price;
@@ -625,6 +621,10 @@ def _static_run(plan: _Plan, model: "Executes"):
             return {single: numpy_view(result)}
         return finish(result, None, [t])
 
+    call_one = _native_call_one(plan, model, main)
+    if call_one is not None:
+        return _like_run(_native_run_one(run, run_one, main, call_one, checked, finish, plan, specs[0], last,
+                                         seen0, _numpy_typenum_of_output(model)))
     return _like_run(run_one)
 
 
@@ -642,20 +642,26 @@ def _numpy_typenum_of_output(model: "Executes") -> int | None:
     return runtime_native.numpy_typenum(model.outputs[0].dtype) if _numpy_dtype(model.outputs[0].dtype) else None
 
 
-def _native_run_one(run, main, call_one, checked, finish, plan: "_Plan", spec, last, seen0, typenum: int):
+def _native_run_one(run, run_one, main, call_one, checked, finish, plan: "_Plan", spec, last, seen0,
+                    typenum: int):
     """``run`` for one input and one output with the VM call and the result's numpy array made in C
     (``runtime_native``: after a kernel that swept the caches every Python step there runs cold, issue 11).
     The input checks are ``_static_run``'s ``run_one``'s; a result the C step does not take (an error, an
     unexpected kind of result) is made again through tvm-ffi's Python call and ``_finish``, which raise or
-    handle it as without the native step."""
+    handle it as without the native step; later calls then take the Python path (``run_one``) directly,
+    so a result the C step never takes does not cost two VM calls each time."""
     name0, dtype0, shape0, alignment0 = spec
     single = plan.single
     main_handle = main.__chandle__()            # ``main`` (held by this closure) keeps the handle valid
     ndarray, from_dlpack = np.ndarray, C.from_dlpack
 
+    python_only = [False]                      # set once the C step handed a result back
+
     def run_native(feeds, outputs=None):
         if outputs is not None:                      # preallocated outputs: the loop's path checks them
             return run(feeds, outputs)
+        if python_only[0]:
+            return run_one(feeds)
         if type(feeds) is not dict or len(feeds) != 1:
             return checked(feeds, outputs, plan)
         v = feeds.get(name0)
@@ -676,6 +682,7 @@ def _native_run_one(run, main, call_one, checked, finish, plan: "_Plan", spec, l
         out = call_one(main_handle, handle, ptr, single, typenum)
         if out is not None:
             return out
+        python_only[0] = True
         return finish(main(t), None, [t])
 
     return run_native
