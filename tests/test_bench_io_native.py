@@ -46,7 +46,8 @@ def test_control_pairs_and_halves_from_rounds(tmp_path):
     # the artifact's VM 10% slower in the first half only; run() 5% over the VM throughout
     engines = {"io_vm": vm, "io_artifact_vm": [1.1] * 4 + [1.0] * 4, "io_vm_views": vm,
                "io_run_numpy": [1.05] * rounds, "io_artifact_run_numpy": [1.05] * rounds}
-    data = {"date": "d", "rows": [{"workload": "w", "engines": {e: {"ms": {"by_round": r}} for e, r in engines.items()}}]}
+    data = {"date": "d",
+            "rows": [{"workload": "w", "engines": {e: {"ms": {"by_round": r}} for e, r in engines.items()}}]}
     path = tmp_path / "io.json"
     path.write_text(json.dumps(data))
     res = B.analyse(data)["w"]

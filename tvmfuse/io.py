@@ -445,11 +445,11 @@ class _Plan:
                                 None if static else _symbolic_dims(spec.shape),
                                 arg_alignment(dtype, model.element_aligned_args)))
         # per input: (the array last given, its DLPack view, its data pointer, its shape, the view's tvm-ffi
-        # handle: runtime_native's argument) or None.  The
-        # same array object in the next call reuses its view (no DLPack import): its memory cannot have
-        # moved (numpy 2 has no writable ``.data``; resizing an exported array is refused) and its shape
-        # is compared.  The plan keeps the last inputs alive until the next call, as the VM keeps its
-        # last result.  numpy 1.x could reassign ``.data``: no reuse there.
+        # handle: runtime_native's argument) or None.  The same array object in the next call reuses its
+        # view (no DLPack import): its memory cannot have moved (numpy 2 has no writable ``.data``;
+        # resizing an exported array is refused) and its shape is compared.  The plan keeps the last
+        # inputs alive until the next call, as the VM keeps its last result.  numpy 1.x could reassign
+        # ``.data``: no reuse there.
         self.last = [None] * len(self.checks) if _ARRAY_DATA_FIXED else None
         # which path ordinary numpy feeds take: "static" (every input's shape fixed: ``run_static``, made
         # once here), "symbolic" (``in_place``: rank, fixed and named dims, bounds) or "checked" (no
@@ -593,6 +593,7 @@ def _static_run(plan: _Plan, model: "Executes"):
         return _like_run(run)
     (name0, dtype0, shape0, alignment0), = specs
     seen0 = last if last is not None else [None]      # numpy 1.x: nothing is stored, nothing matches
+
     def run_one(feeds, outputs=None):
         """``run`` for one input and one output (most models): no loop, no lists, no test made per model
         (issue 11: after a kernel that swept the caches each step costs several times its warm price;
@@ -632,7 +633,8 @@ def _native_call_one(plan: "_Plan", model: "Executes", main):
     """``runtime_native``'s ``call_one`` when this model's one-input one-output run can use it (a CPU, an
     output dtype it produces, ``main`` a tvm-ffi function, the extension built or loaded), else None (the
     Python path)."""
-    if type(main) is not C.FfiFunction or not plan.on_cpu or plan.single is None or len(plan.checks) != 1 or _numpy_typenum_of_output(model) is None:
+    if (type(main) is not C.FfiFunction or not plan.on_cpu or plan.single is None or len(plan.checks) != 1
+            or _numpy_typenum_of_output(model) is None):
         return None
     module = runtime_native.load()
     return None if module is None else module.call_one
@@ -654,7 +656,6 @@ def _native_run_one(run, run_one, main, call_one, checked, finish, plan: "_Plan"
     single = plan.single
     main_handle = main.__chandle__()            # ``main`` (held by this closure) keeps the handle valid
     ndarray, from_dlpack = np.ndarray, C.from_dlpack
-
     python_only = [False]                      # set once the C step handed a result back
 
     def run_native(feeds, outputs=None):
