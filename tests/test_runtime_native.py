@@ -3,6 +3,7 @@ results and the same no-copy rules as the Python path, and the Python path when 
 built.  Each behaviour runs both ways (``way`` fixture)."""
 from __future__ import annotations
 
+import os
 import shutil
 import sysconfig
 
@@ -16,8 +17,10 @@ from tvmfuse import runtime_native
 
 
 def _has_compiler() -> bool:
+    """A C compiler and Python's headers: what the native step needs to be built (else the Python path is
+    what runs, and only its half of these tests applies)."""
     cc = (sysconfig.get_config_var("CC") or "cc").split()[0]
-    return shutil.which(cc) is not None
+    return shutil.which(cc) is not None and os.path.exists(os.path.join(sysconfig.get_paths()["include"], "Python.h"))
 
 
 @pytest.fixture(params=["native", "python"])
@@ -25,7 +28,7 @@ def way(request, monkeypatch):
     """Models whose plan is made in this test take the native step or the Python path."""
     if request.param == "native":
         if not _has_compiler():
-            pytest.skip("no C compiler: the native step cannot be built here")
+            pytest.skip("no C compiler or Python headers: the native step cannot be built here")
         runtime_native._reset_for_tests()
         assert runtime_native.load() is not None, runtime_native.reason()
     else:
@@ -129,7 +132,7 @@ def test_call_one_hands_back_what_it_does_not_take(host, rng):
     # an error raised by the function, a result that is not a tensor: None (run() then makes the call through
     # tvm-ffi's Python path, which raises or handles it); a tensor of another dtype than expected: None too
     if not _has_compiler():
-        pytest.skip("no C compiler: the native step cannot be built here")
+        pytest.skip("no C compiler or Python headers: the native step cannot be built here")
     runtime_native._reset_for_tests()
     module = runtime_native.load()
     assert module is not None, runtime_native.reason()
