@@ -32,7 +32,7 @@ PARTS = {
     "analysis": (1, ["analysis"]),
     "records": (1, ["records"]),
     "front": (1, ["frontend", "models", "feeds"]),
-    "runtime_io": (1, ["io"]),
+    "runtime_io": (1, ["io", "runtime_native"]),
     "floor": (0, ["_compat", "target", "errors", "report", "explain", "version"]),
 }
 # arrows between different parts of one layer that the table allows (the schedules' accepts(group, target))

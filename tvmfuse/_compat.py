@@ -314,6 +314,23 @@ def _strong_ref_word_big_endian(handle: int):
 strong_ref_word = (_ctypes.c_uint32.from_address if _sys.byteorder == "little" else _strong_ref_word_big_endian)
 
 
+FfiFunction = _tvm_ffi.Function     # a VM function's type: runtime_native calls it through its C handle
+tvm_ffi_function = _tvm_ffi.convert  # a Python callable as a tvm-ffi Function (tests of runtime_native)
+
+
+def tvm_ffi_build_paths() -> tuple[list[str], str, str]:
+    """(include directories, library directory, library name) to compile C code against tvm-ffi's C API
+    (``tvmfuse/runtime_native.c``: ``tvm/ffi/c_api.h`` and ``dlpack/dlpack.h``, linked to libtvm_ffi)."""
+    import os as _os
+
+    from tvm_ffi import libinfo as _libinfo
+    includes = list(dict.fromkeys(list(_libinfo.include_paths()) + [_libinfo.find_dlpack_include_path()]))
+    lib = _libinfo.find_libtvm_ffi()
+    name = _os.path.basename(lib)
+    name = name[3:] if name.startswith("lib") else name
+    return includes, _os.path.dirname(lib), name.split(".")[0]
+
+
 def cpu(index: int = 0):
     return _tvm.cpu(index)
 

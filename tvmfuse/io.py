@@ -31,7 +31,10 @@ kernel that streams megabytes through the caches runs cold (measured, one thread
 ``run()``'s own steps 3 us after a tiny kernel, 8-12 us after a 3 MB sweep), hence so few of them.  Alone
 at two threads that is 2-4 us per call over the VM call after layernorm [512, 768]'s, resnet_block's and
 transformer_block's kernels (0.9 us with warm caches): a fixed cost, 5-8% of layernorm's 45 us call, 2-3%
-of the others (``benchmarks/notes/io10.md``, Table 3's rounds in us per call).
+of the others (``benchmarks/notes/io10.md``, Table 3's rounds in us per call).  So a one-input,
+one-output model (``run`` and ``bind().run``) makes the VM call and the result's numpy array in C
+(``runtime_native``, built at first use; the Python path when it cannot be built): +0.3 us over the VM call
+instead of +0.9-1.2 (one thread, under load, ``benchmarks/notes/io11.md``).
 
 Which alignment: by default (``PipelineOptions.element_aligned_args``) tvmfuse compiles CPU kernels that
 assume their tensor arguments aligned to the element size only (4 bytes for float32), as every numpy array
@@ -55,6 +58,7 @@ from __future__ import annotations
 import numpy as np
 
 from . import _compat as C
+from . import runtime_native
 from .errors import InputError, TvmfuseError
 
 # Bytes: the alignment TVM's generated CPU kernels assume of every tensor argument unless compiled with
@@ -192,6 +196,9 @@ class Binding:
         self.inputs: dict = {s.name: t for s, t in zip(model.inputs, tensors)}
         self._args = tensors
         self._ptrs = [t.data_ptr() for t in tensors]     # an output at one of these is an input: copied
+        # (the VM function, runtime_native's call_one or None, the function's and the input's handles, the
+        # output's numpy type number): made at the first run() of a one-input model, again if _main changed
+        self._native = None
 
     def update(self, feeds: dict) -> None:
         """Copy new values into bound inputs (same shape and dtype), e.g. the next batch."""
@@ -213,7 +220,20 @@ class Binding:
         # preallocated outputs: static ones checked by the plan, a model with a symbolic output fully
         if outputs and (plan.symbolic_outputs or not plan.static_outputs_ok(outputs)):
             model._validate_outputs(outputs)
-        result = model._main()(*self._args)
+        main = model._main()
+        if not outputs and len(self._args) == 1:     # one input, one output: runtime_native's step
+            native = self._native
+            if native is None or native[0] is not main:
+                call_one = _native_call_one(plan, model, main) if _is_tensor(self._args[0]) else None
+                native = self._native = (main, call_one, main.__chandle__() if call_one else None,
+                                         self._args[0].__chandle__() if call_one else None,
+                                         _numpy_typenum_of_output(model) if call_one else None)
+            if native[1] is not None:
+                out = native[1](native[2], native[3], self._ptrs[0], plan.single, native[4])
+                if out is not None:
+                    return out
+                self._native = (main, None, None, None, None)    # handed back: the Python path from now on
+        result = main(*self._args)
         # one fresh output on a CPU, none given: its view at once, as run() (else _finish)
         if (plan.single is not None and plan.on_cpu and not outputs and type(result) is C.Tensor
                 and C.strong_ref_count(result) <= 2 and result.data_ptr() not in self._ptrs):
@@ -424,11 +444,12 @@ class _Plan:
             self.checks.append((spec.name, dtype, tuple(spec.shape) if static else None,
                                 None if static else _symbolic_dims(spec.shape),
                                 arg_alignment(dtype, model.element_aligned_args)))
-        # per input: (the array last given, its DLPack view, its data pointer, its shape) or None.  The
-        # same array object in the next call reuses its view (no DLPack import): its memory cannot have
-        # moved (numpy 2 has no writable ``.data``; resizing an exported array is refused) and its shape
-        # is compared.  The plan keeps the last inputs alive until the next call, as the VM keeps its
-        # last result.  numpy 1.x could reassign ``.data``: no reuse there.
+        # per input: (the array last given, its DLPack view, its data pointer, its shape, the view's tvm-ffi
+        # handle: runtime_native's argument) or None.  The same array object in the next call reuses its
+        # view (no DLPack import): its memory cannot have moved (numpy 2 has no writable ``.data``;
+        # resizing an exported array is refused) and its shape is compared.  The plan keeps the last
+        # inputs alive until the next call, as the VM keeps its last result.  numpy 1.x could reassign
+        # ``.data``: no reuse there.
         self.last = [None] * len(self.checks) if _ARRAY_DATA_FIXED else None
         # which path ordinary numpy feeds take: "static" (every input's shape fixed: ``run_static``, made
         # once here), "symbolic" (``in_place``: rank, fixed and named dims, bounds) or "checked" (no
@@ -504,7 +525,7 @@ class _Plan:
                 if ptr % alignment:
                     return None
                 if last is not None:
-                    last[i] = (v, t, ptr, v.shape)
+                    last[i] = (v, t, ptr, v.shape, t.__chandle__())
             args.append(t)
             ptrs.append(ptr)
         for d, bound in self.bounds:          # above its bound: the full path names it (InputError)
@@ -556,7 +577,7 @@ def _static_run(plan: _Plan, model: "Executes"):
                 if ptr % alignment:
                     return checked(feeds, outputs, plan)
                 if last is not None:
-                    last[i] = (v, t, ptr, shape)
+                    last[i] = (v, t, ptr, shape, t.__chandle__())
             args[i] = t
             ptrs[i] = ptr
             i += 1
@@ -595,13 +616,77 @@ def _static_run(plan: _Plan, model: "Executes"):
             if ptr % alignment0:
                 return checked(feeds, outputs, plan)
             if last is not None:
-                last[0] = (v, t, ptr, shape0)
+                last[0] = (v, t, ptr, shape0, t.__chandle__())
         result = main(t)
         if type(result) is tensor_type and ref_word(result.__chandle__()).value <= 2 and result.data_ptr() != ptr:
             return {single: numpy_view(result)}
         return finish(result, None, [t])
 
+    call_one = _native_call_one(plan, model, main)
+    if call_one is not None:
+        return _like_run(_native_run_one(run, run_one, main, call_one, checked, finish, plan, specs[0], last,
+                                         seen0, _numpy_typenum_of_output(model)))
     return _like_run(run_one)
+
+
+def _native_call_one(plan: "_Plan", model: "Executes", main):
+    """``runtime_native``'s ``call_one`` when this model's one-input one-output run can use it (a CPU, an
+    output dtype it produces, ``main`` a tvm-ffi function, the extension built or loaded), else None (the
+    Python path)."""
+    if (type(main) is not C.FfiFunction or not plan.on_cpu or plan.single is None or len(plan.checks) != 1
+            or _numpy_typenum_of_output(model) is None):
+        return None
+    module = runtime_native.load()
+    return None if module is None else module.call_one
+
+
+def _numpy_typenum_of_output(model: "Executes") -> int | None:
+    return runtime_native.numpy_typenum(model.outputs[0].dtype) if _numpy_dtype(model.outputs[0].dtype) else None
+
+
+def _native_run_one(run, run_one, main, call_one, checked, finish, plan: "_Plan", spec, last, seen0,
+                    typenum: int):
+    """``run`` for one input and one output with the VM call and the result's numpy array made in C
+    (``runtime_native``: after a kernel that swept the caches every Python step there runs cold, issue 11).
+    The input checks are ``_static_run``'s ``run_one``'s; a result the C step does not take (an error, an
+    unexpected kind of result) is made again through tvm-ffi's Python call and ``_finish``, which raise or
+    handle it as without the native step; later calls then take the Python path (``run_one``) directly,
+    so a result the C step never takes does not cost two VM calls each time."""
+    name0, dtype0, shape0, alignment0 = spec
+    single = plan.single
+    main_handle = main.__chandle__()            # ``main`` (held by this closure) keeps the handle valid
+    ndarray, from_dlpack = np.ndarray, C.from_dlpack
+    python_only = [False]                      # set once the C step handed a result back
+
+    def run_native(feeds, outputs=None):
+        if outputs is not None:                      # preallocated outputs: the loop's path checks them
+            return run(feeds, outputs)
+        if python_only[0]:
+            return run_one(feeds)
+        if type(feeds) is not dict or len(feeds) != 1:
+            return checked(feeds, outputs, plan)
+        v = feeds.get(name0)
+        if (type(v) is not ndarray or v.shape != shape0 or (v.dtype is not dtype0 and v.dtype != dtype0)
+                or not v.flags.carray):
+            return checked(feeds, outputs, plan)
+        seen = seen0[0]
+        if seen is not None and seen[0] is v:
+            t, ptr, handle = seen[1], seen[2], seen[4]
+        else:
+            t = from_dlpack(v)
+            ptr = t.data_ptr()
+            if ptr % alignment0:
+                return checked(feeds, outputs, plan)
+            handle = t.__chandle__()
+            if last is not None:
+                last[0] = (v, t, ptr, shape0, handle)
+        out = call_one(main_handle, handle, ptr, single, typenum)
+        if out is not None:
+            return out
+        python_only[0] = True
+        return finish(main(t), None, [t])
+
+    return run_native
 
 
 def _static_outputs_check(model: "Executes"):
@@ -689,7 +774,7 @@ def _symbolic_run(plan: _Plan, model: "Executes"):
                 if ptr % alignment:
                     return checked(feeds, outputs, plan)
                 if last is not None:
-                    last[i] = (v, t, ptr, shape)
+                    last[i] = (v, t, ptr, shape, t.__chandle__())
             args[i] = t
             ptrs[i] = ptr
             shapes[i] = shape

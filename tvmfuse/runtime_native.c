@@ -1,0 +1,152 @@
+/* tvmfuse's native run() step (issue 11): the VM call and its result handed back as a numpy array, in C.
+ *
+ * Built at first use by tvmfuse/runtime_native.py (a C compiler, Python's, numpy's and tvm-ffi's headers);
+ * without it run() takes the same steps in Python (tvmfuse/io.py).  One function:
+ *
+ *   call_one(func_handle, arg_handle, input_data, name, typenum) -> {name: ndarray} | None
+ *
+ * func_handle: the VM function's tvm-ffi handle (``main.__chandle__()``); arg_handle: the input tensor's
+ * handle; input_data: its data pointer; name: the output's name; typenum: the numpy type number the output
+ * must have.  Calls the function with the GIL released (as tvm-ffi's own call does), then:
+ *  - a CPU tensor of that dtype, compact, held only by this result and the VM's last-result register
+ *    (strong count <= 2) and not the input's memory: a numpy array viewing its data; the array's base
+ *    (a capsule) holds the tensor until the array is dropped (the VM's pool gets the buffer back then);
+ *  - the same but shared (a VM constant, the input itself): a numpy copy (writing into the result must not
+ *    change the model or the input);
+ *  - anything else (an error raised by the call, another kind of result): None, with the error cleared and
+ *    the result released; the caller then makes the same call through tvm-ffi's Python path, which raises
+ *    the error as tvm-ffi does or hands the result to the general output handling.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#define NPY_NO_DEPRECATED_API NPY_1_7_API_VERSION
+#include <numpy/arrayobject.h>
+#include <string.h>
+#include <tvm/ffi/c_api.h>
+
+static const char* kCapsuleName = "tvmfuse.tensor";
+
+static void release_tensor(PyObject* capsule) {
+  void* handle = PyCapsule_GetPointer(capsule, kCapsuleName);
+  if (handle != NULL) TVMFFIObjectDecRef(handle);
+}
+
+/* numpy's type number of a DLPack dtype with one lane, or -1 */
+static int dl_typenum(DLDataType t) {
+  if (t.lanes != 1) return -1;
+  switch (t.code) {
+    case kDLFloat:
+      return t.bits == 16 ? NPY_FLOAT16 : t.bits == 32 ? NPY_FLOAT32 : t.bits == 64 ? NPY_FLOAT64 : -1;
+    case kDLInt:
+      return t.bits == 8 ? NPY_INT8 : t.bits == 16 ? NPY_INT16 : t.bits == 32 ? NPY_INT32
+             : t.bits == 64 ? NPY_INT64 : -1;
+    case kDLUInt:
+      return t.bits == 8 ? NPY_UINT8 : t.bits == 16 ? NPY_UINT16 : t.bits == 32 ? NPY_UINT32
+             : t.bits == 64 ? NPY_UINT64 : -1;
+    case kDLBool:
+      return t.bits == 8 ? NPY_BOOL : -1;
+    default:
+      return -1;
+  }
+}
+
+static PyObject* call_one(PyObject* self, PyObject* const* args, Py_ssize_t nargs) {
+  (void)self;
+  if (nargs != 5) {
+    PyErr_SetString(PyExc_TypeError, "call_one(func_handle, arg_handle, input_data, name, typenum)");
+    return NULL;
+  }
+  void* func = PyLong_AsVoidPtr(args[0]);
+  void* arg = PyLong_AsVoidPtr(args[1]);
+  void* input_data = PyLong_AsVoidPtr(args[2]);
+  long typenum = PyLong_AsLong(args[4]);
+  if (PyErr_Occurred()) return NULL;
+  if (func == NULL || arg == NULL) {
+    PyErr_SetString(PyExc_ValueError, "call_one: a null function or tensor handle");
+    return NULL;
+  }
+  TVMFFIAny in;
+  memset(&in, 0, sizeof(in));
+  in.type_index = kTVMFFITensor;
+  in.v_obj = (TVMFFIObject*)arg;
+  TVMFFIAny out;
+  memset(&out, 0, sizeof(out));
+  out.type_index = kTVMFFINone;
+  int rc;
+  Py_BEGIN_ALLOW_THREADS;
+  rc = TVMFFIFunctionCall(func, &in, 1, &out);
+  Py_END_ALLOW_THREADS;
+  if (rc != 0) {                     /* the caller repeats the call through tvm-ffi, which raises it */
+    TVMFFIObjectHandle err = NULL;
+    TVMFFIErrorMoveFromRaised(&err);
+    if (err != NULL) TVMFFIObjectDecRef(err);
+    Py_RETURN_NONE;
+  }
+  if (out.type_index != kTVMFFITensor) {
+    if (out.type_index >= kTVMFFIStaticObjectBegin && out.v_obj != NULL) TVMFFIObjectDecRef(out.v_obj);
+    Py_RETURN_NONE;
+  }
+  TVMFFIObject* obj = out.v_obj;
+  DLTensor* t = (DLTensor*)((char*)obj + sizeof(TVMFFIObject));
+  npy_intp dims[NPY_MAXDIMS];
+  int compact = t->ndim <= NPY_MAXDIMS;
+  if (compact) {
+    int64_t expect = 1;
+    for (int i = t->ndim - 1; i >= 0; --i) {
+      dims[i] = (npy_intp)t->shape[i];
+      if (t->strides != NULL && t->shape[i] != 1 && t->strides[i] != expect) compact = 0;
+      expect *= t->shape[i];
+    }
+  }
+  if (!compact || t->device.device_type != kDLCPU || dl_typenum(t->dtype) != typenum) {
+    TVMFFIObjectDecRef(obj);
+    Py_RETURN_NONE;
+  }
+  void* data = (char*)t->data + t->byte_offset;
+  /* strong count: the low 32 bits of the header's first word (c_api.h, TVMFFIObject) */
+  uint32_t strong = (uint32_t)(obj->combined_ref_count & 0xFFFFFFFFu);
+  int shared = strong > 2 || data == input_data;
+  PyObject* arr;
+  if (shared) {
+    arr = PyArray_SimpleNew(t->ndim, dims, (int)typenum);
+    if (arr != NULL) memcpy(PyArray_DATA((PyArrayObject*)arr), data, PyArray_NBYTES((PyArrayObject*)arr));
+    TVMFFIObjectDecRef(obj);
+    if (arr == NULL) return NULL;
+  } else {
+    PyObject* base = PyCapsule_New(obj, kCapsuleName, release_tensor);
+    if (base == NULL) {
+      TVMFFIObjectDecRef(obj);
+      return NULL;
+    }
+    arr = PyArray_New(&PyArray_Type, t->ndim, dims, (int)typenum, NULL, data, 0, NPY_ARRAY_CARRAY, NULL);
+    if (arr == NULL) {
+      Py_DECREF(base);
+      return NULL;
+    }
+    if (PyArray_SetBaseObject((PyArrayObject*)arr, base) != 0) {   /* steals base, also on failure */
+      Py_DECREF(arr);
+      return NULL;
+    }
+  }
+  PyObject* result = PyDict_New();
+  if (result == NULL || PyDict_SetItem(result, args[3], arr) != 0) {
+    Py_XDECREF(result);
+    Py_DECREF(arr);
+    return NULL;
+  }
+  Py_DECREF(arr);
+  return result;
+}
+
+static PyMethodDef methods[] = {
+    {"call_one", (PyCFunction)(void (*)(void))call_one, METH_FASTCALL,
+     "call_one(func_handle, arg_handle, input_data, name, typenum) -> {name: ndarray} or None"},
+    {NULL, NULL, 0, NULL}};
+
+static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_tvmfuse_native_io", NULL, -1, methods,
+                                          NULL, NULL, NULL, NULL};
+
+PyMODINIT_FUNC PyInit__tvmfuse_native_io(void) {
+  import_array();
+  return PyModule_Create(&module);
+}
