@@ -22,7 +22,9 @@ OPT_IN_MODELS = ("regnet_y", "densenet", "swin", "whisper_encoder",
                  # session 9 (benchmarks/notes/corpus9.md)
                  "resnext", "googlenet", "mobilevit", "wav2vec2", "phi", "qwen2",
                  # session 10 (benchmarks/notes/corpus10.md)
-                 "opt", "bloom", "albert", "efficientnet_v2", "inception_v3")
+                 "opt", "bloom", "albert", "efficientnet_v2", "inception_v3",
+                 # session 11 (benchmarks/notes/corpus11.md)
+                 "roberta", "deberta_v2", "segformer", "convnextv2", "levit")
 
 
 def default_models(entries) -> list[str]:

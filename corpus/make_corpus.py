@@ -77,6 +77,11 @@ def _perturb(model, rng_seed: int):
                 weight.copy_(torch.rand(weight.shape, generator=g) + 0.5)
                 if isinstance(bias, torch.nn.Parameter):
                     bias.copy_(torch.randn(bias.shape, generator=g) * 0.1)
+            # ConvNeXt-V2's global response norm (transformers ConvNextV2GRN): gamma / beta start at 0, which
+            # would make the block skip it
+            if type(m).__name__.endswith("GRN"):
+                m.weight.copy_(torch.rand(m.weight.shape, generator=g) + 0.5)
+                m.bias.copy_(torch.randn(m.bias.shape, generator=g) * 0.1)
             if hasattr(m, "layer_scale") and isinstance(m.layer_scale, torch.nn.Parameter):
                 m.layer_scale.copy_(torch.rand(m.layer_scale.shape, generator=g) * 0.5 + 0.5)
     return model
@@ -501,6 +506,79 @@ def _hf_albert():
                    "transformers": transformers.__version__}
 
 
+# ---- session 11: more unseen families (benchmarks/notes/corpus11.md) ----
+
+def _hf_roberta():
+    """transformers RoBERTa (BERT layers; position ids from the input ids: ``cumsum(input_ids != pad) + pad``,
+    computed per call, a CumSum in the static graph too) at a tiny config without pooler: roberta-base is
+    hidden 768, 12 layers, 12 heads."""
+    _import_torchvision()
+    import transformers
+
+    cfg = dict(vocab_size=VOCAB, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+               intermediate_size=256, max_position_embeddings=SEQ + 2 + 64, type_vocab_size=1, pad_token_id=1,
+               hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
+    config = transformers.RobertaConfig(**_HF_COMMON, **cfg)
+    config._attn_implementation = "eager"
+    model = transformers.RobertaModel(config, add_pooling_layer=False)
+    return model, {"class": "transformers.RobertaModel", "config_class": "transformers.RobertaConfig",
+                   "config": {**_HF_COMMON, **cfg}, "add_pooling_layer": False, "attn_implementation": "eager",
+                   "transformers": transformers.__version__}
+
+
+def _hf_deberta_v2():
+    """transformers DeBERTa-v2 (disentangled attention: content-to-position and position-to-content scores
+    gathered from a relative-position embedding by log-bucketed relative positions, scaled by 1/sqrt(3d))
+    at a tiny config: deberta-v3-base is hidden 768, 12 layers, 12 heads, 256 position buckets."""
+    _import_torchvision()
+    import transformers
+
+    cfg = dict(vocab_size=VOCAB, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+               intermediate_size=256, max_position_embeddings=128, relative_attention=True, position_buckets=16,
+               max_relative_positions=-1, pos_att_type=["p2c", "c2p"], norm_rel_ebd="layer_norm",
+               share_att_key=True, position_biased_input=False, type_vocab_size=0, hidden_dropout_prob=0.0,
+               attention_probs_dropout_prob=0.0)
+    config = transformers.DebertaV2Config(**_HF_COMMON, **cfg)
+    config._attn_implementation = "eager"
+    model = transformers.DebertaV2Model(config)
+    return model, {"class": "transformers.DebertaV2Model", "config_class": "transformers.DebertaV2Config",
+                   "config": {**_HF_COMMON, **cfg}, "attn_implementation": "eager",
+                   "transformers": transformers.__version__}
+
+
+def _hf_segformer():
+    """transformers SegFormer encoder (MiT: overlapping strided patch-embedding convs, efficient
+    self-attention whose keys/values come from a strided "spatial reduction" conv + LayerNorm, Mix-FFN with a
+    3x3 depthwise conv between its two linears) at a tiny config: mit-b0 is hidden (32, 64, 160, 256),
+    depths (2, 2, 2, 2), heads (1, 2, 5, 8) at 512x512."""
+    return _hf("SegformerModel", "SegformerConfig", image_size=IMAGE, num_channels=3, num_encoder_blocks=4,
+               depths=[1, 1, 1, 1], sr_ratios=[8, 4, 2, 1], hidden_sizes=[16, 32, 48, 64],
+               patch_sizes=[7, 3, 3, 3], strides=[4, 2, 2, 2], num_attention_heads=[1, 2, 2, 4],
+               mlp_ratios=[4, 4, 4, 4], hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0,
+               classifier_dropout_prob=0.0, drop_path_rate=0.0)
+
+
+def _hf_convnextv2():
+    """transformers ConvNeXt-V2 (ConvNeXt blocks with a global response norm: the per-channel L2 norm over
+    H x W divided by its mean over channels, ``gamma * (x * n) + beta + x``; no layer scale) at a reduced
+    width/depth: convnextv2-atto is hidden (40, 80, 160, 320), depths (2, 2, 6, 2)."""
+    return _hf("ConvNextV2Model", "ConvNextV2Config", num_channels=3, hidden_sizes=[16, 32, 64, 128],
+               depths=[1, 1, 2, 1], drop_path_rate=0.0, image_size=IMAGE)
+
+
+def _hf_levit():
+    """transformers LeViT (a 4-conv stride-16 stem with hardswish, attention over a 2-D grid with a learned
+    per-head bias gathered by constant offsets, BatchNorm after every linear, hardswish before the output
+    projection, shrinking attention that subsamples the queries) at a reduced config: levit-128S is hidden
+    (128, 256, 384), heads (4, 6, 8), depths (2, 3, 4) at 224x224."""
+    hidden, key_dim = [32, 48, 64], [8, 8, 8]
+    return _hf("LevitModel", "LevitConfig", image_size=IMAGE, num_channels=3, patch_size=16,
+               hidden_sizes=hidden, num_attention_heads=[2, 3, 4], depths=[1, 1, 1], key_dim=key_dim,
+               mlp_ratio=[2, 2, 2], attention_ratio=[2, 2, 2],
+               down_ops=[["Subsample", key_dim[0], hidden[0] // key_dim[0], 4, 2, 2],
+                         ["Subsample", key_dim[0], hidden[1] // key_dim[0], 4, 2, 2]])
+
+
 def _audio_inputs():
     return [{"name": "input_features", "shape": [1, MEL_BINS, FRAMES], "dyn_shape": ["batch", MEL_BINS, FRAMES],
              "dtype": "float32"}]
@@ -558,6 +636,12 @@ MODELS = [
     ("albert", _hf_albert, "transformers", _token_inputs(mask=True), "last_hidden_state"),
     ("efficientnet_v2", _tv_efficientnet_v2, "torchvision", _image_inputs(), "logits"),
     ("inception_v3", _tv_inception_v3, "torchvision", _image_inputs(INCEPTION_IMAGE), "logits"),
+    # session 11 (benchmarks/notes/corpus11.md)
+    ("roberta", _hf_roberta, "transformers", _token_inputs(mask=True), "last_hidden_state"),
+    ("deberta_v2", _hf_deberta_v2, "transformers", _token_inputs(mask=True), "last_hidden_state"),
+    ("segformer", _hf_segformer, "transformers", _image_inputs(), "last_hidden_state"),
+    ("convnextv2", _hf_convnextv2, "transformers", _image_inputs(), "last_hidden_state"),
+    ("levit", _hf_levit, "transformers", _image_inputs(), "last_hidden_state"),
 ]
 
 

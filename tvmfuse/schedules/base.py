@@ -244,6 +244,10 @@ def schedule_with(template: Template, match: Match, func: C.PrimFunc, config: di
     simplifier removes them)."""
     from .index_bounds import drop_wrapless_modulo
 
+    rewrite = getattr(template, "rewrite", None)
+    if rewrite is not None:
+        # a family whose kernels have no blocks to schedule (cpu.scan: TVM's extern scan) rewrites the loops
+        return drop_wrapless_modulo(rewrite(func, match, config))
     sch = C.Schedule(func)
     template.apply(sch, match, config)
     return drop_wrapless_modulo(sch.mod["main"])

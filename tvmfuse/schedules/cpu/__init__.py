@@ -12,6 +12,7 @@ from .matmul import MatmulEpilogue
 from .pooling import WindowPool
 from .prologue import NormMatmul
 from .reduction import RowReduction
+from .scan import Scan
 from .siblings import SiblingMatmuls
 from .symbolic import SymbolicRows
 from .symbolic_matmul import SymbolicMatmulEpilogue
@@ -19,6 +20,8 @@ from .symbolic_prologue import SymbolicNormMatmul
 from .symbolic_siblings import SymbolicSiblings
 
 TEMPLATES: list = [
+    Scan(),                       # first: TVM's extern cumsum / cumprod kernel has no root block, on which
+                                  # the other families' match fails (a template error, not a refusal)
     NormMatmul(),                 # the norm_prologue rule's kernels: row sums + a norm feeding matmuls
     MatmulEpilogue(),
     Attention(),                  # the attention rule's kernels (spec attribute); matmul_epilogue rejects

@@ -43,6 +43,15 @@ class Elementwise(BatchBuckets, U.CpuTemplate, family=FAMILY, config=Elementwise
             return None
         if any(U.has_shift(sch, b) for b in blocks):
             return None   # conformance node/test_bitshift_*_shift_ge_width: see common.has_shift
+        # a chain whose fold into its outputs repeats a large subexpression per use (deberta_v2_dyn's
+        # relative-position buckets: a log bucket read by several wheres and gathers, ~10^4 operations per
+        # output element) is left to the generic schedule, which keeps such producers in memory; folded,
+        # TVM's simplifier ran for over 20 minutes on its indices (benchmarks/notes/corpus11.md)
+        limit = self.table_defaults(target)["max_folded_ops"]
+        folded = max((U.count_ops(U.store_value(sch, b)) for b in blocks
+                      if U.store_value(sch, b) is not None), default=0)
+        if folded > limit:
+            return None
         sizes = []
         for b in blocks:
             extents = U.loop_extents(sch, b)
