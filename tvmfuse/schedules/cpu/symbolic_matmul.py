@@ -267,7 +267,8 @@ class SymbolicMatmulEpilogue(RowBuckets, MM.MatmulEpilogue, family="cpu.symbolic
         # Step 2c makes one symbolic row axis and Step 3 splits it with a predicated last tile.
         super().apply(sch, match, config)
         if not match.info.get("small", False):
-            partition_row_tiles(sch)
+            # one register tile per macro tile: no row loop inside the parallel one, which is split then
+            partition_row_tiles(sch, parallel_too=MM.MatmulConfig.from_dict(config).mc_tiles == 1)
 
 
 # the row-tiled nest's loop-partition hint: shared with cpu.matmul_epilogue (a static row count that is not a

@@ -86,7 +86,8 @@ class SymbolicSiblings(RowBuckets, SiblingMatmuls, family="cpu.symbolic_siblings
     def apply(self, sch: C.Schedule, match: Match, config: dict) -> None:
         super().apply(sch, match, config)
         if not match.info.get("small", False):
-            partition_row_tiles(sch)
+            # one register tile per macro tile: no row loop inside the parallel one, which is split then
+            partition_row_tiles(sch, parallel_too=int(config["mc_tiles"]) == 1)
 
 
 def small_lanes(ns, lanes: int) -> int:
