@@ -229,6 +229,24 @@ def _apply(sch: C.Schedule, lanes: int, drop: int, parallel: bool = True):
     return rows[0]
 
 
+def _row_length(func: C.PrimFunc, rows) -> int | None:
+    """The most elements per row (``rows``: the row loop's extent) of any block of ``func``: each block's
+    domain is a constant multiple of the rows (a norm over a static hidden size: the hidden size) or static
+    (a few parameters, skipped); None when one is neither (a softmax over ``sequence``: symbolic per row)."""
+    ana = C.Analyzer()
+    best = None
+    sch = C.Schedule(func)
+    for block in U.top_blocks(sch):
+        domain = ana.simplify(_product([iv.dom.extent for iv in sch.get(block).iter_vars]))
+        if isinstance(domain, C.tirx.IntImm):
+            continue
+        per_row = ana.simplify(C.tirx.floordiv(domain, rows))
+        if not isinstance(per_row, C.tirx.IntImm) or not ana.can_prove_equal(per_row * rows, domain):
+            return None
+        best = max(best or 0, int(per_row))
+    return best
+
+
 class SymbolicRows(U.CpuTemplate, family="cpu.symbolic_rows", config=SymbolicRowsConfig):
     def accepts(self, group, target: C.Target) -> str | None:
         """A group with a symbolic extent and a reduction or matmul/conv.  Whether every block can be
@@ -259,14 +277,21 @@ class SymbolicRows(U.CpuTemplate, family="cpu.symbolic_rows", config=SymbolicRow
                 log.debug("%s, row loop less %d: %s", self.family, drop,
                           (str(e).strip().splitlines() or [""])[-1])
                 continue
-            return Match(self.family, {"drop": drop, "rows": rows})
+            return Match(self.family, {"drop": drop, "rows": rows, "row_len": _row_length(func, rows)})
         return None
 
     # ------------------------------------------------------------------ size buckets
     def buckets(self, match: Match, target: C.Target) -> tuple[Bucket, ...]:
-        """Symbolic rows: a serial nest up to ``min_rows_per_core`` x cores - 1 rows, a parallel one above
-        (static rows, or a target with one core and one row per core: one parallel nest)."""
+        """Symbolic rows: a serial nest up to ``min_rows_per_core`` x cores - 1 rows, or (more) the rows
+        whose elements stay under the fork/join cost (``common.serial_batches`` of the static row length,
+        ``row_len``: what a static build's ``parallel`` default decides at those sizes, and
+        ``cpu.row_reduction``'s bound over symbolic rows), a parallel one above (static rows, or a target
+        with one core and one row per core: one parallel nest).  gpt2_dyn's LayerNorm kernels at 17 rows of
+        64: two parallel loops (two thread-pool launches) on 1k elements, 3.7 us per call against the
+        static build's serial 0.9 (2 threads, in the model, under load; benchmarks/notes/symmm11.md)."""
         serial = int(self.table_defaults(target)["min_rows_per_core"]) * cpu_info(target).cores - 1
+        if serial >= 1 and match.info.get("row_len"):
+            serial = max(serial, U.serial_batches(match.info["row_len"], target))
         if isinstance(match.info["rows"], C.tirx.IntImm) or serial < 1:
             return ()
         return Bucket(f"rows<={serial}", serial), Bucket(f"rows>{serial}", None)
