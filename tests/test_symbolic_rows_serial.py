@@ -31,6 +31,17 @@ def _residual_norm():
     return g.model()
 
 
+def _position_norm():
+    """y = LayerNorm(x + 2 p) over x [batch, sequence, 64] and a position table p [sequence, 64] (gpt2's
+    embedding kernel: a block over ``sequence x 64`` next to the ``batch x sequence`` rows)."""
+    g = M._G("pos_ln_rows")
+    x, p = g.input("x", ("batch", "sequence", HIDDEN)), g.input("p", ("sequence", HIDDEN))
+    s = g.op("Add", x, g.op("Mul", p, g.const(np.float32(2.0))))
+    g.op("LayerNormalization", s, g.weight((HIDDEN,), 1.0), g.weight((HIDDEN,), 1.0), axis=-1, epsilon=1e-5)
+    g.rename_last("y", ("batch", "sequence", HIDDEN))
+    return g.model()
+
+
 def _softmax():
     """softmax over [rows, seq] (both symbolic): elements per row unknown until run time."""
     g = M._G("softmax_rows")
@@ -77,6 +88,18 @@ def test_rows_under_the_fork_join_cost_take_the_serial_nest(target):
         assert (_parallel_loops(nest.mod["main"]) > 0) == parallel, bucket.name
 
 
+@pytest.mark.parametrize("target", ["skx-2", "neon-4"])
+def test_a_block_over_a_factor_of_the_rows_counts_its_elements_per_row_at_most(target):
+    """The position table's block (``sequence x 64``) has at most 64 elements per ``batch x sequence`` row."""
+    tgt = parse_target(TARGETS[target])
+    kname, func = _only_kernel(_position_norm(), tgt)
+    t = SymbolicRows()
+    match = t.match(func, tgt)
+    assert match is not None and match.info["row_len"] == HIDDEN
+    limit = template_defaults(tgt, "cpu.parallel")["fork_join_work_per_core"] * cpu_info(tgt).cores
+    assert t.buckets(match, tgt)[0].max_extent == (limit - 1) // HIDDEN
+
+
 @pytest.mark.parametrize("target", ["haswell-2", "skx-2"])
 def test_rows_of_symbolic_length_keep_the_table_bound(target):
     """A softmax over ``seq``: the elements per row are not a constant, so the bound stays the table's."""
@@ -99,3 +122,13 @@ def test_residual_norm_matches_the_reference_on_both_sides_of_the_bound(host, rn
         out, ref = cm.run(feeds), M.reference_outputs(model, feeds)
         for name, r in ref.items():
             np.testing.assert_allclose(out[name], r, rtol=1e-4, atol=1e-4, err_msg=f"{name} at {n} rows")
+
+
+def test_position_norm_matches_the_reference(host, rng):
+    model = _position_norm()
+    cm = tvmfuse.compile(model, target=host)
+    for b, s in ((1, 1), (1, 17), (3, 17), (1, 128), (2, 300)):
+        feeds = {"x": rng.standard_normal((b, s, HIDDEN)).astype(np.float32),
+                 "p": rng.standard_normal((s, HIDDEN)).astype(np.float32)}
+        np.testing.assert_allclose(cm.run(feeds)["y"], M.reference_outputs(model, feeds)["y"], rtol=1e-4,
+                                   atol=1e-4, err_msg=f"{b}x{s}")

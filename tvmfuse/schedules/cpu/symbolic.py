@@ -23,6 +23,7 @@ a buffer of both nests would be allocated whole at the kernel's root.
 from __future__ import annotations
 
 import logging
+import math
 from dataclasses import dataclass
 
 from ... import _compat as C
@@ -229,21 +230,53 @@ def _apply(sch: C.Schedule, lanes: int, drop: int, parallel: bool = True):
     return rows[0]
 
 
-def _row_length(func: C.PrimFunc, rows) -> int | None:
-    """The most elements per row (``rows``: the row loop's extent) of any block of ``func``: each block's
-    domain is a constant multiple of the rows (a norm over a static hidden size: the hidden size) or static
-    (a few parameters, skipped); None when one is neither (a softmax over ``sequence``: symbolic per row)."""
+def _vars_of(expr) -> dict:
+    found = {}
+
+    def visit(node):
+        if isinstance(node, C.tirx.Var):
+            found.setdefault(str(node.name), node)
+
+    C.post_order_visit(expr, visit)
+    return found
+
+
+def _at(expr, variables: dict, sizes: dict) -> int:
+    """``expr`` with its shape variables bound to ``sizes`` (by name), as an int."""
     ana = C.Analyzer()
+    for name, var in variables.items():
+        ana.bind(var, C.tirx.IntImm(str(var.ty), sizes[name]))
+    return int(ana.simplify(expr))
+
+
+# the size each shape variable is set to, alone, to see whether a block's elements per row grow with it
+_PROBE_SIZE = 8
+
+
+def _row_length(func: C.PrimFunc, rows) -> int | None:
+    """The most elements per row (``rows``: the row loop's extent) of any block of ``func``, at the sizes
+    where that is largest: each block's domain over the rows' own shape variables (a norm's
+    ``batch x sequence x 64``: 64; gpt2's position lookup ``sequence x 64`` over ``batch x sequence``
+    rows: 64 / batch, at most 64) whose elements per row do not grow with any of them; blocks over static
+    extents only (a few parameters) are skipped.  None when a block's domain has another shape variable
+    or grows faster than the rows (a softmax over ``sequence``: symbolic per row)."""
+    variables = _vars_of(rows)
+    ones = {name: 1 for name in variables}
     best = None
     sch = C.Schedule(func)
     for block in U.top_blocks(sch):
-        domain = ana.simplify(_product([iv.dom.extent for iv in sch.get(block).iter_vars]))
-        if isinstance(domain, C.tirx.IntImm):
+        domain = _product([iv.dom.extent for iv in sch.get(block).iter_vars])
+        used = _vars_of(domain)
+        if not used:
             continue
-        per_row = ana.simplify(C.tirx.floordiv(domain, rows))
-        if not isinstance(per_row, C.tirx.IntImm) or not ana.can_prove_equal(per_row * rows, domain):
+        if not set(used) <= set(variables):
             return None
-        best = max(best or 0, int(per_row))
+        base = _at(domain, variables, ones) / max(1, _at(rows, variables, ones))
+        for name in variables:
+            probe = {**ones, name: _PROBE_SIZE}
+            if _at(domain, variables, probe) / _at(rows, variables, probe) > base:
+                return None
+        best = max(best or 0, math.ceil(base))
     return best
 
 
