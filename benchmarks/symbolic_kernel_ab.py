@@ -3,7 +3,7 @@ build's kernel for the same size (issue 13): each kernel of the corpus model's `
 contains ``--kernel``, the bucket ``--bucket`` (default: the open, last one) scheduled with its default and each
 ``--set`` override, and the same kernel of a build pinned to ``--dims`` with its static template's default;
 all built for ``--target`` (default: the host), timed interleaved on the calling thread's CPU time
-(``time.thread_time``; run with TVM_NUM_THREADS=1), min of rounds, at the ``--dims`` sizes.  Every variant's
+(``time.thread_time``; run with TVM_NUM_THREADS=1; ``--wall``: wall clock, default threads), min of rounds, at the ``--dims`` sizes.  Every variant's
 outputs are compared with the static kernel's.  Output: JSON lines; on a shared machine the times are
 measured under load.
 
@@ -48,11 +48,13 @@ def _build(func, target):
     return C.build_prim_module(C.IRModule({"main": func.with_attr("global_symbol", "main")}), target)["main"]
 
 
-def _same_signature(a, b) -> bool:
-    """Same buffer parameters (dtypes and ranks) in the same order: the static kernel is this one pinned."""
+def _same_signature(a, b, dims: dict) -> bool:
+    """Same buffer parameters (dtypes and shapes, the symbolic one's at ``dims``) in the same order: the static
+    kernel ``a`` is the symbolic ``b`` pinned (ranks alone would pair gpt2's 64 x 64 and 64 x 256 matmuls)."""
     pa, pb = _buffers(a), _buffers(b)
-    return len(pa) == len(pb) and all(str(x.dtype) == str(y.dtype) and len(x.shape) == len(y.shape)
-                                      for x, y in zip(pa, pb))
+    return len(pa) == len(pb) and all(
+        str(x.dtype) == str(y.dtype) and [_eval(d, dims) for d in x.shape] == [_eval(d, dims) for d in y.shape]
+        for x, y in zip(pa, pb))
 
 
 def _buffers(func) -> list:
@@ -88,7 +90,11 @@ def main(argv=None) -> int:
     ap.add_argument("--target", default=None, help="build target (default: the host, its cores)")
     ap.add_argument("--rounds", type=int, default=11)
     ap.add_argument("--repeat", type=int, default=20)
+    ap.add_argument("--wall", action="store_true",
+                    help="time wall clock (perf_counter) with the runtime's default threads, not the calling "
+                         "thread's CPU time: a kernel's parallel split and fork/join show only there")
     a = ap.parse_args(argv)
+    clock = time.perf_counter if a.wall else time.thread_time
     target = tvmfuse.parse_target(a.target) if a.target else tvmfuse.host_target()
     entry = {e["name"]: e for e in corpus_io.load_manifest()["models"]}[a.model]
     dims = SK._dims(a.dims)
@@ -112,7 +118,7 @@ def main(argv=None) -> int:
                 continue
             variants[text] = cfg
         built = {label: _build(schedule_with(template, bm, func, cfg), target) for label, cfg in variants.items()}
-        pinned = [(n, f) for n, f in static.items() if _same_signature(f, func)]
+        pinned = [(n, f) for n, f in static.items() if _same_signature(f, func, dims)]
         if pinned:
             sname, sfunc = pinned[0]
             sfound = find_template(sfunc, target, templates_for(target))
@@ -155,14 +161,16 @@ def main(argv=None) -> int:
             for v, f in built.items():
                 args = ([values[p] for p in params if hasattr(p, "shape") and p in values] + outs[v]
                         if v.startswith("static") else _ordered(params, values, outs[v]))
-                t0 = time.thread_time()
+                t0 = clock()
                 for _ in range(a.repeat):
                     f(*args)
-                times[v].append((time.thread_time() - t0) / a.repeat * 1e6)
+                times[v].append((clock() - t0) / a.repeat * 1e6)
         print(json.dumps({"model": a.model, "dims": a.dims, "kernel": name, "family": template.family,
                           "bucket": bucket.name if bucket else None,
                           "us": {v: round(min(t), 2) for v, t in times.items()}, "default": default,
-                          "clock": "thread_time, min of rounds, one thread, measured under load"}))
+                          "clock": ("wall, default threads" if a.wall else "thread_time, one thread")
+                          + ", min of rounds, measured under load",
+                          "load_1min": round(os.getloadavg()[0], 2)}))
     return 0
 
 

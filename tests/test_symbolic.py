@@ -718,7 +718,8 @@ def _layer_norm(rows=("batch", "sequence"), hidden=64):
 def test_symbolic_norm_is_serial_for_few_rows_and_vectorized(target):
     """cpu.symbolic_rows over one symbolic row axis ([sequence, hidden]; over several, [batch, sequence,
     hidden], cpu.row_reduction takes the norm: test_symbolic_norms.py): one nest per size bucket, serial up to min_rows_per_core x
-    cores - 1 rows (a thread-pool fork costs more than a few rows of a norm), parallel above; in both the
+    cores - 1 rows or (more, here) the rows whose 64 elements each stay under the fork/join cost (a
+    thread-pool fork costs more than a few rows of a norm; the static default's rule), parallel above; in both the
     mean and variance sums are vector partial sums (rfactor by the lanes: vectorized reduction loops) and
     the normalization is vectorized along the static row; no intermediate is left at full size."""
     from tvmfuse.schedules import schedule_prim_func
@@ -729,7 +730,10 @@ def test_symbolic_norm_is_serial_for_few_rows_and_vectorized(target):
     (kname, func), = _symbolic_kernels(_layer_norm(rows=("sequence",)), tgt).items()
     res = schedule_prim_func(func, tgt, {}, kname)
     assert res.template == "cpu.symbolic_rows"
-    bound = template_defaults(tgt, "cpu.symbolic_rows")["min_rows_per_core"] * cpu_info(tgt).cores - 1
+    cores = cpu_info(tgt).cores
+    limit = template_defaults(tgt, "cpu.parallel")["fork_join_work_per_core"] * cores
+    bound = max(template_defaults(tgt, "cpu.symbolic_rows")["min_rows_per_core"] * cores - 1, (limit - 1) // 64)
+    assert bound == (limit - 1) // 64       # the work rule binds: 64-element rows
     assert [b["bucket"] for b in res.config["buckets"]] == [f"rows<={bound}", f"rows>{bound}"]
     t = SymbolicRows()
     match = t.match(func, tgt)

@@ -738,13 +738,21 @@ class MatmulEpilogue(U.CpuTemplate, family="cpu.matmul_epilogue", config=MatmulC
             partition_row_tiles(sch)
 
 
-def partition_row_tiles(sch: C.Schedule) -> None:
+def partition_row_tiles(sch: C.Schedule, parallel_too: bool = False) -> None:
     """A row-tiled nest's predicate ("this row exists") sits on every row of the register tile inside
     the k loop: LLVM then keeps the accumulators in memory (a load, FMA and store per step: 211 us against
     36 us with the hint for the FFN-down kernel at 136 rows, measured under load).  A loop-partition hint
-    on the matmul's serial and parallel loops makes TVM's LoopPartition split the tiles whose rows all
-    exist (no predicate: register accumulators) from the last one; on the k loops, whose variables the
-    predicate does not hold, it does nothing."""
+    on the matmul's serial loops makes TVM's LoopPartition split the register tiles whose rows all exist
+    (no predicate: register accumulators) from the last one; on the k loops, whose variables the
+    predicate does not hold, it does nothing.
+
+    Not on a parallel loop unless ``parallel_too`` (a macro tile of one register tile: no serial row loop
+    inside it to split): LoopPartition splits a hinted parallel loop into two parallel loops (the whole
+    macro tiles, then the last one), i.e. two launches of the thread pool per call, the second for one
+    task.  gpt2_dyn's 17 x 64 @ 64 x 64 at 2 threads: 15.3 -> 8.3 us with the hint on the serial loops
+    only (the row-tile loop inside each macro tile is split instead), 1.28 -> 1.20 us at one thread
+    (kernel-only, under load, benchmarks/notes/symmm11.md);
+    tests/test_symbolic_matmul_rows.py::test_row_tiled_nest_launches_the_thread_pool_once."""
     func = sch.mod["main"]
     names = []
     C.post_order_visit(func.body, lambda n: names.append(str(n.name_hint))
@@ -756,5 +764,6 @@ def partition_row_tiles(sch: C.Schedule) -> None:
         if not U.is_reduction(sch, block):
             continue
         for loop in sch.get_loops(block):
-            if sch.get(loop).kind in (C.ForKind.SERIAL, C.ForKind.PARALLEL):
+            kind = sch.get(loop).kind
+            if kind == C.ForKind.SERIAL or (parallel_too and kind == C.ForKind.PARALLEL):
                 sch.annotate(loop, "pragma_loop_partition_hint", 1)

@@ -23,6 +23,7 @@ a buffer of both nests would be allocated whole at the kernel's root.
 from __future__ import annotations
 
 import logging
+import math
 from dataclasses import dataclass
 
 from ... import _compat as C
@@ -229,6 +230,56 @@ def _apply(sch: C.Schedule, lanes: int, drop: int, parallel: bool = True):
     return rows[0]
 
 
+def _vars_of(expr) -> dict:
+    found = {}
+
+    def visit(node):
+        if isinstance(node, C.tirx.Var):
+            found.setdefault(str(node.name), node)
+
+    C.post_order_visit(expr, visit)
+    return found
+
+
+def _at(expr, variables: dict, sizes: dict) -> int:
+    """``expr`` with its shape variables bound to ``sizes`` (by name), as an int."""
+    ana = C.Analyzer()
+    for name, var in variables.items():
+        ana.bind(var, C.tirx.IntImm(str(var.ty), sizes[name]))
+    return int(ana.simplify(expr))
+
+
+# the size each shape variable is set to, alone, to see whether a block's elements per row grow with it
+_PROBE_SIZE = 8
+
+
+def _row_length(func: C.PrimFunc, rows) -> int | None:
+    """The most elements per row (``rows``: the row loop's extent) of any block of ``func``, at the sizes
+    where that is largest: each block's domain over the rows' own shape variables (a norm's
+    ``batch x sequence x 64``: 64; gpt2's position lookup ``sequence x 64`` over ``batch x sequence``
+    rows: 64 / batch, at most 64) whose elements per row do not grow with any of them; blocks over static
+    extents only (a few parameters) are skipped.  None when a block's domain has another shape variable
+    or grows faster than the rows (a softmax over ``sequence``: symbolic per row)."""
+    variables = _vars_of(rows)
+    ones = {name: 1 for name in variables}
+    best = None
+    sch = C.Schedule(func)
+    for block in U.top_blocks(sch):
+        domain = _product([iv.dom.extent for iv in sch.get(block).iter_vars])
+        used = _vars_of(domain)
+        if not used:
+            continue
+        if not set(used) <= set(variables):
+            return None
+        base = _at(domain, variables, ones) / max(1, _at(rows, variables, ones))
+        for name in variables:
+            probe = {**ones, name: _PROBE_SIZE}
+            if _at(domain, variables, probe) / _at(rows, variables, probe) > base:
+                return None
+        best = max(best or 0, math.ceil(base))
+    return best
+
+
 class SymbolicRows(U.CpuTemplate, family="cpu.symbolic_rows", config=SymbolicRowsConfig):
     def accepts(self, group, target: C.Target) -> str | None:
         """A group with a symbolic extent and a reduction or matmul/conv.  Whether every block can be
@@ -259,14 +310,21 @@ class SymbolicRows(U.CpuTemplate, family="cpu.symbolic_rows", config=SymbolicRow
                 log.debug("%s, row loop less %d: %s", self.family, drop,
                           (str(e).strip().splitlines() or [""])[-1])
                 continue
-            return Match(self.family, {"drop": drop, "rows": rows})
+            return Match(self.family, {"drop": drop, "rows": rows, "row_len": _row_length(func, rows)})
         return None
 
     # ------------------------------------------------------------------ size buckets
     def buckets(self, match: Match, target: C.Target) -> tuple[Bucket, ...]:
-        """Symbolic rows: a serial nest up to ``min_rows_per_core`` x cores - 1 rows, a parallel one above
-        (static rows, or a target with one core and one row per core: one parallel nest)."""
+        """Symbolic rows: a serial nest up to ``min_rows_per_core`` x cores - 1 rows, or (more) the rows
+        whose elements stay under the fork/join cost (``common.serial_batches`` of the static row length,
+        ``row_len``: what a static build's ``parallel`` default decides at those sizes, and
+        ``cpu.row_reduction``'s bound over symbolic rows), a parallel one above (static rows, or a target
+        with one core and one row per core: one parallel nest).  gpt2_dyn's LayerNorm kernels at 17 rows of
+        64: two parallel loops (two thread-pool launches) on 1k elements, 3.7 us per call against the
+        static build's serial 0.9 (2 threads, in the model, under load; benchmarks/notes/symmm11.md)."""
         serial = int(self.table_defaults(target)["min_rows_per_core"]) * cpu_info(target).cores - 1
+        if serial >= 1 and match.info.get("row_len"):
+            serial = max(serial, U.serial_batches(match.info["row_len"], target))
         if isinstance(match.info["rows"], C.tirx.IntImm) or serial < 1:
             return ()
         return Bucket(f"rows<={serial}", serial), Bucket(f"rows>{serial}", None)

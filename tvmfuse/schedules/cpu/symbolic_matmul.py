@@ -122,11 +122,13 @@ class RowBuckets:
 
     def row_macro_tiles(self, want: int, choices: dict, target: C.Target) -> int:
         """The row-tiled nest's macro tile in register tiles of rows: at most the table's ``row_mc_tiles``
-        (and ``want``).  The row count is known at run time only, and TVM's loop partition splits off
-        the last *macro* tile of rows: every register tile in it keeps the "row exists" predicate inside
-        its k loop (partial sums in memory, ~5x the time per row, measured under load), so a macro tile
-        of 8 register tiles put up to 31 rows on that path (BERT's FFN at 51 rows: 19 of them, the
-        kernel at 2x the static one).  The table's 2, not 1: with one register tile per macro tile TVM's
+        (and ``want``).  The row count is known at run time only.  The cap was set when TVM's loop
+        partition split off the last *macro* tile of rows (the hint was on the parallel loop): every
+        register tile in it kept the "row exists" predicate inside its k loop (partial sums in memory, ~5x
+        the time per row, measured under load), so a macro tile of 8 register tiles put up to 31 rows on
+        that path (BERT's FFN at 51 rows: 19 of them, the kernel at 2x the static one).  Since symmm11 the
+        hint is on the serial register-tile loop inside each macro tile (``partition_row_tiles``), so only
+        the last register tile keeps the predicate; the cap was not re-measured since.  The table's 2, not 1: with one register tile per macro tile TVM's
         CompactBufferAllocation no longer shrinks the accumulator to the tile (it stays a rows x N
         buffer from the workspace allocator, and LLVM stores every partial sum: the kernel slower
         still; tests/test_symbolic_token_models.py checks the accumulator's static size)."""
@@ -267,7 +269,8 @@ class SymbolicMatmulEpilogue(RowBuckets, MM.MatmulEpilogue, family="cpu.symbolic
         # Step 2c makes one symbolic row axis and Step 3 splits it with a predicated last tile.
         super().apply(sch, match, config)
         if not match.info.get("small", False):
-            partition_row_tiles(sch)
+            # one register tile per macro tile: no row loop inside the parallel one, which is split then
+            partition_row_tiles(sch, parallel_too=MM.MatmulConfig.from_dict(config).mc_tiles == 1)
 
 
 # the row-tiled nest's loop-partition hint: shared with cpu.matmul_epilogue (a static row count that is not a

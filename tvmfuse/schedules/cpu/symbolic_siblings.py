@@ -86,7 +86,13 @@ class SymbolicSiblings(RowBuckets, SiblingMatmuls, family="cpu.symbolic_siblings
     def apply(self, sch: C.Schedule, match: Match, config: dict) -> None:
         super().apply(sch, match, config)
         if not match.info.get("small", False):
-            partition_row_tiles(sch)
+            # the parallel loop split too (two thread-pool launches, as before symmm11) with one register tile
+            # per macro tile (no row loop inside the parallel one) or zero-padded columns: llama_dyn's gate/up
+            # (N = 172 padded) with the hint inside the macro tiles only ran 8.2 -> 10.1 us per call at 17
+            # rows, one thread (under load, benchmarks/notes/symmm11.md)
+            nr = int(config["nvec"]) * int(config["lanes"])
+            padded = bool(config.get("pad_n")) and any(n % nr for n in match.info["Ns"].values())
+            partition_row_tiles(sch, parallel_too=int(config["mc_tiles"]) == 1 or padded)
 
 
 def small_lanes(ns, lanes: int) -> int:
