@@ -4,7 +4,8 @@ with the output channels on the vector lanes: ``cpu.conv1x1``'s register tile fo
 Matches what ``conv2d.find_conv`` matches (one conv block, its padding block, at most one elementwise
 epilogue: bias / folded BatchNorm, ReLU, residual add) when the conv has a window (not 1x1 stride 1: that
 is ``cpu.conv1x1``), is not grouped, its output plane has fewer pixels than the target table's
-``plane_pixels_below`` (``template_defaults["cpu.conv2d_lanes"]``), a vector width (the target's or half)
+``plane_pixels_below`` (``template_defaults["cpu.conv2d_lanes"]``; or fewer than ``wide_plane_pixels_below``
+where the direct template's rows leave its vectors partly empty: ``plane_why``), a vector width (the target's or half)
 divides the output channels, and its weights are stored with the output channels last: blocked
 ``[co // B, ci, ky, kx, co % B]`` (kernel layout ``OIHW<B>o``, B the default register tile's channels:
 ``weight_block``) or [ci, ky, kx, co] (IHWO).  Constant weights come blocked from the graph rewrite
