@@ -38,8 +38,10 @@ ZNVER5 = '{"kind": "llvm", "mtriple": "x86_64-linux-gnu", "mcpu": "znver5", "num
 NEON = '{"kind": "llvm", "mtriple": "aarch64-linux-gnu", "mcpu": "neoverse-n1", "num-cores": 2}'
 TARGETS = {"znver5": ZNVER5, "skylake": S.SKYLAKE, "haswell": S.HASWELL, "neon": NEON}
 
-# bench_cpu.py's resnet_block at half its channels (16 -> 16 on 28x28, the residual add), cheap to build
+# bench_cpu.py's resnet_block at half its channels (16 -> 16 on 28x28, the residual add), and at 32 output
+# channels (two vectors: the wide tile 1 x 7 x 2), cheap to build
 RESNET_28 = dict(cin=16, cout=16, h=28, w=28)
+WIDE_28 = dict(cin=16, cout=32, h=28, w=28)
 
 
 def _parallel_loops(func) -> int:
@@ -60,7 +62,8 @@ def test_row_lane_use():
 # ----------------------------------------------------------------------------------------- wide planes
 # (target, conv_block kwargs, template, default (oh_tile, ow_tile, nvec) on the lanes)
 WIDE = [
-    ("znver5", RESNET_28, LANES, (1, 7, 1)),    # one vector of channels: no tile of 8 accumulators, most pixels
+    ("znver5", RESNET_28, CONV, None),          # one vector of channels: 1 x 7 x 1, under wide_min_accumulators
+    ("neon", dict(cin=8, cout=16, h=17, w=17), CONV, None),     # 17 columns: a 1 x 1 x 4 tile, 4 accumulators
     ("znver5", dict(cin=16, cout=32, h=28, w=28), LANES, (1, 7, 2)),
     ("skylake", dict(cin=16, cout=32, h=28, w=28), LANES, (1, 7, 2)),
     ("haswell", dict(cin=16, cout=32, h=28, w=28), LANES, (1, 4, 2)),   # 16 registers: 8 accumulators
@@ -102,22 +105,24 @@ def test_wide_rule_comes_from_the_target_table(monkeypatch):
     """wide_lane_use_below 0 (never) or wide_plane_pixels_below at the plane's pixels: the 28x28 conv keeps its
     OIHW weights and the direct template, the kernel of before this rule."""
     tgt = tvmfuse.parse_target(ZNVER5)
-    model = conv_block(**RESNET_28)
+    model = conv_block(**WIDE_28)
+    kname, func = _kernel(model, tgt)
+    assert schedule_prim_func(func, tgt, {}, kname).template == LANES
     for entry, value in (("wide_lane_use_below", 0), ("wide_plane_pixels_below", 784)):
         table = json.loads(json.dumps(TG.cpu_table()))
         table["template_defaults"][LANES][entry] = value
         monkeypatch.setattr(TG, "cpu_table", lambda table=table: table)
         kname, func = _kernel(model, tgt)
-        assert [int(d) for d in func.params[1].shape] == [16, 16, 3, 3], entry
+        assert [int(d) for d in func.params[1].shape] == [32, 16, 3, 3], entry
         assert schedule_prim_func(func, tgt, {}, kname).template == CONV, entry
 
 
 def test_wide_plane_numerics_vs_reference(host, rng):
-    """The 28x28 block with its residual add, compiled for the host (on the lanes where the host's vectors
+    """The 16 -> 32 conv on 28x28 with its residual add, compiled for the host (on the lanes where the host's vectors
     leave the direct template's rows partly empty, else the direct template) vs the ONNX reference."""
-    model = conv_block(**RESNET_28)
+    model = conv_block(**WIDE_28)
     cm = tvmfuse.compile(model, host)
-    want = CONV if plane_why(28, 28, 16, 16, host) else LANES
+    want = CONV if plane_why(28, 28, 32, 16, host) else LANES
     assert [s["template"] for s in cm.report.schedules] == [want], cm.report.schedules
     assert_close_to_reference(model, cm, rng, rtol=1e-4, atol=1e-4)
 

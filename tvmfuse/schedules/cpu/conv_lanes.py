@@ -98,7 +98,8 @@ def plane_why(oh: int, ow: int, out_channels: int, in_channels: int, target: C.T
     A plane of ``plane_pixels_below`` pixels or more stays with the direct template (vectorized along the
     output row) unless it has fewer than ``wide_plane_pixels_below`` pixels and that template's best row tile
     fills fewer than ``wide_lane_use_below`` of the vector lanes (``conv2d.row_lane_use``: 28 columns on
-    AVX-512's 16 lanes, 14-column tiles, 0.875): there the output channels on the lanes fill them all.  One
+    AVX-512's 16 lanes, 14-column tiles, 0.875) and the default tile has ``wide_min_accumulators``: there the
+    output channels on the lanes fill them all.  One
     core, CPU time, under load (``benchmarks/notes/conv11.md``): bench_cpu's resnet_block (two 32->32 convs on
     28x28, the second with the residual add) 0.94x the direct template's time; on rows the vector divides the
     direct template stays far ahead (64->64 on 32x32, kernel only: 355 vs 967 us, every store of a channel
@@ -122,6 +123,11 @@ def plane_why(oh: int, ow: int, out_channels: int, in_channels: int, target: C.T
         lanes = lane_choices(cpu_info(target).float32_lanes)
         return f"{out_channels} output channels: no vector width of {lanes} divides them"
     a, b, v, _ = default_tile(oh, ow, out_channels, target)     # (the fewest accumulators of any window)
+    if wide_plane(oh, ow, target) and a * b * v < d["wide_min_accumulators"]:
+        # measured on the wide planes: tiles of 8 or more (1 x 7 x 2 on AVX-512, 1 x 4 x 2 on AVX2) only
+        return (f"a register tile of {a * b * v} accumulators on the {oh}x{ow} plane (fewer than "
+                f"wide_min_accumulators {d['wide_min_accumulators']} on a plane of {d['plane_pixels_below']} "
+                f"pixels or more)")
     if a * b * v < d["min_accumulators"]:
         return (f"a register tile of {a * b * v} accumulators on the {oh}x{ow} plane (fewer than "
                 f"{d['min_accumulators']}: one FMA chain waits on the last)")
