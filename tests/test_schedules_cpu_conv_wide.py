@@ -24,6 +24,7 @@ from tvmfuse import target as TG
 from tvmfuse import _compat as C
 from tvmfuse.schedules import schedule_prim_func
 from tvmfuse.schedules.base import schedule_with
+from tvmfuse.schedules.cpu import common as U
 from tvmfuse.schedules.cpu.conv2d import Conv2DEpilogue, row_lane_use
 from tvmfuse.schedules.cpu.conv_lanes import FAMILY as LANES, plane_why
 
@@ -145,7 +146,7 @@ STAGE_16 = dict(cin=16, cout=16, h=16, w=16)
 @pytest.mark.parametrize("tname", ["znver5", "skylake", "haswell", "neon"])
 def test_shared_pad_structure(tname):
     """parallel_depth 2 takes shared_pad by default: the padded input is one buffer of the whole padded
-    plane, computed in its own parallel loop before the tiles; shared_pad off (the kernel of before) copies
+    plane, computed before the tiles (in its own parallel loop where it is over the fork/join cost); shared_pad off (the kernel of before) copies
     a band of oh_tile + 2 rows inside the tiles' one parallel loop.  parallel_depth 1 (a 56x56 plane) keeps
     the copy per band by default."""
     tgt = tvmfuse.parse_target(TARGETS[tname])
@@ -159,7 +160,11 @@ def test_shared_pad_structure(tname):
     shared = schedule_with(t, match, func, cfg)
     allocs, _ = _structure(shared)
     assert whole in [n for _, n in allocs], allocs
-    assert _parallel_loops(shared) == 2
+    # the copy of 16 x 18 x 18 floats is under the fork/join cost (2 x 16384): serial, before the tiles' one
+    # parallel loop; with the cost lowered to a tenth of it, its own parallel loop
+    assert whole < U.min_parallel_work(tgt) and _parallel_loops(shared) == 1
+    small = dict(match.info, min_parallel_work=whole // 10)
+    assert _parallel_loops(schedule_with(t, type(match)(match.family, small), func, cfg)) == 2
     before = schedule_with(t, match, func, {**cfg, "shared_pad": False})
     allocs, _ = _structure(before)
     band = STAGE_16["cin"] * (cfg["oh_tile"] + 2) * 18

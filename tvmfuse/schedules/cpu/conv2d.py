@@ -377,7 +377,8 @@ def finish_conv(sch: C.Schedule, conv, first_reduction_loop, input_block: str | 
     """Steps shared by the conv templates, after the register tile: the accumulator in registers,
     initialized (vectorized) before ``first_reduction_loop``; the input block (padding or im2col copy)
     computed per parallel iteration ``band``, vectorized along its rows, or (``band`` None) once for the
-    whole kernel before it, in its own parallel loop (serial where the kernel is: ``parallel`` False)."""
+    whole kernel before it, in its own parallel loop (serial where ``parallel`` is False: the kernel is, or
+    the copy is under the fork/join cost, ``shared_pad_parallel``)."""
     # the accumulator stays in the "global" scope: on the stack where it fits (common.MAX_STACK_ALLOCA_BYTES)
     init = sch.decompose_reduction(conv, first_reduction_loop)
     sch.vectorize(sch.get_loops(init)[-1])
@@ -391,6 +392,18 @@ def finish_conv(sch: C.Schedule, conv, first_reduction_loop, input_block: str | 
         block = sch.get_sblock(input_block)
         sch.compute_at(block, band, preserve_unit_loops=True)
         U.vectorize_inner(sch, block, lanes)
+
+
+def shared_pad_parallel(sch: C.Schedule, info: dict, block: str) -> bool:
+    """Whether a padded input computed once before the tiles (``shared_pad``) gets its own parallel loop: its
+    elements (a symbolic batch at ``batch_size``) over the target's fork/join cost
+    (``common.min_parallel_work``, kept in the match info), else it is copied serially before the tiles' parallel loop: a second
+    fork/join of the pool (2-3 us on 2 threads) for a copy of a few thousand floats would cost more than the
+    copies per channel block it replaces (resnet18's 8-channel 16x16 stage: 8 x 18 x 18 floats)."""
+    n = 1
+    for d in sch.get(sch.get_sblock(block)).writes[0].source.shape:
+        n *= int(d) if isinstance(d, C.tirx.IntImm) else batch_size(info)
+    return n >= info["min_parallel_work"]
 
 
 def pad_columns(sch: C.Schedule, conv, col: str, width: int) -> str:
@@ -448,6 +461,7 @@ class ConvTemplate(BatchBuckets, Template):
         if info is None:
             return None
         match = Match(self.family, info)
+        info["min_parallel_work"] = U.min_parallel_work(target)     # (shared_pad_parallel)
         if info["N"] is None:
             # a symbolic batch: the largest batch whose parallel loop (batch x the default's parallel units
             # per batch) is too short for the cores without the second parallel level (parallel_depth 2)
@@ -651,8 +665,10 @@ class Conv2DEpilogue(ConvTemplate):
         # im2col copy) per row band (all channels, the rows its windows read), in the band; an im2col copy
         # of a band split over channel blocks (parallel_depth 2) once before the tiles, not per block, and so
         # the padded input with shared_pad.
-        shared = (col and cfg.parallel_depth > 1) or (cfg.shared_pad and not col and input_block is not None)
-        finish_conv(sch, conv, rc0, input_block, None if shared else band, cfg.lanes, cfg.parallel)
+        shared_pad = cfg.shared_pad and not col and input_block is not None
+        shared = (col and cfg.parallel_depth > 1) or shared_pad
+        finish_conv(sch, conv, rc0, input_block, None if shared else band, cfg.lanes,
+                    cfg.parallel and (not shared_pad or shared_pad_parallel(sch, info, input_block)))
         # a concat read through the input loads: the input-channel loop cut at the concat's boundaries, so
         # that each part reads one operand (TVM's simplifier then drops the select per load)
         if len(parts) > 1 and all(c % cfg.ic_tile == 0 for c in parts):
