@@ -45,7 +45,9 @@ from tvmfuse.schedules import find_template, templates_for
 from tvmfuse.schedules.base import schedule_with
 
 # (input channels, output channels, input height = width, kernel, stride, padding[, groups]): squeezenet1_1's
-# convs, bench_cpu.py's conv3x3_bn_relu_res workload (its BatchNorm folds into the bias; no residual here) and
+# convs, bench_cpu.py's conv3x3_bn_relu_res (conv64_56) and resnet_block (conv32_28) workloads (their BatchNorm
+# folds into the bias; no residual here), ResNet-like stages (conv64_16: resnet18's first stage at the corpus'
+# 64x64 input; conv64_32, conv128_28: a row the vector divides, another it does not) and
 # the depthwise convs of mobilenet_v2 / mnasnet at the corpus' 64x64 input (dw<channels>_<plane>[_k5][s2])
 CASES = {
     "stem": (3, 64, 64, 3, 2, 0),
@@ -56,6 +58,10 @@ CASES = {
     "fire1x1_15": (16, 64, 15, 1, 1, 0),
     "squeeze_15": (128, 16, 15, 1, 1, 0),
     "conv64_56": (64, 64, 56, 3, 1, 1),
+    "conv32_28": (32, 32, 28, 3, 1, 1),
+    "conv64_16": (64, 64, 16, 3, 1, 1),
+    "conv64_32": (64, 64, 32, 3, 1, 1),
+    "conv128_28": (128, 128, 28, 3, 1, 1),
     "dw336_2": (336, 336, 2, 3, 1, 1, 336),
     "dw288_2_k5": (288, 288, 2, 5, 1, 2, 288),
     "dw144_4": (144, 144, 4, 3, 1, 1, 144),

@@ -4,6 +4,11 @@ process, the outputs of the two compared, then ``run()`` timed alternately.
 
     TVM_NUM_THREADS=1 PYTHONPATH=. python benchmarks/model_knob_ab.py squeezenet1_1 \
         --family cpu.conv2d_lanes --before '{"pad_in_loads": false}' [--rounds 15 --number 40 --json out.json]
+    TVM_NUM_THREADS=1 PYTHONPATH=. python benchmarks/model_knob_ab.py --workload resnet_block \
+        --family cpu.conv2d_lanes --before '{"template_defaults": {"wide_lane_use_below": 0}}'
+
+``--workload`` takes one of ``benchmarks/bench_cpu.py``'s workloads (full size) instead of a corpus model,
+on random normal inputs (seed 0).
 
 A ``template_defaults`` entry in ``--before`` is not a knob: "before" compiles with those entries of the
 family's ``template_defaults`` in ``schedules/cpu_targets.json`` replaced (the defaults before a table change:
@@ -116,10 +121,32 @@ def report(out: dict, path: str | None) -> int:
     return 0
 
 
+def _workload(name: str) -> tuple[str, dict]:
+    """(ONNX file in a temporary folder, random inputs) of a ``bench_cpu.py`` workload at its full size."""
+    import tempfile
+
+    import onnx
+
+    spec = importlib.util.spec_from_file_location("bench_cpu", os.path.join(ROOT, "benchmarks", "bench_cpu.py"))
+    bench_cpu = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench_cpu)
+    found = {w[0]: w[1] for w in bench_cpu.workloads(quick=False, models=True)}
+    if name not in found:
+        raise SystemExit(f"--workload {name!r}: not a bench_cpu.py workload ({sorted(found)})")
+    model = found[name]
+    path = os.path.join(tempfile.mkdtemp(prefix="model_knob_ab-"), f"{name}.onnx")
+    onnx.save(model, path)
+    rng = np.random.default_rng(0)
+    feeds = {i.name: rng.standard_normal([d.dim_value for d in i.type.tensor_type.shape.dim]).astype("float32")
+             for i in model.graph.input}
+    return path, feeds
+
+
 def main(argv=None) -> int:
     names = [e["name"] for e in corpus_io.load_manifest()["models"]]
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("model", choices=names)
+    ap.add_argument("model", nargs="?", choices=names)
+    ap.add_argument("--workload", help="a benchmarks/bench_cpu.py workload instead of a corpus model")
     ap.add_argument("--family", required=True, help="template family, e.g. cpu.conv2d_lanes")
     ap.add_argument("--before", required=True, help="JSON knob overrides of the 'before' build")
     ap.add_argument("--rounds", type=int, default=15)
@@ -127,13 +154,18 @@ def main(argv=None) -> int:
     ap.add_argument("--json", help="write the result to this JSON file")
     a = ap.parse_args(argv)
     os.environ.setdefault("TVM_NUM_THREADS", "1")     # before TVM starts its thread pool
-    entry = {e["name"]: e for e in corpus_io.load_manifest()["models"]}[a.model]
-    feeds = corpus_io.random_feeds(entry, np.random.default_rng(0))
-    path = corpus_io.model_path(entry, "static")
+    if (a.model is None) == (a.workload is None):
+        ap.error("give a corpus model or --workload, not both")
+    if a.workload:
+        path, feeds = _workload(a.workload)
+    else:
+        entry = {e["name"]: e for e in corpus_io.load_manifest()["models"]}[a.model]
+        feeds = corpus_io.random_feeds(entry, np.random.default_rng(0))
+        path = corpus_io.model_path(entry, "static")
     before = json.loads(a.before)
     builds = {"new": build(path, a.family, None), "before": build(path, a.family, before)}
     return report(paired_ab(builds, feeds, a.rounds, a.number, {
-        "model": a.model, "family": a.family, "before": before,
+        "model": a.model or a.workload, "family": a.family, "before": before,
         "scheduled_kernels": {k: len(cm.report.schedules) for k, cm in builds.items()}}), a.json)
 
 

@@ -22,6 +22,8 @@ FAMILIES = {
     "fire3x3_3": "cpu.conv2d_lanes",
     "fire1x1_15": "cpu.conv1x1",
     "conv64_56": "cpu.conv2d_epilogue",      # 3136-pixel plane: vectorized along the row
+    "conv32_28": "cpu.conv2d_lanes",         # 784 pixels, 28-column rows: 7 of 8 / 14 of 16 lanes (wide_lane_use_below)
+    "conv64_32": "cpu.conv2d_epilogue",      # 32-column rows: whole vectors
 }
 
 

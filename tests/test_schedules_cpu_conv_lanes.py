@@ -212,14 +212,20 @@ def test_weights_as_graph_input_stay_with_the_direct_template(host, rng):
 
 
 def test_plane_threshold_comes_from_the_target_table(monkeypatch):
-    """plane_pixels_below (template_defaults["cpu.conv2d_lanes"]) decides: lowered to 49, the 7x7 fire conv
-    keeps its OIHW weights and the direct conv template."""
+    """plane_pixels_below and wide_lane_use_below (template_defaults["cpu.conv2d_lanes"]) decide: with the first
+    lowered to 49 the 7x7 fire conv is a wide plane, still taken (its 7-column rows fill 7 of 16 lanes) with the
+    wide tile rule; with the second 0 as well, it keeps its OIHW weights and the direct conv template."""
     tgt = tvmfuse.parse_target(S.SKYLAKE)
     model = conv_block(**CASES[1][1])
     assert schedule_prim_func(_kernel(model, tgt)[1], tgt, {}).template == FAMILY
     table = json.loads(json.dumps(TG.cpu_table()))
     table["template_defaults"][FAMILY]["plane_pixels_below"] = 49
     monkeypatch.setattr(TG, "cpu_table", lambda: table)
+    kname, func = _kernel(model, tgt)
+    res = schedule_prim_func(func, tgt, {}, kname)
+    assert res.template == FAMILY
+    assert (res.config["oh_tile"], res.config["ow_tile"], res.config["nvec"]) == (1, 7, 2), res.config
+    table["template_defaults"][FAMILY]["wide_lane_use_below"] = 0
     kname, func = _kernel(model, tgt)
     assert [int(d) for d in func.params[1].shape] == [128, 32, 3, 3]
     assert schedule_prim_func(func, tgt, {}, kname).template == CONV

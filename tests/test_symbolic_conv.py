@@ -192,8 +192,9 @@ def test_symbolic_batch_kernel_has_the_static_loop_nest(name, kwargs, families, 
 
 
 # the knobs a static default changes with the batch: the parallel loop (serial while the work is under the
-# target's fork/join cost) and, for the direct and depthwise convs, its depth (a second level for small batches)
-BATCH_KNOBS = {"parallel", "parallel_depth"}
+# target's fork/join cost) and, for the direct and depthwise convs, its depth (a second level for small batches),
+# and with that depth the direct conv's shared_pad (the padded input once before the tiles at depth 2)
+BATCH_KNOBS = {"parallel", "parallel_depth", "shared_pad"}
 
 
 def _check_buckets(res, kname, kwargs, target, batch_var):

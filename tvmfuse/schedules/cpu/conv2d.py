@@ -16,7 +16,9 @@ tile, so ``conv`` shrinks to an accumulator of that size (registers), with the r
 inside; per reduction step one weight per output channel is broadcast and one vector of the padded input
 row is loaded per row.  The epilogue runs on the accumulator before anything is stored.  The padded
 input is computed per band of output rows (all channels, the rows the band's windows touch), inside the
-parallel loop over (n, row band [, channel block]), so it stays in L1/L2 and is never materialized whole.
+parallel loop over (n, row band [, channel block]), so it stays in L1/L2 and is never materialized whole;
+or (``shared_pad``, the default where the channel blocks are in the parallel loop: else each block copied
+the band again) once for the whole input before the tiles, in its own parallel loop.
 Weights stay in their OIHW parameter layout (the calling convention is unchanged).  The batch may be
 symbolic (a model exported with a dynamic batch): it is never split, only fused into the parallel loop,
 so the kernel has the static tiles and vector loops at every batch (``analyze_conv``).
@@ -52,6 +54,7 @@ PARALLEL_DEPTH = (1, 2)                   # 1: parallel over (n, row band); 2: a
 FUSE_ROWS = (False, True)                 # pointwise or im2col conv: the tile's full-width rows as one pixel vector
 IM2COL = (False, True)                    # KxK conv: the band's windows copied into [c, ky, kx, rows, cols] first
 PAD_WIDTH = (False, True)                 # im2col: the columns padded up to whole vectors (pad_einsum)
+SHARED_PAD = (False, True)                # the padded input once before the tiles, not per parallel iteration
 MAX_FUSED_ROW_VECTORS = 8                 # widest run of pixels (in vectors) of a fused-rows register tile
 # Measured slowdown of a register-tile row wider than a vector that is not a multiple of it (56x56:
 # 14 or 28 columns ran 4x slower than 8; 28x28: 14 ran 2x slower than 7).
@@ -106,6 +109,9 @@ class Conv2DConfig(Config):
     im2col: bool = knob("conv with a window: the band's windows copied as [c, ky, kx, rows, cols] (rows fusable)")
     pad_width: bool = knob("im2col, rows not fused, a row not a multiple of the vector: columns padded to whole "
                            "vectors (the register tile is then the whole padded row, whatever ow_tile)")
+    shared_pad: bool = knob("a conv with a window or a stride, no im2col: the padded input computed once, before the "
+                            "tiles, in its own parallel loop (not per parallel iteration: per row band, and with "
+                            "parallel_depth 2 again per channel block)", SHARED_PAD, before=False)
 
 
 def _weight_index_names(indices, f) -> tuple:
@@ -264,6 +270,15 @@ def row_tiles(width: int, lanes: int) -> tuple:
     return tuple(d for d in range(1, min(width, MAX_OW_VECTORS * lanes) + 1) if width % d == 0)
 
 
+def row_lane_use(width: int, lanes: int) -> float:
+    """The share of the vector lanes the direct template's best register-tile row fills on an output row of
+    ``width`` columns: the widest of ``row_tiles`` that is one vector or whole vectors (a row split into
+    odd-sized pieces spills: SPLIT_ROW_PENALTY), its columns over its lanes.  56 or 28 columns on 16 lanes:
+    14-column tiles, 0.875; 16, 32 or 64 columns: 1.0.  ``conv_lanes.plane_why`` asks it of a large plane."""
+    fills = [d / (ceil_div(d, lanes) * lanes) for d in row_tiles(width, lanes) if whole_vectors(d, lanes)]
+    return max(fills)
+
+
 def _oh_tiles(info: dict, lanes: int) -> tuple:
     """Rows per register tile: OH_TILES, and where rows can be fused (a pointwise conv, or any conv through
     im2col) the divisors of OH whose rows fit in MAX_FUSED_ROW_VECTORS vectors as one run of pixels (4 rows
@@ -362,7 +377,8 @@ def finish_conv(sch: C.Schedule, conv, first_reduction_loop, input_block: str | 
     """Steps shared by the conv templates, after the register tile: the accumulator in registers,
     initialized (vectorized) before ``first_reduction_loop``; the input block (padding or im2col copy)
     computed per parallel iteration ``band``, vectorized along its rows, or (``band`` None) once for the
-    whole kernel before it, in its own parallel loop (serial where the kernel is: ``parallel`` False)."""
+    whole kernel before it, in its own parallel loop (serial where ``parallel`` is False: the kernel is, or
+    the copy is under the fork/join cost, ``shared_pad_parallel``)."""
     # the accumulator stays in the "global" scope: on the stack where it fits (common.MAX_STACK_ALLOCA_BYTES)
     init = sch.decompose_reduction(conv, first_reduction_loop)
     sch.vectorize(sch.get_loops(init)[-1])
@@ -376,6 +392,18 @@ def finish_conv(sch: C.Schedule, conv, first_reduction_loop, input_block: str | 
         block = sch.get_sblock(input_block)
         sch.compute_at(block, band, preserve_unit_loops=True)
         U.vectorize_inner(sch, block, lanes)
+
+
+def shared_pad_parallel(sch: C.Schedule, info: dict, block: str) -> bool:
+    """Whether a padded input computed once before the tiles (``shared_pad``) gets its own parallel loop: its
+    elements (a symbolic batch at ``batch_size``) over the target's fork/join cost
+    (``common.min_parallel_work``, kept in the match info), else it is copied serially before the tiles' parallel loop: a second
+    fork/join of the pool (2-3 us on 2 threads) for a copy of a few thousand floats would cost more than the
+    copies per channel block it replaces (resnet18's 8-channel 16x16 stage: 8 x 18 x 18 floats)."""
+    n = 1
+    for d in sch.get(sch.get_sblock(block)).writes[0].source.shape:
+        n *= int(d) if isinstance(d, C.tirx.IntImm) else batch_size(info)
+    return n >= info["min_parallel_work"]
 
 
 def pad_columns(sch: C.Schedule, conv, col: str, width: int) -> str:
@@ -433,6 +461,7 @@ class ConvTemplate(BatchBuckets, Template):
         if info is None:
             return None
         match = Match(self.family, info)
+        info["min_parallel_work"] = U.min_parallel_work(target)     # (shared_pad_parallel)
         if info["N"] is None:
             # a symbolic batch: the largest batch whose parallel loop (batch x the default's parallel units
             # per batch) is too short for the cores without the second parallel level (parallel_depth 2)
@@ -480,7 +509,8 @@ class Conv2DEpilogue(ConvTemplate):
             oc_tile=U.choices_upto(OC_TILES, i["F"]), ow_tile=row_tiles(i["OW"], lanes), lanes=(lanes,),
             oh_tile=_oh_tiles(i, lanes), ic_tile=U.choices_upto(IC_TILES, i["RC"]), unroll=U.choices_upto(UNROLL, 2),
             fuse_rows=FUSE_ROWS if i.get("pointwise") or True in im2col_choices(i) else (False,),
-            deinterleave=deinterleave_choices(i), im2col=im2col_choices(i), pad_width=pad_width_choices(i, lanes))
+            deinterleave=deinterleave_choices(i), im2col=im2col_choices(i), pad_width=pad_width_choices(i, lanes),
+            shared_pad=SHARED_PAD if i["pad"] and not i.get("pointwise") else (False,))
 
     def default_config(self, match: Match, target: C.Target) -> dict:
         info, regs, ch = self.target_numbers(match, target)
@@ -560,11 +590,15 @@ class Conv2DEpilogue(ConvTemplate):
         depth = 1 if bands >= self.min_parallel_per_core(target) * info.cores else 2
         if padded and not fused and shared_copy_fits(i, padded, target):
             depth = 2     # the padded copy once, before the tiles (shared_copy_fits)
+        # with the channel blocks in the parallel loop (parallel_depth 2) the padded input once, before the
+        # tiles: computed per (row band, channel block) it was copied F / oc_tile times (64->64 on 16x16, 16
+        # channel blocks: 118 vs 86 us at parallel_depth 1, one core, under load: benchmarks/notes/conv11.md)
+        shared_pad = depth > 1 and not col and True in ch["shared_pad"]
         return Conv2DConfig(oc_tile=oc, ow_tile=ow, lanes=lanes, oh_tile=oh,
                             ic_tile=U.nearest_choice(ch["ic_tile"], 1), unroll=max(ch["unroll"]),
                             parallel_depth=depth, parallel=U.parallel_default(conv_work(i), target), fuse_rows=fused,
                             deinterleave=deinterleave_default(i, ch["deinterleave"]) and not col, im2col=col,
-                            pad_width=bool(padded) and not fused).asdict()
+                            pad_width=bool(padded) and not fused, shared_pad=shared_pad).asdict()
 
     # ------------------------------------------------------------------ apply
     def apply(self, sch: C.Schedule, match: Match, config: dict) -> None:
@@ -629,9 +663,12 @@ class Conv2DEpilogue(ConvTemplate):
 
         # Step 5. Accumulator in registers, initialized before the reduction; the padded input (or the
         # im2col copy) per row band (all channels, the rows its windows read), in the band; an im2col copy
-        # of a band split over channel blocks (parallel_depth 2) once before the tiles, not per block.
-        shared = col and cfg.parallel_depth > 1
-        finish_conv(sch, conv, rc0, input_block, None if shared else band, cfg.lanes, cfg.parallel)
+        # of a band split over channel blocks (parallel_depth 2) once before the tiles, not per block, and so
+        # the padded input with shared_pad.
+        shared_pad = cfg.shared_pad and not col and input_block is not None
+        shared = (col and cfg.parallel_depth > 1) or shared_pad
+        finish_conv(sch, conv, rc0, input_block, None if shared else band, cfg.lanes,
+                    cfg.parallel and (not shared_pad or shared_pad_parallel(sch, info, input_block)))
         # a concat read through the input loads: the input-channel loop cut at the concat's boundaries, so
         # that each part reads one operand (TVM's simplifier then drops the select per load)
         if len(parts) > 1 and all(c % cfg.ic_tile == 0 for c in parts):

@@ -4,7 +4,8 @@ with the output channels on the vector lanes: ``cpu.conv1x1``'s register tile fo
 Matches what ``conv2d.find_conv`` matches (one conv block, its padding block, at most one elementwise
 epilogue: bias / folded BatchNorm, ReLU, residual add) when the conv has a window (not 1x1 stride 1: that
 is ``cpu.conv1x1``), is not grouped, its output plane has fewer pixels than the target table's
-``plane_pixels_below`` (``template_defaults["cpu.conv2d_lanes"]``), a vector width (the target's or half)
+``plane_pixels_below`` (``template_defaults["cpu.conv2d_lanes"]``; or fewer than ``wide_plane_pixels_below``
+where the direct template's rows leave its vectors partly empty: ``plane_why``), a vector width (the target's or half)
 divides the output channels, and its weights are stored with the output channels last: blocked
 ``[co // B, ci, ky, kx, co % B]`` (kernel layout ``OIHW<B>o``, B the default register tile's channels:
 ``weight_block``) or [ci, ky, kx, co] (IHWO).  Constant weights come blocked from the graph rewrite
@@ -33,7 +34,7 @@ from ...target import cpu_info, template_defaults
 from ..base import Config, KnobSpace, Match, knob
 from . import common as U
 from .conv1x1 import ChannelLanesConv, channel_lanes
-from .conv2d import conv_work
+from .conv2d import conv_work, row_lane_use
 from .matmul import NVEC_CHOICES, lane_choices
 
 FAMILY = "cpu.conv2d_lanes"
@@ -82,13 +83,39 @@ def folds_padding(info: dict, oh_t: int, ow_t: int, nvec: int) -> bool:
         oh_t * ow_t * nvec * info["KH"] * info["KW"] <= U.MAX_UNROLLED_COPIES
 
 
+def wide_plane(oh: int, ow: int, target: C.Target) -> bool:
+    """A plane of ``plane_pixels_below`` pixels or more (``template_defaults["cpu.conv2d_lanes"]``): this family
+    takes it only where the direct template's rows waste lanes (``plane_why``), with its own tile rule
+    (``pick_tile``'s ``wide``)."""
+    return oh * ow >= template_defaults(target, FAMILY)["plane_pixels_below"]
+
+
 def plane_why(oh: int, ow: int, out_channels: int, in_channels: int, target: C.Target) -> str | None:
     """None when a KxK conv with an ``oh x ow`` output plane, ``out_channels`` and ``in_channels`` is one this
     family takes on ``target`` (given IHWO weights), else why not.  Also asked by the graph rewrite that
-    stores such a conv's constant weights [ci, ky, kx, co] (``passes.rewrites.TransposePointwiseWeights``)."""
+    stores such a conv's constant weights [ci, ky, kx, co] (``passes.rewrites.TransposePointwiseWeights``).
+
+    A plane of ``plane_pixels_below`` pixels or more stays with the direct template (vectorized along the
+    output row) unless it has fewer than ``wide_plane_pixels_below`` pixels and that template's best row tile
+    fills fewer than ``wide_lane_use_below`` of the vector lanes (``conv2d.row_lane_use``: 28 columns on
+    AVX-512's 16 lanes, 14-column tiles, 0.875) and the default tile has ``wide_min_accumulators``: there the
+    output channels on the lanes fill them all.  One
+    core, CPU time, under load (``benchmarks/notes/conv11.md``): bench_cpu's resnet_block (two 32->32 convs on
+    28x28, the second with the residual add) 0.94x the direct template's time; on rows the vector divides the
+    direct template stays far ahead (64->64 on 32x32, kernel only: 355 vs 967 us, every store of a channel
+    vector 4 KiB apart), and on 56x56 the lanes lose with a residual add (conv3x3_bn_relu_res, 64 channels:
+    1.03-1.07x the direct template's time; its stores and residual loads a 12 KiB plane apart)."""
     d = template_defaults(target, FAMILY)
-    if oh * ow >= d["plane_pixels_below"]:
-        return f"plane of {oh * ow} pixels (vectorized along the pixels from {d['plane_pixels_below']} on)"
+    if wide_plane(oh, ow, target):
+        if oh * ow >= d["wide_plane_pixels_below"]:
+            return (f"plane of {oh * ow} pixels (vectorized along the pixels from {d['plane_pixels_below']} on, "
+                    f"and from {d['wide_plane_pixels_below']} on whatever its rows)")
+        lanes = cpu_info(target).float32_lanes
+        use = row_lane_use(ow, lanes)
+        if use >= float(d["wide_lane_use_below"]):
+            return (f"plane of {oh * ow} pixels (vectorized along the pixels from {d['plane_pixels_below']} on: "
+                    f"its {ow}-column rows fill {use:.0%} of the {lanes} lanes, at least wide_lane_use_below "
+                    f"{float(d['wide_lane_use_below']):.0%})")
     if in_channels < d["min_in_channels"]:
         return (f"{in_channels} input channels (a stem: fewer than {d['min_in_channels']}, the direct template "
                 f"with deinterleaved rows)")
@@ -96,6 +123,11 @@ def plane_why(oh: int, ow: int, out_channels: int, in_channels: int, target: C.T
         lanes = lane_choices(cpu_info(target).float32_lanes)
         return f"{out_channels} output channels: no vector width of {lanes} divides them"
     a, b, v, _ = default_tile(oh, ow, out_channels, target)     # (the fewest accumulators of any window)
+    if wide_plane(oh, ow, target) and a * b * v < d["wide_min_accumulators"]:
+        # measured on the wide planes: tiles of 8 or more (1 x 7 x 2 on AVX-512, 1 x 4 x 2 on AVX2) only
+        return (f"a register tile of {a * b * v} accumulators on the {oh}x{ow} plane (fewer than "
+                f"wide_min_accumulators {d['wide_min_accumulators']} on a plane of {d['plane_pixels_below']} "
+                f"pixels or more)")
     if a * b * v < d["min_accumulators"]:
         return (f"a register tile of {a * b * v} accumulators on the {oh}x{ow} plane (fewer than "
                 f"{d['min_accumulators']}: one FMA chain waits on the last)")
@@ -115,7 +147,8 @@ def default_tile(oh: int, ow: int, out_channels: int, target: C.Target,
     nvecs = [v for v in U.choices_upto(NVEC_CHOICES, out_channels // min(widths))
              if out_channels % (v * lanes) == 0]
     cap = int(template_defaults(target, FAMILY)["max_accumulators"])
-    a, b, v = pick_tile(oh, ow, out_channels, lanes, regs, nvecs, cap, fold_window)
+    wide = int(template_defaults(target, FAMILY)["wide_min_accumulators"]) if wide_plane(oh, ow, target) else None
+    a, b, v = pick_tile(oh, ow, out_channels, lanes, regs, nvecs, cap, fold_window, wide)
     return a, b, v, lanes
 
 
@@ -148,7 +181,7 @@ def pixel_tiles(oh: int, ow: int) -> list[tuple[int, int]]:
 
 
 def pick_tile(oh: int, ow: int, f: int, lanes: int, regs: int, nvecs, max_acc: int,
-              fold_window: int = 0) -> tuple[int, int, int]:
+              fold_window: int = 0, wide: int | None = None) -> tuple[int, int, int]:
     """(oh_tile, ow_tile, nvec): accumulators + weight vectors + one broadcast fit in the registers, and at most
     ``max_acc`` accumulators (the target table's ``max_accumulators``); the channel block divides F; most
     accumulators; then, for a padded conv (``fold_window``: its KH x KW taps), a tile that spans the plane and
@@ -159,6 +192,15 @@ def pick_tile(oh: int, ow: int, f: int, lanes: int, regs: int, nvecs, max_acc: i
     1 x 3 pixels x 3 vectors (fewer loads) or 3 x 3 x 1 (the plane, 49 of 81 pixel-tap pairs); haswell code on
     this host, one core, CPU time, 11 interleaved rounds, under load: 30.0 vs 20.3 us (the 64->256 conv's
     3 x 3 x 1 default: 31.8 us folded vs 45.0 copied).
+
+    ``wide`` (a plane of ``plane_pixels_below`` pixels or more, ``wide_plane``: the table's
+    ``wide_min_accumulators``, else None): tiles of at least that many accumulators first (enough independent
+    FMA chains for two FMA pipes of 4-5 cycles' latency), then the most pixels, then the most accumulators.
+    There a tile's weights (RC x KH x KW x its channels) come from L2 for every tile of the plane, so more
+    pixels per weight vector win over more accumulators: one core, CPU time, under load
+    (``benchmarks/notes/conv11.md``), AVX-512, 64->64 on 56x56: 1 x 7 x 2 1163, 1 x 8 x 2 1207, 1 x 4 x 4 (the
+    small-plane rule's pick) 1304 us; 128->128 on 28x28: 1 x 7 x 2 1104, 1 x 4 x 4 1241 us; AVX2 (haswell),
+    32->32 on 28x28: 1 x 4 x 2 162, 1 x 7 x 1 (7 chains) 174 us.
 
     The cap: with 32 vector registers, squeezenet's 15x15 default was 1 x 5 pixels x 4 vectors (20
     accumulators) and its 48->192 3x3-plane default 3 x 3 x 3 (27); one core, CPU time, interleaved, under
@@ -172,7 +214,8 @@ def pick_tile(oh: int, ow: int, f: int, lanes: int, regs: int, nvecs, max_acc: i
     def score(c):
         a, b, v = c
         folds = fold_window > 0 and (a, b) == (oh, ow) and a * b * v * fold_window <= U.MAX_UNROLLED_COPIES
-        return (f % (v * lanes) == 0, a * b * v, folds, -(a * b + v), b)
+        size = (a * b * v >= wide, a * b, a * b * v) if wide is not None else (a * b * v,)
+        return (f % (v * lanes) == 0, *size, folds, -(a * b + v), b)
 
     return max(fitting, key=score)
 
