@@ -376,9 +376,9 @@ def finish_conv(sch: C.Schedule, conv, first_reduction_loop, input_block: str | 
     elif input_block:
         block = sch.get_sblock(input_block)
         sch.compute_at(block, band, preserve_unit_loops=True)
-        rows = sch.get_loops(block)[-2]
+        rows = sch.get_loops(block)[-2] if unroll_rows else None     # before vectorize_inner may partition
         U.vectorize_inner(sch, block, lanes)
-        if unroll_rows:
+        if rows is not None:
             sch.unroll(rows)
 
 
