@@ -373,12 +373,13 @@ def prepare_conv(sch: C.Schedule, info: dict, deinterleave: bool):
 
 
 def finish_conv(sch: C.Schedule, conv, first_reduction_loop, input_block: str | None, band, lanes: int,
-                parallel: bool = True) -> None:
+                parallel: bool = True, unroll_rows: bool = False) -> None:
     """Steps shared by the conv templates, after the register tile: the accumulator in registers,
     initialized (vectorized) before ``first_reduction_loop``; the input block (padding or im2col copy)
     computed per parallel iteration ``band``, vectorized along its rows, or (``band`` None) once for the
     whole kernel before it, in its own parallel loop (serial where ``parallel`` is False: the kernel is, or
-    the copy is under the fork/join cost, ``shared_pad_parallel``)."""
+    the copy is under the fork/join cost, ``shared_pad_parallel``).
+    ``unroll_rows``: the per-band copy's row loop unrolled too (:func:`unroll_copy_rows`)."""
     # the accumulator stays in the "global" scope: on the stack where it fits (common.MAX_STACK_ALLOCA_BYTES)
     init = sch.decompose_reduction(conv, first_reduction_loop)
     sch.vectorize(sch.get_loops(init)[-1])
@@ -391,7 +392,23 @@ def finish_conv(sch: C.Schedule, conv, first_reduction_loop, input_block: str | 
     elif input_block:
         block = sch.get_sblock(input_block)
         sch.compute_at(block, band, preserve_unit_loops=True)
+        rows = sch.get_loops(block)[-2] if unroll_rows else None     # before vectorize_inner may partition
         U.vectorize_inner(sch, block, lanes)
+        if rows is not None:
+            sch.unroll(rows)
+
+
+def unroll_copy_rows(sch: C.Schedule, info: dict, lanes: int) -> bool:
+    """Whether a conv over a symbolic batch (``info["N"]`` None) unrolls its per-band padded copy's row loop:
+    where the padded plane's rows times the vectors of a row stay within ``common.MAX_UNROLLED_COPIES``.  Its
+    indices are then int64 (TVM narrows no index of a kernel with a symbolic extent), and LLVM vectorized
+    the copy loop across rows instead, 16 rows a step with 64-bit gathers and scatters (mobilenet_v2_dyn's
+    48 x 16x16 stride-2 depthwise conv: 7.5 us against the static kernel's 1.5; unrolled 1.85,
+    benchmarks/notes/symconv11.md).  A static kernel's int32 copy is left as it is."""
+    if info["N"] is not None or not info["pad"]:
+        return False
+    rows, cols = [int(iv.dom.extent) for iv in sch.get(sch.get_sblock(info["pad"])).iter_vars[-2:]]
+    return rows * ceil_div(cols, lanes) <= U.MAX_UNROLLED_COPIES
 
 
 def shared_pad_parallel(sch: C.Schedule, info: dict, block: str) -> bool:

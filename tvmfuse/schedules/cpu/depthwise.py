@@ -24,7 +24,7 @@ from ..base import Config, KnobSpace, Match, knob
 from . import common as U
 from .conv1x1 import channel_lanes as lane_widths
 from .conv2d import (SPLIT_ROW_PENALTY, ConvTemplate, batch_size, ceil_div, deinterleave_choices,
-                     conv_work, deinterleave_default, finish_conv, prepare_conv, row_tiles)
+                     conv_work, deinterleave_default, finish_conv, prepare_conv, row_tiles, unroll_copy_rows)
 
 OH_TILES = (1, 2, 4)              # output rows per register tile
 UNROLL = (0, 1, 2)                # window loops unrolled: none, kw, kh and kw
@@ -60,6 +60,21 @@ def folds_padding(info: dict, oh_t: int, ow_t: int) -> bool:
     (pixels x taps copies) stays within ``common.MAX_UNROLLED_COPIES``."""
     return bool(info["pad"]) and (oh_t, ow_t) == (info["OH"], info["OW"]) and \
         oh_t * ow_t * info["KH"] * info["KW"] <= U.MAX_UNROLLED_COPIES
+
+
+def stack_tile_pixels(info: dict, channel_lanes: int, target: C.Target) -> int:
+    """The most pixels of a ``channel_lanes`` register tile whose accumulator stays on the stack (under
+    ``common.MAX_STACK_ALLOCA_BYTES``) where the kernel has a parallel loop: its own nest is parallel
+    (``common.parallel_default`` of its work), or its batch is symbolic (the size buckets' nests share one
+    function, and one of them is parallel).  TVM makes a larger tile a workspace allocation; with the
+    parameters captured by the parallel lambda LLVM cannot tell that workspace from the input, and every
+    strided input and weight gather is redone per tap (3-4x slower kernels: schedules/cpu_targets.json,
+    ``stack_tile_when_parallel``).  Unbounded (a large number) otherwise, or where the table turns it off."""
+    if not template_defaults(target, "cpu.depthwise_conv2d_epilogue")["stack_tile_when_parallel"]:
+        return 1 << 30
+    if info["N"] is not None and not U.parallel_default(conv_work(info), target):
+        return 1 << 30
+    return (U.MAX_STACK_ALLOCA_BYTES - 1) // (channel_lanes * 4)       # float32 accumulators
 
 
 class DepthwiseConv2DEpilogue(ConvTemplate):
@@ -106,7 +121,8 @@ class DepthwiseConv2DEpilogue(ConvTemplate):
             # channel blocks, with the row bands too where the blocks are few per core (a single band where the
             # tile spans the rows: the same loop, so a symbolic batch's size buckets differ in this knob as
             # the column nest's do)
-            cap = min(int(template_defaults(target, self.family)["lanes_max_pixels"]), regs // 2)
+            cap = min(int(template_defaults(target, self.family)["lanes_max_pixels"]), regs // 2,
+                      stack_tile_pixels(i, cl, target))
 
             def lscore(t):
                 a, b = lanes_tile(i, *t)
@@ -143,6 +159,7 @@ class DepthwiseConv2DEpilogue(ConvTemplate):
         # Step 1. Fold the elementwise chain into one epilogue block (the padding block stays); without an
         # epilogue, accumulate into a cache block and write back from it.
         conv, epi = prepare_conv(sch, info, cfg.deinterleave)
+        unroll_rows = unroll_copy_rows(sch, info, cfg.lanes)
 
         # Step 2. Tile the epilogue: (n, channel [, row band]) parallel, then (rows x columns) tiles.
         n, f, y, x = sch.get_loops(epi)
@@ -168,7 +185,7 @@ class DepthwiseConv2DEpilogue(ConvTemplate):
 
         # Step 5. Accumulator in registers, initialized before the window loops; the channel's padded
         # plane (rows of this band) inside the parallel loop.
-        finish_conv(sch, conv, rc, info["pad"], plane, cfg.lanes, cfg.parallel)
+        finish_conv(sch, conv, rc, info["pad"], plane, cfg.lanes, cfg.parallel, unroll_rows)
 
     def apply_channel_lanes(self, sch: C.Schedule, info: dict, cfg: DepthwiseConfig) -> None:
         """``channel_lanes``: the output channels on the vector lanes (module docstring, "Small planes")."""
