@@ -107,6 +107,15 @@ def paired_median(a: list[float], b: list[float]) -> float:
     return round(float(np.median(np.array(a) / np.array(b))), 3)
 
 
+def new_old_static_summary(ts: dict[str, list[float]], digits: int) -> dict:
+    """The figures of a new / old / static timing (``interleaved_us`` of those three): min and median per
+    build (``digits`` places), new's and old's min over static's, and the paired median new / old."""
+    return {"min_us": {n: round(min(t), digits) for n, t in ts.items()},
+            "median_us": {n: round(float(np.median(t)), digits) for n, t in ts.items()},
+            "ratio_to_static_min": {n: round(min(ts[n]) / min(ts["static"]), 3) for n in ("new", "old")},
+            "paired_median_new_over_old": paired_median(ts["new"], ts["old"])}
+
+
 def write_json(out: dict, path: str | None, append_line: bool = False) -> None:
     """``out`` to ``path`` (nothing without one): the whole file, indented, or one line appended to it."""
     if not path:

@@ -22,8 +22,8 @@ import time
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from ab_common import (corpus_io, interleaved_us, manifest_entry, paired_median, parse_dims,  # noqa: E402
-                       vm_calls, write_json)
+from ab_common import (corpus_io, interleaved_us, manifest_entry, new_old_static_summary, paired_median,  # noqa: E402
+                       parse_dims, vm_calls, write_json)
 
 _EXPORT = ("import sys, tvmfuse; cm = tvmfuse.compile(sys.argv[1]); tvmfuse.export(cm, sys.argv[2])")
 
@@ -67,11 +67,8 @@ def main(argv=None) -> int:
            "clock": "thread_time, 1 thread" if a.threads == 1 else f"wall, threads {a.threads or 'default'}",
            "note": "measured under load", "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
            "load_1min_end": round(load, 2), "rounds": a.rounds, "repeat": a.repeat,
-           "min_us": {n: round(min(t), 2) for n, t in ts.items()},
-           "median_us": {n: round(float(np.median(t)), 2) for n, t in ts.items()},
-           "ratio_to_static_min": {n: round(min(ts[n]) / min(ts["static"]), 3) for n in ("new", "old")},
-           "paired_median_to_static": {n: paired_median(ts[n], ts["static"]) for n in ("new", "old")},
-           "paired_median_new_over_old": paired_median(ts["new"], ts["old"])}
+           **new_old_static_summary(ts, 2),
+           "paired_median_to_static": {n: paired_median(ts[n], ts["static"]) for n in ("new", "old")}}
     print(json.dumps(rec))
     write_json(rec, a.json, append_line=True)
     return 0

@@ -19,8 +19,8 @@ import time
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from ab_common import (corpus_io, interleaved_us, manifest_entry, paired_median, parse_dims,  # noqa: E402
-                       vm_calls, write_json)
+from ab_common import (corpus_io, interleaved_us, manifest_entry, new_old_static_summary,  # noqa: E402
+                       parse_dims, vm_calls, write_json)
 
 
 def build_old(path: str, threads):
@@ -64,10 +64,7 @@ def main(argv=None) -> int:
     clock = time.thread_time if a.thread_time else time.perf_counter
     ts = interleaved_us(vm_calls(builds, feeds, warmup=2), a.rounds, a.repeat, clock)
     rec = {"model": a.model, "dims": dims, "clock": "thread_time, 1 thread" if a.thread_time else "wall",
-           "note": "measured under load", "min_us": {n: round(min(t), 1) for n, t in ts.items()},
-           "median_us": {n: round(float(np.median(t)), 1) for n, t in ts.items()},
-           "ratio_to_static_min": {n: round(min(ts[n]) / min(ts["static"]), 3) for n in ("new", "old")},
-           "paired_median_new_over_old": paired_median(ts["new"], ts["old"])}
+           "note": "measured under load", **new_old_static_summary(ts, 1)}
     print(json.dumps(rec))
     write_json(rec, a.json, append_line=True)
     return 0

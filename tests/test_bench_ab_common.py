@@ -56,3 +56,12 @@ def test_model_parser_and_entry():
     assert A.manifest_entry("resnet18")["name"] == "resnet18"
     with pytest.raises(SystemExit, match="no model 'nope'"):
         A.manifest_entry("nope")
+
+
+def test_new_old_static_summary():
+    ts = {"new": [2.0, 4.0, 3.0], "old": [4.0, 4.0, 6.0], "static": [1.0, 2.0, 2.0]}
+    out = A.new_old_static_summary(ts, 1)
+    assert out == {"min_us": {"new": 2.0, "old": 4.0, "static": 1.0},
+                   "median_us": {"new": 3.0, "old": 4.0, "static": 2.0},
+                   "ratio_to_static_min": {"new": 2.0, "old": 4.0},
+                   "paired_median_new_over_old": 0.5}
