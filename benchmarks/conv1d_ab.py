@@ -11,14 +11,12 @@ the machine had: it ranks, it is not a figure to quote.
 """
 from __future__ import annotations
 
-import argparse
 import os
 import sys
 
-import numpy as np
-
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from model_knob_ab import corpus_io, paired_ab, report  # noqa: E402
+from ab_common import model_parser, one_thread_model  # noqa: E402
+from model_knob_ab import paired_ab, report  # noqa: E402
 
 
 def build(path: str, rewrite: bool):
@@ -43,17 +41,8 @@ def build(path: str, rewrite: bool):
 
 
 def main(argv=None) -> int:
-    names = [e["name"] for e in corpus_io.load_manifest()["models"]]
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("model", choices=names)
-    ap.add_argument("--rounds", type=int, default=15)
-    ap.add_argument("--number", type=int, default=40, help="calls per timed round")
-    ap.add_argument("--json", help="write the result to this JSON file")
-    a = ap.parse_args(argv)
-    os.environ.setdefault("TVM_NUM_THREADS", "1")     # before TVM starts its thread pool
-    entry = {e["name"]: e for e in corpus_io.load_manifest()["models"]}[a.model]
-    feeds = corpus_io.random_feeds(entry, np.random.default_rng(0))
-    path = corpus_io.model_path(entry, "static")
+    a = model_parser(__doc__.splitlines()[0]).parse_args(argv)
+    feeds, path = one_thread_model(a.model)
     builds = {"new": build(path, True), "before": build(path, False)}
     return report(paired_ab(builds, feeds, a.rounds, a.number, {
         "model": a.model, "kernels": {k: cm.kernel_count for k, cm in builds.items()},

@@ -22,7 +22,6 @@ number is measured under whatever load the machine had: it ranks, it is not a fi
 """
 from __future__ import annotations
 
-import argparse
 import importlib.util
 import json
 import os
@@ -32,10 +31,8 @@ import time
 
 import numpy as np
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-_spec = importlib.util.spec_from_file_location("corpus_io", os.path.join(ROOT, "corpus", "corpus_io.py"))
-corpus_io = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(corpus_io)
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from ab_common import ROOT, corpus_io, model_parser, one_thread_model, write_json  # noqa: E402,F401
 
 
 def _template_class(family: str, target):
@@ -115,9 +112,7 @@ def paired_ab(builds: dict, feeds: dict, rounds: int, number: int, extra: dict) 
 
 def report(out: dict, path: str | None) -> int:
     print(json.dumps(out))
-    if path:
-        with open(path, "w") as f:
-            json.dump(out, f, indent=1)
+    write_json(out, path)
     return 0
 
 
@@ -143,25 +138,18 @@ def _workload(name: str) -> tuple[str, dict]:
 
 
 def main(argv=None) -> int:
-    names = [e["name"] for e in corpus_io.load_manifest()["models"]]
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("model", nargs="?", choices=names)
+    ap = model_parser(__doc__.splitlines()[0], model_optional=True)
     ap.add_argument("--workload", help="a benchmarks/bench_cpu.py workload instead of a corpus model")
     ap.add_argument("--family", required=True, help="template family, e.g. cpu.conv2d_lanes")
     ap.add_argument("--before", required=True, help="JSON knob overrides of the 'before' build")
-    ap.add_argument("--rounds", type=int, default=15)
-    ap.add_argument("--number", type=int, default=40, help="calls per timed round")
-    ap.add_argument("--json", help="write the result to this JSON file")
     a = ap.parse_args(argv)
-    os.environ.setdefault("TVM_NUM_THREADS", "1")     # before TVM starts its thread pool
     if (a.model is None) == (a.workload is None):
         ap.error("give a corpus model or --workload, not both")
     if a.workload:
+        os.environ.setdefault("TVM_NUM_THREADS", "1")     # before TVM starts its thread pool
         path, feeds = _workload(a.workload)
     else:
-        entry = {e["name"]: e for e in corpus_io.load_manifest()["models"]}[a.model]
-        feeds = corpus_io.random_feeds(entry, np.random.default_rng(0))
-        path = corpus_io.model_path(entry, "static")
+        feeds, path = one_thread_model(a.model)
     before = json.loads(a.before)
     builds = {"new": build(path, a.family, None), "before": build(path, a.family, before)}
     return report(paired_ab(builds, feeds, a.rounds, a.number, {

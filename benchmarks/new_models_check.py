@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import argparse
 import collections
-import importlib.util
 import json
 import os
 import sys
@@ -20,10 +19,8 @@ import traceback
 
 import numpy as np
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-_spec = importlib.util.spec_from_file_location("corpus_io", os.path.join(ROOT, "corpus", "corpus_io.py"))
-corpus_io = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(corpus_io)
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from ab_common import corpus_io  # noqa: E402
 
 NEW_MODELS = corpus_io.OPT_IN_MODELS     # session 8's unseen architectures (corpus/make_corpus.py)
 REL_TOL = 1e-4            # the corpus target (tests/test_corpus.py)

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import collections
-import importlib.util
 import json
 import os
 import sys
@@ -29,10 +28,8 @@ import time
 
 import numpy as np
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-_spec = importlib.util.spec_from_file_location("corpus_io", os.path.join(ROOT, "corpus", "corpus_io.py"))
-corpus_io = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(corpus_io)
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from ab_common import corpus_io, write_json  # noqa: E402
 
 
 def _call_counts(main) -> collections.Counter:
@@ -195,9 +192,7 @@ def main(argv=None) -> int:
         print(f"== onnxruntime {a.model}: {len(on['nodes'])} nodes, sum of node mins {on['sum_us']:.1f} us")
         for r in on["nodes"]:
             print(f"{r['us']:8.1f} us  {r['op']} {r['node']} {r['out']}")
-    if a.json:
-        with open(a.json, "w", encoding="utf-8") as f:
-            json.dump(out, f, indent=1)
+    write_json(out, a.json)
     return 0
 
 

@@ -12,25 +12,12 @@ to quote.
 """
 from __future__ import annotations
 
-import argparse
-import importlib.util
 import os
 import sys
 
-import numpy as np
-
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-
-def _load(name: str, path: str):
-    spec = importlib.util.spec_from_file_location(name, path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
-
-corpus_io = _load("corpus_io", os.path.join(ROOT, "corpus", "corpus_io.py"))
-knob_ab = _load("model_knob_ab", os.path.join(ROOT, "benchmarks", "model_knob_ab.py"))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from ab_common import model_parser, one_thread_model, parse_dims  # noqa: E402
+import model_knob_ab as knob_ab  # noqa: E402
 
 
 def build(path: str, without: tuple = ()):
@@ -50,23 +37,15 @@ def build(path: str, without: tuple = ()):
 
 
 def main(argv=None) -> int:
-    names = [e["name"] for e in corpus_io.load_manifest()["models"]]
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("model", choices=names)
+    ap = model_parser(__doc__.splitlines()[0])
     ap.add_argument("--without", nargs="+", required=True, help="rule names left out of the 'before' build")
     ap.add_argument("--variant", default="static", choices=("static", "dynamic"))
     ap.add_argument("--dims", default="", help="sizes of the dynamic variant's symbols: batch=3,sequence=17")
-    ap.add_argument("--rounds", type=int, default=15)
-    ap.add_argument("--number", type=int, default=40, help="calls per timed round")
-    ap.add_argument("--json", help="write the result to this JSON file")
     a = ap.parse_args(argv)
-    os.environ.setdefault("TVM_NUM_THREADS", "1")     # before TVM starts its thread pool
-    entry = {e["name"]: e for e in corpus_io.load_manifest()["models"]}[a.model]
-    dims = {k: int(v) for k, v in (p.split("=") for p in a.dims.split(",") if p)} or None
+    dims = parse_dims(a.dims)
     if a.variant == "dynamic" and dims is None:
         raise SystemExit("--variant dynamic needs --dims (batch=3, ...)")
-    feeds = corpus_io.random_feeds(entry, np.random.default_rng(0), dims)
-    path = corpus_io.model_path(entry, a.variant)
+    feeds, path = one_thread_model(a.model, a.variant, dims)
     builds = {"new": build(path), "before": build(path, tuple(a.without))}
     return knob_ab.report(knob_ab.paired_ab(builds, feeds, a.rounds, a.number, {
         "model": a.model, "variant": a.variant, "dims": dims, "without": a.without,

@@ -16,20 +16,13 @@ Every number is measured under whatever load the machine had: relative shares, n
 """
 from __future__ import annotations
 
-import argparse
 import collections
-import importlib.util
-import json
 import os
 import sys
 import time
 
-import numpy as np
-
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-_spec = importlib.util.spec_from_file_location("corpus_io", os.path.join(ROOT, "corpus", "corpus_io.py"))
-corpus_io = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(corpus_io)
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from ab_common import model_parser, one_thread_model, write_json  # noqa: E402
 
 
 def capture(cm, feeds: dict) -> list:
@@ -100,17 +93,10 @@ def profile(path: str, feeds: dict, rounds: int, number: int) -> dict:
 
 
 def main(argv=None) -> int:
-    names = [e["name"] for e in corpus_io.load_manifest()["models"]]
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("model", choices=names)
-    ap.add_argument("--rounds", type=int, default=5)
-    ap.add_argument("--number", type=int, default=20, help="calls per timed round")
-    ap.add_argument("--json", help="write the profile to this JSON file")
-    a = ap.parse_args(argv)
-    os.environ.setdefault("TVM_NUM_THREADS", "1")     # before TVM starts its thread pool
-    entry = {e["name"]: e for e in corpus_io.load_manifest()["models"]}[a.model]
-    feeds = corpus_io.random_feeds(entry, np.random.default_rng(0))
-    out = {"model": a.model, **profile(corpus_io.model_path(entry, "static"), feeds, a.rounds, a.number)}
+    a = model_parser(__doc__.splitlines()[0], rounds=5, number=20,
+                     json_help="write the profile to this JSON file").parse_args(argv)
+    feeds, path = one_thread_model(a.model)
+    out = {"model": a.model, **profile(path, feeds, a.rounds, a.number)}
     by_kernel = collections.defaultdict(lambda: [0.0, 0.0])
     for r in out["calls"]:
         by_kernel[r["kernel"]][0] += r["alone_us"]
@@ -119,9 +105,7 @@ def main(argv=None) -> int:
           f"alone {out['alone_sum_us']} us ({out['clock']})")
     for k, (al, sq) in sorted(by_kernel.items(), key=lambda kv: kv[1][0] - kv[1][1]):
         print(f"  {k:45s} alone {al:7.1f}  in sequence {sq:7.1f}  (+{sq - al:.1f})")
-    if a.json:
-        with open(a.json, "w") as f:
-            json.dump(out, f, indent=1)
+    write_json(out, a.json)
     return 0
 
 

@@ -19,18 +19,14 @@ from __future__ import annotations
 
 import argparse
 import collections
-import importlib.util
-import json
 import os
 import sys
 import time
 
 import numpy as np
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-_spec = importlib.util.spec_from_file_location("corpus_io", os.path.join(ROOT, "corpus", "corpus_io.py"))
-corpus_io = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(corpus_io)
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from ab_common import corpus_io, write_json  # noqa: E402
 
 ROUNDS = 30      # interleaved rounds
 REPEAT = 50      # back-to-back calls per round and path
@@ -152,9 +148,7 @@ def main(argv=None) -> int:
               f"{c.get('vm.builtin.alloc_storage', 0):3d}  alloc_tensor {c.get('vm.builtin.alloc_tensor', 0):3d}  "
               + "  ".join(f"{p} min {b['time'][p]['min_us']:7.1f} us med {b['time'][p]['median_us']:7.1f} "
                           f"({b['time'][p]['ratio_to_static_min']:.2f}x)" for p in ("vm", "run")))
-    if a.json:
-        with open(a.json, "w", encoding="utf-8") as f:
-            json.dump(rec, f, indent=1)
+    write_json(rec, a.json)
     return 0
 
 

@@ -32,7 +32,6 @@ timings are no measurement.
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import os
 import sys
@@ -41,10 +40,8 @@ import traceback
 
 import numpy as np
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-_spec = importlib.util.spec_from_file_location("corpus_io", os.path.join(ROOT, "corpus", "corpus_io.py"))
-corpus_io = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(corpus_io)
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from ab_common import corpus_io  # noqa: E402
 
 BATCHES = (1, 3, 8)          # the sizes of `batch`
 SEQUENCES = (1, 17, 128)     # ... and of `sequence` (token models)

@@ -11,7 +11,6 @@ compared.  On a shared machine the numbers are measured under load.
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import os
 import sys
@@ -19,10 +18,9 @@ import time
 
 import numpy as np
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-_spec = importlib.util.spec_from_file_location("corpus_io", os.path.join(ROOT, "corpus", "corpus_io.py"))
-corpus_io = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(corpus_io)
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from ab_common import (corpus_io, interleaved_us, manifest_entry, new_old_static_summary,  # noqa: E402
+                       parse_dims, vm_calls, write_json)
 
 
 def build_old(path: str, threads):
@@ -52,10 +50,9 @@ def main(argv=None) -> int:
     ap.add_argument("--json", help="append the record (one JSON line) to this file")
     a = ap.parse_args(argv)
     import tvmfuse
-    from tvmfuse.io import validate_feeds
 
-    entry = {e["name"]: e for e in corpus_io.load_manifest()["models"]}[a.model]
-    dims = {k: int(v) for k, v in (p.split("=") for p in a.dims.split(","))}
+    entry = manifest_entry(a.model)
+    dims = parse_dims(a.dims)
     path = corpus_io.model_path(entry, "dynamic")
     threads = 1 if a.thread_time else None
     builds = {"new": tvmfuse.compile(path, num_threads=threads), "old": build_old(path, threads),
@@ -65,29 +62,11 @@ def main(argv=None) -> int:
     for k in got["new"]:
         np.testing.assert_allclose(got["new"][k], got["old"][k], rtol=1e-4, atol=1e-5, err_msg=k)
     clock = time.thread_time if a.thread_time else time.perf_counter
-    calls = {}
-    for n, cm in builds.items():
-        args = [cm._to_device(v)[0] for v in validate_feeds(feeds, cm.inputs, cm.shape_upper_bounds)]
-        f = cm._main()
-        f(*args)
-        f(*args)
-        calls[n] = (f, args)
-    ts = {n: [] for n in calls}
-    for _ in range(a.rounds):
-        for n, (f, args) in calls.items():
-            t0 = clock()
-            for _ in range(a.repeat):
-                f(*args)
-            ts[n].append((clock() - t0) / a.repeat * 1e6)
+    ts = interleaved_us(vm_calls(builds, feeds, warmup=2), a.rounds, a.repeat, clock)
     rec = {"model": a.model, "dims": dims, "clock": "thread_time, 1 thread" if a.thread_time else "wall",
-           "note": "measured under load", "min_us": {n: round(min(t), 1) for n, t in ts.items()},
-           "median_us": {n: round(float(np.median(t)), 1) for n, t in ts.items()},
-           "ratio_to_static_min": {n: round(min(ts[n]) / min(ts["static"]), 3) for n in ("new", "old")},
-           "paired_median_new_over_old": round(float(np.median(np.array(ts["new"]) / np.array(ts["old"]))), 3)}
+           "note": "measured under load", **new_old_static_summary(ts, 1)}
     print(json.dumps(rec))
-    if a.json:
-        with open(a.json, "a", encoding="utf-8") as f:
-            f.write(json.dumps(rec) + "\n")
+    write_json(rec, a.json, append_line=True)
     return 0
 
 

@@ -272,6 +272,22 @@ def conv(cin=8, cout=16, h=15, w=17, k=3, s=1, pads=None, dil=1, group=1, act="R
     return finish(g)
 
 
+def conv_relu_weights_input(cin: int, cout: int, hw: int, k: int) -> onnx.ModelProto:
+    """Conv (k x k, same padding, no bias) + Relu on [1, cin, hw, hw] whose weights ``w`` [cout, cin, k, k] are
+    a graph input, not a constant (so no pass rewrites their layout); opset 18."""
+    p = k // 2
+    nodes = [helper.make_node("Conv", ["x", "w"], ["c"], kernel_shape=[k, k], pads=[p] * 4),
+             helper.make_node("Relu", ["c"], ["y"])]
+    g = helper.make_graph(nodes, "conv_w_input",
+                          [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, cin, hw, hw]),
+                           helper.make_tensor_value_info("w", TensorProto.FLOAT, [cout, cin, k, k])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, cout, hw, hw])])
+    model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 18)])
+    model.ir_version = 8
+    onnx.checker.check_model(model)
+    return model
+
+
 def conv_with_shortcut_conv(cin=8, cout=16, h=14, w=14):
     """A downsampling block's 3x3 stride-2 conv plus its 1x1 stride-2 shortcut conv, added, ReLU."""
     g = _G("shortcut")
@@ -301,6 +317,22 @@ def lowered_vectorized(func):
     return C.Sequential([st.LowerInitBlock(), st.PlanAndUpdateBufferAllocationLocation(),
                          st.ConvertBlocksToOpaque(), st.CompactBufferAllocation(), st.LowerMatchBuffer(),
                          st.LowerOpaqueBlock(), tx.FlattenBuffer(), tx.VectorizeLoop(True)])(mod)["main"]
+
+
+def store_lanes(func, target) -> dict[str, set[int]]:
+    """{buffer name: set of lanes of its stores} after TVM's CPU lowering up to and including VectorizeLoop
+    (loops canonicalized, simplified, indices narrowed to 32 bits as the build does)."""
+    st, tx = C.s_tir.transform, C.tirx.transform
+    mod = C.IRModule({"main": func.with_attr("global_symbol", "main").with_attr("target", target)})
+    passes = [st.CanonicalizeLoop(), st.LowerInitBlock(), st.PlanAndUpdateBufferAllocationLocation(),
+              st.ConvertBlocksToOpaque(), st.CompactBufferAllocation(), st.LowerMatchBuffer(), st.StmtSimplify(),
+              st.LowerOpaqueBlock(), tx.FlattenBuffer(), tx.NarrowDataType(32), tx.VectorizeLoop(True)]
+    with target:
+        mod = C.Sequential(passes)(mod)
+    lanes = {}
+    C.post_order_visit(mod["main"].body, lambda s: lanes.setdefault(str(s.buffer.name), set()).add(
+        int(s.value.ty.dtype.lanes)) if isinstance(s, C.BufferStore) else None)
+    return lanes
 
 
 def compacted(func):

@@ -112,6 +112,30 @@ def _attention_func(cm) -> C.PrimFunc:
     return funcs[0]
 
 
+def _causal(s):
+    """A causal additive mask [1, 1, s, s]: 0 on and below the diagonal, -inf above."""
+    return np.where(np.arange(s)[None] <= np.arange(s)[:, None], 0, -np.inf).astype(np.float32).reshape(1, 1, s, s)
+
+
+def _masked_row_case(host, rng, seq: int, d: int, mask, mask_scale: float = 1.0) -> dict:
+    """The attention kernel (unscheduled) of a one-batch, two-head chain of ``seq`` queries and keys, head dim
+    ``d`` (mask: None, "input" or "causal"), its template, match and default config, large-logit feeds (an
+    input mask times ``mask_scale`` with row 4 fully masked: a NaN row, as onnx's Softmax gives), the float64
+    reference output and the kernel's arguments: the set-up every schedule-variant-vs-reference test shares."""
+    model = _chain(b=1, h=2, sq=seq, sk=seq, d=d, dv=d, mask=_causal(seq) if mask == "causal" else mask)
+    func = _attention_func(tvmfuse.compile(model, host, schedules=False))
+    t = Attention()
+    match = t.match(func, host)
+    feeds = _large_logit_feeds(model, rng)
+    if "mask" in feeds:
+        feeds["mask"] *= mask_scale
+        feeds["mask"][0, 0, 4, :] = -np.inf
+    ref = reference_outputs_f64(model, feeds)["y"]
+    args = [feeds["q"], feeds["k"], feeds["v"]] + ([feeds["mask"]] if "mask" in feeds else [])
+    return dict(t=t, match=match, func=func, base=t.default_config(match, host), masked="mask" in feeds,
+                ref=ref, args=args)
+
+
 # ------------------------------------------------------------------------------------------ numerics
 @pytest.mark.parametrize("kw", [
     dict(),                                              # S not a multiple of any block

@@ -23,10 +23,10 @@ from tvmfuse.schedules.base import schedule_with
 from tvmfuse.schedules.cpu.attention import Attention
 from tvmfuse.target import cpu_info, template_defaults
 
-from test_attention import (HASWELL, SKYLAKE, _allocs_and_loops, _attention_func, _chain, _large_logit_feeds,
-                            _run_kernel)
+from test_attention import (HASWELL, SKYLAKE, _allocs_and_loops, _attention_func, _causal, _chain,
+                            _large_logit_feeds, _masked_row_case, _run_kernel)
 from schedule_cases import stmts_with_loops
-from conftest import assert_close_scaled, reference_outputs_f64
+from conftest import assert_close_scaled
 
 RTOL, ATOL = 1e-4, 1e-5
 EMERALD = tvmfuse.parse_target({"kind": "llvm", "mcpu": "emeraldrapids", "mtriple": "x86_64-linux-gnu",
@@ -34,10 +34,6 @@ EMERALD = tvmfuse.parse_target({"kind": "llvm", "mcpu": "emeraldrapids", "mtripl
 SAPPHIRE = tvmfuse.parse_target({"kind": "llvm", "mcpu": "sapphirerapids", "mtriple": "x86_64-linux-gnu",
                                  "num-cores": 2})
 ZEN5 = tvmfuse.parse_target({"kind": "llvm", "mcpu": "znver5", "mtriple": "x86_64-linux-gnu", "num-cores": 2})
-
-
-def _causal(s):
-    return np.where(np.arange(s)[None] <= np.arange(s)[:, None], 0, -np.inf).astype(np.float32).reshape(1, 1, s, s)
 
 
 def _reads(expr) -> list:
@@ -165,23 +161,13 @@ def test_64_key_blocks_and_folded_rescale_match_reference(seq, mask, host, rng):
     """64-key blocks (the 48 KiB-L1 default) and 32-key blocks, each with 1 and 4 row groups, vs onnx's
     ReferenceEvaluator in float64: logits near 1e4 (the running max rescales the accumulators often), a fully masked
     row (NaN, as onnx's Softmax gives), causal and an odd S (a key tail in the last block)."""
-    if mask == "causal":
-        mask = _causal(seq)
-    model = _chain(b=1, h=2, sq=seq, sk=seq, d=64, dv=64, mask=mask)
-    func = _attention_func(tvmfuse.compile(model, host, schedules=False))
-    t = Attention()
-    match = t.match(func, host)
-    base = t.default_config(match, host)
-    feeds = _large_logit_feeds(model, rng)
-    if "mask" in feeds:
-        feeds["mask"][0, 0, 4, :] = -np.inf
-    ref = reference_outputs_f64(model, feeds)["y"]
-    args_np = [feeds["q"], feeds["k"], feeds["v"]] + ([feeds["mask"]] if "mask" in feeds else [])
+    c = _masked_row_case(host, rng, seq=seq, d=64, mask=mask)
+    t, match, base, ref = c["t"], c["match"], c["base"], c["ref"]
     for over in (dict(k_block=64, rows=4), dict(k_block=64, rows=1), dict(k_block=32, rows=4)):
         config = {**base, **over}
         assert t.space(match, host).contains(config), config
-        got = _run_kernel(schedule_with(t, match, func, config), args_np, ref.shape, host)
+        got = _run_kernel(schedule_with(t, match, c["func"], config), c["args"], ref.shape, host)
         assert_close_scaled(got, ref, RTOL, ATOL, err_msg=str(config))
-        if "mask" in feeds:
+        if c["masked"]:
             assert np.isnan(got[0, :, 4]).all() and np.isnan(ref[0, :, 4]).all()
             assert np.isfinite(np.delete(got, 4, axis=2)).all()

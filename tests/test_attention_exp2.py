@@ -11,17 +11,15 @@ on fresh random inputs, with a fully masked row (NaN, as onnx's Softmax), logits
 import numpy as np
 import pytest
 
-import tvmfuse
 from tvmfuse import _compat as C
 from tvmfuse import fastmath as F
 from tvmfuse.schedules import schedule_prim_func
 from tvmfuse.schedules.base import schedule_with
-from tvmfuse.schedules.cpu.attention import Attention
 from tvmfuse.target import template_defaults
 
-from test_attention import HASWELL, SKYLAKE, _attention_func, _chain, _large_logit_feeds, _run_kernel
+from test_attention import HASWELL, SKYLAKE, _masked_row_case, _run_kernel
 from test_attention_prefetch import attention_ab
-from conftest import assert_close_scaled, reference_outputs_f64
+from conftest import assert_close_scaled
 
 RTOL, ATOL = 1e-4, 1e-5
 
@@ -58,26 +56,13 @@ def test_default_follows_the_target_table_and_both_exps_take_the_cheap_expansion
 def test_both_bases_match_reference(mask, host, rng):
     """exp2 on and off (after fastmath, as the pipeline builds them; packed K/V, two query blocks per task, 45
     rows): the reference's numbers, a fully masked row NaN, logits ~1e3 and an input mask ~3e2."""
-    sq = sk = 45
-    if mask == "causal":
-        mask = np.where(np.arange(sk)[None] <= np.arange(sq)[:, None], 0, -np.inf).astype(np.float32)
-        mask = mask.reshape(1, 1, sq, sk)
-    model = _chain(b=1, h=2, sq=sq, sk=sk, d=16, dv=16, mask=mask)
-    func = _attention_func(tvmfuse.compile(model, host, schedules=False))
-    t = Attention()
-    match = t.match(func, host)
-    base = t.default_config(match, host)
-    feeds = _large_logit_feeds(model, rng)
-    if "mask" in feeds:
-        feeds["mask"] *= 10.0
-        feeds["mask"][0, 0, 4, :] = -np.inf
-    ref = reference_outputs_f64(model, feeds)["y"]
-    args_np = [feeds["q"], feeds["k"], feeds["v"]] + ([feeds["mask"]] if "mask" in feeds else [])
+    c = _masked_row_case(host, rng, seq=45, d=16, mask=mask, mask_scale=10.0)
+    t, match, base, ref = c["t"], c["match"], c["base"], c["ref"]
     for exp2 in (0, 1):
         config = {**base, "q_block": base["lanes"], "q_blocks": 2, "pack_kv": 1, "exp2": exp2}
         assert t.space(match, host).contains(config), config
-        fast, _ = F.rewrite(schedule_with(t, match, func, config))
-        got = _run_kernel(fast, args_np, ref.shape, host)
+        fast, _ = F.rewrite(schedule_with(t, match, c["func"], config))
+        got = _run_kernel(fast, c["args"], ref.shape, host)
         assert_close_scaled(got, ref, RTOL, ATOL, err_msg=str(config))
-        if "mask" in feeds:
+        if c["masked"]:
             assert np.isnan(got[0, :, 4]).all() and np.isnan(ref[0, :, 4]).all()

@@ -20,10 +20,10 @@ from tvmfuse.schedules.base import schedule_with
 from tvmfuse.schedules.cpu.attention import LINE_FLOATS, Attention
 from tvmfuse.target import template_defaults
 
-from test_attention import (HASWELL, SKYLAKE, _allocs_and_loops, _attention_func, _chain, _large_logit_feeds,
+from test_attention import (HASWELL, SKYLAKE, _allocs_and_loops, _attention_func, _chain, _masked_row_case,
                             _run_kernel)
 from schedule_cases import stmts_with_loops
-from conftest import assert_close_scaled, reference_outputs_f64
+from conftest import assert_close_scaled
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 _spec = importlib.util.spec_from_file_location("attention_ab", os.path.join(ROOT, "benchmarks", "attention_ab.py"))
@@ -108,28 +108,16 @@ def test_every_prefetch_level_matches_reference(mask, host, rng):
     """Levels 1 (K/V in place, one query block per task) and 2 (packed K/V, two query blocks per task, the
     last task with fewer: 45 rows; level 0 is the kernel of tests/test_attention.py):
     the same numbers as the reference, with a fully masked row (NaN, as onnx's Softmax) and logits ~1e4."""
-    sq = sk = 45
-    if mask == "causal":
-        mask = np.where(np.arange(sk)[None] <= np.arange(sq)[:, None], 0, -np.inf).astype(np.float32)
-        mask = mask.reshape(1, 1, sq, sk)
-    model = _chain(b=1, h=2, sq=sq, sk=sk, d=16, dv=16, mask=mask)
-    func = _attention_func(tvmfuse.compile(model, host, schedules=False))
-    t = Attention()
-    match = t.match(func, host)
-    base = t.default_config(match, host)
+    c = _masked_row_case(host, rng, seq=45, d=16, mask=mask)
+    t, match, base, ref = c["t"], c["match"], c["base"], c["ref"]
     lanes = base["lanes"]
-    feeds = _large_logit_feeds(model, rng)
-    if "mask" in feeds:
-        feeds["mask"][0, 0, 4, :] = -np.inf
-    ref = reference_outputs_f64(model, feeds)["y"]
-    args_np = [feeds["q"], feeds["k"], feeds["v"]] + ([feeds["mask"]] if "mask" in feeds else [])
     for over in (dict(q_block=lanes, q_blocks=2, pack_kv=1, prefetch=2),
                  dict(q_block=lanes, q_blocks=1, pack_kv=0, prefetch=1)):
         config = {**base, **over}
         assert t.space(match, host).contains(config), config
-        scheduled = schedule_with(t, match, func, config)
+        scheduled = schedule_with(t, match, c["func"], config)
         assert bool(_prefetches(scheduled)) == bool(config["prefetch"])
-        got = _run_kernel(scheduled, args_np, ref.shape, host)
+        got = _run_kernel(scheduled, c["args"], ref.shape, host)
         assert_close_scaled(got, ref, RTOL, ATOL, err_msg=str(config))
-        if "mask" in feeds:
+        if c["masked"]:
             assert np.isnan(got[0, :, 4]).all() and np.isnan(ref[0, :, 4]).all()

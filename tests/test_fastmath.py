@@ -6,6 +6,8 @@ import tvmfuse
 from tvmfuse import _compat as C
 from tvmfuse import fastmath as F
 
+from schedule_cases import store_lanes
+
 te = C.te
 
 special = pytest.importorskip("scipy.special")
@@ -84,19 +86,8 @@ def test_pipeline_switch_removes_libm_calls(host):
 
 
 def _vectorized_stores(func, target):
-    """(lanes of every store to B) after TVM's lowering up to and including VectorizeLoop."""
-    S = C.s_tir.transform
-    mod = C.IRModule({"main": func.with_attr("global_symbol", "main").with_attr("target", target)})
-    passes = [S.CanonicalizeLoop(), S.LowerInitBlock(), S.PlanAndUpdateBufferAllocationLocation(),
-              S.ConvertBlocksToOpaque(), S.CompactBufferAllocation(), S.LowerMatchBuffer(), S.StmtSimplify(),
-              S.LowerOpaqueBlock(), C.tirx.transform.FlattenBuffer(), C.tirx.transform.NarrowDataType(32),
-              C.tirx.transform.VectorizeLoop(True)]
-    with target:
-        mod = C.Sequential(passes)(mod)
-    lanes = []
-    C.post_order_visit(mod["main"].body, lambda s: lanes.append(int(s.value.ty.dtype.lanes))
-                       if isinstance(s, C.BufferStore) and str(s.buffer.name).startswith("B") else None)
-    return lanes
+    """The lanes of the stores to B (each width once) after TVM's lowering up to and including VectorizeLoop."""
+    return sorted({n for name, lanes in store_lanes(func, target).items() if name.startswith("B") for n in lanes})
 
 
 @pytest.mark.parametrize("name", ["exp", "erf", "tanh", "sigmoid"])
@@ -149,31 +140,40 @@ def _nonpositive_kernel(target, n, fn=F.fast_exp_nonpositive):
     return func, lib
 
 
-def test_nonpositive_exp_max_error_whole_range(host):
-    """The cheaper exp over every non-positive float32 (vectorized by 8): NaN -> NaN, -inf -> 0, 0 -> 1
-    exactly, relative error <= MAX_ERROR where e^x is normal, absolute error <= FLT_MIN below it."""
-    x = _nonpositive_inputs()
-    x = np.concatenate([x, np.zeros(-len(x) % 8, np.float32)])     # static length, a multiple of 8
-    func, lib = _nonpositive_kernel(host, len(x))
+def _run_nonpositive(host, x, fn, reference):
+    """``x`` (zero-padded to a multiple of 8, a static length) through ``fn``'s kernel, checked to store 8 lanes
+    at a time: (padded x, the kernel's output and ``reference(x)``, both float64)."""
+    x = np.concatenate([x, np.zeros(-len(x) % 8, np.float32)])
+    func, lib = _nonpositive_kernel(host, len(x), fn)
     lanes = _vectorized_stores(func, host)
     assert lanes and all(n == 8 for n in lanes), f"stores of {lanes} lanes"
     out = C.tensor(np.zeros_like(x))
     lib["main"](C.tensor(x), out)
-    y = out.numpy().astype(np.float64)
     with np.errstate(invalid="ignore"):
-        r = np.exp(x.astype(np.float64))
+        return x, out.numpy().astype(np.float64), reference(x.astype(np.float64))
+
+
+def _assert_nonpositive_error(x, y, r, bound, flush):
+    """NaN -> NaN, -inf -> 0, 0 -> 1 exactly; relative error <= ``bound["rel"]`` where the reference is a normal
+    float32, absolute error <= ``bound["abs_subnormal"]`` below it, and 0 below the ``flush`` threshold."""
     np.testing.assert_array_equal(np.isnan(y), np.isnan(x), err_msg="NaN in != NaN out")
     assert (y[np.isneginf(x)] == 0).all() and (y[x == 0] == 1).all()
     fin = ~np.isnan(x)
-    bound = F.MAX_ERROR["exp_nonpositive"]
-    tiny = np.finfo(np.float32).tiny
     err = np.abs(y[fin] - r[fin])
-    normal = r[fin] >= tiny
+    normal = r[fin] >= np.finfo(np.float32).tiny
     rel = err[normal] / r[fin][normal]
     assert rel.max() <= bound["rel"], f"relative error {rel.max():.3g}"
     assert err[~normal].max() <= bound["abs_subnormal"], f"absolute error below FLT_MIN {err[~normal].max():.3g}"
-    assert bound["abs_subnormal"] <= 1.2e-38
-    assert (y[fin][x[fin] < np.float32(F.EXP_FLUSH)] == 0).all(), "below the flush threshold: not 0"
+    assert (y[fin][x[fin] < np.float32(flush)] == 0).all(), "below the flush threshold: not 0"
+
+
+def test_nonpositive_exp_max_error_whole_range(host):
+    """The cheaper exp over every non-positive float32 (vectorized by 8): NaN -> NaN, -inf -> 0, 0 -> 1
+    exactly, relative error <= MAX_ERROR where e^x is normal, absolute error <= FLT_MIN below it."""
+    x, y, r = _run_nonpositive(host, _nonpositive_inputs(), F.fast_exp_nonpositive, np.exp)
+    _assert_nonpositive_error(x, y, r, F.MAX_ERROR["exp_nonpositive"], F.EXP_FLUSH)
+    assert F.MAX_ERROR["exp_nonpositive"]["abs_subnormal"] <= 1.2e-38
+    fin = ~np.isnan(x)
     assert (y[fin] >= 0).all() and (y[fin] <= 1).all()
 
 
@@ -182,28 +182,11 @@ def test_nonpositive_exp2_max_error_whole_range(host):
     NaN, -inf -> 0, 0 -> 1 and the integers down to -126 -> 2^x exactly, relative error <= MAX_ERROR where
     2^x is normal, 0 below EXP2_FLUSH."""
     x = np.concatenate([_nonpositive_inputs(), -np.arange(127, dtype=np.float32), np.float32([-126.5, -127.0])])
-    x = np.concatenate([x, np.zeros(-len(x) % 8, np.float32)])
-    func, lib = _nonpositive_kernel(host, len(x), F.fast_exp2_nonpositive)
-    lanes = _vectorized_stores(func, host)
-    assert lanes and all(n == 8 for n in lanes), f"stores of {lanes} lanes"
-    out = C.tensor(np.zeros_like(x))
-    lib["main"](C.tensor(x), out)
-    y = out.numpy().astype(np.float64)
-    with np.errstate(invalid="ignore"):
-        r = np.exp2(x.astype(np.float64))
-    np.testing.assert_array_equal(np.isnan(y), np.isnan(x), err_msg="NaN in != NaN out")
-    assert (y[np.isneginf(x)] == 0).all() and (y[x == 0] == 1).all()
+    x, y, r = _run_nonpositive(host, x, F.fast_exp2_nonpositive, np.exp2)
+    _assert_nonpositive_error(x, y, r, F.MAX_ERROR["exp2_nonpositive"], F.EXP2_FLUSH)
     with np.errstate(invalid="ignore"):
         ints = (x == np.round(x)) & (x >= F.EXP2_FLUSH)
     np.testing.assert_array_equal(y[ints], r[ints], err_msg="2^n not exact")
-    fin = ~np.isnan(x)
-    bound = F.MAX_ERROR["exp2_nonpositive"]
-    err = np.abs(y[fin] - r[fin])
-    normal = r[fin] >= np.finfo(np.float32).tiny
-    rel = err[normal] / r[fin][normal]
-    assert rel.max() <= bound["rel"], f"relative error {rel.max():.3g}"
-    assert err[~normal].max() <= bound["abs_subnormal"], f"absolute error below FLT_MIN {err[~normal].max():.3g}"
-    assert (y[fin][x[fin] < np.float32(F.EXP2_FLUSH)] == 0).all(), "below the flush threshold: not 0"
 
 
 def test_exp2_rewritten_only_where_proved_nonpositive(host):

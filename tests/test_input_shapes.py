@@ -12,14 +12,7 @@ from tvmfuse.cli import main
 from tvmfuse.errors import InputError
 from tvmfuse.frontend import fold_static_shapes, parse_shape_args, specialize_inputs, symbolic_dims
 
-
-def _mlp(batch="batch"):
-    """MatMul + Add + Relu on x: [batch, 64] (the issue's example)."""
-    g = M._G("mlp_dyn")
-    x = g.input("x", (batch, 64))
-    g.op("Relu", g.op("Add", g.op("MatMul", x, g.weight((64, 32))), g.weight((32,), 0.1)))
-    g.rename_last("y", (batch, 32))
-    return g.model()
+from test_symbolic import _mlp   # MatMul + Add + Relu on x: [batch, 64] (the issue's example)
 
 
 def _two_inputs():

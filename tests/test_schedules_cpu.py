@@ -20,6 +20,7 @@ from tvmfuse.schedules.cpu.common import min_parallel_work
 from tvmfuse.target import cpu_info
 
 from conftest import NAMED_TARGETS, assert_close_to_reference, named_target
+from schedule_cases import store_lanes as _store_lanes
 
 # (model builder, kwargs, family expected on its main kernel): odd sizes on purpose
 CASES = [
@@ -236,22 +237,6 @@ def _softmax_kernel(model, target, fusion, family="cpu.row_reduction"):
             assert res is not None and res.template == family, name
             return res.func, written[0]
     raise AssertionError("no kernel with an exp")
-
-
-def _store_lanes(func, target):
-    """{buffer name: set of lanes of its stores} after TVM's lowering up to VectorizeLoop."""
-    S = C.s_tir.transform
-    mod = C.IRModule({"main": func.with_attr("global_symbol", "main").with_attr("target", target)})
-    passes = [S.CanonicalizeLoop(), S.LowerInitBlock(), S.PlanAndUpdateBufferAllocationLocation(),
-              S.ConvertBlocksToOpaque(), S.CompactBufferAllocation(), S.LowerMatchBuffer(), S.StmtSimplify(),
-              S.LowerOpaqueBlock(), C.tirx.transform.FlattenBuffer(), C.tirx.transform.NarrowDataType(32),
-              C.tirx.transform.VectorizeLoop(True)]
-    with target:
-        mod = C.Sequential(passes)(mod)
-    lanes = {}
-    C.post_order_visit(mod["main"].body, lambda s: lanes.setdefault(str(s.buffer.name), set()).add(
-        int(s.value.ty.dtype.lanes)) if isinstance(s, C.BufferStore) else None)
-    return lanes
 
 
 def _row_store_lanes(d: int, lanes: int) -> set:

@@ -175,19 +175,8 @@ def test_plane_threshold_comes_from_the_target_table(monkeypatch):
 def test_weights_as_graph_input_are_packed_by_the_kernel(host, rng):
     """Weights that are no constant (a graph input) are not rewritten: the kernel reads them OIHW through its
     packed copy, and the numbers match the reference."""
-    import onnx
-    from onnx import TensorProto, helper
-
-    cin, cout, hw = 24, 96, 7
-    nodes = [helper.make_node("Conv", ["x", "w"], ["c"], kernel_shape=[1, 1]),
-             helper.make_node("Relu", ["c"], ["y"])]
-    g = helper.make_graph(nodes, "conv_w_input",
-                          [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, cin, hw, hw]),
-                           helper.make_tensor_value_info("w", TensorProto.FLOAT, [cout, cin, 1, 1])],
-                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, cout, hw, hw])])
-    model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 18)])
-    model.ir_version = 8
-    onnx.checker.check_model(model)
+    cin, cout = 24, 96
+    model = S.conv_relu_weights_input(cin, cout, hw=7, k=1)
     name, func = _kernel(model, host)
     assert [int(d) for d in func.params[1].shape] == [cout, cin, 1, 1]
     cm = tvmfuse.compile(model, host)

@@ -193,19 +193,7 @@ def test_weights_as_graph_input_stay_with_the_direct_template(host, rng):
     """Weights that are no constant (a graph input) are not rewritten, and this family (which reads weights
     with the output channels last only) declines: the direct template reads them OIHW, and the numbers match the
     reference."""
-    import onnx
-    from onnx import TensorProto, helper
-
-    cin, cout, hw = 32, 128, 7
-    nodes = [helper.make_node("Conv", ["x", "w"], ["c"], kernel_shape=[3, 3], pads=[1, 1, 1, 1]),
-             helper.make_node("Relu", ["c"], ["y"])]
-    g = helper.make_graph(nodes, "conv_w_input",
-                          [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, cin, hw, hw]),
-                           helper.make_tensor_value_info("w", TensorProto.FLOAT, [cout, cin, 3, 3])],
-                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, cout, hw, hw])])
-    model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 18)])
-    model.ir_version = 8
-    onnx.checker.check_model(model)
+    model = S.conv_relu_weights_input(cin=32, cout=128, hw=7, k=3)
     cm = tvmfuse.compile(model, host)
     assert [s["template"] for s in cm.report.schedules] == [CONV], cm.report.schedules
     assert_close_to_reference(model, cm, rng, rtol=1e-4, atol=1e-4)

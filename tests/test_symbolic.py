@@ -14,6 +14,7 @@ from tvmfuse.target import parse_target
 
 
 def _mlp(batch="batch"):
+    """MatMul + Add + Relu on x: [batch, 64] (issue 13's example; test_input_shapes uses it too)."""
     g = M._G("mlp_dyn")
     x = g.input("x", (batch, 64))
     g.op("Relu", g.op("Add", g.op("MatMul", x, g.weight((64, 32))), g.weight((32,), 0.1)))

@@ -96,45 +96,51 @@ def test_shared_storage_model_matches_static_and_reference(builds, rng):
 
 
 # ----------------------------------------------------------------------------------- the pass on its own
+def _shared(mod) -> tuple[str, list[str], int]:
+    """``main`` after the pass: its TVMScript, the storage each ``alloc_tensor`` takes (in order) and the
+    number of ``alloc_storage`` calls left."""
+    main = _share_symbolic_storage(mod)["main"].script()
+    return (main, re.findall(r"R\.memory\.alloc_tensor\((\w+),", main),
+            len(re.findall(r"R\.memory\.alloc_storage\(", main)))
+
+
+_STUBS = {"copy": "a: T.handle, b: T.handle", "two": "a: T.handle, b: T.handle, c: T.handle"}
+
+
+def _alloc(i: int, size: str, shape: str, tensor: str | None = None) -> list[str]:
+    """The two lines of a planned allocation: storage ``s<i>`` of ``size`` floats, tensor ``t<i>`` (or
+    ``tensor``) of ``shape`` in it."""
+    return [f's{i} = R.memory.alloc_storage(R.shape([{size}]), 0, "global", "float32")',
+            f'{tensor or f"t{i}"} = R.memory.alloc_tensor(s{i}, 0, R.shape([{shape}]), "float32")']
+
+
+def _planned(name: str, params: str, sizes: str, body: list[str], kernels=("copy",)):
+    """A module as the memory planning leaves one: do-nothing kernels ``kernels`` (``_STUBS``) and an impure
+    ``main(params)`` binding the shape variables ``sizes``, then ``body`` (TVMScript lines, ``cls`` the module)."""
+    pad = "\n" + " " * 8
+    stubs = "".join(f"    @T.prim_func\n    def {k}({_STUBS[k]}):\n        T.evaluate(0)\n\n" for k in kernels)
+    lines = [sizes, f"cls = {name}", *body]
+    return C.parse_script(f"@I.ir_module\nclass {name}:\n{stubs}    @R.function(pure=False)\n"
+                          f"    def main({params}):{pad}" + pad.join(lines) + "\n")
+
+
 def _planned_module():
     """``main`` as the memory planning leaves it: four symbolic storages, ``t0`` read by the second kernel
     (so ``t1`` overlaps it), ``t2`` of a size not comparable with ``t0``'s, ``t3`` returned."""
-    I, R, T = C.script_ir, C.script_relax, C.script_tir
-
-    @I.ir_module
-    class Planned:
-        @T.prim_func
-        def copy(a: T.handle, b: T.handle):
-            T.evaluate(0)
-
-        @R.function(pure=False)
-        def main(x: R.Tensor(("n", "m"), "float32")):
-            n, m = T.int64(), T.int64()
-            cls = Planned
-            s0 = R.memory.alloc_storage(R.shape([n * 64]), 0, "global", "float32")
-            t0 = R.memory.alloc_tensor(s0, 0, R.shape([n, 16]), "float32")
-            cls.copy(x, t0)
-            s1 = R.memory.alloc_storage(R.shape([n * 32]), 0, "global", "float32")
-            t1 = R.memory.alloc_tensor(s1, 0, R.shape([n, 8]), "float32")
-            cls.copy(t0, t1)
-            s2 = R.memory.alloc_storage(R.shape([m * 4]), 0, "global", "float32")
-            t2 = R.memory.alloc_tensor(s2, 0, R.shape([m]), "float32")
-            cls.copy(t1, t2)
-            s3 = R.memory.alloc_storage(R.shape([n * 32]), 0, "global", "float32")
-            t3 = R.memory.alloc_tensor(s3, 0, R.shape([n, 8]), "float32")
-            cls.copy(t2, t3)
-            return t3
-
-    return Planned
+    return _planned("Planned", 'x: R.Tensor(("n", "m"), "float32")', "n, m = T.int64(), T.int64()", [
+        *_alloc(0, "n * 64", "n, 16"), "cls.copy(x, t0)",
+        *_alloc(1, "n * 32", "n, 8"), "cls.copy(t0, t1)",
+        *_alloc(2, "m * 4", "m"), "cls.copy(t1, t2)",
+        *_alloc(3, "n * 32", "n, 8"), "cls.copy(t2, t3)",
+        "return t3"])
 
 
 def test_pass_shares_only_storages_whose_tensors_are_dead():
-    main = _share_symbolic_storage(_planned_module())["main"].script()
+    main, used, _ = _shared(_planned_module())
     sizes = re.findall(r"= R\.memory\.alloc_storage\(R\.shape\(\[(.*?)\]\)", main)
     # t0's storage (dead after the second kernel) takes t2 (size m * 4: the larger of the two not provable,
     # so their max); t1 (overlaps t0) gets its own; s3 holds the result, which leaves main: left as it is
     assert sizes == ["T.max(n * 64, m * 4)", "n * 32", "n * 32"], main
-    used = re.findall(r"R\.memory\.alloc_tensor\((\w+),", main)
     assert used[0] == used[2] != used[1] and used[3] == "s3", used
 
 
@@ -145,91 +151,39 @@ def test_pass_leaves_static_storage_alone(lowered):
 
 def _aliased_module():
     """``t0`` read after ``t1``'s allocation only through a view (a packed call's result)."""
-    I, R, T = C.script_ir, C.script_relax, C.script_tir
-
-    @I.ir_module
-    class Aliased:
-        @T.prim_func
-        def copy(a: T.handle, b: T.handle):
-            T.evaluate(0)
-
-        @R.function(pure=False)
-        def main(x: R.Tensor(("n", 16), "float32")):
-            n = T.int64()
-            cls = Aliased
-            s0 = R.memory.alloc_storage(R.shape([n * 64]), 0, "global", "float32")
-            t0 = R.memory.alloc_tensor(s0, 0, R.shape([n, 16]), "float32")
-            cls.copy(x, t0)
-            v0 = R.call_packed("vm.builtin.reshape", t0, R.shape([n * 16]), ty_args=R.Tensor((n * 16,), "float32"))
-            s1 = R.memory.alloc_storage(R.shape([n * 32]), 0, "global", "float32")
-            t1 = R.memory.alloc_tensor(s1, 0, R.shape([n, 8]), "float32")
-            cls.copy(v0, t1)
-            s2 = R.memory.alloc_storage(R.shape([n * 64]), 0, "global", "float32")
-            t2 = R.memory.alloc_tensor(s2, 0, R.shape([n, 16]), "float32")
-            cls.copy(t1, t2)
-            s3 = R.memory.alloc_storage(R.shape([n * 32]), 0, "global", "float32")
-            out = R.memory.alloc_tensor(s3, 0, R.shape([n, 8]), "float32")
-            cls.copy(t2, out)
-            return out
-
-    return Aliased
+    return _planned("Aliased", 'x: R.Tensor(("n", 16), "float32")', "n = T.int64()", [
+        *_alloc(0, "n * 64", "n, 16"), "cls.copy(x, t0)",
+        'v0 = R.call_packed("vm.builtin.reshape", t0, R.shape([n * 16]), ty_args=R.Tensor((n * 16,), "float32"))',
+        *_alloc(1, "n * 32", "n, 8"), "cls.copy(v0, t1)",
+        *_alloc(2, "n * 64", "n, 16"), "cls.copy(t1, t2)",
+        *_alloc(3, "n * 32", "n, 8", "out"), "cls.copy(t2, out)",
+        "return out"])
 
 
 def test_pass_follows_views_and_keeps_returned_storage():
-    main = _share_symbolic_storage(_aliased_module())["main"].script()
-    used = re.findall(r"R\.memory\.alloc_tensor\((\w+),", main)
+    main, used, storages = _shared(_aliased_module())
     # t1 overlaps t0 through its view v0: a storage of its own; t2 takes t0's, dead after the view's last
     # read; the result's storage (s3) is left as it is
     assert used[0] == used[2] != used[1] and used[3] == "s3", main
-    assert len(re.findall(r"R\.memory\.alloc_storage\(", main)) == 3
+    assert storages == 3
 
 
 def _tuple_outputs_module():
     """A kernel writing two outputs read back through their tuple (``lv = t[0]``, as FuseTIR's multi-output
     kernels are): ``t1`` (field 1) is last read before ``t3``'s allocation, ``t0`` (field 0) after it."""
-    I, R, T = C.script_ir, C.script_relax, C.script_tir
-
-    @I.ir_module
-    class Tupled:
-        @T.prim_func
-        def copy(a: T.handle, b: T.handle):
-            T.evaluate(0)
-
-        @T.prim_func
-        def two(a: T.handle, b: T.handle, c: T.handle):
-            T.evaluate(0)
-
-        @R.function(pure=False)
-        def main(x: R.Tensor(("n", 16), "float32")):
-            n = T.int64()
-            cls = Tupled
-            s0 = R.memory.alloc_storage(R.shape([n * 64]), 0, "global", "float32")
-            t0 = R.memory.alloc_tensor(s0, 0, R.shape([n, 16]), "float32")
-            s1 = R.memory.alloc_storage(R.shape([n * 64]), 0, "global", "float32")
-            t1 = R.memory.alloc_tensor(s1, 0, R.shape([n, 16]), "float32")
-            cls.two(x, t0, t1)
-            tup = (t0, t1)
-            a = tup[0]
-            b = tup[1]
-            s2 = R.memory.alloc_storage(R.shape([n * 64]), 0, "global", "float32")
-            t2 = R.memory.alloc_tensor(s2, 0, R.shape([n, 16]), "float32")
-            cls.copy(b, t2)
-            s3 = R.memory.alloc_storage(R.shape([n * 64]), 0, "global", "float32")
-            t3 = R.memory.alloc_tensor(s3, 0, R.shape([n, 16]), "float32")
-            cls.two(a, t2, t3)
-            s4 = R.memory.alloc_storage(R.shape([n * 64]), 0, "global", "float32")
-            out = R.memory.alloc_tensor(s4, 0, R.shape([n, 16]), "float32")
-            cls.copy(t3, out)
-            return out
-
-    return Tupled
+    return _planned("Tupled", 'x: R.Tensor(("n", 16), "float32")', "n = T.int64()", [
+        *_alloc(0, "n * 64", "n, 16"), *_alloc(1, "n * 64", "n, 16"), "cls.two(x, t0, t1)",
+        "tup = (t0, t1)", "a = tup[0]", "b = tup[1]",
+        *_alloc(2, "n * 64", "n, 16"), "cls.copy(b, t2)",
+        *_alloc(3, "n * 64", "n, 16"), "cls.two(a, t2, t3)",
+        *_alloc(4, "n * 64", "n, 16", "out"), "cls.copy(t3, out)",
+        "return out"], kernels=("copy", "two"))
 
 
 def test_pass_reads_a_tuple_field_as_that_output_only():
     """Reading ``a = tup[0]`` keeps ``t0`` alive, not its sibling ``t1``: ``t3`` takes ``t1``'s storage (before,
     every field of a kernel's output tuple lived as long as any one was read: llama_dyn kept 11 storages per
     call, 9 now)."""
-    main = _share_symbolic_storage(_tuple_outputs_module())["main"].script()
-    used = re.findall(r"R\.memory\.alloc_tensor\((\w+),", main)
+    main, used, storages = _shared(_tuple_outputs_module())
     assert used[3] == used[1] and len({used[0], used[1], used[2]}) == 3 and used[4] == "s4", main
-    assert len(re.findall(r"R\.memory\.alloc_storage\(", main)) == 4
+    assert storages == 4

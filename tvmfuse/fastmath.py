@@ -245,24 +245,25 @@ def _exp2_nonpositive(lets: _Lets, x):
     return t.Select(x < _f(EXP2_FLUSH), _f(0.0), p * pow2)
 
 
+def _expanded(expansion, x):
+    """``expansion(lets, x)`` (one of the exp expansions above) with ``x`` bound once and the expansion's
+    intermediates let-bound around the result."""
+    lets = _Lets()
+    return lets.wrap(expansion(lets, lets.bind(x)))
+
+
 def fast_exp2_nonpositive(x):
     """2^x where x is known to be <= 0 or NaN (see ``_NonPositive``); other exp2 calls keep libm's."""
-    lets = _Lets()
-    xv = lets.bind(x)
-    return lets.wrap(_exp2_nonpositive(lets, xv))
+    return _expanded(_exp2_nonpositive, x)
 
 
 def fast_exp(x):
-    lets = _Lets()
-    xv = lets.bind(x)
-    return lets.wrap(_exp(lets, xv))
+    return _expanded(_exp, x)
 
 
 def fast_exp_nonpositive(x):
     """e^x where x is known to be <= 0 or NaN (see ``_NonPositive``)."""
-    lets = _Lets()
-    xv = lets.bind(x)
-    return lets.wrap(_exp_nonpositive(lets, xv))
+    return _expanded(_exp_nonpositive, x)
 
 
 def fast_erf(x):
