@@ -223,11 +223,12 @@ class _DiagonalMutator(C.PyExprMutator):
         key = str(s)
         if key not in self.rel_1d:
             # the diagonals as [2, s] (every extent ``s`` itself: a kernel over ``2 s - 1`` elements would take
-            # ``s`` as a scalar argument, which FuseTIR cannot join): d[0, j] = -j, d[1, j] = j
+            # ``s`` as a scalar argument, which FuseTIR cannot join): d[0, m] = m - s, d[1, m] = m, so the
+            # diagonal j - i sits at j - i + s of d flattened (read back by an index affine in j)
             bb = self.builder_
-            row = bb.emit(C.relax.op.expand_dims(C.relax.op.arange(0, s, 1, dtype="int64"), axis=[0]))
-            signs = C.relax.const(np.array([[-1], [1]], dtype="int64"), "int64")
-            d = bb.emit(C.relax.op.multiply(row, signs))                                     # [2, s]
+            ahead = C.relax.op.arange(0, s, 1, dtype="int64")                                # m
+            behind = C.relax.op.arange(-s, 0, 1, dtype="int64")                               # m - s
+            d = bb.emit(C.relax.op.stack(C.relax.Tuple([behind, ahead]), axis=0))            # [2, s]
             self.rel_1d[key] = d
         return self.rel_1d[key]
 
@@ -249,30 +250,26 @@ class _DiagonalMutator(C.PyExprMutator):
             new_diag = bb.emit(self._rebuild(value, s, n))
             self.diag[var] = new_diag
         if var in self.exits:
-            # [s, s, *t] back from the per-diagonal [2, s, *t]: row 1 at j - i >= 0, row 0 at i - j > 0
-            rel = self._rel_of(s)
-            _, plus, minus = self.cone.rel[rel]
-            r = bb.emit(C.relax.op.subtract(self.visit_expr(plus), self.visit_expr(minus)))
-            if C.type_of(r).dtype != "int64":
-                r = bb.emit(C.relax.op.astype(r, "int64"))
-            pos = bb.emit(C.relax.op.take(new_diag, C.relax.const(1, "int64"), axis=0))
-            neg = bb.emit(C.relax.op.take(new_diag, C.relax.const(0, "int64"), axis=0))
-            ahead = bb.emit(C.relax.op.take(pos, r, axis=0, mode="clip"))
-            behind = bb.emit(C.relax.op.take(neg, C.relax.op.negative(r), axis=0, mode="clip"))
-            cond = C.relax.op.greater_equal(r, C.relax.const(0, "int64"))
+            # [s, s, *t] back from the per-diagonal [2, s, *t]: (i, j) reads d flattened at j - i + s
+            # (row 1 at j - i >= 0, row 0 at j - i < 0), an index affine in j: the trailing axes go first
+            # ([*t, 2 s]), so a row of the [*t, s, s] bias the model makes of it (T5: heads first) is one
+            # contiguous run of the table, a vector load, not a gather per element
+            # s - i as -(i - s) (TVM 0.27 sizes a negative-step arange s + 2 long)
+            col = bb.emit(C.relax.op.expand_dims(C.relax.op.negative(C.relax.op.arange(-s, 0, 1, dtype="int64")),
+                                                 axis=[1]))
+            row = bb.emit(C.relax.op.expand_dims(C.relax.op.arange(0, s, 1, dtype="int64"), axis=[0]))
+            index = bb.emit(C.relax.op.add(row, col))                                     # j - i + s, [s, s]
             extra = len(_shape(var)) - 2
+            trailing = list(_shape(var))[2:]
+            table = new_diag
             if extra:
-                cond = C.relax.op.expand_dims(cond, axis=list(range(2, 2 + extra)))
-            picked = C.relax.op.where(cond, ahead, behind)
+                table = bb.emit(C.relax.op.permute_dims(table, [*range(2, 2 + extra), 0, 1]))   # [*t, 2, s]
+            flat = bb.emit(C.relax.op.reshape(table, C.relax.ShapeExpr([*trailing, 2 * s])))
+            got = bb.emit(C.relax.op.take(flat, index, axis=extra, mode="fast"))           # [*t, s, s]
+            picked = C.relax.op.permute_dims(got, [extra, extra + 1, *range(extra)]) if extra else got
             new = bb.emit(picked) if isinstance(var, C.relax.DataflowVar) else bb.emit_output(picked)
             self.set_var_remap(var, new)
         return None
-
-    def _rel_of(self, s):
-        for v, (rs, _, _) in self.cone.rel.items():
-            if str(rs) == str(s):
-                return v
-        raise RuntimeError(f"DiagonalRelativePosition: no j - i over {s}")
 
     def _rebuild(self, value, s, n):
         """``value`` with every cone operand replaced by its per-diagonal value and [s, s] shapes by [2, s]."""
