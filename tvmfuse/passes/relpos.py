@@ -5,10 +5,16 @@ then the bucket of each ``rel`` (abs, a float log, clamps, a ``min`` written as 
 gather from the ``[buckets, heads]`` table.  A static build folds all of it to a constant; over a symbolic
 ``sequence`` it runs per call, a scalar ``log`` per (i, j) pair (s^2: 16384 at s=128).
 
-``DiagonalRelativePosition`` computes that chain once per diagonal, over ``d`` of shape [2, s] (``d[0, j] = -j``,
-``d[1, j] = j``: every extent is ``s`` itself, so the kernel needs no scalar argument, which FuseTIR cannot
-join; a [2s - 1] vector would), and reads the ``[s, s]`` result back as ``where(j - i >= 0, X[1, j - i],
-X[0, i - j])`` (two gathers from [s] rows: no division by ``s``).  t5_encoder_dyn at 1 x 128 then computes 256
+``DiagonalRelativePosition`` computes that chain once per diagonal, over ``d`` of shape [2, s] (``d[0, m] = m - s``,
+``d[1, m] = m``: every extent is ``s`` itself, so the kernel needs no scalar argument, which FuseTIR cannot
+join; a [2s - 1] vector would), and reads the ``[s, s, *t]`` result back from that table with the trailing axes
+first and the two rows flattened (``F [*t, 2 s]``, ``F[..., m]`` the value at ``j - i = m - s``) at
+``F[..., j - i + s]``: an index affine in ``j``, so a row of the [*t, s, s] bias a model makes of it (T5:
+heads first) is one contiguous slice of a table row.  The flattening divides by the symbolic ``s``; the
+generic CPU schedule keeps ``F`` as its own block (``schedules.cpu.generic._reread``: 2 s divisions and
+gathers per head, not one per bias element) and LLVM vectorizes the bias rows (t5bias11; the earlier
+``where(j - i >= 0, X[1, j - i], X[0, i - j])`` read-back was two clamped gathers and a select per element,
+scalar: notes/attn11.md).  t5_encoder_dyn at 1 x 128 then computes 256
 logs per call, not 16384 (``cpu.generic`` keeps the log's [2, sequence] block; notes/sym9.md).  What it rewrites (the "cone" of ``rel``): every binding whose tensor operands are ``rel``,
 other cone members or scalars (rank 0), of the ops in ``CONE_OPS``; ``full`` / ``broadcast_to`` of shape
 ``[s, s]``; ``stack`` on axis 0 and a reduction over that axis; ``take`` from a constant table on axis 0.  It
