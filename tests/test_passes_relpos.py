@@ -21,9 +21,12 @@ from conftest import named_target
 BUCKETS, HEADS = 16, 4
 
 
-def _bias(log=True):
+def _bias(log=True, full_min=False):
     """x [batch, sequence, 4] -> x's last axis mean [batch, 1, 1, sequence] + bias [1, heads, s, s] where
-    bias = table[bucket(j - i)], bucket = min(int(log(|j - i| + 1) * 4), 15) (``log`` False: min(|j - i|, 15))."""
+    bias = table[bucket(j - i)], bucket = min(int(log(|j - i| + 1) * 4), 15) (``log`` False: min(|j - i|, 15)).
+    ``full_min``: the min is taken against a [s, s] tensor of 15s (``ConstantOfShape``), as T5's export does,
+    so the whole chain up to the gather from the table is per diagonal (else the min with a scalar constant
+    ends the diagonal part at the bucket's cast)."""
     g = M._G("relpos_bias")
     x = g.input("x", ("batch", "sequence", 4))
     s = g.op("Gather", g.op("Shape", x), g.const(np.array(1, np.int64)), axis=0)
@@ -34,7 +37,12 @@ def _bias(log=True):
     if log:
         f = g.op("Log", g.op("Add", g.op("Cast", mag, to=onnx.TensorProto.FLOAT), g.const(np.array(1.0, np.float32))))
         mag = g.op("Cast", g.op("Mul", f, g.const(np.array(4.0, np.float32))), to=onnx.TensorProto.INT64)
-    bucket = g.op("Min", mag, g.const(np.array(BUCKETS - 1, np.int64)))
+    if full_min:
+        top = g.op("ConstantOfShape", g.op("Shape", rel),
+                   value=onnx.helper.make_tensor("v", onnx.TensorProto.INT64, [1], [BUCKETS - 1]))
+        bucket = g.op("Min", mag, top)
+    else:
+        bucket = g.op("Min", mag, g.const(np.array(BUCKETS - 1, np.int64)))
     table = g.weight((BUCKETS, HEADS), scale=1.0)
     bias = g.op("Unsqueeze", g.op("Transpose", g.op("Gather", table, bucket, axis=0), perm=[2, 0, 1]),
                 g.const(np.array([0], np.int64)))
@@ -72,11 +80,11 @@ def test_chain_without_a_transcendental_is_left_alone():
     assert "(2, sequence)" not in text and "R.abs" in text, text
 
 
-@pytest.mark.parametrize("log", [True, False])
-def test_bias_numbers(host, rng, log):
-    model = _bias(log=log)
+@pytest.mark.parametrize("log, full_min", [(True, False), (False, False), (True, True)])
+def test_bias_numbers(host, rng, log, full_min):
+    model = _bias(log=log, full_min=full_min)
     cm = tvmfuse.compile(model, target=host)
-    for b, s in ((1, 1), (2, 5), (1, 17), (3, 40)):
+    for b, s in ((1, 1), (2, 5), (1, 17), (3, 40), (1, 128)):
         feeds = {"x": rng.standard_normal((b, s, 4)).astype(np.float32)}
         np.testing.assert_allclose(cm.run(feeds)["y"], M.reference_outputs(model, feeds)["y"], rtol=1e-5,
                                    atol=1e-5, err_msg=f"batch {b} x sequence {s}")
@@ -150,3 +158,65 @@ def test_square_constant_without_j_minus_i_is_left_alone():
         bb.emit_func_output(y)
     mod = bb.get()
     C.assert_structural_equal(DiagonalRelativePosition()(mod), mod)
+
+
+# the named x86 targets and a Zen 5 (this project's host) one: the read-back's vectorization is LLVM's, so the
+# test builds the kernel for each (no run: a cross build for aarch64 works on any host)
+_BIAS_TARGETS = {
+    "znver5-2": {"kind": "llvm", "mtriple": "x86_64-linux-gnu", "mcpu": "znver5", "num-cores": 2},
+    "skx-2": "skx-2",
+    "neon-4": "neon-4",
+}
+
+
+@pytest.mark.parametrize("target", list(_BIAS_TARGETS))
+def test_bias_rows_are_contiguous_slices_of_the_diagonal_table(target):
+    """T5's form (the chain through the gather per diagonal): the scheduled bias kernel (``cpu.generic``)
+    keeps the per-diagonal table [heads, 2 sequence] as its own block (``generic._reread``: its gathers and
+    divisions are not folded into the [batch, heads, s, s] writes), and the output reads it at an index
+    without a load or a division (``table[h, j - i + s]``: a bias row is a contiguous slice of a table row);
+    built, the output's loop over j is on vectors: contiguous float vector loads, no gather."""
+    import re
+
+    import schedule_cases as S
+    from tvmfuse.schedules.cpu import generic as G
+
+    spec = _BIAS_TARGETS[target]
+    tgt = tvmfuse.parse_target(spec) if isinstance(spec, dict) else named_target(spec)
+    funcs = S.graph_funcs(_bias(log=True, full_min=True), tgt)
+    (func,) = [f for f in funcs.values() if "log" in f.script()]
+    scheduled, _report = G.schedule_generic(func, tgt)
+    out_buf = [p for p in scheduled.params if hasattr(p, "shape")][-1]      # TVM: the output is last
+    table_shapes, output_reads = [], []
+
+    def visit(node):
+        if not (isinstance(node, C.SBlock) and len(node.iter_vars)):
+            return
+        written = node.writes[0].source
+        shape = list(written.shape)
+        if len(shape) == 2 and isinstance(shape[0], C.tirx.IntImm) and int(shape[0]) == HEADS and \
+                str(shape[1]).replace(" ", "") in ("sequence*T.int64(2)", "T.int64(2)*sequence"):
+            table_shapes.append(written)
+        if written.same_as(out_buf):
+            C.post_order_visit(node.body, lambda n: output_reads.append(n) if isinstance(n, C.TensorLoad)
+                               else None)
+
+    C.post_order_visit(scheduled.body, visit)
+    assert table_shapes, scheduled.script()
+    table_reads = [ld for ld in output_reads if any(ld.source.same_as(t) for t in table_shapes)]
+    assert table_reads, scheduled.script()
+    for load in output_reads:
+        bad = []
+        for idx in load.indices:
+            C.post_order_visit(idx, lambda n: bad.append(n) if isinstance(n, (C.TensorLoad, C.tirx.FloorDiv,
+                                                                              C.tirx.FloorMod)) else None)
+        assert not bad, f"the output reads {load.source.name} at {list(load.indices)}"
+
+    lib = C.build_prim_module(C.IRModule({"main": scheduled.with_attr("global_symbol", "main")}), tgt)
+    ll = (lib.mod if hasattr(lib, "mod") else lib).inspect_source("ll")
+    # the output's nest is the last parallel loop of the kernel's parallel branch: TVM's last closure
+    lambdas = re.split(r"\ndefine ", ll)
+    last = [f for f in lambdas if f.startswith("private") and "__tvm_parallel_lambda" in f.split("(")[0]][-1]
+    lanes = {int(n) for n in re.findall(r"load <(\d+) x float>", last)}
+    assert lanes and max(lanes) >= 4, last
+    assert "gather" not in last, last

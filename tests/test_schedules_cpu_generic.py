@@ -261,3 +261,32 @@ def test_generic_keeps_a_producer_that_folding_would_recompute(host, rng):
         args = S.random_args(func, rng)
         np.testing.assert_allclose(S.run_func(scheduled, host, args)[0], S.run_func(func, host, args)[0],
                                    rtol=1e-5, atol=1e-5, err_msg=f"{name}: {report}")
+
+
+def test_gather_read_once_per_element_is_still_folded(host, rng):
+    """``generic._reread`` must not fire on a gather its consumer reads once per element: an embedding
+    lookup ``table[ids]`` [6, 8] added to x [6, 8] (2 consumer loop variables for 2 axes) stays folded into the
+    add (one block writes [6, 8]: the gather is not a block of its own), with the same numbers as unscheduled.  (It fires on T5's per-diagonal table:
+    test_passes_relpos.py::test_bias_rows_are_contiguous_slices_of_the_diagonal_table.)"""
+    from tvmfuse import models as M
+
+    g = M._G("embedding_add")
+    import onnx
+
+    from conftest import named_target
+
+    ids, x = g.input("ids", (6,), dtype=onnx.TensorProto.INT64), g.input("x", (6, 8))   # ids in [0, 5)
+    g.op("Add", x, g.op("Gather", g.weight((16, 8), scale=1.0), ids, axis=0))
+    g.rename_last("y", (6, 8))
+    for target in (named_target("skx-2"), host):
+        for name, func in S.graph_funcs(g.model(), target).items():
+            scheduled, report = G.schedule_generic(func, target)
+            rows = []            # blocks writing a [6, 8] buffer (the index's where(ids < 0, ...) is [6])
+            C.post_order_visit(scheduled.body, lambda n: rows.append(str(n.name_hint))
+                               if isinstance(n, C.SBlock) and str(n.name_hint) != "root"
+                               and [int(d) for d in n.writes[0].source.shape] == [6, 8] else None)
+            assert len(rows) == 1, (rows, report)
+            if target is host:
+                args = S.random_args(func, rng)
+                np.testing.assert_allclose(S.run_func(scheduled, host, args)[0], S.run_func(func, host, args)[0],
+                                           rtol=1e-6, atol=1e-6, err_msg=f"{name}: {report}")

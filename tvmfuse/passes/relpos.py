@@ -5,10 +5,16 @@ then the bucket of each ``rel`` (abs, a float log, clamps, a ``min`` written as 
 gather from the ``[buckets, heads]`` table.  A static build folds all of it to a constant; over a symbolic
 ``sequence`` it runs per call, a scalar ``log`` per (i, j) pair (s^2: 16384 at s=128).
 
-``DiagonalRelativePosition`` computes that chain once per diagonal, over ``d`` of shape [2, s] (``d[0, j] = -j``,
-``d[1, j] = j``: every extent is ``s`` itself, so the kernel needs no scalar argument, which FuseTIR cannot
-join; a [2s - 1] vector would), and reads the ``[s, s]`` result back as ``where(j - i >= 0, X[1, j - i],
-X[0, i - j])`` (two gathers from [s] rows: no division by ``s``).  t5_encoder_dyn at 1 x 128 then computes 256
+``DiagonalRelativePosition`` computes that chain once per diagonal, over ``d`` of shape [2, s] (``d[0, m] = m - s``,
+``d[1, m] = m``: every extent is ``s`` itself, so the kernel needs no scalar argument, which FuseTIR cannot
+join; a [2s - 1] vector would), and reads the ``[s, s, *t]`` result back from that table with the trailing axes
+first and the two rows flattened (``F [*t, 2 s]``, ``F[..., m]`` the value at ``j - i = m - s``) at
+``F[..., j - i + s]``: an index affine in ``j``, so a row of the [*t, s, s] bias a model makes of it (T5:
+heads first) is one contiguous slice of a table row.  The flattening divides by the symbolic ``s``; the
+generic CPU schedule keeps ``F`` as its own block (``schedules.cpu.generic._reread``: 2 s divisions and
+gathers per head, not one per bias element) and LLVM vectorizes the bias rows (t5bias11; the earlier
+``where(j - i >= 0, X[1, j - i], X[0, i - j])`` read-back was two clamped gathers and a select per element,
+scalar: notes/attn11.md).  t5_encoder_dyn at 1 x 128 then computes 256
 logs per call, not 16384 (``cpu.generic`` keeps the log's [2, sequence] block; notes/sym9.md).  What it rewrites (the "cone" of ``rel``): every binding whose tensor operands are ``rel``,
 other cone members or scalars (rank 0), of the ops in ``CONE_OPS``; ``full`` / ``broadcast_to`` of shape
 ``[s, s]``; ``stack`` on axis 0 and a reduction over that axis; ``take`` from a constant table on axis 0.  It
@@ -223,11 +229,12 @@ class _DiagonalMutator(C.PyExprMutator):
         key = str(s)
         if key not in self.rel_1d:
             # the diagonals as [2, s] (every extent ``s`` itself: a kernel over ``2 s - 1`` elements would take
-            # ``s`` as a scalar argument, which FuseTIR cannot join): d[0, j] = -j, d[1, j] = j
+            # ``s`` as a scalar argument, which FuseTIR cannot join): d[0, m] = m - s, d[1, m] = m, so the
+            # diagonal j - i sits at j - i + s of d flattened (read back by an index affine in j)
             bb = self.builder_
-            row = bb.emit(C.relax.op.expand_dims(C.relax.op.arange(0, s, 1, dtype="int64"), axis=[0]))
-            signs = C.relax.const(np.array([[-1], [1]], dtype="int64"), "int64")
-            d = bb.emit(C.relax.op.multiply(row, signs))                                     # [2, s]
+            ahead = C.relax.op.arange(0, s, 1, dtype="int64")                                # m
+            behind = C.relax.op.arange(-s, 0, 1, dtype="int64")                               # m - s
+            d = bb.emit(C.relax.op.stack(C.relax.Tuple([behind, ahead]), axis=0))            # [2, s]
             self.rel_1d[key] = d
         return self.rel_1d[key]
 
@@ -249,30 +256,26 @@ class _DiagonalMutator(C.PyExprMutator):
             new_diag = bb.emit(self._rebuild(value, s, n))
             self.diag[var] = new_diag
         if var in self.exits:
-            # [s, s, *t] back from the per-diagonal [2, s, *t]: row 1 at j - i >= 0, row 0 at i - j > 0
-            rel = self._rel_of(s)
-            _, plus, minus = self.cone.rel[rel]
-            r = bb.emit(C.relax.op.subtract(self.visit_expr(plus), self.visit_expr(minus)))
-            if C.type_of(r).dtype != "int64":
-                r = bb.emit(C.relax.op.astype(r, "int64"))
-            pos = bb.emit(C.relax.op.take(new_diag, C.relax.const(1, "int64"), axis=0))
-            neg = bb.emit(C.relax.op.take(new_diag, C.relax.const(0, "int64"), axis=0))
-            ahead = bb.emit(C.relax.op.take(pos, r, axis=0, mode="clip"))
-            behind = bb.emit(C.relax.op.take(neg, C.relax.op.negative(r), axis=0, mode="clip"))
-            cond = C.relax.op.greater_equal(r, C.relax.const(0, "int64"))
+            # [s, s, *t] back from the per-diagonal [2, s, *t]: (i, j) reads d flattened at j - i + s
+            # (row 1 at j - i >= 0, row 0 at j - i < 0), an index affine in j: the trailing axes go first
+            # ([*t, 2 s]), so a row of the [*t, s, s] bias the model makes of it (T5: heads first) is one
+            # contiguous run of the table, a vector load, not a gather per element
+            # s - i as -(i - s) (TVM 0.27 sizes a negative-step arange s + 2 long)
+            col = bb.emit(C.relax.op.expand_dims(C.relax.op.negative(C.relax.op.arange(-s, 0, 1, dtype="int64")),
+                                                 axis=[1]))
+            row = bb.emit(C.relax.op.expand_dims(C.relax.op.arange(0, s, 1, dtype="int64"), axis=[0]))
+            index = bb.emit(C.relax.op.add(row, col))                                     # j - i + s, [s, s]
             extra = len(_shape(var)) - 2
+            trailing = list(_shape(var))[2:]
+            table = new_diag
             if extra:
-                cond = C.relax.op.expand_dims(cond, axis=list(range(2, 2 + extra)))
-            picked = C.relax.op.where(cond, ahead, behind)
+                table = bb.emit(C.relax.op.permute_dims(table, [*range(2, 2 + extra), 0, 1]))   # [*t, 2, s]
+            flat = bb.emit(C.relax.op.reshape(table, C.relax.ShapeExpr([*trailing, 2 * s])))
+            got = bb.emit(C.relax.op.take(flat, index, axis=extra, mode="fast"))           # [*t, s, s]
+            picked = C.relax.op.permute_dims(got, [extra, extra + 1, *range(extra)]) if extra else got
             new = bb.emit(picked) if isinstance(var, C.relax.DataflowVar) else bb.emit_output(picked)
             self.set_var_remap(var, new)
         return None
-
-    def _rel_of(self, s):
-        for v, (rs, _, _) in self.cone.rel.items():
-            if str(rs) == str(s):
-                return v
-        raise RuntimeError(f"DiagonalRelativePosition: no j - i over {s}")
 
     def _rebuild(self, value, s, n):
         """``value`` with every cone operand replaced by its per-diagonal value and [s, s] shapes by [2, s]."""

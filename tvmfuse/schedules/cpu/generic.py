@@ -319,6 +319,8 @@ def _recomputed_if_folded(sch: C.Schedule, block, consumers) -> bool:
     value = U.store_value(sch, block)
     if value is None:
         return False
+    if _costly_indexing(value) and _reread(sch, block, consumers):
+        return True
     calls = []
     C.post_order_visit(value, lambda n: calls.append(n) if isinstance(n, C.Call) and hasattr(n.op, "name")
                        and str(n.op.name) in LIBM_CALLS else None)
@@ -341,6 +343,51 @@ def _recomputed_if_folded(sch: C.Schedule, block, consumers) -> bool:
             if spatial - used:
                 return True            # a broadcast read: recomputed per element of the missing axes
     return bool(calls) and reads > 1
+
+
+def _costly_indexing(value) -> bool:
+    """``value`` reads a buffer at an index that is itself loaded (a gather: a table lookup) or divides by
+    a symbolic extent (a reshape over a symbolic axis): work ``common.count_ops`` does not count, since it
+    sees loads as free."""
+    found = []
+
+    def index_visit(n):
+        if isinstance(n, C.TensorLoad):
+            found.append("gather")
+        elif isinstance(n, (C.tirx.FloorDiv, C.tirx.FloorMod, C.tirx.Div, C.tirx.Mod)) and \
+                not isinstance(n.b, C.tirx.IntImm):
+            found.append("division")
+
+    def visit(n):
+        if isinstance(n, C.TensorLoad):
+            for idx in n.indices:
+                C.post_order_visit(idx, index_visit)
+
+    C.post_order_visit(value, visit)
+    return bool(found)
+
+
+def _reread(sch: C.Schedule, block, consumers) -> bool:
+    """A consumer reads ``block``'s buffer at indices built of more of its own spatial loop variables (of
+    extent other than 1) than the buffer has axes: each element is read for many consumer elements (a
+    per-diagonal table ``F[h, j - i + s]`` read by a [b, h, i, j] bias: vars b, h, i, j for 2 axes), so
+    folding the producer in computes each of its elements again per read."""
+    buf = sch.get(block).writes[0].source
+    rank = sum(1 for d in buf.shape if not (isinstance(d, C.tirx.IntImm) and int(d) == 1))
+    for c in consumers:
+        blk = sch.get(c)
+        spatial = {str(iv.var.name) for iv in blk.iter_vars if int(iv.iter_type) == U.SPATIAL
+                   and not (isinstance(iv.dom.extent, C.tirx.IntImm) and int(iv.dom.extent) == 1)}
+        loads = []
+        C.post_order_visit(blk.body, lambda n: loads.append(n) if isinstance(n, C.TensorLoad)
+                           and n.source.same_as(buf) else None)
+        for load in loads:
+            used = set()
+            for idx in load.indices:
+                C.post_order_visit(idx, lambda n: used.add(str(n.name)) if isinstance(n, C.tirx.Var) else None)
+            if len(used & spatial) > rank:
+                return True
+    return False
 
 
 def _schedule_nest(func: C.PrimFunc, cfg: GenericConfig, symbolic_parallel: bool) -> tuple[C.PrimFunc, dict]:
