@@ -41,7 +41,10 @@ Engines (``--engines`` picks; ENGINES below says what each one is):
 - ``torch_compile``: ``torch.compile`` of the model converted by onnx2torch, when both import (else the
   row says why it was skipped); a model with an op form onnx2torch cannot convert is converted at
   TORCH_FALLBACK_OPSET first (onnx.version_converter; the row's ``onnx2torch_opset`` says so), else skipped
-  with onnx2torch's reason; a module torch.compile fails on (its first call) is skipped with that error.
+  with onnx2torch's reason; onnx2torch's Reshape modules with a constant shape are folded to a reshape to a
+  tuple of ints first (``_fold_constant_reshapes``: dynamo cannot trace onnx2torch's, which builds
+  ``torch.Size`` from a tensor; the row's ``onnx2torch_constant_reshapes`` counts them); a module
+  torch.compile fails on (its first call) is skipped with that error.
   ``--torch-python PY`` runs its worker under another interpreter: this project's one is
   /work/venv-corpus (torch 2.13 CPU), where onnx2torch was installed with
   ``/work/venv-corpus/bin/pip install --no-deps onnx2torch==1.5.15`` (its dependencies numpy, onnx, torch,
@@ -497,6 +500,57 @@ def _import_onnx2torch():
     return onnx2torch
 
 
+def _reshape_to_constant_shape(x, shape):
+    """ONNX Reshape (allowzero=0, the only form onnx2torch converts) to a constant ``shape``, a tuple of
+    Python ints: 0 copies the input's dim at that position, -1 is inferred by ``reshape``."""
+    return x.reshape(tuple(x.shape[i] if d == 0 else d for i, d in enumerate(shape)))
+
+
+def _constant_of(gm, node):
+    """The tensor ``node`` of the torch.fx graph of ``gm`` always gives when it is a constant (an ONNX
+    initializer, which onnx2torch makes a ``get_attr`` of a buffer, or the output of its ``OnnxConstant``
+    module); else None."""
+    if node.op == "get_attr":
+        value = gm
+        for part in node.target.split("."):
+            value = getattr(value, part)
+        return value
+    if node.op == "call_module" and not node.args and not node.kwargs:
+        module = gm.get_submodule(node.target)
+        if type(module).__name__ == "OnnxConstant":
+            return module.value
+    return None
+
+
+def _fold_constant_reshapes(gm):
+    """torch.compile (dynamo) cannot trace onnx2torch's ``OnnxReshape``: it builds ``torch.Size(shape)``
+    from the shape *tensor* (``TypeError: torch.Size() takes an iterable of 'int' (item 0 is
+    'FakeTensor')``). Each OnnxReshape of the converted torch.fx GraphModule ``gm`` whose shape is a constant
+    becomes a call of ``_reshape_to_constant_shape`` with that shape as a tuple of ints (the same result:
+    ONNX Reshape's semantics); one with a computed shape is left as it is. Returns how many were folded."""
+    folded = 0
+    for node in list(gm.graph.nodes):
+        if node.op != "call_module" or type(gm.get_submodule(node.target)).__name__ != "OnnxReshape":
+            continue
+        data, shape_node = node.args
+        shape = _constant_of(gm, shape_node)
+        if shape is None:
+            continue
+        if shape.dim() != 1 or shape.dtype.is_floating_point or shape.dtype.is_complex:
+            raise ValueError(f"Reshape {node.target}: its constant shape must be a 1-D integer tensor, got "
+                             f"{shape.dtype} of shape {tuple(shape.shape)}")
+        with gm.graph.inserting_after(node):
+            new = gm.graph.call_function(_reshape_to_constant_shape, (data, tuple(int(d) for d in shape.tolist())))
+        node.replace_all_uses_with(new)
+        gm.graph.erase_node(node)
+        folded += 1
+    if folded:
+        gm.graph.eliminate_dead_code()
+        gm.delete_all_unused_submodules()
+        gm.recompile()
+    return folded
+
+
 def _torch(model, feeds, threads):
     try:
         import torch
@@ -518,6 +572,9 @@ def _torch(model, feeds, threads):
                           f"{TORCH_FALLBACK_OPSET} ({e2})") from e2
         info.update(onnx2torch_opset=TORCH_FALLBACK_OPSET,
                     onnx2torch_why=f"converted at opset {TORCH_FALLBACK_OPSET} (onnx.version_converter): {e}")
+    folded = _fold_constant_reshapes(module)
+    if folded:
+        info["onnx2torch_constant_reshapes"] = folded     # how many OnnxReshape modules were folded
     net = torch.compile(module.eval())
     args = [torch.from_numpy(v) for v in feeds.values()]
 

@@ -267,7 +267,7 @@ def test_torch_engine_converts_at_the_fallback_opset_or_says_why(monkeypatch):
         seen.append(opset)
         if opset not in ok_opsets:
             raise NotImplementedError(f"Converter is not implemented (ReduceMean, version={opset})")
-        return types.SimpleNamespace(eval=lambda: (lambda *a: "ran"))
+        return types.SimpleNamespace(eval=lambda: (lambda *a: "ran"), graph=types.SimpleNamespace(nodes=[]))
 
     fake_torch = types.ModuleType("torch")
     fake_torch.__version__ = "stand-in"
@@ -301,6 +301,94 @@ def test_torch_engine_converts_at_the_fallback_opset_or_says_why(monkeypatch):
     with pytest.raises(B.Skipped, match=r"torch.compile failed on the onnx2torch module \(converted at opset 17 .*\): "
                        r"TypeError: torch.Size\(\) takes an iterable of 'int' from user code: reshape.py, line 23"):
         B._torch(model, {}, 1)
+
+
+def test_reshape_to_constant_shape_copies_zero_dims_and_infers_minus_one(rng):
+    """The folded Reshape (no torch needed: numpy arrays have the same reshape and shape) follows ONNX
+    Reshape with allowzero=0: 0 copies the input's dim at that position, -1 is inferred."""
+    x = rng.standard_normal((6, 4, 5)).astype(np.float32)
+    assert B._reshape_to_constant_shape(x, (0, 2, -1)).shape == (6, 2, 10)
+    assert B._reshape_to_constant_shape(x, (-1, 0)).shape == (30, 4)
+    np.testing.assert_array_equal(B._reshape_to_constant_shape(x, (0, 20)), x.reshape(6, 20))
+    with pytest.raises(ValueError):
+        B._reshape_to_constant_shape(x, (7, -1))      # 120 elements are not 7 rows
+
+
+def _reshape_model():
+    """x [6, 4, 5] reshaped three ways: by an initializer with a 0 (copy dim 0), by a Constant node's
+    output, and by a shape computed in the graph (Shape of another input), which must stay as it is."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    nodes = [helper.make_node("Reshape", ["x", "s_init"], ["a"]),
+             helper.make_node("Constant", [], ["s_const"],
+                              value=numpy_helper.from_array(np.array([-1, 5], np.int64))),
+             helper.make_node("Reshape", ["x", "s_const"], ["b"]),
+             helper.make_node("Shape", ["like"], ["s_dyn"]),
+             helper.make_node("Reshape", ["x", "s_dyn"], ["c"])]
+    graph = helper.make_graph(
+        nodes, "reshapes",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [6, 4, 5]),
+         helper.make_tensor_value_info("like", TensorProto.FLOAT, [2, 60])],
+        [helper.make_tensor_value_info(n, TensorProto.FLOAT, None) for n in "abc"],
+        initializer=[numpy_helper.from_array(np.array([0, 20], np.int64), "s_init")])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def test_fold_constant_reshapes_folds_constant_shapes_only(rng):
+    """onnx2torch's Reshape modules with a constant shape (initializer, Constant node) are folded, one with
+    a computed shape is kept; the folded module gives the ONNX reference's outputs on fresh inputs.  Needs
+    torch and onnx2torch (the corpus venv, see --torch-python): skipped without them."""
+    pytest.importorskip("torch")
+    B._import_onnx2torch()       # the torchvision placeholder, where torchvision's ops do not load
+    onnx2torch = pytest.importorskip("onnx2torch")
+    import torch
+    from onnx.reference import ReferenceEvaluator
+
+    model = _reshape_model()
+    feeds = {"x": rng.standard_normal((6, 4, 5)).astype(np.float32),
+             "like": rng.standard_normal((2, 60)).astype(np.float32)}
+    gm = onnx2torch.convert(model)
+
+    def reshape_modules():
+        return [n for n in gm.graph.nodes
+                if n.op == "call_module" and type(gm.get_submodule(n.target)).__name__ == "OnnxReshape"]
+
+    assert len(reshape_modules()) == 3
+    assert B._fold_constant_reshapes(gm) == 2
+    (kept,) = reshape_modules()
+    assert kept.args[1].op != "get_attr"            # the Shape-computed one
+    folded = [n for n in gm.graph.nodes if n.op == "call_function" and n.target is B._reshape_to_constant_shape]
+    assert sorted(n.args[1] for n in folded) == [(-1, 5), (0, 20)]
+    assert all(type(d) is int for n in folded for d in n.args[1])
+    with torch.inference_mode():
+        outs = gm(*(torch.from_numpy(v) for v in feeds.values()))
+    for got, want in zip(outs, ReferenceEvaluator(model).run(None, feeds)):
+        np.testing.assert_array_equal(got.numpy(), want)
+    assert B._fold_constant_reshapes(gm) == 0       # nothing left to fold
+
+
+def test_torch_engine_compiles_transformer_block(rng):
+    """transformer_block's onnx2torch module (converted at opset 17, its 4 constant-shape Reshapes folded)
+    traces under dynamo (torch.compile's front end; backend "eager" to keep the test cheap) and matches the
+    ONNX reference on fresh inputs.  Before the fold dynamo failed on onnx2torch's Reshape (torch.Size of a
+    tensor).  Needs torch and onnx2torch: skipped without them."""
+    pytest.importorskip("torch")
+    B._import_onnx2torch()
+    onnx2torch = pytest.importorskip("onnx2torch")
+    import torch
+    from onnx import version_converter
+    from onnx.reference import ReferenceEvaluator
+
+    model = M.transformer_block()
+    feeds = {"x": rng.standard_normal((64, 128)).astype(np.float32)}
+    gm = onnx2torch.convert(version_converter.convert_version(model, B.TORCH_FALLBACK_OPSET))
+    assert B._fold_constant_reshapes(gm) == 4
+    torch._dynamo.reset()
+    net = torch.compile(gm.eval(), backend="eager", fullgraph=True)
+    with torch.inference_mode():
+        got = net(torch.from_numpy(feeds["x"]))
+    (want,) = ReferenceEvaluator(model).run(None, feeds)
+    np.testing.assert_allclose(got.numpy(), want, rtol=B.CHECK_RTOL, atol=B.CHECK_ATOL)
 
 
 def test_worker_close_kills_a_worker_that_does_not_quit(tmp_path, monkeypatch, capsys):
