@@ -94,6 +94,60 @@ def test_tuning_refuses_an_existing_database(tmp_path):
         B._ms_tune(tvmfuse.load_onnx(_model()), named_target("skx-2"), 4, str(tmp_path))
 
 
+def test_resume_tunes_only_the_tasks_an_interrupted_run_left_without_records(tmp_path, monkeypatch, capsys):
+    """--ms-resume (tuning stubbed: the task scheduler's call is recorded): an interrupted run's database (a
+    record for resnet_block's first task, no tuning info) hands only the other task to tune_tasks, with the
+    search seed that task has in a whole run and the budget of one task; the info names both.  Without
+    --ms-resume that folder is refused naming the option; a finished database is refused by --ms-resume."""
+    import types
+
+    ms = C.meta_schedule
+    target = named_target("skx-2")
+    model = M.resnet_block(channels=8, size=8)
+    tasks = B._ms_tasks(tvmfuse.load_onnx(model), target)
+    assert len(tasks) == 2
+    db_dir = str(tmp_path / "db")
+    os.makedirs(db_dir)
+    db = ms.database.JSONDatabase(work_dir=db_dir)
+    kept = tasks[0].dispatched[0]
+    sch = C.Schedule(kept)
+    sch.get_sblock("compute")       # a trace with one step (a record with an empty trace is never a top-k)
+    db.commit_tuning_record(ms.database.TuningRecord(sch.trace, db.commit_workload(kept), [1e-3],
+                                                     target, ms.arg_info.ArgInfo.from_prim_func(kept["main"])))
+    db.commit_workload(tasks[1].dispatched[0])        # the interrupted run had committed every workload
+    with pytest.raises(ValueError, match="--ms-resume"):
+        B._ms_tune(tvmfuse.load_onnx(model), target, 4, db_dir)
+    made, calls = [], []
+
+    def fake_contexts(extracted_tasks, work_dir, space, strategy, seed):
+        """TVM's: one TuneContext per task, in order, with seeds forked from ``seed`` (stand-ins here: making
+        the real ones imports TVM's tensor intrinsics, a minute of CPU)"""
+        made.append((list(extracted_tasks), seed))
+        return ([types.SimpleNamespace(task_name=t.task_name, rand_state=(seed, i))
+                 for i, t in enumerate(extracted_tasks)], [1.0] * len(extracted_tasks))
+
+    monkeypatch.setattr(ms.relax_integration, "extracted_tasks_to_tune_contexts", fake_contexts)
+    monkeypatch.setattr(ms.tune, "tune_tasks", lambda **kw: calls.append(kw))
+    info = B._ms_tune(tvmfuse.load_onnx(model), target, 4, db_dir, resume=True)
+    ((handed, seed),) = made
+    assert [t.task_name for t in handed] == [t.task_name for t in tasks] and seed == B.MS_SEED   # every task
+    (call,) = calls
+    (ctx,) = call["tasks"]
+    assert ctx.task_name == tasks[1].task_name and ctx.rand_state == (B.MS_SEED, 1)    # its whole-run seed
+    assert call["max_trials_global"] == 4 and call["max_trials_per_task"] == 4 and call["work_dir"] == db_dir
+    assert info["resumed"]["tasks_kept"] == [tasks[0].task_name]
+    assert info["resumed"]["tasks_tuned"] == [tasks[1].task_name]
+    assert info["tasks"] == 2 and info["trials_per_task"] == 4
+    with open(os.path.join(db_dir, B.MS_TUNING_INFO)) as f:
+        assert json.load(f)["resumed"] == info["resumed"]
+    with pytest.raises(ValueError, match="finished"):
+        B._ms_tune(tvmfuse.load_onnx(model), target, 4, db_dir, resume=True)
+    for bad in (["--ms-from-db", "--ms-work-dir", str(tmp_path)], ["--ms-trials", "4"]):
+        with pytest.raises(SystemExit):
+            B.main(["--ms-resume", "--workloads", "qkv", *bad])
+        assert "--ms-resume goes with --ms-trials N and --ms-work-dir DIR" in capsys.readouterr().err
+
+
 def test_from_db_without_databases_for_this_cpu_exits(tmp_path, monkeypatch, capsys):
     """--ms-from-db without --ms-work-dir reads MS_DB_ROOT/<host mcpu>; none there: a usage error naming it."""
     monkeypatch.setattr(B, "MS_DB_ROOT", str(tmp_path))
