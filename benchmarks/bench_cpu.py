@@ -477,6 +477,10 @@ def _ms_info(db_dir, trials, target=None):
     """--ms-from-db: what the stored database's tuning run recorded (MS_TUNING_INFO beside it); with
     ``target``, refuses a database tuned for another one (_ms_check_target)."""
     missing = [f for f in _ms_db_files(db_dir) + [os.path.join(db_dir, MS_TUNING_INFO)] if not os.path.exists(f)]
+    if missing and all(os.path.exists(f) for f in _ms_db_files(db_dir)):
+        raise ValueError(f"--ms-from-db: the MetaSchedule tuning in {db_dir} did not finish (no {MS_TUNING_INFO}); "
+                         f"tune its tasks without a record with --ms-trials N --ms-resume --ms-work-dir "
+                         f"{os.path.dirname(db_dir)}")
     if missing:
         raise ValueError(f"--ms-from-db: no MetaSchedule database for this workload in {db_dir} (missing "
                          f"{missing}); tune it first with --ms-trials N --ms-work-dir {os.path.dirname(db_dir)}")

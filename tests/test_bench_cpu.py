@@ -117,6 +117,8 @@ def test_resume_tunes_only_the_tasks_an_interrupted_run_left_without_records(tmp
     db.commit_workload(tasks[1].dispatched[0])        # the interrupted run had committed every workload
     with pytest.raises(ValueError, match="--ms-resume"):
         B._ms_tune(tvmfuse.load_onnx(model), target, 4, db_dir)
+    with pytest.raises(ValueError, match="did not finish .*--ms-resume"):          # --ms-from-db on it
+        B._ms_info(db_dir, 4)
     made, calls = [], []
 
     def fake_contexts(extracted_tasks, work_dir, space, strategy, seed):
