@@ -413,7 +413,10 @@ def _ms_tune(mod, target, trials, db_dir, resume=False):
     search seed it has in a whole run (the tune contexts of every task are made, in TVM's order, and only
     those without records are handed to the task scheduler; the XGBoost cost model starts again from this
     run's measurements).  The info says which tasks were kept and that the interrupted run's time and load
-    are not in ``tuning_s``; a finished database (MS_TUNING_INFO present) is refused."""
+    are not in ``tuning_s``; a finished database (MS_TUNING_INFO present) is refused.  TVM's gradient task
+    scheduler writes no record before every task was sent once (its round-robin pass; at trials per task =
+    MS_TRIALS_PER_ITER that is the whole run): an interruption then leaves no records and resuming tunes
+    every task; it saves time at budgets of several iterations per task (the issue's 1000 trials)."""
     ms = C.meta_schedule
     existing = [f for f in _ms_db_files(db_dir) if os.path.exists(f)]
     info_path = os.path.join(db_dir, MS_TUNING_INFO)
@@ -1021,7 +1024,9 @@ def main(argv=None):
     ap.add_argument("--ms-resume", action="store_true",
                     help="with --ms-trials N --ms-work-dir DIR: a workload whose tuning was interrupted (its database "
                     f"in DIR/<workload>/ without {MS_TUNING_INFO}) tunes only its tasks without a record, into the "
-                    "same database; a workload without a database is tuned whole; a finished one is refused")
+                    "same database; a workload without a database is tuned whole; a finished one is refused. TVM "
+                    "writes records only after every task got its first iteration: at 64 trials per task an "
+                    "interrupted run has none")
     ap.add_argument("--workloads", nargs="+", default=None, help="only these workloads (names as printed)")
     ap.add_argument("--torch-python", default=None,
                     help="torch_compile: run its worker with this interpreter (one with torch and onnx2torch, e.g. "
