@@ -41,7 +41,10 @@ Engines (``--engines`` picks; ENGINES below says what each one is):
 - ``torch_compile``: ``torch.compile`` of the model converted by onnx2torch, when both import (else the
   row says why it was skipped); a model with an op form onnx2torch cannot convert is converted at
   TORCH_FALLBACK_OPSET first (onnx.version_converter; the row's ``onnx2torch_opset`` says so), else skipped
-  with onnx2torch's reason; a module torch.compile fails on (its first call) is skipped with that error.
+  with onnx2torch's reason; onnx2torch's Reshape modules with a constant shape are folded to a reshape to a
+  tuple of ints first (``_fold_constant_reshapes``: dynamo cannot trace onnx2torch's, which builds
+  ``torch.Size`` from a tensor; the row's ``onnx2torch_constant_reshapes`` counts them); a module
+  torch.compile fails on (its first call) is skipped with that error.
   ``--torch-python PY`` runs its worker under another interpreter: this project's one is
   /work/venv-corpus (torch 2.13 CPU), where onnx2torch was installed with
   ``/work/venv-corpus/bin/pip install --no-deps onnx2torch==1.5.15`` (its dependencies numpy, onnx, torch,
@@ -383,40 +386,75 @@ class _LoadSampler:
                 "tuning_load_avg_1min_min": min(s)}
 
 
-def _ms_records(db_dir, tasks) -> int:
-    """How many of ``tasks`` the database in ``db_dir`` holds a record for (a task without one keeps
-    TVM's default loop nest after MetaScheduleApplyDatabase)."""
+def _ms_has_records(db_dir, tasks) -> list:
+    """For each of ``tasks``: whether the database in ``db_dir`` holds a record for it (a task without one
+    keeps TVM's default loop nest after MetaScheduleApplyDatabase)."""
     ms = C.meta_schedule
     db = ms.database.JSONDatabase(work_dir=db_dir, allow_missing=False)
-    n = 0
-    for t in tasks:
-        mod = t.dispatched[0]
-        if db.has_workload(mod) and db.get_top_k(db.commit_workload(mod), 1):
-            n += 1
-    return n
+    return [bool(db.has_workload(t.dispatched[0]) and db.get_top_k(db.commit_workload(t.dispatched[0]), 1))
+            for t in tasks]
 
 
-def _ms_tune(mod, target, trials, db_dir):
+def _ms_records(db_dir, tasks) -> int:
+    """How many of ``tasks`` the database in ``db_dir`` holds a record for."""
+    return sum(_ms_has_records(db_dir, tasks))
+
+
+def _ms_tune(mod, target, trials, db_dir, resume=False):
     """Tune every task of ``mod`` for ``trials`` trials into the JSON database in ``db_dir``: what
     ``static_shape_tuning``'s MetaScheduleTuneIRMod step does (TVM's ``tune_relax`` on the module after the
     same passes, params={}), with the total budget = trials x tasks and ``max_trials_per_task`` = trials, as
     the pipeline's docstring advises (else the first task takes the whole budget), and build/run time
     limits long enough for a loaded host (MS_BUILD_TIMEOUT_S, MS_RUN_TIMEOUT_S; TVM's 30 s default made
-    builds time out under load).  Returns what the row records about the tuning."""
+    builds time out under load).  Returns what the row records about the tuning.
+
+    ``resume`` (--ms-resume): the database in ``db_dir`` is an interrupted tuning run's (its records, no
+    MS_TUNING_INFO): only the tasks without a record are tuned, into the same database, each with the
+    search seed it has in a whole run (the tune contexts of every task are made, in TVM's order, and only
+    those without records are handed to the task scheduler; the XGBoost cost model starts again from this
+    run's measurements).  The info says which tasks were kept and that the interrupted run's time and load
+    are not in ``tuning_s``; a finished database (MS_TUNING_INFO present) is refused.  TVM's gradient task
+    scheduler writes no record before every task was sent once (its round-robin pass; at trials per task =
+    MS_TRIALS_PER_ITER that is the whole run): an interruption then leaves no records and resuming tunes
+    every task; it saves time at budgets of several iterations per task (the issue's 1000 trials)."""
     ms = C.meta_schedule
     existing = [f for f in _ms_db_files(db_dir) if os.path.exists(f)]
-    if existing:
+    info_path = os.path.join(db_dir, MS_TUNING_INFO)
+    if existing and not resume:
         raise ValueError(f"MetaSchedule database already in {db_dir} ({existing}): tuning would add to it; "
-                         "delete it to retune, or pass --ms-from-db to compile from it")
+                         "delete it to retune, pass --ms-from-db to compile from it"
+                         + ("" if os.path.exists(info_path) else
+                            ", or --ms-resume to tune only its tasks without a record (an interrupted run)"))
+    if resume and os.path.exists(info_path):
+        raise ValueError(f"--ms-resume: the tuning in {db_dir} finished ({MS_TUNING_INFO} is there): nothing to "
+                         "resume; pass --ms-from-db to compile from it")
+    if resume and len(existing) != len(MS_DB_FILES) and existing:
+        raise ValueError(f"--ms-resume: {db_dir} holds {existing} but not all of {list(MS_DB_FILES)}: not a "
+                         "MetaSchedule database to resume; delete it to retune")
     os.makedirs(db_dir, exist_ok=True)
     tasks = _ms_tasks(mod, target)
+    done = _ms_has_records(db_dir, tasks) if existing else [False] * len(tasks)
+    todo = [i for i, d in enumerate(done) if not d]
     load_start, t0 = os.getloadavg(), time.perf_counter()
     with target, _LoadSampler() as load:
-        ms.relax_integration.tune_relax(
-            _ms_prefix()(mod), {}, target, db_dir, max_trials_global=trials * len(tasks),
-            max_trials_per_task=trials, num_trials_per_iter=min(MS_TRIALS_PER_ITER, trials),
-            builder=ms.builder.LocalBuilder(timeout_sec=MS_BUILD_TIMEOUT_S),
-            runner=ms.runner.LocalRunner(timeout_sec=MS_RUN_TIMEOUT_S), seed=MS_SEED)
+        if not resume:
+            ms.relax_integration.tune_relax(
+                _ms_prefix()(mod), {}, target, db_dir, max_trials_global=trials * len(tasks),
+                max_trials_per_task=trials, num_trials_per_iter=min(MS_TRIALS_PER_ITER, trials),
+                builder=ms.builder.LocalBuilder(timeout_sec=MS_BUILD_TIMEOUT_S),
+                runner=ms.runner.LocalRunner(timeout_sec=MS_RUN_TIMEOUT_S), seed=MS_SEED)
+        elif todo:     # tune_relax's steps, with only the tasks that have no record handed to the scheduler
+            contexts, weights = ms.relax_integration.extracted_tasks_to_tune_contexts(
+                extracted_tasks=tasks, work_dir=db_dir, space="post-order-apply", strategy="evolutionary",
+                seed=MS_SEED)
+            ms.tune.tune_tasks(
+                tasks=[contexts[i] for i in todo], task_weights=[weights[i] for i in todo], work_dir=db_dir,
+                max_trials_global=trials * len(todo), max_trials_per_task=trials,
+                num_trials_per_iter=min(MS_TRIALS_PER_ITER, trials),
+                builder=ms.builder.LocalBuilder(timeout_sec=MS_BUILD_TIMEOUT_S),
+                runner=ms.runner.LocalRunner(timeout_sec=MS_RUN_TIMEOUT_S), database="json",
+                cost_model="xgb", measure_callbacks="default", task_scheduler="gradient",
+                module_equality="structural")
     tuning_s = time.perf_counter() - t0
     load_end = os.getloadavg()
     info = {"database": os.path.relpath(db_dir, os.path.dirname(HERE)), "trials_per_task": trials,
@@ -427,7 +465,13 @@ def _ms_tune(mod, target, trials, db_dir):
             "tuning_load_avg_start": load_start, "tuning_load_avg_end": load_end, **load.summary(),
             "tuning_on_loaded_machine": max(load_start[0], load_end[0], *load.samples)
             > LOADED_PER_CPU * os.cpu_count()}
-    with open(os.path.join(db_dir, MS_TUNING_INFO), "w") as f:
+    if resume:
+        info["resumed"] = {
+            "tasks_kept": [tasks[i].task_name for i, d in enumerate(done) if d],
+            "tasks_tuned": [tasks[i].task_name for i in todo],
+            "note": "an interrupted run's records kept (--ms-resume); tuning_s and the load cover only "
+                    "tasks_tuned: the interrupted run's time and load are not recorded here"}
+    with open(info_path, "w") as f:
         json.dump(info, f, indent=1)
     return info
 
@@ -436,6 +480,10 @@ def _ms_info(db_dir, trials, target=None):
     """--ms-from-db: what the stored database's tuning run recorded (MS_TUNING_INFO beside it); with
     ``target``, refuses a database tuned for another one (_ms_check_target)."""
     missing = [f for f in _ms_db_files(db_dir) + [os.path.join(db_dir, MS_TUNING_INFO)] if not os.path.exists(f)]
+    if missing and all(os.path.exists(f) for f in _ms_db_files(db_dir)):
+        raise ValueError(f"--ms-from-db: the MetaSchedule tuning in {db_dir} did not finish (no {MS_TUNING_INFO}); "
+                         f"tune its tasks without a record with --ms-trials N --ms-resume --ms-work-dir "
+                         f"{os.path.dirname(db_dir)}")
     if missing:
         raise ValueError(f"--ms-from-db: no MetaSchedule database for this workload in {db_dir} (missing "
                          f"{missing}); tune it first with --ms-trials N --ms-work-dir {os.path.dirname(db_dir)}")
@@ -449,12 +497,12 @@ def _ms_info(db_dir, trials, target=None):
     return info
 
 
-def _metaschedule(model, target, trials, db_dir, from_db):
+def _metaschedule(model, target, trials, db_dir, from_db, resume=False):
     """TVM's documented CPU route: the static_shape_tuning pipeline, then tvm.compile.  Tunes into
     ``db_dir`` first unless ``from_db``; the compile is always ``static_shape_tuning`` with total_trials=0,
     i.e. the same passes with MetaScheduleApplyDatabase(db_dir) and no tuning."""
     mod = tvmfuse.load_onnx(model)
-    info = _ms_info(db_dir, trials, target) if from_db else _ms_tune(mod, target, trials, db_dir)
+    info = _ms_info(db_dir, trials, target) if from_db else _ms_tune(mod, target, trials, db_dir, resume)
     info = {**info, "from_db": from_db, "tasks_with_records": _ms_records(db_dir, _ms_tasks(mod, target))}
     with target:
         mod = C.relax_get_pipeline("static_shape_tuning", total_trials=0, target=target, work_dir=db_dir)(mod)
@@ -497,6 +545,57 @@ def _import_onnx2torch():
     return onnx2torch
 
 
+def _reshape_to_constant_shape(x, shape):
+    """ONNX Reshape (allowzero=0, the only form onnx2torch converts) to a constant ``shape``, a tuple of
+    Python ints: 0 copies the input's dim at that position, -1 is inferred by ``reshape``."""
+    return x.reshape(tuple(x.shape[i] if d == 0 else d for i, d in enumerate(shape)))
+
+
+def _constant_of(gm, node):
+    """The tensor ``node`` of the torch.fx graph of ``gm`` always gives when it is a constant (an ONNX
+    initializer, which onnx2torch makes a ``get_attr`` of a buffer, or the output of its ``OnnxConstant``
+    module); else None."""
+    if node.op == "get_attr":
+        value = gm
+        for part in node.target.split("."):
+            value = getattr(value, part)
+        return value
+    if node.op == "call_module" and not node.args and not node.kwargs:
+        module = gm.get_submodule(node.target)
+        if type(module).__name__ == "OnnxConstant":
+            return module.value
+    return None
+
+
+def _fold_constant_reshapes(gm):
+    """torch.compile (dynamo) cannot trace onnx2torch's ``OnnxReshape``: it builds ``torch.Size(shape)``
+    from the shape *tensor* (``TypeError: torch.Size() takes an iterable of 'int' (item 0 is
+    'FakeTensor')``). Each OnnxReshape of the converted torch.fx GraphModule ``gm`` whose shape is a constant
+    becomes a call of ``_reshape_to_constant_shape`` with that shape as a tuple of ints (the same result:
+    ONNX Reshape's semantics); one with a computed shape is left as it is. Returns how many were folded."""
+    folded = 0
+    for node in list(gm.graph.nodes):
+        if node.op != "call_module" or type(gm.get_submodule(node.target)).__name__ != "OnnxReshape":
+            continue
+        data, shape_node = node.args
+        shape = _constant_of(gm, shape_node)
+        if shape is None:
+            continue
+        if shape.dim() != 1 or shape.dtype.is_floating_point or shape.dtype.is_complex:
+            raise ValueError(f"Reshape {node.target}: its constant shape must be a 1-D integer tensor, got "
+                             f"{shape.dtype} of shape {tuple(shape.shape)}")
+        with gm.graph.inserting_after(node):
+            new = gm.graph.call_function(_reshape_to_constant_shape, (data, tuple(int(d) for d in shape.tolist())))
+        node.replace_all_uses_with(new)
+        gm.graph.erase_node(node)
+        folded += 1
+    if folded:
+        gm.graph.eliminate_dead_code()
+        gm.delete_all_unused_submodules()
+        gm.recompile()
+    return folded
+
+
 def _torch(model, feeds, threads):
     try:
         import torch
@@ -518,6 +617,9 @@ def _torch(model, feeds, threads):
                           f"{TORCH_FALLBACK_OPSET} ({e2})") from e2
         info.update(onnx2torch_opset=TORCH_FALLBACK_OPSET,
                     onnx2torch_why=f"converted at opset {TORCH_FALLBACK_OPSET} (onnx.version_converter): {e}")
+    folded = _fold_constant_reshapes(module)
+    if folded:
+        info["onnx2torch_constant_reshapes"] = folded     # how many OnnxReshape modules were folded
     net = torch.compile(module.eval())
     args = [torch.from_numpy(v) for v in feeds.values()]
 
@@ -625,7 +727,7 @@ def build_engine(engine, model, feeds, threads, ms, work_dir):
     if engine == "tvmfuse_separate":
         return _vm_call(_stages_module(model, target, _separate, schedules=True), feeds)
     if engine == "tvm_metaschedule":
-        ex, info = _metaschedule(model, target, ms["trials"], ms["db_dir"], ms["from_db"])
+        ex, info = _metaschedule(model, target, ms["trials"], ms["db_dir"], ms["from_db"], ms.get("resume", False))
         fn = _vm_call(ex, feeds)
         fn.info = {"metaschedule": info}
         return fn
@@ -693,6 +795,7 @@ class Worker:
         tag = "group" if group else engine
         spec = {"model": paths["model"], "feeds": paths["feeds"], "threads": args.threads,
                 "ms": {"trials": args.ms_trials, "from_db": args.ms_from_db,
+                       "resume": getattr(args, "ms_resume", False),
                        "db_dir": os.path.join(args.ms_work_dir, workload) if args.ms_work_dir
                        else os.path.join(work_dir, "ms")},
                 "work_dir": work_dir}
@@ -918,6 +1021,12 @@ def main(argv=None):
                     help="tvm_metaschedule: no tuning, compile from the databases in --ms-work-dir (static_shape_"
                     "tuning with total_trials=0: MetaScheduleApplyDatabase); a database tuned for another target "
                     "(CPU, triple, attributes, cores) is refused")
+    ap.add_argument("--ms-resume", action="store_true",
+                    help="with --ms-trials N --ms-work-dir DIR: a workload whose tuning was interrupted (its database "
+                    f"in DIR/<workload>/ without {MS_TUNING_INFO}) tunes only its tasks without a record, into the "
+                    "same database; a workload without a database is tuned whole; a finished one is refused. TVM "
+                    "writes records only after every task got its first iteration: at 64 trials per task an "
+                    "interrupted run has none")
     ap.add_argument("--workloads", nargs="+", default=None, help="only these workloads (names as printed)")
     ap.add_argument("--torch-python", default=None,
                     help="torch_compile: run its worker with this interpreter (one with torch and onnx2torch, e.g. "
@@ -957,6 +1066,9 @@ def main(argv=None):
             args.ms_work_dir = os.path.abspath(args.ms_work_dir)
         if "tvm_metaschedule" in engines and args.ms_trials <= 0 and not args.ms_from_db:
             ap.error("tvm_metaschedule needs --ms-trials N (N > 0) or --ms-from-db")
+        if args.ms_resume and (args.ms_trials <= 0 or args.ms_from_db or not args.ms_work_dir):
+            ap.error("--ms-resume goes with --ms-trials N and --ms-work-dir DIR (the folder of the interrupted "
+                     "tuning), not with --ms-from-db")
     out_json = args.json or os.path.join(HERE, "bench_cpu_io.json" if args.io else "bench_cpu_tails.json"
                                          if args.tails else "bench_cpu_ms.json" if args.ms_trials > 0 or args.ms_from_db
                                          else "bench_cpu.json")
@@ -983,7 +1095,8 @@ def main(argv=None):
            "cpus": os.cpu_count(), "threads": args.threads, "load_avg_start": load_start,
            "load_avg_end": os.getloadavg(), "repeat": args.repeat, "pause_s": args.pause,
            "block_s": BLOCK_SECONDS, "ms_trials": args.ms_trials, "ms_work_dir": args.ms_work_dir,
-           "ms_from_db": args.ms_from_db, "quick": args.quick, "torch_python": args.torch_python,
+           "ms_from_db": args.ms_from_db, "ms_resume": args.ms_resume, "quick": args.quick,
+           "torch_python": args.torch_python,
            "check": {"rtol": CHECK_RTOL, "atol": CHECK_ATOL, "reference": "onnx.reference.ReferenceEvaluator"},
            "command": " ".join(["python", os.path.relpath(__file__)] + (argv if argv is not None else sys.argv[1:])),
            "engines": {e: desc[e] for e in engines}, "floors": fl, "rows": rows}

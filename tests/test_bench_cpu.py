@@ -94,6 +94,62 @@ def test_tuning_refuses_an_existing_database(tmp_path):
         B._ms_tune(tvmfuse.load_onnx(_model()), named_target("skx-2"), 4, str(tmp_path))
 
 
+def test_resume_tunes_only_the_tasks_an_interrupted_run_left_without_records(tmp_path, monkeypatch, capsys):
+    """--ms-resume (tuning stubbed: the task scheduler's call is recorded): an interrupted run's database (a
+    record for resnet_block's first task, no tuning info) hands only the other task to tune_tasks, with the
+    search seed that task has in a whole run and the budget of one task; the info names both.  Without
+    --ms-resume that folder is refused naming the option; a finished database is refused by --ms-resume."""
+    import types
+
+    ms = C.meta_schedule
+    target = named_target("skx-2")
+    model = M.resnet_block(channels=8, size=8)
+    tasks = B._ms_tasks(tvmfuse.load_onnx(model), target)
+    assert len(tasks) == 2
+    db_dir = str(tmp_path / "db")
+    os.makedirs(db_dir)
+    db = ms.database.JSONDatabase(work_dir=db_dir)
+    kept = tasks[0].dispatched[0]
+    sch = C.Schedule(kept)
+    sch.get_sblock("compute")       # a trace with one step (a record with an empty trace is never a top-k)
+    db.commit_tuning_record(ms.database.TuningRecord(sch.trace, db.commit_workload(kept), [1e-3],
+                                                     target, ms.arg_info.ArgInfo.from_prim_func(kept["main"])))
+    db.commit_workload(tasks[1].dispatched[0])        # the interrupted run had committed every workload
+    with pytest.raises(ValueError, match="--ms-resume"):
+        B._ms_tune(tvmfuse.load_onnx(model), target, 4, db_dir)
+    with pytest.raises(ValueError, match="did not finish .*--ms-resume"):          # --ms-from-db on it
+        B._ms_info(db_dir, 4)
+    made, calls = [], []
+
+    def fake_contexts(extracted_tasks, work_dir, space, strategy, seed):
+        """TVM's: one TuneContext per task, in order, with seeds forked from ``seed`` (stand-ins here: making
+        the real ones imports TVM's tensor intrinsics, a minute of CPU)"""
+        made.append((list(extracted_tasks), seed))
+        return ([types.SimpleNamespace(task_name=t.task_name, rand_state=(seed, i))
+                 for i, t in enumerate(extracted_tasks)], [1.0] * len(extracted_tasks))
+
+    monkeypatch.setattr(ms.relax_integration, "extracted_tasks_to_tune_contexts", fake_contexts)
+    monkeypatch.setattr(ms.tune, "tune_tasks", lambda **kw: calls.append(kw))
+    info = B._ms_tune(tvmfuse.load_onnx(model), target, 4, db_dir, resume=True)
+    ((handed, seed),) = made
+    assert [t.task_name for t in handed] == [t.task_name for t in tasks] and seed == B.MS_SEED   # every task
+    (call,) = calls
+    (ctx,) = call["tasks"]
+    assert ctx.task_name == tasks[1].task_name and ctx.rand_state == (B.MS_SEED, 1)    # its whole-run seed
+    assert call["max_trials_global"] == 4 and call["max_trials_per_task"] == 4 and call["work_dir"] == db_dir
+    assert info["resumed"]["tasks_kept"] == [tasks[0].task_name]
+    assert info["resumed"]["tasks_tuned"] == [tasks[1].task_name]
+    assert info["tasks"] == 2 and info["trials_per_task"] == 4
+    with open(os.path.join(db_dir, B.MS_TUNING_INFO)) as f:
+        assert json.load(f)["resumed"] == info["resumed"]
+    with pytest.raises(ValueError, match="finished"):
+        B._ms_tune(tvmfuse.load_onnx(model), target, 4, db_dir, resume=True)
+    for bad in (["--ms-from-db", "--ms-work-dir", str(tmp_path)], ["--ms-trials", "4"]):
+        with pytest.raises(SystemExit):
+            B.main(["--ms-resume", "--workloads", "qkv", *bad])
+        assert "--ms-resume goes with --ms-trials N and --ms-work-dir DIR" in capsys.readouterr().err
+
+
 def test_from_db_without_databases_for_this_cpu_exits(tmp_path, monkeypatch, capsys):
     """--ms-from-db without --ms-work-dir reads MS_DB_ROOT/<host mcpu>; none there: a usage error naming it."""
     monkeypatch.setattr(B, "MS_DB_ROOT", str(tmp_path))
@@ -267,7 +323,7 @@ def test_torch_engine_converts_at_the_fallback_opset_or_says_why(monkeypatch):
         seen.append(opset)
         if opset not in ok_opsets:
             raise NotImplementedError(f"Converter is not implemented (ReduceMean, version={opset})")
-        return types.SimpleNamespace(eval=lambda: (lambda *a: "ran"))
+        return types.SimpleNamespace(eval=lambda: (lambda *a: "ran"), graph=types.SimpleNamespace(nodes=[]))
 
     fake_torch = types.ModuleType("torch")
     fake_torch.__version__ = "stand-in"
@@ -301,6 +357,94 @@ def test_torch_engine_converts_at_the_fallback_opset_or_says_why(monkeypatch):
     with pytest.raises(B.Skipped, match=r"torch.compile failed on the onnx2torch module \(converted at opset 17 .*\): "
                        r"TypeError: torch.Size\(\) takes an iterable of 'int' from user code: reshape.py, line 23"):
         B._torch(model, {}, 1)
+
+
+def test_reshape_to_constant_shape_copies_zero_dims_and_infers_minus_one(rng):
+    """The folded Reshape (no torch needed: numpy arrays have the same reshape and shape) follows ONNX
+    Reshape with allowzero=0: 0 copies the input's dim at that position, -1 is inferred."""
+    x = rng.standard_normal((6, 4, 5)).astype(np.float32)
+    assert B._reshape_to_constant_shape(x, (0, 2, -1)).shape == (6, 2, 10)
+    assert B._reshape_to_constant_shape(x, (-1, 0)).shape == (30, 4)
+    np.testing.assert_array_equal(B._reshape_to_constant_shape(x, (0, 20)), x.reshape(6, 20))
+    with pytest.raises(ValueError):
+        B._reshape_to_constant_shape(x, (7, -1))      # 120 elements are not 7 rows
+
+
+def _reshape_model():
+    """x [6, 4, 5] reshaped three ways: by an initializer with a 0 (copy dim 0), by a Constant node's
+    output, and by a shape computed in the graph (Shape of another input), which must stay as it is."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    nodes = [helper.make_node("Reshape", ["x", "s_init"], ["a"]),
+             helper.make_node("Constant", [], ["s_const"],
+                              value=numpy_helper.from_array(np.array([-1, 5], np.int64))),
+             helper.make_node("Reshape", ["x", "s_const"], ["b"]),
+             helper.make_node("Shape", ["like"], ["s_dyn"]),
+             helper.make_node("Reshape", ["x", "s_dyn"], ["c"])]
+    graph = helper.make_graph(
+        nodes, "reshapes",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [6, 4, 5]),
+         helper.make_tensor_value_info("like", TensorProto.FLOAT, [2, 60])],
+        [helper.make_tensor_value_info(n, TensorProto.FLOAT, None) for n in "abc"],
+        initializer=[numpy_helper.from_array(np.array([0, 20], np.int64), "s_init")])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def test_fold_constant_reshapes_folds_constant_shapes_only(rng):
+    """onnx2torch's Reshape modules with a constant shape (initializer, Constant node) are folded, one with
+    a computed shape is kept; the folded module gives the ONNX reference's outputs on fresh inputs.  Needs
+    torch and onnx2torch (the corpus venv, see --torch-python): skipped without them."""
+    pytest.importorskip("torch")
+    B._import_onnx2torch()       # the torchvision placeholder, where torchvision's ops do not load
+    onnx2torch = pytest.importorskip("onnx2torch")
+    import torch
+    from onnx.reference import ReferenceEvaluator
+
+    model = _reshape_model()
+    feeds = {"x": rng.standard_normal((6, 4, 5)).astype(np.float32),
+             "like": rng.standard_normal((2, 60)).astype(np.float32)}
+    gm = onnx2torch.convert(model)
+
+    def reshape_modules():
+        return [n for n in gm.graph.nodes
+                if n.op == "call_module" and type(gm.get_submodule(n.target)).__name__ == "OnnxReshape"]
+
+    assert len(reshape_modules()) == 3
+    assert B._fold_constant_reshapes(gm) == 2
+    (kept,) = reshape_modules()
+    assert kept.args[1].op != "get_attr"            # the Shape-computed one
+    folded = [n for n in gm.graph.nodes if n.op == "call_function" and n.target is B._reshape_to_constant_shape]
+    assert sorted(n.args[1] for n in folded) == [(-1, 5), (0, 20)]
+    assert all(type(d) is int for n in folded for d in n.args[1])
+    with torch.inference_mode():
+        outs = gm(*(torch.from_numpy(v) for v in feeds.values()))
+    for got, want in zip(outs, ReferenceEvaluator(model).run(None, feeds)):
+        np.testing.assert_array_equal(got.numpy(), want)
+    assert B._fold_constant_reshapes(gm) == 0       # nothing left to fold
+
+
+def test_torch_engine_compiles_transformer_block(rng):
+    """transformer_block's onnx2torch module (converted at opset 17, its 4 constant-shape Reshapes folded)
+    traces under dynamo (torch.compile's front end; backend "eager" to keep the test cheap) and matches the
+    ONNX reference on fresh inputs.  Before the fold dynamo failed on onnx2torch's Reshape (torch.Size of a
+    tensor).  Needs torch and onnx2torch: skipped without them."""
+    pytest.importorskip("torch")
+    B._import_onnx2torch()
+    onnx2torch = pytest.importorskip("onnx2torch")
+    import torch
+    from onnx import version_converter
+    from onnx.reference import ReferenceEvaluator
+
+    model = M.transformer_block()
+    feeds = {"x": rng.standard_normal((64, 128)).astype(np.float32)}
+    gm = onnx2torch.convert(version_converter.convert_version(model, B.TORCH_FALLBACK_OPSET))
+    assert B._fold_constant_reshapes(gm) == 4
+    torch._dynamo.reset()
+    net = torch.compile(gm.eval(), backend="eager", fullgraph=True)
+    with torch.inference_mode():
+        got = net(torch.from_numpy(feeds["x"]))
+    (want,) = ReferenceEvaluator(model).run(None, feeds)
+    np.testing.assert_allclose(got.numpy(), want, rtol=B.CHECK_RTOL, atol=B.CHECK_ATOL)
 
 
 def test_worker_close_kills_a_worker_that_does_not_quit(tmp_path, monkeypatch, capsys):

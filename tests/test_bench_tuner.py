@@ -376,3 +376,52 @@ def test_main_hands_the_transfer_study_this_runs_or_the_files_study_run(tmp_path
     assert got[2] is None
     assert T.main(base + ["--seeds", "1", "--transfer", "--transfer-only"]) == 0       # seed 1 never studied
     assert got[3] is None
+
+
+def test_matmul_seeds_one_at_a_time_merge_into_the_committed_znver5_study(tmp_path, monkeypatch, capsys):
+    """The coordinator's plan for Tables 4-5's missing matmul seeds: one seed per command, each merged into
+    (a copy of) the committed bench_tuner_study_znver5.json.  The file's target is used as the host's (tuning
+    stubbed out), so this runs on any host: each seed lands beside seed 0 without touching the pieces already
+    there, a rerun of a merged seed is skipped, and asking for all three seeds then tunes nothing."""
+    import shutil
+
+    committed = os.path.join(_ROOT, "benchmarks", "bench_tuner_study_znver5.json")
+    out = str(tmp_path / "study.json")
+    shutil.copy(committed, out)
+    before = json.load(open(committed))
+    assert sorted(before["workloads"]["matmul_bias_gelu"]["seeds"]) == ["0"]     # what is missing today
+
+    class FileTarget:                                    # str() of the host target = the study file's target
+        def __str__(self):
+            return before["target"]
+
+    monkeypatch.setattr(T.tvmfuse, "host_target", FileTarget)
+    calls = []
+
+    def fake_study(name, shape, args, target, budgets, seeds):
+        (seed,) = seeds
+        calls.append((name, seed, tuple(budgets), args.merge_into))
+        assert str(target) == before["target"] and shape == {"m": 512, "k": 768, "n": 3072}
+        return {"kernel": "k", "shape": shape, "seeds": {seed: _study_cell(budgets)}}
+
+    monkeypatch.setattr(T, "study", fake_study)
+    cmd = ["--workloads", "matmul_bias_gelu", "--budgets", "16", "32", "64", "--merge-into", out]
+    assert T.main(cmd + ["--seeds", "1"]) == 0
+    assert T.main(cmd + ["--seeds", "1"]) == 0                                     # merged: skipped
+    assert "matmul_bias_gelu seed 1: already in" in capsys.readouterr().out
+    assert T.main(cmd + ["--seeds", "2"]) == 0
+    assert T.main(cmd + ["--seeds", "0", "1", "2"]) == 0                           # all there: nothing tuned
+    assert calls == [("matmul_bias_gelu", 1, (16, 32, 64), out), ("matmul_bias_gelu", 2, (16, 32, 64), out)]
+    after = json.load(open(out))
+    assert after["pieces"][:len(before["pieces"])] == before["pieces"]
+    assert [(p["seeds"], p["part"]) for p in after["pieces"][len(before["pieces"]):]] == [([1], "study"),
+                                                                                          ([2], "study")]
+    mm = after["workloads"]["matmul_bias_gelu"]["seeds"]
+    assert sorted(mm) == ["0", "1", "2"] and mm["0"] == before["workloads"]["matmul_bias_gelu"]["seeds"]["0"]
+    n = len(before["pieces"])
+    assert [mm[s]["piece"] for s in ("1", "2")] == [n, n + 1]
+    assert all(c["piece"] == mm[s]["piece"] for s in ("1", "2") for c in mm[s]["budgets"].values())
+    assert sorted(mm["1"]["budgets"]) == ["16", "32", "64"]
+    assert after["workloads"]["conv_bn_relu_residual"] == before["workloads"]["conv_bn_relu_residual"]
+    assert after["transfer"] == before["transfer"]
+    assert {k: after[k] for k in T.SAME_KEYS} == {k: before[k] for k in T.SAME_KEYS}
