@@ -177,14 +177,14 @@ def test_first_reach_and_marks():
 
 @pytest.mark.parametrize("mcpu", ["znver3", "skylake-avx512"])
 def test_transfer_sources_are_kernels_of_the_same_template(mcpu):
-    """Every shape of the warm-start study (quick, and the sources of the full study) is a kernel of its
-    workload's template on x86 targets: a source of another template would add no records (a conv below
-    28x28 goes to cpu.conv2d_lanes)."""
+    """Every shape of the study (small, quick, and the warm-start sources) is a kernel of its workload's
+    template on x86 targets: a source of another template would add no records (a conv below 32x32 goes to
+    cpu.conv2d_lanes on x86)."""
     from tvmfuse.target import parse_target
 
     target = parse_target(f"llvm -mtriple=x86_64-linux-gnu -mcpu={mcpu} -num-cores=2")
     for name in T.WORKLOADS:
-        shapes = [T.QUICK_ARGS[name], *T.QUICK_TRANSFER_SOURCES[name], *T.TRANSFER_SOURCES[name]]
+        shapes = [T.WORKLOADS[name][3], T.QUICK_ARGS[name], *T.QUICK_TRANSFER_SOURCES[name], *T.TRANSFER_SOURCES[name]]
         main_shapes = [T.WORKLOADS[name][2], T.WORKLOADS[name][3], T.QUICK_ARGS[name]]
         for shape in shapes:
             task, _ = T.main_task(name, shape, target)
