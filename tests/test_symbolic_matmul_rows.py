@@ -104,7 +104,11 @@ def test_row_tiled_nest_launches_the_thread_pool_once(family, build, target):
     # is split then (whole tiles, then the last), the one case of two launches
     assert len(_parallel_loops(low.body)) == (1 if config["mc_tiles"] > 1 else 2), str(low)
     plain, guarded = _guarded_k_loops(low.body)
-    assert plain >= 1 and guarded >= 1, (plain, guarded)
+    if config.get("pad_m"):
+        # rows padded to the register tile (matmul.pads_symbolic_rows): no k loop keeps a row predicate
+        assert plain >= 1 and guarded == 0, (plain, guarded)
+    else:
+        assert plain >= 1 and guarded >= 1, (plain, guarded)
     # the partitioned tiles stay inside the buffers at row counts around the tiles
     sizes = [{"batch": b, "sequence": s} for b, s in ((1, 1), (1, 2), (1, 5), (1, 17), (3, 17), (1, 128), (2, 67))]
     assert out_of_bounds(nest, tgt, sizes) == []

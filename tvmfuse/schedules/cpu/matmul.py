@@ -443,6 +443,19 @@ def pads_rows(info: dict, mr: int, pad_m: bool) -> bool:
     return pad_m and batch == 1 and isinstance(info["M"], int) and info["M"] % mr != 0
 
 
+def pads_symbolic_rows(info: dict, cfg) -> bool:
+    """Whether the matmul's symbolic row count is padded to the register tile (``pad_m`` on a kernel whose
+    rows are known at run time only: ``cpu.symbolic_matmul``'s row-tiled nest).  Without it the last register
+    tile keeps a "this row exists" predicate inside its k loop, its partial sums in memory: bert_dyn's FFN
+    at 17 rows and mr 6 (5 rows on that path) 1.7x the static kernel, one thread, measured under load
+    (benchmarks/notes/padrows12.md).  With it A's rows are copied per register tile (zeros past the end),
+    the k loop runs unpredicated, and only the epilogue's stores keep the predicate.
+    tests/test_symbolic_pad_rows.py"""
+    rows = [info["M"], *info["batch"]]
+    return bool(cfg.pad_m) and cfg.mr > 1 and not all(isinstance(e, int) for e in rows) \
+        and (not info["batch"] or (cfg.flatten_batch and flattenable(info)))
+
+
 def pad_epilogue(sch: C.Schedule, epi, nr: int):
     """The epilogue ``epi`` of matmuls whose columns were padded (``pad_columns``) computed over the padded
     columns too (``pad_einsum``: its j domain a multiple of ``nr``, into a padded buffer), and a crop block
@@ -509,6 +522,16 @@ def flatten_matmul(sch: C.Schedule, red, info: dict) -> None:
     [row // M, row % M, k])."""
     sch.transform_layout(red, ("write", 0), row_map(info, 1))
     sch.transform_block_layout(red, row_map(info, 2))
+
+
+def flat_operand(sch: C.Schedule, red, info: dict) -> tuple[str, str]:
+    """After ``flatten_matmul``: A read through a copy block whose buffer has the flattened layout
+    ([rows, K], written at [b * M + i, k]), so the matmul reads it at [row, k].  Returns (the copy block's
+    name, its buffer's name)."""
+    reads = [str(r.source.name) for r in sch.get(red).reads]
+    copy = sch.cache_read(red, reads.index(info["a_buffer"]), "global")
+    sch.transform_layout(copy, ("write", 0), row_map(info, 1))
+    return U.block_name(sch, copy), str(sch.get(copy).writes[0].source.name)
 
 
 def flatten_rows(sch: C.Schedule, red, epi, info: dict) -> None:
@@ -661,7 +684,27 @@ class MatmulEpilogue(U.CpuTemplate, family="cpu.matmul_epilogue", config=MatmulC
         # Step 2b. Without an epilogue, accumulate into a cache block and write back from it.
         b_pad = a_pad = None
         pad_cols = bool(cfg.pad_n and info["N"] % nr)
-        if pads_rows(info, mr, cfg.pad_m):
+        flattened = False
+        if pads_symbolic_rows(info, cfg):
+            # symbolic rows (cpu.symbolic_matmul): the batch rows flattened first (Step 2c), then the one
+            # row axis padded to a multiple of mr (pad_einsum takes a symbolic extent: ceil(rows / mr) x mr)
+            epi = sch.get_sblock(info["epilogue"]) if info["epilogue"] is not None \
+                else sch.cache_write(red, 0, "global")
+            flat_info = info
+            a_flat = None
+            if cfg.flatten_batch and flattenable(info):
+                flatten_rows(sch, red, epi, info)
+                # A read through a copy with the flattened layout (A[row // M, row % M, k] is no einsum
+                # access for pad_einsum); the copy is folded into A's padded copy below
+                a_flat = flat_operand(sch, red, info)
+                flat_info = {**info, "n_iters": 3, "j_iter": 1, "a_buffer": a_flat[1]}
+                flattened = True
+            writeback, pads = pad_rows_and_columns(sch, red, flat_info, mr, nr if pad_cols else None)
+            a_pad, b_pad = pads.get("a"), pads.get("b")
+            if a_flat is not None:
+                sch.compute_inline(sch.get_sblock(a_flat[0]))
+            epi = sch.get_sblock(writeback) if writeback is not None else epi
+        elif pads_rows(info, mr, cfg.pad_m):
             writeback, pads = pad_rows_and_columns(sch, red, info, mr, nr if pad_cols else None)
             a_pad, b_pad = pads.get("a"), pads.get("b")
             epi = sch.get_sblock(writeback or info["epilogue"])
@@ -676,7 +719,9 @@ class MatmulEpilogue(U.CpuTemplate, family="cpu.matmul_epilogue", config=MatmulC
         # Step 2c. A weight shared by the batches: the batch rows flattened into M (2-D from here on).
         # (Rows padded: the matmul's rows are M rounded up to mr, the epilogue's M; one batch, so both
         # maps are the identity on the rows.)
-        if cfg.flatten_batch and flattenable(info):
+        if flattened:
+            nbatch = 0
+        elif cfg.flatten_batch and flattenable(info):
             if a_pad is not None:
                 flatten_matmul(sch, red, {**info, "M": -(-info["M"] // mr) * mr})
                 sch.transform_block_layout(epi, row_map(info, 1))

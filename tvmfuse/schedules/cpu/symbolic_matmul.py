@@ -231,7 +231,8 @@ class SymbolicMatmulEpilogue(RowBuckets, MM.MatmulEpilogue, family="cpu.symbolic
             pack_b=(False,),          # B is shared by every row tile; no packing over symbolic rows
             pad_n=(False,),           # N is a multiple of the vector width (match)
             flatten_batch=(True,),    # batch and sequence rows as one symbolic row axis
-            pad_m=(False,))           # symbolic rows: the row-tiled nest's loop-partition hint instead
+            # rows padded to the register tile (matmul.pads_symbolic_rows); the GEMV-like nest has none
+            pad_m=(False,) if small else (False, True))
 
     def default_config(self, match: Match, target: C.Target) -> dict:
         info, d = cpu_info(target), self.table_defaults(target)
@@ -247,7 +248,8 @@ class SymbolicMatmulEpilogue(RowBuckets, MM.MatmulEpilogue, family="cpu.symbolic
         # row_mc_tiles register tiles per task (RowBuckets.row_macro_tiles)
         mc_tiles = self.row_macro_tiles(min(tile["mc_tiles"], max(1, rows // (mr * info.cores))), ch, target)
         return MM.MatmulConfig(**{**tile, "mc_tiles": mc_tiles, "nc_tiles": nc_tiles}, order=d["order"],
-                               parallel_depth=1, pack_b=False, pad_n=False, flatten_batch=True).asdict()
+                               parallel_depth=1, pack_b=False, pad_n=False, flatten_batch=True,
+                               pad_m=bool(d["pad_m"]) and tile["mr"] > 1).asdict()
 
     def _small_default(self, match: Match, target: C.Target, ch: dict) -> dict:
         """GEMV-like: one row per tile, rows looped inside the column macro tiles, which are the parallel

@@ -75,6 +75,13 @@ class SymbolicSiblings(RowBuckets, SiblingMatmuls, family="cpu.symbolic_siblings
         cfg["nc_tiles"] = max(c for c in ch["nc_tiles"] if c <= max(min(ch["nc_tiles"]), min(cfg["nc_tiles"], panel)))
         if not match.info.get("small", False):
             # the row-tiled nest: the last macro tile of rows is the predicated one (RowBuckets.row_macro_tiles)
+            # and the last register tile keeps a per-row predicate in its k loop (no padded rows here): a
+            # register tile of at most the table's predicated_mr_max rows (AVX2's 6-row tile ran bert_dyn's
+            # Q/K/V at 17 rows in 10.6 us, 4 rows 6.9 us, static 7.8; one thread, under load,
+            # benchmarks/notes/padrows12.md)
+            cap = int(self.table_defaults(target)["predicated_mr_max"])
+            if cfg["mr"] > cap:
+                cfg["mr"] = max(m for m in ch["mr"] if m <= cap)
             return {**cfg, "mc_tiles": self.row_macro_tiles(cfg["mc_tiles"], ch, target)}
         # GEMV-like: one parallel loop over the few rows with every chain inside it (one thread-pool
         # launch: the chains' own column-panel loops would be one launch each, which costs more than the
