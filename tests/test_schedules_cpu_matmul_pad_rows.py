@@ -134,9 +134,10 @@ def test_rows_are_not_padded_when_not_needed(case, why):
         assert [k.choices for k in t.space(match, tgt).knobs if k.name == "pad_m"] == [(False,)], why
 
 
-def test_symbolic_rows_never_pad():
-    """cpu.symbolic_matmul shares MatmulConfig: its space holds pad_m False only (the row-tiled nest's
-    loop-partition hint works over symbolic extents)."""
+def test_symbolic_rows_pad_in_the_row_tiled_bucket_only():
+    """cpu.symbolic_matmul shares MatmulConfig: since padrows12 its row-tiled (open) bucket pads the symbolic
+    rows to the register tile (matmul.pads_symbolic_rows, tests/test_symbolic_pad_rows.py); the few-rows
+    buckets (one row per tile) hold pad_m False only."""
     import tvmfuse
 
     tgt = tvmfuse.parse_target(S.SKYLAKE)
@@ -144,8 +145,13 @@ def test_symbolic_rows_never_pad():
     funcs = [f for n, f in S.graph_funcs(model, tgt).items() if "matmul" in n]
     found = find_template(funcs[0], tgt, templates_for(tgt))
     assert found is not None and found[0].family == "cpu.symbolic_matmul", found
-    knobs = {k.name: k.choices for k in found[0].space(found[1], tgt).knobs}
-    assert knobs["pad_m"] == (False,)
+    t, match = found
+    buckets = t.buckets(match, tgt)
+    for bucket in buckets:
+        bm = t.bucket_match(match, bucket)
+        knobs = {k.name: k.choices for k in t.space(bm, tgt).knobs}
+        assert knobs["pad_m"] == ((False, True) if bucket.max_extent is None else (False,)), bucket
+        assert t.default_config(bm, tgt)["pad_m"] == (bucket.max_extent is None), bucket
 
 
 def test_records_before_the_knob_ran_predicated():
