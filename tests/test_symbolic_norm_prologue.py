@@ -260,10 +260,22 @@ def test_row_tiled_nest_packs_b_only_for_tall_row_blocks(monkeypatch):
 
 def test_packed_row_tiled_nest_matches_the_reference(host, monkeypatch, rng):
     """The packed-B path of the row-tiled nest (no longer the default at T5's sizes) still computes the
-    reference: the threshold lowered to one row, rows in the row-tiled bucket with a partial last block."""
+    reference on any host: packing forced, rows in the row-tiled bucket with a partial last block."""
     model = S.symbolic_dims(M.norm_matmul(**T5_FFN))
+    real = SymbolicNormMatmul.default_config
+
+    def packed(self, match, target):
+        # the packed path forced (the default packs only where B's strip passes the L1 rule: not on an AVX2
+        # host's 16-column strip), with the default's narrowest column panel when it packs
+        cfg = real(self, match, target)
+        if match.info.get("small", False):
+            return cfg
+        ch = {kb.name: kb.choices for kb in self.space(match, target).knobs}
+        assert True in ch["pack_b"], ch["pack_b"]
+        return {**cfg, "pack_b": True, "nc_tiles": min(ch["nc_tiles"])}
+
     with monkeypatch.context() as mp:
-        _with_pack_threshold(mp, 1)
+        mp.setattr(SymbolicNormMatmul, "default_config", packed)
         with Recorder() as rec:
             cm = tvmfuse.compile(model, host)
     (sched,) = rec.schedules

@@ -37,6 +37,33 @@ def host_target(num_cores: int | None = None) -> C.Target:
     return C.Target(spec)
 
 
+def runs_on_host(target: C.Target) -> bool:
+    """Whether code built for the llvm ``target`` runs on this machine: the same architecture and every CPU
+    feature LLVM enables for the target (avx512f, avx2, fma, ...) present in the host's.  Code for a target
+    with a feature the host lacks dies with SIGILL (an AVX-512 build on an AVX2 host), so tests and tools that
+    run what they build for a named target ask this first."""
+    if str(target.kind.name) != "llvm":
+        return False
+    host = host_target()
+    triple = str(target.attrs.get("mtriple", "") or C.llvm_system_triple())
+    if triple.split("-")[0] != str(host.attrs["mtriple"]).split("-")[0]:
+        return False
+    return isa_features(target) <= isa_features(host)
+
+
+# LLVM's feature list of a CPU mixes instruction-set extensions with tuning flags (fast-*, slow-*,
+# false-deps-*, prefer-256-bit, ...) that no host "has"; these prefixes are the extensions generated code may
+# use (an AVX2 host lacks skylake-avx512's avx512f, and no x86 host lists skylake's tuning flags)
+ISA_FEATURE_PREFIXES = ("avx", "sse", "ssse", "fma", "f16c", "bmi", "amx", "gfni", "vaes", "vpclmulqdq", "sha",
+                        "aes", "pclmul", "lzcnt", "popcnt", "movbe", "adx", "cx16", "evex512", "neon", "sve",
+                        "fp16", "bf16", "dotprod", "i8mm")
+
+
+def isa_features(target: C.Target) -> set[str]:
+    """The instruction-set extensions LLVM enables for ``target`` (``ISA_FEATURE_PREFIXES``)."""
+    return {f for f in C.llvm_cpu_features(target) if f.startswith(ISA_FEATURE_PREFIXES)}
+
+
 _ALIASES = {
     "host": None,
     "cpu": None,
