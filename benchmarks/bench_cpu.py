@@ -720,6 +720,16 @@ def build_engine(engine, model, feeds, threads, ms, work_dir):
     if engine == "torch_compile":
         return _torch(model, feeds, threads)
     configure_threads(threads)
+    fn = _build_tvm_engine(engine, model, feeds, ms, work_dir, target)
+    # again after the build: tvmfuse.compile (and export's load) size the pool to its own num_threads
+    # argument, by default the physical cores, so before this a --threads 1 run timed tvmfuse on 2 threads
+    # (conv12: conv3x3_bn_relu_res 1.42 ms "one thread", above one Zen 3 core's FMA peak)
+    configure_threads(threads)
+    return fn
+
+
+def _build_tvm_engine(engine, model, feeds, ms, work_dir, target):
+    """build_engine's TVM engines (the thread pool is sized by the caller)."""
     if engine == "tvm_dlight":
         return _vm_call(_stages_module(model, target, _dlight), feeds)
     if engine == "tvm_fuseops":

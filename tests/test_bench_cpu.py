@@ -465,3 +465,21 @@ def test_printed_error_is_the_exception_line_not_the_traceback_head():
     err = 'worker exited (1): Traceback (most recent call last):\n  File "x.py", line 3\nValueError: no database in /d\n'
     assert B._error_cause(err) == "ValueError: no database in /d"
     assert B._error_cause("E: " + "x" * 400, chars=10) == "E: xxxxxxx..." and B._error_cause("") == "(no message)"
+
+
+def test_tvmfuse_engine_runs_on_the_threads_asked_for(rng):
+    """``--threads 1`` times tvmfuse on one thread: tvmfuse.compile sizes TVM's pool to its own num_threads
+    (default: the physical cores), so build_engine sizes it again after the build (conv12: before, the
+    "one thread" row of conv3x3_bn_relu_res ran on 2)."""
+    from tvmfuse.target import configure_threads, physical_cores
+
+    if physical_cores() < 2:
+        pytest.skip("one core: the pool has one thread whatever the engine asks")
+    model = _model()
+    try:
+        for engine in ("tvmfuse", "tvmfuse_separate"):
+            fn = B.build_engine(engine, model, M.random_feeds(model), 1, {}, None)
+            fn()
+            assert C.runtime_threads() == 1, engine
+    finally:
+        configure_threads(None)

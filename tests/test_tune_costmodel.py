@@ -1,5 +1,5 @@
 """The cost model ranks better than chance on a recorded set; the quality metrics; shipped records apply
-only on request; records of another TVM version are not applied."""
+only on request and match their workloads' tasks; records of another TVM version are not applied."""
 import json
 import os
 
@@ -111,6 +111,31 @@ def test_shipped_records_apply_only_on_request():
     out = cm.run(feeds)
     for k, v in ref.items():
         np.testing.assert_allclose(out[k], v, rtol=1e-4, atol=1e-4)
+
+
+# every shipped log, by file name (tuning_logs/<mcpu>_<workload>.jsonl), and the workload it was tuned on:
+# benchmarks/bench_cpu.py's (``--quick``: quarter sizes); a new shipped log adds its row here
+SHIPPED_WORKLOADS = {
+    "znver3_transformer_block": lambda: M.transformer_block(),
+    "znver3_transformer_block_quick": lambda: M.transformer_block(seq=32, hidden=64, ffn=256),
+}
+
+
+def test_shipped_records_match_their_workloads_tasks():
+    """Each shipped log's records are tasks of its workload as the templates now extract them (same workload
+    key, same template family): a template change that gives a kernel another PrimFunc or another template
+    (conv11 sent resnet_block's convs to cpu.conv2d_lanes with blocked weights) leaves records that never
+    apply, which this catches (session 12 removed znver3_resnet_block.jsonl for that reason)."""
+    from tvmfuse.tune.tasks import extract_tasks
+
+    names = {p.stem: p for p in L.shipped_logs()}
+    assert set(names) == set(SHIPPED_WORKLOADS), "a shipped log without its workload here, or one gone"
+    for stem, make in SHIPPED_WORKLOADS.items():
+        tasks = {t.key: t.family for t in extract_tasks(make(), ZNVER3)}
+        best = L.load(names[stem], ZNVER3).best()
+        assert best, f"{stem}: no records for {ZNVER3}"
+        stale = {k: r["template"] for k, r in best.items() if tasks.get(k) != r["template"]}
+        assert not stale, f"{stem}: records that match no task of the workload: {stale}; its tasks: {tasks}"
 
 
 def test_records_of_another_tvm_version_are_skipped(tmp_path, caplog):
