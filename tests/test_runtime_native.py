@@ -236,3 +236,91 @@ def test_a_result_handed_back_is_made_in_python_and_later_calls_skip_the_c_step(
         np.testing.assert_allclose(b.run()[cm.outputs[0].name], _softmax_reference(x), rtol=1e-5, atol=1e-6)
     assert len(calls) == 2
     runtime_native._reset_for_tests()
+
+
+def _capsule_name(array: np.ndarray) -> str | None:
+    """The name of the PyCapsule at the base of a numpy array (runtime_native's "tvmfuse.tensor", or
+    DLPack's for the Python path's np.from_dlpack), None when its base is no capsule."""
+    import ctypes
+
+    base = array.base
+    if type(base).__name__ != "PyCapsule":
+        return None
+    get = ctypes.pythonapi.PyCapsule_GetName
+    get.restype, get.argtypes = ctypes.c_char_p, [ctypes.py_object]
+    name = get(base)
+    return name.decode() if name is not None else None
+
+
+def _three_inputs():
+    """sigmoid(a * b + c): bench_cpu's sigmoid_chain at a small size (three inputs, one output)."""
+    g = M._G("three_inputs_native")
+    a, b, c = (g.input(n, (8, 40)) for n in ("a", "b", "c"))
+    g.op("Sigmoid", g.op("Add", g.op("Mul", a, b), c))
+    g.rename_last("y", (8, 40))
+    return g.model()
+
+
+def test_several_inputs_take_call_many_without_copies(way, host, rng):
+    """Issue 11: a model of several inputs and one output makes the VM call and its numpy result in C
+    (``call_many``) as one-input models do: the result views the VM's tensor (no copy), stays valid after
+    the next call, and equals the Python path's and the reference."""
+    cm = tvmfuse.compile(_three_inputs(), host)
+    assert len(cm.inputs) == 3
+    feeds = {n: rng.standard_normal((8, 40)).astype(np.float32) for n in ("a", "b", "c")}
+    want = 1.0 / (1.0 + np.exp(-(feeds["a"] * feeds["b"] + feeds["c"])))
+    y1 = cm.run(feeds)["y"]
+    np.testing.assert_allclose(y1, want, rtol=1e-5, atol=1e-6)
+    assert y1.flags.c_contiguous and y1.flags.writeable
+    assert (_capsule_name(y1) == "tvmfuse.tensor") == (way == "native"), _capsule_name(y1)
+    for i, n in enumerate(("a", "b", "c")):          # each input read in place
+        assert cm._io_plan().last[i][2] == feeds[n].__array_interface__["data"][0]
+    kept = y1.copy()
+    feeds2 = {n: rng.standard_normal((8, 40)).astype(np.float32) for n in ("a", "b", "c")}
+    y2 = cm.run(feeds2)["y"]
+    assert not np.shares_memory(y1, y2)
+    np.testing.assert_array_equal(y1, kept)
+    np.testing.assert_array_equal(y2, cm._main()(*[C.from_dlpack(feeds2[n]) for n in ("a", "b", "c")]).numpy())
+    with pytest.raises(tvmfuse.InputError, match="shape"):
+        cm.run({**feeds, "b": np.zeros((8, 39), np.float32)})
+
+
+def test_call_many_handing_back_makes_the_result_in_python_once(host, rng, monkeypatch):
+    """call_many returning None (an error, an unexpected result): the call is made again through tvm-ffi's
+    Python path and later calls do not ask the C step (no second VM call per run)."""
+    calls = []
+
+    class HandsBack:
+        @staticmethod
+        def call_many(*args):
+            calls.append(args)
+            return None
+
+    runtime_native._reset_for_tests()
+    monkeypatch.setitem(runtime_native._state, "module", HandsBack)
+    monkeypatch.setitem(runtime_native._state, "reason", None)
+    cm = tvmfuse.compile(_three_inputs(), host)
+    feeds = {n: rng.standard_normal((8, 40)).astype(np.float32) for n in ("a", "b", "c")}
+    want = 1.0 / (1.0 + np.exp(-(feeds["a"] * feeds["b"] + feeds["c"])))
+    for _ in range(3):
+        np.testing.assert_allclose(cm.run(feeds)["y"], want, rtol=1e-5, atol=1e-6)
+    assert len(calls) == 1
+    (func, handles, ptrs, name, typenum), = calls
+    assert len(handles) == len(ptrs) == 3 and name == "y"
+    assert list(ptrs) == [feeds[n].__array_interface__["data"][0] for n in ("a", "b", "c")]
+    runtime_native._reset_for_tests()
+
+
+def test_call_many_refuses_malformed_arguments():
+    if not _has_compiler():
+        pytest.skip("no C compiler or Python headers: the native step cannot be built here")
+    runtime_native._reset_for_tests()
+    module = runtime_native.load()
+    assert module is not None, runtime_native.reason()
+    with pytest.raises(TypeError, match="call_many"):
+        module.call_many(1, [1], (1,), "y", 11)
+    with pytest.raises(ValueError, match="2 handles and 1 data pointers"):
+        module.call_many(1, (1, 2), (1,), "y", 11)
+    with pytest.raises(ValueError, match="null tensor handle"):
+        module.call_many(1, (0,), (0,), "y", 11)
+    runtime_native._reset_for_tests()

@@ -224,7 +224,7 @@ class Binding:
         if not outputs and len(self._args) == 1:     # one input, one output: runtime_native's step
             native = self._native
             if native is None or native[0] is not main:
-                call_one = _native_call_one(plan, model, main) if _is_tensor(self._args[0]) else None
+                call_one = _native_call(plan, model, main, "call_one") if _is_tensor(self._args[0]) else None
                 native = self._native = (main, call_one, main.__chandle__() if call_one else None,
                                          self._args[0].__chandle__() if call_one else None,
                                          _numpy_typenum_of_output(model) if call_one else None)
@@ -555,11 +555,18 @@ def _static_run(plan: _Plan, model: "Executes"):
     outputs_ok = plan.static_outputs_ok
     ndarray, tensor_type, from_dlpack = np.ndarray, C.Tensor, C.from_dlpack
     ref_word, numpy_view = C.strong_ref_word, np.from_dlpack     # ref_word(h).value: C.strong_ref_count
+    # several inputs, one output: the VM call and the numpy result in C (runtime_native's call_many), as
+    # run_native does for one input; [None] once the C step handed a result back (the Python path from then)
+    many = [_native_call(plan, model, main, "call_many")] if count > 1 else [None]
+    main_handle = main.__chandle__() if many[0] is not None else None
+    typenum = _numpy_typenum_of_output(model) if many[0] is not None else None
 
     def run(feeds, outputs=None):
         if type(feeds) is not dict or len(feeds) != count or (outputs and not outputs_ok(outputs)):
             return checked(feeds, outputs, plan)
         args, ptrs = [None] * count, [0] * count
+        call_many = many[0] if not outputs else None
+        handles = [0] * count if call_many is not None else None
         i = 0
         for name, dtype, shape, alignment in specs:
             v = feeds.get(name)
@@ -570,17 +577,25 @@ def _static_run(plan: _Plan, model: "Executes"):
                 return checked(feeds, outputs, plan)
             seen = last[i] if last is not None else None
             if seen is not None and seen[0] is v:       # the same array object: same memory and shape
-                t, ptr = seen[1], seen[2]
+                t, ptr, handle = seen[1], seen[2], seen[4]
             else:
                 t = from_dlpack(v)
                 ptr = t.data_ptr()
                 if ptr % alignment:
                     return checked(feeds, outputs, plan)
+                handle = t.__chandle__()
                 if last is not None:
-                    last[i] = (v, t, ptr, shape, t.__chandle__())
+                    last[i] = (v, t, ptr, shape, handle)
             args[i] = t
             ptrs[i] = ptr
+            if handles is not None:
+                handles[i] = handle
             i += 1
+        if call_many is not None:
+            out = call_many(main_handle, tuple(handles), tuple(ptrs), single, typenum)
+            if out is not None:
+                return out
+            many[0] = None                             # handed back: the Python path from now on
         result = main(*args)
         # one fresh output, none given: a tensor only our wrapper and the VM's last-result register hold,
         # not an input's memory (see run())
@@ -622,22 +637,23 @@ def _static_run(plan: _Plan, model: "Executes"):
             return {single: numpy_view(result)}
         return finish(result, None, [t])
 
-    call_one = _native_call_one(plan, model, main)
+    call_one = _native_call(plan, model, main, "call_one")
     if call_one is not None:
         return _like_run(_native_run_one(run, run_one, main, call_one, checked, finish, plan, specs[0], last,
                                          seen0, _numpy_typenum_of_output(model)))
     return _like_run(run_one)
 
 
-def _native_call_one(plan: "_Plan", model: "Executes", main):
-    """``runtime_native``'s ``call_one`` when this model's one-input one-output run can use it (a CPU, an
-    output dtype it produces, ``main`` a tvm-ffi function, the extension built or loaded), else None (the
-    Python path)."""
-    if (type(main) is not C.FfiFunction or not plan.on_cpu or plan.single is None or len(plan.checks) != 1
+def _native_call(plan: "_Plan", model: "Executes", main, which: str):
+    """``runtime_native``'s ``call_one`` (``which``; one input) or ``call_many`` (several inputs) when this
+    model's one-output run can use it (a CPU, an output dtype it produces, ``main`` a tvm-ffi function, the
+    extension built or loaded), else None (the Python path)."""
+    inputs_ok = len(plan.checks) == 1 if which == "call_one" else 1 < len(plan.checks) <= runtime_native.MAX_INPUTS
+    if (type(main) is not C.FfiFunction or not plan.on_cpu or plan.single is None or not inputs_ok
             or _numpy_typenum_of_output(model) is None):
         return None
     module = runtime_native.load()
-    return None if module is None else module.call_one
+    return None if module is None else getattr(module, which)
 
 
 def _numpy_typenum_of_output(model: "Executes") -> int | None:

@@ -6,12 +6,12 @@
  *   call_one(func_handle, arg_handle, input_data, name, typenum) -> {name: ndarray} | None
  *
  * func_handle: the VM function's tvm-ffi handle (``main.__chandle__()``); arg_handle: the input tensor's
- * handle; input_data: its data pointer; name: the output's name; typenum: the numpy type number the output
+ * handle; input_data: its data pointer (call_many: one of each per input, at most MAX_INPUTS); name: the output's name; typenum: the numpy type number the output
  * must have.  Calls the function with the GIL released (as tvm-ffi's own call does), then:
  *  - a CPU tensor of that dtype, compact, held only by this result and the VM's last-result register
  *    (strong count <= 2) and not the input's memory: a numpy array viewing its data; the array's base
  *    (a capsule) holds the tensor until the array is dropped (the VM's pool gets the buffer back then);
- *  - the same but shared (a VM constant, the input itself): a numpy copy (writing into the result must not
+ *  - the same but shared (a VM constant, an input itself): a numpy copy (writing into the result must not
  *    change the model or the input);
  *  - anything else (an error raised by the call, another kind of result): None, with the error cleared and
  *    the result released; the caller then makes the same call through tvm-ffi's Python path, which raises
@@ -50,38 +50,11 @@ static int dl_typenum(DLDataType t) {
   }
 }
 
-static PyObject* call_one(PyObject* self, PyObject* const* args, Py_ssize_t nargs) {
-  (void)self;
-  if (nargs != 5) {
-    PyErr_SetString(PyExc_TypeError, "call_one(func_handle, arg_handle, input_data, name, typenum)");
-    return NULL;
-  }
-  void* func = PyLong_AsVoidPtr(args[0]);
-  void* arg = PyLong_AsVoidPtr(args[1]);
-  void* input_data = PyLong_AsVoidPtr(args[2]);
-  long typenum = PyLong_AsLong(args[4]);
-  if (PyErr_Occurred()) return NULL;
-  if (func == NULL || arg == NULL) {
-    PyErr_SetString(PyExc_ValueError, "call_one: a null function or tensor handle");
-    return NULL;
-  }
-  TVMFFIAny in;
-  memset(&in, 0, sizeof(in));
-  in.type_index = kTVMFFITensor;
-  in.v_obj = (TVMFFIObject*)arg;
-  TVMFFIAny out;
-  memset(&out, 0, sizeof(out));
-  out.type_index = kTVMFFINone;
-  int rc;
-  Py_BEGIN_ALLOW_THREADS;
-  rc = TVMFFIFunctionCall(func, &in, 1, &out);
-  Py_END_ALLOW_THREADS;
-  if (rc != 0) {                     /* the caller repeats the call through tvm-ffi, which raises it */
-    TVMFFIObjectHandle err = NULL;
-    TVMFFIErrorMoveFromRaised(&err);
-    if (err != NULL) TVMFFIObjectDecRef(err);
-    Py_RETURN_NONE;
-  }
+#define MAX_INPUTS 64
+
+/* The VM call's result as {name: ndarray} (see the header), or None; consumes ``out``'s reference. */
+static PyObject* result_dict(TVMFFIAny out, void* const* input_data, Py_ssize_t n_inputs, PyObject* name,
+                             long typenum) {
   if (out.type_index != kTVMFFITensor) {
     if (out.type_index >= kTVMFFIStaticObjectBegin && out.v_obj != NULL) TVMFFIObjectDecRef(out.v_obj);
     Py_RETURN_NONE;
@@ -105,7 +78,8 @@ static PyObject* call_one(PyObject* self, PyObject* const* args, Py_ssize_t narg
   void* data = (char*)t->data + t->byte_offset;
   /* strong count: the low 32 bits of the header's first word (c_api.h, TVMFFIObject) */
   uint32_t strong = (uint32_t)(obj->combined_ref_count & 0xFFFFFFFFu);
-  int shared = strong > 2 || data == input_data;
+  int shared = strong > 2;
+  for (Py_ssize_t i = 0; i < n_inputs && !shared; ++i) shared = data == input_data[i];
   PyObject* arr;
   if (shared) {
     arr = PyArray_SimpleNew(t->ndim, dims, (int)typenum);
@@ -129,7 +103,7 @@ static PyObject* call_one(PyObject* self, PyObject* const* args, Py_ssize_t narg
     }
   }
   PyObject* result = PyDict_New();
-  if (result == NULL || PyDict_SetItem(result, args[3], arr) != 0) {
+  if (result == NULL || PyDict_SetItem(result, name, arr) != 0) {
     Py_XDECREF(result);
     Py_DECREF(arr);
     return NULL;
@@ -138,9 +112,85 @@ static PyObject* call_one(PyObject* self, PyObject* const* args, Py_ssize_t narg
   return result;
 }
 
+/* Call ``func`` on ``n`` tensors with the GIL released; the result dict (result_dict) or None. */
+static PyObject* call_tensors(void* func, TVMFFIAny* in, int n, void* const* input_data, PyObject* name,
+                              long typenum) {
+  TVMFFIAny out;
+  memset(&out, 0, sizeof(out));
+  out.type_index = kTVMFFINone;
+  int rc;
+  Py_BEGIN_ALLOW_THREADS;
+  rc = TVMFFIFunctionCall(func, in, n, &out);
+  Py_END_ALLOW_THREADS;
+  if (rc != 0) {                     /* the caller repeats the call through tvm-ffi, which raises it */
+    TVMFFIObjectHandle err = NULL;
+    TVMFFIErrorMoveFromRaised(&err);
+    if (err != NULL) TVMFFIObjectDecRef(err);
+    Py_RETURN_NONE;
+  }
+  return result_dict(out, input_data, n, name, typenum);
+}
+
+static PyObject* call_one(PyObject* self, PyObject* const* args, Py_ssize_t nargs) {
+  (void)self;
+  if (nargs != 5) {
+    PyErr_SetString(PyExc_TypeError, "call_one(func_handle, arg_handle, input_data, name, typenum)");
+    return NULL;
+  }
+  void* func = PyLong_AsVoidPtr(args[0]);
+  void* arg = PyLong_AsVoidPtr(args[1]);
+  void* input_data = PyLong_AsVoidPtr(args[2]);
+  long typenum = PyLong_AsLong(args[4]);
+  if (PyErr_Occurred()) return NULL;
+  if (func == NULL || arg == NULL) {
+    PyErr_SetString(PyExc_ValueError, "call_one: a null function or tensor handle");
+    return NULL;
+  }
+  TVMFFIAny in;
+  memset(&in, 0, sizeof(in));
+  in.type_index = kTVMFFITensor;
+  in.v_obj = (TVMFFIObject*)arg;
+  return call_tensors(func, &in, 1, &input_data, args[3], typenum);
+}
+
+static PyObject* call_many(PyObject* self, PyObject* const* args, Py_ssize_t nargs) {
+  (void)self;
+  if (nargs != 5 || !PyTuple_CheckExact(args[1]) || !PyTuple_CheckExact(args[2])) {
+    PyErr_SetString(PyExc_TypeError,
+                    "call_many(func_handle, (arg_handle, ...), (input_data, ...), name, typenum)");
+    return NULL;
+  }
+  Py_ssize_t n = PyTuple_GET_SIZE(args[1]);
+  if (n < 1 || n > MAX_INPUTS || PyTuple_GET_SIZE(args[2]) != n) {
+    PyErr_Format(PyExc_ValueError, "call_many: %zd handles and %zd data pointers (1 to %d, one of each per "
+                 "input)", n, PyTuple_GET_SIZE(args[2]), MAX_INPUTS);
+    return NULL;
+  }
+  void* func = PyLong_AsVoidPtr(args[0]);
+  long typenum = PyLong_AsLong(args[4]);
+  TVMFFIAny in[MAX_INPUTS];
+  void* input_data[MAX_INPUTS];
+  memset(in, 0, sizeof(TVMFFIAny) * (size_t)n);
+  for (Py_ssize_t i = 0; i < n; ++i) {
+    in[i].type_index = kTVMFFITensor;
+    in[i].v_obj = (TVMFFIObject*)PyLong_AsVoidPtr(PyTuple_GET_ITEM(args[1], i));
+    input_data[i] = PyLong_AsVoidPtr(PyTuple_GET_ITEM(args[2], i));
+    if (in[i].v_obj == NULL && !PyErr_Occurred())
+      PyErr_SetString(PyExc_ValueError, "call_many: a null tensor handle");
+  }
+  if (PyErr_Occurred()) return NULL;
+  if (func == NULL) {
+    PyErr_SetString(PyExc_ValueError, "call_many: a null function handle");
+    return NULL;
+  }
+  return call_tensors(func, in, (int)n, input_data, args[3], typenum);
+}
+
 static PyMethodDef methods[] = {
     {"call_one", (PyCFunction)(void (*)(void))call_one, METH_FASTCALL,
      "call_one(func_handle, arg_handle, input_data, name, typenum) -> {name: ndarray} or None"},
+    {"call_many", (PyCFunction)(void (*)(void))call_many, METH_FASTCALL,
+     "call_many(func_handle, (arg_handle, ...), (input_data, ...), name, typenum) -> {name: ndarray} or None"},
     {NULL, NULL, 0, NULL}};
 
 static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_tvmfuse_native_io", NULL, -1, methods,

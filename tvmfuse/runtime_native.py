@@ -10,7 +10,8 @@ holds elsewhere, or the input's own memory, is copied).
 
 Built once per (source, Python, numpy, tvm-ffi) into the cache directory (``TVMFUSE_CACHE_DIR``, else
 ``~/.cache/tvmfuse``) with the C compiler Python was built with (``CC`` overrides), at the first ``run()``
-of a model that can use it (a one-input, one-output static model on a CPU); about 1 s.  When it cannot be
+of a model that can use it (a one-output static model on a CPU: call_one for one input, call_many for
+several); about 1 s.  When it cannot be
 built or loaded (no compiler, no headers, a read-only cache), ``run()`` takes the Python path, which does
 the same (``reason()`` says why; logged once at INFO).  ``TVMFUSE_NATIVE_IO=0`` turns it off.
 """
@@ -35,6 +36,7 @@ _LOG = logging.getLogger(__name__)
 _SOURCE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "runtime_native.c")
 _MODULE = "_tvmfuse_native_io"
 ENV_SWITCH = "TVMFUSE_NATIVE_IO"          # "0": never use the native step
+MAX_INPUTS = 64                           # call_many's most inputs (runtime_native.c's MAX_INPUTS)
 BUILD_TIMEOUT_S = 120                     # a compile that takes longer is given up (the Python path runs)
 
 _state: dict = {}                         # "module": the loaded extension or None, "reason": why None
