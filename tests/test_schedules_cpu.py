@@ -148,8 +148,13 @@ def test_matmul_knob_space_is_legal(host):
     match = tmpl.match(func, host)
     assert match is not None
     space = tmpl.space(match, host)
-    # 2 x (the parallel knob: common.parallel_knob) x 2 (pad_m, less the tiles that divide the 13 rows)
-    assert 100 <= space.size() <= 80000
+    # the space's size on the named x86 targets (it depends on the vector width: 8-lane AVX2 holds more nvec
+    # choices for N = 30 than 16-lane AVX-512; 2 x the parallel knob x 2 pad_m, less the tiles dividing the
+    # 13 rows); the host's space is sampled below
+    for tname in ("haswell-2", "skx-2"):
+        named = named_target(tname)
+        sized = tmpl.space(tmpl.match(next(iter(_fused_prim_funcs(model, named).values())), named), named).size()
+        assert 100 <= sized <= 200000, (tname, sized)
     ref = C.build_prim_module(C.IRModule({"main": func.with_attr("global_symbol", "main")}), target=host)
     args = [np.random.default_rng(0).standard_normal([int(d) for d in p.shape]).astype("float32")
             for p in func.params]
