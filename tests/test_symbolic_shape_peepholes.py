@@ -55,6 +55,11 @@ def _stt(ids, b, s):
     return op.shape_to_tensor(relax.ShapeExpr([b, s]))
 
 
+def _gather_index(c):
+    k = _const(c, I64)
+    return op.where(op.less(k, _const(0, I64)), op.add(k, _const(2, I64)), k)
+
+
 FIRES = {
     # ids + batch (Shape -> Gather(0)): no shape_to_tensor, no take
     "take_of_symbolic_shape": (
@@ -64,6 +69,10 @@ FIRES = {
     "take_of_symbolic_shape_negative": (
         lambda ids, b, s: [op.add(ids, op.take(_stt(ids, b, s), _const(-1, I64), axis=0))],
         lambda ids, b, s: [op.add(ids, op.reshape(op.arange(s, s + 1, 1, I64), []))]),
+    # the importer's Gather: a 1-D index [1] normalized by where(c < 0, c + 2, c) (albert_dyn's mask code)
+    "take_of_symbolic_shape_gather_index": (
+        lambda ids, b, s: [op.add(ids, op.take(_stt(ids, b, s), _gather_index([1]), axis=0))],
+        lambda ids, b, s: [op.add(ids, op.arange(s, s + 1, 1, I64))]),
     # OPT: cumsum of the all-ones mask along the sequence (the last axis: no reshape)
     "cumsum_of_ones": (
         lambda ids, b, s: [op.cumsum(op.full((b, s), _const(1.0, "float32"), "float32"), axis=1)],
@@ -80,6 +89,9 @@ NOT_FIRES = {
         op.add(ids, op.take(op.shape_to_tensor(relax.ShapeExpr([2, 3])), _const(0, I64), axis=0))],
     # two indices: a tensor, not one dim
     "take_of_two_dims": lambda ids, b, s: [op.take(_stt(ids, b, s), _const([0, 1], I64), axis=0)],
+    # an index computed from data, not the importer's normalization of a constant
+    "take_of_data_index": lambda ids, b, s: [
+        op.take(_stt(ids, b, s), op.take(op.reshape(ids, [b * s]), _const(0, I64), axis=0), axis=0)],
     # a fill of 2: cumsum is 2, 4, ... (the row only rewrites ones)
     "cumsum_of_twos": lambda ids, b, s: [op.cumsum(op.full((b, s), _const(2.0, "float32"), "float32"), axis=1)],
     "cumsum_exclusive": lambda ids, b, s: [

@@ -118,13 +118,38 @@ def _shape_values(expr) -> list | None:
     return list(values) if values is not None else None
 
 
+def _op_call(m, expr, name: str):
+    """The call of ``relax.<name>`` that ``expr`` (a dataflow var) is bound to, or None."""
+    bound = m.lookup_binding(expr) if isinstance(expr, C.relax.Var) else expr
+    ok = isinstance(bound, C.relax.Call) and isinstance(bound.op, C.Op) and bound.op.name == f"relax.{name}"
+    return bound if ok else None
+
+
+def _gather_index(m, index) -> np.ndarray | None:
+    """A constant index, also behind the ONNX importer's Gather normalization ``where(c < 0, c + n, c)`` of a
+    constant ``c`` (None otherwise): ``c`` itself, whose negative values the caller wraps."""
+    arr = _const_array(index)
+    if arr is not None:
+        return arr
+    where = _op_call(m, index, "where")
+    if where is None:
+        return None
+    cond, neg, c = where.args
+    less, add = _op_call(m, cond, "less"), _op_call(m, neg, "add")
+    c_arr = _const_array(c)
+    if less is None or add is None or c_arr is None or not (less.args[0].same_as(c) and add.args[0].same_as(c)):
+        return None
+    return c_arr
+
+
 def _take_of_symbolic_shape(m, call):
     """``take(shape_to_tensor(shape), k)`` for a constant ``k`` and a shape with a symbolic dim (ONNX ``Shape``
     then ``Gather`` of one dim: BERT-style models' mask and position code) -> ``arange(d, d + 1)`` reshaped to
     a scalar, ``d`` the shape's k-th dim: an injective op that fuses into the kernel reading it, where
     ``shape_to_tensor`` and the ``take`` were two kernels of their own per call.  Exact (the dim itself, int64).
-    None for a shape of constants (FoldConstant folds it), an unknown shape, a non-constant index or a
-    ``take`` with more than one index."""
+    A one-element index ``[k]`` (ONNX Gather with a 1-D index: albert_dyn's mask code) gives ``arange(d, d + 1)``
+    itself.  None for a shape of constants (FoldConstant folds it), an unknown shape, a non-constant index or
+    a ``take`` with more than one index."""
     data, index = call.args
     if not isinstance(data, C.relax.Var):
         return None
@@ -132,14 +157,15 @@ def _take_of_symbolic_shape(m, call):
     if not (isinstance(src, C.relax.Call) and isinstance(src.op, C.Op) and src.op.name == "relax.shape_to_tensor"):
         return None
     values = _shape_values(src.args[0])
-    k = _const_array(index)
-    if not values or all(isinstance(v, C.IntImm) for v in values) or k is None or k.ndim != 0:
+    k = _gather_index(m, index)
+    if not values or all(isinstance(v, C.IntImm) for v in values) or k is None or k.size != 1 or k.ndim > 1:
         return None
-    d = values[int(k) % len(values)]
+    d = values[int(k.reshape(-1)[0]) % len(values)]
     ty = C.type_of(call)
     if not (isinstance(ty, C.TensorType) and str(ty.dtype) == "int64"):
         return None
-    return C.relax.op.reshape(C.relax.op.arange(d, d + 1, 1, "int64"), [])
+    one = C.relax.op.arange(d, d + 1, 1, "int64")        # [1]: a one-element index keeps its axis
+    return one if k.ndim == 1 else C.relax.op.reshape(one, [])
 
 
 def _cumsum_of_ones(m, call):
