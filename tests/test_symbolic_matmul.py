@@ -152,34 +152,3 @@ def test_symbolic_matmul_over_batch_and_sequence_matches_the_reference(host, rng
         feeds = {"x": rng.standard_normal((b, s, 64)).astype(np.float32)}
         ref = M.reference_outputs(model, feeds)
         np.testing.assert_allclose(cm.run(feeds)["y"], ref["y"], rtol=1e-4, atol=1e-4, err_msg=f"{b}x{s}")
-
-
-def _ffn(n=256):
-    """y = x @ W over x [batch, sequence, 64], W [64, n] (phi's FFN shape)."""
-    g = M._G("ffn_sym")
-    x = g.input("x", ("batch", "sequence", 64))
-    g.op("MatMul", x, g.weight((64, n)))
-    g.rename_last("y", ("batch", "sequence", n))
-    return g.model()
-
-
-@pytest.mark.parametrize("target, most", [("haswell-2", 8), ("skx-2", None), ("neon-4", None)])
-def test_symbolic_matmul_tile_cap(target, most):
-    """The row-tiled nest's default tile holds at most the table's accumulator_register_share of the vector
-    registers where the CPU's row sets it (AVX2: 8 of 16; notes/symtok12.md), within the stack cap
-    elsewhere (AVX-512: 6 x 2 vectors as before, NEON unchanged)."""
-    from tvmfuse.schedules.cpu.matmul import stack_accumulator_vectors
-
-    tgt = parse_target(NAMED_TARGETS[target])
-    (kname, func), = _kernels(_ffn(), tgt).items()
-    res = schedule_prim_func(func, tgt, {}, kname)
-    assert res is not None and res.template == FAMILY, res and res.template
-    cfg = res.config["buckets"][-1]["config"]
-    t = SymbolicMatmulEpilogue()
-    assert t.row_tiled_accumulator_cap(cfg["lanes"], tgt) == (most or stack_accumulator_vectors(cfg["lanes"]))
-    if most is not None:
-        assert cfg["mr"] * cfg["nvec"] <= most
-        # the largest tile under the cap that fits the registers, not a smaller one
-        assert cfg["mr"] * cfg["nvec"] == most, cfg
-    else:
-        assert cfg["mr"] * cfg["nvec"] > 8, cfg       # 12 accumulators there (6 x 2), no cap from the share

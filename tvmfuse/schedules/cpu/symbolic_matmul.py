@@ -120,21 +120,6 @@ class RowBuckets:
         """The register tile's accumulator stays a stack array (``matmul.stack_accumulator_vectors``)."""
         return MM.stack_accumulator_vectors(lanes)
 
-    def row_tiled_accumulator_cap(self, lanes: int, target: C.Target) -> int:
-        """The row-tiled nest's most accumulator vectors: on the stack (``accumulator_cap``) and, where the
-        family's table row has ``accumulator_register_share``, at most that share of the target's vector
-        registers.  The symbolic nest needs registers the static one does not (the row bound, the
-        predicated last tile's addresses): AVX2's 16 registers held cpu.matmul_epilogue's 6 x 2-vector
-        tile at 17 rows, but the symbolic kernel with that tile ran 1.3-1.8x the static one at 17, 128 and
-        136 rows, a 4 x 2 tile (8 of 16) 1.0-1.45x (phi's FFN, kernel-only, one thread, znver3, measured
-        under load: notes/symtok12.md).  tests/test_symbolic_shape_peepholes.py::test_symbolic_matmul_tile_cap"""
-        cap = self.accumulator_cap(lanes)
-        share = self.table_defaults(target).get("accumulator_register_share")
-        if share is None:
-            return cap
-        regs = U.Registers.for_bits(cpu_info(target).vector_bits).count
-        return min(cap, max(1, int(float(share) * regs)))
-
     def row_macro_tiles(self, want: int, choices: dict, target: C.Target) -> int:
         """The row-tiled nest's macro tile in register tiles of rows: at most the table's ``row_mc_tiles``
         (and ``want``).  The row count is known at run time only.  The cap was set when TVM's loop
@@ -254,7 +239,7 @@ class SymbolicMatmulEpilogue(RowBuckets, MM.MatmulEpilogue, family="cpu.symbolic
         n, k, lanes, rows = match.info["N"], match.info["K"], info.float32_lanes, d["nominal_rows"]
         if match.info.get("small", False):
             return self._small_default(match, target, ch)
-        tile = MM.register_tile_default(rows, n, k, lanes, info, ch, d, self.row_tiled_accumulator_cap(lanes, target))
+        tile = MM.register_tile_default(rows, n, k, lanes, info, ch, d, self.accumulator_cap(lanes))
         mr, nr = tile["mr"], tile["nvec"] * lanes
         # a macro tile no wider than N (wider ones only add always-false column predicates)
         nc_tiles = max(c for c in ch["nc_tiles"] if c <= max(1, min(tile["nc_tiles"], n // nr)))
