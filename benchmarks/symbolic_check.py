@@ -63,6 +63,10 @@ EXPLAINED_EXTRA_KERNELS = {
     # BLOOM's ALiBi slopes x positions [heads, 1, sequence] (the attention kernel reads it as its mask since
     # attn11; a constant of the static build; notes/attn11.md)
     "bloom": (1, "the ALiBi bias, computed per call from the symbolic sequence", "arange"),
+    # OPT's learned positions: table[cumsum(mask) - 1 + 2] over the sequence (the mask all ones: arange since
+    # symtok12's cumsum_of_ones), a constant the static build adds in the project_in matmul's epilogue; the
+    # symbolic lookup is a gather, which no matmul epilogue takes (notes/symtok12.md)
+    "opt": (1, "the learned position lookup, computed per call from the symbolic sequence", "full_arange"),
 }
 QUICK_REPEAT = 2
 REPEAT = 20                  # --latency: back-to-back calls per round

@@ -64,8 +64,12 @@ NOT_FIRES = {
 }
 
 
+# rows whose pattern needs a symbolic shape: before/expected in tests/test_symbolic_shape_peepholes.py
+SYMBOLIC_ROWS = ("take_of_symbolic_shape", "cumsum_of_ones")
+
+
 def test_every_peephole_row_is_tested():
-    assert {r.name for r in PEEPHOLES} == set(FIRES) == set(NOT_FIRES)
+    assert {r.name for r in PEEPHOLES} - set(SYMBOLIC_ROWS) == set(FIRES) == set(NOT_FIRES)
 
 
 @pytest.mark.parametrize("name", sorted(FIRES))

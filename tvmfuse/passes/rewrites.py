@@ -109,6 +109,90 @@ def _outer_product_matmul(m, call):
     return C.relax.op.multiply(a, b)
 
 
+def _shape_values(expr) -> list | None:
+    """The dims of a Relax shape (an ``R.shape([...])`` or a var of a known Shape type), or None."""
+    if isinstance(expr, C.relax.ShapeExpr):
+        return list(expr.values)
+    ty = C.type_of(expr)
+    values = getattr(ty, "values", None) if isinstance(ty, C.relax.ShapeType) else None
+    return list(values) if values is not None else None
+
+
+def _op_call(m, expr, name: str):
+    """The call of ``relax.<name>`` that ``expr`` (a dataflow var) is bound to, or None."""
+    bound = m.lookup_binding(expr) if isinstance(expr, C.relax.Var) else expr
+    ok = isinstance(bound, C.relax.Call) and isinstance(bound.op, C.Op) and bound.op.name == f"relax.{name}"
+    return bound if ok else None
+
+
+def _gather_index(m, index) -> np.ndarray | None:
+    """A constant index, also behind the ONNX importer's Gather normalization ``where(c < 0, c + n, c)`` of a
+    constant ``c`` (None otherwise): ``c`` itself, whose negative values the caller wraps."""
+    arr = _const_array(index)
+    if arr is not None:
+        return arr
+    where = _op_call(m, index, "where")
+    if where is None:
+        return None
+    cond, neg, c = where.args
+    less, add = _op_call(m, cond, "less"), _op_call(m, neg, "add")
+    c_arr = _const_array(c)
+    if less is None or add is None or c_arr is None or not (less.args[0].same_as(c) and add.args[0].same_as(c)):
+        return None
+    return c_arr
+
+
+def _take_of_symbolic_shape(m, call):
+    """``take(shape_to_tensor(shape), k)`` for a constant ``k`` and a shape with a symbolic dim (ONNX ``Shape``
+    then ``Gather`` of one dim: BERT-style models' mask and position code) -> ``arange(d, d + 1)`` reshaped to
+    a scalar, ``d`` the shape's k-th dim: an injective op that fuses into the kernel reading it, where
+    ``shape_to_tensor`` and the ``take`` were two kernels of their own per call.  Exact (the dim itself, int64).
+    A one-element index ``[k]`` (ONNX Gather with a 1-D index: albert_dyn's mask code) gives ``arange(d, d + 1)``
+    itself.  None for a shape of constants (FoldConstant folds it), an unknown shape, a non-constant index or
+    a ``take`` with more than one index."""
+    data, index = call.args
+    if not isinstance(data, C.relax.Var):
+        return None
+    src = m.lookup_binding(data)
+    if not (isinstance(src, C.relax.Call) and isinstance(src.op, C.Op) and src.op.name == "relax.shape_to_tensor"):
+        return None
+    values = _shape_values(src.args[0])
+    k = _gather_index(m, index)
+    if not values or all(isinstance(v, C.IntImm) for v in values) or k is None or k.size != 1 or k.ndim > 1:
+        return None
+    d = values[int(k.reshape(-1)[0]) % len(values)]
+    ty = C.type_of(call)
+    if not (isinstance(ty, C.TensorType) and str(ty.dtype) == "int64"):
+        return None
+    one = C.relax.op.arange(d, d + 1, 1, "int64")        # [1]: a one-element index keeps its axis
+    return one if k.ndim == 1 else C.relax.op.reshape(one, [])
+
+
+def _cumsum_of_ones(m, call):
+    """``cumsum(full(shape, 1), axis)`` (OPT's position ids: ``cumsum`` of the all-ones attention mask that the
+    exported graph builds when no mask is given): ``arange(1, n + 1)`` along ``axis``, broadcast to the
+    shape, an injective op that fuses into the position lookup; the scan is an extern kernel of its own
+    (``cpu.scan``) and ``full`` one more.  Exact in integer dtypes; in float32 the scan's partial sums are the
+    integers 1..n, exact while n <= 2**24 (the float32 mantissa), as the arange's values are.  None for any
+    other fill value, an exclusive scan, a cast to another dtype or an unknown rank."""
+    data = call.args[0]
+    full = m.lookup_binding(data) if isinstance(data, C.relax.Var) else data
+    if not (isinstance(full, C.relax.Call) and isinstance(full.op, C.Op) and full.op.name == "relax.full"):
+        return None
+    fill = _const_array(full.args[1])
+    ty = C.type_of(call)
+    if fill is None or fill.size != 1 or float(fill.reshape(-1)[0]) != 1.0 or bool(call.attrs.exclusive):
+        return None
+    dims = list(ty.shape.values) if isinstance(ty, C.TensorType) and isinstance(ty.shape, C.relax.ShapeExpr) else None
+    if dims is None or call.attrs.axis is None or str(ty.dtype) != str(C.type_of(data).dtype):
+        return None
+    axis = int(call.attrs.axis) % len(dims)
+    ramp = C.relax.op.arange(1, dims[axis] + 1, 1, str(ty.dtype))
+    if axis != len(dims) - 1:   # along the last axis the ramp broadcasts as it is (no layout op: an epilogue)
+        ramp = C.relax.op.reshape(ramp, [dims[axis] if i == axis else 1 for i in range(len(dims))])
+    return C.relax.op.broadcast_to(ramp, C.relax.ShapeExpr(dims))
+
+
 @dataclass(frozen=True)
 class PeepholeRule:
     name: str
@@ -139,6 +223,13 @@ PEEPHOLES: tuple[PeepholeRule, ...] = (
     PeepholeRule("identity_cast", "relax.astype", _identity_cast,
              "cast to its own dtype -> x (HF Llama/T5 cast the residual stream to float32 before RMSNorm: "
              "a copy the residual add and the norm prologue shared); test_passes_rewrites::test_peephole[identity_cast]"),
+    PeepholeRule("take_of_symbolic_shape", "relax.take", _take_of_symbolic_shape,
+                 "one symbolic dim of a shape as a tensor -> arange(d, d+1): fuses into its reader, where "
+                 "shape_to_tensor and the take of the dim were two kernels per call (albert_dyn, roberta_dyn; "
+                 "notes/symtok12.md); test_passes_rewrites::test_symbolic_peephole[take_of_symbolic_shape]"),
+    PeepholeRule("cumsum_of_ones", "relax.cumsum", _cumsum_of_ones,
+                 "cumsum of an all-ones fill -> arange(1, n+1) broadcast: no scan kernel and no fill kernel per "
+                 "call (opt_dyn's position ids); test_passes_rewrites::test_symbolic_peephole[cumsum_of_ones]"),
 )
 _PEEPHOLE_BY_OP: dict[str, list[PeepholeRule]] = {}
 for _row in PEEPHOLES:
