@@ -210,20 +210,25 @@ def test_bind_run_takes_the_native_step_too(way, host, rng):
     np.testing.assert_array_equal(buf, y2)
 
 
+def _hand_back(monkeypatch, which: str) -> list:
+    """runtime_native's module replaced by one whose ``which`` (call_one / call_many) records its arguments
+    and hands every result back (returns None, as for an error or an unexpected result); the records."""
+    calls = []
+
+    def hands_back(*args):
+        calls.append(args)
+        return None
+
+    runtime_native._reset_for_tests()
+    monkeypatch.setitem(runtime_native._state, "module", type("HandsBack", (), {which: staticmethod(hands_back)}))
+    monkeypatch.setitem(runtime_native._state, "reason", None)
+    return calls
+
+
 def test_a_result_handed_back_is_made_in_python_and_later_calls_skip_the_c_step(host, rng, monkeypatch):
     # call_one returning None (an error, an unexpected result): run() makes the call through tvm-ffi's Python
     # path and _finish, then stops asking the C step (no second VM call per run)
-    calls = []
-
-    class HandsBack:
-        @staticmethod
-        def call_one(*args):
-            calls.append(args)
-            return None
-
-    runtime_native._reset_for_tests()
-    monkeypatch.setitem(runtime_native._state, "module", HandsBack)
-    monkeypatch.setitem(runtime_native._state, "reason", None)
+    calls = _hand_back(monkeypatch, "call_one")
     cm = tvmfuse.compile(M.softmax(rows=3, d=24, decomposed=False), host)
     name = cm.inputs[0].name
     x = rng.standard_normal((3, 24)).astype(np.float32)
@@ -288,17 +293,7 @@ def test_several_inputs_take_call_many_without_copies(way, host, rng):
 def test_call_many_handing_back_makes_the_result_in_python_once(host, rng, monkeypatch):
     """call_many returning None (an error, an unexpected result): the call is made again through tvm-ffi's
     Python path and later calls do not ask the C step (no second VM call per run)."""
-    calls = []
-
-    class HandsBack:
-        @staticmethod
-        def call_many(*args):
-            calls.append(args)
-            return None
-
-    runtime_native._reset_for_tests()
-    monkeypatch.setitem(runtime_native._state, "module", HandsBack)
-    monkeypatch.setitem(runtime_native._state, "reason", None)
+    calls = _hand_back(monkeypatch, "call_many")
     cm = tvmfuse.compile(_three_inputs(), host)
     feeds = {n: rng.standard_normal((8, 40)).astype(np.float32) for n in ("a", "b", "c")}
     want = 1.0 / (1.0 + np.exp(-(feeds["a"] * feeds["b"] + feeds["c"])))
