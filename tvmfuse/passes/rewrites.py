@@ -226,10 +226,10 @@ PEEPHOLES: tuple[PeepholeRule, ...] = (
     PeepholeRule("take_of_symbolic_shape", "relax.take", _take_of_symbolic_shape,
                  "one symbolic dim of a shape as a tensor -> arange(d, d+1): fuses into its reader, where "
                  "shape_to_tensor and the take of the dim were two kernels per call (albert_dyn, roberta_dyn; "
-                 "notes/symtok12.md); test_passes_rewrites::test_symbolic_peephole[take_of_symbolic_shape]"),
+                 "notes/symtok12.md); test_symbolic_shape_peepholes::test_symbolic_peephole[take_of_symbolic_shape]"),
     PeepholeRule("cumsum_of_ones", "relax.cumsum", _cumsum_of_ones,
                  "cumsum of an all-ones fill -> arange(1, n+1) broadcast: no scan kernel and no fill kernel per "
-                 "call (opt_dyn's position ids); test_passes_rewrites::test_symbolic_peephole[cumsum_of_ones]"),
+                 "call (opt_dyn's position ids); test_symbolic_shape_peepholes::test_symbolic_peephole[cumsum_of_ones]"),
 )
 _PEEPHOLE_BY_OP: dict[str, list[PeepholeRule]] = {}
 for _row in PEEPHOLES:
