@@ -61,7 +61,9 @@ Engines (``--engines`` picks; ENGINES below says what each one is):
   the VM call on device tensors (TVM's 64-byte-aligned copies of the inputs),
   the VM call on DLPack views of the very numpy arrays ``run()`` gets (``*_vm_views``: the same kernels on
   the same memory, so run() / it is what run() itself adds), ``CompiledModel.run()`` with numpy in and
-  out (ordinary numpy inputs and ``tvmfuse.empty`` (64-byte aligned) inputs: both read in place since
+  out (numpy inputs made after the model is compiled, as a user's program makes them: 64-byte aligned
+  since ``tvmfuse.io.aligned_numpy``, session 13; the same made with numpy's own allocator, 16 bytes past
+  a line, ``*_run_numpy16``; and ``tvmfuse.empty`` inputs: all read in place since
   ``PipelineOptions.element_aligned_args``; before it numpy inputs were copied once), ``run()`` on numpy
   views of the VM call's own device tensors (``*_run_same``: ``run_same/vm`` differs from the VM call in
   nothing but run()'s steps: same input memory, same VM and output pool; io10) and the same four for
@@ -167,7 +169,9 @@ IO_ENGINES = {f"io_{p}{e}": f"{'artifact ' if p else ''}{d}"
               for p in ("", "artifact_")
               for e, d in (("vm", "VM call, device tensors"),
                            ("vm_views", "VM call, DLPack views of the numpy inputs run() gets"),
-                           ("run_numpy", "run(), numpy in/out"), ("run_aligned", "run(), tvmfuse.empty inputs"),
+                           ("run_numpy", "run(), numpy in/out (arrays made after the model, as a user's)"),
+                           ("run_numpy16", "run(), numpy in/out, numpy's own allocator (16-byte aligned)"),
+                           ("run_aligned", "run(), tvmfuse.empty inputs"),
                            ("run_same", "run(), numpy views of the VM call's own device tensors"))}
 
 
@@ -652,15 +656,30 @@ def _io(kind, model, feeds, work_dir):
     key = ("device_args", "artifact" in kind)
     if key not in _BUILT:
         _BUILT[key] = [C.tensor(feeds[s.name]) for s in m.inputs]
+    # the numpy inputs a user's program makes once the model is compiled or loaded: with numpy's allocator
+    # as tvmfuse leaves it (64-byte aligned since tvmfuse.io.aligned_numpy, unless TVMFUSE_ALIGNED_NUMPY=0);
+    # ``*_run_numpy16`` gets copies made with numpy's own allocator (16-byte aligned) for comparison
+    np_key = ("numpy_inputs", "artifact" in kind)
+    if np_key not in _BUILT:
+        _BUILT[np_key] = {k: v.copy() for k, v in feeds.items()}
+        was_aligned = tvmfuse.io.numpy_allocator() == tvmfuse.io.ALIGNED_HANDLER_NAME
+        tvmfuse.io.aligned_numpy(False)
+        try:
+            _BUILT[np_key + ("16",)] = {k: v.copy() for k, v in feeds.items()}
+        finally:
+            tvmfuse.io.aligned_numpy(was_aligned)
+    user_inputs = _BUILT[np_key]
     if kind.endswith("_vm") or kind.endswith("_vm_views"):
         # device tensors: TVM's copies (64-byte aligned); views: the very arrays run() is given
-        args = _BUILT[key] if kind.endswith("_vm") else [C.from_dlpack(feeds[s.name]) for s in m.inputs]
+        args = _BUILT[key] if kind.endswith("_vm") else [C.from_dlpack(user_inputs[s.name]) for s in m.inputs]
         f = m._main()
         fn = lambda: f(*args)                                  # noqa: E731
         fn.info = {"input_offsets": _offsets({s.name: a.data_ptr() for s, a in zip(m.inputs, args)})}
         return fn
     if kind.endswith("run_numpy"):
-        given = feeds
+        given = user_inputs
+    elif kind.endswith("run_numpy16"):
+        given = _BUILT[np_key + ("16",)]
     elif kind.endswith("run_same"):
         given = {s.name: np.from_dlpack(t) for s, t in zip(m.inputs, _BUILT[key])}
     else:
@@ -939,6 +958,7 @@ def paired_ratios(rows: list, pairs: dict) -> dict:
 # (and run() on numpy views of the VM call's own device tensors: the same memory, in and out, io10)
 IO_PAIRS = {**{f"{p}run/{v}": (f"io_{p}run_numpy", f"io_{p}{v}") for p in ("", "artifact_") for v in ("vm", "vm_views")},
             **{f"{p}run_aligned/vm": (f"io_{p}run_aligned", f"io_{p}vm") for p in ("", "artifact_")},
+            **{f"{p}run_numpy16/vm": (f"io_{p}run_numpy16", f"io_{p}vm") for p in ("", "artifact_")},
             **{f"{p}run_same/vm": (f"io_{p}run_same", f"io_{p}vm") for p in ("", "artifact_")}}
 # --tails: rows of d against rows padded to TAIL_PAD, for the VM call and run()
 TAIL_PAIRS = {k: (f"tail_{k}", f"tail_padded_{k}") for k in ("vm", "run")}

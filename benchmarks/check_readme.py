@@ -171,6 +171,10 @@ def table_3() -> list[str]:
     if any("run_same/vm" in p for p in d["io_paired"].values()):
         keys += ["run_same/vm", "artifact_run_same/vm"]
         heads += ["run() on the VM's tensors / VM call", "artifact run on the VM's tensors / VM call"]
+    # Files written since session 13 also pair run() on numpy inputs made with numpy's own allocator.
+    if any("run_numpy16/vm" in p for p in d["io_paired"].values()):
+        keys += ["run_numpy16/vm", "artifact_run_numpy16/vm"]
+        heads += ["run(), numpy's own allocator / VM call", "artifact run, numpy's own allocator / VM call"]
     out += ["| workload | " + " | ".join(heads) + " |", "|---|" + "---:|" * len(heads)]
     for w, p in d["io_paired"].items():
         out.append(f"| {w} | " + " | ".join(paired(p[k]) if k in p else "-" for k in keys) + " |")

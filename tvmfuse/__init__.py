@@ -11,7 +11,7 @@ from .compiled import CompiledModel, compile  # noqa: E402,A004
 from .errors import (ArtifactError, InputError, ModelLoadError, TargetError, TuningLogError,  # noqa: E402
                      TvmfuseError, UnsupportedOpError)
 from .export import export, load  # noqa: E402
-from .io import ALIGNMENT, Binding, empty, zeros  # noqa: E402
+from .io import ALIGNMENT, Binding, aligned_numpy, empty, zeros  # noqa: E402
 from .pipeline import (PipelineOptions, dlight_pipeline, pipeline, register as _register_pipeline,  # noqa: E402
                        stock_pipeline)
 from .report import FusionReport  # noqa: E402
@@ -29,6 +29,6 @@ _register_pipeline()
 
 __all__ = ["compile", "CompiledModel", "load_onnx", "export", "load", "pipeline", "stock_pipeline", "dlight_pipeline",
            "PipelineOptions",
-           "FusionReport", "empty", "zeros", "ALIGNMENT", "Binding", "host_target", "parse_target", "TvmfuseError", "ModelLoadError",
+           "FusionReport", "empty", "zeros", "aligned_numpy", "ALIGNMENT", "Binding", "host_target", "parse_target", "TvmfuseError", "ModelLoadError",
            "UnsupportedOpError", "InputError", "TargetError", "ArtifactError", "TuningLogError",
            "__version__"]

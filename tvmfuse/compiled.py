@@ -80,6 +80,7 @@ class CompiledModel(Executes):
         self.shape_upper_bounds: dict = dict(shape_upper_bounds or {})
         self._vm = None
         self._main_fn = None
+        self._align_numpy()
 
     @property
     def kernel_count(self) -> int:

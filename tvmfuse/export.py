@@ -496,6 +496,7 @@ class Runner(Executes):
         except (RuntimeError, OSError) as e:
             raise ArtifactError(f"{self.path}: the TVM runtime cannot load {self.manifest['library']}: {e}") \
                 from None
+        self._align_numpy()
         self.load_seconds = time.perf_counter() - t0
 
     def random_feeds(self, seed: int = 0) -> dict[str, np.ndarray]:

@@ -55,6 +55,9 @@ and 4-6% more on softmax [512, 3072] (about 50 us), which a copy of its 6 MB (ab
 """
 from __future__ import annotations
 
+import logging
+import os
+
 import numpy as np
 
 from . import _compat as C
@@ -82,6 +85,75 @@ def zeros(shape, dtype="float32") -> np.ndarray:
     a = empty(shape, dtype)
     a.fill(0)
     return a
+
+
+_LOG = logging.getLogger(__name__)
+# "0": the first CPU model compiled or loaded leaves numpy's allocator as it is (see aligned_numpy)
+ALIGNED_NUMPY_ENV = "TVMFUSE_ALIGNED_NUMPY"
+ALIGNED_HANDLER_NAME = "tvmfuse_aligned_64"     # runtime_native.c's handler, as numpy names it
+NUMPY_DEFAULT_HANDLER_NAME = "default_allocator"
+_aligned_state: dict = {}                       # "auto": what the automatic switch did (once per process)
+
+
+def _multiarray():
+    core = getattr(np, "_core", None) or np.core
+    return core.multiarray
+
+
+def numpy_allocator() -> str:
+    """The name of numpy's data allocator in the calling context (NEP 49): ``"tvmfuse_aligned_64"`` once
+    ``aligned_numpy()`` is on, numpy's own is ``"default_allocator"``."""
+    return str(_multiarray().get_handler_name())
+
+
+def aligned_numpy(enable: bool = True) -> bool:
+    """Make numpy put the data of every array it allocates from now on at a 64-byte boundary (``enable``),
+    or go back to numpy's own allocator; True when tvmfuse's aligned allocator is numpy's now.
+
+    Why: numpy's allocator gives 16-byte alignment, so a large array starts 16 bytes past a cache line and
+    the kernels' vector loads straddle lines (softmax and layernorm 3-11% slower through ``run()`` than on
+    TVM's 64-byte-aligned tensors, benchmarks/README.md Table 3).  The allocator (NEP 49, in
+    ``runtime_native.c``) is malloc/calloc/realloc with 72 bytes more per block, keeps calloc's lazily
+    zeroed pages and numpy's huge-page advice for blocks of 4 MiB and more; arrays allocated before the
+    switch keep their memory and are freed by the allocator that made them.  numpy keeps its allocator in a
+    context variable: this sets it for the calling thread (another thread starts with numpy's own).
+    Needs the native extension (``runtime_native``): without it this returns False and changes nothing
+    (``runtime_native.reason()`` says why).  tvmfuse turns it on by itself when the first CPU model is
+    compiled or loaded, unless ``TVMFUSE_ALIGNED_NUMPY=0`` or another allocator than numpy's own is in use.
+    """
+    module = runtime_native.load()
+    if module is None:
+        if enable:
+            _LOG.info("tvmfuse: numpy's allocator left as it is, the native extension is unavailable (%s)",
+                      runtime_native.reason())
+        return False
+    hugepage = getattr(_multiarray(), "_get_madvise_hugepage", lambda: True)()
+    module.set_aligned_handler(bool(enable), bool(hugepage))
+    _aligned_state.setdefault("auto", "decided by aligned_numpy()")
+    return numpy_allocator() == ALIGNED_HANDLER_NAME
+
+
+def _auto_aligned_numpy() -> None:
+    """The first CPU model compiled or loaded in this process turns ``aligned_numpy`` on (once), unless
+    ``TVMFUSE_ALIGNED_NUMPY=0``, ``aligned_numpy()`` was called already, or numpy's allocator is not
+    numpy's own (another library's choice is left alone)."""
+    if "auto" in _aligned_state:
+        return
+    if os.environ.get(ALIGNED_NUMPY_ENV, "1") == "0":
+        _aligned_state["auto"] = f"off ({ALIGNED_NUMPY_ENV}=0)"
+        return
+    current = numpy_allocator()
+    if current != NUMPY_DEFAULT_HANDLER_NAME:
+        _aligned_state["auto"] = f"left alone: numpy's allocator is {current!r}"
+        return
+    on = aligned_numpy(True)
+    _aligned_state["auto"] = "on" if on else f"unavailable: {runtime_native.reason()}"
+
+
+def aligned_numpy_status() -> str:
+    """What the automatic switch of ``aligned_numpy`` did in this process (``"not yet"`` before the first
+    CPU model)."""
+    return _aligned_state.get("auto", "not yet")
 
 
 def arg_alignment(dtype, element_aligned: bool) -> int:
@@ -258,6 +330,11 @@ class Executes:
 
     def _on_cpu(self) -> bool:
         return str(self.device).startswith("cpu")
+
+    def _align_numpy(self) -> None:
+        """Called by the constructors: a CPU model turns ``aligned_numpy`` on (once per process)."""
+        if self._on_cpu():
+            _auto_aligned_numpy()
 
     def _to_device(self, value):
         """(tensor on the model's device, why it was copied or None)."""

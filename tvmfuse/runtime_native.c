@@ -16,12 +16,27 @@
  *  - anything else (an error raised by the call, another kind of result): None, with the error cleared and
  *    the result released; the caller then makes the same call through tvm-ffi's Python path, which raises
  *    the error as tvm-ffi does or hands the result to the general output handling.
+ *
+ * And numpy's allocator of 64-byte aligned array data (NEP 49, tvmfuse.io.aligned_numpy):
+ *
+ *   set_aligned_handler(on, hugepage) -> the previous handler (a capsule)
+ *
+ * on: install the aligned handler in the calling context (numpy's handler is a context variable), else
+ * numpy's default; hugepage: advise huge pages on data of at least HUGEPAGE_MIN_BYTES, as numpy's own
+ * allocator does (np._core.multiarray._get_madvise_hugepage()).  Every block is ALIGN_PAD bytes more than
+ * asked: the data starts at the first ALIGN_BYTES boundary after a pointer-sized header that holds what
+ * malloc returned (free and realloc need it).  calloc stays calloc (pages the kernel zeroes lazily).
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #define NPY_NO_DEPRECATED_API NPY_1_7_API_VERSION
 #include <numpy/arrayobject.h>
+#include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
+#ifdef __linux__
+#include <sys/mman.h>
+#endif
 #include <tvm/ffi/c_api.h>
 
 static const char* kCapsuleName = "tvmfuse.tensor";
@@ -186,11 +201,108 @@ static PyObject* call_many(PyObject* self, PyObject* const* args, Py_ssize_t nar
   return call_tensors(func, in, (int)n, input_data, args[3], typenum);
 }
 
+
+/* ---------------------------------------------------------------- numpy's aligned allocator (NEP 49) */
+
+#define ALIGN_BYTES 64                               /* TVM's kAllocAlignment: a cache line */
+#define ALIGN_PAD (ALIGN_BYTES + sizeof(void*))      /* the header and the worst-case shift to a boundary */
+#define HUGEPAGE_MIN_BYTES ((size_t)1 << 22)         /* numpy's threshold for madvise(MADV_HUGEPAGE) */
+#define PAGE_BYTES ((size_t)4096)
+
+static int advise_hugepage = 1;
+
+/* the aligned data pointer within a raw block, with the raw pointer stored just before it */
+static void* place(char* raw) {
+  uintptr_t p = ((uintptr_t)raw + sizeof(void*) + ALIGN_BYTES - 1) & ~(uintptr_t)(ALIGN_BYTES - 1);
+  ((void**)p)[-1] = raw;
+  return (void*)p;
+}
+
+static void hugepages(void* p, size_t size) {
+#if defined(__linux__) && defined(MADV_HUGEPAGE)
+  if (advise_hugepage && size >= HUGEPAGE_MIN_BYTES) {
+    uintptr_t start = ((uintptr_t)p + PAGE_BYTES - 1) & ~(uintptr_t)(PAGE_BYTES - 1);
+    uintptr_t end = (uintptr_t)p + size;
+    if (end > start) madvise((void*)start, end - start, MADV_HUGEPAGE);   /* advice only: result unused */
+  }
+#else
+  (void)p;
+  (void)size;
+#endif
+}
+
+static void* aligned_malloc(void* ctx, size_t size) {
+  (void)ctx;
+  if (size > SIZE_MAX - ALIGN_PAD) return NULL;
+  char* raw = malloc(size + ALIGN_PAD);
+  if (raw == NULL) return NULL;
+  void* p = place(raw);
+  hugepages(p, size);
+  return p;
+}
+
+static void* aligned_calloc(void* ctx, size_t nelem, size_t elsize) {
+  (void)ctx;
+  if (elsize != 0 && nelem > (SIZE_MAX - ALIGN_PAD) / elsize) return NULL;
+  size_t size = nelem * elsize;
+  char* raw = calloc(1, size + ALIGN_PAD);
+  if (raw == NULL) return NULL;
+  void* p = place(raw);
+  hugepages(p, size);
+  return p;
+}
+
+static void* aligned_realloc(void* ctx, void* ptr, size_t new_size) {
+  if (ptr == NULL) return aligned_malloc(ctx, new_size);
+  if (new_size > SIZE_MAX - ALIGN_PAD) return NULL;
+  char* raw = ((char**)ptr)[-1];
+  size_t shift = (size_t)((char*)ptr - raw);
+  char* moved = realloc(raw, new_size + ALIGN_PAD);
+  if (moved == NULL) return NULL;                    /* the old block is still valid, as realloc's */
+  uintptr_t p = ((uintptr_t)moved + sizeof(void*) + ALIGN_BYTES - 1) & ~(uintptr_t)(ALIGN_BYTES - 1);
+  /* realloc kept the bytes at moved + shift; the boundary may now lie elsewhere in the block */
+  if ((char*)p != moved + shift) memmove((void*)p, moved + shift, new_size);
+  ((void**)p)[-1] = moved;
+  return (void*)p;
+}
+
+static void aligned_free(void* ctx, void* ptr, size_t size) {
+  (void)ctx;
+  (void)size;
+  if (ptr != NULL) free(((void**)ptr)[-1]);
+}
+
+static PyDataMem_Handler aligned_handler = {
+    "tvmfuse_aligned_64", 1, {NULL, aligned_malloc, aligned_calloc, aligned_realloc, aligned_free}};
+
+static PyObject* set_aligned_handler(PyObject* self, PyObject* const* args, Py_ssize_t nargs) {
+  (void)self;
+  if (nargs != 2) {
+    PyErr_SetString(PyExc_TypeError, "set_aligned_handler(on, hugepage)");
+    return NULL;
+  }
+  int on = PyObject_IsTrue(args[0]);
+  int huge = PyObject_IsTrue(args[1]);
+  if (on < 0 || huge < 0) return NULL;
+  advise_hugepage = huge;
+  PyObject* capsule = NULL;
+  if (on) {
+    capsule = PyCapsule_New(&aligned_handler, "mem_handler", NULL);
+    if (capsule == NULL) return NULL;
+  }
+  /* NULL: numpy's default handler */
+  PyObject* previous = PyDataMem_SetHandler(capsule);
+  Py_XDECREF(capsule);
+  return previous;
+}
+
 static PyMethodDef methods[] = {
     {"call_one", (PyCFunction)(void (*)(void))call_one, METH_FASTCALL,
      "call_one(func_handle, arg_handle, input_data, name, typenum) -> {name: ndarray} or None"},
     {"call_many", (PyCFunction)(void (*)(void))call_many, METH_FASTCALL,
      "call_many(func_handle, (arg_handle, ...), (input_data, ...), name, typenum) -> {name: ndarray} or None"},
+    {"set_aligned_handler", (PyCFunction)(void (*)(void))set_aligned_handler, METH_FASTCALL,
+     "set_aligned_handler(on, hugepage) -> the previous numpy allocator (a capsule)"},
     {NULL, NULL, 0, NULL}};
 
 static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_tvmfuse_native_io", NULL, -1, methods,
