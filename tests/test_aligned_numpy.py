@@ -139,3 +139,16 @@ def test_a_loaded_artifact_turns_it_on_too(tmp_path):
         print(io.numpy_allocator(), np.empty((2, 16), np.float32).ctypes.data % 64)
     """)
     assert line.split() == [io.ALIGNED_HANDLER_NAME, "0"]
+
+
+def test_another_allocator_is_left_alone(monkeypatch):
+    """The automatic switch does not replace an allocator some other library installed (rule that must
+    not fire); the explicit call still can."""
+    monkeypatch.setattr(io, "_aligned_state", {})
+    monkeypatch.setattr(io, "numpy_allocator", lambda: "someone_elses_allocator")
+    calls = []
+    monkeypatch.setattr(io, "aligned_numpy", lambda enable=True: calls.append(enable) or True)
+    io._auto_aligned_numpy()
+    assert calls == [] and io.aligned_numpy_status() == "left alone: numpy's allocator is 'someone_elses_allocator'"
+    io._auto_aligned_numpy()                       # decided once per process
+    assert calls == []
