@@ -14,6 +14,9 @@ of a model that can use it (a one-output static model on a CPU: call_one for one
 several); about 1 s.  When it cannot be
 built or loaded (no compiler, no headers, a read-only cache), ``run()`` takes the Python path, which does
 the same (``reason()`` says why; logged once at INFO).  ``TVMFUSE_NATIVE_IO=0`` turns it off.
+
+The same extension holds numpy's 64-byte aligned allocator (``set_aligned_handler``; NEP 49), which
+``tvmfuse.io.aligned_numpy`` installs (by default when the first CPU model is compiled or loaded).
 """
 from __future__ import annotations
 

@@ -808,7 +808,40 @@ def partition_row_tiles(sch: C.Schedule, parallel_too: bool = False) -> None:
         block = sch.get_sblock(name)
         if not U.is_reduction(sch, block):
             continue
+        columns = _column_loop_vars(sch, block)
         for loop in sch.get_loops(block):
             kind = sch.get(loop).kind
+            if str(sch.get(loop).loop_var.name) in columns:
+                continue
             if kind == C.ForKind.SERIAL or (parallel_too and kind == C.ForKind.PARALLEL):
                 sch.annotate(loop, "pragma_loop_partition_hint", 1)
+
+
+def _column_loop_vars(sch: C.Schedule, block) -> set[str]:
+    """Names of the loop variables bound to ``block``'s last spatial iterator (the matmul's N columns) and
+    to no other, and in its predicate.  partition_row_tiles leaves them without the hint: a column macro
+    tile that N does not divide (N = 192, 12 vectors of 16 in macro tiles of 8) has a column predicate,
+    and TVM 0.27's
+    LoopPartition, splitting an int64 loop on it, writes its start as an int32 0 added to int64 values
+    (``T.Add(0, T.int64(1))``); a later simplification then fails with "LT: mismatched types int32 vs
+    int64" (gpt2_dyn's 64 x 192 kernel with a 4 x 2 tile; tests/test_symbolic_matmul_rows.py::
+    test_column_predicate_with_row_tiles_builds).  The rows' predicate is what the hint is for."""
+    loops = sch.get_loops(block)
+    realize = sch.get(loops[-1]).body if loops else None
+    if not isinstance(realize, C.SBlockRealize):
+        return set()
+    uses: list[set] = []
+    spatial: list[int] = []
+    for i, (iv, value) in enumerate(zip(sch.get(block).iter_vars, realize.iter_values)):
+        names: set[str] = set()
+        C.post_order_visit(value, lambda n, out=names: out.add(str(n.name)) if isinstance(n, C.tirx.Var) else None)
+        uses.append(names)
+        if int(iv.iter_type) == U.SPATIAL:
+            spatial.append(i)
+    if not spatial:
+        return set()
+    last = spatial[-1]
+    others = set().union(*(u for i, u in enumerate(uses) if i != last))
+    predicated: set[str] = set()
+    C.post_order_visit(realize.predicate, lambda n: predicated.add(str(n.name)) if isinstance(n, C.tirx.Var) else None)
+    return (uses[last] - others) & predicated
