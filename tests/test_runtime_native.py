@@ -319,3 +319,55 @@ def test_call_many_refuses_malformed_arguments():
     with pytest.raises(ValueError, match="null tensor handle"):
         module.call_many(1, (0,), (0,), "y", 11)
     runtime_native._reset_for_tests()
+
+
+def _symbolic(inputs=("x",)):
+    """sigmoid(x [* w]) + a constant over [batch, 24] inputs (a symbolic batch, one output)."""
+    g = M._G("symbolic_native")
+    xs = [g.input(n, ("batch", 24)) for n in inputs]
+    y = xs[0]
+    for x in xs[1:]:
+        y = g.op("Mul", y, x)
+    g.op("Add", g.op("Sigmoid", y), g.weight((24,), 1.0))
+    g.rename_last("y", ("batch", 24))
+    return g.model()
+
+
+def _symbolic_reference(model, feeds: dict) -> np.ndarray:
+    return M.reference_outputs(model, feeds)["y"]
+
+
+@pytest.mark.parametrize("inputs", [("x",), ("x", "w")], ids=["one_input", "two_inputs"])
+def test_symbolic_models_take_the_c_step_at_every_size(way, host, rng, inputs):
+    """Session 13 (issue 13: qwen2 at one token paid 3.7 us in Python): a model with a symbolic batch makes
+    its VM call and numpy result in C too (call_one / call_many), at sizes that change between calls and
+    repeat; results view the VM's tensors, stay valid after the next call and equal the reference; a batch
+    that disagrees between inputs is still the InputError."""
+    model = _symbolic(inputs)
+    cm = tvmfuse.compile(model, host)
+    kept = []
+    for b in (1, 3, 3, 8, 1, 1):
+        feeds = {n: rng.standard_normal((b, 24)).astype(np.float32) for n in inputs}
+        for _ in range(2):                 # the same arrays again: the one-input shortcut (run_one)
+            y = cm.run(feeds)["y"]
+            np.testing.assert_allclose(y, _symbolic_reference(model, feeds), rtol=1e-5, atol=1e-6)
+            assert (_capsule_name(y) == "tvmfuse.tensor") == (way == "native"), _capsule_name(y)
+        kept.append((y, y.copy()))
+    for y, copy in kept:
+        np.testing.assert_array_equal(y, copy)
+    if way == "native" and len(inputs) == 1:
+        assert _path_name(cm) == "run_one"
+    if len(inputs) == 2:
+        with pytest.raises(tvmfuse.InputError, match="batch"):
+            cm.run({"x": np.zeros((2, 24), np.float32), "w": np.zeros((3, 24), np.float32)})
+
+
+def test_symbolic_handing_back_makes_the_result_in_python_once(host, rng, monkeypatch):
+    calls = _hand_back(monkeypatch, "call_one")
+    model = _symbolic()
+    cm = tvmfuse.compile(model, host)
+    for b in (2, 2, 5):
+        feeds = {"x": rng.standard_normal((b, 24)).astype(np.float32)}
+        np.testing.assert_allclose(cm.run(feeds)["y"], _symbolic_reference(model, feeds), rtol=1e-5, atol=1e-6)
+    assert len(calls) == 1 and calls[0][3] == "y"
+    runtime_native._reset_for_tests()
