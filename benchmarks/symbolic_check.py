@@ -12,7 +12,8 @@ static variant's, and its outputs against onnxruntime at several sizes of its sy
 A model is OK when its symbolic build has as many kernels as the static one (or more by the kernels
 ``EXPLAINED_EXTRA_KERNELS`` explains: what the static build folds to a constant), none unscheduled, and
 every size within ``REL_TOL`` of onnxruntime.  Numerics only by default; ``--latency`` times the symbolic build
-against a build pinned to each size (``input_shapes``): ``--rounds`` interleaved rounds (symbolic, pinned,
+against a build pinned to each size (``input_shapes``), ``run()`` on numpy as a user calls it (``--path vm``:
+the VM call on device tensors, the method up to the twelfth session): ``--rounds`` interleaved rounds (symbolic, pinned,
 symbolic, then pinned first, ...: the order alternates) of ``--repeat`` back-to-back calls each, the best
 round's time per call reported (``dyn_ms``, ``static_ms``; the medians over rounds too), so that a scheduler
 stall on a shared machine hits one round, not the ratio.  ``ratio`` (Table 10) is the ratio of the minima;
@@ -47,6 +48,7 @@ BATCHES = (1, 3, 8)          # the issue's sizes of `batch`
 SEQUENCES = (1, 17, 128)     # ... and of `sequence` (token models)
 REL_TOL = 1e-4               # the corpus target (tests/test_corpus.py)
 TARGET_RATIO = 1.2           # issue 13: symbolic within 1.2x of a static build for the same size
+PATHS = ("run", "vm")        # --path: what is timed (interleaved_ms)
 QUICK_MODELS = ("mobilenet_v3_small", "bert")      # --quick: one CNN, one token model
 # --latency without model names: Table 10's models (benchmarks/README.md): the ten timed since session 10
 # (the corpus's token models and CNN families; squeezenet, shufflenet, mnasnet: --all) and, since session 12,
@@ -101,16 +103,24 @@ def templates(cm) -> dict[str, int]:
 
 
 def interleaved_ms(builds: dict, feeds: dict, repeat: int, rounds: int, clock=time.perf_counter,
-                   alternate: bool = True) -> dict[str, dict]:
+                   alternate: bool = True, path: str = "run") -> dict[str, dict]:
     """Per build (name -> CompiledModel): {"min_ms", "median_ms", "rounds_ms"} of the time per call over
-    ``rounds`` interleaved rounds of ``repeat`` back-to-back VM calls (inputs placed on the device once), read
-    on ``clock`` (wall time; ``time.thread_time`` with one runtime thread: ``--thread-time``).  ``alternate``:
+    ``rounds`` interleaved rounds of ``repeat`` back-to-back calls, read on ``clock`` (wall time;
+    ``time.thread_time`` with one runtime thread: ``--thread-time``).  ``path``: ``"run"`` (what a user
+    runs: ``run()`` on numpy arrays made once, after the builds, the result dropped each call) or ``"vm"``
+    (the VM call on inputs placed on the device once; Table 10 up to the twelfth session).  ``alternate``:
     the builds' order is reversed every other round, so that neither always runs right after the other
     (a build timed second inherits the first one's cache and thread-pool state)."""
+    if path not in PATHS:
+        raise ValueError(f"path {path!r}: one of {PATHS}")
     calls = {}
+    arrays = {k: np.array(v) for k, v in feeds.items()}    # made now: numpy's allocator as tvmfuse left it
     for name, cm in builds.items():
-        args = [cm._to_device(v)[0] for v in cm_inputs(cm, feeds)]
-        f = cm._main()
+        if path == "run":
+            f, args = cm.run, [arrays]
+        else:
+            args = [cm._to_device(v)[0] for v in cm_inputs(cm, feeds)]
+            f = cm._main()
         for _ in range(2):                       # warm-up: first-call allocations, caches
             f(*args)
         calls[name] = (f, args)
@@ -152,7 +162,7 @@ def cm_inputs(cm, feeds: dict) -> list:
 
 def check_model(entry: dict, *, latency: bool = False, repeat: int = REPEAT, rounds: int = ROUNDS,
                 seed: int = 0, points: list[dict] | None = None, shape_bounds: dict | None = None,
-                thread_time: bool = False, compile_fn=None) -> dict:
+                thread_time: bool = False, compile_fn=None, path: str = "run") -> dict:
     """``compile_fn`` (default ``tvmfuse.compile``) builds the static and the symbolic variant: the tests pass
     one that shares builds across test files."""
     import onnxruntime as ort
@@ -196,7 +206,8 @@ def check_model(entry: dict, *, latency: bool = False, repeat: int = REPEAT, rou
         if latency and "error" not in row:
             pinned = tvmfuse.compile(dyn_path, input_shapes=dims, num_threads=threads)
             t = interleaved_ms({"dyn": cm, "static": pinned}, feeds, repeat, rounds,
-                               clock=time.thread_time if thread_time else time.perf_counter)
+                               clock=time.thread_time if thread_time else time.perf_counter, path=path)
+            row["path"] = path
             row["dyn_ms"], row["static_ms"] = t["dyn"]["min_ms"], t["static"]["min_ms"]
             row["dyn_median_ms"], row["static_median_ms"] = t["dyn"]["median_ms"], t["static"]["median_ms"]
             row["pinned_kernels"] = pinned.kernel_count
@@ -306,6 +317,8 @@ def main(argv=None) -> int:
     ap.add_argument("--thread-time", action="store_true",
                     help="one runtime thread, timed on the thread's CPU time (a loaded machine's time-sharing "
                          "left out; not the latency a user sees)")
+    ap.add_argument("--path", choices=PATHS, default="run",
+                    help="time run() on numpy (default: what a user runs) or the VM call on device tensors")
     ap.add_argument("--shape-bound", action="append", default=[], metavar="NAME=N",
                     help="compile the symbolic builds with this shape_upper_bounds entry (repeatable)")
     ap.add_argument("--seed", type=int, default=0)
@@ -343,13 +356,15 @@ def main(argv=None) -> int:
         else:
             model_bounds = None
         rec = check_model(entries[n], latency=args.latency, repeat=repeat, rounds=rounds, seed=args.seed,
-                          points=points, shape_bounds=model_bounds, thread_time=args.thread_time)
+                          points=points, shape_bounds=model_bounds, thread_time=args.thread_time,
+                          path=args.path)
         print(_line(rec), flush=True)
         records.append(rec)
     if args.json:
         with open(args.json, "w", encoding="utf-8") as f:
             json.dump({"records": records, "quick": args.quick, "repeat": repeat, "rounds": rounds,
-                       "shape_bounds": bounds or {}, "thread_time": args.thread_time}, f, indent=1)
+                       "shape_bounds": bounds or {}, "thread_time": args.thread_time, "path": args.path},
+                      f, indent=1)
     if args.latency:
         table = latency_table(records)
         print(table)

@@ -27,6 +27,11 @@ class _FakeBuild:
             self.log.append(self.name)
         return call
 
+    def run(self, feeds):
+        assert type(feeds) is dict and all(type(v).__name__ == "ndarray" for v in feeds.values())
+        self.clock.t += self.cost
+        self.log.append(("run", self.name))
+
 
 class _Clock:
     t = 0.0
@@ -39,13 +44,27 @@ def test_rounds_alternate_the_builds_order(monkeypatch):
     monkeypatch.setattr(symbolic_check, "cm_inputs", lambda cm, feeds: [0])
     clock, log = _Clock(), []
     builds = {"dyn": _FakeBuild("dyn", 2e-6, clock, log), "static": _FakeBuild("static", 1e-6, clock, log)}
-    t = symbolic_check.interleaved_ms(builds, {}, repeat=1, rounds=4, clock=clock)
+    t = symbolic_check.interleaved_ms(builds, {}, repeat=1, rounds=4, clock=clock, path="vm")
     timed = log[4:]                       # 2 warm-up calls per build first
     assert timed == ["dyn", "static", "static", "dyn", "dyn", "static", "static", "dyn"]
     assert t["dyn"]["rounds_ms"] == pytest.approx([2e-3] * 4) and t["static"]["min_ms"] == pytest.approx(1e-3)
     log.clear()
-    symbolic_check.interleaved_ms(builds, {}, repeat=1, rounds=2, clock=clock, alternate=False)
+    symbolic_check.interleaved_ms(builds, {}, repeat=1, rounds=2, clock=clock, alternate=False, path="vm")
     assert log[4:] == ["dyn", "static", "dyn", "static"]
+
+
+def test_the_default_path_times_run_on_numpy():
+    """Table 10 since session 13 times what a user runs: run() on numpy arrays (the fake build's run checks
+    it gets a dict of arrays), in the same alternating rounds."""
+    import numpy as np
+
+    clock, log = _Clock(), []
+    builds = {"dyn": _FakeBuild("dyn", 2e-6, clock, log), "static": _FakeBuild("static", 1e-6, clock, log)}
+    t = symbolic_check.interleaved_ms(builds, {"x": np.zeros((2, 3), np.float32)}, repeat=1, rounds=2, clock=clock)
+    assert log[4:] == [("run", "dyn"), ("run", "static"), ("run", "static"), ("run", "dyn")]
+    assert t["dyn"]["min_ms"] == pytest.approx(2e-3)
+    with pytest.raises(ValueError, match="path"):
+        symbolic_check.interleaved_ms(builds, {}, repeat=1, rounds=1, clock=clock, path="kernels")
 
 
 def test_paired_ratio_median_and_interval():
