@@ -263,20 +263,39 @@ def _aligned_at(value, offset):
 
 
 def test_io_engines_state_where_their_inputs_start(tmp_path, rng, monkeypatch):
-    # --io's columns: the VM call gets TVM's 64-byte-aligned copies, the views and run() numpy the arrays as
-    # given (here 16 bytes past a line), run() aligned tvmfuse.empty arrays; each engine records it, and
-    # every engine computes the same result
+    # --io's columns: the VM call gets TVM's 64-byte-aligned copies; the views and run() numpy copies of the
+    # feeds made after the model is built, as a user's arrays (numpy's allocator as tvmfuse leaves it:
+    # 64-byte aligned once a CPU model is compiled, tvmfuse.io.aligned_numpy); run_numpy16 copies made with
+    # numpy's own allocator; run() aligned tvmfuse.empty arrays; each engine records it, and every engine
+    # computes the same result
+    from tvmfuse import io
+
     monkeypatch.setattr(B, "_BUILT", {})
     model = _model()
     x = rng.standard_normal((ROWS, D)).astype("float32")
     feeds = {"x": _aligned_at(x, 16)}
     assert feeds["x"].ctypes.data % 64 == 16
-    expect = {"io_vm": 0, "io_vm_views": 16, "io_run_numpy": 16, "io_run_aligned": 0, "io_run_same": 0,
-              "io_artifact_vm": 0, "io_artifact_vm_views": 16, "io_artifact_run_numpy": 16,
-              "io_artifact_run_aligned": 0, "io_artifact_run_same": 0}
+    B._io("io_vm", model, feeds, str(tmp_path))                 # compiles: the allocator is switched now
+    aligned_numpy = io.numpy_allocator() == io.ALIGNED_HANDLER_NAME
+    user = B._BUILT[("numpy_inputs", False)]["x"]
+    at = user.ctypes.data % 64
+    assert at == 0 or not aligned_numpy
+    own = B._BUILT[("numpy_inputs", False, "16")]["x"]
+    assert own is not user and np.array_equal(own, x) and np.array_equal(user, x)
+    handler = io._multiarray().get_handler_name                 # which allocator made an array's memory
+    assert handler(own) == io.NUMPY_DEFAULT_HANDLER_NAME
+    assert handler(user) == (io.ALIGNED_HANDLER_NAME if aligned_numpy else io.NUMPY_DEFAULT_HANDLER_NAME)
+    expect = {"io_vm": 0, "io_vm_views": at, "io_run_numpy": at, "io_run_numpy16": own.ctypes.data % 64,
+              "io_run_aligned": 0, "io_run_same": 0,
+              "io_artifact_vm": 0, "io_artifact_vm_views": None, "io_artifact_run_numpy": None,
+              "io_artifact_run_numpy16": None, "io_artifact_run_aligned": 0, "io_artifact_run_same": 0}
     results = {}
     for engine, offset in expect.items():
         fn = B._io(engine, model, feeds, str(tmp_path))
+        if offset is None:        # the artifact's copies, made when it is loaded
+            key = ("numpy_inputs", True) + (("16",) if engine.endswith("16") else ())
+            offset = B._BUILT[key]["x"].ctypes.data % 64
+            assert offset == 0 or engine.endswith("16") or not aligned_numpy
         assert fn.info == {"input_offsets": {"x": offset}}, engine
         results[engine] = B._as_arrays(fn())[0]
     # run_same reads the very device tensors the VM call gets (one set per model, compiled and artifact)
