@@ -27,6 +27,40 @@ OPT_IN_MODELS = ("regnet_y", "densenet", "swin", "whisper_encoder",
                  "roberta", "deberta_v2", "segformer", "convnextv2", "levit")
 
 
+# The config fields that bound a token model's ``sequence``: a position table of that many rows (learned
+# embeddings: BERT, ALBERT, OPT, RoBERTa ``max_position_embeddings``, GPT-2 ``n_positions``; the rotary models'
+# cos/sin cache).  The first field a model's
+# config has is its table size.
+POSITION_TABLE_FIELDS = ("max_position_embeddings", "n_positions")
+# model class -> (config field, added offset, why): the first position id a model reads when it is not 0, so the
+# longest legal sequence is the table size minus this offset.
+POSITION_OFFSETS = {
+    # RoBERTa counts positions from padding_idx + 1 (create_position_ids_from_input_ids): 98 rows, pad 1 -> 96
+    # tokens; onnxruntime rejects sequence 128 (Gather idx=98 out of [-98, 97]; benchmarks/notes/symtok12.md)
+    "transformers.RobertaModel": ("pad_token_id", 1, "positions count from pad_token_id + 1"),
+}
+
+
+def dim_limits(entry: dict) -> dict[str, dict]:
+    """The largest legal size of each symbolic dim the model's config bounds, ``{dim: {"max": n, "why": text}}``
+    (empty when none is bounded): ``sequence`` by a learned position table (``POSITION_TABLE_FIELDS``) less the
+    first position id (``POSITION_OFFSETS``).  A model without a ``sequence`` dim, or without such a field, has
+    no limit here."""
+    dims = {d for spec in entry["inputs"] for d in spec["dyn_shape"] if isinstance(d, str)}
+    config = entry.get("source", {}).get("config", {})
+    field = next((f for f in POSITION_TABLE_FIELDS if f in config), None)
+    if "sequence" not in dims or field is None:
+        return {}
+    rows = int(config[field])
+    offset, why = 0, f"{field} {rows}"
+    row = POSITION_OFFSETS.get(entry.get("source", {}).get("class", ""))
+    if row is not None:
+        key, extra, reason = row
+        offset = int(config[key]) + extra
+        why = f"{field} {rows} - {offset} ({reason}, {key} {config[key]})"
+    return {"sequence": {"max": rows - offset, "why": why}}
+
+
 def default_models(entries) -> list[str]:
     """The corpus models a benchmark runs when none is named: every one but ``OPT_IN_MODELS``."""
     return [n for n in entries if n not in OPT_IN_MODELS]

@@ -21,20 +21,28 @@ from conftest import named_target
 BUCKETS, HEADS = 16, 4
 
 
-def _bias(log=True, full_min=False):
+def _bias(log=True, full_min=False, i_minus_j=False):
     """x [batch, sequence, 4] -> x's last axis mean [batch, 1, 1, sequence] + bias [1, heads, s, s] where
     bias = table[bucket(j - i)], bucket = min(int(log(|j - i| + 1) * 4), 15) (``log`` False: min(|j - i|, 15)).
     ``full_min``: the min is taken against a [s, s] tensor of 15s (``ConstantOfShape``), as T5's export does,
     so the whole chain up to the gather from the table is per diagonal (else the min with a scalar constant
-    ends the diagonal part at the bucket's cast)."""
+    ends the diagonal part at the bucket's cast).  ``i_minus_j``: DeBERTa's orientation, ``rel = i - j`` (query
+    minus key position) and a bucket with its sign, ``clip(sign(rel) * ceil(log(|rel| + 1) * 2) + 8, 0, 15)``:
+    each side of the diagonal its own bucket (a pass that took ``i - j`` for ``j - i`` swaps them)."""
     g = M._G("relpos_bias")
     x = g.input("x", ("batch", "sequence", 4))
     s = g.op("Gather", g.op("Shape", x), g.const(np.array(1, np.int64)), axis=0)
     pos = g.op("Range", g.const(np.array(0, np.int64)), s, g.const(np.array(1, np.int64)))
-    rel = g.op("Sub", g.op("Unsqueeze", pos, g.const(np.array([0], np.int64))),
-               g.op("Unsqueeze", pos, g.const(np.array([1], np.int64))))
+    row, col = (g.op("Unsqueeze", pos, g.const(np.array([a], np.int64))) for a in (0, 1))
+    rel = g.op("Sub", col, row) if i_minus_j else g.op("Sub", row, col)
     mag = g.op("Abs", rel)
-    if log:
+    if i_minus_j:
+        f = g.op("Log", g.op("Add", g.op("Cast", mag, to=onnx.TensorProto.FLOAT), g.const(np.array(1.0, np.float32))))
+        side = g.op("Mul", g.op("Cast", g.op("Sign", rel), to=onnx.TensorProto.FLOAT),
+                    g.op("Ceil", g.op("Mul", f, g.const(np.array(2.0, np.float32)))))
+        mag = g.op("Add", g.op("Cast", side, to=onnx.TensorProto.INT64), g.const(np.array(BUCKETS // 2, np.int64)))
+        mag = g.op("Max", mag, g.const(np.array(0, np.int64)))
+    elif log:
         f = g.op("Log", g.op("Add", g.op("Cast", mag, to=onnx.TensorProto.FLOAT), g.const(np.array(1.0, np.float32))))
         mag = g.op("Cast", g.op("Mul", f, g.const(np.array(4.0, np.float32))), to=onnx.TensorProto.INT64)
     if full_min:
@@ -60,18 +68,31 @@ def _pre_legalized(model):
         return C.Sequential(pre_legalize_passes(target, PipelineOptions()))(mod)
 
 
-def _log_shapes(mod) -> list[str]:
+def _op_shapes(mod, op: str) -> list[str]:
     out = []
     for block in mod["main"].body.blocks:
         for b in block.bindings:
-            if isinstance(b.value, C.relax.Call) and getattr(b.value.op, "name", "") == "relax.log":
+            if isinstance(b.value, C.relax.Call) and getattr(b.value.op, "name", "") == op:
                 out.append(str(C.type_of(b.var).shape))
     return out
+
+
+def _log_shapes(mod) -> list[str]:
+    return _op_shapes(mod, "relax.log")
 
 
 def test_log_bucket_computed_per_diagonal():
     shapes = _log_shapes(_pre_legalized(_bias(log=True)))
     assert shapes == ["R.shape([2, sequence])"], shapes
+
+
+def test_i_minus_j_bucket_computed_per_diagonal_with_its_sign():
+    """DeBERTa's orientation (``i - j``): the chain is per diagonal too, on the negated diagonals."""
+    mod = _pre_legalized(_bias(log=True, i_minus_j=True))
+    assert _log_shapes(mod) == ["R.shape([2, sequence])"]
+    assert _op_shapes(mod, "relax.negative").count("R.shape([2, sequence])") == 1
+    # T5's j - i: the diagonals as they are (its one negative, of a [sequence] arange, is the read-back's)
+    assert "R.shape([2, sequence])" not in _op_shapes(_pre_legalized(_bias(log=True)), "relax.negative")
 
 
 def test_chain_without_a_transcendental_is_left_alone():
@@ -80,9 +101,12 @@ def test_chain_without_a_transcendental_is_left_alone():
     assert "(2, sequence)" not in text and "R.abs" in text, text
 
 
-@pytest.mark.parametrize("log, full_min", [(True, False), (False, False), (True, True)])
-def test_bias_numbers(host, rng, log, full_min):
-    model = _bias(log=log, full_min=full_min)
+@pytest.mark.parametrize("log, full_min, i_minus_j", [(True, False, False), (False, False, False),
+                                                      (True, True, False), (True, False, True),
+                                                      (True, True, True)],
+                         ids=["log", "no_log", "full_min", "i_minus_j", "i_minus_j_full_min"])
+def test_bias_numbers(host, rng, log, full_min, i_minus_j):
+    model = _bias(log=log, full_min=full_min, i_minus_j=i_minus_j)
     cm = tvmfuse.compile(model, target=host)
     for b, s in ((1, 1), (2, 5), (1, 17), (3, 40), (1, 128)):
         feeds = {"x": rng.standard_normal((b, s, 4)).astype(np.float32)}

@@ -92,7 +92,9 @@ class _Cone:
 
     def __init__(self, bindings):
         self.aranges, self.rows, self.cols = {}, {}, {}      # var -> s
-        self.rel = {}                                       # var -> (s, plus operand var, minus operand var)
+        # var -> (s, plus operand var, minus operand var, sign): sign +1 for ``j - i`` (T5: memory - context
+        # position), -1 for ``i - j`` (DeBERTa: query - key position)
+        self.rel = {}
         self.members = {}                                   # var -> s (the rel extent of its cone)
         self.expensive = set()                              # extents whose cone holds an EXPENSIVE op
         self.stacked = set()                                # members made by ``stack`` (axis 0 not (i, j))
@@ -122,17 +124,15 @@ class _Cone:
             return
         if op == "relax.subtract":
             a, b_ = value.args
-            for plus, minus in ((a, b_), (b_, a)):
-                if plus in self.rows and minus in self.cols and _same(self.rows[plus], self.cols[minus]):
-                    s = self.rows[plus]
-                    self.rel[var] = (s, plus, minus)
-                    self.members[var] = s
-                    return
-                if plus in self.cols and minus in self.rows and _same(self.cols[plus], self.rows[minus]):
-                    s = self.cols[plus]
-                    self.rel[var] = (s, plus, minus)
-                    self.members[var] = s
-                    return
+            # ``rows`` vary along j (axis 1), ``cols`` along i (axis 0): a - b is j - i when a is the row,
+            # i - j when a is the column (not the other way: the subtraction's own operand order)
+            for plus, minus, sign in ((a, b_, 1), (b_, a, -1)):
+                if not (plus in self.rows and minus in self.cols and _same(self.rows[plus], self.cols[minus])):
+                    continue
+                s = self.rows[plus]
+                self.rel[var] = (s, a, b_, sign)
+                self.members[var] = s
+                return
         s = self._member_extent(value, op)
         if s is not None:
             self.members[var] = s
@@ -212,7 +212,7 @@ class _DiagonalMutator(C.PyExprMutator):
         ok = {}
         # an extent whose cone holds no ``j - i`` (a ``full([s, s])`` and ops on it only) has no diagonal to
         # read the result back by: left alone (test_passes_relpos::test_square_constant_without_j_minus_i_...)
-        with_rel = {str(rs) for rs, _, _ in self.cone.rel.values()}
+        with_rel = {str(rel[0]) for rel in self.cone.rel.values()}
         for v in self.exits:
             s = self.cone.members[v]
             shape = _shape(v)
@@ -250,7 +250,10 @@ class _DiagonalMutator(C.PyExprMutator):
             new_diag = self.diag[value]
             self.diag[var] = new_diag
         elif var in self.cone.rel:
-            new_diag = bb.emit(C.relax.op.astype(d, C.type_of(var).dtype))
+            # d holds j - i per diagonal; ``i - j`` is its negative (DeBERTa: the sign picks the bucket's side;
+            # test_passes_relpos::test_bias_numbers[i_minus_j])
+            signed = d if self.cone.rel[var][3] > 0 else C.relax.op.negative(d)
+            new_diag = bb.emit(C.relax.op.astype(signed, C.type_of(var).dtype))
             self.diag[var] = new_diag
         else:
             new_diag = bb.emit(self._rebuild(value, s, n))
