@@ -137,6 +137,41 @@ def test_sibling_elementwise_fire(host):
     assert graph_stats(fused).kernels == 1
 
 
+
+def _table_readers(table_shape):
+    """q * T and k * T: two elementwise ops reading one constant T (the rotary cos/sin table of a static
+    llama / qwen2 / phi build, read by the Q and by the K rotary)."""
+    g = M._G("table_readers")
+    q, k = g.input("q", (4, 16)), g.input("k", (4, 16))
+    t = g.weight(table_shape, 1.0)
+    g.op("Mul", q, t)
+    g.rename_last("qt", (4, 16))
+    g.op("Mul", k, t)
+    g.rename_last("kt", (4, 16))
+    return g.model()
+
+
+def test_siblings_reading_one_constant_table(host, rng):
+    """A constant of at least SHARED_TABLE_MIN_ELEMENTS elements (rank 2 or more) read by two elementwise ops
+    makes them siblings as a tensor would (rules.shared_table): one kernel reading the table once."""
+    model = _table_readers((4, 16))
+    _, after, fused, _ = _group(model, host)
+    assert [(g["rule"], g["outputs"]) for g in groups_in(after)] == [("sibling_elementwise", 2)]
+    assert graph_stats(fused).kernels == 1
+    cm = tvmfuse.compile(model, host)
+    feeds = {"q": rng.standard_normal((4, 16)).astype(np.float32), "k": rng.standard_normal((4, 16)).astype(np.float32)}
+    ref, got = M.reference_outputs(model, feeds), cm.run(feeds)
+    for name, want in ref.items():
+        np.testing.assert_allclose(got[name], want, rtol=1e-6, atol=1e-6)
+
+
+def test_small_shared_constants_make_no_siblings(host):
+    """expected = before: a bias-sized vector (16 elements) shared by two ops is no table worth a join."""
+    model = _table_readers((16,))
+    _, after, fused, _ = _group(model, host)
+    assert groups_in(after) == [] and graph_stats(fused).kernels == 2
+
+
 def test_intermediate_used_outside_stays_an_output(host):
     # h = relu(x + b) is also a graph output: it is written once, by the fused kernel, as its 2nd output
     m = _graph("two_uses", {"x": (4, 16), "b": (4, 16)}, lambda g, x, b: [

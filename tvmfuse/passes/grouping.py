@@ -283,6 +283,8 @@ def partition(g: _BlockGraph) -> list[tuple[str, str, str, str]]:
         for a in g.bindings[i].value.args[1].fields:
             if isinstance(a, C.relax.Var) and not R.scalar_arg(a):
                 readers.setdefault(a, []).append(i)
+            elif isinstance(a, C.Constant) and R.shared_table(a):
+                readers.setdefault(a, []).append(i)
     for var, rs in readers.items():
         for x in range(len(rs)):
             for y in range(x + 1, len(rs)):

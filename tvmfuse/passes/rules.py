@@ -29,6 +29,7 @@ a user reads; a template refusal names the family that declined.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from .. import _compat as C
@@ -36,6 +37,9 @@ from ..analysis import (CONTRACTION, ELEMWISE, INJECTIVE, OPAQUE, REDUCTION, Gro
                         analyze_reductions, is_sum_reduction, reduced_axes, reduction_blocks)
 
 _MOVABLE = (ELEMWISE, INJECTIVE)
+# Elements: a constant at least this large (and of rank 2 or more) read by two fusable ops makes them
+# siblings as a tensor would (shared_table); 64: below it a constant is a scalar, a bias or a small vector
+SHARED_TABLE_MIN_ELEMENTS = 64
 
 
 @dataclass(frozen=True)
@@ -552,6 +556,21 @@ def _one_store_of_loads(func):
     calls = []
     C.post_order_visit(body.value, lambda n: calls.append(n) if isinstance(n, C.Call) else None)
     return None if calls else body.value
+
+
+def shared_table(const) -> bool:
+    """Whether a constant argument is a table worth reading once for its sibling readers (grouping's step 2):
+    a tensor of at least ``SHARED_TABLE_MIN_ELEMENTS`` elements, e.g. the rotary cos/sin tables a static
+    build folds, read by the Q and K rotary kernels (the symbolic build computes them per call, a tensor
+    both read, and joined the two already: phi/qwen2 had fewer kernels symbolic than static, session 13;
+    test_fusion_rules::test_siblings_reading_one_constant_table).  Scalars and small vectors (epsilons, a
+    bias) are not: each op reading its own copy of 1.0 is no shared tensor."""
+    shape = getattr(C.type_of(const), "shape", None)
+    values = getattr(shape, "values", None)
+    if values is None or not all(isinstance(d, C.IntImm) for d in values):
+        return False
+    dims = [int(d) for d in values]
+    return len(dims) >= 2 and math.prod(dims) >= SHARED_TABLE_MIN_ELEMENTS
 
 
 def scalar_arg(arg) -> bool:
