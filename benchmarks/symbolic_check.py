@@ -76,6 +76,14 @@ EXPLAINED_EXTRA_KERNELS = {
     # symtok12's cumsum_of_ones), a constant the static build adds in the project_in matmul's epilogue; the
     # symbolic lookup is a gather, which no matmul epilogue takes (notes/symtok12.md)
     "opt": (1, "the learned position lookup, computed per call from the symbolic sequence", "full_arange"),
+    # llama's SwiGLU gate/up (N = 172, no multiple of the vector width): the static build computes the
+    # RMSNorm before them in their A panel (cpu.norm_matmul, columns padded); over symbolic rows the norm is
+    # a kernel of its own and gate/up + SwiGLU another (cpu.symbolic_siblings, padded columns), one extra
+    # kernel per layer.  Tried in session 13: cpu.symbolic_norm_matmul with padded columns (17 kernels) ran
+    # 1.18-1.21x slower at batch 8 sequence 17 (one thread, paired, under load), so not kept
+    # (benchmarks/notes/coord13.md)
+    "llama": (2, "gate/up + SwiGLU apart from the RMSNorm before them (N = 172 over symbolic rows)",
+              "matmul2_tir_sigmoid"),
 }
 QUICK_REPEAT = 2
 REPEAT = 20                  # --latency: back-to-back calls per round

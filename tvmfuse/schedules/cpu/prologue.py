@@ -319,9 +319,7 @@ class NormMatmul(U.CpuTemplate, family=FAMILY, config=NormMatmulConfig):
         # ``buckets.join_buckets``, then share them, and buffer compaction leaves them at full size.  Known
         # limitation: buffers made anew by an identity transform_layout keep their data variable, and
         # the joined kernel then freed it twice.)
-        # (Done after Step 2 when columns are padded: pad_einsum needs the matmul's plain row indices.)
-        padded_columns = cfg.pad_n and any(info["Ns"][reds[0]] % nr for _, reds in info["chains"])
-        if symbolic and flat and not padded_columns:
+        if symbolic and flat:
             for name in [info["norm"], *info["stats"]]:
                 _flatten_rows_block(sch, sch.get_sblock(name), info)
 
@@ -334,9 +332,7 @@ class NormMatmul(U.CpuTemplate, family=FAMILY, config=NormMatmulConfig):
             epi = chain_output_block(sch, info, anchor, reds, nr, cfg.pad_n, pads)
             width = column_lanes(info["Ns"][reds[0]], lanes)    # the epilogue's vectors: whole ones of N
             crop = None
-            # (not over symbolic rows: the padded epilogue's buffer would stay [rows, N padded] in memory,
-            # buffer compaction keeps a symbolic-size buffer whole; the epilogue predicates its last columns)
-            if anchor is not None and reds[0] in pads and not symbolic:
+            if anchor is not None and reds[0] in pads:
                 crop = pad_epilogue(sch, epi, nr)
                 if crop is not None:
                     crops.append(crop)
@@ -346,18 +342,10 @@ class NormMatmul(U.CpuTemplate, family=FAMILY, config=NormMatmulConfig):
         # Step 3. Symbolic rows: each chain's matmuls and output block over the flat row axis too (no
         # column padding there, hence no crop).
         if symbolic and flat:
-            if padded_columns:
-                for name in [info["norm"], *info["stats"]]:
-                    _flatten_rows_block(sch, sch.get_sblock(name), info)
-            outputs = U.output_names(sch)
-            for epi, crop, reds, _ in outs:
+            for epi, _, reds, _ in outs:
                 for red in reds:
                     flatten_matmul(sch, sch.get_sblock(red), info)
-                for name in [epi] + ([crop] if crop else []):
-                    if name in outputs:
-                        sch.transform_block_layout(sch.get_sblock(name), row_map(info, 1))
-                    else:
-                        _flatten_rows_block(sch, sch.get_sblock(name), info)
+                sch.transform_block_layout(sch.get_sblock(epi), row_map(info, 1))
         # Static rows, weights shared by the batches: the statistics, the normalised rows, the matmuls and
         # their epilogues (or write-backs, crops) over one row index b * M + i, so that register tiles divide
         # the batch x M rows (after the padding: pad_einsum needs plain indices).
@@ -451,6 +439,9 @@ class NormMatmul(U.CpuTemplate, family=FAMILY, config=NormMatmulConfig):
         # the padded panel (Step 5b) the statistics go one row deeper, under the panel's row loop: one row's
         # statistics at a time (a point that compaction shrinks; rows past the end are skipped).
         # After the panels: the padded epilogues' crops to the real columns (whole vectors, a short tail).
+        for name in crops:
+            sch.reverse_compute_at(sch.get_sblock(name), top, preserve_unit_loops=True)
+            U.vectorize_inner(sch, sch.get_sblock(name), lanes)
         norm = sch.get_sblock(info["norm"])
         sch.compute_at(norm, top, preserve_unit_loops=True)
         stats_at = top
@@ -461,9 +452,6 @@ class NormMatmul(U.CpuTemplate, family=FAMILY, config=NormMatmulConfig):
             stats_at = next(lp for lp in under if _static_extent(sch, lp) == block_rows)
         for name in reversed(stat_blocks):
             sch.compute_at(sch.get_sblock(name), stats_at, preserve_unit_loops=True)
-        for name in crops:
-            sch.reverse_compute_at(sch.get_sblock(name), top, preserve_unit_loops=True)
-            U.vectorize_inner(sch, sch.get_sblock(name), lanes)
 
         # Step 7. Vectorize: the partial sums along their lanes, the panel along K (a scalar tail when the
         # vector width does not divide K).

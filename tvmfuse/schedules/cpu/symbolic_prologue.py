@@ -29,7 +29,7 @@ from . import matmul as MM
 from . import common as U
 from .prologue import PACK_STRIP_L1_FRACTION, NormMatmul, NormMatmulConfig, fold_norm_kernel, rows_lead
 from .reduction import rf_widths
-from .symbolic_matmul import SYM_MR_CHOICES, RowBuckets, analyze_symbolic_matmul
+from .symbolic_matmul import SYM_MR_CHOICES, RowBuckets, analyze_symbolic_rows_matmul
 
 FAMILY = "cpu.symbolic_norm_matmul"
 
@@ -41,7 +41,7 @@ class SymbolicNormMatmul(RowBuckets, NormMatmul, family=FAMILY, config=NormMatmu
     def match(self, func: C.PrimFunc, target: C.Target) -> Match | None:
         if all(isinstance(d, C.tirx.IntImm) for p in func.params if hasattr(p, "shape") for d in p.shape):
             return None                   # static kernels belong to cpu.norm_matmul
-        found = self.match_roles(func, lambda sch, b: analyze_symbolic_matmul(sch, b))
+        found = self.match_roles(func, lambda sch, b: analyze_symbolic_rows_matmul(sch, b, target))
         if found is None:
             return None
         info = found.info
@@ -67,7 +67,7 @@ class SymbolicNormMatmul(RowBuckets, NormMatmul, family=FAMILY, config=NormMatmu
         if not group.of_kind(REDUCTION):
             return "no row normalisation before the matmuls"
         bad = [m.name for m in anchors
-               if MM.matmul_roles(m.func, lambda sch, red: analyze_symbolic_matmul(sch, red)) is None]
+               if MM.matmul_roles(m.func, lambda sch, red: analyze_symbolic_rows_matmul(sch, red, target)) is None]
         if bad:
             return (f"{bad[0]} is not [rows, K] @ [K, N] with symbolic rows, static N, K and N a multiple of "
                     "the vector width")
@@ -80,16 +80,14 @@ class SymbolicNormMatmul(RowBuckets, NormMatmul, family=FAMILY, config=NormMatmu
         small = match.info.get("small", False)
         widths = rf_widths(lanes, match.info["stat_len"])
         choices = MM.register_tile_choices(m, max(ns), k, lanes)
-        dividing = tuple(v for v in MM.NVEC_CHOICES if all(n % (v * lanes) == 0 for n in ns))
         return NormMatmulConfig.space(**{
             **choices,
             # few rows: one row per register tile and per row block (no row tiling, no wasted rows)
             **({"mr": (1,), "mc_tiles": (1,)} if small else {"mr": SYM_MR_CHOICES, "mc_tiles": MM.MC_TILES}),
-            # register tiles that divide every sibling's N: no column tail; where none does (llama's SwiGLU,
-            # 172 columns), any register tile, the columns padded to it
-            "nvec": dividing or MM.NVEC_CHOICES[:max(1, min(len(MM.NVEC_CHOICES), -(-max(ns) // lanes)))],
+            # register tiles that divide every sibling's N: no column tail
+            "nvec": tuple(v for v in MM.NVEC_CHOICES if all(n % (v * lanes) == 0 for n in ns)),
             "lanes": (lanes,),
-            "pad_n": (False,) if dividing else (True,),
+            "pad_n": (False,),                                    # N is a multiple of the vector width
             "rf_width": widths or (lanes,),
             "vectorize_stats": (True, False) if widths else (False,),
             # the rows flattened when the match has batch axes (info["flatten"]: apply's symbolic path)
@@ -123,7 +121,7 @@ class SymbolicNormMatmul(RowBuckets, NormMatmul, family=FAMILY, config=NormMatmu
         rf = [w for w in ch["rf_width"] if w <= d["max_rf_vectors"] * lanes]
         return NormMatmulConfig(**{**tile, "mc_tiles": mc_tiles, "nc_tiles": min(ch["nc_tiles"]) if pack
                                    else nc_tiles},
-                                pad_n=True in ch["pad_n"], pack_b=pack, rf_width=rf[-1] if rf else ch["rf_width"][0],
+                                pad_n=False, pack_b=pack, rf_width=rf[-1] if rf else ch["rf_width"][0],
                                 vectorize_stats=True in ch["vectorize_stats"],
                                 flatten_batch=bool(match.info.get("flatten")), pad_once=False).asdict()
 
