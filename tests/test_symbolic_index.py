@@ -92,6 +92,35 @@ def test_wrapless_modulo_drops_only_what_it_proves():
     assert drop_wrapless_modulo(after).same_as(after)
 
 
+def test_flat_index_splits_into_quotient_and_remainder():
+    """A reshape's flat index over two symbolic dims (deberta_v2_dyn's masked softmax, [batch * 4, sequence,
+    sequence] read as [batch, 4, sequence, sequence]): ``(x * S + k) // S`` is ``x`` and ``% S`` is ``k`` when
+    ``k < S``; with ``k + 1`` (may reach S) both stay."""
+    TS = C.script_tir
+
+    @TS.prim_func(private=True, s_tir=True)
+    def before(a: TS.handle, o1: TS.handle, o2: TS.handle):
+        batch = TS.int64()
+        sequence = TS.int64()
+        A = TS.match_buffer(a, (batch * 4, sequence, sequence + 1), "float32")
+        O1 = TS.match_buffer(o1, (batch, 4, sequence, sequence), "float32")
+        O2 = TS.match_buffer(o2, (batch, 4, sequence, sequence), "float32")
+        for b, h, i, j in TS.grid(batch, TS.int64(4), sequence, sequence):
+            with TS.sblock("split"):
+                vb, vh, vi, vj = TS.axis.remap("SSSS", [b, h, i, j])
+                O1[vb, vh, vi, vj] = A[(((vb * 4 + vh) * sequence + vi) * sequence + vj) // sequence // sequence
+                                       % (batch * 4),
+                                       (((vb * 4 + vh) * sequence + vi) * sequence + vj) // sequence % sequence,
+                                       (((vb * 4 + vh) * sequence + vi) * sequence + vj) % sequence]
+            with TS.sblock("keep"):
+                wb, wh, wi, wj = TS.axis.remap("SSSS", [b, h, i, j])
+                O2[wb, wh, wi, wj] = A[0, 0, ((wi * sequence + wj + 1) // sequence) % (sequence + 1)]
+
+    text = drop_wrapless_modulo(before).script()
+    assert "A[vb * T.int64(4) + vh, vi, vj]" in text, text
+    assert "(wi * sequence + wj + T.int64(1)) // sequence" in text, text
+
+
 @pytest.mark.parametrize("target", TARGETS)
 def test_symbolic_norm_through_reshapes_divides_by_no_symbolic_extent(target):
     """gpt2_dyn's residual + LayerNorm kernel: every index that a static build simplifies is free of

@@ -109,6 +109,49 @@ def _outer_product_matmul(m, call):
     return C.relax.op.multiply(a, b)
 
 
+def _matmul_of_broadcast_constant(m, call):
+    """``x [B h, M, K] @ w``, ``w`` a constant ``c`` [1?, h, R, C] broadcast over a symbolic batch ``B``
+    (``broadcast_to`` [B, h, R, C], ``reshape`` [B h, R, C], optionally ``permute_dims`` [0, 2, 1]: DeBERTa's
+    relative-position keys / queries per head, repeated for every sequence of the batch) ->
+    ``reshape(reshape(x, [B, h, M, K]) @ c' [h, K, N], [B h, M, N])``, ``c'`` the constant as the matmul reads
+    it (transposed in numpy): the matmul broadcasts the constant itself, no [B h, K, N] copy per call (a
+    kernel of its own: what a static build folds to the constant).  Exact (the same products and sums).
+    None when ``w`` is anything else or the batch is static (FoldConstant folds the copy there)."""
+    x, w = call.args
+    perm = _op_call(m, w, "permute_dims")
+    if perm is not None:
+        axes = [int(a) for a in perm.attrs.axes] if perm.attrs.axes is not None else None
+        if axes != [0, 2, 1]:
+            return None
+    reshape = _op_call(m, perm.args[0] if perm is not None else w, "reshape")
+    bcast = _op_call(m, reshape.args[0], "broadcast_to") if reshape is not None else None
+    arr = _const_array(bcast.args[0]) if bcast is not None else None
+    target = _shape_values(bcast.args[1]) if bcast is not None else None
+    tx = C.type_of(x)
+    if arr is None or target is None or len(target) != 4 or isinstance(target[0], C.IntImm) \
+            or not isinstance(tx, C.TensorType) or not isinstance(tx.shape, C.relax.ShapeExpr):
+        return None
+    if arr.ndim == 4 and arr.shape[0] == 1:
+        arr = arr[0]
+    dx = list(tx.shape.values)
+    if arr.ndim != 3 or len(dx) != 3 or not all(isinstance(d, C.IntImm) for d in target[1:]) \
+            or [int(d) for d in target[1:]] != list(arr.shape):
+        return None
+    heads = arr.shape[0]
+    batch = C.Analyzer().simplify(target[0])
+    merged = _shape_values(reshape.args[1]) or []
+    if not (C.Analyzer().can_prove_equal(dx[0], batch * heads) and len(merged) == 3
+            and all(isinstance(d, C.IntImm) for d in merged[1:])
+            and [int(d) for d in merged[1:]] == list(arr.shape[1:])):
+        return None
+    weight = np.ascontiguousarray(arr.transpose(0, 2, 1) if perm is not None else arr)
+    if not isinstance(dx[2], C.IntImm) or int(dx[2]) != weight.shape[1]:
+        return None
+    x4 = C.relax.op.reshape(x, C.relax.ShapeExpr([batch, heads, dx[1], dx[2]]))
+    y4 = C.relax.op.matmul(x4, C.relax.const(weight, str(C.type_of(call).dtype)), out_dtype=call.attrs.out_dtype)
+    return C.relax.op.reshape(y4, C.relax.ShapeExpr([dx[0], dx[1], weight.shape[2]]))
+
+
 def _shape_values(expr) -> list | None:
     """The dims of a Relax shape (an ``R.shape([...])`` or a var of a known Shape type), or None."""
     if isinstance(expr, C.relax.ShapeExpr):
@@ -223,6 +266,11 @@ PEEPHOLES: tuple[PeepholeRule, ...] = (
     PeepholeRule("identity_cast", "relax.astype", _identity_cast,
              "cast to its own dtype -> x (HF Llama/T5 cast the residual stream to float32 before RMSNorm: "
              "a copy the residual add and the norm prologue shared); test_passes_rewrites::test_peephole[identity_cast]"),
+    PeepholeRule("matmul_of_broadcast_constant", "relax.matmul", _matmul_of_broadcast_constant,
+                 "x [B h, M, K] @ a constant per head broadcast over a symbolic batch -> a 4-D matmul that "
+                 "broadcasts the constant itself: no copy kernel per call (deberta_v2_dyn's position keys and "
+                 "queries, 37 -> 33 kernels: notes/corpus13.md); "
+                 "test_symbolic_shape_peepholes::test_symbolic_peephole[matmul_of_broadcast_constant]"),
     PeepholeRule("take_of_symbolic_shape", "relax.take", _take_of_symbolic_shape,
                  "one symbolic dim of a shape as a tensor -> arange(d, d+1): fuses into its reader, where "
                  "shape_to_tensor and the take of the dim were two kernels per call (albert_dyn, roberta_dyn; "

@@ -14,7 +14,10 @@ layer norms 22.5 vs 7.3; ``benchmarks/profile_kernels.py --dims``, one thread, u
 whose divisor ``b`` holds no loop or block variable: ``a`` must be a sum of products of non-negative terms
 (so its largest value is where every loop / block variable takes its largest value, which is substituted),
 and ``floordiv(x, c) < b`` is proved as ``x < b * c``.  A proved ``floormod(a, b)`` becomes ``a`` and a
-proved ``floordiv(a, b)`` becomes 0.  Anything it cannot prove stays as it is.
+proved ``floordiv(a, b)`` becomes 0.  An ``a = q * b + r`` with ``0 <= r < b`` proved (a reshape's flattened
+index over two symbolic dims: deberta_v2_dyn's masked softmax read ``x // sequence // sequence``,
+``x // sequence % sequence`` and ``x % sequence`` per element, 16x its static kernel; notes/corpus13.md)
+gives ``floordiv(a, b) = q`` and ``floormod(a, b) = r``.  Anything it cannot prove stays as it is.
 """
 from __future__ import annotations
 
@@ -103,6 +106,21 @@ class _Bounds:
         return up is not None and bool(self.analyzer.can_prove(up < b))
 
 
+    def quotient_remainder(self, a, b):
+        """``(q, r)`` with ``a == q * b + r``, ``q >= 0`` and ``0 <= r < b`` proved (a reshape's flat index
+        ``(x * sequence + k) // sequence`` is ``x``, its ``% sequence`` is ``k``, when ``k < sequence``), else
+        None."""
+        if not isinstance(a, T.Add):
+            return None
+        for prod, rest in ((a.a, a.b), (a.b, a.a)):
+            if not isinstance(prod, T.Mul):
+                continue
+            for q, d in ((prod.a, prod.b), (prod.b, prod.a)):
+                if C.structural_equal(d, b) and self.upper(q) is not None and self.below(rest, b):
+                    return q, rest
+        return None
+
+
 def drop_wrapless_modulo(func: C.PrimFunc) -> C.PrimFunc:
     """``func`` with every ``floormod(a, b)`` proved a no-op replaced by ``a`` and every ``floordiv(a, b)``
     proved 0 replaced by 0, where ``b`` is a symbolic extent (see the module docstring); ``func`` itself when
@@ -114,10 +132,16 @@ def drop_wrapless_modulo(func: C.PrimFunc) -> C.PrimFunc:
     changed = []
 
     def rewrite(e):
-        if isinstance(e.b, T.IntImm) or not bounds.invariant(e.b) or not bounds.below(e.a, e.b):
+        if isinstance(e.b, T.IntImm) or not bounds.invariant(e.b):
+            return e
+        if bounds.below(e.a, e.b):
+            changed.append(e)
+            return e.a if isinstance(e, T.FloorMod) else T.IntImm(e.dtype, 0)
+        split = bounds.quotient_remainder(e.a, e.b)
+        if split is None:
             return e
         changed.append(e)
-        return e.a if isinstance(e, T.FloorMod) else T.IntImm(e.dtype, 0)
+        return split[1] if isinstance(e, T.FloorMod) else split[0]
 
     out = C.structural_map(func, ((T.FloorMod, T.FloorDiv), rewrite))
     return out if changed else func

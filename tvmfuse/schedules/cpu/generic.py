@@ -257,14 +257,16 @@ def schedule_generic(func: C.PrimFunc, target: C.Target) -> tuple[C.PrimFunc, di
     before), above it the same steps with the leading spatial loops parallel (``_schedule_block``'s
     ``symbolic_parallel``).  t5_encoder_dyn's relative-position bias (4 x sequence^2 elements per batch, a log
     per element) ran serial at every size before (240 us at 128, the static build's folded one 63 us)."""
+    from ..index_bounds import drop_wrapless_modulo
+
     cfg = GenericConfig.for_target(target)
     serial, report = _schedule_nest(func, cfg, symbolic_parallel=False)
     elements = _symbolic_output_elements(func)
     if elements is None:
-        return serial, report
+        return drop_wrapless_modulo(serial), report
     parallel, preport = _schedule_nest(func, cfg, symbolic_parallel=True)
     if not any(r.get("parallel") for r in preport.values()):
-        return serial, report
+        return drop_wrapless_modulo(serial), report
     from ..buckets import Bucket, join_buckets
 
     bound = cfg.min_parallel_elements - 1
@@ -272,7 +274,9 @@ def schedule_generic(func: C.PrimFunc, target: C.Target) -> tuple[C.PrimFunc, di
                           elements)
     for r in preport.values():
         r["serial_up_to_elements"] = bound
-    return joined, preport
+    # index divisions by a symbolic extent that cannot wrap dropped, as schedule_with does for the templates
+    # (a reshape's flat index over [batch * 4, sequence, sequence]: deberta_v2_dyn's masked softmax)
+    return drop_wrapless_modulo(joined), preport
 
 
 def _fresh_loop_vars(func: C.PrimFunc) -> C.PrimFunc:
