@@ -30,7 +30,8 @@ def _dims(text: str) -> dict:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("model")
+    ap.add_argument("model", help="a corpus model (its _dyn variant pinned to --dims) or workload:NAME "
+                    "(benchmarks/bench_cpu.py)")
     ap.add_argument("--dims", required=True, action="append", help="batch=1,sequence=128 (repeatable)")
     ap.add_argument("--family", required=True)
     ap.add_argument("--before", required=True, help="JSON overrides of the 'before' build (model_knob_ab)")
@@ -40,11 +41,15 @@ def main(argv=None) -> int:
     a = ap.parse_args(argv)
     import tvmfuse
 
-    entry = {e["name"]: e for e in corpus_io.load_manifest()["models"]}[a.model]
-    path = corpus_io.model_path(entry, "dynamic")
     out = []
+    if a.model.startswith("workload:"):      # a bench_cpu.py workload (static shapes; --dims ignored)
+        path, wl_feeds = MK._workload(a.model.split(":", 1)[1])
+        entry, a.dims = None, ["-"]
+    else:
+        entry = {e["name"]: e for e in corpus_io.load_manifest()["models"]}[a.model]
+        path = corpus_io.model_path(entry, "dynamic")
     for text in a.dims:
-        dims = _dims(text)
+        dims = None if entry is None else _dims(text)
         real = tvmfuse.compile
         builds = {}
         for name, before in (("new", None), ("before", json.loads(a.before))):
@@ -54,10 +59,10 @@ def main(argv=None) -> int:
                 builds[name] = MK.build(path, a.family, before)
             finally:
                 tvmfuse.compile = real
-        feeds = corpus_io.random_feeds(entry, np.random.default_rng(0), dims=dims)
+        feeds = wl_feeds if entry is None else corpus_io.random_feeds(entry, np.random.default_rng(0), dims=dims)
         ref = builds["before"].run(feeds)
         got = builds["new"].run(feeds)
-        err = max(corpus_io.relative_error(got[o], ref[o]) for o in ref)
+        err = max(corpus_io.relative_error(np.asarray(got[o]), np.asarray(ref[o])) for o in ref)
         times = {k: [] for k in builds}
         for r in range(a.rounds):
             for k in (list(builds) if r % 2 == 0 else list(reversed(list(builds)))):
