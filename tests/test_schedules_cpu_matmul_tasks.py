@@ -5,8 +5,10 @@ whole kernel ran on one core (static bert b1 s128 0.745x the symbolic build's sp
 8 x 17 = 136 rows: two blocks of 128 and 8 rows.
 
 Structure, on named targets (AVX2 haswell/znver3, AVX-512 skx, NEON; 2 and 4 cores): the default's parallel
-loop has at least row_blocks_per_core x cores iterations and with the table entry at 0 (the defaults
-before) it had one. Must not fire: enough column panels (mc_tiles stays L2-sized), a serial kernel.
+loop gives every core a task and its busiest core (TVM chunks the loop statically: ceil(tasks / cores)
+tasks each) at most the register tiles of an even split rounded to a row block; with the table entry at 0
+(the defaults before) the 1x128 FFN had one iteration. Must not fire: enough column panels (mc_tiles stays
+L2-sized), a serial kernel, 17 rows on 2 cores (3 tasks would cost the busiest core as much as 2).
 Numerics: the new default vs the unscheduled kernel on fresh random inputs (host).
 """
 import numpy as np
@@ -58,14 +60,19 @@ def _with_table(monkeypatch, **entries):
 
 @pytest.mark.parametrize("target", TARGETS, ids=TARGET_IDS)
 @pytest.mark.parametrize("shape", SHAPES, ids=SHAPE_IDS)
-def test_default_keeps_row_blocks_per_core_tasks(shape, target):
+def test_default_gives_every_core_its_share(shape, target):
     b, s, k, n = shape
     t, match, func, tgt = _kernel(S.matmul_3d(b=b, s=s, k=k, n=n, act="Relu"), target)
     cfg = t.default_config(match, tgt)
     assert cfg["parallel"], cfg
-    want = TG.cpu_table()["template_defaults"][FAMILY]["row_blocks_per_core"] * _cores(tgt)
+    cores = _cores(tgt)
     par = _parallel_iterations(schedule_with(t, match, func, cfg))
-    assert len(par) == 1 and par[0] >= want, (par, want, cfg)
+    assert len(par) == 1 and par[0] >= cores, (par, cores, cfg)
+    tiles = -(-(b * s) // cfg["mr"])
+    panels = par[0] // -(-tiles // cfg["mc_tiles"])
+    busiest = -(-par[0] // cores) * cfg["mc_tiles"]
+    # an even split of the register tiles over the cores (per column panel), up to one row block
+    assert busiest <= -(-tiles * panels // cores) + cfg["mc_tiles"], (busiest, tiles, panels, cfg)
 
 
 @pytest.mark.parametrize("target", (S.HASWELL, ZNVER3, S.SKYLAKE), ids=("haswell", "znver3", "skx"))
@@ -83,6 +90,16 @@ def test_enough_column_panels_keep_the_l2_sized_row_blocks(monkeypatch):
     model = S.matmul_3d(b=1, s=128, k=64, n=2048, act=None)
     t, match, func, tgt = _kernel(model, S.HASWELL)
     new = t.default_config(match, tgt)
+    _with_table(monkeypatch, row_blocks_per_core=0)
+    assert t.default_config(match, tgt) == new
+
+
+def test_17_rows_on_2_cores_keep_2_tasks(monkeypatch):
+    """bert's 17 rows (3 six-row tiles, padded) on 2 cores: 2 blocks of 2 tiles or 3 of 1 leave the busiest
+    core 2 tiles either way; the larger blocks stay (the config of the entry at 0)."""
+    t, match, func, tgt = _kernel(S.matmul_3d(b=1, s=17, k=64, n=256, act="Relu"), ZNVER3)
+    new = t.default_config(match, tgt)
+    assert new["mr"] == 6 and new["mc_tiles"] == 2, new
     _with_table(monkeypatch, row_blocks_per_core=0)
     assert t.default_config(match, tgt) == new
 
