@@ -157,6 +157,28 @@ def rows_macro_tiles(m: int, tile: dict, choices: dict) -> int:
     return min(tile["mc_tiles"], max([c for c in choices["mc_tiles"] if c <= fill] or [min(choices["mc_tiles"])]))
 
 
+def rows_for_tasks(m: int, mr: int, mc_tiles: int, other_tasks: int, want: int, choices: dict,
+                   cores: int = 1) -> int:
+    """``mc_tiles`` (register tiles per row block) for the parallel loop: from the given (L2-sized) one down
+    through ``choices["mc_tiles"]`` while the row blocks times ``other_tasks`` (the loop's other iterations:
+    batches, column panels) are fewer than ``want`` tasks; of those visited, the one with the least work on
+    the busiest core, larger blocks on ties. TVM's parallel loop gives each of the ``cores`` threads one
+    contiguous chunk of ceil(tasks / cores) tasks, so the busiest core runs that many row blocks of
+    ``mc_tiles`` register tiles (17 rows of 6-row tiles: 2 blocks of 2 tiles or 3 of 1 both cost 2 tiles on 2
+    cores; 136 rows of 4-row tiles: 32-tile blocks 32, 8-tile blocks 24). A count already reached keeps
+    ``mc_tiles``."""
+    tiles = -(-m // mr)
+
+    def busiest(c: int) -> int:
+        return -(-(other_tasks * -(-tiles // c)) // max(1, cores)) * c
+
+    seen = [mc_tiles]
+    while mc_tiles > min(choices["mc_tiles"]) and other_tasks * -(-tiles // mc_tiles) < want:
+        mc_tiles = max(c for c in choices["mc_tiles"] if c < mc_tiles)
+        seen.append(mc_tiles)
+    return min(seen, key=lambda c: (busiest(c), -c))
+
+
 def one_matmul_anchor(group, static: bool) -> str | None:
     """For ``accepts``: None when the group (``analysis.GroupInfo``) has ``static`` (or, False, symbolic)
     extents, exactly one matmul/conv anchor, a matmul, no row reduction and, when static, an anchor PrimFunc
@@ -650,20 +672,28 @@ class MatmulEpilogue(U.CpuTemplate, family="cpu.matmul_epilogue", config=MatmulC
                                      whole_rows=not self.buckets(match, target) and not pad_m)
         nr = tile["nvec"] * tile["lanes"]
         n_macro_j = -(-n // (nr * tile["nc_tiles"]))
-        n_macro_i = -(-m // (tile["mr"] * rows_macro_tiles(m, tile, ch)))
+        mc_tiles = rows_macro_tiles(m, tile, ch)
         batch = 1
         for b in ([] if flat else match.info["batch"]):
             batch *= b
-        # B panels are reused across all of i when j is the outer macro loop: pack them when K is long
-        depth = 1 if batch * n_macro_j >= 2 * info.cores else 2
-        pack = n_macro_i > 1 and k * nr * 4 > info.l1d_bytes // 2
         work = match.info["M"] * n * k
         for b in match.info["batch"]:
             work *= b
-        return MatmulConfig(**{**tile, "mc_tiles": rows_macro_tiles(m, tile, ch)}, order=d["order"],
+        parallel = U.parallel_default(work, target)
+        # the macro tiles are the parallel tasks (batch x column panels x row blocks, parallel_depth 2 where
+        # the panels alone are too few): aim at the table's row_blocks_per_core tasks per core, least work on the busiest core (rows_for_tasks). L2-sized row
+        # blocks alone left BERT's 128-row FFN one task (mr 4 x 32 tiles = 128 rows, one 256-column panel):
+        # the whole kernel on one core (benchmarks/notes/staticmm13b.md)
+        mc_tiles = rows_for_tasks(m, tile["mr"], mc_tiles, batch * n_macro_j,
+                                  d["row_blocks_per_core"] * info.cores if parallel else 1, ch, info.cores)
+        n_macro_i = -(-m // (tile["mr"] * mc_tiles))
+        # B panels are reused across all of i when j is the outer macro loop: pack them when K is long
+        depth = 1 if batch * n_macro_j >= 2 * info.cores else 2
+        pack = n_macro_i > 1 and k * nr * 4 > info.l1d_bytes // 2
+        return MatmulConfig(**{**tile, "mc_tiles": mc_tiles}, order=d["order"],
                             parallel_depth=depth, pack_b=pack and depth == 1,
                             pad_n=d["pad_n"], flatten_batch=flat,
-                            parallel=U.parallel_default(work, target),
+                            parallel=parallel,
                             pad_m=pads_rows(match.info, tile["mr"], pad_m)).asdict()
 
     # ------------------------------------------------------------------ apply
