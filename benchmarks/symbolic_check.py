@@ -7,6 +7,7 @@ static variant's, and its outputs against onnxruntime at several sizes of its sy
     PYTHONPATH=. python benchmarks/symbolic_check.py --latency --table table.md   # the README table (Table 10)
     PYTHONPATH=. python benchmarks/symbolic_check.py --latency --all              # ... over the whole corpus
     PYTHONPATH=. python benchmarks/symbolic_check.py --quick --latency            # smoke run (minutes)
+    PYTHONPATH=. python benchmarks/symbolic_check.py --latency --vision           # the vision opt-in models
     PYTHONPATH=. python benchmarks/symbolic_check.py gpt2 llama --latency --size batch=1,sequence=1   # one size
 
 A model is OK when its symbolic build has as many kernels as the static one (or more by the kernels
@@ -61,6 +62,12 @@ LATENCY_MODELS = ("bert", "resnet18", "mobilenet_v2", "gpt2", "llama", "t5_encod
                   "efficientnet_b0", "mobilenet_v3_small",
                   "whisper_encoder", "wav2vec2", "phi", "qwen2", "opt", "albert",
                   "roberta", "bloom")
+# --latency --vision: the vision models beyond Table 10's (the opt-in ones and squeezenet, shufflenet, mnasnet)
+# that met issue 13's targets in session 13 (kernel count = static,
+# numerics, every batch within 1.2x; notes/visionsym13.md): opt-in because each adds its pinned builds per size
+# to the run (the per-model cost, under load, is in that note)
+VISION_LATENCY_MODELS = ("squeezenet1_1", "shufflenet_v2", "mnasnet", "googlenet", "resnext", "regnet_y", "densenet",
+                         "efficientnet_v2", "inception_v3", "mobilevit")
 QUICK_SIZES = {"batch": (1, 3), "sequence": (17,)}  # --quick: sizes per symbolic dim
 # Kernels a symbolic build has beyond the static one for a reason that is no fusion gap: what the static
 # build folds to a constant and the symbolic one must compute per call.  model -> (extra kernels, why, a part
@@ -336,14 +343,17 @@ def chosen_points(entry: dict, sizes: list[dict]) -> list[dict]:
 
 
 def select_models(names, entries: dict, *, all_models: bool = False, quick: bool = False,
-                  latency: bool = False) -> list[str]:
-    """The models a run checks: ``names`` if any, else every corpus model (``all_models``), else for numerics
-    only every one but ``corpus_io.OPT_IN_MODELS`` (they run when named or with ``--all``), else
-    ``QUICK_MODELS`` (``quick``) or ``LATENCY_MODELS`` (``latency``)."""
+                  latency: bool = False, vision: bool = False) -> list[str]:
+    """The models a run checks: ``names`` if any, else every corpus model (``all_models``), else
+    ``VISION_LATENCY_MODELS`` (``vision``), else for numerics only every one but ``corpus_io.OPT_IN_MODELS``
+    (they run when named or with ``--all``), else ``QUICK_MODELS`` (``quick``) or ``LATENCY_MODELS``
+    (``latency``)."""
     if names:
         return list(names)
     if all_models:
         return list(entries)
+    if vision:
+        return list(VISION_LATENCY_MODELS)
     if not (quick or latency):
         return corpus_io.default_models(entries)
     return list(QUICK_MODELS if quick else LATENCY_MODELS)
@@ -373,7 +383,12 @@ def main(argv=None) -> int:
                          "without one of the named dims is checked at the sizes it has")
     ap.add_argument("--quick", action="store_true",
                     help=f"smoke run: {', '.join(QUICK_MODELS)} unless models are named, sizes {QUICK_SIZES}")
+    ap.add_argument("--vision", action="store_true",
+                    help="the vision models beyond Table 10's that met the targets (VISION_LATENCY_MODELS) instead of "
+                         "Table 10's")
     args = ap.parse_args(argv)
+    if args.vision and (args.models or args.all or args.quick):
+        ap.error("--vision selects the models: no names, --all or --quick with it")
     if args.table and not args.latency:
         ap.error("--table needs --latency (the table holds the timings)")
     repeat = args.repeat if args.repeat is not None else (QUICK_REPEAT if args.quick else REPEAT)
@@ -385,7 +400,8 @@ def main(argv=None) -> int:
     entries = {e["name"]: e for e in corpus_io.load_manifest()["models"]}
     if args.all and args.models:
         ap.error("--all and model names: give one or the other")
-    names = select_models(args.models, entries, all_models=args.all, quick=args.quick, latency=args.latency)
+    names = select_models(args.models, entries, all_models=args.all, quick=args.quick, latency=args.latency,
+                          vision=args.vision)
     unknown = sorted(set(names) - set(entries))
     if unknown:
         ap.error(f"unknown model(s) {unknown}; the corpus has {sorted(entries)}")

@@ -179,3 +179,9 @@ def test_latency_run_covers_table_10s_models():
     assert pick(["gpt2"], ENTRIES, latency=True, all_models=True) == ["gpt2"]
     with pytest.raises(SystemExit):
         symbolic_check.main(["--all", "bert"])
+    # --vision: the CNN / vision models beyond Table 10's that met issue 13's targets (notes/visionsym13.md)
+    vision = pick([], ENTRIES, latency=True, vision=True)
+    assert vision == list(symbolic_check.VISION_LATENCY_MODELS) and set(vision) <= set(ENTRIES)
+    assert not set(vision) & set(symbolic_check.LATENCY_MODELS)
+    with pytest.raises(SystemExit):
+        symbolic_check.main(["--vision", "bert"])

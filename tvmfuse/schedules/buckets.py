@@ -52,10 +52,29 @@ def _own_buffers(body, buffers, taken: list):
     return C.structural_map(body, (C.tirx.Buffer, swap)), [copies.get(b, b) for b in buffers]
 
 
+def fresh_loop_vars(body):
+    """``body`` with a new variable for every loop it holds.  The nests joined in one kernel are schedules of
+    one PrimFunc: a loop none of their schedules transformed keeps the original func's variable in each (the
+    padding block a conv template computes at the root, unsplit: inception_v3_dyn's 7-tap convs), one
+    variable with a different range per nest, which TVM's lowering refuses ("Trying to update var 'i0' with a
+    different const bound")."""
+    fresh = {}
+
+    def visit(n):
+        if isinstance(n, C.tirx.For):
+            fresh[n.loop_var] = C.tirx.Var(str(n.loop_var.name), n.loop_var.ty)
+
+    C.post_order_visit(body, visit)
+    if not fresh:
+        return body
+    return C.structural_map(body, (C.tirx.Var, lambda v: fresh.get(v, v)))
+
+
 def join_buckets(funcs: list, buckets, extent) -> C.PrimFunc:
     """One PrimFunc running ``funcs[i]``'s loop nest when ``extent`` (an expression of the parameters'
     symbolic shapes) falls in ``buckets[i]``.  The funcs are schedules of one PrimFunc (same parameters);
-    their root blocks' allocations move to the joined root block."""
+    their root blocks' allocations move to the joined root block, and each nest after the first gets loop
+    variables of its own (``fresh_loop_vars``)."""
     check_buckets(buckets)
     if len(funcs) != len(buckets):
         raise ValueError(f"{len(funcs)} loop nests for {len(buckets)} size buckets")
@@ -69,7 +88,7 @@ def join_buckets(funcs: list, buckets, extent) -> C.PrimFunc:
             raise ValueError("size buckets: a scheduled nest without a plain root block")
         body, own = _own_buffers(root.block.body, root.block.alloc_buffers, allocs)
         allocs.extend(own)
-        bodies.append(body)
+        bodies.append(fresh_loop_vars(body) if bodies else body)
     body = bodies[-1]
     for b, nest in zip(reversed(buckets[:-1]), reversed(bodies[:-1])):
         body = C.tirx.IfThenElse(extent <= b.max_extent, nest, body)

@@ -270,27 +270,13 @@ def schedule_generic(func: C.PrimFunc, target: C.Target) -> tuple[C.PrimFunc, di
     from ..buckets import Bucket, join_buckets
 
     bound = cfg.min_parallel_elements - 1
-    joined = join_buckets([_fresh_loop_vars(serial), parallel], (Bucket(f"elements<={bound}", bound), Bucket(f"elements>{bound}", None)),
+    joined = join_buckets([serial, parallel], (Bucket(f"elements<={bound}", bound), Bucket(f"elements>{bound}", None)),
                           elements)
     for r in preport.values():
         r["serial_up_to_elements"] = bound
     # index divisions by a symbolic extent that cannot wrap dropped, as schedule_with does for the templates
     # (a reshape's flat index over [batch * 4, sequence, sequence]: deberta_v2_dyn's masked softmax)
     return drop_wrapless_modulo(joined), preport
-
-
-def _fresh_loop_vars(func: C.PrimFunc) -> C.PrimFunc:
-    """``func`` with a new variable for every loop: two nests of one PrimFunc joined in one kernel would
-    otherwise share the loops neither schedule transformed (one variable with two ranges, which TVM's
-    lowering refuses)."""
-    fresh = {}
-
-    def visit(n):
-        if isinstance(n, C.tirx.For):
-            fresh[n.loop_var] = C.tirx.Var(str(n.loop_var.name), n.loop_var.ty)
-
-    C.post_order_visit(func.body, visit)
-    return func.with_body(C.structural_map(func.body, (C.tirx.Var, lambda v: fresh.get(v, v))))
 
 
 def _symbolic_output_elements(func: C.PrimFunc):

@@ -242,8 +242,13 @@ class SymbolicMatmulEpilogue(RowBuckets, MM.MatmulEpilogue, family="cpu.symbolic
             return self._small_default(match, target, ch)
         tile = MM.register_tile_default(rows, n, k, lanes, info, ch, d, self.accumulator_cap(lanes))
         mr, nr = tile["mr"], tile["nvec"] * lanes
-        # a macro tile no wider than N (wider ones only add always-false column predicates)
-        nc_tiles = max(c for c in ch["nc_tiles"] if c <= max(1, min(tile["nc_tiles"], n // nr)))
+        # a macro tile no wider than N (wider ones only add always-false column predicates), and one that
+        # divides N's register tiles where a choice does: levit_dyn's N = 160 (10 tiles of 16) at 8 tiles
+        # per macro tile left a column predicate in the parallel row nest that TVM's lowering refused
+        # ("mismatched types. int32 vs. int64"; notes/visionsym13.md)
+        fits = [c for c in ch["nc_tiles"] if c <= max(1, min(tile["nc_tiles"], n // nr))]
+        dividing = [c for c in fits if (-(-n // nr)) % c == 0]
+        nc_tiles = max(dividing or fits)
         # rows are the parallel dimension (their count is unknown): a macro tile of the table's
         # row_mc_tiles register tiles per task (RowBuckets.row_macro_tiles)
         mc_tiles = self.row_macro_tiles(min(tile["mc_tiles"], max(1, rows // (mr * info.cores))), ch, target)
