@@ -13,22 +13,15 @@ import pytest
 import tvmfuse
 from tvmfuse import _compat as C
 from tvmfuse import models as M
-from tvmfuse.pipeline import PipelineOptions, graph_stage
 from tvmfuse.schedules import schedule_prim_func
 from tvmfuse.schedules.buckets import Bucket, join_buckets
 
+import schedule_cases as S
 from conftest import NAMED_TARGETS, named_target
 from test_symbolic_conv import cnn_block
 
 # inception_v3's shape: a 3x3 conv (pad 1) on a 1x1 plane, 56 -> 48 channels, BatchNorm + ReLU
 ONE_PIXEL = dict(cin=56, cout=48, h=1, w=1, k=3, residual=False)
-
-
-def _fused(model, target):
-    mod = tvmfuse.load_onnx(model)
-    with target:
-        mod = C.Sequential(graph_stage(target, PipelineOptions()))(mod)
-    return {str(gv.name_hint): f for gv, f in mod.functions.items() if isinstance(f, C.PrimFunc)}
 
 
 def _loop_vars(func):
@@ -43,7 +36,7 @@ def _distinct(loop_vars) -> bool:
 
 def test_join_buckets_renames_the_loops_of_later_nests():
     """Two copies of one unscheduled func joined: without fresh variables both nests bind the same loop vars."""
-    func = next(iter(_fused(cnn_block("batch", **ONE_PIXEL), named_target("haswell-2")).values()))
+    func = next(iter(S.graph_funcs(cnn_block("batch", **ONE_PIXEL), named_target("haswell-2")).values()))
     batch = func.params[0].shape[0]
     assert not _distinct(_loop_vars(func) + _loop_vars(func))           # the hazard: the same func twice
     joined = join_buckets([func, func], (Bucket("batch<=1", 1), Bucket("batch>1", None)), batch)
@@ -56,7 +49,7 @@ def test_join_buckets_renames_the_loops_of_later_nests():
 def test_bucketed_conv_on_a_one_pixel_plane_lowers(tname):
     target = named_target(tname)
     bucketed = 0
-    for kname, func in _fused(cnn_block("batch", **ONE_PIXEL), target).items():
+    for kname, func in S.graph_funcs(cnn_block("batch", **ONE_PIXEL), target).items():
         res = schedule_prim_func(func, target, {}, kname)
         assert res is not None, kname
         if "buckets" not in res.config:

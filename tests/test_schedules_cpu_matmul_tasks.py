@@ -14,11 +14,9 @@ Numerics: the new default vs the unscheduled kernel on fresh random inputs (host
 import numpy as np
 import pytest
 
-import tvmfuse
 from tvmfuse import _compat as C
 from tvmfuse import target as TG
-from tvmfuse.schedules import templates_for
-from tvmfuse.schedules.base import find_template, schedule_with
+from tvmfuse.schedules.base import schedule_with
 
 import schedule_cases as S
 
@@ -33,13 +31,7 @@ SHAPES = [(1, 128, 64, 256), (1, 128, 256, 64), (1, 128, 64, 64), (8, 17, 64, 25
 SHAPE_IDS = ["128x64x256", "128x256x64", "128x64x64", "8x17x64x256"]
 
 
-def _kernel(model, target):
-    tgt = tvmfuse.parse_target(target) if isinstance(target, str) else target
-    funcs = [f for n, f in S.graph_funcs(model, tgt).items() if "matmul" in n]
-    assert len(funcs) == 1, funcs
-    found = find_template(funcs[0], tgt, templates_for(tgt))
-    assert found is not None and found[0].family == FAMILY, found
-    return found[0], found[1], funcs[0], tgt
+from test_schedules_cpu_matmul_pad_rows import _kernel  # noqa: E402  (template, match, func, target)
 
 
 def _parallel_iterations(func) -> list[int]:
