@@ -111,8 +111,8 @@ def aligned_numpy(enable: bool = True) -> bool:
     or go back to numpy's own allocator; True when tvmfuse's aligned allocator is numpy's now.
 
     Why: numpy's allocator gives 16-byte alignment, so a large array starts 16 bytes past a cache line and
-    the kernels' vector loads straddle lines (softmax and layernorm 3-11% slower through ``run()`` than on
-    TVM's 64-byte-aligned tensors, benchmarks/README.md Table 3).  The allocator (NEP 49, in
+    the kernels' vector loads straddle lines (softmax 8% and sigmoid_chain 15% slower through ``run()`` than
+    on TVM's 64-byte-aligned tensors, benchmarks/README.md Table 3, thirteenth session).  The allocator (NEP 49, in
     ``runtime_native.c``) is malloc/calloc/realloc with 72 bytes more per block, keeps calloc's lazily
     zeroed pages and numpy's huge-page advice for blocks of 4 MiB and more; arrays allocated before the
     switch keep their memory and are freed by the allocator that made them.  numpy keeps its allocator in a
