@@ -812,8 +812,8 @@ def _symbolic_run(plan: _Plan, model: "Executes"):
     (``_Plan.shapes_ok``: rank, fixed dims, named dims agreeing across inputs, bounds) only when the shapes
     differ from the last call's that passed them (a loop over one size pays them once); the VM call; for
     one fresh output its numpy view (both in C, ``runtime_native``, where it is built, as for a static
-    model; session 13: qwen2 at one token paid 3.7 us more in Python).  Preallocated numpy outputs are checked against this call's sizes of
-    the named dims (an output whose dims are numbers or the inputs' named dims; others, and feeds it
+    model; session 13: qwen2 at one token paid 3.7 us more in Python).  Preallocated numpy outputs are
+    checked against this call's sizes of the named dims (an output whose dims are numbers or the inputs' named dims; others, and feeds it
     cannot take: a wrong name, dtype or shape, an array to copy) go to ``Executes._run_checked`` before
     any VM call."""
     main = model._main()
@@ -906,7 +906,7 @@ def _symbolic_run(plan: _Plan, model: "Executes"):
     if count != 1 or native[0] is None or last is None:
         return _like_run(run)
     (name0, dtype0, _), = specs
-    seen0 = last
+    seen0 = last                                      # [the last call's (array, view, ptr, shape, handle)]
 
     def run_one(feeds, outputs=None):
         """``run`` for one input and one output with the native step, when the array object and its shape

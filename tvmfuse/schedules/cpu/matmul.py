@@ -681,9 +681,9 @@ class MatmulEpilogue(U.CpuTemplate, family="cpu.matmul_epilogue", config=MatmulC
             work *= b
         parallel = U.parallel_default(work, target)
         # the macro tiles are the parallel tasks (batch x column panels x row blocks, parallel_depth 2 where
-        # the panels alone are too few): aim at the table's row_blocks_per_core tasks per core, least work on the busiest core (rows_for_tasks). L2-sized row
-        # blocks alone left BERT's 128-row FFN one task (mr 4 x 32 tiles = 128 rows, one 256-column panel):
-        # the whole kernel on one core (benchmarks/notes/staticmm13b.md)
+        # the panels alone are too few): aim at the table's row_blocks_per_core tasks per core, least work on
+        # the busiest core (rows_for_tasks).  L2-sized row blocks alone left BERT's 128-row FFN one task (mr 4
+        # x 32 tiles = 128 rows, one 256-column panel): the whole kernel on one core (notes/staticmm13b.md)
         mc_tiles = rows_for_tasks(m, tile["mr"], mc_tiles, batch * n_macro_j,
                                   d["row_blocks_per_core"] * info.cores if parallel else 1, ch, info.cores)
         n_macro_i = -(-m // (tile["mr"] * mc_tiles))
@@ -850,9 +850,8 @@ def partition_row_tiles(sch: C.Schedule, parallel_too: bool = False) -> None:
 def _column_loop_vars(sch: C.Schedule, block) -> set[str]:
     """Names of the loop variables bound to ``block``'s last spatial iterator (the matmul's N columns) and
     to no other, and in its predicate.  partition_row_tiles leaves them without the hint: a column macro
-    tile that N does not divide (N = 192, 12 vectors of 16 in macro tiles of 8) has a column predicate,
-    and TVM 0.27's
-    LoopPartition, splitting an int64 loop on it, writes its start as an int32 0 added to int64 values
+    tile that N does not divide (N = 192, 12 vectors of 16 in macro tiles of 8) has a column predicate, and
+    TVM 0.27's LoopPartition, splitting an int64 loop on it, writes its start as an int32 0 added to int64 values
     (``T.Add(0, T.int64(1))``); a later simplification then fails with "LT: mismatched types int32 vs
     int64" (gpt2_dyn's 64 x 192 kernel with a 4 x 2 tile; tests/test_symbolic_matmul_rows.py::
     test_column_predicate_with_row_tiles_builds).  The rows' predicate is what the hint is for."""

@@ -243,9 +243,11 @@ class SymbolicMatmulEpilogue(RowBuckets, MM.MatmulEpilogue, family="cpu.symbolic
         tile = MM.register_tile_default(rows, n, k, lanes, info, ch, d, self.accumulator_cap(lanes))
         mr, nr = tile["mr"], tile["nvec"] * lanes
         # a macro tile no wider than N (wider ones only add always-false column predicates), and one that
-        # divides N's register tiles where a choice does: levit_dyn's N = 160 (10 tiles of 16) at 8 tiles
-        # per macro tile left a column predicate in the parallel row nest that TVM's lowering refused
-        # ("mismatched types. int32 vs. int64"; notes/visionsym13.md)
+        # divides N's register tiles where a choice does (no column predicate in the row nest: levit_dyn's
+        # N = 160, 10 tiles of 16, in macro tiles of 5, not 8; notes/visionsym13.md).  That predicate once
+        # made TVM's lowering fail ("int32 vs. int64"); the cause, the loop-partition hint on the predicated
+        # column loop, is fixed in matmul.partition_row_tiles, so any nc_tiles of the space builds
+        # (tests/test_symbolic_matmul_rows.py::test_column_predicate_with_row_tiles_builds)
         fits = [c for c in ch["nc_tiles"] if c <= max(1, min(tile["nc_tiles"], n // nr))]
         dividing = [c for c in fits if (-(-n // nr)) % c == 0]
         nc_tiles = max(dividing or fits)
