@@ -23,6 +23,13 @@ REDUCE = 2    # IterVar.iter_type of a reduction block iterator (kCommReduce)
 # that reads it (a pad, a cast, a transpose): recomputing it per use costs less than materializing it.
 CHEAP_PRODUCER_OPS = 4
 
+# inline_elementwise keeps a producer apart rather than nest more than this many conditionals (Select,
+# if_then_else) on one path of a consumer's expression (``nests_conditionals``).  TVM's TIR lowering of
+# t5_encoder_dyn's relative-position kernel: 0.3 s at 2, 12 s at 3, 16 s at 4, 62-185 s unlimited.  In the
+# corpus it keeps apart only position-id and bucket computations ([batch, sequence] or [2, sequence]
+# integers: albert_dyn, roberta, opt_dyn, t5_encoder_dyn).
+MAX_CONDITIONAL_DEPTH = 2
+
 
 # A kernel over a symbolic batch (the outermost axis of its data and output; every other extent static)
 # takes the defaults of a batch of this size: the smallest one, whose parallel loop must find its
@@ -212,6 +219,71 @@ def count_ops(expr) -> int:
     return n
 
 
+_CHILD_ATTRS = ("a", "b", "value", "condition", "true_value", "false_value")
+
+
+def _children(expr):
+    for attr in _CHILD_ATTRS:
+        child = getattr(expr, attr, None)
+        if child is not None and not isinstance(child, (int, float, str)) and hasattr(child, "ty"):
+            yield child
+    yield from getattr(expr, "args", ()) or ()
+    yield from getattr(expr, "indices", ()) or ()
+
+
+def _conditional(expr) -> bool:
+    return isinstance(expr, C.tirx.Select) or (isinstance(expr, C.Call) and hasattr(expr.op, "name") and
+                                                 str(expr.op.name) == "tirx.if_then_else")
+
+
+def conditional_depth(expr, memo: dict | None = None) -> int:
+    """The most conditionals (``Select``, ``if_then_else``) on one path from the root of ``expr`` to a leaf
+    (load indices included), memoized by node so the walk stays linear in the expression's DAG."""
+    memo = {} if memo is None else memo
+    if isinstance(expr, (C.tirx.IntImm, C.tirx.FloatImm, C.tirx.Var)):
+        return 0
+    key = expr.__chandle__()   # the node's address (PrimExpr's == builds an expression)
+    if key not in memo:
+        memo[key] = int(_conditional(expr)) + max((conditional_depth(c, memo) for c in _children(expr)), default=0)
+    return memo[key]
+
+
+def _conditionals_above(expr, buffer, memo: dict) -> int:
+    """The most conditionals on one path from the root of ``expr`` down to a load of ``buffer`` (-1: no
+    such load)."""
+    if isinstance(expr, (C.tirx.IntImm, C.tirx.FloatImm, C.tirx.Var)):
+        return -1
+    key = expr.__chandle__()
+    if key not in memo:
+        if isinstance(expr, C.TensorLoad) and expr.source.same_as(buffer):
+            memo[key] = 0
+        else:
+            below = max((_conditionals_above(c, buffer, memo) for c in _children(expr)), default=-1)
+            memo[key] = below + int(_conditional(expr)) if below >= 0 else -1
+    return memo[key]
+
+
+def nests_conditionals(sch: C.Schedule, block, consumers) -> bool:
+    """Folding ``block`` could put more than ``MAX_CONDITIONAL_DEPTH`` conditionals on one path of a
+    consumer's expression: TVM's simplifier (StmtSimplify, HoistIfThenElse, FlattenBuffer's) re-simplifies
+    a conditional's operands under its condition, at a cost that grows steeply with the nesting
+    (t5_encoder_dyn's relative-position bucket, ``where`` over ``where`` over an ``if_then_else``
+    index: 62-185 s to lower one kernel; tests/test_schedules_cpu_inline_conditionals.py).  The value is
+    then computed once into its buffer, as the graph wrote it."""
+    value = store_value(sch, block)
+    if value is None:
+        return False
+    depth = conditional_depth(value)
+    if depth == 0:
+        return False
+    buffer = sch.get(block).writes[0].source
+    for consumer in consumers:
+        target = store_value(sch, consumer)
+        if target is not None and _conditionals_above(target, buffer, {}) + depth > MAX_CONDITIONAL_DEPTH:
+            return True
+    return False
+
+
 def store_value(sch: C.Schedule, block):
     body = sch.get(block).body
     return body.value if isinstance(body, C.BufferStore) else None
@@ -244,6 +316,8 @@ def inline_elementwise(sch: C.Schedule, keep=frozenset(), keep_if=None) -> list[
                 continue
             if keep_if is not None and keep_if(sch, block, consumers):
                 continue
+            if nests_conditionals(sch, block, consumers):
+                continue   # (MAX_CONDITIONAL_DEPTH)
             try:
                 sch.compute_inline(block)
             except C.ScheduleError:
