@@ -131,7 +131,8 @@ def main(argv=None) -> int:
                 for text in a.static_set:
                     cfg = {**sdefault, **SK._override(text)}
                     if not st.space(sm, target).contains(cfg):
-                        print(json.dumps({"kernel": sname, "skipped": f"static {text}", "why": "outside the knob space"}))
+                        print(json.dumps({"kernel": sname, "skipped": f"static {text}",
+                                          "why": "outside the knob space"}))
                         continue
                     built[f"static {st.family} {text}"] = _build(schedule_with(st, sm, sfunc, cfg), target)
                 # the static default last: every variant's outputs are compared with it

@@ -139,12 +139,18 @@ def test_gather_wrap_select_of_a_non_negative_index_takes_its_branch():
         for b, s in TS.grid(batch, sequence):
             with TS.sblock("wrap"):
                 vb, vs = TS.axis.remap("SS", [b, s])
-                O1[vb, vs] = A[TS.Add(TS.Select(TS.int64(0) < TS.Cast("int64", vs + TS.Add(vb, TS.int64(0)) * TS.Add(sequence, TS.int64(0)) < TS.int64(0)),
-                                                 vs + vb * sequence + batch * sequence, vs + TS.Add(vb, TS.int64(0)) * TS.Add(sequence, TS.int64(0))), TS.int64(0)) // sequence % batch,
-                               TS.Select(vs + vb * sequence < TS.int64(0), vs + vb * sequence + batch * sequence, vs + vb * sequence) % sequence]
+                O1[vb, vs] = A[
+                    TS.Add(TS.Select(TS.int64(0) < TS.Cast("int64", vs + TS.Add(vb, TS.int64(0))
+                                                          * TS.Add(sequence, TS.int64(0)) < TS.int64(0)),
+                                     vs + vb * sequence + batch * sequence,
+                                     vs + TS.Add(vb, TS.int64(0)) * TS.Add(sequence, TS.int64(0))),
+                           TS.int64(0)) // sequence % batch,
+                    TS.Select(vs + vb * sequence < TS.int64(0), vs + vb * sequence + batch * sequence,
+                              vs + vb * sequence) % sequence]
             with TS.sblock("keep"):
                 wb, ws = TS.axis.remap("SS", [b, s])
-                O2[wb, ws] = A[wb, TS.Select(ws - TS.int64(1) < TS.int64(0), ws - TS.int64(1) + sequence, ws - TS.int64(1)) % sequence]
+                O2[wb, ws] = A[wb, TS.Select(ws - TS.int64(1) < TS.int64(0), ws - TS.int64(1) + sequence,
+                                             ws - TS.int64(1)) % sequence]
             with TS.sblock("zero"):
                 zb, zs = TS.axis.remap("SS", [b, s])
                 O3[zb, zs] = A[zs // sequence, zs]
@@ -171,7 +177,8 @@ def flat_padding_mask(fill=-3.4028234663852886e38):
     s = g.op("Gather", shape, g.const(I64(1)), axis=0)
     rb = g.op("Range", g.const(I64(0)), b, g.const(I64(1)))
     rs = g.op("Range", g.const(I64(0)), s, g.const(I64(1)))
-    idx = g.op("Add", g.op("Mul", g.op("Unsqueeze", rb, g.const(I64([1]))), s), g.op("Unsqueeze", rs, g.const(I64([0]))))
+    idx = g.op("Add", g.op("Mul", g.op("Unsqueeze", rb, g.const(I64([1]))), s),
+               g.op("Unsqueeze", rs, g.const(I64([0]))))
     flat = g.op("Reshape", g.op("Cast", m, to=TensorProto.BOOL), g.const(I64([-1])))
     valid = g.op("Unsqueeze", g.op("Gather", flat, idx, axis=0), g.const(I64([1, 2])))        # [batch, 1, 1, seq]
     rows = g.op("GreaterOrEqual", g.op("Unsqueeze", rs, g.const(I64([0, 1, 3]))), g.const(I64(0)))  # [1, 1, seq, 1]
