@@ -87,6 +87,9 @@ def main(argv=None) -> int:
     ap.add_argument("--kernel", action="append", required=True, help="kernels whose name contains this")
     ap.add_argument("--bucket", default=None, help="the size bucket's name (default: the last, open one)")
     ap.add_argument("--set", action="append", default=[], help="config override KNOB=VALUE[,...] (repeatable)")
+    ap.add_argument("--static-set", action="append", default=[],
+                    help="config override of the static kernel KNOB=VALUE[,...] (repeatable; what a knob the "
+                         "symbolic nest lacks is worth)")
     ap.add_argument("--target", default=None, help="build target (default: the host, its cores)")
     ap.add_argument("--rounds", type=int, default=11)
     ap.add_argument("--repeat", type=int, default=20)
@@ -124,8 +127,16 @@ def main(argv=None) -> int:
             sfound = find_template(sfunc, target, templates_for(target))
             if sfound is not None:
                 st, sm = sfound
-                built[f"static {st.family}"] = _build(schedule_with(st, sm, sfunc, st.default_config(sm, target)),
-                                                     target)
+                sdefault = st.default_config(sm, target)
+                for text in a.static_set:
+                    cfg = {**sdefault, **SK._override(text)}
+                    if not st.space(sm, target).contains(cfg):
+                        print(json.dumps({"kernel": sname, "skipped": f"static {text}",
+                                          "why": "outside the knob space"}))
+                        continue
+                    built[f"static {st.family} {text}"] = _build(schedule_with(st, sm, sfunc, cfg), target)
+                # the static default last: every variant's outputs are compared with it
+                built[f"static {st.family}"] = _build(schedule_with(st, sm, sfunc, sdefault), target)
         # arguments: the symbolic kernel's buffers at --dims (the static build may have fused the kernel
         # differently: then it is timed without the static comparator); scalars (shape variables) by name
         rng = np.random.default_rng(0)

@@ -121,6 +121,109 @@ def test_flat_index_splits_into_quotient_and_remainder():
     assert "(wi * sequence + wj + T.int64(1)) // sequence" in text, text
 
 
+def test_gather_wrap_select_of_a_non_negative_index_takes_its_branch():
+    """A gather's negative-index wrap ``Select(0 < int64(i < 0), i + n, i)`` of a flat index ``b * S + s``
+    (never negative) is ``i``, whose ``// S % B`` and ``% S`` then split into ``b`` and ``s`` (``+ 0`` terms, as
+    TVM's inlining leaves them, do not hide the product); the wrap of ``s - 1`` (negative at s = 0) stays, and
+    so does its division.  A ``floordiv`` proved 0 becomes an int64 0."""
+    TS = C.script_tir
+
+    @TS.prim_func(private=True, s_tir=True)
+    def before(a: TS.handle, o1: TS.handle, o2: TS.handle, o3: TS.handle):
+        batch = TS.int64()
+        sequence = TS.int64()
+        A = TS.match_buffer(a, (batch, sequence), "float32")
+        O1 = TS.match_buffer(o1, (batch, sequence), "float32")
+        O2 = TS.match_buffer(o2, (batch, sequence), "float32")
+        O3 = TS.match_buffer(o3, (batch, sequence), "float32")
+        for b, s in TS.grid(batch, sequence):
+            with TS.sblock("wrap"):
+                vb, vs = TS.axis.remap("SS", [b, s])
+                O1[vb, vs] = A[
+                    TS.Add(TS.Select(TS.int64(0) < TS.Cast("int64", vs + TS.Add(vb, TS.int64(0))
+                                                          * TS.Add(sequence, TS.int64(0)) < TS.int64(0)),
+                                     vs + vb * sequence + batch * sequence,
+                                     vs + TS.Add(vb, TS.int64(0)) * TS.Add(sequence, TS.int64(0))),
+                           TS.int64(0)) // sequence % batch,
+                    TS.Select(vs + vb * sequence < TS.int64(0), vs + vb * sequence + batch * sequence,
+                              vs + vb * sequence) % sequence]
+            with TS.sblock("keep"):
+                wb, ws = TS.axis.remap("SS", [b, s])
+                O2[wb, ws] = A[wb, TS.Select(ws - TS.int64(1) < TS.int64(0), ws - TS.int64(1) + sequence,
+                                             ws - TS.int64(1)) % sequence]
+            with TS.sblock("zero"):
+                zb, zs = TS.axis.remap("SS", [b, s])
+                O3[zb, zs] = A[zs // sequence, zs]
+
+    after = drop_wrapless_modulo(before)
+    text = after.script()
+    assert "O1[vb, vs] = A[vb, vs]" in text, text
+    assert "ws - T.int64(1) < T.int64(0)" in text and "% sequence" in text, text     # may be negative: kept
+    assert "O3[zb, zs] = A[T.int64(0), zs]" in text, text
+    assert drop_wrapless_modulo(after).same_as(after)
+
+
+def flat_padding_mask(fill=-3.4028234663852886e38):
+    """transformers' vmap-style padding mask (albert_dyn, roberta_dyn): the [batch, seq] mask flattened,
+    gathered at ``b * seq + kv`` (an ONNX Gather: its index wrapped where negative), and-ed with
+    ``q >= 0`` over [batch, 1, seq, seq], then where(mask, 0, fill): one cpu.elementwise kernel per call."""
+    from onnx import TensorProto
+
+    I64 = lambda v: np.array(v, dtype=np.int64)      # noqa: E731
+    g = M._G("flat_padding_mask")
+    m = g.input("mask", ("batch", "seq"), TensorProto.INT64)
+    shape = g.op("Shape", m)
+    b = g.op("Gather", shape, g.const(I64(0)), axis=0)
+    s = g.op("Gather", shape, g.const(I64(1)), axis=0)
+    rb = g.op("Range", g.const(I64(0)), b, g.const(I64(1)))
+    rs = g.op("Range", g.const(I64(0)), s, g.const(I64(1)))
+    idx = g.op("Add", g.op("Mul", g.op("Unsqueeze", rb, g.const(I64([1]))), s),
+               g.op("Unsqueeze", rs, g.const(I64([0]))))
+    flat = g.op("Reshape", g.op("Cast", m, to=TensorProto.BOOL), g.const(I64([-1])))
+    valid = g.op("Unsqueeze", g.op("Gather", flat, idx, axis=0), g.const(I64([1, 2])))        # [batch, 1, 1, seq]
+    rows = g.op("GreaterOrEqual", g.op("Unsqueeze", rs, g.const(I64([0, 1, 3]))), g.const(I64(0)))  # [1, 1, seq, 1]
+    g.op("Where", g.op("And", rows, valid), g.const(np.float32(0.0)), g.const(np.float32(fill)))
+    g.rename_last("y", ("batch", 1, "seq", "seq"))
+    return g.model()
+
+
+def _loads_of(func, name: str) -> list:
+    loads = []
+    C.post_order_visit(func.body, lambda n: loads.append(n) if isinstance(n, C.TensorLoad)
+                       and str(n.source.name) == name else None)
+    return loads
+
+
+@pytest.mark.parametrize("target", TARGETS + ["neon-4"])
+def test_flat_padding_mask_reads_the_mask_at_b_kv(target):
+    """The mask kernel reads ``mask[b, kv]``: no wrap select, no division by batch or sequence in the index
+    (was ``mask[(kv + b * S) // S % B, (kv + b * S) % S]`` under the wrap: three 64-bit divisions per element
+    and no vector loop, albert_dyn's mask kernel 92 us per call at sequence 128 vs 9.4 static, one thread,
+    under load; notes/albert14.md)."""
+    tgt = parse_target(NAMED_TARGETS[target])
+    (kname, func), = S.graph_funcs(flat_padding_mask(), tgt).items()
+    mask = str(func.params[0].name)
+    assert any(not isinstance(i, C.IntImm) and "//" in str(i) for ld in _loads_of(func, mask) for i in ld.indices) \
+        or "Select" in func.script()                                   # the unscheduled kernel: a flat gather
+    res = schedule_prim_func(func, tgt, {}, kname)
+    assert res is not None and res.template == "cpu.elementwise", res and res.template
+    loads = _loads_of(res.func, mask)
+    assert loads
+    for ld in loads:
+        text = [str(i) for i in ld.indices]
+        assert not any(("//" in t or "%" in t or "Select" in t) for t in text), text
+    C.lower_tir(C.IRModule({"main": res.func.with_attr("global_symbol", "main")}), tgt)
+
+
+def test_flat_padding_mask_numerics(host, rng):
+    model = flat_padding_mask()
+    cm = tvmfuse.compile(model, target=host)
+    for b, s in ((1, 1), (1, 128), (3, 17), (2, 5)):
+        feeds = {"mask": rng.integers(0, 2, size=(b, s)).astype(np.int64)}
+        out, ref = cm.run(feeds), M.reference_outputs(model, feeds)
+        np.testing.assert_array_equal(out["y"], ref["y"], err_msg=f"at {(b, s)}")
+
+
 @pytest.mark.parametrize("target", TARGETS)
 def test_symbolic_norm_through_reshapes_divides_by_no_symbolic_extent(target):
     """gpt2_dyn's residual + LayerNorm kernel: every index that a static build simplifies is free of

@@ -18,6 +18,14 @@ proved ``floordiv(a, b)`` becomes 0.  An ``a = q * b + r`` with ``0 <= r < b`` p
 index over two symbolic dims: deberta_v2_dyn's masked softmax read ``x // sequence // sequence``,
 ``x // sequence % sequence`` and ``x % sequence`` per element, 16x its static kernel; notes/corpus13.md)
 gives ``floordiv(a, b) = q`` and ``floormod(a, b) = r``.  Anything it cannot prove stays as it is.
+
+A gather's negative-index wrap (ONNX Gather / take: ``where(i < 0, i + n, i)``) folds into its index as
+``Select(0 < int64(a < 0), a + n, a)``; with static extents TVM proves ``a >= 0`` and keeps ``a``, with
+symbolic ones it cannot, and the select then hides the flat index from the split above.  A select whose
+test is ``a < 0`` (or ``0 <= a``) of such a non-negative ``a`` becomes its taken branch (albert_dyn's padding
+mask, ``mask[b * sequence + kv]`` gathered from the flattened mask: three 64-bit divisions per element and no
+vector loop, 92 us per call at sequence 128 vs 9.4 static; notes/albert14.md).  ``x + 0`` terms (TVM's
+inlining leaves them) are dropped first, so the divisor and the flat index compare structurally.
 """
 from __future__ import annotations
 
@@ -106,6 +114,26 @@ class _Bounds:
         return up is not None and bool(self.analyzer.can_prove(up < b))
 
 
+    def non_negative(self, a) -> bool:
+        """``a >= 0`` proved: a sum of products of non-negative terms (what ``upper`` bounds)."""
+        return self.upper(a) is not None
+
+    def truth(self, cond):
+        """True / False where ``cond`` is a sign test of a non-negative index (``a < 0``: False, ``0 <= a``
+        or ``a >= 0``: True), or such a test seen through ``0 < int(test)`` (a where over a bool tensor);
+        None otherwise."""
+        zero = lambda e: isinstance(e, T.IntImm) and e.value == 0      # noqa: E731
+        if isinstance(cond, T.LT) and zero(cond.b) and self.non_negative(cond.a):
+            return False
+        if isinstance(cond, T.LE) and zero(cond.a) and self.non_negative(cond.b):
+            return True
+        if isinstance(cond, T.GE) and zero(cond.b) and self.non_negative(cond.a):
+            return True
+        if isinstance(cond, T.LT) and zero(cond.a) and isinstance(cond.b, T.Cast) \
+                and str(cond.b.value.ty) == "bool":
+            return self.truth(cond.b.value)
+        return None
+
     def quotient_remainder(self, a, b):
         """``(q, r)`` with ``a == q * b + r``, ``q >= 0`` and ``0 <= r < b`` proved (a reshape's flat index
         ``(x * sequence + k) // sequence`` is ``x``, its ``% sequence`` is ``k``, when ``k < sequence``), else
@@ -136,12 +164,27 @@ def drop_wrapless_modulo(func: C.PrimFunc) -> C.PrimFunc:
             return e
         if bounds.below(e.a, e.b):
             changed.append(e)
-            return e.a if isinstance(e, T.FloorMod) else T.IntImm(e.dtype, 0)
+            return e.a if isinstance(e, T.FloorMod) else T.IntImm(e.ty, 0)
         split = bounds.quotient_remainder(e.a, e.b)
         if split is None:
             return e
         changed.append(e)
         return split[1] if isinstance(e, T.FloorMod) else split[0]
 
-    out = C.structural_map(func, ((T.FloorMod, T.FloorDiv), rewrite))
+    def plus_zero(e):
+        # ``x + 0`` -> ``x`` (not a change by itself: only a proof below makes the rewritten function)
+        for keep, other in ((e.a, e.b), (e.b, e.a)):
+            if isinstance(other, T.IntImm) and other.value == 0 and str(keep.ty) == str(e.ty):
+                return keep
+        return e
+
+    def select(e):
+        taken = bounds.truth(e.condition)
+        if taken is None:
+            return e
+        changed.append(e)
+        return e.true_value if taken else e.false_value
+
+    # post-order: an index's ``+ 0`` terms and wrap selects are gone before its divisions are looked at
+    out = C.structural_map(func, [(T.Add, plus_zero), (T.Select, select), ((T.FloorMod, T.FloorDiv), rewrite)])
     return out if changed else func

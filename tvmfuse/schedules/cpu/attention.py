@@ -58,7 +58,10 @@ tiles, into L2 (at S=512 their share of a one-thread profile went from ~15% to ~
 
 Batch and sequence extents may be symbolic (TIR vars: one kernel for every size); the blocks then loop
 over the symbolic sequence with a tail, and the last query block computes only the row groups that hold
-existing rows.  Loop counts that would always equal a static number stay static, as in the static kernel
+existing rows, its row indices clamped to the last row; the blocks before it (``q0 + qb <= sequence``) run
+a body of their own without the clamps (``query_block``: a clamp per lane of the mask gather made albert_dyn's
+kernel 1.33x its static one at sequence 128).  Loop counts that would always equal a static number stay
+static, as in the static kernel
 (row groups whose unit is the whole query block; a single query or key block where the nest's size bucket
 bounds the sequence by the block), so a bucket's nest has the static kernel's loops.
 
@@ -872,9 +875,14 @@ def _flash_root(spec: AttentionSpec, params: list, qb: int, kb: int, lanes: int,
                         benv_next = _batch_env(spec, _unravel(tir.floordiv(t_next, ntq), list(spec.batch))
                                                if spec.batch else [])
 
-                    def block_body(q0, qblk=0):
-                        """One query block: rows q0 .. q0 + qb - 1 (the task's ``qblk``-th)."""
-                        if q_tail:
+                    def block_body(q0, qblk=0, full=False):
+                        """One query block: rows q0 .. q0 + qb - 1 (the task's ``qblk``-th); ``full``: every
+                        row exists (a symbolic sequence's blocks before its last), so no row index is
+                        clamped to the last row and no row is tested against the sequence."""
+                        def row(i):       # a query row's index for the loads: clamped where it may not exist
+                            return i if full else tir.min(i, spec.sq - 1)
+
+                        if q_tail and not full:
                             live = tir.floordiv(tir.min(qb, spec.sq - q0) + (unit - 1), unit) * unit
 
                             def n_groups(size):      # groups of `size` rows that hold existing rows
@@ -890,7 +898,7 @@ def _flash_root(spec: AttentionSpec, params: list, qb: int, kb: int, lanes: int,
                                 with T.serial(0, spec.d // lanes) as do:
                                     rows_in = []
                                     for r in range(lanes):
-                                        idx = _index(spec.q, {**benv, "i": tir.min(q0 + qo * lanes + r, spec.sq - 1),
+                                        idx = _index(spec.q, {**benv, "i": row(q0 + qo * lanes + r),
                                                               "d": do * lanes}, ext)
                                         idx[-1] = tir.Ramp(idx[-1], 1, lanes)
                                         rows_in.append(tir.BufferLoad(buf["q"], idx))
@@ -900,7 +908,7 @@ def _flash_root(spec: AttentionSpec, params: list, qb: int, kb: int, lanes: int,
                         else:
                             with T.serial(0, spec.d) as dd:
                                 with _vector_loop(T, qb, lanes) as qi:
-                                    T.buffer_store(qt, load("q", spec.q, {**benv, "i": tir.min(q0 + qi, spec.sq - 1),
+                                    T.buffer_store(qt, load("q", spec.q, {**benv, "i": row(q0 + qi),
                                                                            "d": dd}) * scale, [dd, qi])
                         with _vector_loop(T, qb, lanes) as qi:
                             T.buffer_store(m, neg_inf, [qi])
@@ -952,7 +960,7 @@ def _flash_root(spec: AttentionSpec, params: list, qb: int, kb: int, lanes: int,
                                             qi = qg * tile_qvecs * lanes + qq
                                             x = st[jj, qi]
                                             j = j0 + jj
-                                            ic = tir.min(q0 + qi, spec.sq - 1)
+                                            ic = row(q0 + qi)
                                             if spec.mask is not None:
                                                 x = x + load("mask", spec.mask,
                                                              {**benv, "i": ic, "j": tir.min(j, spec.sk - 1)})
@@ -1015,32 +1023,51 @@ def _flash_root(spec: AttentionSpec, params: list, qb: int, kb: int, lanes: int,
                         # products (0 * inf = NaN keeps a row without weight NaN, as acc / 0 does).
                         with _vector_loop(T, qb, lanes) as qi:
                             T.buffer_store(al, tir.const(1.0, f32) / lsum[qi], [qi])
+                        def store_row(qi, i):
+                            total = lsum[qi]
+                            with _vector_loop(T, spec.dv, lanes) as e:
+                                val = acc[qi, e] * al[qi]
+                                if spec.zero_empty_rows:     # no key seen: the sum stayed 0
+                                    val = tir.Select(total > zero, val, zero)
+                                if spec.guard is not None:
+                                    g = load("guard", spec.guard, {**benv, "i": i})
+                                    val = tir.Select(g, zero, val)
+                                T.buffer_store(buf["out"], val, _index(spec.out, {**benv, "i": i, "e": e}, ext))
+
                         with T.serial(0, qb) as qi:
-                            i = q0 + qi
-                            with T.If(i < spec.sq):
+                            if full:
+                                store_row(qi, q0 + qi)
+                            else:
+                                with T.If(q0 + qi < spec.sq):
+                                    with T.Then():
+                                        store_row(qi, q0 + qi)
+
+                    def query_block(q0, qblk=0):
+                        """A query block; over a symbolic sequence of more than one block, the blocks whose rows
+                        all exist take a nest without the row clamps (each lane of a mask read or a Q transpose
+                        clamped to the last row made albert_dyn's attention 1.33x its static kernel at sequence
+                        128, kernel-only, one thread, under load; notes/albert14.md), the last block the
+                        clamped one."""
+                        if static(spec.sq) is None and static(nqb) != 1:
+                            with T.If(q0 + qb <= spec.sq):
                                 with T.Then():
-                                    total = lsum[qi]
-                                    with _vector_loop(T, spec.dv, lanes) as e:
-                                        val = acc[qi, e] * al[qi]
-                                        if spec.zero_empty_rows:     # no key seen: the sum stayed 0
-                                            val = tir.Select(total > zero, val, zero)
-                                        if spec.guard is not None:
-                                            g = load("guard", spec.guard, {**benv, "i": i})
-                                            val = tir.Select(g, zero, val)
-                                        T.buffer_store(buf["out"], val,
-                                                       _index(spec.out, {**benv, "i": i, "e": e}, ext))
+                                    block_body(q0, qblk, full=True)
+                                with T.Else():
+                                    block_body(q0, qblk)
+                        else:
+                            block_body(q0, qblk)
 
                     if q_blocks == 1:
-                        block_body(tq * qb)
+                        query_block(tq * qb)
                     else:
                         with T.serial(0, q_blocks) as qblk:
                             qbi = tq * q_blocks + qblk
                             if static(nqb) is not None and static(nqb) % q_blocks == 0:
-                                block_body(qbi * qb, qblk)
+                                query_block(qbi * qb, qblk)
                             else:
                                 with T.If(qbi < nqb):
                                     with T.Then():
-                                        block_body(qbi * qb, qblk)
+                                        query_block(qbi * qb, qblk)
     return ib.get().body.block
 
 
