@@ -288,7 +288,8 @@ class SymbolicMatmulEpilogue(RowBuckets, MM.MatmulEpilogue, family="cpu.symbolic
         """The GEMV-like nest's vectors per register tile: one row, so each accumulator is one FMA chain and
         each B vector an FMA's memory operand.  A serial nest takes the most accumulators that divide N
         (``choices``: the space's, N-dividing), at most the table's ``gemv_accumulators`` (the chains that
-        hide the FMA latency) and the vector registers less one (A's broadcast).  A parallel nest (its
+        hide the FMA latency) and the vector registers less one (A's broadcast), and never fewer than
+        ``narrow``.  A parallel nest (its
         parallel loop is over column tiles) widens ``narrow`` (the GEMM row's tile) only as far as a column
         tile per core remains: measured at one row only (serial), notes/gpt2one14.md.
         tests/test_symbolic_gemv_tile.py"""
