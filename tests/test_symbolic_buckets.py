@@ -99,8 +99,11 @@ def test_one_kernel_holds_a_gemv_nest_and_a_row_tiled_nest(name, build, target):
     serial_cfg, small_cfg, large_cfg = (b["config"] for b in buckets)
     assert small_cfg["mr"] == 1 and small_cfg["mc_tiles"] == 1 and small_cfg["order"] == "ji"
     assert large_cfg["mr"] > 1
-    # the serial bucket: the GEMV-like nest without its parallel loop (the knob the static build has there)
-    assert serial_cfg == {**small_cfg, "parallel": False} and small_cfg["parallel"] and large_cfg["parallel"]
+    # the serial bucket: the GEMV-like nest without its parallel loop (the knob the static build has there),
+    # its register tile as wide as one row's FMA chains want (tests/test_symbolic_gemv_tile.py)
+    wide = {k: serial_cfg[k] for k in ("nvec", "nc_tiles")}
+    assert serial_cfg == {**small_cfg, "parallel": False, **wide} and small_cfg["parallel"] and large_cfg["parallel"]
+    assert serial_cfg["nvec"] >= small_cfg["nvec"]
 
     t = SymbolicMatmulEpilogue()
     rows = t.dispatch_extent(t.match(func, tgt))
@@ -114,10 +117,13 @@ def test_one_kernel_holds_a_gemv_nest_and_a_row_tiled_nest(name, build, target):
     assert int(C.ForKind.PARALLEL) not in [k for k, _ in loops] and not preds
     serial_kind = {int(C.ForKind.PARALLEL): int(C.ForKind.SERIAL)}
 
-    def shape(nest):
-        return [(serial_kind.get(k, k), str(e)) for k, e in _loops_and_predicates(nest)[0]]
+    def shape(nest, extents=True):
+        return [(serial_kind.get(k, k), str(e) if extents or not isinstance(e, C.IntImm) else "")
+                for k, e in _loops_and_predicates(nest)[0]]
 
-    assert shape(serial_nest) == shape(small_nest)        # else the same loops as the GEMV-like nest
+    # else the same loops as the GEMV-like nest (the same extents where the register tile is as wide)
+    assert shape(serial_nest, wide == {k: small_cfg[k] for k in wide}) == \
+        shape(small_nest, wide == {k: small_cfg[k] for k in wide})
     for nest in (small_nest, large_nest):
         loops, _ = _loops_and_predicates(nest)
         assert int(C.ForKind.PARALLEL) in [k for k, _ in loops]

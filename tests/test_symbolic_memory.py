@@ -241,3 +241,13 @@ def test_builtins_per_call_counted_by_the_benchmark(symbolic_block, host, rng):
     static_calls = bench.builtin_calls(static, {"x": x})
     assert "vm.builtin.make_shape" not in static_calls and static_calls["kernel"] == 2
     assert set(bench.vm_instructions(symbolic_block)) == {"main"}
+
+
+def test_call_benchmark_times_on_either_clock(symbolic_block, rng):
+    """benchmarks/symbolic_call.py ``--clock wall`` (what a user sees on several runtime threads) or the
+    thread's CPU time: per build and path, min <= median, both positive."""
+    bench = _symbolic_call_bench()
+    x = rng.standard_normal((3, 8, 8, 8)).astype(np.float32)
+    for clock in bench.CLOCKS.values():
+        t = bench.timed({"symbolic": symbolic_block}, {"x": x}, rounds=2, repeat=2, clock=clock)["symbolic"]
+        assert set(t) == {"vm", "run"} and all(0 < p["min_us"] <= p["median_us"] for p in t.values())

@@ -35,6 +35,10 @@ from . import matmul as MM
 # dividing a row count only known at run time): a register tile of this many rows or fewer keeps the
 # predicated last tile short (at most mr - 1 wasted rows).
 SYM_MR_CHOICES = (1, 2, 3, 4, 6, 8)
+# The GEMV-like nest's vectors per register tile (one row): each B vector is the memory operand of one FMA,
+# so a one-row tile holds up to all but one vector register in accumulators, more than MatmulConfig's
+# NVEC_CHOICES (sized for tiles of several rows, whose B vectors are each loaded once for mr FMAs).
+GEMV_NVEC_CHOICES = (1, 2, 3, 4, 6, 8)
 
 
 def _is_static(e) -> bool:
@@ -225,7 +229,8 @@ class SymbolicMatmulEpilogue(RowBuckets, MM.MatmulEpilogue, family="cpu.symbolic
         return MM.MatmulConfig.space(
             # few rows: one row per register tile and per macro tile (no row tiling, no wasted rows)
             **({"mr": (1,), "mc_tiles": (1,)} if small else {"mr": SYM_MR_CHOICES, "mc_tiles": MM.MC_TILES}),
-            nvec=tuple(v for v in MM.NVEC_CHOICES if n % (v * lanes) == 0), lanes=(lanes,),
+            nvec=tuple(v for v in (GEMV_NVEC_CHOICES if small else MM.NVEC_CHOICES) if n % (v * lanes) == 0),
+            lanes=(lanes,),
             nc_tiles=U.choices_upto(MM.NC_TILES, max(1, n // lanes)),
             k_unroll=U.choices_upto(MM.K_UNROLL, k),   # order, parallel_depth: MatmulConfig's candidates
             pack_b=(False,),          # B is shared by every row tile; no packing over symbolic rows
@@ -264,14 +269,35 @@ class SymbolicMatmulEpilogue(RowBuckets, MM.MatmulEpilogue, family="cpu.symbolic
         no larger than L2 allows."""
         info, d = cpu_info(target), self.table_defaults(target)
         n, k, lanes = match.info["N"], match.info["K"], info.float32_lanes
-        tile = MM.register_tile_default(1, n, k, lanes, info, ch, d, self.accumulator_cap(lanes))
+        serial = match.info.get("serial", False)
+        # the register tile of a GEMM row (MatmulConfig's vectors), then widened for one row's FMA chains
+        narrow = MM.register_tile_default(1, n, k, lanes, info, {**ch, "nvec": tuple(
+            v for v in ch["nvec"] if v in MM.NVEC_CHOICES)}, d, self.accumulator_cap(lanes))["nvec"]
+        nvec = self._gemv_vectors(n, lanes, ch["nvec"], narrow, info, d, serial)
+        tile = MM.register_tile_default(1, n, k, lanes, info, {**ch, "nvec": (nvec,)}, d,
+                                        self.accumulator_cap(lanes))
         nr = tile["nvec"] * lanes
         enough = [c for c in ch["nc_tiles"] if c <= tile["nc_tiles"] and n // (nr * c) >= info.cores]
         nc_tiles = max(enough) if enough else min(ch["nc_tiles"])
         # a serial bucket (RowBuckets.serial_rows: under the fork/join cost) keeps the nest serial
         return MM.MatmulConfig(**{**tile, "nc_tiles": nc_tiles}, order=d["small_order"], parallel_depth=1,
-                               pack_b=False, pad_n=False, flatten_batch=True,
-                               parallel=not match.info.get("serial", False)).asdict()
+                               pack_b=False, pad_n=False, flatten_batch=True, parallel=not serial).asdict()
+
+    @staticmethod
+    def _gemv_vectors(n: int, lanes: int, choices, narrow: int, info, d: dict, serial: bool) -> int:
+        """The GEMV-like nest's vectors per register tile: one row, so each accumulator is one FMA chain and
+        each B vector an FMA's memory operand.  A serial nest takes the most accumulators that divide N
+        (``choices``: the space's, N-dividing), at most the table's ``gemv_accumulators`` (the chains that
+        hide the FMA latency) and the vector registers less one (A's broadcast), and never fewer than
+        ``narrow``.  A parallel nest (its
+        parallel loop is over column tiles) widens ``narrow`` (the GEMM row's tile) only as far as a column
+        tile per core remains: measured at one row only (serial), notes/gpt2one14.md.
+        tests/test_symbolic_gemv_tile.py"""
+        regs = U.Registers.for_bits(info.vector_bits).count
+        fit = [v for v in choices if v <= int(d["gemv_accumulators"]) and v + 1 <= regs]
+        if not serial:
+            fit = [v for v in fit if n // (v * lanes) >= info.cores]
+        return max([narrow, *fit])
 
     def apply(self, sch: C.Schedule, match: Match, config: dict) -> None:
         # cpu.matmul_epilogue's steps; flattenable(info) holds (shared weight, ordered iterators), so its
