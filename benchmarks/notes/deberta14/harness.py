@@ -32,7 +32,13 @@ def run(name, sizes, tgt, show=False, number=50, func=None):
     func = func or load(name)
     with tgt:
         s = schedule_prim_func(func, tgt, name=name)
-    f = s.func
+    if s is None:
+        from tvmfuse.schedules.cpu.generic import schedule_generic
+        with tgt: f = schedule_generic(func, tgt)[0]
+        class _S: template='cpu.generic'
+        s=_S()
+    else:
+        f = s.func
     if show: print(f.script())
     mod = C.IRModule({"main": f.with_attr("global_symbol","main")})
     lib = C.build_prim_module(mod, tgt)
@@ -42,7 +48,7 @@ def run(name, sizes, tgt, show=False, number=50, func=None):
     for p in f.params:
         if hasattr(p,'shape'):
             shp=[evalx(e,sizes) for e in p.shape]
-            a=rng.standard_normal(shp).astype('float32'); arrs.append(a); args.append(C.tensor(a, dev))
+            a=(rng.standard_normal(shp).astype('float32') if 'float' in str(p.dtype) else rng.integers(0,32,shp).astype(str(p.dtype))); arrs.append(a); args.append(C.tensor(a, dev))
         else:
             arrs.append(sizes[str(p.name)]); args.append(sizes[str(p.name)])
     lib["main"](*args)
