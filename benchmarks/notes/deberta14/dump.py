@@ -12,7 +12,6 @@ with tgt:
     with Recorder() as rec:
         fused = C.Sequential(st.graph(), name="x")(mod)
 print(time.time()-t)
-import pickle
 for gv, f in fused.functions.items():
     n = gv.name_hint
     if any(n.startswith(p) for p in sys.argv[1:]):
