@@ -52,12 +52,21 @@ def _qkv_symbolic_rows():
     return g.model()
 
 
+def _scores_symbolic():
+    """q @ k per (batch, head), N = sequence (both symbolic): cpu.symbolic_batch_matmul."""
+    g = M._G("scores_sym")
+    g.op("MatMul", g.input("q", ("batch", 4, "seq", 16)), g.input("k", ("batch", 4, 16, "seq")))
+    g.rename_last("y", ("batch", 4, "seq", "seq"))
+    return g.model()
+
+
 # family -> a model one of whose fused kernels the family matches
 CASES = {
     "cpu.matmul_epilogue": lambda: S.matmul_3d(k=48),
     "cpu.sibling_matmuls": lambda: S.qkv_3d(),
     "cpu.symbolic_matmul": _mlp_symbolic_rows,
     "cpu.symbolic_siblings": _qkv_symbolic_rows,
+    "cpu.symbolic_batch_matmul": _scores_symbolic,
     "cpu.symbolic_rows": _softmax_symbolic_rows,
     "cpu.elementwise": lambda: M.elementwise_chain(n=4096),
     "cpu.row_reduction": lambda: M.layernorm(rows=512, d=96),   # over the fork/join cost: parallel
@@ -105,6 +114,9 @@ def test_default_is_a_typed_point_of_the_space(family, tname):
     ("cpu.symbolic_matmul", "order", "ji", "order", "ji"),
     ("cpu.symbolic_siblings", "k_unroll", 8, "k_unroll", 8),
     ("cpu.symbolic_rows", "vector_mult", 2, "vector_mult", 2),
+    ("cpu.symbolic_batch_matmul", "mr", 6, "mr", 6),
+    ("cpu.symbolic_batch_matmul", "tile_floats", 8, "nvec", 1),           # haswell: 8 lanes
+    ("cpu.symbolic_batch_matmul", "k_unroll", 2, "k_unroll", 2),
     ("cpu.elementwise", "unroll", 4, "unroll", 4),
     ("cpu.elementwise", "vector_mult", 2, "vector_mult", 2),
     ("cpu.row_reduction", "unroll", 2, "unroll", 2),

@@ -248,7 +248,9 @@ def schedule_with(template: Template, match: Match, func: C.PrimFunc, config: di
     if rewrite is not None:
         # a family whose kernels have no blocks to schedule (cpu.scan: TVM's extern scan) rewrites the loops
         return drop_wrapless_modulo(rewrite(func, match, config))
-    sch = C.Schedule(func)
+    # before the template inlines producers too: a block's index over its own bounded iterators simplifies
+    # there, and not once a gather's index value replaces the iterator (deberta_v2_dyn's c2p / p2c gathers)
+    sch = C.Schedule(drop_wrapless_modulo(func))
     template.apply(sch, match, config)
     return drop_wrapless_modulo(sch.mod["main"])
 

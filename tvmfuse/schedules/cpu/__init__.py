@@ -15,6 +15,7 @@ from .reduction import RowReduction
 from .scan import Scan
 from .siblings import SiblingMatmuls
 from .symbolic import SymbolicRows
+from .symbolic_batch_matmul import SymbolicBatchMatmul
 from .symbolic_matmul import SymbolicMatmulEpilogue
 from .symbolic_prologue import SymbolicNormMatmul
 from .symbolic_siblings import SymbolicSiblings
@@ -37,5 +38,6 @@ TEMPLATES: list = [
     SymbolicNormMatmul(),         # the norm_prologue rule's kernels over symbolic rows (batch x seq)
     SymbolicMatmulEpilogue(),     # a matmul over symbolic rows (batch x seq) with static N/K
     SymbolicSiblings(),           # several matmuls of one input over symbolic rows: before SymbolicRows
+    SymbolicBatchMatmul(),        # a batched matmul over symbolic extents (B per batch): before SymbolicRows
     SymbolicRows(),               # last: reductions over symbolic extents the static templates refuse
 ]

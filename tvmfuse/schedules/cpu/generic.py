@@ -260,6 +260,8 @@ def schedule_generic(func: C.PrimFunc, target: C.Target) -> tuple[C.PrimFunc, di
     from ..index_bounds import drop_wrapless_modulo
 
     cfg = GenericConfig.for_target(target)
+    # before inlining too, as schedule_with does (a gather's index in place of a bounded iterator)
+    func = drop_wrapless_modulo(func)
     serial, report = _schedule_nest(func, cfg, symbolic_parallel=False)
     elements = _symbolic_output_elements(func)
     if elements is None:

@@ -1,0 +1,147 @@
+"""``cpu.symbolic_batch_matmul`` (tvmfuse/schedules/cpu/symbolic_batch_matmul.py): a batched matmul over
+symbolic extents whose second operand follows a batch axis (attention's QK^T + bias, probs @ V, a weight per
+head) gets a register-tiled schedule on zero-padded i / j domains instead of ``cpu.symbolic_rows``'s row at a
+time (deberta_v2_dyn's QK^T + bias: 545 -> 29 us at b1 s128, kernel-only, under load; notes/deberta14.md).
+Numbers against the ONNX reference at sizes that leave partial tiles; structure on named targets."""
+import numpy as np
+import pytest
+
+import tvmfuse
+from tvmfuse import _compat as C
+from tvmfuse import models as M
+from tvmfuse.pipeline import PipelineOptions, graph_stage
+from tvmfuse.schedules import schedule_prim_func
+from tvmfuse.schedules.cpu.symbolic_batch_matmul import SymbolicBatchMatmul
+from tvmfuse.schedules.cpu.symbolic_matmul import SymbolicMatmulEpilogue
+from tvmfuse.target import parse_target
+
+from conftest import NAMED_TARGETS
+
+FAMILY = SymbolicBatchMatmul.family
+HEADS, D = 4, 16
+
+
+def _scores():
+    """y = q @ k + bias per (batch, head): N = sequence, K static (QK^T with DeBERTa's c2p / p2c bias)."""
+    g = M._G("bmm_scores")
+    q = g.input("q", ("batch", HEADS, "sequence", D))
+    k = g.input("k", ("batch", HEADS, D, "sequence"))
+    bias = g.input("bias", ("batch", HEADS, "sequence", "sequence"))
+    g.op("Add", g.op("MatMul", q, k), bias)
+    g.rename_last("y", ("batch", HEADS, "sequence", "sequence"))
+    return g.model()
+
+
+def _values():
+    """y = p @ v per (batch, head): K = sequence, N static (attention's probs @ V)."""
+    g = M._G("bmm_values")
+    p = g.input("p", ("batch", HEADS, "sequence", "sequence"))
+    v = g.input("v", ("batch", HEADS, "sequence", D))
+    g.op("MatMul", p, v)
+    g.rename_last("y", ("batch", HEADS, "sequence", D))
+    return g.model()
+
+
+def _head_weight(n=24, seq="sequence"):
+    """y = x @ W[h] with a constant weight per head (N = 24: no multiple of the 16-float tile)."""
+    g = M._G("bmm_head_weight")
+    x = g.input("x", ("batch", HEADS, seq, D))
+    g.op("MatMul", x, g.weight((HEADS, D, n)))
+    g.rename_last("y", ("batch", HEADS, seq, n))
+    return g.model()
+
+
+def _static_rows():
+    """The per-head weight at a static M = 17 (no multiple of mr) under a symbolic batch: both tile loops
+    static, predicated, and without the partition hint (TVM's LoopPartition broke the build there:
+    test_symbolic_shape_peepholes' position keys at sequence 17)."""
+    return _head_weight(seq=17)
+
+
+MODELS = {"scores": _scores, "values": _values, "head_weight": _head_weight, "static_rows": _static_rows}
+
+
+def _kernels(model, target):
+    mod = tvmfuse.load_onnx(model)
+    with target:
+        mod = C.Sequential(graph_stage(target, PipelineOptions()))(mod)
+    return {str(gv.name_hint): f for gv, f in mod.functions.items() if isinstance(f, C.PrimFunc)}
+
+
+def _realizes(func):
+    out = []
+    C.post_order_visit(func.body, lambda n: out.append(n) if isinstance(n, C.SBlockRealize) else None)
+    return out
+
+
+def _loops(func):
+    out = []
+    C.post_order_visit(func.body, lambda n: out.append(n) if isinstance(n, C.tirx.For) else None)
+    return out
+
+
+@pytest.mark.parametrize("name", sorted(MODELS))
+def test_batched_symbolic_matmul_matches_the_reference(name, host, rng):
+    model = MODELS[name]()
+    cm = tvmfuse.compile(model, target=host)
+    assert [s["template"] for s in cm.report.schedules] == [FAMILY]
+    inputs = [i for i in model.graph.input]
+    # (1, 1): less than one register tile; (2, 5), (3, 33): partial last row and column tiles after whole
+    # ones (the loop partition splits them); (1, 32): whole tiles only
+    for b, s in ((1, 1), (2, 5), (3, 33), (1, 32)) if name != "static_rows" else ((1, 17), (3, 17)):
+        sizes = {"batch": b, "sequence": s}
+        feeds = {}
+        for i in inputs:
+            dims = [sizes[d.dim_param] if d.dim_param else d.dim_value for d in i.type.tensor_type.shape.dim]
+            feeds[i.name] = rng.standard_normal(dims).astype(np.float32)
+        ref = M.reference_outputs(model, feeds)
+        np.testing.assert_allclose(cm.run(feeds)["y"], ref["y"], rtol=1e-4, atol=1e-4, err_msg=str(sizes))
+
+
+@pytest.mark.parametrize("target, lanes", [("haswell-2", 8), ("skx-2", 16), ("neon-4", 4)])
+@pytest.mark.parametrize("name", sorted(MODELS))
+def test_register_tile_on_padded_domains(name, target, lanes):
+    """The matmul's update block runs without a predicate (i and j padded to whole tiles), vectorized at the
+    target's lanes under a parallel batch loop; the row tile loop carries the partition hint, and the column
+    tile loop over a symbolic N."""
+    tgt = parse_target(NAMED_TARGETS[target])
+    (kname, func), = _kernels(MODELS[name](), tgt).items()
+    res = schedule_prim_func(func, tgt, {}, kname)
+    assert res is not None and res.template == FAMILY, res and res.template
+    assert res.config["lanes"] == lanes
+    updates = [r for r in _realizes(res.func) if str(r.block.name_hint).endswith("_update")]
+    assert len(updates) == 1
+    assert isinstance(updates[0].predicate, C.IntImm) and int(updates[0].predicate) == 1, updates[0].predicate
+    loops = _loops(res.func)
+    assert any(int(lp.kind) == int(C.ForKind.PARALLEL) for lp in loops)
+    assert lanes in {int(lp.extent) for lp in loops if int(lp.kind) == int(C.ForKind.VECTORIZED)}
+    hinted = [lp for lp in loops if "pragma_loop_partition_hint" in lp.annotations]
+    # only loops over a symbolic extent: rows (not static_rows'), columns (scores' N = sequence)
+    assert len(hinted) == {"scores": 2, "values": 1, "head_weight": 1, "static_rows": 0}[name]
+    # operand copies zero-padded per batch: A (symbolic rows) always, B where N is symbolic (scores) or no
+    # multiple of the 16-float tile (head_weight's 24); the values' N = 16 is whole tiles
+    out = str(res.func.params[-1].name)
+    pads = sorted(str(r.block.name_hint) for r in _realizes(res.func) if str(r.block.name_hint).endswith("_pad")
+                  and str(r.block.writes[0].source.name) != out)
+    assert pads == {"scores": ["p0_pad", "p1_pad"], "values": ["p_pad"], "head_weight": ["B_pad", "x_pad"],
+                    "static_rows": ["B_pad", "x_pad"]}[name]
+    # and it lowers for the target (TVM's LoopPartition on a predicated static column loop did not)
+    C.lower_tir(C.IRModule({"main": res.func.with_attr("global_symbol", "main")}), tgt)
+
+
+def test_must_not_fire_on_shared_weights_or_static_kernels():
+    tgt = parse_target(NAMED_TARGETS["haswell-2"])
+    t = SymbolicBatchMatmul()
+    # a weight shared by every batch: cpu.symbolic_matmul's
+    g = M._G("shared_weight")
+    g.op("MatMul", g.input("x", ("batch", "sequence", 64)), g.weight((64, 32)))
+    g.rename_last("y", ("batch", "sequence", 32))
+    (kname, func), = _kernels(g.model(), tgt).items()
+    assert t.match(func, tgt) is None
+    assert schedule_prim_func(func, tgt, {}, kname).template == SymbolicMatmulEpilogue.family
+    # all static: cpu.matmul_epilogue's
+    g = M._G("static_bmm")
+    g.op("MatMul", g.input("q", (2, HEADS, 8, D)), g.input("k", (2, HEADS, D, 8)))
+    g.rename_last("y", (2, HEADS, 8, 8))
+    static = _kernels(g.model(), tgt)
+    assert static and all(t.match(f, tgt) is None for f in static.values())

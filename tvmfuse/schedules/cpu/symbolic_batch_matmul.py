@@ -1,0 +1,212 @@
+"""A batched matmul over symbolic extents (attention's score and value products: ``[b h, S, d] @ [b h, d, S]``,
+``[b h, S, S] @ [b h, S, d]``, a weight per head ``[b, h, S, d] @ [h, d, n]``) with at most one elementwise
+epilogue, on x86/ARM CPUs.
+
+``cpu.symbolic_matmul`` takes a weight shared by every batch with static N and K; a matmul whose second
+operand follows a batch axis, or whose N or K is the sequence, otherwise went to ``cpu.symbolic_rows``:
+one output row at a time, its accumulator a row of the whole ``[b h, S, S]`` buffer in memory and its
+vector loop over a symbolic N predicated lane by lane (TVM's vectorizer then runs it scalar).
+deberta_v2_dyn's QK^T + relative-position bias at b1 s128: 545 us against 31 us for the static build
+(kernel-only, one thread, under load; benchmarks/notes/deberta14.md).
+
+Matches a kernel whose one reduction block is ``C[b.., i, j] += A[.., i, k] * B[.., k, j]`` (plain index
+variables; A reads no j, B no i, each reads a subset of the batch axes in C's order), with a symbolic
+extent somewhere and B following at least one batch axis (a weight shared by all batches is
+``cpu.symbolic_matmul``'s), and at most one other block: the elementwise epilogue writing the output
+over C's domain.
+
+Schedule (``# Step N.`` in ``apply``):
+the matmul's i and j domains zero-padded to whole register tiles (``pad_einsum``: A and B copied per batch
+with zeros past M and N, the accumulator over ceil(M / mr) x mr rows and ceil(N / nr) x nr columns), so
+the k loop has no predicate and the mr x nr accumulator stays a small static buffer (registers); the
+epilogue alone keeps the "row / column exists" test, on whole vectors.  The batch axes are fused into the
+parallel loop; inside a batch, row tiles then column tiles (serial, under a loop-partition hint that splits
+the whole tiles from the last one), k outermost on the register tile.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ... import _compat as C
+from ...target import cpu_info
+from ..base import Config, KnobSpace, Match, knob
+from . import common as U
+from . import matmul as MM
+
+MR_CHOICES = (1, 2, 3, 4, 6, 8)       # register-tile rows
+NVEC_CHOICES = (1, 2, 3, 4)           # register-tile vectors per row
+K_UNROLL_CHOICES = (1, 2, 4)
+
+
+@dataclass(frozen=True)
+class SymbolicBatchMatmulConfig(Config):
+    """The knobs of ``cpu.symbolic_batch_matmul``."""
+
+    mr: int = knob("register-tile rows (the matmul's i padded to a multiple of it)", MR_CHOICES)
+    nvec: int = knob("register-tile vectors per row (j padded to a multiple of nvec x lanes)", NVEC_CHOICES)
+    lanes: int = knob("float32 lanes per vector (target)")
+    k_unroll: int = knob("k steps unrolled on the register tile", K_UNROLL_CHOICES)
+    parallel: bool = U.parallel_knob(True)
+
+
+def _static(e) -> bool:
+    return isinstance(e, C.tirx.IntImm)
+
+
+def analyze_batch_matmul(sch: C.Schedule, block) -> dict | None:
+    """The roles of ``C[b.., i, j] += A[.., i, k] * B[.., k, j]`` (see the module docstring), with some
+    extent symbolic and B following a batch axis; None otherwise."""
+    found = MM.mac_operands(sch, block, operand_consts=False)
+    if found is None:
+        return None
+    blk, a, b, c_idx, a_idx, b_idx = found
+    ivs = blk.iter_vars
+    if [iv.var.name for iv in ivs[:-1]] != [v.name for v in c_idx] or int(ivs[-1].iter_type) != U.REDUCE:
+        return None      # iterators (b.., i, j, k) in C's order, k last
+    k = ivs[-1].var.name
+    i_var, j_var = c_idx[-2].name, c_idx[-1].name
+    a_names, b_names = [v.name for v in a_idx], [v.name for v in b_idx]
+    if j_var in a_names and i_var in b_names:
+        a, b, a_names, b_names = b, a, b_names, a_names          # written B * A
+    batch = [v.name for v in c_idx[:-2]]
+    if a_names[-2:] != [i_var, k] or b_names[-2:] != [k, j_var]:
+        return None
+    for names in (a_names[:-2], b_names[:-2]):
+        if names != [v for v in batch if v in names]:
+            return None  # operands' batch axes: a subset of C's, in C's order
+    if not batch or not b_names[:-2]:
+        return None      # no batch, or a weight shared by every batch (cpu.symbolic_matmul's)
+    dom = [iv.dom.extent for iv in ivs]
+    if all(_static(e) for e in dom):
+        return None      # all static: cpu.matmul_epilogue's
+    return {"M": dom[-3], "N": dom[-2], "K": dom[-1], "batch": dom[:-3], "n_iters": len(ivs),
+            "a_buffer": str(a.source.name), "b_buffer": str(b.source.name), "c_buffer": str(blk.body.buffer.name)}
+
+
+def _pad_axes(info: dict, mr: int, nr: int) -> list[int]:
+    """``pad_einsum``'s padding of the matmul's iterators: i to ``mr``, j to ``nr`` where the extent is
+    symbolic or not a multiple (1: unpadded)."""
+    padding = [1] * info["n_iters"]
+    for pos, ext, tile in ((-3, info["M"], mr), (-2, info["N"], nr)):
+        if tile > 1 and not (_static(ext) and int(ext) % tile == 0):
+            padding[pos] = tile
+    return padding
+
+
+class SymbolicBatchMatmul(U.CpuTemplate, family="cpu.symbolic_batch_matmul", config=SymbolicBatchMatmulConfig):
+    def accepts(self, group, target: C.Target) -> str | None:
+        """One matmul anchor over symbolic extents whose anchor PrimFunc ``analyze_batch_matmul`` reads as a
+        batched matmul (B following a batch axis); the epilogue is checked on the fused kernel (``match``)."""
+        why = MM.one_matmul_anchor(group, static=False)
+        if why is not None:
+            return why
+        anchor = U.matmul_anchors(group)[0]
+        sch = C.Schedule(anchor.func)
+        U.inline_elementwise(sch)
+        reds = [b for b in U.top_blocks(sch) if not U.is_spatial(sch, b)]
+        if len(reds) != 1 or analyze_batch_matmul(sch, reds[0]) is None:
+            return f"{anchor.name} is not a batched matmul C[b.., i, j] += A[.., i, k] * B[b.., k, j]"
+        return None
+
+    def match(self, func: C.PrimFunc, target: C.Target) -> Match | None:
+        sch = C.Schedule(func)
+        U.inline_elementwise(sch)
+        blocks = U.top_blocks(sch)
+        reds = [b for b in blocks if not U.is_spatial(sch, b)]
+        if len(reds) != 1 or len(blocks) > 2:
+            return None
+        info = analyze_batch_matmul(sch, reds[0])
+        if info is None:
+            return None
+        outputs = U.output_names(sch)
+        epi = [b for b in blocks if b not in reds]
+        if epi and (U.block_name(sch, epi[0]) not in outputs
+                    or len(sch.get(epi[0]).iter_vars) != info["n_iters"] - 1):
+            return None  # the one other block: the epilogue over C's domain, writing the output
+        info.update(reduction=U.block_name(sch, reds[0]), epilogue=U.block_name(sch, epi[0]) if epi else None)
+        match = Match(self.family, info)
+        try:     # the schedule is the last check (pad_einsum, compute-at regions), on a copy
+            self.apply(C.Schedule(func), match, self.default_config(match, target))
+        except (ValueError,) + C.TVMError:
+            return None
+        return match
+
+    def space(self, match: Match, target: C.Target) -> KnobSpace:
+        lanes = cpu_info(target).float32_lanes
+        n = match.info["N"]
+        nvec = tuple(v for v in NVEC_CHOICES if not _static(n) or v == 1 or (v - 1) * lanes < int(n))
+        return SymbolicBatchMatmulConfig.space(lanes=(lanes,), nvec=nvec)
+
+    def default_config(self, match: Match, target: C.Target) -> dict:
+        """The table's register tile (``mr`` rows of ``tile_floats`` floats, in vectors of the target's
+        lanes; a static N narrower than that: the vectors that cover it)."""
+        d, lanes = self.table_defaults(target), cpu_info(target).float32_lanes
+        ch = {kb.name: kb.choices for kb in self.space(match, target).knobs}
+        nvec = max(1, int(d["tile_floats"]) // lanes)
+        if _static(match.info["N"]):
+            nvec = min(nvec, -(-int(match.info["N"]) // lanes))
+        return SymbolicBatchMatmulConfig(
+            mr=U.nearest_choice(ch["mr"], int(d["mr"])), nvec=U.nearest_choice(ch["nvec"], nvec), lanes=lanes,
+            k_unroll=U.nearest_choice(ch["k_unroll"], int(d["k_unroll"])), parallel=True).asdict()
+
+    def apply(self, sch: C.Schedule, match: Match, config: dict) -> None:
+        info, cfg = match.info, SymbolicBatchMatmulConfig.from_dict(config)
+        nr = cfg.nvec * cfg.lanes
+        U.inline_elementwise(sch)
+        red = sch.get_sblock(info["reduction"])
+
+        # Step 1. Pad the matmul's i and j domains to whole register tiles (A and B copied with zeros past
+        # M and N; C padded, its crop folded into the epilogue or made the write-back).
+        padding = _pad_axes(info, cfg.mr, nr)
+        pads = []
+        if any(p > 1 for p in padding):
+            before = {U.block_name(sch, b) for b in U.top_blocks(sch)}
+            sch.pad_einsum(red, padding)
+            new = [b for b in U.top_blocks(sch) if U.block_name(sch, b) not in before]
+            crop = [b for b in new if any(U.block_name(sch, p) == info["reduction"] for p in sch.get_producers(b))]
+            if len(crop) != 1:
+                raise ValueError(f"pad_einsum of {info['reduction']} made {len(new)} blocks, no single crop")
+            pads = [U.block_name(sch, b) for b in new if b not in crop]
+            if U.block_name(sch, crop[0]) in U.output_names(sch):
+                epi = crop[0]                                    # no epilogue: the crop writes the output
+            else:
+                sch.compute_inline(crop[0])
+                epi = sch.get_sblock(info["epilogue"])
+        elif info["epilogue"] is None:
+            epi = sch.cache_write(red, 0, "global")              # the write-back from the accumulator
+        else:
+            epi = sch.get_sblock(info["epilogue"])
+
+        # Step 2. Tile the epilogue: fused batch axes (parallel), row tiles, column tiles, register tile.
+        loops = sch.get_loops(epi)
+        b_loops, i_loop, j_loop = loops[:-2], loops[-2], loops[-1]
+        io, ii = sch.split(i_loop, factors=[None, cfg.mr])
+        jo, ji = sch.split(j_loop, factors=[None, nr])
+        sch.reorder(*b_loops, io, jo, ii, ji)
+        batch = sch.fuse(*b_loops) if len(b_loops) > 1 else b_loops[0]
+        if cfg.parallel:
+            sch.parallel(batch)
+
+        # Step 3. The matmul on the register tile: k outermost, mr x nr accumulator, vector lanes inside.
+        MM.compute_on_register_tile(sch, red, jo, cfg.lanes, cfg.k_unroll)
+
+        # Step 4. The epilogue on the register tile, vectorized (its predicate tests whole vectors when N is
+        # a multiple of the lanes).
+        _, e_jv = sch.split(ji, factors=[None, cfg.lanes])
+        sch.vectorize(e_jv)
+
+        # Step 5. The padded copies of A and B once per batch, vectorized along their last axis.
+        for name in pads:
+            block = sch.get_sblock(name)
+            sch.compute_at(block, batch, preserve_unit_loops=True)
+            U.vectorize_inner(sch, block, cfg.lanes)
+
+        # Step 6. The row and column tile loops split into whole tiles and the last one (serial loops:
+        # matmul.partition_row_tiles' reasons); without it the epilogue's test sits on every tile.  Only a
+        # loop over a symbolic extent: over a static one (N = 24; deberta's position keys at a static M = 17
+        # under a symbolic batch) TVM 0.27's LoopPartition writes the predicated part's start as an int32 0
+        # for the int64 loop and the build fails ("int32 vs. int64"; matmul._column_loop_vars; the hint
+        # does nothing on a static kernel anyway: ARCHITECTURE.md).  tests/test_symbolic_batch_matmul.py
+        for loop, extent in ((io, info["M"]), (jo, info["N"])):
+            if not _static(extent):
+                sch.annotate(loop, "pragma_loop_partition_hint", 1)
