@@ -123,6 +123,15 @@ def matmul_anchors(group) -> list:
     return [m for m in group.of_kind(CONTRACTION) if m.reduce_axes == 1]
 
 
+def anchor_reductions(group) -> tuple:
+    """(the first matmul anchor, a schedule of its PrimFunc with elementwise blocks folded, its reduction
+    blocks): what the symbolic matmul families' ``accepts`` read the anchor's shape from."""
+    anchor = matmul_anchors(group)[0]
+    sch = C.Schedule(anchor.func)
+    inline_elementwise(sch)
+    return anchor, sch, [b for b in top_blocks(sch) if not is_spatial(sch, b)]
+
+
 @dataclass(frozen=True)
 class Registers:
     """Vector registers of the target, from its vector width (AVX-512 has 32, AVX2/SSE/NEON 16)."""

@@ -100,10 +100,7 @@ class SymbolicBatchMatmul(U.CpuTemplate, family="cpu.symbolic_batch_matmul", con
         why = MM.one_matmul_anchor(group, static=False)
         if why is not None:
             return why
-        anchor = U.matmul_anchors(group)[0]
-        sch = C.Schedule(anchor.func)
-        U.inline_elementwise(sch)
-        reds = [b for b in U.top_blocks(sch) if not U.is_spatial(sch, b)]
+        anchor, sch, reds = U.anchor_reductions(group)
         if len(reds) != 1 or analyze_batch_matmul(sch, reds[0]) is None:
             return f"{anchor.name} is not a batched matmul C[b.., i, j] += A[.., i, k] * B[b.., k, j]"
         return None

@@ -192,10 +192,7 @@ class SymbolicMatmulEpilogue(RowBuckets, MM.MatmulEpilogue, family="cpu.symbolic
         why = MM.one_matmul_anchor(group, static=False)
         if why is not None:
             return why
-        anchor = U.matmul_anchors(group)[0]
-        sch = C.Schedule(anchor.func)
-        U.inline_elementwise(sch)
-        reds = [b for b in U.top_blocks(sch) if not U.is_spatial(sch, b)]
+        anchor, sch, reds = U.anchor_reductions(group)
         if len(reds) != 1 or self.analyze(sch, reds[0], target) is None:
             return f"{anchor.name} is not [rows, K] @ [K, N] with static N, K and N a multiple of the vector width"
         return None
