@@ -289,31 +289,43 @@ def test_softmax_uses_nonpositive_exp_and_stays_vectorized(kwargs, fusion, tname
 
 # Partial-sum lanes of the row max and sum by row length and vector lanes (AVX-512 16, AVX2 8, NEON 4): the
 # widest of 1, 2 or 4 whole, half or quarter vectors up to 2 vectors (the target table's max_rf_vectors)
-# that divides the row, else 2 full vectors over the main part; 1000 takes 5 x 8 lanes (three chains
-# on AVX-512, five on AVX2) rather than one 8-lane chain (reduction.default_rf_width).
+# that divides the row, else 2 full vectors over the main part; 1000 takes 2 full vectors with a tail
+# vector (32 on AVX-512, 16 on AVX2) rather than one 8-lane chain (reduction.default_rf_width).
 PARTIAL_SUM_LANES = {65: {16: 32, 8: 16, 4: 8}, 97: {16: 32, 8: 16, 4: 8}, 104: {16: 8, 8: 8, 4: 8},
-                     1000: {16: 40, 8: 40, 4: 8}, 3071: {16: 32, 8: 16, 4: 8}}
+                     1000: {16: 32, 8: 16, 4: 8}, 3071: {16: 32, 8: 16, 4: 8}}
 
 
-@pytest.mark.parametrize("lanes,row_len,want", [
-    (16, 1000, 40), (8, 1000, 40),      # one 8-lane chain of 125 steps -> 5 x 8 lanes, 25 steps
-    (16, 1008, 16), (16, 3072, 32), (16, 768, 32), (8, 768, 16),   # a full-vector width divides: as before
-    (16, 104, 8), (16, 200, 8),         # short rows: a wider width would not halve the steps (write-back)
-    (4, 1000, 8), (4, 500, 20)])        # NEON: 2 vectors divide 1000; 500 only 1 (125 steps) -> 5 vectors
-def test_default_partial_sum_width(lanes, row_len, want):
+@pytest.mark.parametrize("lanes,row_len,want,rule", [
+    (16, 1000, 32, "tail"), (8, 1000, 16, "tail"),   # one 8-lane chain of 125 steps -> 2 vectors + a tail
+    (16, 1008, 16, None), (16, 3072, 32, None), (16, 768, 32, None), (8, 768, 16, None),  # a full-vector width divides
+    (16, 104, 8, None), (16, 200, 8, None),   # short rows: a wider width would not cut the steps (write-back)
+    (4, 1000, 8, None),                       # NEON: 2 vectors divide 1000
+    (4, 500, 8, "tail")])                     # 500: 2 vectors + a tail
+def test_default_partial_sum_width(lanes, row_len, want, rule):
     """The row-reduction default partial-sum width: the table's max_rf_vectors (2) vectors when they divide
-    the row, else several vectors of a narrower dividing width where that halves the dependent steps."""
-    from tvmfuse.schedules.cpu.reduction import default_rf_width, rf_chain_widths, rf_tail_widths
+    the row; else those vectors with one tail vector where that cuts the dependent steps by the table's
+    rf_tail_gain (1000 floats on AVX2: 16 lanes, 137 us kernel-only against 167 for 5 x 8 lanes and 143 for
+    rows padded to 1008, notes/coord14.md); else several vectors of a narrower dividing width where that
+    cuts them by rf_chain_gain (which the tail rule, tried first, now leaves for short rows and tuning).  A table
+    asking more of the tail rule keeps the plain or chain width (1000 floats: 5 x 8 lanes, as before)."""
+    from tvmfuse.schedules.cpu.reduction import (default_rf_width, full_vector_tail_widths, rf_chain_widths,
+                                                 rf_tail_widths)
     from tvmfuse.target import template_defaults
 
-    widths = rf_chain_widths(lanes, row_len) or rf_tail_widths(lanes, row_len)
-    gain = float(template_defaults(named_target(next(iter(NAMED_TARGETS))), "cpu.row_reduction")["rf_chain_gain"])
-    assert default_rf_width(widths, lanes, 2 * lanes, row_len, gain) == want
-    plain = default_rf_width(widths, lanes, 2 * lanes, row_len, float("inf"))
-    if want != plain:       # the wider width is taken for its gain: a table asking more keeps the plain one
-        gained = (row_len // plain + plain) / (row_len // want + want)
-        assert gained >= gain
-        assert default_rf_width(widths, lanes, 2 * lanes, row_len, 1.01 * gained) == plain
+    widths = tuple(sorted(set(rf_chain_widths(lanes, row_len) or rf_tail_widths(lanes, row_len)) |
+                          set(full_vector_tail_widths(lanes, row_len))))
+    d = template_defaults(named_target(next(iter(NAMED_TARGETS))), "cpu.row_reduction")
+    gain, tail_gain = float(d["rf_chain_gain"]), float(d["rf_tail_gain"])
+    assert default_rf_width(widths, lanes, 2 * lanes, row_len, gain, tail_gain) == want
+    plain = default_rf_width(widths, lanes, 2 * lanes, row_len, float("inf"), float("inf"))
+    assert (want != plain) == (rule is not None)
+    if rule == "tail":      # taken for its gain: a table asking more keeps the plain (or the chain) width
+        assert want in full_vector_tail_widths(lanes, row_len)
+        gained = (row_len // plain + plain) / (row_len // want + 1 + want)
+        assert gained >= tail_gain
+        assert default_rf_width(widths, lanes, 2 * lanes, row_len, float("inf"), 1.01 * gained) == plain
+        chain = default_rf_width(widths, lanes, 2 * lanes, row_len, gain, 1.01 * gained)
+        assert chain == {(16, 1000): 40, (8, 1000): 40, (4, 500): 20}[(lanes, row_len)]
 
 
 @pytest.mark.parametrize("tname", list(NAMED_TARGETS))

@@ -354,6 +354,7 @@ class RowReduction(BatchBuckets, U.CpuTemplate, family=FAMILY, config=RowReducti
         # partial sums at most one row wide (a row that does not fill them has no vector step at all);
         # a width that does not divide the row leaves a scalar tail (_vectorize_rf)
         widths = rf_chain_widths(lanes, match.info["row_len"]) or rf_tail_widths(lanes, match.info["row_len"])
+        widths = tuple(sorted(set(widths) | set(full_vector_tail_widths(lanes, match.info["row_len"]))))
         return RowReductionConfig.space(lanes=(lanes,), rf_width=widths or (lanes,),
                                         vectorize_reductions=(True, False) if match.info["rfactor"] and widths
                                         else (False,))
@@ -365,7 +366,8 @@ class RowReduction(BatchBuckets, U.CpuTemplate, family=FAMILY, config=RowReducti
             lanes=info.float32_lanes,
             rf_width=default_rf_width(space["rf_width"], info.float32_lanes,
                                       info.float32_lanes * d["max_rf_vectors"],
-                                      match.info["row_len"], float(d["rf_chain_gain"])),
+                                      match.info["row_len"], float(d["rf_chain_gain"]),
+                                      float(d["rf_tail_gain"])),
             vectorize_reductions=True in space["vectorize_reductions"],
             unroll=U.nearest_choice(UNROLL, d["unroll"]),
             # enough rows to split over the cores, and (a static kernel) its input over the target's fork/join
@@ -781,7 +783,14 @@ def rf_chain_widths(lanes: int, row_len: int) -> tuple:
     return tuple(sorted(set(base) | more))
 
 
-def default_rf_width(widths, lanes: int, limit: int, row_len: int, chain_gain: float) -> int:
+def full_vector_tail_widths(lanes: int, row_len: int) -> tuple:
+    """1, 2 or 4 full vectors that do not divide the row but fit in it at least twice: partial sums over the
+    row's whole steps and one vector of its last ``row_len % width`` elements (``_rfactor_with_tail``)."""
+    return tuple(lanes * v for v in RF_VECTORS if row_len % (lanes * v) and row_len >= 2 * lanes * v)
+
+
+def default_rf_width(widths, lanes: int, limit: int, row_len: int, chain_gain: float,
+                     tail_gain: float = float("inf")) -> int:
     """The default partial-sum width among ``widths`` (the knob's choices): the widest up to ``limit`` lanes
     (the target table's max_rf_vectors full vectors) among the whole, half or quarter vectors
     and their 1, 2 or 4 copies (``rf_widths``).  Where that is narrower than ``limit`` and divides a
@@ -790,10 +799,18 @@ def default_rf_width(widths, lanes: int, limit: int, row_len: int, chain_gain: f
     it takes at most 1 / ``chain_gain`` of the dependent steps per row (the table's ``rf_chain_gain``):
     row_len / width in the main loop plus width in the write-back (40 for 1000: 25 + 40 against 125 + 8; 104
     keeps 8: 13 + 8 against 2 + 52)."""
-    base = [w for w in widths if w in _rf_candidates(lanes)] or list(widths)
+    base = [w for w in widths if w in _rf_candidates(lanes) and row_len % w == 0] or \
+        [w for w in widths if w in _rf_candidates(lanes)] or list(widths)
     w0 = U.choices_upto(base, limit)[-1]
     if w0 >= limit or row_len % w0:
         return w0
+    # ``limit`` lanes of full vectors with one tail vector, where that cuts the dependent steps per row by
+    # ``tail_gain`` (the table's rf_tail_gain): 1000 floats on AVX2, 16 lanes (62 + 1 + 16 steps) against 8
+    # (125 + 8); kernel-only, alone, Zen 3: 137 us against 154 (8 lanes) and 167 (40 = 5 x 8 lanes, the
+    # chain below), rows padded to 1008 on 16 lanes 143 (benchmarks/notes/coord14.md)
+    if limit in widths and row_len % limit and row_len >= 2 * limit and \
+            (row_len // limit + 1 + limit) * tail_gain <= row_len // w0 + w0:
+        return limit
 
     def steps(w):
         return row_len // w + w
