@@ -218,25 +218,24 @@ def count_ops(expr) -> int:
     """Number of arithmetic nodes and calls in an expression (loads and constants count zero)."""
     if isinstance(expr, (C.tirx.IntImm, C.tirx.FloatImm, C.tirx.Var, C.TensorLoad)):
         return 0
-    n = 1
-    for attr in ("a", "b", "value", "condition", "true_value", "false_value"):
-        child = getattr(expr, attr, None)
-        if child is not None and not isinstance(child, (int, float, str)) and hasattr(child, "ty"):
-            n += count_ops(child)
-    for arg in getattr(expr, "args", ()) or ():
-        n += count_ops(arg)
-    return n
+    return 1 + sum(count_ops(c) for c in _operands(expr))
 
 
 _CHILD_ATTRS = ("a", "b", "value", "condition", "true_value", "false_value")
 
 
-def _children(expr):
+def _operands(expr):
+    """An expression's operands (a load's indices not among them)."""
     for attr in _CHILD_ATTRS:
         child = getattr(expr, attr, None)
         if child is not None and not isinstance(child, (int, float, str)) and hasattr(child, "ty"):
             yield child
     yield from getattr(expr, "args", ()) or ()
+
+
+def _children(expr):
+    """An expression's operands and, for a load, its indices."""
+    yield from _operands(expr)
     yield from getattr(expr, "indices", ()) or ()
 
 
@@ -357,12 +356,8 @@ def _calls(expr, out: set) -> set:
     op = getattr(expr, "op", None)
     if op is not None and hasattr(op, "name"):
         out.add(str(op.name))
-    for attr in ("a", "b", "value", "condition", "true_value", "false_value"):
-        child = getattr(expr, attr, None)
-        if child is not None and not isinstance(child, (int, float, str)) and hasattr(child, "ty"):
-            _calls(child, out)
-    for arg in getattr(expr, "args", ()) or ():
-        _calls(arg, out)
+    for child in _operands(expr):
+        _calls(child, out)
     return out
 
 
