@@ -352,7 +352,8 @@ class RowReduction(BatchBuckets, U.CpuTemplate, family=FAMILY, config=RowReducti
     def space(self, match: Match, target: C.Target) -> KnobSpace:
         lanes = cpu_info(target).float32_lanes
         # partial sums at most one row wide (a row that does not fill them has no vector step at all);
-        # a width that does not divide the row leaves a scalar tail (_vectorize_rf)
+        # a width that does not divide the row ends with one tail vector into the partial sums
+        # (_rfactor_with_tail); full vectors that do not divide it are choices too (the default's tail rule)
         widths = rf_chain_widths(lanes, match.info["row_len"]) or rf_tail_widths(lanes, match.info["row_len"])
         widths = tuple(sorted(set(widths) | set(full_vector_tail_widths(lanes, match.info["row_len"]))))
         return RowReductionConfig.space(lanes=(lanes,), rf_width=widths or (lanes,),
@@ -797,8 +798,10 @@ def default_rf_width(widths, lanes: int, limit: int, row_len: int, chain_gain: f
     long row (1000 floats on AVX-512: 8 lanes, one dependent chain of 125 max or add steps per row, latency
     bound: twice the time of the 63 steps over rows of 1008 on 16), a wider width that divides the row when
     it takes at most 1 / ``chain_gain`` of the dependent steps per row (the table's ``rf_chain_gain``):
-    row_len / width in the main loop plus width in the write-back (40 for 1000: 25 + 40 against 125 + 8; 104
-    keeps 8: 13 + 8 against 2 + 52)."""
+    row_len / width in the main loop plus width in the write-back (104 keeps 8: 13 + 8 against 2 + 52).
+    Tried first: ``limit`` full vectors with one tail vector (``full_vector_tail_widths``) where that cuts
+    the steps by ``tail_gain`` (the table's ``rf_tail_gain``; infinite: never): 1000 floats take 16 lanes +
+    a tail on AVX2 and 32 + a tail on AVX-512, not the chain rule's 40 (measured slowest on AVX2)."""
     base = [w for w in widths if w in _rf_candidates(lanes) and row_len % w == 0] or \
         [w for w in widths if w in _rf_candidates(lanes)] or list(widths)
     w0 = U.choices_upto(base, limit)[-1]
