@@ -162,17 +162,14 @@ def drop_wrapless_modulo(func: C.PrimFunc) -> C.PrimFunc:
     def rewrite(e):
         if not bounds.invariant(e.b) or isinstance(e.b, T.IntImm) and e.b.value <= 0:
             return e
-        if isinstance(e.b, T.IntImm):
-            # a static divisor: only the proved no-op (TVM's simplifier folds the rest); a reshape's
-            # ``(k // 32 + x) // sequence`` over k < 32, before inlining (``schedule_with``) puts a gathered
-            # index in place of k, where nothing bounds it any more
-            if bounds.below(e.a, e.b):
-                changed.append(e)
-                return e.a if isinstance(e, T.FloorMod) else T.IntImm(str(e.ty), 0)
-            return e
         if bounds.below(e.a, e.b):
             changed.append(e)
             return e.a if isinstance(e, T.FloorMod) else T.IntImm(str(e.ty), 0)
+        if isinstance(e.b, T.IntImm):
+            # a static divisor: only the proved no-op above (TVM's simplifier folds the rest); a reshape's
+            # ``(k // 32 + x) // sequence`` over k < 32, before inlining (``schedule_with``) puts a gathered
+            # index in place of k, where nothing bounds it any more
+            return e
         split = bounds.quotient_remainder(e.a, e.b)
         if split is None:
             return e
