@@ -160,7 +160,10 @@ class Operand:
 class AttentionSpec:
     """What the kernel computes.  Extents are ints or, for symbolic batch/sequence axes, TIR vars (one
     symbol per extent: ``batch``, ``sequence``); the JSON form holds a var's name, and ``bind`` puts the
-    kernel's own vars back (``Attention.match``).  The head dims ``d``/``dv`` are static."""
+    kernel's own vars back (``Attention.match``).  An operand's extent may also be a sum or product of
+    symbols and ints when each of its symbols is some operand's plain extent (``_EXTENT_OPS``: LeViT's
+    subsampled queries ``[batch * 4, 32]``); JSON holds it as ``["*", "batch", 4]``.  The head dims
+    ``d``/``dv`` are static."""
     batch: tuple         # logical batch extents (b0, b1, ...)
     sq: object           # int or a TIR var
     sk: object
@@ -196,11 +199,12 @@ class AttentionSpec:
     def from_json(text: str) -> "AttentionSpec":
         """The spec of a kernel's attribute; symbolic extents are var names until ``bind``."""
         d = json.loads(text)
-        ops = {k: (Operand(tuple(_as_label(a) for a in v["axes"]), tuple(v["shape"]), v["dtype"])
-                   if v is not None else None)
+        ops = {k: (Operand(tuple(_as_label(a) for a in v["axes"]), tuple(_dim_from_json(n) for n in v["shape"]),
+                           v["dtype"]) if v is not None else None)
                for k, v in d.items() if k in ("q", "k", "v", "out", "mask", "guard")}
         rest = {k: v for k, v in d.items() if k not in ops}
-        rest["batch"] = tuple(rest["batch"])
+        rest["batch"] = tuple(_dim_from_json(n) for n in rest["batch"])
+        rest["sq"], rest["sk"] = _dim_from_json(rest["sq"]), _dim_from_json(rest["sk"])
         return AttentionSpec(**rest, **ops)
 
     def map_dims(self, f) -> "AttentionSpec":
@@ -214,7 +218,15 @@ class AttentionSpec:
     def symbols(self) -> dict:
         """Name -> TIR var of every symbolic extent."""
         found = {}
-        self.map_dims(lambda n: found.setdefault(str(n.name), n) if isinstance(n, C.tirx.Var) else n)
+
+        def walk(n):
+            if isinstance(n, C.tirx.Var):
+                found.setdefault(str(n.name), n)
+            elif _extent_op(n) is not None:
+                walk(n.a)
+                walk(n.b)
+            return n
+        self.map_dims(walk)
         return found
 
     def is_static(self) -> bool:
@@ -229,7 +241,12 @@ class AttentionSpec:
         def sub(n):
             if isinstance(n, str):
                 return symbols[n]
-            return symbols[str(n.name)] if isinstance(n, C.tirx.Var) else n
+            if isinstance(n, C.tirx.Var):
+                return symbols[str(n.name)]
+            if isinstance(n, tuple):             # an expression as from_json reads it: (op, a, b)
+                return _EXTENT_OPS[n[0]][1](sub(n[1]), sub(n[2]))
+            op = _extent_op(n)
+            return _EXTENT_OPS[op][1](sub(n.a), sub(n.b)) if op is not None else n
         return self.map_dims(sub)
 
     def validate(self) -> None:
@@ -244,9 +261,18 @@ class AttentionSpec:
                 for part in axis_parts(lab):
                     if isinstance(part, tuple) and not all(isinstance(x, int) for x in part[2:]):
                         raise ValueError(f"attention: a split axis {part} has a symbolic stride or extent")
+        named = {n if isinstance(n, str) else str(n.name)
+                 for o in [o for _, o in self.inputs()] + [self.out] for n in o.shape
+                 if isinstance(n, (str, C.tirx.Var))}
         for n in plain:
-            if not isinstance(n, (str, C.tirx.Var)):
+            if isinstance(n, (str, C.tirx.Var)):
+                continue
+            names = _dim_names(n)
+            if names is None:
                 raise ValueError(f"attention: symbolic extent {n} is not a plain symbol (batch, sequence)")
+            if not names <= named:
+                raise ValueError(f"attention: symbolic extent {n} is not a plain symbol, and its symbols "
+                                 f"{sorted(names)} are no operand's plain extent")
         ext = self.extents()
         allowed = {"q": "id", "k": "jd", "v": "je", "out": "ie", "mask": "ij", "guard": "i"}
         for name, op in self.inputs() + [("out", self.out)]:
@@ -280,15 +306,58 @@ class AttentionSpec:
             raise ValueError(f"attention output axes {self.out.axes} must hold every batch axis, i and e")
 
 
+# The expressions an operand's extent may be beyond a symbol (``AttentionSpec``): JSON operator -> (TIR node
+# type, its constructor).  The kernel only needs the value call_tir binds each symbol to.
+_EXTENT_OPS = {"*": (C.tirx.Mul, lambda a, b: a * b), "+": (C.tirx.Add, lambda a, b: a + b)}
+
+
+def _extent_op(n) -> str | None:
+    """The JSON operator of a sum or product extent, None for anything else."""
+    return next((op for op, (ty, _) in _EXTENT_OPS.items() if isinstance(n, ty)), None)
+
+
 def _dim_json(n):
-    """An extent as JSON: an int, or the name of its symbol."""
+    """An extent as JSON: an int, the name of its symbol, or ``[op, a, b]`` for a sum or product."""
     if isinstance(n, (int, str)):
         return n
     if isinstance(n, C.IntImm):
         return int(n.value)
     if isinstance(n, C.tirx.Var):
         return str(n.name)
+    if isinstance(n, tuple):
+        return [n[0], _dim_json(n[1]), _dim_json(n[2])]
+    op = _extent_op(n)
+    if op is not None:
+        return [op, _dim_json(n.a), _dim_json(n.b)]
     raise ValueError(f"attention: symbolic extent {n} is not a plain symbol (batch, sequence)")
+
+
+def _dim_from_json(x):
+    """An extent from JSON (``_dim_json``): an expression ``[op, a, b]`` becomes the tuple ``(op, a, b)``
+    until ``AttentionSpec.bind`` builds it over the kernel's vars; a ValueError names an unknown operator."""
+    if not isinstance(x, list):
+        return x
+    if len(x) != 3 or x[0] not in _EXTENT_OPS:
+        raise ValueError(f"attention spec: extent {x} is not [op, a, b] with op in {sorted(_EXTENT_OPS)}")
+    return (x[0], _dim_from_json(x[1]), _dim_from_json(x[2]))
+
+
+def _dim_names(n) -> set | None:
+    """The symbol names of a symbolic extent built by ``_EXTENT_OPS`` from symbols and ints; None when it
+    holds anything else (a division, a max: not an extent the spec takes)."""
+    if isinstance(n, int) or isinstance(n, C.IntImm):
+        return set()
+    if isinstance(n, str):
+        return {n}
+    if isinstance(n, C.tirx.Var):
+        return {str(n.name)}
+    if isinstance(n, tuple):
+        parts = [_dim_names(n[1]), _dim_names(n[2])]
+    elif _extent_op(n) is not None:
+        parts = [_dim_names(n.a), _dim_names(n.b)]
+    else:
+        return None
+    return None if None in parts else parts[0] | parts[1]
 
 
 def static(n) -> int | None:
