@@ -98,6 +98,24 @@ def test_batched_symbolic_matmul_matches_the_reference(name, host, rng):
         np.testing.assert_allclose(cm.run(feeds)["y"], ref["y"], rtol=1e-4, atol=1e-4, err_msg=str(sizes))
 
 
+class _Nest:
+    def __init__(self, func, config):
+        self.func, self.config = func, config
+
+
+def _bucket_nest(func, tgt, few: bool) -> _Nest:
+    """One size bucket's nest of ``func`` alone (its default config): the few-MACs one or the open one."""
+    t = SymbolicBatchMatmul()
+    match = t.match(func, tgt)
+    assert match is not None
+    bucket, = [b for b in t.buckets(match, tgt) if (b.max_extent is not None) == few]
+    bm = t.bucket_match(match, bucket)
+    config = t.default_config(bm, tgt)
+    sch = C.Schedule(func)
+    t.apply(sch, bm, config)
+    return _Nest(sch.mod["main"], config)
+
+
 @pytest.mark.parametrize("target, lanes", [("haswell-2", 8), ("skx-2", 16), ("neon-4", 4)])
 @pytest.mark.parametrize("name", sorted(MODELS))
 def test_register_tile_on_padded_domains(name, target, lanes):
@@ -106,8 +124,7 @@ def test_register_tile_on_padded_domains(name, target, lanes):
     tile loop over a symbolic N."""
     tgt = parse_target(NAMED_TARGETS[target])
     (kname, func), = _kernels(MODELS[name](), tgt).items()
-    res = schedule_prim_func(func, tgt, {}, kname)
-    assert res is not None and res.template == FAMILY, res and res.template
+    res = _bucket_nest(func, tgt, few=False)
     assert res.config["lanes"] == lanes
     updates = [r for r in _realizes(res.func) if str(r.block.name_hint).endswith("_update")]
     assert len(updates) == 1
@@ -145,3 +162,45 @@ def test_must_not_fire_on_shared_weights_or_static_kernels():
     g.rename_last("y", (2, HEADS, 8, 8))
     static = _kernels(g.model(), tgt)
     assert static and all(t.match(f, tgt) is None for f in static.values())
+
+
+@pytest.mark.parametrize("target, lanes, cores", [("haswell-2", 8, 2), ("skx-32", 16, 32), ("neon-4", 4, 4)])
+@pytest.mark.parametrize("name", sorted(MODELS))
+def test_few_macs_bucket_is_serial_without_row_padding(name, target, lanes, cores):
+    """The bounded bucket (up to the target's fork/join cost in multiply-adds): no parallel loop, one-row
+    register tiles (A read in place: no row padding), B's padded copy per column tile, a K x nr panel of
+    static size (a stack buffer) where K is static; the update still without a predicate and vectorized.
+    The joined kernel branches on batch x M x N x K against the bound and lowers."""
+    from tvmfuse.schedules.cpu import common as U
+
+    tgt = parse_target(NAMED_TARGETS[target])
+    (kname, func), = _kernels(MODELS[name](), tgt).items()
+    t = SymbolicBatchMatmul()
+    match = t.match(func, tgt)
+    bound = U.serial_batches(1, tgt)
+    assert bound == U.min_parallel_work(tgt) - 1
+    assert [b.name for b in t.buckets(match, tgt)] == [f"macs<={bound}", f"macs>{bound}"]
+    nest = _bucket_nest(func, tgt, few=True)
+    assert nest.config["mr"] == 1 and nest.config["parallel"] is False and nest.config["lanes"] == lanes
+    loops = _loops(nest.func)
+    assert not any(int(lp.kind) == int(C.ForKind.PARALLEL) for lp in loops)
+    assert lanes in {int(lp.extent) for lp in loops if int(lp.kind) == int(C.ForKind.VECTORIZED)}
+    updates = [r for r in _realizes(nest.func) if str(r.block.name_hint).endswith("_update")]
+    assert len(updates) == 1 and isinstance(updates[0].predicate, C.IntImm), updates[0].predicate
+    out = str(nest.func.params[-1].name)
+    pads = sorted(str(r.block.name_hint) for r in _realizes(nest.func) if str(r.block.name_hint).endswith("_pad")
+                  and str(r.block.writes[0].source.name) != out)
+    assert pads == {"scores": ["p1_pad"], "values": [], "head_weight": ["B_pad"], "static_rows": ["B_pad"]}[name]
+    # B's copy is computed under the column tile loop: lowered, its buffer is a static K x nr panel
+    lowered = C.lower_tir(C.IRModule({"main": nest.func.with_attr("global_symbol", "main")}), tgt)
+    allocs = []
+    C.post_order_visit(lowered["main"].body, lambda n: allocs.append(n.buffer)
+                       if isinstance(n, C.tirx.AllocBuffer) else None)
+    for pad in pads:
+        sizes = [b.shape for b in allocs if pad in str(b.name)]
+        assert sizes and all(isinstance(e, C.IntImm) for ext in sizes for e in ext), (pad, sizes)
+    # the joined kernel: both nests under a branch on the multiply-adds
+    res = schedule_prim_func(func, tgt, {}, kname)
+    assert [b["bucket"] for b in res.config["buckets"]] == [f"macs<={bound}", f"macs>{bound}"]
+    assert len([r for r in _realizes(res.func) if str(r.block.name_hint).endswith("_update")]) == 2
+    C.lower_tir(C.IRModule({"main": res.func.with_attr("global_symbol", "main")}), tgt)

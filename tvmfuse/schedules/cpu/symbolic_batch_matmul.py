@@ -22,6 +22,13 @@ the k loop has no predicate and the mr x nr accumulator stays a small static buf
 epilogue alone keeps the "row / column exists" test, on whole vectors.  The batch axes are fused into the
 parallel loop; inside a batch, row tiles then column tiles (serial, under a loop-partition hint that splits
 the whole tiles from the last one), k outermost on the register tile.
+
+Size buckets (``schedules.buckets``) over the multiply-adds, ``batch extents x M x N x K``: up to the
+target's fork/join cost (``common.serial_batches``), a serial nest with one-row register tiles (no row
+padding: A read in place) and column tiles outside the rows, B's padded copy per column tile (``K x nr``:
+a stack buffer when K is static) instead of per batch.  The per-batch padded copies of symbolic size are a
+workspace allocation each, and with the thread pool's fork they cost more than a few hundred FLOPs:
+deberta_v2_dyn's QK^T at b1 s1 1.8-2.0 us a call against 0.1 us for its static build (notes/debsmall16.md).
 """
 from __future__ import annotations
 
@@ -30,6 +37,7 @@ from dataclasses import dataclass
 from ... import _compat as C
 from ...target import cpu_info
 from ..base import Config, KnobSpace, Match, knob
+from ..buckets import Bucket
 from . import common as U
 from . import matmul as MM
 
@@ -83,6 +91,14 @@ def analyze_batch_matmul(sch: C.Schedule, block) -> dict | None:
             "a_buffer": str(a.source.name), "b_buffer": str(b.source.name), "c_buffer": str(blk.body.buffer.name)}
 
 
+def _macs(info: dict):
+    """The kernel's multiply-adds: batch extents x M x N x K (an expression of its shape variables)."""
+    macs = info["M"] * info["N"] * info["K"]
+    for b in info["batch"]:
+        macs = b * macs
+    return macs
+
+
 def _pad_axes(info: dict, mr: int, nr: int) -> list[int]:
     """``pad_einsum``'s padding of the matmul's iterators: i to ``mr``, j to ``nr`` where the extent is
     symbolic or not a multiple (1: unpadded)."""
@@ -120,18 +136,52 @@ class SymbolicBatchMatmul(U.CpuTemplate, family="cpu.symbolic_batch_matmul", con
         if epi and (U.block_name(sch, epi[0]) not in outputs
                     or len(sch.get(epi[0]).iter_vars) != info["n_iters"] - 1):
             return None  # the one other block: the epilogue over C's domain, writing the output
-        info.update(reduction=U.block_name(sch, reds[0]), epilogue=U.block_name(sch, epi[0]) if epi else None)
+        info.update(reduction=U.block_name(sch, reds[0]), epilogue=U.block_name(sch, epi[0]) if epi else None,
+                    serial_macs=U.serial_batches(1, target))
         match = Match(self.family, info)
-        try:     # the schedule is the last check (pad_einsum, compute-at regions), on a copy
-            self.apply(C.Schedule(func), match, self.default_config(match, target))
+        try:     # the schedule is the last check (pad_einsum, compute-at regions), on a copy, every bucket's
+            for m in [self.bucket_match(match, b) for b in self.buckets(match, target)] or [match]:
+                self.apply(C.Schedule(func), m, self.default_config(m, target))
         except (ValueError,) + C.TVMError:
             return None
         return match
+
+    # ------------------------------------------------------------------ size buckets
+    def buckets(self, match: Match, target: C.Target) -> tuple:
+        """Up to ``serial_macs`` multiply-adds (under the target's fork/join cost; none on a 1-core target):
+        the serial few-rows nest; more: the padded, parallel one."""
+        bound = int(match.info.get("serial_macs", 0))
+        if bound < 1:
+            return ()
+        return (Bucket(f"macs<={bound}", bound), Bucket(f"macs>{bound}", None))
+
+    def bucket_match(self, match: Match, bucket: Bucket) -> Match:
+        return Match(self.family, {**match.info, "bucket": bucket.name, "few": bucket.max_extent is not None})
+
+    def dispatch_extent(self, match: Match):
+        return _macs(match.info)
+
+    def bucket_sizes(self, match: Match, bucket: Bucket, target: C.Target) -> dict[str, int]:
+        """The shape variables a tuner measures ``bucket``'s nest at: every one at 1 for the bounded bucket
+        (its fewest multiply-adds); for the open one the last variable at the bound over the multiply-adds
+        per unit of it, plus one (past the bound: the smallest such size when the work is linear in it), the
+        others 1."""
+        macs, names = _macs(match.info), []
+        C.post_order_visit(macs, lambda n: names.append(str(n.name))
+                           if isinstance(n, C.tirx.Var) and str(n.name) not in names else None)
+        sizes = {n: 1 for n in names}
+        if bucket.max_extent is None and names:
+            one = C.structural_map(macs, (C.tirx.Var, lambda v: C.tirx.IntImm(str(v.ty), 1)))
+            per_unit = max(1, int(C.Analyzer().simplify(one)))
+            sizes[names[-1]] = int(match.info["serial_macs"]) // per_unit + 1
+        return sizes
 
     def space(self, match: Match, target: C.Target) -> KnobSpace:
         lanes = cpu_info(target).float32_lanes
         n = match.info["N"]
         nvec = tuple(v for v in NVEC_CHOICES if not _static(n) or v == 1 or (v - 1) * lanes < int(n))
+        if match.info.get("few"):     # the serial nest: one-row register tiles, no parallel loop
+            return SymbolicBatchMatmulConfig.space(lanes=(lanes,), nvec=nvec, mr=(1,), parallel=(False,))
         return SymbolicBatchMatmulConfig.space(lanes=(lanes,), nvec=nvec)
 
     def default_config(self, match: Match, target: C.Target) -> dict:
@@ -144,7 +194,8 @@ class SymbolicBatchMatmul(U.CpuTemplate, family="cpu.symbolic_batch_matmul", con
             nvec = min(nvec, -(-int(match.info["N"]) // lanes))
         return SymbolicBatchMatmulConfig(
             mr=U.nearest_choice(ch["mr"], int(d["mr"])), nvec=U.nearest_choice(ch["nvec"], nvec), lanes=lanes,
-            k_unroll=U.nearest_choice(ch["k_unroll"], int(d["k_unroll"])), parallel=True).asdict()
+            k_unroll=U.nearest_choice(ch["k_unroll"], int(d["k_unroll"])),
+            parallel=not match.info.get("few")).asdict()
 
     def apply(self, sch: C.Schedule, match: Match, config: dict) -> None:
         info, cfg = match.info, SymbolicBatchMatmulConfig.from_dict(config)
@@ -179,23 +230,25 @@ class SymbolicBatchMatmul(U.CpuTemplate, family="cpu.symbolic_batch_matmul", con
         b_loops, i_loop, j_loop = loops[:-2], loops[-2], loops[-1]
         io, ii = sch.split(i_loop, factors=[None, cfg.mr])
         jo, ji = sch.split(j_loop, factors=[None, nr])
-        sch.reorder(*b_loops, io, jo, ii, ji)
+        few = bool(match.info.get("few"))          # the serial few-MACs bucket: columns outside rows
+        sch.reorder(*b_loops, *((jo, io) if few else (io, jo)), ii, ji)
         batch = sch.fuse(*b_loops) if len(b_loops) > 1 else b_loops[0]
         if cfg.parallel:
             sch.parallel(batch)
 
         # Step 3. The matmul on the register tile: k outermost, mr x nr accumulator, vector lanes inside.
-        MM.compute_on_register_tile(sch, red, jo, cfg.lanes, cfg.k_unroll)
+        MM.compute_on_register_tile(sch, red, io if few else jo, cfg.lanes, cfg.k_unroll)
 
         # Step 4. The epilogue on the register tile, vectorized (its predicate tests whole vectors when N is
         # a multiple of the lanes).
         _, e_jv = sch.split(ji, factors=[None, cfg.lanes])
         sch.vectorize(e_jv)
 
-        # Step 5. The padded copies of A and B once per batch, vectorized along their last axis.
+        # Step 5. The padded copies of A and B once per batch (the few-MACs nest: once per column tile, the
+        # K x nr panel of B the rows share), vectorized along their last axis.
         for name in pads:
             block = sch.get_sblock(name)
-            sch.compute_at(block, batch, preserve_unit_loops=True)
+            sch.compute_at(block, jo if few else batch, preserve_unit_loops=True)
             U.vectorize_inner(sch, block, cfg.lanes)
 
         # Step 6. The row and column tile loops split into whole tiles and the last one (serial loops:
