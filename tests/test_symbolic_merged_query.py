@@ -19,11 +19,9 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-import tvmfuse
-from conftest import NAMED_TARGETS
 from tvmfuse import _compat as C
 from tvmfuse.schedules.cpu.attention import ATTR, AttentionSpec, Operand
-from tvmfuse.target import parse_target
+from test_symbolic_windows import _graph, check_against_onnxruntime   # graph stage on a named target; vs ort
 
 N, NQ, C_IN, HEADS, KD, DV = 16, 4, 16, 2, 8, 8
 
@@ -77,17 +75,6 @@ def _model(batch, seed: int = 0) -> onnx.ModelProto:
     return m
 
 
-def _graph(model, target: str):
-    """(kernel names, graph-stage module) of ``model`` for a named target (no schedule, no build)."""
-    from tvmfuse.pipeline import PipelineOptions, graph_stage
-    from tvmfuse.report import graph_stats
-
-    tgt = parse_target(NAMED_TARGETS[target])
-    with tgt:
-        mod = C.Sequential(graph_stage(tgt, PipelineOptions()))(tvmfuse.load_onnx(model))
-    return graph_stats(mod).kernel_names, mod
-
-
 def _specs(mod) -> list[dict]:
     return [json.loads(str(f.attrs[ATTR])) for f in mod.functions.values()
             if isinstance(f, C.PrimFunc) and f.attrs is not None and ATTR in f.attrs]
@@ -111,17 +98,8 @@ def test_merged_query_rows_get_the_static_groups(target):
 @pytest.mark.parametrize("run_batch", [1, 3, 8])
 def test_merged_query_rows_match_onnxruntime(run_batch, rng):
     """Numerics: the symbolic build (the kernel on cpu.attention, nothing unscheduled) against onnxruntime."""
-    ort = pytest.importorskip("onnxruntime")
-    from tvmfuse.report import schedule_source_counts
-
     model = _model("batch", seed=int(rng.integers(2**31)))
-    cm = tvmfuse.compile(model)
-    assert schedule_source_counts(cm.report.schedules)["unscheduled"] == 0, cm.report.schedules
-    assert [s["template"] for s in cm.report.schedules].count("cpu.attention") == 1, cm.report.refused
-    x = rng.standard_normal((run_batch, N, C_IN)).astype(np.float32)
-    want = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
-    got = cm.run({"x": x})["y"]
-    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
+    check_against_onnxruntime(model, rng.standard_normal((run_batch, N, C_IN)).astype(np.float32))
 
 
 def _spec(q_shape, kv_batch) -> AttentionSpec:

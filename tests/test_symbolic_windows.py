@@ -152,16 +152,20 @@ def test_scalar_arguments_are_not_tensors():
     assert not R.scalar_arg(x)
 
 
-@pytest.mark.parametrize("run_batch", [1, 3])
-def test_symbolic_windows_match_onnxruntime(run_batch, rng):
+def check_against_onnxruntime(model, x):
+    """Compile ``model`` (one attention kernel on cpu.attention, nothing unscheduled) and compare its output
+    ``y`` for input ``x`` with onnxruntime's."""
     ort = pytest.importorskip("onnxruntime")
-    model = _model("batch", seed=int(rng.integers(2**31)))
-    cm = tvmfuse.compile(model)
     from tvmfuse.report import schedule_source_counts
 
+    cm = tvmfuse.compile(model)
     assert schedule_source_counts(cm.report.schedules)["unscheduled"] == 0, cm.report.schedules
     assert [s["template"] for s in cm.report.schedules].count("cpu.attention") == 1, cm.report.refused
-    x = rng.standard_normal((run_batch, H, W, CH)).astype(np.float32)
     want = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
-    got = cm.run({"x": x})["y"]
-    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(cm.run({"x": x})["y"], want, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("run_batch", [1, 3])
+def test_symbolic_windows_match_onnxruntime(run_batch, rng):
+    model = _model("batch", seed=int(rng.integers(2**31)))
+    check_against_onnxruntime(model, rng.standard_normal((run_batch, H, W, CH)).astype(np.float32))
