@@ -299,3 +299,52 @@ def test_gpu_check_dry_run(capsys):
     assert all(r["built"] and r["family_ok"] for r in rows)
     assert "cuda_depthwise_conv2d" in rows[1]["templates"]
     assert "elementwise_chain" in capsys.readouterr().out
+
+
+# --------------------------------------------------------------------------- cuda_conv2d at real layer sizes
+@pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
+@pytest.mark.parametrize("channels,size", [(128, 56), (64, 28), (256, 14), (32, 112)])
+def test_conv_default_pixel_tile_is_row_aligned_and_fits_shared_memory(channels, size, arch):
+    """ResNet-sized convs: the default pixel tile covers whole output rows or lies inside one, so the staged
+    input window is the tile's rows (a tile of 64 pixels on rows of 56 staged all 128 x 58 x 58 inputs,
+    1.7 MB of shared memory, which ptxas rejects); the scheduled kernel passes TVM's GPU verification."""
+    from tvmfuse.schedules.cuda.conv2d import row_aligned
+
+    target = cuda(arch)
+    func, match, out = _scheduled(M.conv_bn_relu_residual(channels=channels, size=size), "cuda_conv2d", target)
+    cfg = next(t for t in TEMPLATES if t.family == "cuda_conv2d").default_config(match, target)
+    assert row_aligned(cfg["threads_p"] * cfg["micro_p"], size), cfg
+    lowered = C.lower_tir(C.IRModule({"main": out.with_attr("global_symbol", "main")}), target)
+    shared = max(int(C.allocated_bytes(f).get("main", {}).get("shared", 0)) for f in lowered.functions.values())
+    window = cfg["tile_c"] * (cfg["threads_p"] * cfg["micro_p"] // size + 2 if size <= 64 else 3) * (size + 2) * 4
+    weights = cfg["tile_c"] * cfg["threads_f"] * cfg["micro_f"] * 9 * 4
+    assert shared <= window + weights, (shared, window, weights, cfg)
+
+
+def test_conv_schedule_over_the_shared_memory_limit_goes_to_the_fallback(monkeypatch):
+    """A conv config whose pixel tile straddles rows (64 pixels on rows of 56) lowers but stages 1.7 MB of
+    shared memory: the GPU check names the kernel and the size, and the build takes the fallback."""
+    from tvmfuse.explain import Recorder
+    from tvmfuse.schedules import apply_schedules, fallback_passes
+    from tvmfuse.schedules.cuda import fallback as F
+
+    target = cuda("sm_90")
+    bad = {"threads_f": 8, "threads_p": 32, "micro_f": 2, "micro_p": 2, "tile_c": 8}
+    funcs = fused_funcs(M.conv_bn_relu_residual(channels=128, size=56), target)
+    (name, func), = [(n, g) for n, g in funcs.items() if "conv2d" in n]
+    template, match = find_template(func, target, templates_for(target))
+    sch = C.Schedule(func)
+    template.apply(sch, match, bad)
+    why = F.lowering_error(sch.mod["main"], target)
+    assert why is not None and "shared memory" in why and str(ARCHS["sm_90"].max_shared_bytes) in why, why
+    monkeypatch.setattr(type(template), "default_config", lambda self, match, target: dict(bad))
+
+    class Options:
+        tuning_log = None
+
+    with target, Recorder() as rec:
+        out = C.Sequential([apply_schedules(target, Options)] + fallback_passes(target))(
+            C.IRModule({name: func}))
+    (r,) = rec.schedules
+    assert r["template"] == "fallback" and "shared memory" in r["reason"], r
+    assert F.lowering_error(out[name], target) is None

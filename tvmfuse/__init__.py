@@ -1,7 +1,10 @@
 """tvmfuse: operation fusion for Apache TVM (Relax passes, fused-kernel schedules, tuner, export).
 
 Importing tvmfuse registers the "tvmfuse" Relax pipeline with TVM.  onnx is imported only when a model
-is imported or compiled, so a deployed artifact loads (``tvmfuse.load``) with the TVM runtime alone.
+is imported or compiled, so a deployed artifact loads (``tvmfuse.load``) without onnx; tvmfuse itself
+imports TVM's compiler library (``tvm.relax``), so loading needs a full TVM install.  On a runtime-only
+TVM (``TVM_USE_RUNTIME_LIB=1``, or a wheel without ``libtvm_compiler``) an artifact's ``model.so`` runs
+through ``tvm.runtime`` alone, as ``benchmarks/gpu_run.py`` does.
 """
 from __future__ import annotations
 

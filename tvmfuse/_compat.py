@@ -218,6 +218,9 @@ def build_prim_module(mod: IRModule, target: Target):
     return _tvm.compile(mod, target=target)
 
 
+allocated_bytes = s_tir.analysis.calculate_allocated_bytes   # {"main": {scope: bytes}} of a lowered PrimFunc
+
+
 def lower_tir(mod: IRModule, target: Target) -> IRModule:
     """TVM's TIR lowering of a module of scheduled PrimFuncs for ``target`` (``tirx.build`` up to code
     generation: bind the target, the default pipeline, host/device split and finalization); raises what

@@ -51,7 +51,21 @@ def conv_anchor(g, block) -> dict | None:
     f, c = block.extents[1], block.extents[4]
     return {"data_operand": 0 if window[0] else 1, "pad": data_producer(g, block, data),
             "batch": block.extents[0], "f": f, "pixels": block.extents[2] * block.extents[3],
-            "c": c, "kernel": block.extents[5] * block.extents[6]}
+            "width": block.extents[3], "c": c, "kernel": block.extents[5] * block.extents[6]}
+
+
+def row_aligned(tile: int, width: int) -> bool:
+    """A pixel tile (of the flattened output rows) that starts each block at a row boundary or inside one
+    row: whole rows (``tile % width == 0``) or a divisor of the row.  Only then does TVM's region analysis
+    bound the staged input window to the tile's rows; a tile that straddles rows at varying offsets
+    stages the whole padded input (all channels: 1.7 MB of shared memory at 128 x 56 x 56)."""
+    return tile % width == 0 or width % tile == 0
+
+
+def aligned_threads(width: int) -> list[int]:
+    """The two largest multiples of the output row width in [16, 64] (threads along pixels that cover
+    whole rows): 56 for rows of 56 or 28, 56 and 42 for rows of 14; none for rows wider than 64."""
+    return sorted(k * width for k in range(1, 65) if 16 <= k * width <= max(THREADS_P))[-2:]
 
 
 class CudaConv2d(CudaTemplate, family="cuda_conv2d", config=Conv2dConfig):
@@ -73,9 +87,10 @@ class CudaConv2d(CudaTemplate, family="cuda_conv2d", config=Conv2dConfig):
         per_c = 32 * info["kernel"] * 4            # weight bytes per staged channel at the widest tile
         stage = arch_of(target).max_shared_bytes // 2   # the weight slice: at most half the static shared memory
         tc = [t for t in divisors_among(info["c"], TILE_C) if t * per_c <= stage] or [1]
+        tp = sorted({t for t in THREADS_P if t <= max(THREADS_P[0], info["pixels"])} |
+                    {t for t in aligned_threads(info.get("width", 0) or 1) if t <= info["pixels"]})
         return Conv2dConfig.space(threads_f=[t for t in THREADS_F if t <= max(THREADS_F[0], info["f"])],
-                                  threads_p=[t for t in THREADS_P if t <= max(THREADS_P[0], info["pixels"])],
-                                  micro_f=MICRO, micro_p=MICRO, tile_c=tc)
+                                  threads_p=tp, micro_f=MICRO, micro_p=MICRO, tile_c=tc)
 
     def default_config(self, match: Match, target: C.Target) -> dict:
         arch = arch_of(target)
@@ -86,6 +101,14 @@ class CudaConv2d(CudaTemplate, family="cuda_conv2d", config=Conv2dConfig):
         blocks = blocks_of_tile(info["f"], info["pixels"], cfg["threads_f"] * 2, cfg["threads_p"] * 2)
         if blocks * info["batch"] < arch.sm_count:      # small layers: one output per thread, more blocks
             cfg["micro_f"] = cfg["micro_p"] = 1
+        width = info.get("width", 0)
+        if width and not row_aligned(cfg["threads_p"] * cfg["micro_p"], width):
+            # the pixel tile nearest the default's that is row-aligned (a tight input window), if any
+            cands = [(tp, mp) for tp in sp["threads_p"] for mp in sp["micro_p"]
+                     if mp <= cfg["micro_p"] and row_aligned(tp * mp, width)]
+            if cands:
+                want = cfg["threads_p"] * cfg["micro_p"]
+                cfg["threads_p"], cfg["micro_p"] = min(cands, key=lambda c: (abs(c[0] * c[1] - want), -c[0]))
         return Conv2dConfig(**cfg).asdict()
 
     def apply(self, sch: C.Schedule, match: Match, config: dict) -> None:

@@ -21,17 +21,31 @@ def dlight_rules() -> list:
 
 
 def lowering_error(func: C.PrimFunc, target: C.Target) -> str | None:
-    """None when ``func`` (scheduled) goes through TVM's TIR lowering for ``target``, else the first line
-    of the error: a block under no thread binding (TVM would lower it as host code), a loop variable used
-    before its definition, ..."""
+    """None when ``func`` (scheduled) goes through TVM's TIR lowering for ``target`` and fits the block's
+    shared memory, else the first line of the error: a block under no thread binding (TVM would lower it
+    as host code), a loop variable used before its definition, a shared-memory stage over the limit, ..."""
     outside = unbound_blocks(func)
     if outside:         # TVM lowers such a block as host code, which reads device memory: not legal
         return f"blocks {outside} are under no thread binding"
     mod = C.IRModule({"main": func.with_attr("global_symbol", "main")})
     try:
-        C.lower_tir(mod, target)
+        lowered = C.lower_tir(mod, target)
     except C.TVM_PASS_ERRORS as e:
         return _first_line(e)
+    return shared_memory_error(lowered, target)
+
+
+def shared_memory_error(lowered: C.IRModule, target: C.Target) -> str | None:
+    """None when every kernel of the lowered module allocates at most the block's static shared memory
+    (the target's ``max_shared_memory_per_block``, else the arch's), else which kernel asks for how much:
+    such a kernel lowers and generates code, but ptxas rejects it, or, built as PTX, it fails at launch."""
+    from ._common import verification_target
+
+    limit = int(verification_target(target).attrs["max_shared_memory_per_block"])
+    for gv, f in lowered.functions.items():
+        used = int(C.allocated_bytes(f).get("main", {}).get("shared", 0))
+        if used > limit:
+            return f"kernel {gv.name_hint} uses {used} bytes of shared memory per block, the limit is {limit}"
     return None
 
 
