@@ -5,6 +5,10 @@ it is installed.  Prints one table (ratios, roofline fractions) and writes JSON 
 
     python benchmarks/gpu_check.py [--arch sm_90] [--only a,b] [--repeat 50]
     python benchmarks/gpu_check.py --dry-run     # no GPU: build everything for cuda, run nothing
+    python benchmarks/gpu_check.py --build DIR [--corpus resnet18,bert] [--sizes small]
+        # here (TVM's compiler, nvcc, no GPU): export every model as a CUDA artifact (tvmfuse and stock) with
+        # its inputs and reference outputs; then on a GPU machine that has only TVM's runtime:
+        #   python benchmarks/gpu_run.py DIR    (numerics + timing; writes $OUT/gpu_run.json)
 
 Roofline (H200 defaults, override with --hbm-tbs / --tflops): time >= max(bytes / HBM bandwidth,
 flops / fp32 non-tensor-core peak); the fraction printed is that bound over the measured time.
@@ -75,6 +79,13 @@ SIZES = {
     "attention_causal": dict(seq=2048, heads=12, head_dim=64),
     "transformer_block": dict(seq=512, hidden=768, heads=12, ffn=3072),
     "resnet_block": dict(channels=64, size=56, batch=8),
+}
+# the same families with their weights cut to fit one transfer to a GPU machine (64 MB in all)
+SMALL_SIZES = {
+    "matmul_bias_gelu": dict(m=4096, k=1024, n=1024),
+    "qkv_projection": dict(seq=4096, hidden=512),
+    "swiglu": dict(seq=4096, hidden=512, ffn=1408),
+    "transformer_block": dict(seq=512, hidden=384, heads=6, ffn=1536),
 }
 RTOL, ATOL = 1e-3, 1e-4     # fp32 kernels vs a float64 reference (erf/exp approximations included)
 
@@ -187,6 +198,135 @@ def check_one(name, builder, target, args) -> dict:
     return row
 
 
+def _tolerance_elementwise() -> dict:
+    return {"kind": "allclose", "rtol": RTOL, "atol": ATOL}
+
+
+CORPUS_REL_TOL = 1e-4   # the corpus target (tests/test_corpus.py): max |a - e| / max |e| vs onnxruntime
+
+
+REF_SAMPLE = 1 << 16    # outputs larger than this are checked on a fixed random sample of this many elements
+
+
+def feed_recipe(feeds: dict, draws: dict) -> list[dict]:
+    """How ``gpu_run.py`` redraws the inputs: one ``default_rng(0)`` drawn input after input, in this order."""
+    return [{"name": k, "shape": list(v.shape), "dtype": str(v.dtype), "draw": draws.get(k, "normal")}
+            for k, v in feeds.items()]
+
+
+def feeds_digest(arrays) -> str:
+    import hashlib
+
+    h = hashlib.sha256()
+    for a in arrays:
+        h.update(np.ascontiguousarray(a).tobytes())
+    return h.hexdigest()
+
+
+def _save_case(out_dir: str, name: str, refs: list) -> tuple[str, list]:
+    """References (float64, stored as float32) of each output, all of it or a fixed sample of ``REF_SAMPLE`` flat indices."""
+    rel = f"{name}/data.npz"
+    arrays, shapes = {}, []
+    rng = np.random.default_rng(1)
+    for i, r in enumerate(refs):
+        r = np.asarray(r, dtype=np.float64)
+        shapes.append(list(r.shape))
+        if r.size > REF_SAMPLE:
+            idx = np.sort(rng.choice(r.size, REF_SAMPLE, replace=False)).astype(np.int64)
+            arrays[f"idx{i}"] = idx.astype(np.int32 if r.size < 2**31 else np.int64)
+            arrays[f"ref{i}"] = r.reshape(-1)[idx].astype(np.float32)
+        else:
+            arrays[f"ref{i}"] = r.reshape(-1).astype(np.float32)
+    np.savez(os.path.join(out_dir, rel), **arrays)
+    return rel, shapes
+
+
+def build_one(out_dir: str, name: str, model, target, engines: dict, refs_fn, tolerance: dict,
+              family: str) -> dict:
+    """Export ``model`` once per engine (name -> compile options) and store how to redraw its inputs and
+    its reference outputs (the inputs themselves are redrawn on the GPU machine, checked by digest)."""
+    os.makedirs(os.path.join(out_dir, name), exist_ok=True)
+    row = {"model": name, "family": family, "artifacts": {}, "tolerance": tolerance}
+    t0 = time.perf_counter()
+    inputs = None
+    for eng, opts in engines.items():
+        try:
+            cm = tvmfuse.compile(model, target=target, **opts)
+            tvmfuse.export(cm, os.path.join(out_dir, name, eng))
+        except Exception as e:   # recorded per engine (gpu_run.py skips it): the build goes on
+            row[f"{eng}_build_error"] = f"{type(e).__name__}: {str(e)[-1500:]}"
+            print(f"{name} {eng}: build failed: {str(e).splitlines()[-1][:300] if str(e) else type(e)}",
+                  file=sys.stderr)
+            continue
+        row["artifacts"][eng] = f"{name}/{eng}"
+        row[f"{eng}_kernels"] = cm.kernel_count
+        inputs = inputs or [s.name for s in cm.inputs]
+        if eng == "tvmfuse":
+            row["templates"] = sorted({s["template"] for s in cm.report.schedules})
+    row["build_s"] = round(time.perf_counter() - t0, 1)
+    if inputs is None:
+        return row
+    feeds, draws, refs = refs_fn()
+    row["feeds"] = feed_recipe(feeds, draws)
+    row["feed_order"] = inputs
+    row["feeds_sha256"] = feeds_digest(feeds[k] for k in inputs)
+    row["data"], row["output_shapes"] = _save_case(out_dir, name, refs)
+    return row
+
+
+def build(args, target) -> int:
+    """Write DIR/plan.json and one folder per model (artifacts + data.npz) for ``gpu_run.py``."""
+    out_dir = args.build
+    os.makedirs(out_dir, exist_ok=True)
+    engines = {"tvmfuse": {}, "stock": dict(fusion=False, schedules=False, fast_math=False)}
+    plan = {"arch": args.arch, "date": time.strftime("%Y-%m-%d"), "tvm": C.TVM_VERSION,
+            "hbm_tbs": args.hbm_tbs, "tflops": args.tflops, "sizes": args.sizes, "rows": []}
+    todo = builders()
+    names = args.only.split(",") if args.only else list(todo)
+    for name in names:
+        size = {"gpu": SIZES.get(name, {}), "small": SMALL_SIZES.get(name, SIZES.get(name, {})),
+                "default": {}}[args.sizes]
+        model = todo[name](**size)
+        row = build_one(out_dir, name, model, target, engines,
+                        lambda: (lambda f: (f, {}, list(reference64(model, f).values())))(
+                            M.random_feeds(model, seed=0)),
+                        _tolerance_elementwise(), FAMILY_MODELS.get(name, "demo"))
+        row["size"] = size
+        row["flops"], row["bytes"] = model_cost(model)
+        plan["rows"].append(row)
+        print(json.dumps(row), flush=True)
+    if args.corpus:
+        sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "corpus"))
+        import corpus_io
+        import onnx
+        import onnxruntime as ort
+
+        entries = {e["name"]: e for e in corpus_io.load_manifest()["models"]}
+        for name in args.corpus.split(","):
+            entry = entries[name]
+            path = corpus_io.model_path(entry, "static")
+
+            def refs_fn(entry=entry, path=path):
+                feeds = corpus_io.random_feeds(entry, np.random.default_rng(0))
+                sess = ort.InferenceSession(path, providers=["CPUExecutionProvider"])
+                draws = {s["name"]: ["integers"] + list(s["int_range"]) for s in entry["inputs"]
+                         if np.issubdtype(np.dtype(s["dtype"]), np.integer)}
+                return feeds, draws, sess.run(None, feeds)
+
+            row = build_one(out_dir, name, path, target, {"tvmfuse": {}}, refs_fn,
+                            {"kind": "relative", "max": CORPUS_REL_TOL}, "corpus")
+            row["flops"], row["bytes"] = model_cost(onnx.load(path))
+            plan["rows"].append(row)
+            print(json.dumps(row), flush=True)
+    plan["tolerance_note"] = ("pattern and demo models: allclose(rtol=%g, atol=%g) vs a float64 onnx reference; "
+                              "corpus: max|a-e|/max|e| <= %g vs onnxruntime CPU" % (RTOL, ATOL, CORPUS_REL_TOL))
+    with open(os.path.join(out_dir, "plan.json"), "w") as f:
+        json.dump(plan, f, indent=1)
+    total = sum(os.path.getsize(os.path.join(d, n)) for d, _s, ns in os.walk(out_dir) for n in ns)
+    print(f"wrote {len(plan['rows'])} models to {out_dir} ({total / 1e6:.1f} MB)")
+    return 0
+
+
 def print_table(rows, dry_run: bool) -> None:
     if dry_run:
         print(f"{'model':32s} {'kernels stock->fused':>20s} {'cuda kernels':>12s} {'family':>6s}  templates")
@@ -210,8 +350,17 @@ def main(argv=None) -> list[dict]:
     p.add_argument("--hbm-tbs", type=float, default=4.8, help="HBM bandwidth, TB/s (H200: 4.8)")
     p.add_argument("--tflops", type=float, default=67.0, help="fp32 non-tensor-core peak (H200: ~67)")
     p.add_argument("--dry-run", action="store_true", help="build for cuda (small sizes), run nothing")
+    p.add_argument("--build", metavar="DIR", help="export artifacts + data for gpu_run.py into DIR, run nothing")
+    p.add_argument("--corpus", default="", help="with --build: corpus models too (tvmfuse only, vs onnxruntime)")
+    p.add_argument("--sizes", default="gpu", choices=["gpu", "small", "default"],
+                   help="with --build: SIZES, SMALL_SIZES (weights fit a 64 MB transfer), or the builders' defaults")
+    p.add_argument("--cpu", action="store_true", help="with --build: for this host's CPU (smoke test of gpu_run.py)")
     args = p.parse_args(argv)
     target = C.Target({"kind": "cuda", "arch": args.arch}, host=tvmfuse.host_target())
+    if args.cpu:
+        target = tvmfuse.host_target()
+    if args.build:
+        return build(args, target)
     todo = builders()
     if args.only:
         names = args.only.split(",")
@@ -236,5 +385,7 @@ def main(argv=None) -> list[dict]:
 
 
 if __name__ == "__main__":
+    if "--build" in sys.argv:
+        sys.exit(main())
     rows = main()
     sys.exit(0 if all(r.get("numerics_ok", True) and r["family_ok"] for r in rows) else 1)

@@ -301,6 +301,52 @@ def test_gpu_check_dry_run(capsys):
     assert "elementwise_chain" in capsys.readouterr().out
 
 
+def test_gpu_check_build_then_runtime_only_run(tmp_path):
+    """The two halves of the GPU check: ``--build`` exports artifacts and references here; ``gpu_run.py``
+    runs them with TVM's runtime library alone (TVM_USE_RUNTIME_LIB=1: no tvmfuse, no compiler), here on
+    the CPU (``--cpu`` / ``--device cpu``).  A corrupted reference is reported as a numerics failure."""
+    import importlib.util
+    import json
+    import os
+    import pathlib
+    import subprocess
+    import sys
+
+    import numpy as np
+
+    bench = pathlib.Path(__file__).resolve().parents[1] / "benchmarks"
+    spec = importlib.util.spec_from_file_location("gpu_check", bench / "gpu_check.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    art = tmp_path / "art"
+    assert mod.main(["--build", str(art), "--cpu", "--sizes", "default",
+                     "--only", "elementwise_chain,layernorm_decomposed"]) == 0
+    plan = json.loads((art / "plan.json").read_text())
+    assert [r["model"] for r in plan["rows"]] == ["elementwise_chain", "layernorm_decomposed"]
+    assert all(set(r["artifacts"]) == {"tvmfuse", "stock"} for r in plan["rows"])
+
+    def run(out):
+        out.mkdir()
+        env = {**os.environ, "TVM_USE_RUNTIME_LIB": "1", "OUT": str(out)}
+        p = subprocess.run([sys.executable, str(bench / "gpu_run.py"), str(art), "--device", "cpu", "--repeat", "2"],
+                           env=env, capture_output=True, text=True, timeout=600)
+        return p, json.loads((out / "gpu_run.json").read_text())
+
+    p, res = run(tmp_path / "ok")
+    assert p.returncode == 0, p.stderr[-2000:]
+    for r in res["rows"]:
+        for eng in ("tvmfuse", "stock"):
+            assert r[eng]["numerics_ok"] and r[eng]["device_ms"] > 0, (r["model"], eng, r[eng])
+    data = art / plan["rows"][1]["data"]
+    with np.load(data) as d:
+        arrays = dict(d)
+    arrays["ref0"] = arrays["ref0"] + 1.0
+    np.savez(data, **arrays)
+    p, res = run(tmp_path / "bad")
+    assert p.returncode == 1 and "layernorm_decomposed" in p.stderr
+    assert res["rows"][0]["tvmfuse"]["numerics_ok"] and not res["rows"][1]["tvmfuse"]["numerics_ok"]
+
+
 # --------------------------------------------------------------------------- cuda_conv2d at real layer sizes
 @pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
 @pytest.mark.parametrize("channels,size", [(128, 56), (64, 28), (256, 14), (32, 112)])
