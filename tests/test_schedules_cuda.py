@@ -394,3 +394,37 @@ def test_conv_schedule_over_the_shared_memory_limit_goes_to_the_fallback(monkeyp
     (r,) = rec.schedules
     assert r["template"] == "fallback" and "shared memory" in r["reason"], r
     assert F.lowering_error(out[name], target) is None
+
+
+def _bool_mask_model():
+    """deberta_v2's mask form: int64 product -> bool -> Not, a bool output (4 lanes would be a ushort4)."""
+    import onnx
+    from onnx import TensorProto, helper
+
+    g = helper.make_graph(
+        [helper.make_node("Mul", ["a", "b"], ["p"]), helper.make_node("Cast", ["p"], ["m"], to=TensorProto.BOOL),
+         helper.make_node("Not", ["m"], ["y"])], "bool_mask",
+        [helper.make_tensor_value_info("a", TensorProto.INT64, [8, 32]),
+         helper.make_tensor_value_info("b", TensorProto.INT64, [8, 32])],
+        [helper.make_tensor_value_info("y", TensorProto.BOOL, [8, 32])])
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+
+
+@needs_nvcc
+def test_elementwise_kernel_on_bool_buffers_stays_scalar_and_compiles():
+    """TVM 0.27's CUDA codegen writes a 4-lane bool vector as ``ushort4`` and negates it with ``!``, which
+    nvcc rejects (deberta_v2's export failed): cuda_elementwise keeps bool kernels at one lane, and the
+    float kernels of the same size keep their vectors."""
+    target = cuda("sm_90")
+    funcs = fused_funcs(_bool_mask_model(), target)
+    (func,) = funcs.values()
+    template, match = find_template(func, target, templates_for(target))
+    assert template.family == "cuda_elementwise" and match.info["bool"]
+    assert template.space(match, target).to_dict()["vec"] == [1]
+    assert template.default_config(match, target)["vec"] == 1
+    _, f32, (t32, m32) = family_kernel("cuda_elementwise", target)
+    assert not m32.info["bool"] and t32.default_config(m32, target)["vec"] > 1
+    cm = tvmfuse.compile(_bool_mask_model(), target=target)
+    src = C.cuda_device_source(cm.executable)
+    assert "ushort4" not in src and "!" in src
+    assert C.nvcc_compile(src, target)

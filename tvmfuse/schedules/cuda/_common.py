@@ -155,6 +155,13 @@ def bind(sch: C.Schedule, **loops) -> None:
         sch.bind(loop, axis.replace("_", "."))
 
 
+def has_bool_buffer(g: BlockGraph) -> bool:
+    """Whether any block of the kernel reads or writes a bool buffer (TVM 0.27's CUDA codegen cannot
+    vectorize those: ``cuda_elementwise`` keeps such kernels scalar)."""
+    return any(str(getattr(getattr(buf, "ty", None), "dtype", "")) == "bool"
+               for b in g.blocks for buf in list(b.reads) + list(b.writes))
+
+
 def bind_elementwise(sch: C.Schedule, name: str, threads: int, vec: int):
     """Fuse the loops of one spatial block, split into (blocks, threads, vector lanes), bind, vectorize."""
     blk = sch.get_sblock(name)

@@ -12,7 +12,7 @@ from math import prod
 from ... import _compat as C
 from ...analysis import ELEMWISE, INJECTIVE, nearest
 from ..base import Config, KnobSpace, Match, knob
-from ._common import CudaTemplate, arch_of, bind_elementwise, inline_glue
+from ._common import CudaTemplate, arch_of, bind_elementwise, has_bool_buffer, inline_glue
 
 THREADS = (64, 128, 256, 512, 1024)
 VECTOR_LANES = (1, 2, 4)       # fp32 lanes; 4 = one 128-bit load per thread
@@ -37,7 +37,7 @@ class CudaElementwise(CudaTemplate, family="cuda_elementwise", config=Elementwis
         inner = [b.extents[-1] if b.extents else 1 for b in outs]
         total = min(prod(int(e) for e in b.extents) for b in outs)
         return Match(self.family, {"blocks": [b.name for b in g.blocks], "outputs": [b.name for b in outs],
-                                   "inner": inner, "total": total})
+                                   "inner": inner, "total": total, "bool": has_bool_buffer(g)})
 
     def accepts(self, group, target: C.Target) -> str | None:
         if not group.is_static():
@@ -48,6 +48,10 @@ class CudaElementwise(CudaTemplate, family="cuda_elementwise", config=Elementwis
     def space(self, match: Match, target: C.Target) -> KnobSpace:
         inner = match.info["inner"]
         lanes = [v for v in VECTOR_LANES if all(n % v == 0 for n in inner)]
+        if match.info.get("bool"):
+            # TVM 0.27's CUDA codegen writes 4 bools as a ushort4 (8 bytes for 4 one-byte elements) and
+            # applies ``!`` to it, which nvcc rejects (deberta_v2's attention mask); bool kernels stay scalar
+            lanes = [1]
         arch = arch_of(target)
         threads = [t for t in THREADS if t <= arch.max_threads_per_block]
         return ElementwiseConfig.space(threads=threads, vec=lanes)
