@@ -16,7 +16,7 @@ Tables covered (README section: JSON file):
   9b  bench_models_attention.json     attention rule on / off, ratios, kernel counts
   10  symbolic_check.json             symbolic / static per size (ratio of the minima over rounds)
   11  space_fuzz.json                 candidates per family and target, failures
-  8b  cuda_corpus_build.json, cuda_corpus_build_sm90.json   kernels per arch, on a CUDA template
+  8b  cuda_corpus_build*.json, cuda_corpus_sass_*.json   kernels per arch, on a CUDA template
 Not covered (no JSON or no table): 1t (bench_cpu_torch.json, an older run now in HISTORY.md; --tables 1t),
 3c (io_overhead*.json: measured under load only), 5c (no measured run), 6e and 7 (no run recorded;
 7 is printed with --tables 7, from export_bench.json or --json FILE; 1 likewise takes --json FILE).
@@ -335,15 +335,20 @@ def table_11() -> list[str]:
 
 
 def table_8b() -> list[str]:
-    out = ["## Table 8b  (cuda_corpus_build.json, cuda_corpus_build_sm90.json)",
+    names = ("cuda_corpus_build.json", "cuda_corpus_build_sm90.json", "cuda_corpus_sass_sm80.json",
+             "cuda_corpus_sass_sm90.json")
+    out = [f"## Table 8b  ({', '.join(names)})",
            "| arch | date | models | kernels | on a cuda_* template | other schedules | check |",
            "|---|---|---:|---:|---:|---|---|"]
-    for name in ("cuda_corpus_build.json", "cuda_corpus_build_sm90.json"):
+    for name in names:
         d = load(name)
         m = d["models"]
-        other = {k: v["other_schedules"] for k, v in m.items() if v["other_schedules"]}
-        out.append(f"| {d['arch']} | {d['date']} | {len(m)} | {sum(v['kernels'] for v in m.values())} | "
-                   f"{sum(v['cuda_templates'] for v in m.values())} | {other or 'none'} | {d['check']} |")
+        other = {k: v["other_schedules"] for k, v in m.items() if v.get("other_schedules")}
+        kinds = sorted({kind for v in other.values() for kind in v})
+        shown = ", ".join(f"{sum(v.get(kind, 0) for v in other.values())} {kind}" for kind in kinds) + \
+            f", in {len(other)} models" if other else "none"
+        out.append(f"| {d['arch']} | {d['date']} | {len(m)} | {sum(v.get('kernels', 0) for v in m.values())} | "
+                   f"{sum(v.get('cuda_templates', 0) for v in m.values())} | {shown} | {d['check']} |")
     return out
 
 
