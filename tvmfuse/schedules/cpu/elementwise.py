@@ -35,9 +35,20 @@ class ElementwiseConfig(Config):
 
 
 class Elementwise(BatchBuckets, U.CpuTemplate, family=FAMILY, config=ElementwiseConfig):
+    def _keep_rule(self, sch: C.Schedule, target: C.Target) -> list | None:
+        """For a kernel over symbolic extents, [min reuse, typical symbol size] of the rule that keeps a
+        producer in memory instead of folding it (``reused_producer``); None for a static kernel (tables of
+        constants were folded before scheduling)."""
+        if not any(-1 in U.loop_extents(sch, b) for b in U.top_blocks(sch)):
+            return None
+        d = self.table_defaults(target)
+        return [int(d["keep_reuse_min"]), int(d["typical_symbol_size"])]
+
+
     def match(self, func: C.PrimFunc, target: C.Target) -> Match | None:
         sch = C.Schedule(func)
-        left = U.inline_elementwise(sch)
+        keep = self._keep_rule(sch, target)
+        left = U.inline_elementwise(sch, keep_if=keep_if_reused(keep))
         blocks = [sch.get_sblock(n) for n in left]
         if not blocks or not all(U.is_spatial(sch, b) for b in blocks):
             return None
@@ -59,7 +70,7 @@ class Elementwise(BatchBuckets, U.CpuTemplate, family=FAMILY, config=Elementwise
             for e in extents:
                 total *= max(e, 1)
             sizes.append(-1 if -1 in extents else total)   # -1: a symbolic extent (batch, seq)
-        info = {"blocks": left, "elements": -1 if -1 in sizes else max(sizes)}
+        info = {"blocks": left, "elements": -1 if -1 in sizes else max(sizes), "keep_reused": keep}
         split = [_static_and_symbolic(sch, b) for b in blocks]
         covering = _covering_extent([batch for _, batch in split])
         if covering is not None:
@@ -110,12 +121,42 @@ class Elementwise(BatchBuckets, U.CpuTemplate, family=FAMILY, config=Elementwise
 
     def apply(self, sch: C.Schedule, match: Match, config: dict) -> None:
         cfg = ElementwiseConfig.from_dict(config)
-        # Step 1. Fold the chain into its outputs.
-        U.inline_elementwise(sch)
+        # Step 1. Fold the chain into its outputs (over symbolic extents: a producer many consumer elements
+        # reuse, a table computed at run time, stays in memory: ``reused_producer``).
+        U.inline_elementwise(sch, keep_if=keep_if_reused(match.info.get("keep_reused")))
         # Step 2. Each remaining block: fused loops, [parallel][unroll][vector].
         for name in match.info["blocks"]:
             U.schedule_injective(sch, sch.get_sblock(name), cfg.lanes * cfg.vector_mult, unroll=cfg.unroll,
                                  parallel=cfg.parallel)
+
+
+def typical_elements(sch: C.Schedule, block, typical: int) -> int:
+    """A block's loop-domain size with every symbolic extent taken as ``typical`` (a size to compare
+    domains by, not a bound)."""
+    n = 1
+    for e in U.loop_extents(sch, block):
+        n *= typical if e < 0 else max(e, 1)
+    return n
+
+
+def reused_producer(sch: C.Schedule, block, consumers, min_reuse: int, typical: int) -> bool:
+    """Whether to keep ``block`` (a spatial producer) in memory rather than fold it into ``consumers``:
+    it is not a cheap copy (``common.is_cheap``) and a consumer's domain is at least ``min_reuse`` times its
+    own at typical sizes, so folding would recompute each of its values that many times.
+    deberta_v2_dyn's relative-position buckets: a log bucket over [2, S] and an index over [S, S], folded into
+    per-head [b*4, S, S] gathers, recomputed the log 4 x S / 2 times per value (notes/relpos17.md)."""
+    if U.is_cheap(sch, block):
+        return False
+    own = typical_elements(sch, block, typical)
+    return any(typical_elements(sch, c, typical) >= min_reuse * own for c in consumers)
+
+
+def keep_if_reused(rule: list | None):
+    """``inline_elementwise``'s ``keep_if`` for a ``_keep_rule`` (None: fold everything)."""
+    if rule is None:
+        return None
+    min_reuse, typical = rule
+    return lambda sch, block, consumers: reused_producer(sch, block, consumers, min_reuse, typical)
 
 
 def _factors(expr) -> list[str]:

@@ -1,0 +1,101 @@
+"""``cpu.elementwise`` over symbolic extents keeps a producer in memory when its consumers' domain is many
+times its own (``elementwise.reused_producer``; the table's ``keep_reuse_min`` at ``typical_symbol_size``):
+deberta_v2_dyn computes its relative-position tables at run time (a log bucket over [2, S], an index over
+[S, S]) and folding them into the per-head [b*4, S, S] gathers recomputed each log 4 x S / 2 times; b1 s128
+went from 1.56-1.62x its pinned build to 1.18-1.19x (benchmarks/notes/relpos17.md).
+
+The case: ``t = log(|p| + 1) * 3 + p`` over p[S] (5 operations: more than ``common.CHEAP_PRODUCER_OPS``), then
+``y = x * t`` over x[batch, 4, S, S].  Structure on named
+targets: the table stays a block of its own over [S] before the output's nest; the rule does not fire on the
+static build (folded: one block), on a cheap producer (a plain copy of p), or with ``keep_reuse_min`` above the
+reuse.  Numerics: against numpy at several sizes."""
+import numpy as np
+import pytest
+
+import tvmfuse
+from tvmfuse import _compat as C
+from tvmfuse import target as TG
+from tvmfuse.models import _G
+from tvmfuse.schedules.cpu import common as U
+from tvmfuse.schedules.cpu import elementwise as EW
+
+import schedule_cases as S
+
+NEON = '{"kind": "llvm", "mtriple": "aarch64-linux-gnu", "mcpu": "cortex-a72", "num-cores": 2}'
+TARGETS = (S.HASWELL, S.SKYLAKE, NEON)
+TARGET_IDS = ["haswell", "skx", "neon"]
+
+
+def table_times_x(seq="seq", batch="batch", cheap=False):
+    g = _G("table_times_x")
+    p = g.input("p", [seq])
+    x = g.input("x", [batch, 4, seq, seq])
+    t = p if cheap else g.op("Add", g.op("Mul", g.op("Log", g.op("Add", g.op("Abs", p), g.const(np.float32(1.0)))),
+                                           g.const(np.float32(3.0))), p)
+    g.op("Mul", x, t)
+    return S.finish(g)
+
+
+def reference(p, x, cheap=False):
+    t = p if cheap else np.log(np.abs(p) + 1.0) * 3.0 + p
+    return (x * t).astype(np.float32)
+
+
+def _kernel(model, target):
+    funcs = S.graph_funcs(model, target)
+    assert len(funcs) == 1, sorted(funcs)
+    return next(iter(funcs.values())), tvmfuse.parse_target(target)
+
+
+def _left_blocks(func, tgt):
+    match = EW.Elementwise().match(func, tgt)
+    assert match is not None
+    return match, match.info["blocks"]
+
+
+@pytest.mark.parametrize("target", TARGETS, ids=TARGET_IDS)
+def test_symbolic_table_stays_in_memory(target):
+    func, tgt = _kernel(table_times_x(), target)
+    match, left = _left_blocks(func, tgt)
+    d = TG.template_defaults(tgt, "cpu.elementwise")
+    assert match.info["keep_reused"] == [d["keep_reuse_min"], d["typical_symbol_size"]]
+    assert len(left) == 2, left                           # the [S] table, then the output
+    sch = C.Schedule(func)
+    EW.Elementwise().apply(sch, match, EW.Elementwise().default_config(match, tgt))
+    blocks = [b for b in U_blocks(sch.mod["main"]) if b.name_hint != "root"]
+    table = next(b for b in blocks if b.name_hint == left[0])
+    (written,) = [C.region_tensor(w) for w in table.writes]
+    assert len(C.tensor_shape(written)) == 1 and not isinstance(C.tensor_shape(written)[0], C.IntImm)
+
+
+def U_blocks(func):
+    found = []
+    C.post_order_visit(func.body, lambda n: found.append(n) if isinstance(n, C.SBlock) else None)
+    return found
+
+
+@pytest.mark.parametrize("target", TARGETS, ids=TARGET_IDS)
+def test_rule_does_not_fire_static_cheap_or_above_the_threshold(target, monkeypatch):
+    # static: the same graph at S = 16, batch 2, folds into one block (no rule for static kernels)
+    func, tgt = _kernel(table_times_x(seq=16, batch=2), target)
+    match, left = _left_blocks(func, tgt)
+    assert match.info["keep_reused"] is None and len(left) == 1
+    # a cheap producer (p itself, no arithmetic) folds
+    func, tgt = _kernel(table_times_x(cheap=True), target)
+    assert len(_left_blocks(func, tgt)[1]) == 1
+    # a reuse threshold above the reuse at typical sizes (4 x 64 x 64 = 16384): folded
+    real = TG.template_defaults
+    monkeypatch.setattr(U, "template_defaults",
+                        lambda t, fam: {**real(t, fam), "keep_reuse_min": 10 ** 6} if fam == EW.FAMILY else real(t, fam))
+    func, tgt = _kernel(table_times_x(), target)
+    assert len(_left_blocks(func, tgt)[1]) == 1
+
+
+@pytest.mark.parametrize("cheap", [False, True], ids=["log_table", "copy"])
+def test_numerics_at_several_sizes(cheap, rng):
+    cm = tvmfuse.compile(table_times_x(cheap=cheap))
+    for batch, seq in ((1, 1), (2, 7), (3, 33)):
+        p = rng.standard_normal(seq).astype(np.float32)
+        x = rng.standard_normal((batch, 4, seq, seq)).astype(np.float32)
+        (got,) = cm.run({"p": p, "x": x}).values()
+        np.testing.assert_allclose(got, reference(p, x, cheap), rtol=1e-5, atol=1e-5)
