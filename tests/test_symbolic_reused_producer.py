@@ -99,3 +99,21 @@ def test_numerics_at_several_sizes(cheap, rng):
         x = rng.standard_normal((batch, 4, seq, seq)).astype(np.float32)
         (got,) = cm.run({"p": p, "x": x}).values()
         np.testing.assert_allclose(got, reference(p, x, cheap), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("target", TARGETS, ids=TARGET_IDS)
+def test_kept_table_nest_is_serial(target):
+    """The kept table's nest has no parallel loop of its own (one more fork/join per call: +6 us on
+    deberta_v2_dyn at s1); the output's nest keeps the config's parallel loop."""
+    func, tgt = _kernel(table_times_x(), target)
+    match, left = _left_blocks(func, tgt)
+    assert match.info["kept"] == [left[0]]
+    config = {**EW.Elementwise().default_config(match, tgt), "parallel": True}
+    sch = C.Schedule(func)
+    EW.Elementwise().apply(sch, match, config)
+    kinds = {}
+    for name in left:
+        loops = sch.get_loops(sch.get_sblock(name))
+        kinds[name] = [int(sch.get(lp).kind) for lp in loops]
+    par = int(C.ForKind.PARALLEL)
+    assert par not in kinds[left[0]] and par in kinds[left[1]], kinds

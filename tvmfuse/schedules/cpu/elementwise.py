@@ -70,7 +70,9 @@ class Elementwise(BatchBuckets, U.CpuTemplate, family=FAMILY, config=Elementwise
             for e in extents:
                 total *= max(e, 1)
             sizes.append(-1 if -1 in extents else total)   # -1: a symbolic extent (batch, seq)
-        info = {"blocks": left, "elements": -1 if -1 in sizes else max(sizes), "keep_reused": keep}
+        # the producers the rule kept (folded without it): their nests run serial (Step 2)
+        kept = sorted(set(left) - set(U.inline_elementwise(C.Schedule(func)))) if keep is not None else []
+        info = {"blocks": left, "elements": -1 if -1 in sizes else max(sizes), "keep_reused": keep, "kept": kept}
         split = [_static_and_symbolic(sch, b) for b in blocks]
         covering = _covering_extent([batch for _, batch in split])
         if covering is not None:
@@ -124,10 +126,13 @@ class Elementwise(BatchBuckets, U.CpuTemplate, family=FAMILY, config=Elementwise
         # Step 1. Fold the chain into its outputs (over symbolic extents: a producer many consumer elements
         # reuse, a table computed at run time, stays in memory: ``reused_producer``).
         U.inline_elementwise(sch, keep_if=keep_if_reused(match.info.get("keep_reused")))
-        # Step 2. Each remaining block: fused loops, [parallel][unroll][vector].
+        # Step 2. Each remaining block: fused loops, [parallel][unroll][vector].  A producer kept in memory
+        # runs serial: it is keep_reuse_min times smaller than its consumer, and a parallel loop of its own
+        # would fork and join the pool once more (deberta_v2_dyn at s1: three [2, S] tables, +6 us).
+        kept = set(match.info.get("kept", ()))
         for name in match.info["blocks"]:
             U.schedule_injective(sch, sch.get_sblock(name), cfg.lanes * cfg.vector_mult, unroll=cfg.unroll,
-                                 parallel=cfg.parallel)
+                                 parallel=cfg.parallel and name not in kept)
 
 
 def typical_elements(sch: C.Schedule, block, typical: int) -> int:
