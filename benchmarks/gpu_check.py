@@ -287,10 +287,13 @@ def build(args, target) -> int:
         size = {"gpu": SIZES.get(name, {}), "small": SMALL_SIZES.get(name, SIZES.get(name, {})),
                 "default": {}}[args.sizes]
         model = todo[name](**size)
-        row = build_one(out_dir, name, model, target, engines,
-                        lambda: (lambda f: (f, {}, list(reference64(model, f).values())))(
-                            M.random_feeds(model, seed=0)),
-                        _tolerance_elementwise(), FAMILY_MODELS.get(name, "demo"))
+
+        def refs_fn(model=model):
+            feeds = M.random_feeds(model, seed=0)
+            return feeds, {}, list(reference64(model, feeds).values())
+
+        row = build_one(out_dir, name, model, target, engines, refs_fn, _tolerance_elementwise(),
+                        FAMILY_MODELS.get(name, "demo"))
         row["size"] = size
         row["flops"], row["bytes"] = model_cost(model)
         plan["rows"].append(row)

@@ -44,7 +44,6 @@ class Elementwise(BatchBuckets, U.CpuTemplate, family=FAMILY, config=Elementwise
         d = self.table_defaults(target)
         return [int(d["keep_reuse_min"]), int(d["typical_symbol_size"])]
 
-
     def match(self, func: C.PrimFunc, target: C.Target) -> Match | None:
         sch = C.Schedule(func)
         keep = self._keep_rule(sch, target)
