@@ -117,3 +117,37 @@ def test_kept_table_nest_is_serial(target):
         kinds[name] = [int(sch.get(lp).kind) for lp in loops]
     par = int(C.ForKind.PARALLEL)
     assert par not in kinds[left[0]] and par in kinds[left[1]], kinds
+
+
+def flat_table_gather(seq="seq", batch="batch"):
+    """deberta_v2's form: a table over [2, S] flattened to [2 * S] (a product no output has), read by a
+    gather with per-head indices over [batch, 4, S, S]."""
+    g = _G("flat_table_gather")
+    p = g.input("p", [2, seq])
+    idx = g.input("idx", [batch, 4, seq, seq], dtype=S.TensorProto.INT64)
+    t = g.op("Add", g.op("Mul", g.op("Log", g.op("Add", g.op("Abs", p), g.const(np.float32(1.0)))),
+                         g.const(np.float32(3.0))), p)
+    flat = g.op("Reshape", t, g.const(np.array([-1], dtype=np.int64)))
+    g.op("Gather", flat, idx, axis=0)
+    return S.finish(g)
+
+
+@pytest.mark.parametrize("target", TARGETS, ids=TARGET_IDS)
+def test_kept_table_does_not_size_the_buckets(target):
+    """A kept [2 * S] table shares no symbolic product with the [batch, 4, S, S] output; the size buckets
+    (serial below the fork/join cost) come from the outputs alone, as without the rule (without buckets,
+    deberta_v2_dyn's s1 call forked the pool for every nest: +5 us)."""
+    func, tgt = _kernel(flat_table_gather(), target)
+    match, left = _left_blocks(func, tgt)
+    assert match.info["kept"] and "batch" in match.info, match.info
+    assert EW.Elementwise().buckets(match, tgt)
+
+
+def test_flat_table_gather_numerics(rng):
+    cm = tvmfuse.compile(flat_table_gather())
+    for batch, seq in ((1, 1), (2, 9)):
+        p = rng.standard_normal((2, seq)).astype(np.float32)
+        idx = rng.integers(0, 2 * seq, size=(batch, 4, seq, seq)).astype(np.int64)
+        (got,) = cm.run({"p": p, "idx": idx}).values()
+        table = (np.log(np.abs(p) + 1.0) * 3.0 + p).reshape(-1)
+        np.testing.assert_allclose(got, table[idx], rtol=1e-5, atol=1e-5)

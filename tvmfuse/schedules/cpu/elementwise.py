@@ -72,7 +72,10 @@ class Elementwise(BatchBuckets, U.CpuTemplate, family=FAMILY, config=Elementwise
         # the producers the rule kept (folded without it): their nests run serial (Step 2)
         kept = sorted(set(left) - set(U.inline_elementwise(C.Schedule(func)))) if keep is not None else []
         info = {"blocks": left, "elements": -1 if -1 in sizes else max(sizes), "keep_reused": keep, "kept": kept}
-        split = [_static_and_symbolic(sch, b) for b in blocks]
+        # the kept producers (each at most 1 / keep_reuse_min of a consumer, serial) do not size the buckets:
+        # deberta_v2_dyn's [2 * S] table has no covering product with its [b * 4, S, S] outputs, and without
+        # buckets its s1 call forked the pool for every nest (+5 us; notes/relpos17.md)
+        split = [_static_and_symbolic(sch, b) for n, b in zip(left, blocks) if n not in kept]
         covering = _covering_extent([batch for _, batch in split])
         if covering is not None:
             # outputs over symbolic extents that one of them covers (one output; gpt2's Q/K/V head split,
