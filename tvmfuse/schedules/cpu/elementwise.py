@@ -47,7 +47,8 @@ class Elementwise(BatchBuckets, U.CpuTemplate, family=FAMILY, config=Elementwise
     def match(self, func: C.PrimFunc, target: C.Target) -> Match | None:
         sch = C.Schedule(func)
         keep = self._keep_rule(sch, target)
-        left = U.inline_elementwise(sch, keep_if=keep_if_reused(keep))
+        kept_names: set[str] = set()
+        left = U.inline_elementwise(sch, keep_if=keep_if_reused(keep, kept_names))
         blocks = [sch.get_sblock(n) for n in left]
         if not blocks or not all(U.is_spatial(sch, b) for b in blocks):
             return None
@@ -69,8 +70,8 @@ class Elementwise(BatchBuckets, U.CpuTemplate, family=FAMILY, config=Elementwise
             for e in extents:
                 total *= max(e, 1)
             sizes.append(-1 if -1 in extents else total)   # -1: a symbolic extent (batch, seq)
-        # the producers the rule kept (folded without it): their nests run serial (Step 2)
-        kept = sorted(set(left) - set(U.inline_elementwise(C.Schedule(func)))) if keep is not None else []
+        # the producers the rule kept: their nests run serial (Step 2)
+        kept = sorted(kept_names & set(left))
         info = {"blocks": left, "elements": -1 if -1 in sizes else max(sizes), "keep_reused": keep, "kept": kept}
         # the kept producers (each at most 1 / keep_reuse_min of a consumer, serial) do not size the buckets:
         # deberta_v2_dyn's [2 * S] table has no covering product with its [b * 4, S, S] outputs, and without
@@ -158,12 +159,20 @@ def reused_producer(sch: C.Schedule, block, consumers, min_reuse: int, typical: 
     return any(typical_elements(sch, c, typical) >= min_reuse * own for c in consumers)
 
 
-def keep_if_reused(rule: list | None):
-    """``inline_elementwise``'s ``keep_if`` for a ``_keep_rule`` (None: fold everything)."""
+def keep_if_reused(rule: list | None, kept: set | None = None):
+    """``inline_elementwise``'s ``keep_if`` for a ``_keep_rule`` (None: fold everything); the names of the
+    blocks it keeps are added to ``kept`` when given."""
     if rule is None:
         return None
     min_reuse, typical = rule
-    return lambda sch, block, consumers: reused_producer(sch, block, consumers, min_reuse, typical)
+
+    def keep_if(sch, block, consumers) -> bool:
+        keep = reused_producer(sch, block, consumers, min_reuse, typical)
+        if keep and kept is not None:
+            kept.add(U.block_name(sch, block))
+        return keep
+
+    return keep_if
 
 
 def _factors(expr) -> list[str]:
