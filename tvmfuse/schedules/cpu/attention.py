@@ -987,6 +987,13 @@ def _flash_root(spec: AttentionSpec, params: list, qb: int, kb: int, lanes: int,
                         with T.serial(0, qb) as qi:
                             with _vector_loop(T, spec.dv, lanes) as e:
                                 T.buffer_store(acc, zero, [qi, e])
+                        if q_tail and not full:
+                            # The score tile's last column, written once: the live row groups touch only
+                            # columns below a run-time bound, and TVM's CompactBufferAllocation shrank the
+                            # tile to it (a run-time sized stack buffer with a run-time row stride: qwen2_dyn's
+                            # kernel at 17 rows 1.8x its static one, one thread).  This store keeps the tile
+                            # [kb, qb] (it is overwritten before any read where that row exists).
+                            T.buffer_store(st, zero, [0, qb - 1])
                         # Step 2. Key blocks; a causal kernel stops after the last block its rows can see.
                         with T.serial(0, key_blocks(q0)) as ko:
                             j0 = ko * kb
@@ -1235,6 +1242,10 @@ def _row_root(spec: AttentionSpec, params: list, kb: int, lanes: int, seq_bound:
                 T.buffer_store(lsum, zero, [0])
                 with _vector_loop(T, spec.dv, lanes) as e:
                     T.buffer_store(acc, zero, [e])
+                # the scores' last slot, written once: the loops below touch the row's visible keys only,
+                # and TVM's CompactBufferAllocation would shrink the buffer to them (a run-time sized stack
+                # buffer per task; the block nest's score tile: _flash_root)
+                T.buffer_store(sc, zero, [kb - 1])
                 with T.serial(0, 1 if one_block else _ceil_div(visible, kb)) as ko:
                     j0 = ko * kb
                     count = visible if one_block else tir.min(kb, visible - j0)
