@@ -52,6 +52,7 @@ SEQUENCES = (1, 17, 128)     # ... and of `sequence` (token models)
 REL_TOL = 1e-4               # the corpus target (tests/test_corpus.py)
 TARGET_RATIO = 1.2           # issue 13: symbolic within 1.2x of a static build for the same size
 PATHS = ("run", "vm")        # --path: what is timed (interleaved_ms)
+CHILD_TIMEOUT_S = 3600.0     # --isolate: a model's own process is stopped after this long
 QUICK_MODELS = ("mobilenet_v3_small", "bert")      # --quick: one CNN, one token model
 # --latency without model names: Table 10's models (benchmarks/README.md): the ten timed since session 10
 # (the corpus's token models and CNN families; squeezenet, shufflenet, mnasnet: --all) and, since session 12,
@@ -275,7 +276,7 @@ def check_model(entry: dict, *, latency: bool = False, repeat: int = REPEAT, rou
 
 def _line(rec: dict) -> str:
     if "error" in rec:
-        return f"{rec['model']:20s} static {rec['static_kernels']:4d}  dyn: {rec['error']}"
+        return f"{rec['model']:20s} static {str(rec.get('static_kernels', '-')):>4s}  dyn: {rec['error']}"
     sizes = " ".join(
         f"{'x'.join(str(v) for v in r['dims'].values())}"
         + (f"(for {'x'.join(str(r['capped_from'].get(k, v)) for k, v in r['dims'].items())})"
@@ -360,6 +361,39 @@ def select_models(names, entries: dict, *, all_models: bool = False, quick: bool
     return list(QUICK_MODELS if quick else LATENCY_MODELS)
 
 
+def _child_args(args, repeat: int, rounds: int) -> list[str]:
+    """The options a model's own process gets (``--isolate``): this run's, for one model."""
+    out = ["--repeat", str(repeat), "--rounds", str(rounds), "--seed", str(args.seed), "--path", args.path]
+    out += ["--latency"] * args.latency + ["--thread-time"] * args.thread_time + ["--quick"] * args.quick
+    for flag, values in (("--shape-bound", args.shape_bound), ("--size", args.size)):
+        for v in values:
+            out += [flag, v]
+    return out
+
+
+def check_model_isolated(name: str, child_args: list[str], timeout_s: float = CHILD_TIMEOUT_S) -> dict:
+    """``check_model`` for one model in a fresh process of this script (``--no-isolate`` there): its record,
+    or a failed record naming the cause when the process dies, hangs or writes no record."""
+    import subprocess
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as tmp:
+        out = os.path.join(tmp, "record.json")
+        cmd = [sys.executable, os.path.abspath(__file__), name, "--no-isolate", "--json", out, *child_args]
+        try:
+            proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            return {"model": name, "ok": False, "error": f"its process ran over {timeout_s:.0f} s and was stopped"}
+        try:
+            with open(out, encoding="utf-8") as f:
+                (rec,) = json.load(f)["records"]
+            return rec
+        except (OSError, ValueError, KeyError) as e:
+            tail = (proc.stderr or proc.stdout or "").strip().splitlines()[-1:] or ["(no output)"]
+            return {"model": name, "ok": False,
+                    "error": f"its process exited {proc.returncode} without a record ({type(e).__name__}): {tail[0]}"}
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("models", nargs="*", help="corpus model names (default: all but corpus_io.OPT_IN_MODELS)")
@@ -387,6 +421,9 @@ def main(argv=None) -> int:
     ap.add_argument("--vision", action="store_true",
                     help="the vision models beyond Table 10's that met the targets (VISION_LATENCY_MODELS) instead of "
                          "Table 10's")
+    ap.add_argument("--isolate", action=argparse.BooleanOptionalAction, default=None,
+                    help="check each model in a fresh process of this script (default: with --latency and more than "
+                         "one model; a model timed late in one long process ran up to 1.25x slower, notes/qwen18.md)")
     args = ap.parse_args(argv)
     if args.vision and (args.models or args.all or args.quick):
         ap.error("--vision selects the models: no names, --all or --quick with it")
@@ -406,8 +443,14 @@ def main(argv=None) -> int:
     unknown = sorted(set(names) - set(entries))
     if unknown:
         ap.error(f"unknown model(s) {unknown}; the corpus has {sorted(entries)}")
+    isolate = args.isolate if args.isolate is not None else (args.latency and len(names) > 1)
     records = []
     for n in names:
+        if isolate:
+            rec = check_model_isolated(n, _child_args(args, repeat, rounds))
+            print(_line(rec), flush=True)
+            records.append(rec)
+            continue
         points = size_points(entries[n], QUICK_SIZES["batch"], QUICK_SIZES["sequence"]) if args.quick else None
         if sizes:
             points = chosen_points(entries[n], sizes)

@@ -79,3 +79,53 @@ def test_paired_ratio_median_and_interval():
     assert wide["ci"][1] - wide["ci"][0] > hi - lo
     with pytest.raises(ValueError, match="no rounds"):
         symbolic_check.paired_ratio([], [])
+
+
+def test_isolated_model_runs_in_its_own_process_with_this_runs_options(monkeypatch, tmp_path):
+    """--isolate (the default for a --latency run of several models): each model is checked by a fresh
+    process of the script, with this run's options, and its record read back."""
+    import json
+    import subprocess
+    import sys
+
+    seen = []
+
+    def fake_run(cmd, capture_output, text, timeout):
+        seen.append(cmd)
+        out = cmd[cmd.index("--json") + 1]
+        with open(out, "w", encoding="utf-8") as f:
+            json.dump({"records": [{"model": cmd[2], "ok": True, "sizes": []}]}, f)
+        return subprocess.CompletedProcess(cmd, 0, "", "")
+
+    monkeypatch.setattr(subprocess, "run", fake_run)
+    args = symbolic_check.argparse.Namespace(seed=3, path="run", latency=True, thread_time=False, quick=False,
+                                             shape_bound=["batch=8"], size=["batch=1,sequence=1"])
+    rec = symbolic_check.check_model_isolated("bert", symbolic_check._child_args(args, repeat=5, rounds=7))
+    assert rec == {"model": "bert", "ok": True, "sizes": []}
+    (cmd,) = seen
+    assert cmd[0] == sys.executable and cmd[1].endswith("symbolic_check.py") and cmd[2] == "bert"
+    text = " ".join(cmd)
+    for part in ("--no-isolate", "--repeat 5", "--rounds 7", "--seed 3", "--path run", "--latency",
+                 "--shape-bound batch=8", "--size batch=1,sequence=1"):
+        assert part in text, (part, text)
+    assert "--thread-time" not in cmd and "--quick" not in cmd
+
+
+def test_isolated_model_whose_process_dies_or_hangs_is_a_failed_record(monkeypatch):
+    import subprocess
+
+    def dies(cmd, capture_output, text, timeout):
+        return subprocess.CompletedProcess(cmd, -11, "", "compiling...\nSegmentation fault\n")
+
+    monkeypatch.setattr(subprocess, "run", dies)
+    rec = symbolic_check.check_model_isolated("gpt2", [])
+    assert rec["model"] == "gpt2" and rec["ok"] is False
+    assert "exited -11 without a record" in rec["error"] and "Segmentation fault" in rec["error"]
+    assert "gpt2" in symbolic_check._line(rec) and "error" in symbolic_check.latency_table([rec])
+
+    def hangs(cmd, capture_output, text, timeout):
+        raise subprocess.TimeoutExpired(cmd, timeout)
+
+    monkeypatch.setattr(subprocess, "run", hangs)
+    rec = symbolic_check.check_model_isolated("gpt2", [], timeout_s=5)
+    assert rec["ok"] is False and "over 5 s" in rec["error"]
