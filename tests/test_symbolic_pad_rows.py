@@ -96,3 +96,54 @@ def test_padded_and_unpadded_nests_match_the_reference_at_every_row_count(pad_m,
         feeds = {"x": rng.standard_normal((b, s, 96)).astype(np.float32)}
         want = M.reference_outputs(model, feeds)["y"]
         np.testing.assert_allclose(cm.run(feeds)["y"], want, rtol=1e-4, atol=1e-4, err_msg=f"{b}x{s}")
+
+
+def _window_matmul(n: int):
+    """swin_dyn's window projection: [batch * 16 windows, 16 tokens, 32] @ [32, n], rows a multiple of 16."""
+    te, tir = C.te, C.tirx
+    i64 = lambda v: tir.const(v, "int64")   # noqa: E731  (Relax's extents are int64)
+    batch = tir.Var("batch", "int64")
+    a = te.placeholder((batch * i64(16), i64(16), i64(32)), "float32", name="A")
+    w = te.placeholder((i64(32), i64(n)), "float32", name="B")
+    k = te.reduce_axis((i64(0), i64(32)), name="k")
+    out = te.compute((batch * i64(16), i64(16), i64(n)), lambda b, i, j: te.sum(a[b, i, k] * w[k, j], axis=k),
+                     name="matmul")
+    return te.create_prim_func([a, w, batch, out])
+
+
+@pytest.mark.parametrize("target", ["haswell-2", "skx-2"])
+def test_rows_that_the_register_tile_divides_are_not_padded(target):
+    """Rows of ``batch * 16 x 16`` in register tiles that divide 16: nothing to pad (pad_einsum made no block
+    and the template refused the kernel, so swin_dyn's window matmuls ran on cpu.symbolic_rows), no row
+    predicate left in the k loops either."""
+    tgt = parse_target(NAMED_TARGETS[target])
+    t = SymbolicMatmulEpilogue()
+    func = _window_matmul(96)
+    match = t.match(func, tgt)
+    assert match is not None
+    nest, config = _open(t, func, tgt)
+    assert config["pad_m"] and 16 % config["mr"] == 0, config
+    assert MM.rows_divide([match.info["M"], *match.info["batch"]], config["mr"])
+    assert not MM.rows_divide([C.tirx.Var("rows", "int64")], config["mr"])
+    names = []
+    C.post_order_visit(nest.body, lambda n: names.append(n.name_hint) if isinstance(n, C.SBlock) else None)
+    assert not any("pad" in n for n in names), names
+    assert _guarded_k_loops(lowered(nest, tgt).body)[1] == 0
+
+
+def test_window_matmul_matches_numpy(host, rng):
+    t = SymbolicMatmulEpilogue()
+    func = _window_matmul(96)
+    match = t.match(func, host)
+    assert match is not None
+    for bucket in t.buckets(match, host):
+        bm = t.bucket_match(match, bucket)
+        sch = C.Schedule(func)
+        t.apply(sch, bm, t.default_config(bm, host))
+        lib = C.build_prim_module(C.IRModule({"main": sch.mod["main"].with_attr("global_symbol", "main")}), host)
+        for b in (1, 3):
+            a = rng.standard_normal((b * 16, 16, 32)).astype(np.float32)
+            w = rng.standard_normal((32, 96)).astype(np.float32)
+            out = C.tensor(np.zeros((b * 16, 16, 96), np.float32))
+            lib["main"](C.tensor(a), C.tensor(w), b, out)
+            np.testing.assert_allclose(out.numpy(), a @ w, rtol=1e-4, atol=1e-4, err_msg=f"{bucket.name} b{b}")

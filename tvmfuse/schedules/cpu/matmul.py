@@ -16,6 +16,8 @@ per-lane predicate, which TVM's vectorizer would turn into scalar code.
 """
 from __future__ import annotations
 
+import math
+
 from dataclasses import dataclass
 
 from ... import _compat as C
@@ -475,7 +477,22 @@ def pads_symbolic_rows(info: dict, cfg) -> bool:
     tests/test_symbolic_pad_rows.py"""
     rows = [info["M"], *info["batch"]]
     return bool(cfg.pad_m) and cfg.mr > 1 and not all(isinstance(e, int) for e in rows) \
-        and (not info["batch"] or (cfg.flatten_batch and flattenable(info)))
+        and (not info["batch"] or (cfg.flatten_batch and flattenable(info))) \
+        and not rows_divide(rows, cfg.mr)
+
+
+def rows_divide(rows: list, mr: int) -> bool:
+    """Whether the product of the row extents (ints or TIR expressions) is provably a multiple of ``mr``:
+    then the register tiles cover the rows exactly and there is nothing to pad (swin_dyn's window rows,
+    ``batch * 16`` windows of 16 tokens, in tiles of 4: pad_einsum made no block, and the template refused the
+    kernel, left to ``cpu.symbolic_rows``).  tests/test_symbolic_pad_rows.py"""
+    total = math.prod(int(e) if isinstance(e, (int, C.tirx.IntImm)) else 1 for e in rows)
+    if total % mr == 0:
+        return True
+    expr = C.tirx.const(1, "int64")
+    for e in rows:
+        expr = expr * (C.tirx.const(int(e), "int64") if isinstance(e, int) else e)
+    return bool(C.Analyzer().can_prove(C.tirx.floormod(expr, mr) == 0))
 
 
 def pad_epilogue(sch: C.Schedule, epi, nr: int):
