@@ -17,7 +17,6 @@ per-lane predicate, which TVM's vectorizer would turn into scalar code.
 from __future__ import annotations
 
 import math
-
 from dataclasses import dataclass
 
 from ... import _compat as C
@@ -486,12 +485,7 @@ def rows_divide(rows: list, mr: int) -> bool:
     then the register tiles cover the rows exactly and there is nothing to pad (swin_dyn's window rows,
     ``batch * 16`` windows of 16 tokens, in tiles of 4: pad_einsum made no block, and the template refused the
     kernel, left to ``cpu.symbolic_rows``).  tests/test_symbolic_pad_rows.py"""
-    total = math.prod(int(e) if isinstance(e, (int, C.tirx.IntImm)) else 1 for e in rows)
-    if total % mr == 0:
-        return True
-    expr = C.tirx.const(1, "int64")
-    for e in rows:
-        expr = expr * (C.tirx.const(int(e), "int64") if isinstance(e, int) else e)
+    expr = math.prod(C.tirx.const(e, "int64") if isinstance(e, int) else e for e in rows)
     return bool(C.Analyzer().can_prove(C.tirx.floormod(expr, mr) == 0))
 
 
