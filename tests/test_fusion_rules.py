@@ -67,7 +67,7 @@ def test_rules_are_data():
     names = [r.name for r in R.RULES]
     assert len(names) == len(set(names))
     for r in R.RULES:
-        assert r.kind in ("edge", "sibling", "chain") and r.first and r.second and "test_" in r.why
+        assert r.kind in ("edge", "sibling", "horizontal", "chain") and r.first and r.second and "test_" in r.why
 
 
 # ----------------------------------------------------------------------------------------- fires

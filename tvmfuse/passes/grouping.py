@@ -304,6 +304,10 @@ def partition(g: _BlockGraph) -> list[tuple[str, str, str, str]]:
     # Step 2c. A group leaves out the reshapes passed a symbol at its edges (free views alone).
     for root in list(g.uf.members):
         _trim_edge_views(g, root, out_refused)
+    # Step 2d. Horizontal: the copy/elementwise groups reading outputs of one kernel (Q, K and V of one
+    # sibling-matmul kernel, each re-laid-out to heads) join into one kernel, once the groups are otherwise
+    # formed.
+    _join_sibling_copies(g, pending)
     # Step 3. Groups the target cannot take as finished, and groups of reshapes only (each op alone a free
     # view), are split back into their ops.
     for root in list(g.uf.members):
@@ -328,6 +332,40 @@ def partition(g: _BlockGraph) -> list[tuple[str, str, str, str]]:
             seen.add((a, b))
             out.append((g._name(a), g._name(b), reason, rule))
     return out
+
+
+def _copy_group(g: _BlockGraph, root: int) -> bool:
+    """A group of layout and elementwise ops (no reduction, no matmul) with at least one op that is not a free
+    view (a group of views alone stays views: nothing to join)."""
+    infos = g.group_infos(g.uf.members[root])
+    return bool(infos) and all(m.kind in (R.ELEMWISE, R.INJECTIVE) for m in infos) \
+        and not all(m.view for m in infos)
+
+
+def _join_sibling_copies(g: _BlockGraph, pending: list) -> None:
+    """Rule ``sibling_copies``: for each group, the groups reading its outputs that are copy/elementwise groups
+    (``_copy_group``) joined to the first of them in binding order, each pair through ``decide``.  The rule
+    covers independent groups only: a pair where one leads to the other is no candidate (no refusal)."""
+    for root in list(g.uf.members):
+        members = g.uf.members.get(root)
+        if members is None or not g.group_infos(members):
+            continue
+        readers, seen = [], {root}
+        for k in sorted(members):
+            for s in sorted(g.succs[k]):
+                r = g.uf.find(s)
+                if r in seen or g.info[g.node(s)] is None or not g.fusable(s):
+                    continue
+                seen.add(r)
+                if _copy_group(g, r):
+                    readers.append(g.node(s))
+        for x in readers[1:]:
+            first, other = g.uf.find(readers[0]), g.uf.find(x)
+            if first == other or g.creates_cycle(set(g.uf.members[first]) | set(g.uf.members[other])) is not None:
+                continue     # one reads the other (densenet's concats of one conv's output): not independent
+            rule = _first_rule("horizontal", g.info[readers[0]], g.info[x])
+            if rule is not None:
+                _fuse(g, readers[0], x, rule, pending)
 
 
 def _edge_views(g: _BlockGraph, members: set) -> list[int]:

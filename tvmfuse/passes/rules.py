@@ -17,7 +17,8 @@ static version.
 
 A rule names the pair of kinds it fuses (``edge`` rules: producer -> consumer, optionally only when the
 producer's group holds a kind, as ``norm_prologue`` needs a row reduction; ``sibling`` rules: two
-consumers of one tensor; ``chain`` rules: a multi-op pattern matched on Relax ops before legalization by its
+consumers of one tensor; ``horizontal`` rules: two independent groups, each reading outputs of one
+kernel; ``chain`` rules: a multi-op pattern matched on Relax ops before legalization by its
 own pass, e.g. ``attention`` in passes/attention.py, whose checks are the ``check_attention_*`` functions
 below; grouping then sees its kernel as one opaque op), its own check (``check(members)``: a reason or None) and the template family that
 must schedule the group.  Whether a fusion happens is decided in one place, ``grouping._BlockGraph.decide``:
@@ -53,7 +54,8 @@ class Rule:
     family's ``accepts`` is asked first and named in a refusal."""
 
     name: str
-    kind: str          # "edge" (producer -> consumer) or "sibling" (two readers of one tensor)
+    kind: str          # "edge" (producer -> consumer), "sibling" (two readers of one tensor) or "horizontal"
+    #                    (two independent groups reading outputs of one kernel)
     first: tuple       # kinds allowed for the producer (edge) / the first sibling
     second: tuple      # kinds allowed for the consumer (edge) / the second sibling
     why: str           # one line: what it buys, and the test that needs it
@@ -180,6 +182,17 @@ def check_concat_prologue(members: list[NodeInfo]) -> str | None:
             list(conv.out_shape[2:]) != [int(d) for d in concat_plane]:
         return (f"{conv.name} does not read the concat's plane pixel for pixel (a strided or padded 1x1 conv): "
                 "the templates read a concat through the loads of a stride-1 unpadded 1x1 conv only")
+    return None
+
+
+def check_sibling_copies(members: list[NodeInfo]) -> str | None:
+    """Copy and elementwise kernels only: two independent groups of layout and elementwise ops (each
+    reading outputs of one kernel) share one kernel, one loop nest per output, no loop fused across them;
+    a reduction or matmul in either keeps its own schedule."""
+    other = [m for m in members if m.kind not in _MOVABLE]
+    if other:
+        return (f"{other[0].name} ({other[0].kind}) in the group: the rule joins copy and elementwise "
+                "kernels only")
     return None
 
 
@@ -407,6 +420,10 @@ RULES: tuple[Rule, ...] = (
     Rule("sibling_elementwise", "sibling", (ELEMWISE,), (ELEMWISE,),
          "independent elementwise ops reading one tensor (LSTM gates): one read, several outputs; "
          "test_fusion_rules::test_sibling_elementwise", None, "elementwise"),
+    Rule("sibling_copies", "horizontal", _MOVABLE, _MOVABLE,
+         "the copy/elementwise kernels that each read an output of one kernel (deberta's Q, K and V "
+         "re-laid-out to heads) as one kernel: one call instead of one per output; "
+         "test_fusion_rules_sibling_copies", check_sibling_copies, "elementwise"),
     # A multi-node rule: matched on Relax ops before legalization (passes/attention.py), where softmax is
     # one op and K^T one permute_dims; after it they are six PrimFuncs a pairwise rule cannot join.
     Rule("attention", "chain", (CONTRACTION,), (REDUCTION, CONTRACTION),
