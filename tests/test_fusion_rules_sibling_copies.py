@@ -174,5 +174,3 @@ def test_free_views_do_not_join(target):
     groups_before, kernels_before, _ = _group(model, t, _without_rule())
     assert not [g for g in groups if RULE in g["rule"]]
     assert (groups, kernels) == (groups_before, kernels_before)
-
-

@@ -338,8 +338,7 @@ def _copy_group(g: _BlockGraph, root: int) -> bool:
     """A group of layout and elementwise ops (no reduction, no matmul) with at least one op that is not a free
     view (a group of views alone stays views: nothing to join)."""
     infos = g.group_infos(g.uf.members[root])
-    return bool(infos) and all(m.kind in (R.ELEMWISE, R.INJECTIVE) for m in infos) \
-        and not all(m.view for m in infos)
+    return bool(infos) and R.check_sibling_copies(infos) is None and not all(m.view for m in infos)
 
 
 def _join_sibling_copies(g: _BlockGraph, pending: list) -> None:
@@ -354,7 +353,7 @@ def _join_sibling_copies(g: _BlockGraph, pending: list) -> None:
         for k in sorted(members):
             for s in sorted(g.succs[k]):
                 r = g.uf.find(s)
-                if r in seen or g.info[g.node(s)] is None or not g.fusable(s):
+                if r in seen or not g.fusable(s):
                     continue
                 seen.add(r)
                 if _copy_group(g, r):
