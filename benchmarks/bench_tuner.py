@@ -80,6 +80,7 @@ from tvmfuse.tune import MeasureOptions, TuneOptions, Tuner
 from tvmfuse.tune import log as L
 from tvmfuse.tune.cost_model import CostModel, Sample, held_out_split, ranking_quality
 from tvmfuse.tune.measure import Measurer, compare_outputs
+from tvmfuse.tune.search import confirm_candidates, run_confirm
 from tvmfuse.tune.tasks import extract_tasks, kernel_inputs_from_samples
 
 MAX_TRIALS = 1000         # the largest budget the study is meant for (MetaSchedule's tutorials use 1000+)
@@ -147,9 +148,10 @@ def run_tvmfuse(task, target, budgets, work, seed, inputs, transfer_logs=(), tag
     ``curves["warm_start"]`` when ``transfer_logs`` are given)."""
     log_path = os.path.join(work, f"{tag}_{seed}_{task.workload_key}.jsonl")
     t0 = time.time()
+    # the tuner's own end-of-job confirm is off here: the study confirms each budget's head (confirm_budgets)
     res = Tuner([task], target, log_path, TuneOptions(trials=max(budgets), seed=seed,
                                                       transfer_logs=tuple(transfer_logs),
-                                                      transfer_seeds=transfer_seeds),
+                                                      transfer_seeds=transfer_seeds, confirm_top=0),
                 MeasureOptions(), inputs={task.workload_key: inputs}).run()
     recs = L.load(log_path, target).measures
     costs = [L.median_cost(r) for r in recs]
@@ -293,6 +295,31 @@ def run_metaschedule(task, target, budgets, work, seed, per_iter, default_cost=N
     return seen["points"], import_s, curves
 
 
+def confirm_budgets(task, target, log_path, budgets, inputs) -> dict:
+    """What the tuner's end-of-job confirm (``TuneOptions.confirm_top``/``confirm_rounds`` at their defaults)
+    would apply had the job stopped after each budget: its best configurations among the first B trials
+    re-timed with the default in interleaved rounds, in a measurer with the tuner's own options."""
+    recs = L.load(log_path, target).measures
+    o = TuneOptions(trials=1)
+    out = {}
+    measurer = Measurer(target, MeasureOptions())
+    try:
+        measurer.prepare(task, inputs)
+        for b in budgets:
+            cands = confirm_candidates(recs[:b], task.default_config, o.confirm_top)
+            if not cands:
+                out[b] = {"chosen": task.default_config, "confirm_s": 0.0, "note": "the default leads the search"}
+                continue
+            t0 = time.time()
+            entries, chosen = run_confirm(measurer, task, cands, o.confirm_rounds)
+            out[b] = {"chosen": chosen, "confirm_s": time.time() - t0, "rounds": o.confirm_rounds,
+                      "candidates": [{"config": e["config"], "costs": e["costs"], "error": e["error"]}
+                                     for e in entries]}
+    finally:
+        measurer.close()
+    return out
+
+
 def build_final(measurer, mod, work, tag) -> str:
     lib = os.path.join(work, f"final_{tag}.so")
     C.build_prim_module(C.IRModule({"main": mod["main"].with_attr("global_symbol", "main")}),
@@ -366,6 +393,7 @@ def study(name, shape, args, target, budgets, seeds) -> dict:
         try:
             tf_points, tf_curves, tf_log = run_tvmfuse(task, target, budgets, work, seed, inputs)
             cell_seed["tvmfuse_curves"] = tf_curves
+            confirmed = confirm_budgets(task, target, tf_log, budgets, inputs)
             if args.cost_model:
                 cm = cost_model_quality(log_samples(measurer, task, tf_log, target, inputs), seed=seed)
                 cell_seed["cost_model"] = cm
@@ -389,12 +417,22 @@ def study(name, shape, args, target, budgets, seeds) -> dict:
                 if tf_points[b]["config"] is not None:
                     libs[f"tvmfuse{b}"] = build_final(measurer, C.IRModule(
                         {"main": _scheduled(task, tf_points[b]["config"])}), work, f"tvmfuse{b}")
+                ch = confirmed[b]["chosen"]
+                if ch is not None and ch not in (tf_points[b]["config"], task.default_config):
+                    libs[f"tvmfuse{b}c"] = build_final(measurer, C.IRModule(
+                        {"main": _scheduled(task, ch)}), work, f"tvmfuse{b}c")
                 if not args.skip_ms and ms_points[b]["mod"] is not None:
                     libs[f"ms{b}"] = build_final(measurer, ms_points[b]["mod"], work, f"ms{b}")
             finals = time_finals(measurer, task, libs, work, args.repeat, args.rounds, inputs, reference)
             cell_seed["default"] = finals["default"]
             for b in budgets:
                 cell = {"tvmfuse": {**tf_points[b], **finals.get(f"tvmfuse{b}", {})}}
+                ch = confirmed[b]["chosen"]
+                timed = (finals.get(f"tvmfuse{b}", {}) if ch == tf_points[b]["config"] else
+                         finals["default"] if ch == task.default_config else finals.get(f"tvmfuse{b}c", {}))
+                cell["tvmfuse_confirmed"] = {**confirmed[b], "config": ch,
+                                             "is_search_pick": ch == tf_points[b]["config"],
+                                             "is_default": ch == task.default_config, **timed}
                 if not args.skip_ms:
                     mp = ms_points[b]
                     cell["metaschedule"] = ({k: v for k, v in mp.items() if k != "mod"}
@@ -770,9 +808,9 @@ def _scheduled(task, config):
 
 def print_table(results) -> None:
     if any(row.get("seeds") for row in results["workloads"].values()):
-        print("\n| workload | seed | trials | tvmfuse (ms) | tvmfuse tuning (s) | MetaSchedule (ms) | "
-              "MetaSchedule tuning (s) |")
-        print("|---|---:|---:|---:|---:|---:|---:|")
+        print("\n| workload | seed | trials | tvmfuse (ms) | after confirm (ms) | tvmfuse tuning (s) | "
+              "MetaSchedule (ms) | MetaSchedule tuning (s) |")
+        print("|---|---:|---:|---:|---:|---:|---:|---:|")
     fmt = lambda d: f"{d['median_s'] * 1e3:.3f}" if "median_s" in d else "err"  # noqa: E731
     sec = lambda x: "-" if x is None else f"{x:.0f}"  # noqa: E731
     for name, row in results["workloads"].items():
@@ -783,9 +821,10 @@ def print_table(results) -> None:
             for b, cell in cs["budgets"].items():
                 t = cell["tvmfuse"]
                 m = cell.get("metaschedule", {})
-                print(f"| {name} | {seed} | {b} | {fmt(t)} | {sec(t.get('wall_s'))} | {fmt(m) if m else '-'} | "
-                      f"{sec(m.get('wall_s'))} |")
-            print(f"| {name} | {seed} | default | {fmt(cs['default'])} | | | |")
+                c = cell.get("tvmfuse_confirmed")
+                print(f"| {name} | {seed} | {b} | {fmt(t)} | {fmt(c) if c else '-'} | {sec(t.get('wall_s'))} | "
+                      f"{fmt(m) if m else '-'} | {sec(m.get('wall_s'))} |")
+            print(f"| {name} | {seed} | default | {fmt(cs['default'])} | | | | |")
     for name, tr in results.get("transfer", {}).items():
         for seed, cs in tr.get("seeds", {}).items():
             if "error" in cs:

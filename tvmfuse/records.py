@@ -67,6 +67,7 @@ class TuningLog:
 
     measures: list[dict] = field(default_factory=list)
     workloads: dict[str, dict] = field(default_factory=dict)   # workload_key -> workload record
+    confirms: list[dict] = field(default_factory=list)         # confirm records (filtered like measures)
     skipped: list[str] = field(default_factory=list)           # "file:line: reason" of unreadable lines
     other_targets: int = 0                                     # measure records ignored (other target)
     other_tvm: int = 0                                         # ignored: made with another TVM version
@@ -76,9 +77,9 @@ class TuningLog:
         key = bucket_key(workload_key, bucket)
         return {config_id(r["config"]): r for r in self.measures if record_key(r) == key}
 
-    def best(self) -> dict[str, dict]:
-        """``record_key`` (workload key, ``@bucket`` for a size bucket) -> the successful record of least
-        median cost."""
+    def raw_best(self) -> dict[str, dict]:
+        """``record_key`` -> the successful measure record of least median cost (the search's own ranking,
+        before any confirm record)."""
         out: dict[str, dict] = {}
         for r in self.measures:
             c = median_cost(r)
@@ -88,6 +89,48 @@ class TuningLog:
             if cur is None or c < median_cost(cur):
                 out[record_key(r)] = r
         return out
+
+    def latest_confirms(self) -> dict[str, dict]:
+        """``record_key`` -> the last confirm record of that key (in file order)."""
+        return {record_key(c): c for c in self.confirms}
+
+    def best(self) -> dict[str, dict]:
+        """``record_key`` (workload key, ``@bucket`` for a size bucket) -> the record to apply: the successful
+        record of least median cost, or, where the key's last confirm record re-timed that configuration
+        against its runners-up and the default, the confirm's choice (``confirmed_choice``)."""
+        out = self.raw_best()
+        confirms = self.latest_confirms()
+        for key, rec in out.items():
+            chosen = confirmed_choice(rec, confirms.get(key))
+            if chosen is not None:
+                out[key] = chosen
+        return out
+
+
+def confirm_candidate(confirm: dict, config: dict) -> dict | None:
+    """The candidate entry of ``config`` in a confirm record, or None."""
+    cid = config_id(config)
+    return next((c for c in confirm["candidates"] if config_id(c["config"]) == cid), None)
+
+
+def confirmed_choice(best: dict | None, confirm: dict | None) -> dict | None:
+    """The record that a confirm record picks for its key, as a measure record whose costs are the
+    confirm's per-round medians (``"confirmed": true``); None when it does not apply: no confirm, or the
+    search's best (``best``) is not among its candidates (a later search found a new best; it is applied
+    as measured until a new confirm covers it), or another template family."""
+    if best is None or confirm is None or confirm["template"] != best["template"]:
+        return None
+    if confirm_candidate(confirm, best["config"]) is None:
+        return None
+    ch = confirm_candidate(confirm, confirm["chosen"])
+    rec = {"type": "measure", "v": confirm.get("v"), "tvmfuse": confirm.get("tvmfuse"), "tvm": confirm.get("tvm"),
+           "target_key": confirm["target_key"], "target": confirm.get("target"),
+           "workload_key": confirm["workload_key"], "workload": confirm.get("workload"),
+           "template": confirm["template"], "config": ch["config"], "costs": list(ch["costs"]), "error": None,
+           "device": confirm.get("device", "local"), "time": confirm.get("time"), "confirmed": True}
+    if confirm.get("bucket"):
+        rec["bucket"] = confirm["bucket"]
+    return rec
 
 
 def _check_record(rec) -> str | None:
@@ -107,9 +150,33 @@ def _check_record(rec) -> str | None:
             if rec.get("error") is None and not (isinstance(rec.get("costs"), list) and rec["costs"]
                                                  and all(isinstance(c, (int, float)) for c in rec["costs"])):
                 return "neither costs nor an error"
+    elif kind == "confirm":
+        missing = [k for k in ("target_key", "workload_key", "template", "candidates", "chosen") if k not in rec]
+        if not missing:
+            return _check_confirm(rec)
     else:
         return f"unknown record type {kind!r}"
     return f"missing field(s) {missing}" if missing else None
+
+
+def _check_confirm(rec: dict) -> str | None:
+    cands = rec["candidates"]
+    if not isinstance(cands, list) or len(cands) < 2:
+        return "candidates is not a list of at least two entries"
+    for c in cands:
+        if not isinstance(c, dict) or not isinstance(c.get("config"), dict):
+            return "a candidate without a config object"
+        ok = isinstance(c.get("costs"), list) and c["costs"] and all(isinstance(x, (int, float)) for x in c["costs"])
+        if ok == (c.get("error") is not None):
+            return "a candidate needs either costs or an error"
+    if rec.get("bucket") is not None and not (isinstance(rec["bucket"], str) and rec["bucket"]):
+        return "bucket is not a non-empty string"
+    if not isinstance(rec["chosen"], dict):
+        return "chosen is not a config object"
+    ch = confirm_candidate(rec, rec["chosen"])
+    if ch is None or ch.get("error") is not None:
+        return "chosen is not a candidate with costs"
+    return None
 
 
 def read_records(path: str | os.PathLike, skipped: list[str] | None = None) -> Iterable[dict]:
@@ -155,7 +222,7 @@ def load(paths, target=None, *, all_targets: bool = False, check_tvm: bool = Fal
             elif check_tvm and rec.get("tvm") != C.TVM_VERSION:
                 versions[str(rec.get("tvm"))] = versions.get(str(rec.get("tvm")), 0) + 1
             elif all_targets or tkey is None or rec["target_key"] == tkey:
-                out.measures.append(rec)
+                (out.confirms if rec["type"] == "confirm" else out.measures).append(rec)
             else:
                 out.other_targets += 1
         if versions:

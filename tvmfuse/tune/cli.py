@@ -28,6 +28,13 @@ class ProgressBar:
         self._last = 0.0
 
     def __call__(self, ev: dict) -> None:
+        if ev["event"] == "confirm":
+            if self.tty:
+                self.stream.write("\n")
+            self.stream.write(f"{ev['task']}: re-timing its {ev['configs'] - 1} best configuration(s) and the "
+                              f"default in {ev['rounds']} interleaved rounds\n")
+            self.stream.flush()
+            return
         done, total = ev["done"], max(1, ev["total"])
         if ev["event"] == "done":
             self.stream.write(f"all {done} trials are in the log already (resumed); nothing to measure\n")
@@ -94,6 +101,8 @@ def cmd_tune(args) -> int:
             raise InputError(f"--warm-start {p}: no such file (a tuning log of other workloads is expected)")
     if args.warm_start_seeds < 0:
         raise InputError("--warm-start-seeds must be 0 or more")
+    if args.confirm_top < 0 or args.confirm_rounds < 1:
+        raise InputError("--confirm-top must be 0 or more and --confirm-rounds at least 1")
     target = parse_target(args.target)
     model = _model(args)
     tasks = extract_tasks(model, target)
@@ -111,7 +120,9 @@ def cmd_tune(args) -> int:
     bar = ProgressBar()
     tuner = Tuner(tasks, target, args.log, TuneOptions(trials=args.trials, batch=args.batch, seed=args.seed,
                                                        transfer_logs=warm_logs,
-                                                       transfer_seeds=args.warm_start_seeds),
+                                                       transfer_seeds=args.warm_start_seeds,
+                                                       confirm_top=args.confirm_top,
+                                                       confirm_rounds=args.confirm_rounds),
                   mo, progress=bar, inputs=inputs)
     result = tuner.run()
     bar.finish()
@@ -128,7 +139,13 @@ def cmd_tune(args) -> int:
         errs = ", ".join(f"{k} {v}" for k, v in sorted(row["errors"].items())) or "none"
         speed = (f"  {row['default'] / row['best']:.2f}x over default"
                  if row["best"] and row["default"] else "")
-        print(f"  {row['name']}: best {_ms(row['best'])} (default {_ms(row['default'])}){speed}; "
+        conf = row.get("confirm")
+        how = ""
+        if conf is not None:
+            how = (" (confirm rounds kept the default; the search's best was "
+                   f"{_ms(row['searched_best'])} in one measurement)" if conf["chosen_is_default"]
+                   else f" (confirmed in {conf['rounds']} interleaved rounds)")
+        print(f"  {row['name']}: best {_ms(row['best'])} (default {_ms(row['default'])}){speed}{how}; "
               f"{row['trials']} trials, errors: {errs}")
     if args.plot != "none" and result.curve:
         png = args.plot or os.path.splitext(args.log)[0] + ".png"
@@ -185,8 +202,10 @@ def cmd_logs_show(args) -> int:
         return 0
     print(f"{'target':<44} {'workload':<18} {'kernel':<40} {'template':<22} {'trials':>6} {'errors':>6} {'best':>12}")
     for r in rows:
-        print(f"{r['target_key'][:44]:<44} {r['workload_key']:<18} {r['name'][:40]:<40} {r['template'][:22]:<22} "
-              f"{r['trials']:>6} {sum(r['errors'].values()):>6} {_ms(r['best']):>12}")
+        wk = r["workload_key"] + (f"@{r['bucket']}" if r.get("bucket") else "")
+        print(f"{r['target_key'][:44]:<44} {wk:<18} {r['name'][:40]:<40} {r['template'][:22]:<22} "
+              f"{r['trials']:>6} {sum(r['errors'].values()):>6} {_ms(r['best']):>12}"
+              + (" confirmed" if r.get("confirmed") else ""))
     return 0
 
 
@@ -226,6 +245,11 @@ def add_commands(sub) -> None:
                    "kernel's knob space are measured first; never taken as measurements of this model's kernels")
     t.add_argument("--warm-start-seeds", type=int, default=2,
                    help="best configurations per workload of the --warm-start logs measured first (0: none)")
+    t.add_argument("--confirm-top", type=int, default=3,
+                   help="at the end, re-time each kernel's N best configurations against its default in "
+                   "interleaved rounds; the fastest there is what compiling applies (0: off, the search's "
+                   "single best measurement is applied)")
+    t.add_argument("--confirm-rounds", type=int, default=3, help="interleaved rounds of that re-timing")
     t.add_argument("--build-timeout", type=float, default=60.0, help="seconds per candidate build")
     t.add_argument("--run-timeout", type=float, default=30.0, help="seconds per candidate run")
     t.add_argument("--plot", default=None, help="tuning-curve PNG (default: LOG.png; 'none' for no plot)")

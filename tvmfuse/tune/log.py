@@ -14,6 +14,17 @@ Two kinds of line (field ``type``):
   A kernel with size buckets (``schedules.buckets``) adds ``"bucket": "rows<=16"``: the record applies to
   that bucket's nest only (``records.bucket_key``: ``<workload_key>@<bucket>``).
 
+- ``"confirm"``: the search's best configurations of one workload (bucket) re-timed against each other and
+  the default, built once and run in interleaved rounds (A B C A B C ...), at the end of a tuning job::
+
+    {"type": "confirm", "v": 1, ..., "target_key": ..., "workload_key": ..., "template": ...,
+     "candidates": [{"config": {...}, "costs": [round median, ...] | null, "error": null | {...}}, ...],
+     "chosen": {...the candidate config of least median...}, "rounds": 3, "device": ..., "time": ...}
+
+  The search ranks thousands of single measurements and its best is often the luckiest, not the fastest;
+  the confirm's choice is what ``best_configs`` applies while the search's best is among its candidates
+  (``records.confirmed_choice``).
+
 - ``"workload"``: the PrimFunc of a workload (``tvm.ir.save_json``), written once before its first
   measurement, so that the cost model can featurize the records of other workloads (warm start, transfer)
   and a workload can be re-tuned without its model.  Target independent.
@@ -30,8 +41,8 @@ from pathlib import Path
 
 from .. import _compat as C
 from ..errors import TuningLogError
-from ..records import (TuningLog, best_configs, config_id, load, median_cost, read_records,  # noqa: F401
-                       shipped_log_dirs, shipped_logs, target_key, SHIPPED)
+from ..records import (TuningLog, best_configs, config_id, confirmed_choice, load, median_cost,  # noqa: F401
+                       read_records, record_key, shipped_log_dirs, shipped_logs, target_key, SHIPPED)
 
 LOG_VERSION = 1
 ERROR_KINDS = ("build", "run", "crash", "timeout", "wrong_result", "rpc")
@@ -60,6 +71,29 @@ def make_measure_record(*, target, workload_key: str, workload: dict, template: 
     }
     if extra:
         rec.update(extra)
+    return rec
+
+
+def make_confirm_record(*, target, workload_key: str, workload: dict, template: str, candidates: list[dict],
+                        chosen: dict, rounds: int, device: str = "local", bucket: str | None = None) -> dict:
+    """A confirm record; ``candidates``: ``{"config", "costs" | "error"}`` each, ``chosen`` one of their
+    configs with costs."""
+    rec = {
+        "type": "confirm", "v": LOG_VERSION, "tvmfuse": _tvmfuse_version(), "tvm": C.TVM_VERSION,
+        "target_key": target_key(target), "target": json.loads(str(target)),
+        "workload_key": workload_key, "workload": workload, "template": template,
+        "candidates": [{"config": c["config"],
+                        "costs": [float(x) for x in c["costs"]] if c.get("costs") is not None else None,
+                        "error": c.get("error")} for c in candidates],
+        "chosen": chosen, "rounds": int(rounds), "device": device, "time": round(time.time(), 3),
+    }
+    if bucket:
+        rec["bucket"] = bucket
+    from ..records import _check_confirm
+
+    reason = _check_confirm(rec)
+    if reason is not None:
+        raise ValueError(f"malformed confirm record: {reason}")
     return rec
 
 
@@ -113,26 +147,45 @@ def merge(paths, out_path, *, best_only: bool = False) -> dict:
         for rec in read_records(p, tl.skipped):
             if rec["type"] == "workload":
                 tl.workloads.setdefault(rec["workload_key"], rec)
+            elif rec["type"] == "confirm":
+                tl.confirms.append(rec)
             else:
                 tl.measures.append(rec)
-    measures = tl.measures
+    measures, confirms = tl.measures, tl.confirms
     if best_only:
+        # per (record key, target): the search's best, and where a confirm covers it, the confirm and the
+        # measure record of its choice, so that the pruned log applies the same configuration
         best: dict[tuple, dict] = {}
         for r in measures:
             c = median_cost(r)
             if c is None:
                 continue
-            k = (r["workload_key"], r["target_key"])
+            k = (record_key(r), r["target_key"])
             if k not in best or c < median_cost(best[k]):
                 best[k] = r
-        measures = list(best.values())
+        last_confirm = {(record_key(c), c["target_key"]): c for c in confirms}
+        measures, confirms = [], []
+        for k, r in best.items():
+            measures.append(r)
+            conf = last_confirm.get(k)
+            chosen = confirmed_choice(r, conf)
+            if chosen is not None:
+                confirms.append(conf)
+                cid = config_id(chosen["config"])
+                measures += [m for m in tl.measures if (record_key(m), m["target_key"]) == k
+                             and config_id(m["config"]) == cid and median_cost(m) is not None][:1]
     seen, kept = set(), []
     for r in measures:
-        k = (r["workload_key"], r["target_key"], config_id(r["config"]), json.dumps(r.get("costs")),
+        k = (record_key(r), r["target_key"], config_id(r["config"]), json.dumps(r.get("costs")),
              json.dumps(r.get("error"), sort_keys=True), r.get("time"))
         if k not in seen:
             seen.add(k)
             kept.append(r)
+    for c in confirms:
+        k = ("confirm", json.dumps(c, sort_keys=True))
+        if k not in seen:
+            seen.add(k)
+            kept.append(c)
     used = {r["workload_key"] for r in kept}
     out_path = Path(out_path)
     if out_path.exists() and any(out_path.resolve() == Path(p).resolve() for p in paths):
@@ -145,24 +198,32 @@ def merge(paths, out_path, *, best_only: bool = False) -> dict:
         for r in kept:
             w.write(r)
     os.replace(tmp, out_path)
-    return {"records": len(kept), "workloads": len(used), "skipped_lines": len(tl.skipped)}
+    return {"records": len(kept), "workloads": len(used), "skipped_lines": len(tl.skipped),
+            "confirms": sum(1 for r in kept if r["type"] == "confirm")}
 
 
 def summary(paths, target=None, *, all_targets: bool = True) -> list[dict]:
-    """One row per (target, workload): name, template, trials, errors by kind, best cost and its knobs."""
+    """One row per (target, workload and size bucket): name, template, trials, errors by kind, and the
+    record that compiling applies: its cost and knobs (``confirmed``: chosen by a confirm record)."""
     tl = load(paths, target, all_targets=all_targets)
     rows: dict[tuple, dict] = {}
+    raw: dict[tuple, dict] = {}
     for r in tl.measures:
-        k = (r["target_key"], r["workload_key"])
-        row = rows.setdefault(k, {"target_key": k[0], "workload_key": k[1],
+        k = (r["target_key"], record_key(r))
+        row = rows.setdefault(k, {"target_key": k[0], "workload_key": r["workload_key"],
+                                  "bucket": r.get("bucket"),
                                   "name": (r.get("workload") or {}).get("name", ""),
                                   "template": r["template"], "trials": 0, "errors": {}, "best": None,
-                                  "best_config": None})
+                                  "best_config": None, "confirmed": False})
         row["trials"] += 1
         c = median_cost(r)
         if c is None:
             kind = (r.get("error") or {}).get("kind", "?")
             row["errors"][kind] = row["errors"].get(kind, 0) + 1
-        elif row["best"] is None or c < row["best"]:
-            row["best"], row["best_config"] = c, r["config"]
-    return sorted(rows.values(), key=lambda r: (r["target_key"], r["name"], r["workload_key"]))
+        elif k not in raw or c < median_cost(raw[k]):
+            raw[k] = r
+    confirms = {(c["target_key"], record_key(c)): c for c in tl.confirms}
+    for k, r in raw.items():
+        eff = confirmed_choice(r, confirms.get(k)) or r
+        rows[k].update(best=median_cost(eff), best_config=eff["config"], confirmed=bool(eff.get("confirmed")))
+    return sorted(rows.values(), key=lambda r: (r["target_key"], r["name"], r["workload_key"], r["bucket"] or ""))

@@ -404,6 +404,42 @@ class Measurer:
         tf = self._files[_task_key(task)]
         return [r for r, _ in self._measure(tf, configs)]
 
+    def confirm(self, task, configs: list[dict], rounds: int) -> list[Result]:
+        """Re-time ``configs`` of a prepared task against each other: each is built once, then all run in
+        ``rounds`` interleaved rounds (A B C A B C ...: a change of load on a shared host hits all of them
+        alike), outputs checked against the reference in every round.  ``Result.costs``: the median of each
+        round; a failure in any round makes that config's Result an error."""
+        tf = self._files[_task_key(task)]
+        o = self.options
+        paths = [self._paths(tf) for _ in configs]
+        builds = self.builders.map([{"cmd": "build", "task": tf.spec, "config": c, "out": p[0]}
+                                    for c, p in zip(configs, paths)], o.build_timeout)
+        results: list = [None if b.get("ok") else Result(error={"kind": b["kind"], "message": b["message"]})
+                         for b in builds]
+        per: list[list[float]] = [[] for _ in configs]
+        device = self.device_name
+        try:
+            for _ in range(rounds):
+                for i in range(len(configs)):
+                    if results[i] is not None:
+                        continue
+                    r = self.runners.call(self._run_request(tf, paths[i][0], paths[i][1]), o.run_timeout)
+                    if not r.get("ok"):
+                        results[i] = Result(error={"kind": r["kind"], "message": r["message"]}, device=device)
+                        continue
+                    device = r.get("device", device)
+                    diff = compare_outputs(tf.reference, _load_outputs(paths[i][1]), o.rtol, o.atol)
+                    if diff is not None:
+                        results[i] = Result(error={"kind": "wrong_result", "message": diff}, device=device)
+                        continue
+                    per[i].append(float(np.median(r["costs"])))
+        finally:
+            for lib, out in paths:
+                for p in (lib, out):
+                    if os.path.exists(p):
+                        os.remove(p)
+        return [res if res is not None else Result(costs=per[i], device=device) for i, res in enumerate(results)]
+
     def features(self, task, configs: list[dict]) -> list[dict]:
         """Program features of each config (``{"ok", "features"}``), or the error that applying it gave.
 

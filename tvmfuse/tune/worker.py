@@ -34,11 +34,19 @@ def load_template(ref: dict):
     try:
         mod = importlib.import_module(ref["module"])
     except ModuleNotFoundError:
-        # a template defined outside an importable package (a test file): load it from its source file
+        # a template defined outside an importable package (a test file, a script): load it from its source
+        # file, with its folder importable (it may import its neighbours, as the script itself could)
+        folder = os.path.dirname(os.path.abspath(ref["file"]))
+        if folder not in sys.path:
+            sys.path.append(folder)
         spec = importlib.util.spec_from_file_location(ref["module"], ref["file"])
         mod = importlib.util.module_from_spec(spec)
         sys.modules[ref["module"]] = mod
-        spec.loader.exec_module(mod)
+        try:
+            spec.loader.exec_module(mod)
+        except BaseException:
+            del sys.modules[ref["module"]]     # no half-loaded module for the next request to find
+            raise
     obj = mod
     for part in ref["qualname"].split("."):
         obj = getattr(obj, part)
