@@ -153,13 +153,13 @@ def _check_record(rec) -> str | None:
     elif kind == "confirm":
         missing = [k for k in ("target_key", "workload_key", "template", "candidates", "chosen") if k not in rec]
         if not missing:
-            return _check_confirm(rec)
+            return check_confirm(rec)
     else:
         return f"unknown record type {kind!r}"
     return f"missing field(s) {missing}" if missing else None
 
 
-def _check_confirm(rec: dict) -> str | None:
+def check_confirm(rec: dict) -> str | None:
     cands = rec["candidates"]
     if not isinstance(cands, list) or len(cands) < 2:
         return "candidates is not a list of at least two entries"

@@ -89,9 +89,9 @@ def make_confirm_record(*, target, workload_key: str, workload: dict, template: 
     }
     if bucket:
         rec["bucket"] = bucket
-    from ..records import _check_confirm
+    from ..records import check_confirm
 
-    reason = _check_confirm(rec)
+    reason = check_confirm(rec)
     if reason is not None:
         raise ValueError(f"malformed confirm record: {reason}")
     return rec
