@@ -160,6 +160,7 @@ def _check_record(rec) -> str | None:
 
 
 def check_confirm(rec: dict) -> str | None:
+    """None when a confirm record's candidates and choice are well formed, else the reason they are not."""
     cands = rec["candidates"]
     if not isinstance(cands, list) or len(cands) < 2:
         return "candidates is not a list of at least two entries"

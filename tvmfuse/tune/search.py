@@ -17,7 +17,7 @@ and retrains the model.
   of this one).  Unreadable lines of those logs are skipped and named (file:line) in the result.
 - Confirm: the search keeps the least of thousands of noisy single measurements, which favours a lucky
   one (on Zen 3 the conv's picks of one seed were 9-12% slower than the default in a final timing that the
-  search had ranked 3-17% faster).  At the end of a job, each task's ``confirm_top`` best configurations
+  search had ranked 8-17% faster).  At the end of a job, each task's ``confirm_top`` best configurations
   and its default are built once and re-timed in ``confirm_rounds`` interleaved rounds; the least median
   wins (the default on a tie) and is written as a ``confirm`` record, which is what compiling applies.
   A job whose best is the default, or whose best is covered by an earlier confirm, re-times nothing.
