@@ -155,7 +155,8 @@ def test_a_later_better_search_result_applies_until_reconfirmed(tmp_path, host, 
         w.write(L.make_measure_record(target=host, workload_key=task.workload_key, workload=task.workload,
                                       template=task.family, config=new_cfg, costs=[1e-10]))
     tl = L.load(log_path, host)
-    assert confirmed_choice(tl.raw_best()[task.workload_key], tl.confirms[0]) is None
+    searched = min((r for r in tl.measures if L.median_cost(r) is not None), key=L.median_cost)
+    assert searched["config"] == new_cfg and confirmed_choice(searched, tl.confirms[0]) is None
     assert L.best_configs(str(log_path), host)[task.workload_key]["config"] == new_cfg
     Tuner([task], host, log_path, TuneOptions(trials=7, confirm_top=1, confirm_rounds=1), FAST,
           measurer=measurer).run()

@@ -77,19 +77,6 @@ class TuningLog:
         key = bucket_key(workload_key, bucket)
         return {config_id(r["config"]): r for r in self.measures if record_key(r) == key}
 
-    def raw_best(self) -> dict[str, dict]:
-        """``record_key`` -> the successful measure record of least median cost (the search's own ranking,
-        before any confirm record)."""
-        out: dict[str, dict] = {}
-        for r in self.measures:
-            c = median_cost(r)
-            if c is None:
-                continue
-            cur = out.get(record_key(r))
-            if cur is None or c < median_cost(cur):
-                out[record_key(r)] = r
-        return out
-
     def latest_confirms(self) -> dict[str, dict]:
         """``record_key`` -> the last confirm record of that key (in file order)."""
         return {record_key(c): c for c in self.confirms}
@@ -98,13 +85,27 @@ class TuningLog:
         """``record_key`` (workload key, ``@bucket`` for a size bucket) -> the record to apply: the successful
         record of least median cost, or, where the key's last confirm record re-timed that configuration
         against its runners-up and the default, the confirm's choice (``confirmed_choice``)."""
-        out = self.raw_best()
-        confirms = self.latest_confirms()
-        for key, rec in out.items():
-            chosen = confirmed_choice(rec, confirms.get(key))
-            if chosen is not None:
-                out[key] = chosen
-        return out
+        return {key: applied for (_, key), (_, applied, _) in
+                applied_records(self.measures, self.confirms).items()}
+
+
+def applied_records(measures, confirms) -> dict[tuple, tuple]:
+    """``(target_key, record_key)`` -> ``(searched, applied, confirm)``: the successful measure record of least
+    median cost, the record that applies (the last covering confirm record's choice, else ``searched``), and
+    that confirm record (None when none applies).  The one place that decides which record a log applies
+    (``TuningLog.best``, ``tune.log.summary``, ``tune.log.merge(best_only=True)``)."""
+    searched: dict[tuple, dict] = {}
+    for r in measures:
+        c = median_cost(r)
+        k = (r["target_key"], record_key(r))
+        if c is not None and (k not in searched or c < median_cost(searched[k])):
+            searched[k] = r
+    last = {(c["target_key"], record_key(c)): c for c in confirms}
+    out = {}
+    for k, r in searched.items():
+        chosen = confirmed_choice(r, last.get(k))
+        out[k] = (r, chosen, last[k]) if chosen is not None else (r, r, None)
+    return out
 
 
 def confirm_candidate(confirm: dict, config: dict) -> dict | None:

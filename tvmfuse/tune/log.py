@@ -41,8 +41,9 @@ from pathlib import Path
 
 from .. import _compat as C
 from ..errors import TuningLogError
-from ..records import (TuningLog, best_configs, config_id, confirmed_choice, load, median_cost,  # noqa: F401
-                       read_records, record_key, shipped_log_dirs, shipped_logs, target_key, SHIPPED)
+from ..records import (TuningLog, applied_records, best_configs, check_confirm, config_id,  # noqa: F401
+                       confirmed_choice, load, median_cost, read_records, record_key, shipped_log_dirs,
+                       shipped_logs, target_key, SHIPPED)
 
 LOG_VERSION = 1
 ERROR_KINDS = ("build", "run", "crash", "timeout", "wrong_result", "rpc")
@@ -89,8 +90,6 @@ def make_confirm_record(*, target, workload_key: str, workload: dict, template: 
     }
     if bucket:
         rec["bucket"] = bucket
-    from ..records import check_confirm
-
     reason = check_confirm(rec)
     if reason is not None:
         raise ValueError(f"malformed confirm record: {reason}")
@@ -153,26 +152,15 @@ def merge(paths, out_path, *, best_only: bool = False) -> dict:
                 tl.measures.append(rec)
     measures, confirms = tl.measures, tl.confirms
     if best_only:
-        # per (record key, target): the search's best, and where a confirm covers it, the confirm and the
+        # per (target, record key): the search's best, and where a confirm covers it, the confirm and the
         # measure record of its choice, so that the pruned log applies the same configuration
-        best: dict[tuple, dict] = {}
-        for r in measures:
-            c = median_cost(r)
-            if c is None:
-                continue
-            k = (record_key(r), r["target_key"])
-            if k not in best or c < median_cost(best[k]):
-                best[k] = r
-        last_confirm = {(record_key(c), c["target_key"]): c for c in confirms}
         measures, confirms = [], []
-        for k, r in best.items():
-            measures.append(r)
-            conf = last_confirm.get(k)
-            chosen = confirmed_choice(r, conf)
-            if chosen is not None:
-                confirms.append(conf)
-                cid = config_id(chosen["config"])
-                measures += [m for m in tl.measures if (record_key(m), m["target_key"]) == k
+        for searched, applied, confirm in applied_records(tl.measures, tl.confirms).values():
+            measures.append(searched)
+            if confirm is not None:
+                confirms.append(confirm)
+                k, cid = (searched["target_key"], record_key(searched)), config_id(applied["config"])
+                measures += [m for m in tl.measures if (m["target_key"], record_key(m)) == k
                              and config_id(m["config"]) == cid and median_cost(m) is not None][:1]
     seen, kept = set(), []
     for r in measures:
@@ -207,7 +195,6 @@ def summary(paths, target=None, *, all_targets: bool = True) -> list[dict]:
     record that compiling applies: its cost and knobs (``confirmed``: chosen by a confirm record)."""
     tl = load(paths, target, all_targets=all_targets)
     rows: dict[tuple, dict] = {}
-    raw: dict[tuple, dict] = {}
     for r in tl.measures:
         k = (r["target_key"], record_key(r))
         row = rows.setdefault(k, {"target_key": k[0], "workload_key": r["workload_key"],
@@ -216,14 +203,9 @@ def summary(paths, target=None, *, all_targets: bool = True) -> list[dict]:
                                   "template": r["template"], "trials": 0, "errors": {}, "best": None,
                                   "best_config": None, "confirmed": False})
         row["trials"] += 1
-        c = median_cost(r)
-        if c is None:
+        if median_cost(r) is None:
             kind = (r.get("error") or {}).get("kind", "?")
             row["errors"][kind] = row["errors"].get(kind, 0) + 1
-        elif k not in raw or c < median_cost(raw[k]):
-            raw[k] = r
-    confirms = {(c["target_key"], record_key(c)): c for c in tl.confirms}
-    for k, r in raw.items():
-        eff = confirmed_choice(r, confirms.get(k)) or r
-        rows[k].update(best=median_cost(eff), best_config=eff["config"], confirmed=bool(eff.get("confirmed")))
+    for k, (_, applied, confirm) in applied_records(tl.measures, tl.confirms).items():
+        rows[k].update(best=median_cost(applied), best_config=applied["config"], confirmed=confirm is not None)
     return sorted(rows.values(), key=lambda r: (r["target_key"], r["name"], r["workload_key"], r["bucket"] or ""))
