@@ -134,8 +134,24 @@ def _schedule_row(sch: C.Schedule, block, lanes: int) -> None:
         sch.reorder(*reduce, *spatial)   # the init stays in the block: "if k == 0", outside the vector
     loops = sch.get_loops(block)
     ext = sch.get(loops[-1]).extent
-    if not isinstance(ext, C.tirx.IntImm) or int(ext) > 1:
-        U.vectorize_inner(sch, block, lanes)   # a symbolic extent: vector body and a predicated tail
+    if isinstance(ext, C.tirx.IntImm):
+        if int(ext) > 1:
+            U.vectorize_inner(sch, block, lanes)
+    elif U.vectorizable(sch, block):
+        _vectorize_symbolic(sch, loops[-1], lanes)   # whole vectors, then a scalar tail
+
+
+PARTITION_HINT = "pragma_loop_partition_hint"
+
+
+def _vectorize_symbolic(sch: C.Schedule, loop, lanes: int) -> None:
+    """A loop of symbolic extent split by ``lanes``, the lanes vectorized and the outer loop hinted for
+    TVM's LoopPartition: the vectors that lie wholly inside the extent run without the split's predicate
+    (left on them, TVM 0.27's VectorizeLoop stores lane by lane: the whole loop scalar), the last one under
+    it.  (``loop_partition``, the schedule primitive, refuses a symbolic extent.)"""
+    outer, vec = sch.split(loop, factors=[None, lanes])
+    sch.vectorize(vec)
+    sch.annotate(outer, PARTITION_HINT, 1)
 
 
 def _product(extents):
@@ -143,6 +159,22 @@ def _product(extents):
     for e in extents[1:]:
         out = out * e
     return out
+
+
+def _same_product(a: list, b: list) -> bool:
+    """Whether the products of the extents ``a`` and ``b`` are provably equal; the factors the two share
+    are cancelled first (the simplifier does not prove ``8 * ((seq + 7) // 8) * (batch * seq)`` equal to
+    ``8 * batch * seq * ((seq + 7) // 8)``: an rf block of a symbolic row)."""
+    ana = C.Analyzer()
+    rest = list(b)
+    left = []
+    for x in a:
+        i = next((i for i, y in enumerate(rest) if ana.can_prove_equal(x, y)), None)
+        if i is None:
+            left.append(x)
+        else:
+            rest.pop(i)
+    return ana.can_prove_equal(_product(left or [1]), _product(rest or [1]))
 
 
 def _is_unit(sch: C.Schedule, loop) -> bool:
@@ -176,8 +208,64 @@ def _row_rfactor(sch: C.Schedule, lanes: int) -> list[str]:
     return out
 
 
-def _vectorize_rf(sch: C.Schedule, block) -> None:
-    """An rf block computed at its row: the lanes loop innermost and vectorized, the init split off."""
+def _symbolic_row_rfactor(sch: C.Schedule, lanes: int) -> dict[str, tuple]:
+    """Vector partial results for every row reduction over a symbolic row length (leading spatial
+    iterators, then one reduction axis of symbolic extent; a softmax's max and sum over ``sequence`` keys,
+    not a matmul): its reduction split by ``lanes`` and rfactored, so each row is reduced in ``lanes``
+    independent accumulators (vector steps; the last vector under the split's predicate, kept off the whole
+    vectors by a LoopPartition hint in Step 4).  Without it each row is one chain of dependent scalar steps
+    (deberta's masked softmax at 128 keys: 4x the time of ``cpu.generic``, benchmarks/notes/deberta19.md).
+    Returns {rf block name: (row length, lanes)}: the split's predicate, which TVM 0.27's compute_at drops
+    (``_restore_predicate``)."""
+    out = {}
+    for block in U.top_blocks(sch):
+        if not U.is_reduction(sch, block) or is_contraction(sch, block) or not U.vectorizable(sch, block):
+            continue
+        kinds = U.iter_kinds(sch, block)
+        lead = len(kinds) - len(kinds.lstrip("S"))
+        loops = sch.get_loops(block)
+        if kinds[lead:] != "R" or len(loops) != len(kinds):
+            continue
+        extent = sch.get(loops[-1]).extent
+        if isinstance(extent, C.tirx.IntImm):
+            continue
+        _, ri = sch.split(loops[-1], factors=[None, lanes])
+        try:
+            rf = sch.rfactor(ri, factor_axis=lead)
+        except C.ScheduleError:    # a reducer rfactor does not know: the scalar reduction stays (split only)
+            continue
+        out[U.block_name(sch, rf)] = (extent, lanes)
+    return out
+
+
+def _restore_predicate(sch: C.Schedule, block, extent, lanes: int) -> None:
+    """Put back the predicate ``k_outer * lanes + k_lane < extent`` of an rf block from
+    ``_symbolic_row_rfactor`` after compute_at, which rebuilds the block's predicate from its consumers'
+    region only (TVM 0.27): without it the last vector reads past the row (the next row's values, or past
+    the buffer on the last row).  The block's innermost loop is rebuilt around it (the block itself is
+    unchanged and keeps its sref)."""
+    loops = sch.get_loops(block)
+    loop = sch.get(loops[-1])
+    realize = loop.body
+    blk = sch.get(block)
+    if not isinstance(realize, C.SBlockRealize) or not realize.block.same_as(blk):
+        raise ValueError(f"{blk.name_hint}: not the only statement of its innermost loop")
+    lane_var = blk.body.indices[-1]               # the rf buffer's last axis: the partial result's lane
+    pairs = list(zip(blk.iter_vars, realize.iter_values))
+    lane = next(v for iv, v in pairs if iv.var.same_as(lane_var))
+    outer = next(v for iv, v in pairs if int(iv.iter_type) == U.REDUCE)
+    bound = outer * lanes + lane < extent
+    pred = realize.predicate
+    pred = bound if isinstance(pred, C.tirx.IntImm) and int(pred) == 1 else C.tirx.And(pred, bound)
+    new_loop = C.tirx.For(loop.loop_var, loop.min, loop.extent, loop.kind,
+                          C.SBlockRealize(realize.iter_values, pred, blk), loop.thread_binding,
+                          loop.annotations)
+    sch.state.replace(sch.get_sref(loops[-1]), new_loop, {})
+
+
+def _vectorize_rf(sch: C.Schedule, block):
+    """An rf block computed at its row: the lanes loop innermost and vectorized, the init split off;
+    returns the reduction loop outside the lanes."""
     blk = sch.get(block)
     ivs = list(blk.iter_vars)
     loops = sch.get_loops(block)[-len(ivs):]       # compute_at kept one loop per iterator (unit loops too)
@@ -188,6 +276,7 @@ def _vectorize_rf(sch: C.Schedule, block) -> None:
     sch.vectorize(lanes_loop)
     init = sch.decompose_reduction(block, outer)
     sch.vectorize(sch.get_loops(init)[-1])
+    return outer
 
 
 def _apply(sch: C.Schedule, lanes: int, drop: int, parallel: bool = True):
@@ -195,10 +284,11 @@ def _apply(sch: C.Schedule, lanes: int, drop: int, parallel: bool = True):
     # Step 1. Fold elementwise blocks into their consumers; row reductions on vector partial sums.
     U.inline_elementwise(sch)
     rf_blocks = _row_rfactor(sch, lanes)
+    symbolic_rf = _symbolic_row_rfactor(sch, lanes)
     chains = _chains(sch)
     if chains is None:
         raise ValueError("a block feeds several outputs")
-    rows = []
+    rows, restore = [], []
     for out_name, producers in chains.items():
         out_block = sch.get_sblock(out_name)
         # Step 2. The output's row loop (parallel in Step 4 unless the bucket is serial).
@@ -212,9 +302,8 @@ def _apply(sch: C.Schedule, lanes: int, drop: int, parallel: bool = True):
             if U.is_spatial(sch, block):
                 continue
             below = sch.get_loops(block)[1:]        # the row loop is the outermost loop of the kernel
-            if not C.Analyzer().can_prove_equal(_product([sch.get(lp).extent for lp in below])
-                                                * sch.get(row).extent,
-                                                _product([iv.dom.extent for iv in sch.get(block).iter_vars])):
+            if not _same_product([sch.get(lp).extent for lp in below] + [sch.get(row).extent],
+                                 [iv.dom.extent for iv in sch.get(block).iter_vars]):
                 raise ValueError(f"{name} computed per row would recompute elements")
         # Step 4. The row loop parallel (before any init is split off: `parallel` needs complete blocks);
         # inside a row: reductions outside, vector lanes inside.
@@ -222,10 +311,17 @@ def _apply(sch: C.Schedule, lanes: int, drop: int, parallel: bool = True):
             sch.parallel(sch.get_loops(sch.get_sblock(out_name))[0])
         for name in producers + [out_name]:
             block = sch.get_sblock(name)
-            if name in rf_blocks:
-                _vectorize_rf(sch, block)
+            if name in rf_blocks or name in symbolic_rf:
+                outer = _vectorize_rf(sch, block)
+                if name in symbolic_rf:   # the last vector under the split's predicate, whole ones without
+                    sch.annotate(outer, PARTITION_HINT, 1)
+                    restore.append((block, *symbolic_rf[name]))
             elif U.is_reduction(sch, block) or len(sch.get_loops(block)) > 1:
                 _schedule_row(sch, block, lanes)
+    # Step 5. The symbolic rows' rfactor predicates back (last: a predicate over the fused lanes makes the
+    # binding non-affine for the primitives above).
+    for block, extent, width in restore:
+        _restore_predicate(sch, block, extent, width)
     _own_intermediates(sch)
     return rows[0]
 
