@@ -103,16 +103,14 @@ def test_a_block_over_a_factor_of_the_rows_counts_its_elements_per_row_at_most(t
 @pytest.mark.parametrize("target", ["haswell-2", "skx-2", "skx-32"])
 def test_rows_of_symbolic_length_split_the_elements_at_the_fork_join_cost(target):
     """A softmax over ``seq``: the elements per row are not a constant, so the buckets split the output's
-    elements (rows x seq) at the fork/join cost (the kernel's operations per element): deberta_v2's masked
-    softmax at sequence 1 (4 rows of 1) ran a parallel loop on 4 elements."""
+    elements (rows x seq) at the fork/join cost (one operation per element): deberta_v2's masked softmax at
+    sequence 1 (4 rows of 1) ran a parallel loop on 4 elements."""
     tgt = parse_target(TARGETS[target])
     kname, func = _only_kernel(_softmax(), tgt)
     t = SymbolicRows()
     match = t.match(func, tgt)
     assert match is not None and match.info["row_len"] is None
-    # operations per element: max 1, sum 1 + subtract, exp, add, output 1 + subtract, exp, divide
-    assert match.info["ops"] == 9
-    bound = (template_defaults(tgt, "cpu.parallel")["fork_join_work_per_core"] * cpu_info(tgt).cores - 1) // 9
+    bound = template_defaults(tgt, "cpu.parallel")["fork_join_work_per_core"] * cpu_info(tgt).cores - 1
     buckets = t.buckets(match, tgt)
     assert [b.name for b in buckets] == [f"elements<={bound}", f"elements>{bound}"]
     assert C.Analyzer().can_prove_equal(t.dispatch_extent(match), func.params[-1].shape[0] * func.params[-1].shape[1])
@@ -123,7 +121,7 @@ def test_rows_of_symbolic_length_split_the_elements_at_the_fork_join_cost(target
         assert (n <= bound) if bucket.max_extent is not None else (bound < n <= 2 * bound + 2), (bucket, sizes)
 
 
-@pytest.mark.parametrize("rows,seq", [(4, 1), (68, 17), (300, 33), (600, 128)])
+@pytest.mark.parametrize("rows,seq", [(4, 1), (68, 17), (600, 128)])
 def test_softmax_matches_the_reference_in_either_element_bucket(host, rng, rows, seq):
     cm = tvmfuse.compile(_softmax(), host)
     x = rng.standard_normal((rows, seq)).astype("float32")

@@ -379,13 +379,6 @@ def _row_length(func: C.PrimFunc, rows) -> int | None:
     return best
 
 
-def _ops_per_element(sch: C.Schedule) -> int:
-    """Scalar operations per output element, roughly: one per block plus the arithmetic of its value (a
-    softmax: max, subtract-exp-add, subtract-exp-divide: 9), the unit of the fork/join cost."""
-    return sum(1 + U.count_ops(U.store_value(sch, b)) for b in U.top_blocks(sch)
-               if U.store_value(sch, b) is not None)
-
-
 def _splits_elements(match: Match) -> bool:
     """Whether the size buckets split the output's elements (rows of symbolic length: a softmax over
     ``sequence`` keys) rather than its rows."""
@@ -424,7 +417,7 @@ class SymbolicRows(U.CpuTemplate, family="cpu.symbolic_rows", config=SymbolicRow
                           (str(e).strip().splitlines() or [""])[-1])
                 continue
             return Match(self.family, {"drop": drop, "rows": rows, "elements": elements,
-                                       "row_len": _row_length(func, rows), "ops": _ops_per_element(sch)})
+                                       "row_len": _row_length(func, rows)})
         return None
 
     # ------------------------------------------------------------------ size buckets
@@ -437,11 +430,11 @@ class SymbolicRows(U.CpuTemplate, family="cpu.symbolic_rows", config=SymbolicRow
         64: two parallel loops (two thread-pool launches) on 1k elements, 3.7 us per call against the
         static build's serial 0.9 (2 threads, in the model, under load; benchmarks/notes/symmm11.md).
         Rows of symbolic length (a softmax over ``sequence`` keys): the buckets split the output's
-        elements instead, serial up to the fork/join cost (``serial_batches`` of the kernel's operations per
-        element, ``_ops_per_element``): deberta_v2's masked softmax at sequence 1 has 4 rows of 1 (a
-        thread-pool launch for 4 elements)."""
+        elements instead, serial up to the fork/join cost (``serial_batches`` of one operation per
+        element): deberta_v2's masked softmax at sequence 1 has 4 rows of 1 (a thread-pool launch for 4
+        elements), at 17 68 rows of 17."""
         if _splits_elements(match):
-            serial = U.serial_batches(match.info.get("ops", 1), target)
+            serial = U.serial_batches(1, target)
             if serial < 1:
                 return ()
             return Bucket(f"elements<={serial}", serial), Bucket(f"elements>{serial}", None)
