@@ -280,8 +280,7 @@ def _vectorize_rf(sch: C.Schedule, block):
 
 
 def _apply(sch: C.Schedule, lanes: int, drop: int, parallel: bool = True):
-    """The schedule; returns the extent of the first output's row loop and its element count (what the
-    size buckets split)."""
+    """The schedule; returns the extent of the first output's row loop (what the size buckets split)."""
     # Step 1. Fold elementwise blocks into their consumers; row reductions on vector partial sums.
     U.inline_elementwise(sch)
     rf_blocks = _row_rfactor(sch, lanes)
@@ -289,11 +288,9 @@ def _apply(sch: C.Schedule, lanes: int, drop: int, parallel: bool = True):
     chains = _chains(sch)
     if chains is None:
         raise ValueError("a block feeds several outputs")
-    rows, elements, restore = [], [], []
+    rows, restore = [], []
     for out_name, producers in chains.items():
         out_block = sch.get_sblock(out_name)
-        elements.append(_product([iv.dom.extent for iv in sch.get(out_block).iter_vars
-                                  if int(iv.iter_type) == U.SPATIAL]))
         # Step 2. The output's row loop (parallel in Step 4 unless the bucket is serial).
         row = _row_loop(sch, out_block, drop)
         rows.append(sch.get(row).extent)
@@ -326,7 +323,7 @@ def _apply(sch: C.Schedule, lanes: int, drop: int, parallel: bool = True):
     for block, extent, width in restore:
         _restore_predicate(sch, block, extent, width)
     _own_intermediates(sch)
-    return rows[0], elements[0]
+    return rows[0]
 
 
 def _vars_of(expr) -> dict:
@@ -379,13 +376,6 @@ def _row_length(func: C.PrimFunc, rows) -> int | None:
     return best
 
 
-def _splits_elements(match: Match) -> bool:
-    """Whether the size buckets split the output's elements (rows of symbolic length: a softmax over
-    ``sequence`` keys) rather than its rows."""
-    elements = match.info.get("elements")
-    return match.info.get("row_len") is None and elements is not None and not isinstance(elements, C.tirx.IntImm)
-
-
 class SymbolicRows(U.CpuTemplate, family="cpu.symbolic_rows", config=SymbolicRowsConfig):
     def accepts(self, group, target: C.Target) -> str | None:
         """A group with a symbolic extent and a reduction or matmul/conv.  Whether every block can be
@@ -411,13 +401,12 @@ class SymbolicRows(U.CpuTemplate, family="cpu.symbolic_rows", config=SymbolicRow
         depth = max(len(sch.get_loops(b)) for b in blocks)
         for drop in range(depth):
             try:
-                rows, elements = _apply(C.Schedule(func), cpu_info(target).float32_lanes, drop)
+                rows = _apply(C.Schedule(func), cpu_info(target).float32_lanes, drop)
             except (ValueError,) + C.TVMError as e:
                 log.debug("%s, row loop less %d: %s", self.family, drop,
                           (str(e).strip().splitlines() or [""])[-1])
                 continue
-            return Match(self.family, {"drop": drop, "rows": rows, "elements": elements,
-                                       "row_len": _row_length(func, rows)})
+            return Match(self.family, {"drop": drop, "rows": rows, "row_len": _row_length(func, rows)})
         return None
 
     # ------------------------------------------------------------------ size buckets
@@ -428,16 +417,7 @@ class SymbolicRows(U.CpuTemplate, family="cpu.symbolic_rows", config=SymbolicRow
         ``cpu.row_reduction``'s bound over symbolic rows), a parallel one above (static rows, or a target
         with one core and one row per core: one parallel nest).  gpt2_dyn's LayerNorm kernels at 17 rows of
         64: two parallel loops (two thread-pool launches) on 1k elements, 3.7 us per call against the
-        static build's serial 0.9 (2 threads, in the model, under load; benchmarks/notes/symmm11.md).
-        Rows of symbolic length (a softmax over ``sequence`` keys): the buckets split the output's
-        elements instead, serial up to the fork/join cost (``serial_batches`` of one operation per
-        element): deberta_v2's masked softmax at sequence 1 has 4 rows of 1 (a thread-pool launch for 4
-        elements), at 17 68 rows of 17."""
-        if _splits_elements(match):
-            serial = U.serial_batches(1, target)
-            if serial < 1:
-                return ()
-            return Bucket(f"elements<={serial}", serial), Bucket(f"elements>{serial}", None)
+        static build's serial 0.9 (2 threads, in the model, under load; benchmarks/notes/symmm11.md)."""
         serial = int(self.table_defaults(target)["min_rows_per_core"]) * cpu_info(target).cores - 1
         if serial >= 1 and match.info.get("row_len"):
             serial = max(serial, U.serial_batches(match.info["row_len"], target))
@@ -450,35 +430,19 @@ class SymbolicRows(U.CpuTemplate, family="cpu.symbolic_rows", config=SymbolicRow
         return Match(self.family, {**match.info, "bucket": bucket.name, "parallel": bucket.max_extent is None})
 
     def dispatch_extent(self, match: Match):
-        if _splits_elements(match):
-            return match.info["elements"]
         return match.info["rows"]
 
     def bucket_sizes(self, match: Match, bucket: Bucket, target: C.Target) -> dict[str, int]:
-        """The shape variables a tuner binds to measure ``bucket``'s nest: one symbol of the split extent
-        (the rows, or the elements) set so that the extent is the bucket's bound (the open one: just
-        over the bound), the others 1."""
+        """The shape variables a tuner binds to measure ``bucket``'s nest: the rows at the bucket's bound
+        (the open one: one more than the bound) on one symbol of the row count, the others 1."""
         bound = max(b.max_extent for b in self.buckets(match, target) if b.max_extent is not None)
-        extent = self.dispatch_extent(match)
-        variables = _vars_of(extent)
-        if not variables:
-            raise ValueError(f"split extent {extent}: no shape variable to bind")
-        names = list(variables)
-        last = names[-1]
-        sizes = {n: 1 for n in names}
-
-        def at(v: int) -> int:
-            return _at(extent, variables, {**sizes, last: v})
-
-        # the largest value of the last symbol whose extent stays within the bound (at least 1)
-        lo, hi = 1, 2
-        while at(hi) <= bound:
-            lo, hi = hi, hi * 2
-        while hi - lo > 1:
-            mid = (lo + hi) // 2
-            lo, hi = (mid, hi) if at(mid) <= bound else (lo, mid)
-        sizes[last] = lo if bucket.max_extent is not None else hi
-        return sizes
+        rows = bucket.max_extent if bucket.max_extent is not None else bound + 1
+        names = []
+        C.post_order_visit(match.info["rows"], lambda n: names.append(str(n.name))
+                           if isinstance(n, C.tirx.Var) and str(n.name) not in names else None)
+        if not names:
+            raise ValueError(f"row extent {match.info['rows']}: no shape variable to bind")
+        return {n: (rows if i == len(names) - 1 else 1) for i, n in enumerate(names)}
 
     def space(self, match: Match, target: C.Target) -> KnobSpace:
         return SymbolicRowsConfig.space(lanes=(cpu_info(target).float32_lanes,), vector_mult=VECTOR_MULT)
