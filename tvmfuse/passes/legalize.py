@@ -48,15 +48,6 @@ def shared_prefix(src: list, dst: list) -> int:
     return n
 
 
-def shared_suffix(src: list, dst: list, prefix: int) -> int:
-    """How many trailing dims ``src`` and ``dst`` have structurally equal, not counting the first ``prefix``."""
-    n = 0
-    analyzer = C.Analyzer()
-    while n < min(len(src), len(dst)) - prefix and analyzer.can_prove_equal(src[-1 - n], dst[-1 - n]):
-        n += 1
-    return n
-
-
 def prefix_reshape_plan(src: list, dst: list) -> int | None:
     """The number of leading dims a reshape of ``src`` into ``dst`` keeps in place when this legalization
     applies: some dim symbolic, every dim after the shared prefix static; else None (TVM's default)."""
@@ -68,68 +59,35 @@ def prefix_reshape_plan(src: list, dst: list) -> int | None:
     return k
 
 
-def reshape_plan(src: list, dst: list) -> tuple[int, int] | None:
-    """(leading dims kept, trailing dims kept) of a reshape of ``src`` into ``dst`` over symbolic extents,
-    else None (TVM's default): the shared prefix with a static remainder (``prefix_reshape_plan``), or a
-    shared suffix with one dim on one side of the part between: ``[batch * 4, sequence, sequence] <->
-    [batch, 4, sequence, sequence]`` (deberta's scores viewed per head for the mask) reads
-    ``p[b * 4 + h, i, j]`` / ``p[f // 4, f % 4, i, j]`` where TOPI's flat index nests ``// sequence //
-    sequence % (batch * 4)``, which no template reads as rows (``cpu.symbolic_rows`` declined, the softmax
-    ran on ``cpu.generic``)."""
-    k = prefix_reshape_plan(src, dst)
-    if k is not None:
-        return k, 0
-    if _static(src) and _static(dst):
-        return None
-    k = shared_prefix(src, dst)
-    j = shared_suffix(src, dst, k)
-    src_mid, dst_mid = len(src) - k - j, len(dst) - k - j
-    if j == 0 or min(src_mid, dst_mid) != 1 or max(src_mid, dst_mid) < 2:
-        return None
-    return k, j
-
-
-def _reshape_keep(x, dst: list, k: int, j: int = 0):
-    """``x`` reshaped to ``dst``, its first ``k`` and last ``j`` dims passed through, the dims between
-    re-indexed through one flat index (with kept trailing dims, the outermost source dim without a modulo:
-    the flat index is below its extent; the prefix plan's kernels keep their indices as they were, so
-    their tuning records still apply)."""
+def _reshape_keep_prefix(x, dst: list, k: int):
     src = list(x.shape)
-    src_mid = src[k:len(src) - j]
-    dst_mid = dst[k:len(dst) - j]
+    src_tail = [int(d) for d in src[k:]]
+    dst_tail = [int(d) for d in dst[k:]]
 
     def index(*idx):
         flat = 0
-        for i, d in zip(idx[k:len(dst) - j], dst_mid):
+        for i, d in zip(idx[k:], dst_tail):
             flat = flat * d + i
-        mid = []
-        for n, d in enumerate(reversed(src_mid)):
-            if n == len(src_mid) - 1 and j:
-                mid.append(flat)
-            else:
-                mid.append(flat % d)
-                flat = flat // d
-        return x(*idx[:k], *reversed(mid), *idx[len(dst) - j:])
+        tail = []
+        for d in reversed(src_tail):
+            tail.append(flat % d)
+            flat = flat // d
+        return x(*idx[:k], *reversed(tail))
+
     return C.te.compute(dst, index, name="T_reshape", tag="injective")
 
 
 def legalize_reshape(bb, call):
-    """LegalizeOps' function for ``relax.reshape``: the shared leading (or trailing) dims kept (see the
-    module doc and ``reshape_plan``)."""
+    """LegalizeOps' function for ``relax.reshape``: the shared leading dims kept (see the module doc)."""
     x, target = call.args
     if isinstance(target, C.relax.Var):
         target = bb.lookup_binding(target)
     src = _shape_of(x)
     dst = list(target.values) if isinstance(target, C.relax.ShapeExpr) else None
-    plan = reshape_plan(src, dst) if src is not None and dst is not None else None
-    if plan is None:
+    k = prefix_reshape_plan(src, dst) if src is not None and dst is not None else None
+    if k is None:
         return bb.call_te(C.topi.reshape, x, target, primfunc_name_hint="reshape")
-    if plan[1]:
-        # the target shape passed through call_te, which gives its symbols the input's TIR vars: the
-        # PrimFunc then takes no symbol as a scalar (a graph result's reshape stays a view: OutputReshapeView)
-        return bb.call_te(lambda t, shape: _reshape_keep(t, list(shape), *plan), x, target,
-                          primfunc_name_hint="reshape")
-    return bb.call_te(lambda t: _reshape_keep(t, dst, *plan), x, primfunc_name_hint="reshape")
+    return bb.call_te(lambda t: _reshape_keep_prefix(t, dst, k), x, primfunc_name_hint="reshape")
 
 
 # The identity a float max / min reduction starts from (TOPI's: the lowest / highest finite value).
