@@ -182,13 +182,18 @@ def _is_unit(sch: C.Schedule, loop) -> bool:
     return isinstance(ext, C.tirx.IntImm) and int(ext) == 1
 
 
-def _row_rfactor(sch: C.Schedule, lanes: int) -> list[str]:
-    """Vector partial sums for every plain row reduction (leading spatial iterators, then one static
-    reduction axis longer than and a multiple of ``lanes``; a norm's mean and variance, not a matmul, not
-    a softmax over symbolic keys): its reduction split by ``lanes`` and rfactored, so each row is reduced
-    in ``lanes`` independent accumulators (vector FMAs) and then across them (as ``cpu.row_reduction`` does
-    for static rows).  Returns the rf blocks' names."""
-    out = []
+def _row_rfactor(sch: C.Schedule, lanes: int) -> tuple[list[str], dict[str, tuple]]:
+    """Vector partial results for every plain row reduction (leading spatial iterators, then one reduction
+    axis; not a matmul): its reduction split by ``lanes`` and rfactored, so each row is reduced in ``lanes``
+    independent accumulators (vector steps) and then across them (as ``cpu.row_reduction`` does for static
+    rows).  A static axis qualifies when longer than and a multiple of ``lanes`` (a norm's mean and
+    variance); a symbolic one (a softmax's max and sum over ``sequence`` keys) when its value vectorizes:
+    the last vector is under the split's predicate, kept off the whole vectors by a LoopPartition hint in
+    Step 4.  Without it a symbolic row is one chain of dependent scalar steps (deberta's masked softmax at
+    128 keys: 4x the time of ``cpu.generic``, benchmarks/notes/deberta19.md).
+    Returns the static rows' rf block names and {symbolic rows' rf block name: (row length, lanes)}: the
+    split's predicate, which TVM 0.27's compute_at drops (``_restore_predicate``)."""
+    static, symbolic = [], {}
     for block in U.top_blocks(sch):
         if not U.is_reduction(sch, block) or is_contraction(sch, block):
             continue
@@ -197,50 +202,27 @@ def _row_rfactor(sch: C.Schedule, lanes: int) -> list[str]:
         loops = sch.get_loops(block)
         if kinds[lead:] != "R" or len(loops) != len(kinds):
             continue
-        ext = sch.get(loops[-1]).extent
-        if not isinstance(ext, C.tirx.IntImm) or int(ext) % lanes or int(ext) <= lanes:
-            continue
-        _, ri = sch.split(loops[-1], factors=[None, lanes])
-        try:
-            out.append(U.block_name(sch, sch.rfactor(ri, factor_axis=lead)))
-        except C.ScheduleError:    # a reducer rfactor does not know: the scalar reduction stays
-            continue
-    return out
-
-
-def _symbolic_row_rfactor(sch: C.Schedule, lanes: int) -> dict[str, tuple]:
-    """Vector partial results for every row reduction over a symbolic row length (leading spatial
-    iterators, then one reduction axis of symbolic extent; a softmax's max and sum over ``sequence`` keys,
-    not a matmul): its reduction split by ``lanes`` and rfactored, so each row is reduced in ``lanes``
-    independent accumulators (vector steps; the last vector under the split's predicate, kept off the whole
-    vectors by a LoopPartition hint in Step 4).  Without it each row is one chain of dependent scalar steps
-    (deberta's masked softmax at 128 keys: 4x the time of ``cpu.generic``, benchmarks/notes/deberta19.md).
-    Returns {rf block name: (row length, lanes)}: the split's predicate, which TVM 0.27's compute_at drops
-    (``_restore_predicate``)."""
-    out = {}
-    for block in U.top_blocks(sch):
-        if not U.is_reduction(sch, block) or is_contraction(sch, block) or not U.vectorizable(sch, block):
-            continue
-        kinds = U.iter_kinds(sch, block)
-        lead = len(kinds) - len(kinds.lstrip("S"))
-        loops = sch.get_loops(block)
-        if kinds[lead:] != "R" or len(loops) != len(kinds):
-            continue
         extent = sch.get(loops[-1]).extent
         if isinstance(extent, C.tirx.IntImm):
+            if int(extent) % lanes or int(extent) <= lanes:
+                continue
+        elif not U.vectorizable(sch, block):
             continue
         _, ri = sch.split(loops[-1], factors=[None, lanes])
         try:
-            rf = sch.rfactor(ri, factor_axis=lead)
-        except C.ScheduleError:    # a reducer rfactor does not know: the scalar reduction stays (split only)
+            rf = U.block_name(sch, sch.rfactor(ri, factor_axis=lead))
+        except C.ScheduleError:    # a reducer rfactor does not know: the scalar reduction stays
             continue
-        out[U.block_name(sch, rf)] = (extent, lanes)
-    return out
+        if isinstance(extent, C.tirx.IntImm):
+            static.append(rf)
+        else:
+            symbolic[rf] = (extent, lanes)
+    return static, symbolic
 
 
 def _restore_predicate(sch: C.Schedule, block, extent, lanes: int) -> None:
     """Put back the predicate ``k_outer * lanes + k_lane < extent`` of an rf block from
-    ``_symbolic_row_rfactor`` after compute_at, which rebuilds the block's predicate from its consumers'
+    ``_row_rfactor`` (a symbolic row) after compute_at, which rebuilds the block's predicate from its consumers'
     region only (TVM 0.27): without it the last vector reads past the row (the next row's values, or past
     the buffer on the last row).  The block's innermost loop is rebuilt around it (the block itself is
     unchanged and keeps its sref)."""
@@ -283,8 +265,7 @@ def _apply(sch: C.Schedule, lanes: int, drop: int, parallel: bool = True):
     """The schedule; returns the extent of the first output's row loop (what the size buckets split)."""
     # Step 1. Fold elementwise blocks into their consumers; row reductions on vector partial sums.
     U.inline_elementwise(sch)
-    rf_blocks = _row_rfactor(sch, lanes)
-    symbolic_rf = _symbolic_row_rfactor(sch, lanes)
+    rf_blocks, symbolic_rf = _row_rfactor(sch, lanes)
     chains = _chains(sch)
     if chains is None:
         raise ValueError("a block feeds several outputs")
