@@ -182,7 +182,7 @@ def _is_unit(sch: C.Schedule, loop) -> bool:
     return isinstance(ext, C.tirx.IntImm) and int(ext) == 1
 
 
-def _row_rfactor(sch: C.Schedule, lanes: int) -> tuple[list[str], dict[str, tuple]]:
+def _row_rfactor(sch: C.Schedule, lanes: int) -> tuple[list[str], dict]:
     """Vector partial results for every plain row reduction (leading spatial iterators, then one reduction
     axis; not a matmul): its reduction split by ``lanes`` and rfactored, so each row is reduced in ``lanes``
     independent accumulators (vector steps) and then across them (as ``cpu.row_reduction`` does for static
@@ -191,8 +191,9 @@ def _row_rfactor(sch: C.Schedule, lanes: int) -> tuple[list[str], dict[str, tupl
     the last vector is under the split's predicate, kept off the whole vectors by a LoopPartition hint in
     Step 4.  Without it a symbolic row is one chain of dependent scalar steps (deberta's masked softmax at
     128 keys: 4x the time of ``cpu.generic``, benchmarks/notes/deberta19.md).
-    Returns the static rows' rf block names and {symbolic rows' rf block name: (row length, lanes)}: the
-    split's predicate, which TVM 0.27's compute_at drops (``_restore_predicate``)."""
+    Returns the static rows' rf block names and {symbolic rows' rf block name: row length}: the split's
+    predicate is ``k_outer * lanes + k_lane < row length``, which TVM 0.27's compute_at drops
+    (``_restore_predicate``)."""
     static, symbolic = [], {}
     for block in U.top_blocks(sch):
         if not U.is_reduction(sch, block) or is_contraction(sch, block):
@@ -216,7 +217,7 @@ def _row_rfactor(sch: C.Schedule, lanes: int) -> tuple[list[str], dict[str, tupl
         if isinstance(extent, C.tirx.IntImm):
             static.append(rf)
         else:
-            symbolic[rf] = (extent, lanes)
+            symbolic[rf] = extent
     return static, symbolic
 
 
@@ -296,13 +297,13 @@ def _apply(sch: C.Schedule, lanes: int, drop: int, parallel: bool = True):
                 outer = _vectorize_rf(sch, block)
                 if name in symbolic_rf:   # the last vector under the split's predicate, whole ones without
                     sch.annotate(outer, PARTITION_HINT, 1)
-                    restore.append((block, *symbolic_rf[name]))
+                    restore.append((block, symbolic_rf[name]))
             elif U.is_reduction(sch, block) or len(sch.get_loops(block)) > 1:
                 _schedule_row(sch, block, lanes)
     # Step 5. The symbolic rows' rfactor predicates back (last: a predicate over the fused lanes makes the
     # binding non-affine for the primitives above).
-    for block, extent, width in restore:
-        _restore_predicate(sch, block, extent, width)
+    for block, extent in restore:
+        _restore_predicate(sch, block, extent, lanes)
     _own_intermediates(sch)
     return rows[0]
 
