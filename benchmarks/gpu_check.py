@@ -274,6 +274,45 @@ def build_one(out_dir: str, name: str, model, target, engines: dict, refs_fn, to
     return row
 
 
+def _without_families(families: set):
+    """A context in which tvmfuse's templates of ``families`` decline every kernel (the fallback takes
+    them): a diagnostic build that tells which family's kernels make a model's numbers wrong on the GPU."""
+    import contextlib
+
+    import tvmfuse.schedules as S
+
+    @contextlib.contextmanager
+    def ctx():
+        real = S.schedule_prim_func
+
+        def declining(*a, **kw):
+            res = real(*a, **kw)
+            return None if res is not None and res.template in families else res
+        S.schedule_prim_func = declining
+        try:
+            yield
+        finally:
+            S.schedule_prim_func = real
+    return ctx()
+
+
+def add_bisect_variants(out_dir: str, row: dict, model, target) -> None:
+    """One more artifact of the model per CUDA family it uses, built with that family's kernels on the
+    fallback (``no_<family>``): gpu_run.py checks each, so a wrong model names the family at fault."""
+    for fam in row.get("templates", []):
+        if not fam.startswith("cuda_"):
+            continue
+        eng = f"no_{fam}"
+        try:
+            with _without_families({fam}):
+                cm = tvmfuse.compile(model, target=target)
+            tvmfuse.export(cm, os.path.join(out_dir, row["model"], eng))
+        except Exception as e:   # recorded per variant: the build goes on
+            row[f"{eng}_build_error"] = f"{type(e).__name__}: {str(e)[-600:]}"
+            continue
+        row["artifacts"][eng] = f"{row['model']}/{eng}"
+
+
 def build(args, target) -> int:
     """Write DIR/plan.json and one folder per model (artifacts + data.npz) for ``gpu_run.py``."""
     out_dir = args.build
@@ -318,6 +357,8 @@ def build(args, target) -> int:
 
             row = build_one(out_dir, name, path, target, {"tvmfuse": {}}, refs_fn,
                             {"kind": "relative", "max": CORPUS_REL_TOL}, "corpus")
+            if name in args.bisect.split(","):
+                add_bisect_variants(out_dir, row, path, target)
             row["flops"], row["bytes"] = model_cost(onnx.load(path))
             plan["rows"].append(row)
             print(json.dumps(row), flush=True)
@@ -355,6 +396,8 @@ def main(argv=None) -> list[dict]:
     p.add_argument("--dry-run", action="store_true", help="build for cuda (small sizes), run nothing")
     p.add_argument("--build", metavar="DIR", help="export artifacts + data for gpu_run.py into DIR, run nothing")
     p.add_argument("--corpus", default="", help="with --build: corpus models too (tvmfuse only, vs onnxruntime)")
+    p.add_argument("--bisect", default="", help="with --build: corpus models also built once per CUDA family "
+                   "with that family's kernels on the fallback (which family makes a wrong model wrong)")
     p.add_argument("--sizes", default="gpu", choices=["gpu", "small", "default"],
                    help="with --build: SIZES, SMALL_SIZES (weights fit a 64 MB transfer), or the builders' defaults")
     p.add_argument("--cpu", action="store_true", help="with --build: for this host's CPU (smoke test of gpu_run.py)")

@@ -145,6 +145,9 @@ def main(argv=None) -> int:
         plan = json.load(f)
     if args.device == "cuda":
         _load_cuda_runtime()
+        # TVM's CUDA module asks this callback for the kernels at load; its own (tvm.support.nvcc) would
+        # compile with NVRTC, which runtime-only TVM cannot drive ("no attribute 'TargetCurrent'")
+        tvm_ffi.register_global_func("tvm_callback_cuda_compile", _prebuilt, override=True)
     dev = tvm.cuda(0) if args.device == "cuda" else tvm.cpu(0)
     if not dev.exist:
         print(f"no {args.device} device", file=sys.stderr)
@@ -174,7 +177,7 @@ def main(argv=None) -> int:
             rows.append(row)
             print(json.dumps({"model": prow["model"], "error": str(e)}), flush=True)
             continue
-        for eng in ("tvmfuse", "stock"):
+        for eng in ["tvmfuse", "stock"] + [e for e in prow["artifacts"] if e not in ("tvmfuse", "stock")]:
             if f"{eng}_build_error" in prow:
                 row[eng] = {"error": "build failed: " + prow[f"{eng}_build_error"][-300:]}
                 continue
@@ -205,6 +208,13 @@ def main(argv=None) -> int:
         ratio = f"{st['device_ms'] / tf['device_ms']:.2f}" if "device_ms" in st else ("ERR" if st else "-")
         print(f"{r['model']:34s} {'yes' if tf['numerics_ok'] else 'NO':>4s} {tf['max_abs_err']:9.2e} "
               f"{tf['device_ms']:10.3f} {ratio:>8s} {tf['numpy_call_ms']:9.3f} {r.get('roofline_frac', 0):8.1%}")
+    variants = [(r["model"], e, v) for r in rows for e, v in r.items()
+                if e.startswith("no_") and isinstance(v, dict)]
+    if variants:
+        print("\nbisect (the model with one CUDA family's kernels on the fallback):")
+        for model, eng, v in variants:
+            print(f"{model:20s} {eng:28s} " + (f"ok {v['numerics_ok']} rel_err {v['rel_err']:.2e}"
+                                                 if "numerics_ok" in v else v.get("error", "?")[:80]))
     out = os.environ.get("OUT")
     if out:
         with open(os.path.join(out, "gpu_run.json"), "w") as f:

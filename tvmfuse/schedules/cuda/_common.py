@@ -219,8 +219,11 @@ def stage_window(sch: C.Schedule, anchor, pad: str | None, operand: int, at):
     computed while staging, no padded copy in global memory) or, without one, a copy of the operand."""
     if pad:
         data = sch.get_sblock(pad)
-        sch.compute_at(data, at, preserve_unit_loops=True)
+        # shared before compute_at: compute_at sizes the staged region by the buffer's scope (a shared
+        # buffer covers every thread of the block; a global one only the thread's own window, which the
+        # block's threads then load cooperatively: each element staged once, most never)
         sch.set_scope(data, 0, "shared")
+        sch.compute_at(data, at, preserve_unit_loops=True)
         return data
     data = sch.cache_read(anchor, operand, "shared", consumer_blocks=[anchor])
     sch.compute_at(data, at, preserve_unit_loops=True)

@@ -27,6 +27,9 @@ def lowering_error(func: C.PrimFunc, target: C.Target) -> str | None:
     outside = unbound_blocks(func)
     if outside:         # TVM lowers such a block as host code, which reads device memory: not legal
         return f"blocks {outside} are under no thread binding"
+    why = scratch_read_before_write(func) or stale_thread_index(func)
+    if why:             # TVM lowers both silently into kernels that compute wrong numbers
+        return why
     mod = C.IRModule({"main": func.with_attr("global_symbol", "main")})
     try:
         lowered = C.lower_tir(mod, target)
@@ -47,6 +50,84 @@ def shared_memory_error(lowered: C.IRModule, target: C.Target) -> str | None:
         if used > limit:
             return f"kernel {gv.name_hint} uses {used} bytes of shared memory per block, the limit is {limit}"
     return None
+
+
+SCRATCH_SCOPES = ("local", "shared", "shared.dyn", "warp")
+
+
+def _blocks_in_order(func: C.PrimFunc, visit) -> None:
+    """Call ``visit(block, loops)`` for every block of ``func`` (the root aside) in program order, with
+    the loops around it, outermost first."""
+    def walk(stmt, loops: list) -> None:
+        if isinstance(stmt, C.tirx.SeqStmt):
+            for s in stmt.seq:
+                walk(s, loops)
+        elif isinstance(stmt, C.tirx.For):
+            walk(stmt.body, loops + [stmt])
+        elif isinstance(stmt, C.SBlockRealize):
+            walk(stmt.block, loops)
+            if stmt.block.name_hint != "root":
+                visit(stmt, loops)
+        elif isinstance(stmt, C.SBlock):
+            walk(stmt.body, loops)
+        elif isinstance(stmt, C.tirx.IfThenElse):
+            walk(stmt.then_case, loops)
+            if stmt.else_case is not None:
+                walk(stmt.else_case, loops)
+        elif hasattr(stmt, "body"):
+            walk(stmt.body, loops)
+
+    walk(func.body, [])
+
+
+def scratch_read_before_write(func: C.PrimFunc) -> str | None:
+    """A block reading a register / shared-memory buffer that no block before it (in program order) wrote:
+    the value read is whatever the memory held (seen on a GPU: the sibling-matmul template stored its
+    accumulators ahead of the k loop). A buffer the block itself writes is not counted (a reduction's init,
+    or a block built in TIR whose body fills and reads it)."""
+    written: set = set()
+    found: list[str] = []
+
+    def visit(realize, _loops) -> None:
+        block = realize.block
+        own = {C.region_tensor(w) for w in block.writes}
+        for r in block.reads:
+            buf = C.region_tensor(r)
+            if buf.scope() in SCRATCH_SCOPES and buf not in written and buf not in own and not found:
+                found.append(f"block {block.name_hint} reads {buf.scope()} buffer {C.var_name(buf)} before any "
+                             "block writes it")
+        written.update(C.region_tensor(w) for w in block.writes)
+
+    _blocks_in_order(func, visit)
+    return found[0] if found else None
+
+
+def stale_thread_index(func: C.PrimFunc) -> str | None:
+    """A block under two loops bound to the same thread axis whose indices use the outer one. Lowering
+    makes both the same thread index, so the block no longer computes what the loop nest says (seen on a
+    GPU: a conv's padded window computed under a thread loop and then loaded by all threads, each
+    thread loading one element of its own window instead of the block's window)."""
+    found: list[str] = []
+
+    def visit(realize, loops) -> None:
+        tags: dict[str, list] = {}
+        for lp in loops:
+            if int(lp.kind) == int(C.ForKind.THREAD_BINDING) and lp.thread_binding is not None:
+                tags.setdefault(str(lp.thread_binding.thread_tag), []).append(lp.loop_var)
+        stale = {v for vs in tags.values() for v in vs[:-1]}
+        if not stale or found:
+            return
+        used = set()
+        for value in list(realize.iter_values) + [realize.predicate]:
+            C.post_order_visit(value, lambda n: used.add(n) if isinstance(n, C.tirx.Var) else None)
+        for v in stale:
+            if v in used:
+                found.append(f"block {realize.block.name_hint} indexes by {v.name}, a thread loop that a loop "
+                             "inside it binds again")
+                return
+
+    _blocks_in_order(func, visit)
+    return found[0] if found else None
 
 
 def unbound_blocks(func: C.PrimFunc) -> list[str]:

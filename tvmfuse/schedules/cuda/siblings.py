@@ -182,25 +182,31 @@ class CudaSiblings(CudaTemplate, family="cuda_siblings", config=MatmulConfig):
         for name in anchors:
             nests[name] = tile_contraction(sch, sch.get_sblock(name), info["batch"], cfg.threads_m, cfg.threads_n,
                                            cfg.micro_m, cfg.micro_n, cfg.tile_k)
-        # Step 3. Accumulators in registers.  An epilogue of one anchor (bias add) moves under that
-        #         anchor's thread loop now; an anchor without one gets a register -> global store there.
-        for name in anchors:
-            mm = sch.get_sblock(name)
-            own = [e for e in epilogue if feeds[e] == {name}]
-            if own:
-                for e in own:
-                    sch.reverse_compute_at(sch.get_sblock(e), nests[name][4], preserve_unit_loops=True)
-            elif not any(name in feeds[e] for e in epilogue):
-                store_in_registers(sch, mm, nests[name][4])
-            if own or any(name in feeds[e] for e in epilogue):
-                sch.set_scope(mm, 0, "local")
-        # Step 4. Merge the anchors' nests level by level: one grid, one thread block computing the
-        #         same output tile of every anchor, one k loop.
+        # Step 3. Merge the anchors' nests level by level: one grid, one thread block computing the
+        #         same output tile of every anchor, one k loop.  (Merging moves the merged loops to the
+        #         last anchor's place: a store placed under one anchor's loops before the merge would
+        #         end up ahead of the k loop, writing the accumulators before they are computed.)
         if len(anchors) > 1:
             batch, by, bx, ty, tx, ko = (sch.merge(*[nests[a][d] for a in anchors]) for d in range(6))
         else:
             batch, by, bx, ty, tx, ko = nests[anchors[0]]
         bind_tile(sch, batch, by, bx, ty, tx)
+        # Step 4. Accumulators in registers, stored after the k loop by the thread that computed them; an
+        #         anchor's own epilogue (bias add) is inlined into that store. (Moved under the merged
+        #         thread loop by itself, a first anchor's epilogue got the region of the whole output:
+        #         each thread read every accumulator, all but its own never written; gpu22.md.)
+        for name in anchors:
+            mm = sch.get_sblock(name)
+            own = [e for e in epilogue if feeds[e] == {name}]
+            joint = any(len(feeds[e]) > 1 and name in feeds[e] for e in epilogue)
+            if not joint:
+                store_in_registers(sch, mm, tx)
+                for e in own:
+                    sch.reverse_compute_inline(sch.get_sblock(e))
+                continue
+            for e in own:
+                sch.reverse_compute_at(sch.get_sblock(e), tx, preserve_unit_loops=True)
+            sch.set_scope(mm, 0, "local")
         # Step 5. An epilogue joining several anchors (silu(gate) * up) runs on their registers.
         for e in epilogue:
             if len(feeds[e]) > 1:
