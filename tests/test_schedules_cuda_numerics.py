@@ -47,6 +47,13 @@ def _attention(causal: bool):
 # sibling matmuls with a bias each, as a transformer's Q/K/V)
 EXTRA_CASES = {
     "cuda_conv2d@56": ("cuda_conv2d", lambda: M.conv_bn_relu_residual(channels=16, size=56)),
+    # a 1 x 1 map (squeeze-excite's convs: idle pixel threads stored over the one output) and maps whose
+    # rows no thread count of the space was aligned to (the window failed to stage)
+    "cuda_conv2d@1": ("cuda_conv2d", lambda: M.conv_bn_relu_residual(channels=16, size=1)),
+    "cuda_conv2d@3": ("cuda_conv2d", lambda: M.conv_bn_relu_residual(channels=16, size=3)),
+    "cuda_conv2d@7": ("cuda_conv2d", lambda: M.conv_bn_relu_residual(channels=16, size=7)),
+    "cuda_depthwise_conv2d@1": ("cuda_depthwise_conv2d",
+                                lambda: M.conv_bn_relu_residual(channels=16, size=1, depthwise=True)),
     "cuda_siblings+bias": ("cuda_siblings", lambda: M.transformer_block(seq=16, hidden=32, heads=2, ffn=64)),
     "cuda_siblings+joint": ("cuda_siblings", lambda: M.swiglu(seq=32, hidden=64, ffn=96)),
     "cuda_attention": ("cuda_attention", lambda: _attention(False)),

@@ -87,8 +87,14 @@ class CudaConv2d(CudaTemplate, family="cuda_conv2d", config=Conv2dConfig):
         per_c = 32 * info["kernel"] * 4            # weight bytes per staged channel at the widest tile
         stage = arch_of(target).max_shared_bytes // 2   # the weight slice: at most half the static shared memory
         tc = [t for t in divisors_among(info["c"], TILE_C) if t * per_c <= stage] or [1]
-        tp = sorted({t for t in THREADS_P if t <= max(THREADS_P[0], info["pixels"])} |
-                    {t for t in aligned_threads(info.get("width", 0) or 1) if t <= info["pixels"]})
+        # never more pixel threads than pixels, and the whole image as one tile when it fits one block: a
+        # 1 x 1 map (squeeze-excite) on 8 pixel threads had 7 idle threads store their empty accumulators
+        # over the one output (the epilogue carries no pixel predicate when the pixel index is constant),
+        # and 7 x 7 had no row-aligned count among 8 / 16 / 32 (TVM then failed to stage the window)
+        pixels = info["pixels"]
+        tp = sorted({t for t in THREADS_P if t <= pixels} |
+                    {t for t in aligned_threads(info.get("width", 0) or 1) if t <= pixels} |
+                    ({pixels} if pixels <= max(THREADS_P) else set()))
         return Conv2dConfig.space(threads_f=[t for t in THREADS_F if t <= max(THREADS_F[0], info["f"])],
                                   threads_p=tp, micro_f=MICRO, micro_p=MICRO, tile_c=tc)
 
