@@ -80,7 +80,8 @@ def _library(source: str, kernels: list, sigs: dict) -> ctypes.CDLL:
     # every shared array registers for poisoning (emu.h) where it is declared
     source = re.sub(r"(__shared__[^;=()]*?\b(\w+)(?:\[\d+\])*;)", r"\1 EMU_SHARED(\2);", source)
     text = source + "\n" + "\n".join(wrappers) + "\n"
-    key = hashlib.sha256(text.encode()).hexdigest()[:24]
+    with open(os.path.join(EMU_DIR, "emu.h")) as f:
+        key = hashlib.sha256((f.read() + text).encode()).hexdigest()[:24]
     if key in _CACHE:
         return _CACHE[key]
     work = tempfile.mkdtemp(prefix="tvmfuse-cuda-emu-")
@@ -96,9 +97,14 @@ def _library(source: str, kernels: list, sigs: dict) -> ctypes.CDLL:
     return _CACHE[key]
 
 
-def emulate(func: C.PrimFunc, target, inputs: list[np.ndarray]) -> list[np.ndarray]:
+ORDERS = {"parallel": 0, "ascending": 1, "descending": -1}
+
+
+def emulate(func: C.PrimFunc, target, inputs: list[np.ndarray], order: str = "parallel") -> list[np.ndarray]:
     """Outputs of scheduled kernel ``func`` (its parameters after ``inputs``, NaN-filled first) run on
-    the CPU as the CUDA code TVM generates for ``target``."""
+    the CPU as the CUDA code TVM generates for ``target``. ``order``: "parallel" (the block's threads
+    run together), or "ascending" / "descending": one thread at a time, each barrier passing the turn on
+    in that thread order (deterministic; a missing barrier shows in one of the two)."""
     mod = C.IRModule({"main": func.with_attr("global_symbol", "main")})
     lowered = C.lower_tir(mod, target)
     kernels = _kernels(lowered)
@@ -130,8 +136,8 @@ def emulate(func: C.PrimFunc, target, inputs: list[np.ndarray]) -> list[np.ndarr
         call = getattr(lib, f"emu_call_{name}")
         g = [ext.get(f"blockIdx.{a}", 1) for a in "xyz"]
         b = [ext.get(f"threadIdx.{a}", 1) for a in "xyz"]
-        lib.emu_launch.argtypes = [ctypes.c_void_p, ctypes.c_void_p] + [ctypes.c_uint] * 6
-        rc = lib.emu_launch(ctypes.cast(call, ctypes.c_void_p), argv, *g, *b)
+        lib.emu_launch.argtypes = [ctypes.c_void_p, ctypes.c_void_p] + [ctypes.c_uint] * 6 + [ctypes.c_int]
+        rc = lib.emu_launch(ctypes.cast(call, ctypes.c_void_p), argv, *g, *b, ORDERS[order])
         assert rc == 0
     return [arrays[n] for n in params[len(inputs):]]
 

@@ -223,6 +223,14 @@ class _Raises:
         return True
 
 
+class _Asserts(_Raises):
+    """A dlight rule whose own assertion fails on the kernel (dlight.gpu.Matmul on one of llama's kernels:
+    "There are some consumers of the cache-write stage that are not properly inlined")."""
+
+    def apply(self, func, target, tunable):
+        raise AssertionError("consumers not inlined (test)")
+
+
 class _Unbound(_Raises):
     """A dlight rule whose schedule binds no thread: TVM cannot lower it for a GPU."""
 
@@ -232,9 +240,10 @@ class _Unbound(_Raises):
 
 def test_rules_that_raise_or_do_not_lower_are_passed_over():
     target = cuda("sm_80")
-    done, by, notes = F.schedule_fallback(column_sum, target, rules=[_Raises(), _Unbound()])
+    done, by, notes = F.schedule_fallback(column_sum, target, rules=[_Raises(), _Asserts(), _Unbound()])
     assert by == "serial"
     assert "_Raises raised: refused (test)" in notes and "_Unbound does not lower" in notes, notes
+    assert "_Asserts raised: consumers not inlined (test)" in notes, notes
     assert F.lowering_error(done, target) is None
     done, by, notes = F.schedule_fallback(column_sum, target, rules=[_Unbound(), *F.dlight_rules()])
     assert by.startswith("dlight.") and "_Unbound does not lower" in notes

@@ -44,8 +44,55 @@ inline void emu_shared(void* p, size_t n) {
 }
 #define EMU_SHARED(name) emu_shared((void*)&(name), sizeof(name))
 
-inline void __syncthreads() { emu_block_barrier->arrive_and_wait(); }
-inline void __syncwarp(unsigned = 0xffffffffu) { (*emu_warps)[emu_tid / 32].bar->arrive_and_wait(); }
+// Serialized mode (emu_order +1 / -1, from the launch): one CUDA thread runs at a time, each barrier hands
+// the turn to the next runnable thread in ascending / descending thread order. Deterministic, and a read
+// of shared memory that a barrier does not separate from another thread's write sees the unwritten value
+// in one of the two orders (a race on the GPU).
+#include <condition_variable>
+#include <cstdio>
+#include <cstdlib>
+struct EmuSerialBarrier { int count; std::vector<int> waiting; };
+struct EmuSched {
+  std::mutex mu;
+  std::vector<std::condition_variable> cvs;
+  std::vector<int> state;   // 0 runnable, 1 at a barrier, 2 done
+  int running = -1, order = 0;
+  void pick_locked() {
+    int n = (int)state.size();
+    for (int k = 0; k < n; ++k) {
+      int i = order > 0 ? k : n - 1 - k;
+      if (state[i] == 0) { running = i; cvs[i].notify_one(); return; }
+    }
+    running = -1;
+    for (int i = 0; i < n; ++i)
+      if (state[i] == 1) { std::fprintf(stderr, "cuda emulator: deadlock (thread %d waits at a barrier no runnable thread reaches)\n", i); std::abort(); }
+  }
+  void wait_turn(std::unique_lock<std::mutex>& lk, int t) { cvs[t].wait(lk, [&] { return running == t; }); }
+  void arrive(EmuSerialBarrier& b, int t) {
+    std::unique_lock<std::mutex> lk(mu);
+    b.waiting.push_back(t);
+    state[t] = 1;
+    if ((int)b.waiting.size() == b.count) {
+      for (int w : b.waiting) state[w] = 0;
+      b.waiting.clear();
+    }
+    pick_locked();
+    wait_turn(lk, t);
+  }
+};
+inline EmuSched* emu_sched = nullptr;
+inline EmuSerialBarrier* emu_serial_block = nullptr;
+inline std::vector<EmuSerialBarrier>* emu_serial_warps = nullptr;
+
+inline void __syncthreads() {
+  if (emu_sched) emu_sched->arrive(*emu_serial_block, emu_tid);
+  else emu_block_barrier->arrive_and_wait();
+}
+inline void emu_warp_sync() {
+  if (emu_sched) emu_sched->arrive((*emu_serial_warps)[emu_tid / 32], emu_tid);
+  else (*emu_warps)[emu_tid / 32].bar->arrive_and_wait();
+}
+inline void __syncwarp(unsigned = 0xffffffffu) { emu_warp_sync(); }
 inline void __threadfence_block() { std::atomic_thread_fence(std::memory_order_seq_cst); }
 inline void __threadfence() { std::atomic_thread_fence(std::memory_order_seq_cst); }
 inline unsigned __activemask() {
@@ -58,10 +105,10 @@ template <class T> T emu_exchange(T v, int src) {
   int lane = emu_tid % 32;
   static_assert(sizeof(T) <= 8, "shuffle of a value over 8 bytes");
   std::memcpy(&w.vals[lane], &v, sizeof(T));
-  w.bar->arrive_and_wait();
+  emu_warp_sync();
   T r = v;
   if (src >= 0 && src < w.lanes) std::memcpy(&r, &w.vals[src], sizeof(T));
-  w.bar->arrive_and_wait();
+  emu_warp_sync();
   return r;
 }
 template <class T> T __shfl_sync(unsigned, T v, int src, int width = 32) {
@@ -114,40 +161,64 @@ struct uint1 { unsigned x; };
 // Run kernel wrapper ``call`` over the grid: blockDim threads, each running every block in turn (a
 // barrier of the block's threads after each block, so a block's statics are its shared memory).
 extern "C" int emu_launch(void (*call)(void**), void** args, unsigned gx, unsigned gy, unsigned gz,
-                          unsigned bx, unsigned by, unsigned bz) {
+                          unsigned bx, unsigned by, unsigned bz, int order) {
   int n = (int)(bx * by * bz);
   std::barrier<> block_bar(n), end_bar(n), poison_bar(n);
   std::vector<EmuWarp> warps((n + 31) / 32);
   std::vector<std::barrier<>*> owned;
+  std::vector<EmuSerialBarrier> serial_warps(warps.size());
+  EmuSerialBarrier serial_block{n, {}}, serial_end{n, {}}, serial_poison{n, {}};
+  EmuSched sched;
   for (size_t w = 0; w < warps.size(); ++w) {
     int lanes = (int)std::min<size_t>(32, n - 32 * w);
     warps[w].lanes = lanes;
     warps[w].bar = new std::barrier<>(lanes);
     owned.push_back(warps[w].bar);
+    serial_warps[w].count = lanes;
   }
   blockDim = {bx, by, bz};
   gridDim = {gx, gy, gz};
   emu_block_barrier = &block_bar;
   emu_warps = &warps;
+  emu_sched = nullptr;
+  if (order != 0) {
+    sched.cvs = std::vector<std::condition_variable>(n);
+    sched.state.assign(n, 0);
+    sched.order = order;
+    sched.running = order > 0 ? 0 : n - 1;
+    emu_sched = &sched;
+    emu_serial_block = &serial_block;
+    emu_serial_warps = &serial_warps;
+  }
   std::vector<std::thread> threads;
   threads.reserve(n);
   for (int t = 0; t < n; ++t) {
-    threads.emplace_back([=, &end_bar, &poison_bar] {
+    threads.emplace_back([=, &end_bar, &poison_bar, &sched, &serial_end, &serial_poison] {
       emu_tid = t;
       threadIdx = {(unsigned)t % bx, ((unsigned)t / bx) % by, (unsigned)t / (bx * by)};
+      if (order != 0) {
+        std::unique_lock<std::mutex> lk(sched.mu);
+        sched.wait_turn(lk, t);
+      }
       for (unsigned z = 0; z < gz; ++z)
         for (unsigned y = 0; y < gy; ++y)
           for (unsigned x = 0; x < gx; ++x) {
             blockIdx = {x, y, z};
             call(args);
-            end_bar.arrive_and_wait();
+            if (order != 0) sched.arrive(serial_end, t); else end_bar.arrive_and_wait();
             if (t == 0)
               for (auto& r : emu_shared_regions) std::memset(r.first, 0xff, r.second);
-            poison_bar.arrive_and_wait();
+            if (order != 0) sched.arrive(serial_poison, t); else poison_bar.arrive_and_wait();
           }
+      if (order != 0) {
+        std::unique_lock<std::mutex> lk(sched.mu);
+        sched.state[t] = 2;
+        sched.pick_locked();
+      }
     });
   }
   for (auto& th : threads) th.join();
   for (auto* b : owned) delete b;
+  emu_sched = nullptr;
   return 0;
 }

@@ -182,7 +182,8 @@ def schedule_fallback(func: C.PrimFunc, target: C.Target, rules: list | None = N
         try:
             with target:
                 done = C.dlight.ApplyDefaultSchedule(rule)(C.IRModule({"main": func}))["main"]
-        except C.TVM_PASS_ERRORS as e:     # a rule that misjudges the kernel: the next one is tried
+        except C.TVM_PASS_ERRORS + (AssertionError,) as e:   # a rule that misjudges the kernel (dlight
+            # states its own preconditions as asserts): the next one is tried
             notes.append(f"dlight.{name} raised: {_first_line(e)}")
             continue
         if done.attrs is None or "tirx.is_scheduled" not in done.attrs:
