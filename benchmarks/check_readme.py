@@ -367,8 +367,31 @@ def table_8b() -> list[str]:
     return out
 
 
+def table_8c() -> list[str]:
+    """The first GPU run (gpu_run.py, tvmfuse vs stock TVM FuseOps + dlight) beside torch (gpu_torch.py)."""
+    run, torch = load("gpu_run_h200_2026-12-04.json"), load("gpu_torch_h200_2026-12-04.json")
+    tt = {r["model"]: r for r in torch["rows"]}
+    out = ["## Table 8c  (gpu_run_h200_2026-12-04.json, gpu_torch_h200_2026-12-04.json)",
+           "| model | family | tvmfuse numbers | rel. error | tvmfuse ms | stock ms | torch eager ms | "
+           "torch.compile ms | roofline |",
+           "|---|---|---|---:|---:|---:|---:|---:|---:|"]
+    for r in run["rows"]:
+        tf, st, to = r.get("tvmfuse", {}), r.get("stock") or {}, tt.get(r["model"], {})
+        if "device_ms" not in tf:
+            out.append(f"| {r['model']} | {r.get('family')} | error | | | | | | |")
+            continue
+        stock = f"{st['device_ms']:.4f}" if "device_ms" in st else "-"
+        eager = f"{to['eager_ms']:.4f}" if "eager_ms" in to else "-"
+        comp = f"{to['compiled_ms']:.4f}" if "compiled_ms" in to else "-"
+        out.append(f"| {r['model']} | {r.get('family')} | {'right' if tf['numerics_ok'] else 'WRONG'} | "
+                   f"{tf['rel_err']:.2g} | {tf['device_ms']:.4f} | {stock} | {eager} | {comp} | "
+                   f"{r.get('roofline_frac', 0):.1%} |")
+    return out
+
+
 TABLES = {"1": table_1, "2b": table_2b, "3": table_3, "3b": table_3b, "5": table_5, "6": table_6,
-          "9": table_9, "9b": table_9b, "10": table_10, "11": table_11, "8b": table_8b}
+          "9": table_9, "9b": table_9b, "10": table_10, "11": table_11, "8b": table_8b,
+          "8c": table_8c}
 EXTRA = {"1t": table_1t}  # printed when named only: Table 1's older torch.compile run, now in HISTORY.md
 PENDING = {"7": table_7}  # no committed JSON yet: printed when named (with --json for a fresh run's file)
 
