@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <cstring>
 #include <thread>
+#include <type_traits>
 #include <vector>
 
 #define __global__
@@ -128,8 +129,15 @@ template <class T> T __shfl_xor_sync(unsigned, T v, int mask, int width = 32) {
   return emu_exchange(v, src < base + width ? src : lane);
 }
 
-template <class A, class B> inline auto max(A a, B b) -> decltype(a + b) { return a > b ? a : b; }
-template <class A, class B> inline auto min(A a, B b) -> decltype(a + b) { return a < b ? a : b; }
+// CUDA's max / min of floats are fmaxf / fminf (a NaN operand gives the other one)
+template <class A, class B> inline auto max(A a, B b) -> decltype(a + b) {
+  using R = decltype(a + b);
+  if constexpr (std::is_floating_point_v<R>) return std::fmax((R)a, (R)b); else return a > b ? a : b;
+}
+template <class A, class B> inline auto min(A a, B b) -> decltype(a + b) {
+  using R = decltype(a + b);
+  if constexpr (std::is_floating_point_v<R>) return std::fmin((R)a, (R)b); else return a < b ? a : b;
+}
 inline float rsqrtf(float x) { return 1.0f / std::sqrt(x); }
 inline double rsqrt(double x) { return 1.0 / std::sqrt(x); }
 inline float __expf(float x) { return std::exp(x); }
