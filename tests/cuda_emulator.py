@@ -147,3 +147,50 @@ def available() -> bool:
 
 
 __all__ = ["emulate", "available", "tvmfuse"]
+
+
+def schedule_module(mod, target):
+    """tvmfuse's CUDA schedules (templates, then the fallback) on every PrimFunc of a fused module."""
+    from tvmfuse import schedules as S
+    from tvmfuse.pipeline import PipelineOptions
+
+    with target:
+        return C.Sequential([S.apply_schedules(target, PipelineOptions()), *S.fallback_passes(target)])(mod)
+
+
+def emulate_model(compiled, feeds: dict, order: str = "parallel", trace: list | None = None) -> list[np.ndarray]:
+    """The outputs of a CUDA ``tvmfuse.compile`` result run on the CPU: its fused module's main function
+    interpreted binding by binding (call_tir, tuple items, constants), each kernel scheduled as the build
+    schedules it and emulated. ``trace`` (a list) gets (kernel, inputs, outputs) per call, to find the first
+    kernel whose outputs differ from its unscheduled version's."""
+    mod = schedule_module(compiled.fused_module, compiled.target)
+    main = mod["main"]
+    env = {}
+    for p, spec in zip(main.params, compiled.inputs):
+        env[p] = np.ascontiguousarray(feeds[spec.name])
+
+    def value(e):
+        if isinstance(e, C.relax.Var):
+            return env[e]
+        if isinstance(e, C.Constant):
+            return np.ascontiguousarray(C.const_value(e))
+        if isinstance(e, C.relax.Tuple):
+            return [value(f) for f in e.fields]
+        raise NotImplementedError(f"cuda emulator: Relax expression {type(e).__name__}")
+
+    body = main.body
+    for block in body.blocks:
+        for b in block.bindings:
+            v = b.value
+            if isinstance(v, C.relax.TupleGetItem):
+                env[b.var] = value(v.tuple_value)[v.index]
+            elif isinstance(v, C.relax.Call) and str(v.op.name) == "relax.call_tir":
+                gv, args = v.args[0], value(v.args[1])
+                outs = emulate(mod[gv], compiled.target, args, order=order)
+                if trace is not None:
+                    trace.append((str(gv.name_hint), args, outs))
+                env[b.var] = outs if isinstance(v.ty, C.TupleType) else outs[0]
+            else:
+                env[b.var] = value(v)
+    out = value(body.body)
+    return out if isinstance(out, list) else [out]

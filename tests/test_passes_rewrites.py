@@ -45,6 +45,8 @@ FIRES = {
     "add_zero": (lambda x: [op.nn.relu(op.add(_c(ZEROS), x))], lambda x: [op.nn.relu(x)]),
     "sub_zero": (lambda x: [op.nn.relu(op.subtract(x, _c(ZEROS)))], lambda x: [op.nn.relu(x)]),
     "div_const": (lambda x: [op.divide(x, _c(4.0))], lambda x: [op.multiply(x, _c(0.25))]),
+    "integer_power": (lambda x: [op.power(x, _c(3.0))],
+                      lambda x: [op.multiply(op.multiply(x, x), x)]),
     "identity_reshape": (lambda x: [op.nn.relu(op.reshape(x, (4, 8)))], lambda x: [op.nn.relu(x)]),
     "identity_transpose": (lambda x: [op.nn.relu(op.permute_dims(x, [0, 1]))], lambda x: [op.nn.relu(x)]),
     "identity_cast": (lambda x: [op.nn.relu(op.astype(x, F32))], lambda x: [op.nn.relu(x)]),
@@ -57,6 +59,7 @@ NOT_FIRES = {
     "add_zero": lambda x: [op.add(x, _c(np.full((8,), 0.5, np.float32)))],
     "sub_zero": lambda x: [op.subtract(_c(ZEROS), x)],                                          # 0 - x
     "div_const": lambda x: [op.divide(x, _c(0.0))],                                            # x / 0 stays
+    "integer_power": lambda x: [op.power(x, _c(2.5))],                                      # not an integer
     "identity_reshape": lambda x: [op.reshape(x, (8, 4))],
     "identity_transpose": lambda x: [op.permute_dims(x, [1, 0])],
     "identity_cast": lambda x: [op.astype(x, "float16")],

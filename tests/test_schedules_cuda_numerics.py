@@ -169,3 +169,36 @@ def test_checks_pass_every_fallback_schedule(rng):
                          schedules=False)
     assert cm.report.schedules == [] or all(s["template"] == "fallback" for s in cm.report.schedules)
     assert "does not lower" not in str(cm.report.to_dict())
+
+
+# --------------------------------------------------------------------------- whole models
+def _model_reference(model, feeds):
+    return list(tvmfuse.compile(model).run(feeds).values())
+
+
+@needs_gxx
+@pytest.mark.parametrize("name", ["layernorm_pow", "transformer_block", "resnet_block"])
+def test_cuda_build_of_a_model_emulates_its_cpu_build(name, rng):
+    """A whole CUDA build run on the CPU (every call_tir of the fused module emulated, as the build
+    schedules it) against the CPU build, on fresh random inputs: the demo models, which were NaN on the
+    GPU, and a LayerNorm written with Pow(x - mean, 2), which was NaN there under nvcc's fast-math powf."""
+    model = {"layernorm_pow": lambda: M.norm_matmul(rows=16, d=32, n=24, norm="layernorm_decomposed"),
+             "transformer_block": lambda: M.transformer_block(seq=16, hidden=32, heads=2, ffn=64),
+             "resnet_block": lambda: M.resnet_block(channels=8, size=10)}[name]()
+    feeds = M.random_feeds(model, seed=int(rng.integers(1 << 30)))
+    cm = tvmfuse.compile(model, target=cuda("sm_90"))
+    for got, want in zip(E.emulate_model(cm, feeds), _model_reference(model, feeds)):
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4 * max(1.0, float(np.max(np.abs(want)))))
+
+
+@needs_gxx
+def test_integer_pow_without_the_peephole_is_nan_under_fast_math(monkeypatch, rng):
+    """The emulator computes powf as nvcc's --use_fast_math does (exp2(y log2 x)): with the integer_power
+    peephole off, the LayerNorm's Pow(x - mean, 2) turns NaN, as GPT-2's x^3 did on the H200."""
+    import tvmfuse.passes.rewrites as RW
+
+    monkeypatch.setitem(RW._PEEPHOLE_BY_OP, "relax.power", [])
+    model = M.norm_matmul(rows=16, d=32, n=24, norm="layernorm_decomposed")
+    feeds = M.random_feeds(model, seed=int(rng.integers(1 << 30)))
+    (got,) = E.emulate_model(tvmfuse.compile(model, target=cuda("sm_90")), feeds)
+    assert np.isnan(got).any()

@@ -147,6 +147,10 @@ inline float __frcp_rn(float x) { return 1.0f / x; }
 inline float __int_as_float(int x) { float f; std::memcpy(&f, &x, 4); return f; }
 inline int __float_as_int(float f) { int x; std::memcpy(&x, &f, 4); return x; }
 inline float __saturatef(float x) { return x < 0.f ? 0.f : (x > 1.f ? 1.f : x); }
+// TVM builds CUDA with nvcc --use_fast_math, where powf is __powf: exp2(y * log2(x)), NaN for x < 0 even at
+// integer y (GPT-2's x^3 was NaN on an H200); the emulator computes it the same way
+inline float emu_fast_powf(float x, float y) { return std::exp2(y * std::log2(x)); }
+#define powf(x, y) emu_fast_powf((x), (y))
 using std::isinf;
 using std::isnan;
 template <class T> T atomicAdd(T* p, T v) { return std::atomic_ref<T>(*p).fetch_add(v); }

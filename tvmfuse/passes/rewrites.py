@@ -72,6 +72,33 @@ def _div_const(m, call):
     return C.relax.op.multiply(x, C.relax.const((1.0 / arr.astype(np.float64)).astype(arr.dtype)))
 
 
+MAX_MULTIPLY_POWER = 4     # pow(x, n) up to this n becomes multiplies (the same bound as fastmath's)
+
+
+def _integer_power(m, call):
+    """``pow(x, n)`` for a constant integer ``1 <= n <= MAX_MULTIPLY_POWER`` (every element of the exponent
+    the same, the result of ``x``'s type) -> multiplies. CUDA builds compile with nvcc's --use_fast_math,
+    where powf is exp2(y * log2(x)): NaN for every negative x (GPT-2's GELU x^3, RMSNorm's x^2); the
+    multiplies are exact everywhere and cheaper."""
+    x, c = call.args
+    arr = _const_array(c)
+    if arr is None or arr.size == 0 or not _is_float(call) or not _same_type(x, call):
+        return None
+    n = float(arr.reshape(-1)[0])
+    if not np.all(arr == n) or n != int(n) or not 1 <= n <= MAX_MULTIPLY_POWER:
+        return None
+    n = int(n)
+    if n == 1:
+        return x
+    if n == 4:
+        sq = m.builder_.emit(C.relax.op.multiply(x, x))
+        return C.relax.op.multiply(sq, sq)
+    out = C.relax.op.multiply(x, x)
+    if n == 3:
+        out = C.relax.op.multiply(m.builder_.emit(out), x)
+    return out
+
+
 def _identity_reshape(m, call):
     x = call.args[0]
     return x if _static_dims(x) is not None and _same_type(x, call) else None
@@ -254,6 +281,10 @@ PEEPHOLES: tuple[PeepholeRule, ...] = (
     PeepholeRule("div_const", "relax.divide", _div_const,
              "x/c -> x*(1/c): a multiply is cheaper than a divide in every lane (1 ulp); "
              "test_passes_rewrites::test_peephole[div_const]"),
+    PeepholeRule("integer_power", "relax.power", _integer_power,
+                 "pow(x, n), n = 1..4 -> multiplies: exact for negative x, where CUDA's fast-math powf is NaN "
+                 "(gpt2 and llama were NaN on an H200: notes/gpu22.md); test_passes_rewrites::test_peephole"
+                 "[integer_power]"),
     PeepholeRule("identity_reshape", "relax.reshape", _identity_reshape,
              "reshape to its own shape -> x; test_passes_rewrites::test_peephole[identity_reshape]"),
     PeepholeRule("identity_transpose", "relax.permute_dims", _identity_transpose,
