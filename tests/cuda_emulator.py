@@ -21,7 +21,6 @@ import tempfile
 
 import numpy as np
 
-import tvmfuse
 from tvmfuse import _compat as C
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -122,7 +121,6 @@ def emulate(func: C.PrimFunc, target, inputs: list[np.ndarray], order: str = "pa
             arrays[params[i]] = np.full(shape, np.nan if dt.kind == "f" else -1, dt)
     for name, ext, kparams in kernels:
         ptrs = []
-        keep = []
         for kp, ctype in zip(kparams, sigs[name]):
             buf = kp[:-4] if kp.endswith("_ptr") else kp
             if ctype.endswith("*"):
@@ -132,7 +130,6 @@ def emulate(func: C.PrimFunc, target, inputs: list[np.ndarray], order: str = "pa
             else:
                 raise NotImplementedError(f"kernel {name}: scalar parameter {kp} ({ctype})")
         argv = (ctypes.c_void_p * len(ptrs))(*[p.value for p in ptrs])
-        keep.append(argv)
         call = getattr(lib, f"emu_call_{name}")
         g = [ext.get(f"blockIdx.{a}", 1) for a in "xyz"]
         b = [ext.get(f"threadIdx.{a}", 1) for a in "xyz"]
@@ -146,7 +143,7 @@ def available() -> bool:
     return CXX is not None
 
 
-__all__ = ["emulate", "available", "tvmfuse"]
+__all__ = ["emulate", "emulate_model", "available"]
 
 
 def schedule_module(mod, target):

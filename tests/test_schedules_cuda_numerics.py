@@ -30,7 +30,9 @@ from tvmfuse.schedules.cuda import conv2d as CONV
 from tvmfuse.schedules.cuda import fallback as F
 
 import cuda_emulator as E
-from test_schedules_cuda import FAMILY_CASES, cuda, family_kernel
+from test_schedules_cuda import FAMILY_CASES, cuda, family_kernel, fused_funcs
+from tvmfuse.schedules import templates_for
+from tvmfuse.schedules.base import find_template
 from test_schedules_cuda_fallback import run_on_cpu
 
 needs_gxx = pytest.mark.skipif(not E.available(), reason="g++ not installed: no CUDA emulation")
@@ -63,14 +65,12 @@ CASES = {**{f: (f, build) for f, build in FAMILY_CASES.items()}, **EXTRA_CASES}
 
 
 def scheduled_case(case, target):
+    """(unscheduled kernel, the family template's default schedule of it) of the case's model."""
     family, build = CASES[case]
-    saved = dict(FAMILY_CASES)
-    FAMILY_CASES[family] = build
-    try:
-        _name, func, (template, match) = family_kernel(family, target)
-    finally:
-        FAMILY_CASES.clear()
-        FAMILY_CASES.update(saved)
+    found = [(f, t) for f in fused_funcs(build(), target).values()
+             for t in [find_template(f, target, templates_for(target))] if t is not None and t[0].family == family]
+    assert found, f"{case}: no kernel matched by {family}"
+    func, (template, match) = found[0]
     sch = C.Schedule(func)
     template.apply(sch, match, template.default_config(match, target))
     return func, sch.mod["main"]
