@@ -131,30 +131,15 @@ def stale_thread_index(func: C.PrimFunc) -> str | None:
 
 
 def unbound_blocks(func: C.PrimFunc) -> list[str]:
-    """The blocks of ``func`` (the root aside) under no loop bound to a thread axis, in program order."""
-    found = []
+    """The blocks of ``func`` (the root aside) under no loop bound to a thread axis, in program order
+    (a block nested in such a block is listed too, before it)."""
+    found: list[str] = []
 
-    def walk(stmt, bound: bool) -> None:
-        if isinstance(stmt, C.tirx.SeqStmt):
-            for s in stmt.seq:
-                walk(s, bound)
-        elif isinstance(stmt, C.tirx.For):
-            walk(stmt.body, bound or int(stmt.kind) == int(C.ForKind.THREAD_BINDING))
-        elif isinstance(stmt, C.SBlockRealize):
-            walk(stmt.block, bound)
-        elif isinstance(stmt, C.SBlock):
-            if not bound and stmt.name_hint != "root":
-                found.append(str(stmt.name_hint))
-            else:
-                walk(stmt.body, bound)
-        elif isinstance(stmt, C.tirx.IfThenElse):
-            walk(stmt.then_case, bound)
-            if stmt.else_case is not None:
-                walk(stmt.else_case, bound)
-        elif hasattr(stmt, "body"):       # attributes, lets, allocations: their body
-            walk(stmt.body, bound)
+    def visit(realize, loops) -> None:
+        if not any(int(lp.kind) == int(C.ForKind.THREAD_BINDING) for lp in loops):
+            found.append(str(realize.block.name_hint))
 
-    walk(func.body, False)
+    _blocks_in_order(func, visit)
     return found
 
 
