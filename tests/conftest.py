@@ -1,8 +1,17 @@
-import numpy as np
-import onnx
-import pytest
+import os
 
-import tvmfuse
+# Under pytest-xdist (README's test command: two worker processes on two cores) TVM's idle pool workers of
+# one process would spin after each parallel call and slow the other process's compile and run (10x seen
+# between runtimes); told not to spin, they sleep.  Read when TVM makes its pool (the first parallel call),
+# so set before any test runs; a value the user set is kept.
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    os.environ.setdefault("TVM_THREAD_POOL_SPIN_COUNT", "0")
+
+import numpy as np  # noqa: E402
+import onnx  # noqa: E402
+import pytest  # noqa: E402
+
+import tvmfuse  # noqa: E402
 from tvmfuse import models as M
 
 
