@@ -83,16 +83,17 @@ def _library(source: str, kernels: list, sigs: dict) -> ctypes.CDLL:
         key = hashlib.sha256((f.read() + text).encode()).hexdigest()[:24]
     if key in _CACHE:
         return _CACHE[key]
-    work = tempfile.mkdtemp(prefix="tvmfuse-cuda-emu-")
-    src, lib = os.path.join(work, "k.cpp"), os.path.join(work, f"k{key}.so")
-    with open(src, "w") as f:
-        f.write(text)
-    cmd = [CXX, "-std=c++20", "-O1", "-fPIC", "-shared", "-pthread", "-w", "-I", EMU_DIR,
-           "-include", os.path.join(EMU_DIR, "emu.h"), "-x", "c++", src, "-o", lib]
-    res = subprocess.run(cmd, capture_output=True, text=True)
-    if res.returncode != 0:
-        raise AssertionError(f"g++ rejected the generated CUDA source:\n{res.stderr[-3000:]}")
-    _CACHE[key] = ctypes.CDLL(lib)
+    # the work folder goes once the library is loaded (a loaded library stays mapped after its file is gone)
+    with tempfile.TemporaryDirectory(prefix="tvmfuse-cuda-emu-") as work:
+        src, lib = os.path.join(work, "k.cpp"), os.path.join(work, f"k{key}.so")
+        with open(src, "w") as f:
+            f.write(text)
+        cmd = [CXX, "-std=c++20", "-O1", "-fPIC", "-shared", "-pthread", "-w", "-I", EMU_DIR,
+               "-include", os.path.join(EMU_DIR, "emu.h"), "-x", "c++", src, "-o", lib]
+        res = subprocess.run(cmd, capture_output=True, text=True)
+        if res.returncode != 0:
+            raise AssertionError(f"g++ rejected the generated CUDA source:\n{res.stderr[-3000:]}")
+        _CACHE[key] = ctypes.CDLL(lib)
     return _CACHE[key]
 
 
