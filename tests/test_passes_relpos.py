@@ -137,8 +137,10 @@ def test_scheduled_kernel_takes_each_log_once_per_diagonal(target):
 
     C.post_order_visit(scheduled.body, visit)
     assert log_blocks, scheduled.script()
+    # the unit nest (every shape variable 1: schedules.buckets.unit_nest) holds its copy at sequence 1
     for extents in log_blocks:
-        assert extents == ["T.int64(2)", "sequence"], extents
+        assert extents in (["T.int64(2)", "sequence"], ["T.int64(2)", "T.int64(1)"]), extents
+    assert ["T.int64(2)", "sequence"] in log_blocks
 
 
 def _summed_over_rows():

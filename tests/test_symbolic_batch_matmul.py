@@ -19,6 +19,7 @@ from conftest import NAMED_TARGETS
 
 FAMILY = SymbolicBatchMatmul.family
 HEADS, D = 4, 16
+TINY = 256          # schedules/cpu_targets.json: cpu.symbolic_batch_matmul.tiny_macs
 
 
 def _scores():
@@ -86,9 +87,10 @@ def test_batched_symbolic_matmul_matches_the_reference(name, host, rng):
     cm = tvmfuse.compile(model, target=host)
     assert [s["template"] for s in cm.report.schedules] == [FAMILY]
     inputs = [i for i in model.graph.input]
-    # (1, 1): less than one register tile; (2, 5), (3, 33): partial last row and column tiles after whole
-    # ones (the loop partition splits them); (1, 32): whole tiles only
-    for b, s in ((1, 1), (2, 5), (3, 33), (1, 32)) if name != "static_rows" else ((1, 17), (3, 17)):
+    # (1, 1), (1, 2): scores and values in the tiny bucket (64 and 256 multiply-adds), head_weight in the
+    # few-MACs one; (2, 5), (3, 33): partial last row and column tiles after whole ones (the loop partition
+    # splits them); (1, 32): whole tiles only
+    for b, s in ((1, 1), (1, 2), (2, 5), (3, 33), (1, 32)) if name != "static_rows" else ((1, 17), (3, 17)):
         sizes = {"batch": b, "sequence": s}
         feeds = {}
         for i in inputs:
@@ -103,13 +105,14 @@ class _Nest:
         self.func, self.config = func, config
 
 
-def _bucket_nest(func, tgt, few: bool) -> _Nest:
-    """One size bucket's nest of ``func`` alone (its default config): the few-MACs one or the open one."""
+def _bucket_nest(func, tgt, kind: str) -> _Nest:
+    """One size bucket's nest of ``func`` alone (its default config): "tiny" (the scalar nest), "few" (the
+    serial few-MACs one) or "open" (the padded, parallel one)."""
     t = SymbolicBatchMatmul()
     match = t.match(func, tgt)
     assert match is not None
-    bucket, = [b for b in t.buckets(match, tgt) if (b.max_extent is not None) == few]
-    bm = t.bucket_match(match, bucket)
+    bms = [t.bucket_match(match, b) for b in t.buckets(match, tgt)]
+    bm, = [m for m in bms if kind == ("tiny" if m.info["tiny"] else "few" if m.info["few"] else "open")]
     config = t.default_config(bm, tgt)
     sch = C.Schedule(func)
     t.apply(sch, bm, config)
@@ -124,7 +127,7 @@ def test_register_tile_on_padded_domains(name, target, lanes):
     tile loop over a symbolic N."""
     tgt = parse_target(NAMED_TARGETS[target])
     (kname, func), = _kernels(MODELS[name](), tgt).items()
-    res = _bucket_nest(func, tgt, few=False)
+    res = _bucket_nest(func, tgt, "open")
     assert res.config["lanes"] == lanes
     updates = [r for r in _realizes(res.func) if str(r.block.name_hint).endswith("_update")]
     assert len(updates) == 1
@@ -179,8 +182,8 @@ def test_few_macs_bucket_is_serial_without_row_padding(name, target, lanes, core
     match = t.match(func, tgt)
     bound = U.serial_batches(1, tgt)
     assert bound == U.min_parallel_work(tgt) - 1
-    assert [b.name for b in t.buckets(match, tgt)] == [f"macs<={bound}", f"macs>{bound}"]
-    nest = _bucket_nest(func, tgt, few=True)
+    assert [b.name for b in t.buckets(match, tgt)] == [f"macs<={TINY}", f"macs<={bound}", f"macs>{bound}"]
+    nest = _bucket_nest(func, tgt, "few")
     assert nest.config["mr"] == 1 and nest.config["parallel"] is False and nest.config["lanes"] == lanes
     loops = _loops(nest.func)
     assert not any(int(lp.kind) == int(C.ForKind.PARALLEL) for lp in loops)
@@ -201,6 +204,54 @@ def test_few_macs_bucket_is_serial_without_row_padding(name, target, lanes, core
         assert sizes and all(isinstance(e, C.IntImm) for ext in sizes for e in ext), (pad, sizes)
     # the joined kernel: both nests under a branch on the multiply-adds
     res = schedule_prim_func(func, tgt, {}, kname)
-    assert [b["bucket"] for b in res.config["buckets"]] == [f"macs<={bound}", f"macs>{bound}"]
+    assert [b["bucket"] for b in res.config["buckets"]] == [f"macs<={TINY}", f"macs<={bound}", f"macs>{bound}"]
     assert len([r for r in _realizes(res.func) if str(r.block.name_hint).endswith("_update")]) == 2
     C.lower_tir(C.IRModule({"main": res.func.with_attr("global_symbol", "main")}), tgt)
+
+
+@pytest.mark.parametrize("target", ["haswell-2", "skx-32", "neon-4", "haswell-1"])
+@pytest.mark.parametrize("name", sorted(MODELS))
+def test_tiny_bucket_is_a_scalar_dot_product(name, target):
+    """The first bucket (up to the table's ``tiny_macs`` multiply-adds, also on a 1-core target, which has no
+    few-MACs bucket): no padded copy of either operand, no parallel or vector loop, the matmul computed per
+    output element inside the epilogue's loops so its accumulator lowers to a one-element stack buffer (no
+    run-time workspace allocation), and the reduction's k loop innermost."""
+    tgt = parse_target(NAMED_TARGETS[target] if target != "haswell-1"
+                       else {**NAMED_TARGETS["haswell-2"], "num-cores": 1})
+    (kname, func), = _kernels(MODELS[name](), tgt).items()
+    t = SymbolicBatchMatmul()
+    match = t.match(func, tgt)
+    names = [b.name for b in t.buckets(match, tgt)]
+    assert names[0] == f"macs<={TINY}" and names[-1].startswith("macs>")
+    assert len(names) == (2 if target == "haswell-1" else 3)
+    nest = _bucket_nest(func, tgt, "tiny")
+    assert nest.config["parallel"] is False and nest.config["mr"] == 1
+    blocks = [str(r.block.name_hint) for r in _realizes(nest.func)]
+    assert not any(b.endswith("_pad") for b in blocks), blocks
+    loops = _loops(nest.func)
+    assert all(int(lp.kind) in (int(C.ForKind.SERIAL), int(C.ForKind.UNROLLED)) for lp in loops)
+    lowered = C.lower_tir(C.IRModule({"main": nest.func.with_attr("global_symbol", "main")}), tgt)
+    allocs = []
+    C.post_order_visit(lowered["main"].body, lambda n: allocs.append(n.buffer)
+                       if isinstance(n, C.tirx.AllocBuffer) else None)
+    assert all(isinstance(e, C.IntImm) for b in allocs for e in b.shape), [b.shape for b in allocs]
+    # the joined kernel dispatches to it first and lowers
+    res = schedule_prim_func(func, tgt, {}, kname)
+    assert [b["bucket"] for b in res.config["buckets"]] == names
+    C.lower_tir(C.IRModule({"main": res.func.with_attr("global_symbol", "main")}), tgt)
+
+
+def test_tiny_bucket_sizes_and_bounds():
+    """The tuner measures each bucket at sizes inside it: the tiny one at every variable 1, the next ones at
+    the smallest last-variable size past the bucket below (scores: 4 x 16 x S^2 multiply-adds at batch 1)."""
+    tgt = parse_target(NAMED_TARGETS["haswell-2"])
+    (kname, func), = _kernels(_scores(), tgt).items()
+    t = SymbolicBatchMatmul()
+    match = t.match(func, tgt)
+    tiny, few, open_ = t.buckets(match, tgt)
+    assert t.bucket_sizes(match, tiny, tgt) == {"batch": 1, "sequence": 1}
+    bound = few.max_extent
+    seq_few = t.bucket_sizes(match, few, tgt)["sequence"]
+    seq_open = t.bucket_sizes(match, open_, tgt)["sequence"]
+    assert 64 * (seq_few - 1) ** 2 <= TINY < 64 * seq_few ** 2 <= bound
+    assert 64 * (seq_open - 1) ** 2 <= bound < 64 * seq_open ** 2

@@ -212,6 +212,12 @@ class Template:
         answers last for the kernels such families take (``schedules.accepting_template``)."""
         raise NotImplementedError
 
+    def wants_unit_nest(self, match: Match, target: C.Target, func: C.PrimFunc, scheduled: C.PrimFunc) -> bool:
+        """Whether the kernel ``func`` (over symbolic extents; ``scheduled``: as this template scheduled it)
+        also gets a nest with every shape variable 1 (``schedules.buckets.unit_nest``), run at that size;
+        none by default."""
+        return False
+
     def buckets(self, match: Match, target: C.Target) -> tuple:
         """Size buckets (``schedules.buckets.Bucket``) of a template that dispatches at run time on a
         symbolic extent; then it also defines ``bucket_match(match, bucket)``, ``dispatch_extent(match)``
@@ -236,6 +242,7 @@ class Scheduled:
     config: dict
     source: str          # "tuned", "default", "fallback"
     reason: str = ""
+    nests: tuple = ()    # a bucketed kernel's nests alone, one per size bucket (while scheduling; then ())
 
 
 def schedule_with(template: Template, match: Match, func: C.PrimFunc, config: dict) -> C.PrimFunc:

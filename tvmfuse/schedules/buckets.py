@@ -88,11 +88,16 @@ def join_buckets(funcs: list, buckets, extent) -> C.PrimFunc:
             raise ValueError("size buckets: a scheduled nest without a plain root block")
         body, own = _own_buffers(root.block.body, root.block.alloc_buffers, allocs)
         allocs.extend(own)
-        bodies.append(fresh_loop_vars(body) if bodies else body)
+        body = fresh_loop_vars(body) if bodies else body
+        # each nest in a block of its own holding its buffers: lowering allocates them inside the nest's
+        # branch (buffers of the root block were all allocated at the kernel's entry, whichever nest ran: a
+        # workspace allocation per buffer of every nest, 6 in deberta_v2_dyn's masked softmax at b1 s1)
+        bodies.append(C.SBlockRealize([], True, C.SBlock([], [], [], f"bucket{len(bodies)}", body,
+                                                         alloc_buffers=own)) if own else body)
     body = bodies[-1]
     for b, nest in zip(reversed(buckets[:-1]), reversed(bodies[:-1])):
         body = C.tirx.IfThenElse(extent <= b.max_extent, nest, body)
-    return first.with_body(C.SBlockRealize([], True, C.SBlock([], [], [], "root", body, alloc_buffers=allocs)))
+    return first.with_body(C.SBlockRealize([], True, C.SBlock([], [], [], "root", body)))
 
 
 class BatchBuckets:
@@ -146,3 +151,85 @@ class BatchBuckets:
                              "their product")
         size = self.bucket_batch(match, bucket)
         return {n: (size if i == len(names) - 1 else 1) for i, n in enumerate(names)}
+
+
+# ---------------------------------------------------------------- the unit bucket: every shape variable 1
+def shape_vars(func: C.PrimFunc) -> list:
+    """The kernel's symbolic shape variables: its integer parameters and the variables in its buffer
+    parameters' shapes, in order of first appearance."""
+    out = []
+
+    def add(v):
+        if not any(v.same_as(o) for o in out):
+            out.append(v)
+
+    for p in func.params:
+        if hasattr(p, "shape"):
+            for d in p.shape:
+                C.post_order_visit(d, lambda n: add(n) if isinstance(n, C.tirx.Var) else None)
+        elif isinstance(p, C.tirx.Var) and str(p.ty).startswith("int"):
+            add(p)
+    return out
+
+
+def symbolic_workspace(func: C.PrimFunc) -> bool:
+    """A scheduled kernel allocates a buffer of symbolic size (lowered: a run-time workspace allocation and
+    free per call, ``TVMBackendAllocWorkspace``; a static one under 1 KiB is a stack buffer)."""
+    found = []
+
+    def visit(n):
+        if isinstance(n, C.SBlock):
+            found.extend(b for b in n.alloc_buffers if not all(isinstance(d, C.tirx.IntImm) for d in b.shape))
+
+    C.post_order_visit(func.body, visit)
+    return bool(found)
+
+
+def symbolic_division(func: C.PrimFunc) -> bool:
+    """The kernel divides (or takes a modulo) by a value that is not a constant: a reshape's index over a
+    symbolic extent, a few instructions per element."""
+    found = []
+    C.post_order_visit(func.body, lambda n: found.append(n) if isinstance(
+        n, (C.tirx.FloorDiv, C.tirx.FloorMod, C.tirx.Div, C.tirx.Mod)) and not isinstance(n.b, C.tirx.IntImm)
+        else None)
+    return bool(found)
+
+
+def unit_nest(func: C.PrimFunc) -> C.PrimFunc:
+    """``func``'s loop nest with every shape variable (``shape_vars``) replaced by 1: its loops and its own
+    buffers static (the parameters keep their symbolic shapes: the nest runs only when those are all 1,
+    ``join_unit``)."""
+    vs = shape_vars(func)
+    if not vs:
+        return func
+    params = [p for p in func.params if hasattr(p, "shape")]
+
+    def var(v):
+        for s in vs:
+            if v.same_as(s):
+                return C.tirx.IntImm(str(s.ty), 1)
+        return v
+
+    def buf(b):
+        for p in params:
+            if b.data.same_as(p.data):
+                return p
+        return b
+
+    unit = func.with_body(C.structural_map(func.body, [(C.tirx.Var, var), (C.tirx.Buffer, buf)]))
+    # loop extents and indices of constants folded (``1 * 4``): the nest's loops are then static
+    return C.tirx.transform.StmtSimplify()(C.IRModule({"main": unit}))["main"]
+
+
+def join_unit(func: C.PrimFunc, unit: C.PrimFunc) -> C.PrimFunc:
+    """One PrimFunc running ``unit``'s nest when every shape variable of ``func`` is 1 (the test
+    ``sum((v - 1)^2) <= 0``: a variable at 0 does not pass it), else ``func``'s (which may itself branch on
+    size buckets)."""
+    vs = shape_vars(func)
+    if not vs:
+        return func
+    test = None
+    for v in vs:
+        d = v - C.tirx.IntImm(str(v.ty), 1)
+        test = d * d if test is None else test + d * d
+    return join_buckets([unit, func], (Bucket("dims=1", 0), Bucket("dims>1", None)), test)

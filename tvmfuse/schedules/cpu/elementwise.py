@@ -89,6 +89,18 @@ class Elementwise(BatchBuckets, U.CpuTemplate, family=FAMILY, config=Elementwise
                         serial_batches_work=U.serial_batches(static, target))
         return Match(self.family, info)
 
+    def wants_unit_nest(self, match: Match, target: C.Target, func: C.PrimFunc, scheduled: C.PrimFunc) -> bool:
+        """Over symbolic extents, when the table's ``unit_nest`` is on and the scheduled kernel allocates a
+        buffer of symbolic size (a kept producer: a run-time workspace per call) or the kernel's own indices
+        divide by a symbolic extent (a reshape over the sequence; not the divisions of this schedule's fused
+        loops, which every symbolic kernel has): at every shape variable 1 both are static.  deberta_v2_dyn at
+        b1 s1: its Q/K/V head copies 0.20 -> 0.05 us a call, its relative-position kernel 0.29 -> 0.15
+        (notes/unit24.md)."""
+        from ..buckets import shape_vars, symbolic_division, symbolic_workspace
+
+        return bool(self.table_defaults(target).get("unit_nest")) and bool(shape_vars(func)) and \
+            (symbolic_workspace(scheduled) or symbolic_division(func))
+
     # ------------------------------------------------------------------ size buckets (BatchBuckets)
     def batch_info(self, match: Match, batch: int) -> dict:
         return {"bucket_elements": match.info["elements_per_batch"] * batch}

@@ -50,6 +50,8 @@ class GenericConfig(Config):
     min_parallel_elements: int = knob("below this many scalar iterations (spatial x reduction) a block stays "
                                       "serial: a fork costs more")
     max_whole_vectors: int = knob("an innermost loop up to this many vectors long is vectorized whole")
+    unit_nest: bool = knob("over symbolic extents, a nest with every shape variable 1 when the serial nest "
+                           "allocates a buffer of symbolic size (schedules.buckets.unit_nest)")
 
     @classmethod
     def for_target(cls, target: C.Target) -> "GenericConfig":
@@ -266,19 +268,30 @@ def schedule_generic(func: C.PrimFunc, target: C.Target) -> tuple[C.PrimFunc, di
     elements = _symbolic_output_elements(func)
     if elements is None:
         return drop_wrapless_modulo(serial), report
-    parallel, preport = _schedule_nest(func, cfg, symbolic_parallel=True)
-    if not any(r.get("parallel") for r in preport.values()):
-        return drop_wrapless_modulo(serial), report
-    from ..buckets import Bucket, join_buckets
+    from ..buckets import Bucket, join_buckets, join_unit, symbolic_workspace, unit_nest
 
+    parallel, preport = _schedule_nest(func, cfg, symbolic_parallel=True)
     bound = cfg.min_parallel_elements - 1
-    joined = join_buckets([serial, parallel], (Bucket(f"elements<={bound}", bound), Bucket(f"elements>{bound}", None)),
-                          elements)
-    for r in preport.values():
-        r["serial_up_to_elements"] = bound
+    at_one = int(C.Analyzer().simplify(C.structural_map(
+        elements, (C.tirx.Var, lambda v: C.tirx.IntImm(str(v.ty), 1)))))
+    if not any(r.get("parallel") for r in preport.values()):
+        joined, at_unit = serial, serial
+    else:
+        joined = join_buckets([serial, parallel], (Bucket(f"elements<={bound}", bound),
+                                                   Bucket(f"elements>{bound}", None)), elements)
+        at_unit = serial if at_one <= bound else parallel
+        for r in preport.values():
+            r["serial_up_to_elements"] = bound
+        report = preport
+    # the unit nest: when the nest run at every shape variable 1 allocates a buffer of symbolic size (a
+    # run-time workspace allocation per call), a copy of it with the variables 1 (static buffers) runs there
+    if cfg.unit_nest and symbolic_workspace(at_unit):
+        joined = join_unit(joined, unit_nest(at_unit))
+        for r in report.values():
+            r["unit_nest"] = True
     # index divisions by a symbolic extent that cannot wrap dropped, as schedule_with does for the templates
     # (a reshape's flat index over [batch * 4, sequence, sequence]: deberta_v2_dyn's masked softmax)
-    return drop_wrapless_modulo(joined), preport
+    return drop_wrapless_modulo(joined), report
 
 
 def _symbolic_output_elements(func: C.PrimFunc):

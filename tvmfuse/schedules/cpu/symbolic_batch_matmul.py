@@ -99,6 +99,18 @@ def _macs(info: dict):
     return macs
 
 
+def _buckets(info: dict) -> tuple:
+    """``SymbolicBatchMatmul.buckets``: bounds from the match (``tiny_macs`` of the table, ``serial_macs`` of
+    the target's fork/join cost)."""
+    tiny, bound = int(info.get("tiny_macs", 0)), int(info.get("serial_macs", 0))
+    out = []
+    if tiny >= 1:
+        out.append(Bucket(f"macs<={tiny}", tiny))
+    if bound > max(tiny, 0):
+        out.append(Bucket(f"macs<={bound}", bound))
+    return (*out, Bucket(f"macs>{out[-1].max_extent}", None)) if out else ()
+
+
 def _pad_axes(info: dict, mr: int, nr: int) -> list[int]:
     """``pad_einsum``'s padding of the matmul's iterators: i to ``mr``, j to ``nr`` where the extent is
     symbolic or not a multiple (1: unpadded)."""
@@ -137,7 +149,8 @@ class SymbolicBatchMatmul(U.CpuTemplate, family="cpu.symbolic_batch_matmul", con
                     or len(sch.get(epi[0]).iter_vars) != info["n_iters"] - 1):
             return None  # the one other block: the epilogue over C's domain, writing the output
         info.update(reduction=U.block_name(sch, reds[0]), epilogue=U.block_name(sch, epi[0]) if epi else None,
-                    serial_macs=U.serial_batches(1, target))
+                    serial_macs=U.serial_batches(1, target),
+                    tiny_macs=int(self.table_defaults(target).get("tiny_macs", 0)))
         match = Match(self.family, info)
         try:     # the schedule is the last check (pad_einsum, compute-at regions), on a copy, every bucket's
             for m in [self.bucket_match(match, b) for b in self.buckets(match, target)] or [match]:
@@ -146,40 +159,62 @@ class SymbolicBatchMatmul(U.CpuTemplate, family="cpu.symbolic_batch_matmul", con
             return None
         return match
 
+    def wants_unit_nest(self, match: Match, target: C.Target, func: C.PrimFunc, scheduled: C.PrimFunc) -> bool:
+        """With the table's ``unit_nest``: at every shape variable 1 the bucket's nest with static loops (its
+        row and column tile loops one iteration, no tile tests)."""
+        from ..buckets import shape_vars
+
+        return bool(self.table_defaults(target).get("unit_nest")) and bool(shape_vars(func))
+
     # ------------------------------------------------------------------ size buckets
     def buckets(self, match: Match, target: C.Target) -> tuple:
-        """Up to ``serial_macs`` multiply-adds (under the target's fork/join cost; none on a 1-core target):
+        """Up to ``tiny_macs`` multiply-adds (the table's; 0: none): the plain scalar nest (no copies, no
+        register tile); up to ``serial_macs`` (under the target's fork/join cost; none on a 1-core target):
         the serial few-rows nest; more: the padded, parallel one."""
-        bound = int(match.info.get("serial_macs", 0))
-        if bound < 1:
-            return ()
-        return (Bucket(f"macs<={bound}", bound), Bucket(f"macs>{bound}", None))
+        return _buckets(match.info)
 
     def bucket_match(self, match: Match, bucket: Bucket) -> Match:
-        return Match(self.family, {**match.info, "bucket": bucket.name, "few": bucket.max_extent is not None})
+        bounds = [b.max_extent for b in _buckets(match.info)[:-1]]
+        tiny = bucket.max_extent is not None and bucket.max_extent == int(match.info.get("tiny_macs", 0))
+        below = [b for b in bounds if bucket.max_extent is None or b < bucket.max_extent]
+        return Match(self.family, {**match.info, "bucket": bucket.name, "tiny": tiny,
+                                   "few": bucket.max_extent is not None and not tiny,
+                                   "above_macs": max(below, default=0)})
 
     def dispatch_extent(self, match: Match):
         return _macs(match.info)
 
     def bucket_sizes(self, match: Match, bucket: Bucket, target: C.Target) -> dict[str, int]:
-        """The shape variables a tuner measures ``bucket``'s nest at: every one at 1 for the bounded bucket
-        (its fewest multiply-adds); for the open one the last variable at the bound over the multiply-adds
-        per unit of it, plus one (past the bound: the smallest such size when the work is linear in it), the
-        others 1."""
+        """The shape variables a tuner measures ``bucket``'s nest at: every one at 1 for the first bucket (its
+        fewest multiply-adds); for a later one the last variable at the smallest size past the bucket below
+        (the others 1), held under the bucket's own bound where it has one."""
         macs, names = _macs(match.info), []
         C.post_order_visit(macs, lambda n: names.append(str(n.name))
                            if isinstance(n, C.tirx.Var) and str(n.name) not in names else None)
         sizes = {n: 1 for n in names}
-        if bucket.max_extent is None and names:
-            one = C.structural_map(macs, (C.tirx.Var, lambda v: C.tirx.IntImm(str(v.ty), 1)))
-            per_unit = max(1, int(C.Analyzer().simplify(one)))
-            sizes[names[-1]] = int(match.info["serial_macs"]) // per_unit + 1
+        below = int(self.bucket_match(match, bucket).info["above_macs"])
+        if below < 1 or not names:
+            return sizes
+
+        def count(v: int) -> int:
+            return int(C.Analyzer().simplify(C.structural_map(
+                macs, (C.tirx.Var, lambda x: C.tirx.IntImm(str(x.ty), v if str(x.name) == names[-1] else 1)))))
+
+        lo, hi = 1, 2                      # the smallest v with count(v) > below: doubling, then bisection
+        while count(hi) <= below:
+            lo, hi = hi, hi * 2
+        while hi - lo > 1:
+            mid = (lo + hi) // 2
+            lo, hi = (mid, hi) if count(mid) <= below else (lo, mid)
+        sizes[names[-1]] = hi
         return sizes
 
     def space(self, match: Match, target: C.Target) -> KnobSpace:
         lanes = cpu_info(target).float32_lanes
         n = match.info["N"]
         nvec = tuple(v for v in NVEC_CHOICES if not _static(n) or v == 1 or (v - 1) * lanes < int(n))
+        if match.info.get("tiny"):    # the scalar nest: no register tile; only the k loop's unroll varies
+            return SymbolicBatchMatmulConfig.space(lanes=(lanes,), nvec=(1,), mr=(1,), parallel=(False,))
         if match.info.get("few"):     # the serial nest: one-row register tiles, no parallel loop
             return SymbolicBatchMatmulConfig.space(lanes=(lanes,), nvec=nvec, mr=(1,), parallel=(False,))
         return SymbolicBatchMatmulConfig.space(lanes=(lanes,), nvec=nvec)
@@ -195,13 +230,16 @@ class SymbolicBatchMatmul(U.CpuTemplate, family="cpu.symbolic_batch_matmul", con
         return SymbolicBatchMatmulConfig(
             mr=U.nearest_choice(ch["mr"], int(d["mr"])), nvec=U.nearest_choice(ch["nvec"], nvec), lanes=lanes,
             k_unroll=U.nearest_choice(ch["k_unroll"], int(d["k_unroll"])),
-            parallel=not match.info.get("few")).asdict()
+            parallel=not (match.info.get("few") or match.info.get("tiny"))).asdict()
 
     def apply(self, sch: C.Schedule, match: Match, config: dict) -> None:
         info, cfg = match.info, SymbolicBatchMatmulConfig.from_dict(config)
         nr = cfg.nvec * cfg.lanes
         U.inline_elementwise(sch)
         red = sch.get_sblock(info["reduction"])
+        if info.get("tiny"):
+            _apply_tiny(sch, info, red, cfg)
+            return
 
         # Step 1. Pad the matmul's i and j domains to whole register tiles (A and B copied with zeros past
         # M and N; C padded, its crop folded into the epilogue or made the write-back).
@@ -260,3 +298,23 @@ class SymbolicBatchMatmul(U.CpuTemplate, family="cpu.symbolic_batch_matmul", con
         for loop, extent in ((io, info["M"]), (jo, info["N"])):
             if not _static(extent):
                 sch.annotate(loop, "pragma_loop_partition_hint", 1)
+
+
+def _apply_tiny(sch: C.Schedule, info: dict, red, cfg: SymbolicBatchMatmulConfig) -> None:
+    """The tiny bucket's nest (a few hundred multiply-adds: deberta_v2_dyn's QK^T + bias at sequence 1, 64):
+    every output element a scalar dot product over k, serial, operands read in place.  The padded nests copy
+    a ``K x nr`` panel of B with a per-element column test (nr floats per column even when N is 1): at b1
+    s1 that copy was the kernel's time (0.53 us a call against 0.05 for the static build's)."""
+    # Step 1. The matmul computed per output element inside the epilogue's loops (its accumulator then one
+    # element, a register); without an epilogue it writes the output itself.
+    if info["epilogue"] is not None:
+        epi = sch.get_sblock(info["epilogue"])
+        sch.compute_at(red, sch.get_loops(epi)[-1], preserve_unit_loops=True)
+    # (Step 2. None: the loops stay as they are, serial, unfused: a fused batch index would divide by the
+    # symbolic extents; no predicate anywhere.)
+    # Step 3. The k loop (innermost) unrolled by ``k_unroll`` (the accumulator chain stays one: the sum's
+    # order is the reference's).
+    if cfg.k_unroll > 1:
+        k = sch.get_loops(red)[-1]
+        _, ki = sch.split(k, factors=[None, cfg.k_unroll])
+        sch.unroll(ki)
