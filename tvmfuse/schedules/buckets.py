@@ -86,8 +86,13 @@ def join_buckets(funcs: list, buckets, extent) -> C.PrimFunc:
         root = f.body
         if not isinstance(root, C.SBlockRealize) or root.block.iter_vars or root.block.match_buffers:
             raise ValueError("size buckets: a scheduled nest without a plain root block")
-        body, own = _own_buffers(root.block.body, root.block.alloc_buffers, allocs)
-        allocs.extend(own)
+        # the root's buffers and those of blocks inside (a nest that is itself a join: its nests' blocks)
+        inner = []
+        C.post_order_visit(root.block.body, lambda n: inner.extend(n.alloc_buffers)
+                           if isinstance(n, C.SBlock) else None)
+        body, swapped = _own_buffers(root.block.body, list(root.block.alloc_buffers) + inner, allocs)
+        own = swapped[:len(root.block.alloc_buffers)]
+        allocs.extend(swapped)
         body = fresh_loop_vars(body) if bodies else body
         # each nest in a block of its own holding its buffers: lowering allocates them inside the nest's
         # branch (buffers of the root block were all allocated at the kernel's entry, whichever nest ran: a
