@@ -10,7 +10,7 @@ from ..explain import record_schedule
 from ..records import best_configs, bucket_key, workload_key
 from ..target import is_gpu
 from .base import Scheduled, Template, find_template, schedule_with
-from .buckets import join_buckets, join_unit, unit_nest
+from .buckets import join_buckets, join_unit, unit_nest, value_at
 
 log = logging.getLogger("tvmfuse.schedule")
 
@@ -78,20 +78,18 @@ def schedule_prim_func(func: C.PrimFunc, target: C.Target, records: dict | None 
     if found is None:
         return None
     template, match = found
-    done = _schedule_buckets(template, match, func, target, records, name)
+    done, nests = _schedule_buckets(template, match, func, target, records, name)
     if template.wants_unit_nest(match, target, func, done.func):
         # a nest with every shape variable 1 (static buffers, no index division by a symbolic extent), run
         # when the shapes are all 1 (schedules.buckets.join_unit): the nest of the size bucket holding that size
-        nest = done.func if not done.nests else done.nests[unit_bucket(template, match, target)]
-        return replace(done, func=join_unit(done.func, unit_nest(nest)), nests=())
-    return replace(done, nests=())
+        nest = nests[unit_bucket(template, match, target)] if nests else done.func
+        return replace(done, func=join_unit(done.func, unit_nest(nest)))
+    return done
 
 
 def unit_bucket(template, match, target: C.Target) -> int:
     """Index of the size bucket whose range holds the dispatch extent at every shape variable 1."""
-    extent = template.dispatch_extent(match)
-    one = int(C.Analyzer().simplify(C.structural_map(
-        extent, (C.tirx.Var, lambda v: C.tirx.IntImm(str(v.ty), 1)))))
+    one = value_at(template.dispatch_extent(match))
     for i, b in enumerate(template.buckets(match, target)):
         if b.max_extent is None or one <= b.max_extent:
             return i
@@ -99,11 +97,12 @@ def unit_bucket(template, match, target: C.Target) -> int:
 
 
 def _schedule_buckets(template, match, func: C.PrimFunc, target: C.Target, records: dict | None,
-                      name: str) -> Scheduled:
+                      name: str) -> tuple[Scheduled, tuple]:
+    """The scheduled kernel and, for a template with size buckets, each bucket's nest alone (else ())."""
     key = workload_key(func)
     buckets = template.buckets(match, target)
     if not buckets:
-        return _schedule_one(template, match, func, target, (records or {}).get(key), name, key)
+        return _schedule_one(template, match, func, target, (records or {}).get(key), name, key), ()
     # one nest per size bucket (each with its own record), joined under a run-time branch on the extent
     done = []
     for bucket in buckets:
@@ -112,12 +111,12 @@ def _schedule_buckets(template, match, func: C.PrimFunc, target: C.Target, recor
                                   (records or {}).get(bkey), name, bkey))
     joined = join_buckets([d.func for d in done], buckets, template.dispatch_extent(match))
     sources = {d.source for d in done}
-    return Scheduled(joined, template.family,
-                     {"buckets": [{"bucket": b.name, "source": d.source, "config": d.config}
-                                  for b, d in zip(buckets, done)]},
-                     sources.pop() if len(sources) == 1 else "tuned",
-                     "; ".join(f"{b.name}: {d.reason}" for b, d in zip(buckets, done) if d.reason),
-                     nests=tuple(d.func for d in done))
+    scheduled = Scheduled(joined, template.family,
+                          {"buckets": [{"bucket": b.name, "source": d.source, "config": d.config}
+                                       for b, d in zip(buckets, done)]},
+                          sources.pop() if len(sources) == 1 else "tuned",
+                          "; ".join(f"{b.name}: {d.reason}" for b, d in zip(buckets, done) if d.reason))
+    return scheduled, tuple(d.func for d in done)
 
 
 def _schedule_one(template, match, func: C.PrimFunc, target: C.Target, rec: dict | None, name: str,

@@ -242,7 +242,6 @@ class Scheduled:
     config: dict
     source: str          # "tuned", "default", "fallback"
     reason: str = ""
-    nests: tuple = ()    # a bucketed kernel's nests alone, one per size bucket (while scheduling; then ())
 
 
 def schedule_with(template: Template, match: Match, func: C.PrimFunc, config: dict) -> C.PrimFunc:

@@ -177,6 +177,13 @@ def shape_vars(func: C.PrimFunc) -> list:
     return out
 
 
+def value_at(expr, sizes: dict | None = None, default: int = 1) -> int:
+    """``expr`` (an expression of shape variables) with each variable at ``sizes[name]`` (else ``default``)."""
+    sizes = sizes or {}
+    return int(C.Analyzer().simplify(C.structural_map(
+        expr, (C.tirx.Var, lambda v: C.tirx.IntImm(str(v.ty), sizes.get(str(v.name), default))))))
+
+
 def symbolic_workspace(func: C.PrimFunc) -> bool:
     """A scheduled kernel allocates a buffer of symbolic size (lowered: a run-time workspace allocation and
     free per call, ``TVMBackendAllocWorkspace``; a static one under 1 KiB is a stack buffer)."""

@@ -16,7 +16,7 @@ from ... import _compat as C
 from ...analysis import ELEMWISE, INJECTIVE
 from ...target import cpu_info
 from ..base import Config, KnobSpace, Match, knob
-from ..buckets import BatchBuckets
+from ..buckets import BatchBuckets, shape_vars, symbolic_division, symbolic_workspace
 from . import common as U
 
 UNROLL = (1, 2, 4, 8)          # vectors per iteration of the innermost scalar loop
@@ -96,8 +96,6 @@ class Elementwise(BatchBuckets, U.CpuTemplate, family=FAMILY, config=Elementwise
         loops, which every symbolic kernel has): at every shape variable 1 both are static.  deberta_v2_dyn at
         b1 s1: its Q/K/V head copies 0.20 -> 0.05 us a call, its relative-position kernel 0.29 -> 0.15
         (notes/unit24.md)."""
-        from ..buckets import shape_vars, symbolic_division, symbolic_workspace
-
         return bool(self.table_defaults(target).get("unit_nest")) and bool(shape_vars(func)) and \
             (symbolic_workspace(scheduled) or symbolic_division(func))
 

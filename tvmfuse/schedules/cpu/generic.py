@@ -268,12 +268,11 @@ def schedule_generic(func: C.PrimFunc, target: C.Target) -> tuple[C.PrimFunc, di
     elements = _symbolic_output_elements(func)
     if elements is None:
         return drop_wrapless_modulo(serial), report
-    from ..buckets import Bucket, join_buckets, join_unit, symbolic_workspace, unit_nest
+    from ..buckets import Bucket, join_buckets, join_unit, symbolic_workspace, unit_nest, value_at
 
     parallel, preport = _schedule_nest(func, cfg, symbolic_parallel=True)
     bound = cfg.min_parallel_elements - 1
-    at_one = int(C.Analyzer().simplify(C.structural_map(
-        elements, (C.tirx.Var, lambda v: C.tirx.IntImm(str(v.ty), 1)))))
+    at_one = value_at(elements)
     if not any(r.get("parallel") for r in preport.values()):
         joined, at_unit = serial, serial
     else:

@@ -37,7 +37,7 @@ from dataclasses import dataclass
 from ... import _compat as C
 from ...target import cpu_info
 from ..base import Config, KnobSpace, Match, knob
-from ..buckets import Bucket
+from ..buckets import Bucket, shape_vars, value_at
 from . import common as U
 from . import matmul as MM
 
@@ -162,8 +162,6 @@ class SymbolicBatchMatmul(U.CpuTemplate, family="cpu.symbolic_batch_matmul", con
     def wants_unit_nest(self, match: Match, target: C.Target, func: C.PrimFunc, scheduled: C.PrimFunc) -> bool:
         """With the table's ``unit_nest``: at every shape variable 1 the bucket's nest with static loops (its
         row and column tile loops one iteration, no tile tests)."""
-        from ..buckets import shape_vars
-
         return bool(self.table_defaults(target).get("unit_nest")) and bool(shape_vars(func))
 
     # ------------------------------------------------------------------ size buckets
@@ -197,8 +195,7 @@ class SymbolicBatchMatmul(U.CpuTemplate, family="cpu.symbolic_batch_matmul", con
             return sizes
 
         def count(v: int) -> int:
-            return int(C.Analyzer().simplify(C.structural_map(
-                macs, (C.tirx.Var, lambda x: C.tirx.IntImm(str(x.ty), v if str(x.name) == names[-1] else 1)))))
+            return value_at(macs, {names[-1]: v})
 
         lo, hi = 1, 2                      # the smallest v with count(v) > below: doubling, then bisection
         while count(hi) <= below:
