@@ -114,6 +114,50 @@ def swin_chain(batch=2, windows=4, h=3, n=16, d=8, symbolic=False, mask_input=Fa
     return _model(nodes, inputs, [("y", ["nw" if symbolic else batch * windows, h, n, d])], inits)
 
 
+def deberta_chain(b=2, h=4, s=7, d=8, batch="static", fill=LOWEST, scale_first=False):
+    """DeBERTa-v2's attention: Q and K^T from [b, s, h*d] by head split, K^T divided by the scale before
+    Q @ K^T, + a relative-position bias computed per call (here a graph input viewed as [b*h, s, s]), viewed as
+    [b, h, s, s], ``masked_fill`` as ``where(not mask, fill, scores)`` with a key-padding mask [b, 1, 1, s]
+    (> 0.5: visible), softmax, P @ V, the heads merged back to [b, s, h*d].  ``scale_first``: the where
+    applied to the scores before they are scaled (must not fire)."""
+    bdim = b if batch == "static" else "batch"
+    inits = [numpy_helper.from_array(np.array(np.sqrt(d * 3.0), np.float32), "scale"),
+             numpy_helper.from_array(np.array(fill, np.float32), "fill"),
+             numpy_helper.from_array(np.array(0.5, np.float32), "half"),
+             _shape("split", [0, 0, h, d]), _shape("flat", [-1, s, d]), _shape("heads", [-1, h, s, s]),
+             _shape("flat_s", [-1, s, s]), _shape("heads_d", [-1, h, s, d]), _shape("merged", [-1, s, h * d])]
+    inputs = [("q", [bdim, s, h * d]), ("k", [bdim, s, h * d]), ("v", [bdim, s, h * d]),
+              ("rel", [bdim, h, s, s]), ("m", [bdim, 1, 1, s])]
+    nodes = []
+    for x in ("q", "k", "v"):
+        nodes += [helper.make_node("Reshape", [x, "split"], [f"{x}4"]),
+                  helper.make_node("Transpose", [f"{x}4"], [f"{x}t"], perm=[0, 2, 1, 3]),
+                  helper.make_node("Reshape", [f"{x}t", "flat"], [f"{x}f"])]
+    nodes += [helper.make_node("Transpose", ["kf"], ["kT"], perm=[0, 2, 1]),
+              helper.make_node("Reshape", ["rel", "flat_s"], ["relf"]),
+              helper.make_node("Greater", ["m", "half"], ["seen"]),
+              helper.make_node("Not", ["seen"], ["hidden"])]
+    if scale_first:
+        nodes += [helper.make_node("MatMul", ["qf", "kT"], ["x"]),
+                  helper.make_node("Add", ["x", "relf"], ["xb"]),
+                  helper.make_node("Reshape", ["xb", "heads"], ["x4"]),
+                  helper.make_node("Where", ["hidden", "fill", "x4"], ["xw"]),
+                  helper.make_node("Div", ["xw", "scale"], ["xm"])]
+    else:
+        nodes += [helper.make_node("Div", ["kT", "scale"], ["kTs"]),
+                  helper.make_node("MatMul", ["qf", "kTs"], ["x"]),
+                  helper.make_node("Add", ["x", "relf"], ["xb"]),
+                  helper.make_node("Reshape", ["xb", "heads"], ["x4"]),
+                  helper.make_node("Where", ["hidden", "fill", "x4"], ["xm"])]
+    nodes += [helper.make_node("Softmax", ["xm"], ["p"], axis=-1),
+              helper.make_node("Reshape", ["p", "flat_s"], ["pf"]),
+              helper.make_node("MatMul", ["pf", "vf"], ["o"]),
+              helper.make_node("Reshape", ["o", "heads_d"], ["o4"]),
+              helper.make_node("Transpose", ["o4"], ["ot"], perm=[0, 2, 1, 3]),
+              helper.make_node("Reshape", ["ot", "merged"], ["y"])]
+    return _model(nodes, inputs, [("y", [bdim, s, h * d])], inits)
+
+
 def _feeds(model, rng, sizes=None):
     sizes = sizes or {}
     out = {}
@@ -208,17 +252,58 @@ def test_sum_of_constant_terms_is_the_sum_over_their_axes():
                           (shift, [("%", "b0", 1, 4), "1", "i", "j"])], ext)
 
 
-# ------------------------------------------------------------------------------ must not fire
+# ------------------------------------------------------------------------------ DeBERTa: a computed mask
+def _feeds_deberta(model, rng, b):
+    feeds = _feeds(model, rng, {"batch": b})
+    feeds["m"][:, :, :, 0] = 1.0          # most rows see a key; others hidden whole (uniform weights)
+    return feeds
+
+
+@pytest.mark.parametrize("batch", ["static", "symbolic"])
+def test_deberta_form_is_one_kernel_with_a_computed_mask(batch, host, rng):
+    """``where(not mask, lowest, Q @ (K^T / scale) + rel)``: the scale peeled from K^T, the bias and the
+    select one mask tensor computed per call (its own small kernel: the bias viewed per head, the where),
+    the attention one kernel reading Q / K / V in their [b, s, h*d] layout and writing the merged heads."""
+    model = deberta_chain(batch=batch)
+    cm = tvmfuse.compile(model, host)
+    (spec,) = _specs(cm.fused_module)
+    assert cm.kernel_count == 2, (cm.report.after.kernel_names, cm.report.refused)
+    assert spec.mask is not None and spec.mask.axes == ("b0", "b1", "i", "j") and spec.causal_offset is None
+    assert spec.q.axes == ("b0", "i", ("b1", "d")) and spec.out.axes == ("b0", "i", ("b1", "e"))
+    assert spec.scale == pytest.approx(1 / np.sqrt(8 * 3.0), rel=1e-6)
+    for b in ((1, 3) if batch == "symbolic" else (2,)):
+        feeds = _feeds_deberta(model, rng, b)
+        np.testing.assert_allclose(cm.run(feeds)["y"], reference_outputs_f64(model, feeds)["y"],
+                                   rtol=RTOL, atol=ATOL)
+
+
 @pytest.mark.parametrize("form", ["bloom", "swin"])
-def test_two_terms_not_both_constants_stay_unfused(form, host):
-    """A second additive term that is a graph input: the kernel adds one mask; the rule refuses and the
-    graph keeps the kernels it has without the attention rule (``expected = before``)."""
+def test_two_terms_not_both_constants_are_one_computed_mask(form, host, rng):
+    """A second additive term that is a graph input: the terms summed into one mask tensor per call (the
+    kernel adds one mask), numerics as the reference."""
     model = bloom_chain(alibi_input=True, padding=True) if form == "bloom" else swin_chain(mask_input=True)
+    d = explain(model, SKX)
+    groups = [g for g in d["groups"] if g["rule"] == "attention"]
+    assert len(groups) == 1 and "computed mask" in groups[0]["ops"], d["refused"]
+    cm = tvmfuse.compile(model, host)
+    (spec,) = _specs(cm.fused_module)
+    assert spec.causal_offset is None and spec.mask is not None
+    feeds = _feeds(model, rng, {"batch": 2})
+    np.testing.assert_allclose(cm.run(feeds)["y"], reference_outputs_f64(model, feeds)["y"], rtol=RTOL, atol=ATOL)
+
+
+# ------------------------------------------------------------------------------ must not fire
+@pytest.mark.parametrize("case", ["finite_fill", "before_scale"])
+def test_select_that_is_no_mask_stays_unfused(case, host):
+    """``where(not mask, -10000, scores)`` (a finite fill is not an additive mask: the select replaces the
+    score) and a where applied before the scale: refused with the reason, the graph as without the
+    attention rule (``expected = before``)."""
+    model = deberta_chain(fill=-10000.0) if case == "finite_fill" else deberta_chain(scale_first=True)
     d = explain(model, SKX)
     before = explain(model, SKX, attention=False)
     assert not [g for g in d["groups"] if g["rule"] == "attention"]
-    assert any(r.get("rule") == "attention" and "not all constants" in r["reason"] for r in d["refused"]), \
-        d["refused"]
+    want = "other than -inf" if case == "finite_fill" else "before the scale"
+    assert any(r.get("rule") == "attention" and want in r["reason"] for r in d["refused"]), d["refused"]
     assert d["kernels_fused"] == before["kernels_fused"]
     assert [g["ops"] for g in d["groups"]] == [g["ops"] for g in before["groups"]]
 
