@@ -725,9 +725,10 @@ def _computed_mask(steps: list, dims_x: tuple, labels_x: list, like_var, ops: li
             mask = emit(C.relax.op.reshape(mask, C.relax.ShapeExpr(list(outer))), "mask")
         elif step[0] == "where":
             _, cond, fill, keep, _ = step
-            base = mask if mask is not None else C.relax.const(0.0, "float32")
+            zero = C.relax.const(0.0, "float32")
             fill = C.relax.const(float(np.float32(fill)), "float32")
-            mask = emit(C.relax.op.where(cond, base, fill) if keep else C.relax.op.where(cond, fill, base), "mask")
+            sel = emit(C.relax.op.where(cond, zero, fill) if keep else C.relax.op.where(cond, fill, zero), "mask")
+            mask = sel if mask is None else emit(C.relax.op.add(mask, sel), "mask")
     if mask is None:
         return [], None, None
     if _dtype(mask) != "float32":
