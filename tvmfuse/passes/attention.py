@@ -700,10 +700,13 @@ def _computed_mask(steps: list, dims_x: tuple, labels_x: list, like_var, ops: li
     """(new bindings [(var, value)], mask var, Operand): the scores' additive terms and where masks
     (``_scores_chain``'s steps) as one tensor over the softmax input's axes, for a chain whose mask is not
     one term read in place or a sum of constants: DeBERTa's ``where(mask, fill, scores + c2p + p2c)`` is
-    ``scale * Q @ K^T + where(mask, fill, c2p + p2c)``, the c2p + p2c bias computed per call.  Equal to the
+    ``scale * Q @ K^T + (c2p + p2c + where(mask, 0, fill))``, the bias computed per call.  Equal to the
     chain's value wherever the fill is -inf, and wherever the fill is the float32 lowest as long as the
-    scaled Q @ K^T stays under about 1e31 in magnitude (it then rounds away in the sum).  The new bindings
-    are elementwise ops (add, reshape, where), which the grouping fuses with the terms' own kernels."""
+    scaled Q @ K^T and the bias stay under about 1e31 in magnitude (they then round away in the sums).  The
+    select is between two constants, added to the terms: a select between a loaded term and the fill
+    compiled to branchy code on x86 (deberta_v2_dyn's relative-position kernel with it at b1 s128: 127 us,
+    with the add 56; benchmarks/notes/attn26.md).  The new bindings are elementwise ops (add, reshape,
+    where), which the grouping fuses with the terms' own kernels."""
     bb = C.BlockBuilder()
     var_type = C.relax.DataflowVar if isinstance(like_var, C.relax.DataflowVar) else C.relax.Var
     bindings = []
