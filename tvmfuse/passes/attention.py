@@ -703,9 +703,9 @@ def _computed_mask(steps: list, dims_x: tuple, labels_x: list, like_var, ops: li
     ``scale * Q @ K^T + (c2p + p2c + where(mask, 0, fill))``, the bias computed per call.  Equal to the
     chain's value wherever the fill is -inf, and wherever the fill is the float32 lowest as long as the
     scaled Q @ K^T and the bias stay under about 1e31 in magnitude (they then round away in the sums).  The
-    select is between two constants, added to the terms: a select between a loaded term and the fill
-    compiled to branchy code on x86 (deberta_v2_dyn's relative-position kernel with it at b1 s128: 127 us,
-    with the add 56; benchmarks/notes/attn26.md).  The new bindings are elementwise ops (add, reshape,
+    select is between two constants, added to the terms: with a select between the loaded terms and the
+    fill, deberta_v2_dyn's relative-position kernel took 127 us at b1 s128, with the add 56 (Zen 3; the
+    cause, branches for the select, is suspected, not read in the assembly: benchmarks/notes/attn26.md).  The new bindings are elementwise ops (add, reshape,
     where), which the grouping fuses with the terms' own kernels."""
     bb = C.BlockBuilder()
     var_type = C.relax.DataflowVar if isinstance(like_var, C.relax.DataflowVar) else C.relax.Var
