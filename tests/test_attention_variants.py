@@ -7,8 +7,12 @@
   mask ``[windows, 1, n, n]`` and back: two constant additive terms, summed into one ``[windows, h, n, n]``
   mask read by the window's digit of the batch index.
 Numerics against the float64 ONNX reference on fresh inputs; structure (kernel count, the spec) under a named
-target; the forms that must not fire: two additive terms not both constants; a -FLT_MAX mask is a causal
-flag only when every row sees a key (-FLT_MAX over a whole row is uniform weights, -inf is not).
+target; a -FLT_MAX mask is a causal flag only when every row sees a key (-FLT_MAX over a whole row is uniform
+weights, -inf is not).
+- DeBERTa-v2: K^T divided by the scale, a relative-position bias computed per call and ``masked_fill`` as a
+  where: the bias and the where one mask tensor computed per call, the where a select between constants
+  added to the bias; several additive terms not all constants likewise (BLOOM's causal triangle still the
+  causal flag beside a computed ALiBi). Must not fire: a where with a finite fill, or before the scale.
 """
 import os
 
@@ -289,6 +293,55 @@ def test_two_terms_not_both_constants_are_one_computed_mask(form, host, rng):
     (spec,) = _specs(cm.fused_module)
     assert spec.causal_offset is None and spec.mask is not None
     feeds = _feeds(model, rng, {"batch": 2})
+    np.testing.assert_allclose(cm.run(feeds)["y"], reference_outputs_f64(model, feeds)["y"], rtol=RTOL, atol=ATOL)
+
+
+def _bindings(mod, op_name):
+    """The main function's bindings whose value calls ``op_name``, as (var, call)."""
+    C = tvmfuse._compat
+    out = []
+    for block in mod["main"].body.blocks:
+        for b in block.bindings:
+            v = b.value
+            if isinstance(v, C.relax.Call) and getattr(v.op, "name", None) == op_name:
+                out.append((b.var, v))
+    return out
+
+
+def test_deberta_where_mask_is_a_select_between_constants():
+    """The computed mask applies DeBERTa's where as ``add(bias, where(hidden, lowest, 0))``: a select
+    between two constants, added to the terms, never ``where(hidden, lowest, bias)`` (a select on loaded
+    data: the symbolic relative-position kernel 127 vs 56 us at deberta_v2 b1 s128, notes/attn26.md)."""
+    C = tvmfuse._compat
+    from tvmfuse.passes.attention import FuseAttention
+
+    mod = C.relax_transform.DeadCodeElimination()(tvmfuse.load_onnx(deberta_chain(batch="symbolic")))
+    out = C.relax_transform.DeadCodeElimination()(FuseAttention(SKX)(mod))   # the replaced chain dropped
+    wheres = _bindings(out, "relax.where")
+    assert len(wheres) == 1, out["main"]
+    (sel_var, sel), = wheres
+    fill, zero = sel.args[1], sel.args[2]          # where(hidden, fill, scores): the fill where true
+    assert isinstance(fill, C.Constant) and isinstance(zero, C.Constant)
+    assert float(C.const_value(fill)) == LOWEST and float(C.const_value(zero)) == 0.0
+    adds = [call for _, call in _bindings(out, "relax.add") if any(a.same_as(sel_var) for a in call.args)]
+    assert len(adds) == 1                           # the select added to the bias
+    assert len(_specs(out)) == 1
+
+
+def test_alibi_input_with_a_causal_constant_keeps_the_causal_flag(host, rng):
+    """A non-constant ALiBi term and the causal triangle (BLOOM's symbolic export computes its ALiBi): the
+    triangle is still the causal flag and the ALiBi the one mask read in place, no computed mask (a
+    computed mask here made a broadcast_to / reshape kernel that failed its template)."""
+    model = bloom_chain(alibi_input=True)
+    d = explain(model, SKX)
+    groups = [g for g in d["groups"] if g["rule"] == "attention"]
+    assert len(groups) == 1 and "computed mask" not in groups[0]["ops"], d["groups"]
+    assert "causal mask" in groups[0]["ops"]
+    cm = tvmfuse.compile(model, host)
+    assert cm.kernel_count == 1, (cm.report.after.kernel_names, cm.report.refused)
+    (spec,) = _specs(cm.fused_module)
+    assert spec.causal_offset == 0 and spec.mask is not None
+    feeds = _feeds(model, rng)
     np.testing.assert_allclose(cm.run(feeds)["y"], reference_outputs_f64(model, feeds)["y"], rtol=RTOL, atol=ATOL)
 
 

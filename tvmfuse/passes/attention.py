@@ -878,11 +878,8 @@ def match(fn: _Function, var, target) -> tuple | None:
         src, op = operand(expr, tail, name, bdims, blabs)
         args.append(src)
         specs[name] = op
-    causal, masks, bindings = None, [], []
-    # a where mask, or several terms not all constants: one mask tensor computed from them (_computed_mask)
-    computed = bool(conds) or (len(terms) > 1 and
-                               not all(isinstance(_unalias(fn, t), C.Constant) for t, _ in terms))
-    for t, tlabels in ([] if computed else terms):
+    causal, masks, bindings, term_ops = None, [], [], []
+    for t, tlabels in terms:
         off = _causal_offset(t, sq, sk)
         if off is None:
             off = _causal_offset(_folded_mask(fn, t), sq, sk)
@@ -890,10 +887,19 @@ def match(fn: _Function, var, target) -> tuple | None:
             off = _computed_causal_offset(fn, t, sq, sk)
         if off is not None and causal is None:
             causal = off
-            ops.append("causal mask")
+            term_ops.append("causal mask")
             continue
         masks.append((t, tlabels))
-        ops.append("add mask")
+        term_ops.append("add mask")
+    # a where mask, or several masks left after the causal one that are not all constants: one mask tensor
+    # computed from the whole chain (_computed_mask).  Otherwise the terms as read in place (BLOOM's ALiBi +
+    # causal chain keeps this path: its computed mask's broadcast_to / reshape kernel failed its template).
+    computed = bool(conds) or (len(masks) > 1 and
+                               not all(isinstance(_unalias(fn, t), C.Constant) for t, _ in masks))
+    if computed:
+        causal = None
+    else:
+        ops += term_ops
     if computed:
         bindings, mvar, mop = _computed_mask(steps, dims_x, blabels + ["i", "j"], var, ops)
         mask = (mvar, mop) if mvar is not None else None
