@@ -7,8 +7,12 @@
   mask ``[windows, 1, n, n]`` and back: two constant additive terms, summed into one ``[windows, h, n, n]``
   mask read by the window's digit of the batch index.
 Numerics against the float64 ONNX reference on fresh inputs; structure (kernel count, the spec) under a named
-target; the forms that must not fire: two additive terms not both constants; a -FLT_MAX mask is a causal
-flag only when every row sees a key (-FLT_MAX over a whole row is uniform weights, -inf is not).
+target; a -FLT_MAX mask is a causal flag only when every row sees a key (-FLT_MAX over a whole row is uniform
+weights, -inf is not).
+- DeBERTa-v2: K^T divided by the scale, a relative-position bias computed per call and ``masked_fill`` as a
+  where: the bias and the where one mask tensor computed per call, the where a select between constants
+  added to the bias; several additive terms not all constants likewise (BLOOM's causal triangle still the
+  causal flag beside a computed ALiBi). Must not fire: a where with a finite fill, or before the scale.
 """
 import os
 
@@ -114,6 +118,50 @@ def swin_chain(batch=2, windows=4, h=3, n=16, d=8, symbolic=False, mask_input=Fa
     return _model(nodes, inputs, [("y", ["nw" if symbolic else batch * windows, h, n, d])], inits)
 
 
+def deberta_chain(b=2, h=4, s=7, d=8, batch="static", fill=LOWEST, scale_first=False):
+    """DeBERTa-v2's attention: Q and K^T from [b, s, h*d] by head split, K^T divided by the scale before
+    Q @ K^T, + a relative-position bias computed per call (here a graph input viewed as [b*h, s, s]), viewed as
+    [b, h, s, s], ``masked_fill`` as ``where(not mask, fill, scores)`` with a key-padding mask [b, 1, 1, s]
+    (> 0.5: visible), softmax, P @ V, the heads merged back to [b, s, h*d].  ``scale_first``: the where
+    applied to the scores before they are scaled (must not fire)."""
+    bdim = b if batch == "static" else "batch"
+    inits = [numpy_helper.from_array(np.array(np.sqrt(d * 3.0), np.float32), "scale"),
+             numpy_helper.from_array(np.array(fill, np.float32), "fill"),
+             numpy_helper.from_array(np.array(0.5, np.float32), "half"),
+             _shape("split", [0, 0, h, d]), _shape("flat", [-1, s, d]), _shape("heads", [-1, h, s, s]),
+             _shape("flat_s", [-1, s, s]), _shape("heads_d", [-1, h, s, d]), _shape("merged", [-1, s, h * d])]
+    inputs = [("q", [bdim, s, h * d]), ("k", [bdim, s, h * d]), ("v", [bdim, s, h * d]),
+              ("rel", [bdim, h, s, s]), ("m", [bdim, 1, 1, s])]
+    nodes = []
+    for x in ("q", "k", "v"):
+        nodes += [helper.make_node("Reshape", [x, "split"], [f"{x}4"]),
+                  helper.make_node("Transpose", [f"{x}4"], [f"{x}t"], perm=[0, 2, 1, 3]),
+                  helper.make_node("Reshape", [f"{x}t", "flat"], [f"{x}f"])]
+    nodes += [helper.make_node("Transpose", ["kf"], ["kT"], perm=[0, 2, 1]),
+              helper.make_node("Reshape", ["rel", "flat_s"], ["relf"]),
+              helper.make_node("Greater", ["m", "half"], ["seen"]),
+              helper.make_node("Not", ["seen"], ["hidden"])]
+    if scale_first:
+        nodes += [helper.make_node("MatMul", ["qf", "kT"], ["x"]),
+                  helper.make_node("Add", ["x", "relf"], ["xb"]),
+                  helper.make_node("Reshape", ["xb", "heads"], ["x4"]),
+                  helper.make_node("Where", ["hidden", "fill", "x4"], ["xw"]),
+                  helper.make_node("Div", ["xw", "scale"], ["xm"])]
+    else:
+        nodes += [helper.make_node("Div", ["kT", "scale"], ["kTs"]),
+                  helper.make_node("MatMul", ["qf", "kTs"], ["x"]),
+                  helper.make_node("Add", ["x", "relf"], ["xb"]),
+                  helper.make_node("Reshape", ["xb", "heads"], ["x4"]),
+                  helper.make_node("Where", ["hidden", "fill", "x4"], ["xm"])]
+    nodes += [helper.make_node("Softmax", ["xm"], ["p"], axis=-1),
+              helper.make_node("Reshape", ["p", "flat_s"], ["pf"]),
+              helper.make_node("MatMul", ["pf", "vf"], ["o"]),
+              helper.make_node("Reshape", ["o", "heads_d"], ["o4"]),
+              helper.make_node("Transpose", ["o4"], ["ot"], perm=[0, 2, 1, 3]),
+              helper.make_node("Reshape", ["ot", "merged"], ["y"])]
+    return _model(nodes, inputs, [("y", [bdim, s, h * d])], inits)
+
+
 def _feeds(model, rng, sizes=None):
     sizes = sizes or {}
     out = {}
@@ -208,17 +256,107 @@ def test_sum_of_constant_terms_is_the_sum_over_their_axes():
                           (shift, [("%", "b0", 1, 4), "1", "i", "j"])], ext)
 
 
-# ------------------------------------------------------------------------------ must not fire
+# ------------------------------------------------------------------------------ DeBERTa: a computed mask
+def _feeds_deberta(model, rng, b):
+    feeds = _feeds(model, rng, {"batch": b})
+    feeds["m"][:, :, :, 0] = 1.0          # most rows see a key; others hidden whole (uniform weights)
+    return feeds
+
+
+@pytest.mark.parametrize("batch", ["static", "symbolic"])
+def test_deberta_form_is_one_kernel_with_a_computed_mask(batch, host, rng):
+    """``where(not mask, lowest, Q @ (K^T / scale) + rel)``: the scale peeled from K^T, the bias and the
+    select one mask tensor computed per call (its own small kernel: the bias viewed per head, the where),
+    the attention one kernel reading Q / K / V in their [b, s, h*d] layout and writing the merged heads."""
+    model = deberta_chain(batch=batch)
+    cm = tvmfuse.compile(model, host)
+    (spec,) = _specs(cm.fused_module)
+    assert cm.kernel_count == 2, (cm.report.after.kernel_names, cm.report.refused)
+    assert spec.mask is not None and spec.mask.axes == ("b0", "b1", "i", "j") and spec.causal_offset is None
+    assert spec.q.axes == ("b0", "i", ("b1", "d")) and spec.out.axes == ("b0", "i", ("b1", "e"))
+    assert spec.scale == pytest.approx(1 / np.sqrt(8 * 3.0), rel=1e-6)
+    for b in ((1, 3) if batch == "symbolic" else (2,)):
+        feeds = _feeds_deberta(model, rng, b)
+        np.testing.assert_allclose(cm.run(feeds)["y"], reference_outputs_f64(model, feeds)["y"],
+                                   rtol=RTOL, atol=ATOL)
+
+
 @pytest.mark.parametrize("form", ["bloom", "swin"])
-def test_two_terms_not_both_constants_stay_unfused(form, host):
-    """A second additive term that is a graph input: the kernel adds one mask; the rule refuses and the
-    graph keeps the kernels it has without the attention rule (``expected = before``)."""
+def test_two_terms_not_both_constants_are_one_computed_mask(form, host, rng):
+    """A second additive term that is a graph input: the terms summed into one mask tensor per call (the
+    kernel adds one mask), numerics as the reference."""
     model = bloom_chain(alibi_input=True, padding=True) if form == "bloom" else swin_chain(mask_input=True)
+    d = explain(model, SKX)
+    groups = [g for g in d["groups"] if g["rule"] == "attention"]
+    assert len(groups) == 1 and "computed mask" in groups[0]["ops"], d["refused"]
+    cm = tvmfuse.compile(model, host)
+    (spec,) = _specs(cm.fused_module)
+    assert spec.causal_offset is None and spec.mask is not None
+    feeds = _feeds(model, rng, {"batch": 2})
+    np.testing.assert_allclose(cm.run(feeds)["y"], reference_outputs_f64(model, feeds)["y"], rtol=RTOL, atol=ATOL)
+
+
+def _bindings(mod, op_name):
+    """The main function's bindings whose value calls ``op_name``, as (var, call)."""
+    C = tvmfuse._compat
+    out = []
+    for block in mod["main"].body.blocks:
+        for b in block.bindings:
+            v = b.value
+            if isinstance(v, C.relax.Call) and getattr(v.op, "name", None) == op_name:
+                out.append((b.var, v))
+    return out
+
+
+def test_deberta_where_mask_is_a_select_between_constants():
+    """The computed mask applies DeBERTa's where as ``add(bias, where(hidden, lowest, 0))``: a select
+    between two constants, added to the terms, never ``where(hidden, lowest, bias)`` (a select on loaded
+    data: the symbolic relative-position kernel 127 vs 56 us at deberta_v2 b1 s128, notes/attn26.md)."""
+    C = tvmfuse._compat
+    from tvmfuse.passes.attention import FuseAttention
+
+    mod = C.relax_transform.DeadCodeElimination()(tvmfuse.load_onnx(deberta_chain(batch="symbolic")))
+    out = C.relax_transform.DeadCodeElimination()(FuseAttention(SKX)(mod))   # the replaced chain dropped
+    wheres = _bindings(out, "relax.where")
+    assert len(wheres) == 1, out["main"]
+    (sel_var, sel), = wheres
+    fill, zero = sel.args[1], sel.args[2]          # where(hidden, fill, scores): the fill where true
+    assert isinstance(fill, C.Constant) and isinstance(zero, C.Constant)
+    assert float(C.const_value(fill)) == LOWEST and float(C.const_value(zero)) == 0.0
+    adds = [call for _, call in _bindings(out, "relax.add") if any(a.same_as(sel_var) for a in call.args)]
+    assert len(adds) == 1                           # the select added to the bias
+    assert len(_specs(out)) == 1
+
+
+def test_alibi_input_with_a_causal_constant_keeps_the_causal_flag(host, rng):
+    """A non-constant ALiBi term and the causal triangle (BLOOM's symbolic export computes its ALiBi): the
+    triangle is still the causal flag and the ALiBi the one mask read in place, no computed mask (a
+    computed mask here made a broadcast_to / reshape kernel that failed its template)."""
+    model = bloom_chain(alibi_input=True)
+    d = explain(model, SKX)
+    groups = [g for g in d["groups"] if g["rule"] == "attention"]
+    assert len(groups) == 1 and "computed mask" not in groups[0]["ops"], d["groups"]
+    assert "causal mask" in groups[0]["ops"]
+    cm = tvmfuse.compile(model, host)
+    assert cm.kernel_count == 1, (cm.report.after.kernel_names, cm.report.refused)
+    (spec,) = _specs(cm.fused_module)
+    assert spec.causal_offset == 0 and spec.mask is not None
+    feeds = _feeds(model, rng)
+    np.testing.assert_allclose(cm.run(feeds)["y"], reference_outputs_f64(model, feeds)["y"], rtol=RTOL, atol=ATOL)
+
+
+# ------------------------------------------------------------------------------ must not fire
+@pytest.mark.parametrize("case", ["finite_fill", "before_scale"])
+def test_select_that_is_no_mask_stays_unfused(case, host):
+    """``where(not mask, -10000, scores)`` (a finite fill is not an additive mask: the select replaces the
+    score) and a where applied before the scale: refused with the reason, the graph as without the
+    attention rule (``expected = before``)."""
+    model = deberta_chain(fill=-10000.0) if case == "finite_fill" else deberta_chain(scale_first=True)
     d = explain(model, SKX)
     before = explain(model, SKX, attention=False)
     assert not [g for g in d["groups"] if g["rule"] == "attention"]
-    assert any(r.get("rule") == "attention" and "not all constants" in r["reason"] for r in d["refused"]), \
-        d["refused"]
+    want = "other than -inf" if case == "finite_fill" else "before the scale"
+    assert any(r.get("rule") == "attention" and want in r["reason"] for r in d["refused"]), d["refused"]
     assert d["kernels_fused"] == before["kernels_fused"]
     assert [g["ops"] for g in d["groups"]] == [g["ops"] for g in before["groups"]]
 

@@ -510,12 +510,16 @@ def _softmax(fn: _Function, p) -> tuple | None:
 
 
 def _scores_chain(fn: _Function, expr, first_readers: int, labels: list, ext: dict, ops: list) -> tuple:
-    """(Q @ K^T call, scale, additive terms as (tensor, labels of its axes), labels of Q @ K^T's axes) of the
-    softmax input, whose axes ``labels`` names; every step read only by the next (the input itself by
-    ``first_readers`` ops of the softmax).  A reshape that keeps the query and key axes and splits or merges
-    batch axes relabels them (BLOOM's [b * h, q, k] -> [b, h, q, k] for its mask, Swin's window batch split
-    into [batch, windows] for the shift mask and merged again)."""
-    scale, terms = 1.0, []
+    """(Q @ K^T call, scale, additive terms as (tensor, labels of its axes), labels of Q @ K^T's axes, mask
+    steps) of the softmax input, whose axes ``labels`` names; every step read only by the next (the input
+    itself by ``first_readers`` ops of the softmax).  A reshape that keeps the query and key axes and splits
+    or merges batch axes relabels them (BLOOM's [b * h, q, k] -> [b, h, q, k] for its mask, Swin's window
+    batch split into [batch, windows] for the shift mask and merged again).  A ``where(mask, x, fill)`` (or
+    ``where(mask, fill, x)``) whose fill is -inf or the float32 lowest is a select mask (DeBERTa's
+    ``masked_fill``).  The mask steps, from the softmax input inward (``("add", term, dims)``,
+    ``("reshape", inner dims, outer dims)``, ``("where", cond, fill, keep where true, dims)``), are what
+    ``_computed_mask`` rebuilds as one tensor."""
+    scale, terms, steps = 1.0, [], []
     readers = first_readers
     while True:
         n = len(fn.users.get(expr, [])) if isinstance(expr, C.relax.Var) else 0
@@ -536,7 +540,29 @@ def _scores_chain(fn: _Function, expr, first_readers: int, labels: list, ext: di
             continue
         mm = fn.call(expr, "relax.matmul")
         if mm is not None:
-            return mm, scale, terms, labels
+            return mm, scale, terms, labels, steps
+        wh = fn.call(expr, "relax.where")
+        if wh is not None:
+            cond, a, b = wh.args
+            fill_a, fill_b = _scalar_const(a), _scalar_const(b)
+            if _masked_value(fill_b) and _leads_to_matmul(fn, a):
+                x, fill, keep = a, fill_b, True
+            elif _masked_value(fill_a) and _leads_to_matmul(fn, b):
+                x, fill, keep = b, fill_a, False
+            else:
+                raise _Refused("a where selects between the scores and something other than -inf or the float32 "
+                               "lowest (the kernel takes a select only as a mask)")
+            if scale != 1.0:
+                raise _Refused("the mask is applied before the scale (the kernel scales the scores only)")
+            dims, cdims, xdims = _dims(expr), _dims(cond), _dims(x)
+            if dims is None or cdims is None or xdims is None or _dtype(cond) != "bool":
+                raise _Refused("the where mask's condition is not a bool tensor of known shape")
+            _aligned_labels(cdims, dims, labels, "where mask")
+            steps.append(("where", cond, fill, keep, dims))
+            labels = _aligned_labels(xdims, dims, labels, "scores")
+            expr = x
+            ops.append("where mask")
+            continue
         add = fn.call(expr, "relax.add")
         if add is not None:
             a, b = add.args
@@ -547,6 +573,7 @@ def _scores_chain(fn: _Function, expr, first_readers: int, labels: list, ext: di
             if dims is None or tdims is None or xdims is None:
                 raise _Refused("unknown shape of a term of the scores")
             terms.append((t, _aligned_labels(tdims, dims, labels, "mask")))
+            steps.append(("add", t, dims))
             labels = _aligned_labels(xdims, dims, labels, "scores")
             expr = x
             continue
@@ -560,6 +587,7 @@ def _scores_chain(fn: _Function, expr, first_readers: int, labels: list, ext: di
             if new is None or new[-2:] != ["i", "j"]:
                 raise _Refused("a reshape of the scores is no split or merge of their batch axes")
             labels, expr = new, rs.args[0]
+            steps.append(("reshape", src, cur))
             ops.append("reshape")
             continue
         for op, inv in (("relax.multiply", False), ("relax.divide", True)):
@@ -581,22 +609,28 @@ def _scores_chain(fn: _Function, expr, first_readers: int, labels: list, ext: di
 
 
 def _scalar_factors(fn: _Function, expr, ops: list) -> tuple:
-    """(operand, product of the constant scalars it is multiplied by): ``multiply(x, c)`` steps read only
-    by the next step are peeled (one "multiply" in ``ops`` each)."""
+    """(operand, product of the constant scalars it is multiplied by): ``multiply(x, c)`` and
+    ``divide(x, c)`` steps read only by the next step are peeled (one "multiply" / "divide" in ``ops``
+    each; DeBERTa divides K^T by its scale before Q @ K^T)."""
     factor = 1.0
     while fn.single_use(expr):
         mul = fn.call(expr, "relax.multiply")
-        if mul is None:
+        div = fn.call(expr, "relax.divide") if mul is None else None
+        if mul is None and div is None:
             break
-        a, b = mul.args
-        c, x = _scalar_const(b), a
-        if c is None:
-            c, x = _scalar_const(a), b
+        if mul is not None:
+            a, b = mul.args
+            c, x = _scalar_const(b), a
+            if c is None:
+                c, x = _scalar_const(a), b
+        else:
+            x, c = div.args[0], _scalar_const(div.args[1])
+            c = None if c is None or c == 0.0 else 1.0 / c
         if c is None or _dims(x) is None or _dims(expr) is None or not R.same_shape(_dims(x), _dims(expr)):
             break            # a tensor factor, or one that broadcasts the operand: not a scale
         factor *= c
         expr = x
-        ops.append("multiply")
+        ops.append("multiply" if mul is not None else "divide")
     return expr, factor
 
 
@@ -614,6 +648,8 @@ def _leads_to_matmul(fn: _Function, expr, depth: int = 8) -> bool:
         return True
     if v.op.name == "relax.reshape":
         return _leads_to_matmul(fn, v.args[0], depth - 1)
+    if v.op.name == "relax.where":
+        return any(_leads_to_matmul(fn, a, depth - 1) for a in v.args[1:])
     if v.op.name not in ("relax.add", "relax.multiply", "relax.divide"):
         return False
     return any(_leads_to_matmul(fn, a, depth - 1) for a in v.args)
@@ -658,6 +694,52 @@ def _one_mask(fn: _Function, masks: list, batch: tuple, ext: dict, ops: list) ->
         t, labels = _peel_layout(fn, _unalias(fn, t), list(labels), ops, ext)
         tdims = _dims(t)
     return t, Operand(tuple(labels), tdims, _dtype(t))
+
+
+def _computed_mask(steps: list, dims_x: tuple, labels_x: list, like_var, ops: list) -> tuple:
+    """(new bindings [(var, value)], mask var, Operand): the scores' additive terms and where masks
+    (``_scores_chain``'s steps) as one tensor over the softmax input's axes, for a chain whose mask is not
+    one term read in place or a sum of constants: DeBERTa's ``where(mask, fill, scores + c2p + p2c)`` is
+    ``scale * Q @ K^T + (c2p + p2c + where(mask, 0, fill))``, the bias computed per call.  Equal to the
+    chain's value wherever the fill is -inf, and wherever the fill is the float32 lowest as long as the
+    scaled Q @ K^T and the bias stay under about 1e31 in magnitude (they then round away in the sums).  The
+    select is between two constants, added to the terms: with a select between the loaded terms and the
+    fill, deberta_v2_dyn's relative-position kernel took 127 us at b1 s128, with the add 56 (Zen 3; the
+    cause, branches for the select, is suspected, not read in the assembly: benchmarks/notes/attn26.md).  The new bindings are elementwise ops (add, reshape,
+    where), which the grouping fuses with the terms' own kernels."""
+    bb = C.BlockBuilder()
+    var_type = C.relax.DataflowVar if isinstance(like_var, C.relax.DataflowVar) else C.relax.Var
+    bindings = []
+
+    def emit(value, what):
+        value = bb.normalize(value)
+        var = var_type(f"attention_{what}{len(bindings)}", C.type_of(value))
+        bindings.append((var, value))
+        return var
+
+    mask = None                   # the mask so far, in the frame of the current step (None: zero)
+    for step in reversed(steps):  # from Q @ K^T outward
+        if step[0] == "add":
+            mask = step[1] if mask is None else emit(C.relax.op.add(mask, step[1]), "mask")
+        elif step[0] == "reshape" and mask is not None:
+            _, inner, outer = step
+            if not R.same_shape(tuple(_dims(mask)), tuple(inner)):
+                mask = emit(C.relax.op.broadcast_to(mask, C.relax.ShapeExpr(list(inner))), "mask")
+            mask = emit(C.relax.op.reshape(mask, C.relax.ShapeExpr(list(outer))), "mask")
+        elif step[0] == "where":
+            _, cond, fill, keep, _ = step
+            zero = C.relax.const(0.0, "float32")
+            fill = C.relax.const(float(np.float32(fill)), "float32")
+            sel = emit(C.relax.op.where(cond, zero, fill) if keep else C.relax.op.where(cond, fill, zero), "mask")
+            mask = sel if mask is None else emit(C.relax.op.add(mask, sel), "mask")
+    if mask is None:
+        return [], None, None
+    if _dtype(mask) != "float32":
+        raise _Refused(f"the computed mask is {_dtype(mask)}, not float32")
+    dims = _dims(mask)
+    labels = _aligned_labels(dims, dims_x, labels_x, "mask")
+    ops.append("computed mask")
+    return bindings, mask, Operand(tuple(labels), dims, "float32")
 
 
 def _label_order(part) -> tuple:
@@ -705,8 +787,9 @@ def _sum_constants(terms: list, ext: dict) -> tuple:
 
 
 def match(fn: _Function, var, target) -> tuple | None:
-    """(the var to replace, the spec, the call's arguments, the ops it covers) for ``var = P @ V``;
-    None when ``var`` is not the end of an attention chain.  Raises _Refused for a near miss."""
+    """(the var to replace, the spec, the call's arguments, the ops it covers, new bindings to place before
+    the replaced one: a computed mask's) for ``var = P @ V``; None when ``var`` is not the end of an
+    attention chain.  Raises _Refused for a near miss."""
     mm = fn.call(var, "relax.matmul")
     if mm is None:
         return None
@@ -758,7 +841,7 @@ def match(fn: _Function, var, target) -> tuple | None:
         p_labels = _relabel(p_labels, src, cur, ext)
         if p_labels is None or p_labels[-2:] != ["i", "j"]:
             raise _Refused("a reshape of the probabilities is no split or merge of their batch axes")
-    qk, scale, terms, qk_labels = _scores_chain(fn, x, x_readers, blabels + ["i", "j"], ext, ops)
+    qk, scale, terms, qk_labels, steps = _scores_chain(fn, x, x_readers, blabels + ["i", "j"], ext, ops)
     if qk_labels[-2:] != ["i", "j"]:
         raise _Refused("the scores broadcast Q @ K^T over the query or key axis")
     peeled = []
@@ -767,8 +850,9 @@ def match(fn: _Function, var, target) -> tuple | None:
         scale *= c
         peeled.append(t)
     q, kt = peeled
-    reason = R.check_attention_operands([q, kt, v, var] + [t for t, _ in terms] + ([guard] if guard is not None else []),
-                                        target)
+    conds = [st[1] for st in steps if st[0] == "where"]
+    reason = R.check_attention_operands([q, kt, v, var] + [t for t, _ in terms] + conds +
+                                        ([guard] if guard is not None else []), target)
     if reason is not None:
         raise _Refused(reason)
     if min(len(_dims(t)) for t in (q, kt, v)) < 2:
@@ -794,7 +878,7 @@ def match(fn: _Function, var, target) -> tuple | None:
         src, op = operand(expr, tail, name, bdims, blabs)
         args.append(src)
         specs[name] = op
-    causal, masks = None, []
+    causal, masks, bindings, term_ops = None, [], [], []
     for t, tlabels in terms:
         off = _causal_offset(t, sq, sk)
         if off is None:
@@ -803,11 +887,24 @@ def match(fn: _Function, var, target) -> tuple | None:
             off = _computed_causal_offset(fn, t, sq, sk)
         if off is not None and causal is None:
             causal = off
-            ops.append("causal mask")
+            term_ops.append("causal mask")
             continue
         masks.append((t, tlabels))
-        ops.append("add mask")
-    mask = _one_mask(fn, masks, batch, ext, ops)
+        term_ops.append("add mask")
+    # a where mask, or several masks left after the causal one that are not all constants: one mask tensor
+    # computed from the whole chain (_computed_mask).  Otherwise the terms as read in place (BLOOM's ALiBi +
+    # causal chain keeps this path: its computed mask's broadcast_to / reshape kernel failed its template).
+    computed = bool(conds) or (len(masks) > 1 and
+                               not all(isinstance(_unalias(fn, t), C.Constant) for t, _ in masks))
+    if computed:
+        causal = None
+    else:
+        ops += term_ops
+    if computed:
+        bindings, mvar, mop = _computed_mask(steps, dims_x, blabels + ["i", "j"], var, ops)
+        mask = (mvar, mop) if mvar is not None else None
+    else:
+        mask = _one_mask(fn, masks, batch, ext, ops)
     if mask is not None:
         args.append(mask[0])
     glabels = None
@@ -846,7 +943,7 @@ def match(fn: _Function, var, target) -> tuple | None:
         spec.validate()
     except ValueError as e:
         raise _Refused(str(e)) from None
-    return out_var, spec, args, ops
+    return out_var, spec, args, ops, bindings
 
 
 def _scheduling_family(prim, target) -> str | None:
@@ -875,7 +972,7 @@ class FuseAttention:
             if not isinstance(func.body, C.relax.SeqExpr):
                 continue
             fn = _Function(func)
-            replace = {}
+            replace, before = {}, {}
             for block in func.body.blocks:
                 for b in block.bindings:
                     try:
@@ -888,7 +985,7 @@ class FuseAttention:
                     if reason is not None:
                         record_refusal(f"matmul({C.var_name(b.var)})", "attention", reason, RULE)
                         continue
-                    out_var, spec, args, ops = found
+                    out_var, spec, args, ops, bindings = found
                     # the kernel gets vars of its own for the symbolic extents (call_tir binds them)
                     own = {name: C.tirx.Var(name, var.ty) for name, var in spec.symbols().items()}
                     prim = reference_prim_func(spec.bind(own) if own else spec)
@@ -907,13 +1004,19 @@ class FuseAttention:
                     call = C.relax.call_tir(kernel, C.relax.Tuple(args),
                                             C.TensorType(_dims(out_var), "float32"))
                     replace[out_var] = call
+                    before[out_var] = bindings
                     log.debug("attention: %s -> %s (%s)", C.var_name(b.var), kernel.name_hint, " + ".join(ops))
             if not replace:
                 continue
             blocks = []
             for block in func.body.blocks:
-                binds = [C.relax.VarBinding(b.var, mbb.normalize(replace[b.var])) if b.var in replace else b
-                         for b in block.bindings]
+                binds = []
+                for b in block.bindings:
+                    if b.var in replace:     # the computed mask first (its inputs are bound before the chain)
+                        binds += [C.relax.VarBinding(v, value) for v, value in before[b.var]]
+                        binds.append(C.relax.VarBinding(b.var, mbb.normalize(replace[b.var])))
+                    else:
+                        binds.append(b)
                 blocks.append(C.relax.DataflowBlock(binds) if isinstance(block, C.relax.DataflowBlock)
                               else C.relax.BindingBlock(binds))
             updates[gv] = C.relax.Function(func.params, C.relax.SeqExpr(blocks, func.body.body), func.ret_ty,
