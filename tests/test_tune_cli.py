@@ -33,7 +33,11 @@ def test_kill_9_mid_job_then_resume(tmp_path, host):
     log_path = tmp_path / "tune.jsonl"
     cmd = [sys.executable, "-m", "tvmfuse", "tune", str(model), "--trials", "10", "--batch", "2",
            "--log", str(log_path), "--plot", "none"]
-    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=ENV,
+    # the jobs' scratch directories (tvmfuse-tune-*) under tmp_path: the killed one cannot remove its own
+    scratch = tmp_path / "scratch"
+    scratch.mkdir()
+    env = {**ENV, "TMPDIR": str(scratch)}
+    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env,
                          start_new_session=True)
     deadline = time.monotonic() + 120
     while len(_measures(log_path)) < 4 and time.monotonic() < deadline and p.poll() is None:
@@ -45,8 +49,11 @@ def test_kill_9_mid_job_then_resume(tmp_path, host):
     first = open(log_path, "rb").read()
     before = L.load(log_path, host, all_targets=True).measures
     assert 4 <= len(before) < 10
-    out = subprocess.run(cmd, capture_output=True, text=True, env=ENV, timeout=180)
+    left = sorted(scratch.glob("tvmfuse-tune-*"))
+    assert len(left) == 1, left                     # the killed job's, in TMPDIR
+    out = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=180)
     assert out.returncode == 0, out.stdout + out.stderr
+    assert sorted(scratch.glob("tvmfuse-tune-*")) == left, "a job that ends removes its scratch directory"
     after = open(log_path, "rb").read()
     assert after.startswith(first[: first.rfind(b"\n") + 1]), "records of the killed job are kept as they were"
     recs = L.load(log_path, host).measures
@@ -55,7 +62,7 @@ def test_kill_9_mid_job_then_resume(tmp_path, host):
     assert len(set(ids)) == len(ids), "no configuration measured twice"
     assert f"{10 - len(before)} trials measured" in out.stdout, out.stdout
     # the finished job rerun: nothing to do
-    again = subprocess.run(cmd, capture_output=True, text=True, env=ENV, timeout=180)
+    again = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=180)
     assert again.returncode == 0 and "0 trials measured" in again.stdout, again.stdout + again.stderr
     assert len(L.load(log_path, host).measures) == 10
     # the log applies: the pipeline's schedule record says "tuned" for the tuned kernel
