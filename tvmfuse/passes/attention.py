@@ -878,7 +878,7 @@ def match(fn: _Function, var, target) -> tuple | None:
         src, op = operand(expr, tail, name, bdims, blabs)
         args.append(src)
         specs[name] = op
-    causal, masks, bindings, term_ops = None, [], [], []
+    causal, masks, term_ops = None, [], []
     for t, tlabels in terms:
         off = _causal_offset(t, sq, sk)
         if off is None:
@@ -894,16 +894,13 @@ def match(fn: _Function, var, target) -> tuple | None:
     # a where mask, or several masks left after the causal one that are not all constants: one mask tensor
     # computed from the whole chain (_computed_mask).  Otherwise the terms as read in place (BLOOM's ALiBi +
     # causal chain keeps this path: its computed mask's broadcast_to / reshape kernel failed its template).
-    computed = bool(conds) or (len(masks) > 1 and
-                               not all(isinstance(_unalias(fn, t), C.Constant) for t, _ in masks))
-    if computed:
-        causal = None
-    else:
-        ops += term_ops
-    if computed:
+    bindings = []
+    if conds or (len(masks) > 1 and not all(isinstance(_unalias(fn, t), C.Constant) for t, _ in masks)):
+        causal = None                       # the triangle is summed into the computed mask too
         bindings, mvar, mop = _computed_mask(steps, dims_x, blabels + ["i", "j"], var, ops)
         mask = (mvar, mop) if mvar is not None else None
     else:
+        ops += term_ops
         mask = _one_mask(fn, masks, batch, ext, ops)
     if mask is not None:
         args.append(mask[0])
