@@ -516,8 +516,8 @@ def _scores_chain(fn: _Function, expr, first_readers: int, labels: list, ext: di
     or merges batch axes relabels them (BLOOM's [b * h, q, k] -> [b, h, q, k] for its mask, Swin's window
     batch split into [batch, windows] for the shift mask and merged again).  A ``where(mask, x, fill)`` (or
     ``where(mask, fill, x)``) whose fill is -inf or the float32 lowest is a select mask (DeBERTa's
-    ``masked_fill``).  The mask steps, from the softmax input inward (``("add", term, dims)``,
-    ``("reshape", inner dims, outer dims)``, ``("where", cond, fill, keep where true, dims)``), are what
+    ``masked_fill``).  The mask steps, from the softmax input inward (``("add", term)``,
+    ``("reshape", inner dims, outer dims)``, ``("where", cond, fill, keep where true)``), are what
     ``_computed_mask`` rebuilds as one tensor."""
     scale, terms, steps = 1.0, [], []
     readers = first_readers
@@ -558,7 +558,7 @@ def _scores_chain(fn: _Function, expr, first_readers: int, labels: list, ext: di
             if dims is None or cdims is None or xdims is None or _dtype(cond) != "bool":
                 raise _Refused("the where mask's condition is not a bool tensor of known shape")
             _aligned_labels(cdims, dims, labels, "where mask")
-            steps.append(("where", cond, fill, keep, dims))
+            steps.append(("where", cond, fill, keep))
             labels = _aligned_labels(xdims, dims, labels, "scores")
             expr = x
             ops.append("where mask")
@@ -573,7 +573,7 @@ def _scores_chain(fn: _Function, expr, first_readers: int, labels: list, ext: di
             if dims is None or tdims is None or xdims is None:
                 raise _Refused("unknown shape of a term of the scores")
             terms.append((t, _aligned_labels(tdims, dims, labels, "mask")))
-            steps.append(("add", t, dims))
+            steps.append(("add", t))
             labels = _aligned_labels(xdims, dims, labels, "scores")
             expr = x
             continue
@@ -705,8 +705,9 @@ def _computed_mask(steps: list, dims_x: tuple, labels_x: list, like_var, ops: li
     scaled Q @ K^T and the bias stay under about 1e31 in magnitude (they then round away in the sums).  The
     select is between two constants, added to the terms: with a select between the loaded terms and the
     fill, deberta_v2_dyn's relative-position kernel took 127 us at b1 s128, with the add 56 (Zen 3; the
-    cause, branches for the select, is suspected, not read in the assembly: benchmarks/notes/attn26.md).  The new bindings are elementwise ops (add, reshape,
-    where), which the grouping fuses with the terms' own kernels."""
+    cause, branches for the select, is suspected, not read in the assembly: benchmarks/notes/attn26.md).
+    The new bindings are elementwise ops (add, reshape, where), which the grouping fuses with the terms' own
+    kernels."""
     bb = C.BlockBuilder()
     var_type = C.relax.DataflowVar if isinstance(like_var, C.relax.DataflowVar) else C.relax.Var
     bindings = []
@@ -727,7 +728,7 @@ def _computed_mask(steps: list, dims_x: tuple, labels_x: list, like_var, ops: li
                 mask = emit(C.relax.op.broadcast_to(mask, C.relax.ShapeExpr(list(inner))), "mask")
             mask = emit(C.relax.op.reshape(mask, C.relax.ShapeExpr(list(outer))), "mask")
         elif step[0] == "where":
-            _, cond, fill, keep, _ = step
+            _, cond, fill, keep = step
             zero = C.relax.const(0.0, "float32")
             fill = C.relax.const(float(np.float32(fill)), "float32")
             sel = emit(C.relax.op.where(cond, zero, fill) if keep else C.relax.op.where(cond, fill, zero), "mask")
