@@ -247,7 +247,8 @@ def add_commands(sub) -> None:
                    help="best configurations per workload of the --warm-start logs measured first (0: none)")
     t.add_argument("--confirm-top", type=int, default=3,
                    help="at the end, re-time each kernel's N best configurations against its default in "
-                   "interleaved rounds; the fastest there is what compiling applies (0: off, the search's "
+                   "interleaved rounds; one faster than the default in every round is what compiling applies, "
+                   "else the default (0: off, the search's "
                    "single best measurement is applied)")
     t.add_argument("--confirm-rounds", type=int, default=3, help="interleaved rounds of that re-timing")
     t.add_argument("--build-timeout", type=float, default=60.0, help="seconds per candidate build")

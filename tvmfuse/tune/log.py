@@ -19,7 +19,7 @@ Two kinds of line (field ``type``):
 
     {"type": "confirm", "v": 1, ..., "target_key": ..., "workload_key": ..., "template": ...,
      "candidates": [{"config": {...}, "costs": [round median, ...] | null, "error": null | {...}}, ...],
-     "chosen": {...the candidate config of least median...}, "rounds": 3, "device": ..., "time": ...}
+     "chosen": {...the default, or a candidate faster in every round...}, "rounds": 3, "device": ..., "time": ...}
 
   The search ranks thousands of single measurements and its best is often the luckiest, not the fastest;
   the confirm's choice is what ``best_configs`` applies while the search's best is among its candidates
