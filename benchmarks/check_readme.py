@@ -11,6 +11,7 @@ Tables covered (README section: JSON file):
   3   bench_cpu_io.json               paired per-round ratios (io_paired), median [90% bootstrap interval]
   3b  bench_cpu_tails.json            paired per-round ratios (tail_paired)
   5   bench_tuner_study.json          the study's pieces: default and each budget's pick, tuning time
+  5d  confirm_policy_znver3.json    the confirm rules replayed on the study's records (confirm_policy.py)
   6   bench_models.json               medians [p25-p75], ort / tvmfuse, geomean, kernels, compile time
   9   bench_attention.json            medians [p25-p75], ratios vs unfused and onnxruntime
   9b  bench_models_attention.json     attention rule on / off, ratios, kernel counts
@@ -308,6 +309,19 @@ def table_5() -> list[str]:
     return out
 
 
+def table_5d() -> list[str]:
+    d = load("confirm_policy_znver3.json")
+    out = [f"## Table 5d  (confirm_policy_znver3.json, from {d['study']})",
+           "| rule | picks | picks not timed | mean kept / default | worst | best | picks slower in >= "
+           f"{d['resolved_wins']} final rounds | faster |",
+           "|---|---:|---:|---:|---:|---:|---:|---:|"]
+    for rule, v in d["summary"].items():
+        out.append(f"| {rule} | {v['picks']} of {v['cases']} | {v['picks_not_timed']} | {v['mean_final_ratio']:.3f} | "
+                   f"{v['worst_final_ratio']:.3f} | {v['best_final_ratio']:.3f} | {v['picks_resolved_slower']} | "
+                   f"{v['picks_resolved_faster']} |")
+    return out
+
+
 def table_7_rows(d: dict) -> list[str]:
     """Table 7's rows from an export_bench.py JSON: median over the fresh-interpreter loads [min-max]."""
     out = ["| model | form | size (kB) | import tvmfuse (s) | load (ms) | first run (ms) | run (ms) | check |",
@@ -389,7 +403,7 @@ def table_8c() -> list[str]:
     return out
 
 
-TABLES = {"1": table_1, "2b": table_2b, "3": table_3, "3b": table_3b, "5": table_5, "6": table_6,
+TABLES = {"1": table_1, "2b": table_2b, "3": table_3, "3b": table_3b, "5": table_5, "5d": table_5d, "6": table_6,
           "9": table_9, "9b": table_9b, "10": table_10, "11": table_11, "8b": table_8b,
           "8c": table_8c}
 EXTRA = {"1t": table_1t}  # printed when named only: Table 1's older torch.compile run, now in HISTORY.md

@@ -13,9 +13,10 @@ would have kept:
 - ``beyond-spread``: only when its median is under the default's by more than the default's own spread
   over the rounds (max - min).
 
-For each rule: the final ratio (applied / default, final timing's medians) of every seed x budget, and
-how many of those the final timing's own rounds resolve (the applied choice slower, or faster, than the
-default in at least 6 of the 7 paired rounds).
+For each rule: what it keeps at every seed x budget, that choice's final ratio (kept / default, the final
+timing's medians; "not timed" where a rule keeps a candidate the study did not time), and how many of its
+picks the final timing's own rounds resolve (slower, or faster, than the default in at least 6 of the 7
+paired rounds).
 
     python benchmarks/confirm_policy.py benchmarks/bench_tuner_study_znver3.json [--json OUT]
 """
@@ -31,64 +32,91 @@ def _median(xs):
     return statistics.median(xs)
 
 
-def least_median(pick, default) -> bool:
-    return _median(pick) < _median(default)
+def least_median(cands, default):
+    """The rule of the twentieth to twenty-seventh sessions: least median, the default on a tie."""
+    return min(cands, key=lambda c: (_median(c["costs"]), c is not default))
 
 
-def every_round(pick, default) -> bool:
-    return all(p < d for p, d in zip(pick, default))
+def every_round(cands, default):
+    """The tuner's rule since the twenty-eighth session (``search.choose_confirmed``): the default unless
+    a candidate is faster in every round; of several, the least median."""
+    beats = [c for c in cands if c is not default and all(x < d for x, d in zip(c["costs"], default["costs"]))]
+    return min(beats, key=lambda c: _median(c["costs"])) if beats else default
 
 
-def beyond_spread(pick, default) -> bool:
-    return _median(default) - _median(pick) > max(default) - min(default)
+def beyond_spread(cands, default):
+    """The default unless a candidate's median is under the default's by more than the default's own
+    spread over the rounds (max - min); of several, the least median."""
+    gap = max(default["costs"]) - min(default["costs"])
+    beats = [c for c in cands if c is not default and _median(default["costs"]) - _median(c["costs"]) > gap]
+    return min(beats, key=lambda c: _median(c["costs"])) if beats else default
 
 
 RULES = {"least-median": least_median, "every-round": every_round, "beyond-spread": beyond_spread}
 RESOLVED_WINS = 6          # of the final timing's 7 paired rounds: "resolved" slower / faster
 
 
+def _final(cell, conf, config):
+    """The final timing's rounds of ``config`` in this budget's cell: the search's pick or the confirm's
+    choice (the only configurations besides the default that the study times); None when neither."""
+    for timed in (cell["tvmfuse"], conf):
+        if timed.get("config") == config and "rounds_s" in timed:
+            return timed["rounds_s"]
+    return None
+
+
 def cases(study: dict) -> list[dict]:
-    """One row per workload x seed x budget whose confirm re-timed a configuration against the default."""
+    """One row per workload x seed x budget whose confirm re-timed configurations against the default:
+    what each rule keeps, and that choice's final ratio against the default (None: not timed)."""
     rows = []
     for wl, w in study["workloads"].items():
         for seed, sd in w["seeds"].items():
-            default_final = sd["default"]
+            fin_d = sd["default"]["rounds_s"]
             for budget, cell in sd["budgets"].items():
                 conf = cell.get("tvmfuse_confirmed") or {}
                 if "candidates" not in conf:
                     continue          # the default led the search: nothing was re-timed
-                cands = [c for c in conf["candidates"] if c.get("costs")]
                 default = conf["candidates"][-1]          # search.confirm_candidates puts the default last
+                cands = [c for c in conf["candidates"] if c.get("costs")]
                 if not default.get("costs") or len(cands) < 2:
                     continue
-                best = min((c for c in cands if c is not default), key=lambda c: _median(c["costs"]))
-                timed = (cell["tvmfuse"] if best["config"] == cell["tvmfuse"].get("config") else
-                         conf if best["config"] == conf.get("config") else None)
-                if timed is None or "rounds_s" not in timed:
-                    continue          # the confirm's best candidate was not timed in the final rounds
-                fin_p, fin_d = timed["rounds_s"], default_final["rounds_s"]
-                rows.append({"workload": wl, "seed": int(seed), "budget": int(budget),
-                             "confirm_ratio": _median(best["costs"]) / _median(default["costs"]),
-                             "confirm_wins": sum(p < d for p, d in zip(best["costs"], default["costs"])),
-                             "confirm_rounds": len(default["costs"]),
-                             "final_ratio": _median(fin_p) / _median(fin_d),
-                             "final_wins": sum(p < d for p, d in zip(fin_p, fin_d)),
-                             "final_rounds": min(len(fin_p), len(fin_d)),
-                             **{rule: f(best["costs"], default["costs"]) for rule, f in RULES.items()}})
+                row = {"workload": wl, "seed": int(seed), "budget": int(budget),
+                       "rounds": len(default["costs"]), "final_rounds": len(fin_d)}
+                for rule, f in RULES.items():
+                    ch = f(cands, default)
+                    if ch is default:
+                        row[rule] = {"kept": "default", "final_ratio": 1.0, "confirm_ratio": 1.0}
+                        continue
+                    fin = _final(cell, conf, ch["config"])
+                    row[rule] = {"kept": "pick", "confirm_ratio": _median(ch["costs"]) / _median(default["costs"]),
+                                 "confirm_wins": sum(x < d for x, d in zip(ch["costs"], default["costs"])),
+                                 "final_ratio": None if fin is None else _median(fin) / _median(fin_d),
+                                 "final_wins": None if fin is None else sum(x < d for x, d in zip(fin, fin_d))}
+                rows.append(row)
     return rows
 
 
 def summary(rows: list[dict]) -> dict:
     out = {}
     for rule in RULES:
-        applied = [r["final_ratio"] if r[rule] else 1.0 for r in rows]
-        slower = [r for r in rows if r[rule] and r["final_rounds"] - r["final_wins"] >= RESOLVED_WINS]
-        faster = [r for r in rows if r[rule] and r["final_wins"] >= RESOLVED_WINS]
-        out[rule] = {"picks": sum(r[rule] for r in rows), "cases": len(rows),
-                     "mean_final_ratio": statistics.fmean(applied), "worst_final_ratio": max(applied),
-                     "best_final_ratio": min(applied),
-                     "picks_resolved_slower": len(slower), "picks_resolved_faster": len(faster)}
+        picks = [(r[rule], r["final_rounds"]) for r in rows if r[rule]["kept"] == "pick"]
+        timed = [r[rule]["final_ratio"] for r in rows if r[rule]["final_ratio"] is not None]
+        out[rule] = {"cases": len(rows), "picks": len(picks),
+                     "picks_not_timed": sum(p["final_ratio"] is None for p, _ in picks),
+                     "mean_final_ratio": statistics.fmean(timed) if timed else None,
+                     "worst_final_ratio": max(timed, default=None), "best_final_ratio": min(timed, default=None),
+                     "picks_resolved_slower": sum(p["final_wins"] is not None and n - p["final_wins"] >= RESOLVED_WINS
+                                                  for p, n in picks),
+                     "picks_resolved_faster": sum(p["final_wins"] is not None and p["final_wins"] >= RESOLVED_WINS
+                                                  for p, _ in picks)}
     return out
+
+
+def _cell(c: dict) -> str:
+    if c["kept"] == "default":
+        return "default"
+    fin = "not timed" if c["final_ratio"] is None else f"{c['final_ratio']:.3f} ({c['final_wins']})"
+    return f"{c['confirm_ratio']:.3f} ({c['confirm_wins']}) -> {fin}"
 
 
 def main(argv=None) -> int:
@@ -100,21 +128,21 @@ def main(argv=None) -> int:
         study = json.load(f)
     rows = cases(study)
     if not rows:
-        print(f"{a.study}: no confirm re-timed a configuration that the final timing timed", file=sys.stderr)
+        print(f"{a.study}: no confirm re-timed a configuration against the default", file=sys.stderr)
         return 1
-    print(f"{'workload':24s} seed budget  confirm (wins)   final (wins)  " + "  ".join(RULES))
+    print("per rule: the kept pick's confirm ratio to the default (rounds faster) -> its final ratio "
+          "(final rounds faster), or 'default'")
+    print(f"{'workload':22s} seed budget  " + "".join(f"{k:32s}" for k in RULES))
     for r in rows:
-        print(f"{r['workload']:24s} {r['seed']:4d} {r['budget']:6d}  {r['confirm_ratio']:.3f} "
-              f"({r['confirm_wins']}/{r['confirm_rounds']})   {r['final_ratio']:.3f} "
-              f"({r['final_wins']}/{r['final_rounds']})  "
-              + "  ".join(f"{'pick' if r[k] else 'default':>{len(k)}s}" for k in RULES))
+        print(f"{r['workload']:22s} {r['seed']:4d} {r['budget']:6d}  " + "".join(f"{_cell(r[k]):32s}" for k in RULES))
     s = summary(rows)
     print()
     for rule, v in s.items():
-        print(f"{rule:14s} picks {v['picks']:2d}/{v['cases']}  final ratio applied/default: mean "
-              f"{v['mean_final_ratio']:.3f}, worst {v['worst_final_ratio']:.3f}, best {v['best_final_ratio']:.3f}; "
-              f"picks slower in >= {RESOLVED_WINS} of the final rounds {v['picks_resolved_slower']}, "
-              f"faster {v['picks_resolved_faster']}")
+        r3 = lambda x: "-" if x is None else f"{x:.3f}"  # noqa: E731
+        print(f"{rule:14s} picks {v['picks']:2d} of {v['cases']} ({v['picks_not_timed']} not timed); final ratio "
+              f"kept/default: mean {r3(v['mean_final_ratio'])}, worst {r3(v['worst_final_ratio'])}, best "
+              f"{r3(v['best_final_ratio'])}; picks slower than the default in >= {RESOLVED_WINS} of the final "
+              f"rounds {v['picks_resolved_slower']}, faster {v['picks_resolved_faster']}")
     if a.json:
         with open(a.json, "w") as f:
             json.dump({"study": a.study, "rules": list(RULES), "resolved_wins": RESOLVED_WINS,

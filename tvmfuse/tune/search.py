@@ -89,9 +89,10 @@ def choose_confirmed(candidates: list[dict], default_config: dict) -> dict | Non
     the least median.  Where the default failed in the rounds, the least median of those that ran.  None
     when no candidate has costs.
 
-    Why every round and not the least median: on the tuner study's 29 confirms (Zen 3, 2 cores;
-    ``benchmarks/confirm_policy.py``) the least median kept picks up to 8% slower than the default in the
-    final timing; this rule kept none over 1.4%, at the same mean (``test_choose_confirmed_*``)."""
+    Why every round and not the least median: replayed on the tuner study's 28 confirms (Zen 3, 2 cores;
+    ``benchmarks/confirm_policy.py``, benchmarks/README.md Table 5d), the least median kept picks up to
+    7.6% slower than the default in the final timing, this rule none over 1.4%, and its kept / default
+    ratio is no worse on average (0.985 against 0.991) (``test_choose_confirmed_*``)."""
     ok = [c for c in candidates if c.get("costs")]
     if not ok:
         return None
