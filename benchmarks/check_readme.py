@@ -11,7 +11,7 @@ Tables covered (README section: JSON file):
   3   bench_cpu_io.json               paired per-round ratios (io_paired), median [90% bootstrap interval]
   3b  bench_cpu_tails.json            paired per-round ratios (tail_paired)
   5   bench_tuner_study.json          the study's pieces: default and each budget's pick, tuning time
-  5d  confirm_policy_znver3.json    the confirm rules replayed on the study's records (confirm_policy.py)
+  5d  confirm_policy_znver3.json      the confirm rules replayed on the study's records (confirm_policy.py)
   6   bench_models.json               medians [p25-p75], ort / tvmfuse, geomean, kernels, compile time
   9   bench_attention.json            medians [p25-p75], ratios vs unfused and onnxruntime
   9b  bench_models_attention.json     attention rule on / off, ratios, kernel counts
