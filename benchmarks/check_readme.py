@@ -14,7 +14,7 @@ Tables covered (README section: JSON file):
   5d  confirm_policy_znver3.json      the confirm rules replayed on the study's records (confirm_policy.py)
   6   bench_models.json               medians [p25-p75], ort / tvmfuse, geomean, kernels, compile time
   9   bench_attention.json            medians [p25-p75], ratios vs unfused and onnxruntime
-  9b  bench_models_attention.json     attention rule on / off, ratios, kernel counts
+  9b  bench_models_attention.json, bench_models_attention_znver3.json   attention rule on / off, ratios, kernel counts
   10  symbolic_check.json             symbolic / static per size (ratio of the minima over rounds)
   11  space_fuzz.json                 candidates per family and target, failures
   8b  cuda_corpus_build*.json, cuda_corpus_sass_*.json   kernels per arch, on a CUDA template
@@ -115,8 +115,15 @@ def table_9() -> list[str]:
 
 
 def table_9b() -> list[str]:
-    d = load("bench_models_attention.json")
-    out = header("Table 9b", d, "bench_models_attention.json")
+    out = []
+    for name in ("bench_models_attention.json", "bench_models_attention_znver3.json"):
+        out += _table_9b_rows(name)
+    return out
+
+
+def _table_9b_rows(name: str) -> list[str]:
+    d = load(name)
+    out = header("Table 9b", d, name)
     out += ["| model | tvmfuse ms | attention off ms | ort ms | rule's speedup | vs ort | kernels on / off |",
             "|---|---:|---:|---:|---:|---:|---|"]
     for r in d["results"]:
