@@ -7,9 +7,10 @@ rounds, checked against the ONNX reference.  This script asks, from those record
 run), how often the kept choice was slower than the default in the final timing and what a stricter rule
 would have kept:
 
-- ``least-median``: the rule the tuner uses (``search.choose_confirmed``): least median of the rounds.
-- ``every-round``: a configuration replaces the default only when it is faster than the default in
-  every confirm round (rounds are interleaved, so a round compares both under the same load).
+- ``least-median``: the tuner's rule of the twentieth to twenty-seventh sessions: least median of the rounds.
+- ``every-round``: the tuner's rule since the twenty-eighth (``search.choose_confirmed``, called here): a
+  configuration replaces the default only when it is faster than the default in every confirm round
+  (rounds are interleaved, so a round compares both under the same load).
 - ``beyond-spread``: only when its median is under the default's by more than the default's own spread
   over the rounds (max - min).
 
@@ -27,6 +28,8 @@ import json
 import statistics
 import sys
 
+from tvmfuse.tune.search import choose_confirmed
+
 
 def _median(xs):
     return statistics.median(xs)
@@ -38,10 +41,10 @@ def least_median(cands, default):
 
 
 def every_round(cands, default):
-    """The tuner's rule since the twenty-eighth session (``search.choose_confirmed``): the default unless
-    a candidate is faster in every round; of several, the least median."""
-    beats = [c for c in cands if c is not default and all(x < d for x, d in zip(c["costs"], default["costs"]))]
-    return min(beats, key=lambda c: _median(c["costs"])) if beats else default
+    """The tuner's own rule (``search.choose_confirmed``): the default unless a candidate is faster in
+    every round; of several, the least median."""
+    chosen = choose_confirmed(cands, default["config"])
+    return default if chosen == default["config"] else next(c for c in cands if c["config"] == chosen)
 
 
 def beyond_spread(cands, default):
